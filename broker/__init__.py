@@ -1,0 +1,1 @@
+"""The broker: storage engine, protocol handlers, topics and consumer groups."""

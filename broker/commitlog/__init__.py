@@ -1,0 +1,1 @@
+"""The shared mmap commitlog: mapped files, append, flush, recovery scan."""

@@ -1,0 +1,1 @@
+"""Per-queue 20-byte index files pointing into the commitlog."""

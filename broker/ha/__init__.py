@@ -1,0 +1,1 @@
+"""Replication: followers, ISR, high watermark, leader epochs."""

@@ -1,0 +1,1 @@
+"""The ``gms`` command-line tool."""

@@ -1,0 +1,1 @@
+"""The wire protocol shared by broker, nameserver and clients."""

@@ -1,0 +1,1 @@
+"""The nameserver: etcd-backed routing and cluster metadata."""

@@ -1,0 +1,7 @@
+"""Entry point of `gms-nameserver`."""
+
+import sys
+
+
+def main() -> None:
+    sys.exit("gms-nameserver: not yet implemented (see the open issues)")

@@ -1,0 +1,1 @@
+"""PySpark data source and jobs over the gms log."""
