@@ -1,0 +1,48 @@
+"""Long polling: pulls at the end of a queue park here until a message arrives.
+
+A pull that finds nothing registers a future for its queue and waits (bounded);
+every append wakes the futures of the queues it touched, and the pull runs
+again.  Waking is per queue, not per message, so a batch costs one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+QueueKey = tuple[str, int]
+
+
+class PullWaiters:
+    def __init__(self) -> None:
+        self._waiters: dict[QueueKey, list[asyncio.Future[None]]] = {}
+
+    async def wait(self, key: QueueKey, timeout_s: float) -> bool:
+        """Wait until ``key`` gets a message; False when the timeout ran out first."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                if future in waiters:
+                    waiters.remove(future)
+                if not waiters:
+                    del self._waiters[key]
+
+    def notify(self, keys: Iterable[QueueKey]) -> None:
+        for key in keys:
+            for future in self._waiters.pop(key, ()):
+                if not future.done():
+                    future.set_result(None)
+
+    def wake_all(self) -> None:
+        """Release every parked pull (used when the broker stops)."""
+        self.notify(list(self._waiters))
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
