@@ -1,0 +1,99 @@
+"""Request codes and response statuses of the gms wire protocol.
+
+Numbers are grouped by area so a code tells at a glance who serves it, and each
+area has room to grow. Numbers are part of the wire format: never renumber, only
+add. Every code and status is described in ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+
+class RequestCode(IntEnum):
+    """What a request asks for (header field ``code``)."""
+
+    # 1-9: connection level, answered by every gms server.
+    PING = 1
+
+    # 10-29: producing and consuming messages (broker).
+    SEND = 10
+    SEND_BATCH = 11
+    PULL = 12
+    QUERY_MIN_OFFSET = 13
+    QUERY_MAX_OFFSET = 14
+    QUERY_OFFSET_BY_TIME = 15
+    VIEW_MESSAGE_BY_ID = 16
+
+    # 30-49: consumer groups (broker).
+    COMMIT_OFFSET = 30
+    FETCH_OFFSET = 31
+    HEARTBEAT = 32
+    UNREGISTER_CONSUMER = 33
+    GET_CONSUMER_GROUP_MEMBERS = 34
+
+    # 50-69: administration (broker).
+    CREATE_TOPIC = 50
+    UPDATE_TOPIC = 51
+    DELETE_TOPIC = 52
+    TOPIC_LIST = 53
+    TOPIC_STATS = 54
+    BROKER_STATUS = 55
+
+    # 100-119: nameserver.
+    REGISTER_BROKER = 100
+    UNREGISTER_BROKER = 101
+    GET_ROUTE = 102
+    GET_BROKER_LIST = 103
+    CLUSTER_STATUS = 104
+
+    # 200-219: replication between brokers.
+    REPLICA_FETCH = 200
+    LEADER_AND_ISR = 201
+    OFFSET_FOR_LEADER_EPOCH = 202
+
+
+class Status(IntEnum):
+    """Outcome of a request (header field ``status``); 0 is success."""
+
+    SUCCESS = 0
+
+    # 1-19: server condition, independent of the request.
+    SYSTEM_ERROR = 1
+    SYSTEM_BUSY = 2
+    TIMEOUT = 3
+    SERVICE_UNAVAILABLE = 4
+    CONNECTION_CLOSED = 5  # client side only: never sent on the wire
+
+    # 20-39: the frame or request itself is wrong.
+    BAD_REQUEST = 20
+    MALFORMED_FRAME = 21
+    FRAME_TOO_LARGE = 22
+    UNKNOWN_CODE = 23
+
+    # 40-59: topics, queues, messages.
+    TOPIC_NOT_FOUND = 40
+    QUEUE_NOT_FOUND = 41
+    INVALID_TOPIC = 42
+    TOPIC_ALREADY_EXISTS = 43
+    MESSAGE_ILLEGAL = 44
+    BAD_TAG_EXPRESSION = 45
+    OFFSET_ILLEGAL = 46
+    MESSAGE_NOT_FOUND = 47
+
+    # 60-79: consumer groups.
+    GROUP_NOT_FOUND = 60
+
+    # 80-99: replication and durability.
+    NOT_LEADER = 80
+    NOT_ENOUGH_REPLICAS = 81
+    FLUSH_TIMEOUT = 82
+    FENCED_LEADER_EPOCH = 83
+
+
+class Flag(IntFlag):
+    """Bits of the header field ``flags``; receivers ignore unknown bits."""
+
+    NONE = 0
+    RESPONSE = 1  # this frame answers the request with the same id
+    ONEWAY = 2  # the sender wants no response
