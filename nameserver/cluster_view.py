@@ -1,0 +1,267 @@
+"""A watch-fed, in-memory copy of the cluster metadata that routes are served from.
+
+One read of the whole prefix gives a snapshot and its revision; a prefix watch from the next
+revision keeps it current. When the watch ends (etcd down, stream closed, history compacted)
+the view turns unhealthy, keeps serving what it has, and a background thread re-reads and
+re-watches with backoff. Routes are precomputed on change so a lookup is one dict access.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gms.nameserver.errors import EtcdUnavailable, NameserverError, TopicNotFound
+from gms.nameserver.etcd_client import EtcdClient, KeyValue, WatchBatch
+from gms.nameserver.metadata import DEFAULT_PREFIX, Keys
+from gms.nameserver.model import BrokerInfo, TopicMetadata
+
+log = logging.getLogger(__name__)
+
+RESYNC_BACKOFF_S_MIN = 0.1
+RESYNC_BACKOFF_S_MAX = 2.0  # bounds how long after etcd's return the view stays stale
+START_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    queue_id: int
+    leader_address: str | None  # None while the leader broker is not registered
+    replica_addresses: tuple[str, ...]  # registered replicas only, preferred leader first
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    topic: str
+    queues: tuple[QueueRoute, ...]
+
+
+class ChangeKind(enum.Enum):
+    BROKER_UP = "broker_up"  # registered or re-registered with new info
+    BROKER_DOWN = "broker_down"
+    TOPIC_UPDATED = "topic_updated"  # created or changed
+    TOPIC_DELETED = "topic_deleted"
+    HEALTH = "health"  # name is "healthy" or "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChange:
+    kind: ChangeKind
+    name: str
+
+
+ChangeCallback = Callable[[ViewChange], None]
+
+
+def compute_route(topic: TopicMetadata, brokers: dict[str, BrokerInfo]) -> TopicRoute:
+    def address(broker_id: str | None) -> str | None:
+        info = brokers.get(broker_id) if broker_id is not None else None
+        return info.address if info is not None else None
+
+    queues = []
+    for q in topic.queues:
+        replicas = tuple(a for a in map(address, q.replicas) if a is not None)
+        queues.append(QueueRoute(q.queue_id, address(q.leader), replicas, q.leader_epoch))
+    return TopicRoute(topic.name, tuple(queues))
+
+
+class ClusterView:
+    def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> None:
+        self._client = client
+        self._keys = Keys(prefix)
+        self._lock = threading.Lock()  # serialises writers; readers take immutable snapshots
+        self._brokers: dict[str, BrokerInfo] = {}
+        self._topics: dict[str, TopicMetadata] = {}
+        self._routes: dict[str, TopicRoute] = {}
+        self._revision = 0
+        self._healthy = False
+        self._generation = 0  # bumps per (re)sync; events from older watches are dropped
+        self._callbacks: list[ChangeCallback] = []
+        self._watch_broken = threading.Event()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch_id: int | None = None
+
+    # -- reads (no etcd round trip) --------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        """False while etcd is unreachable; the cached data is still served meanwhile."""
+        return self._healthy
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    def route(self, topic: str) -> TopicRoute:
+        route = self._routes.get(topic)
+        if route is None:
+            raise TopicNotFound(f"topic {topic} does not exist")
+        return route
+
+    def topic(self, name: str) -> TopicMetadata:
+        topic = self._topics.get(name)
+        if topic is None:
+            raise TopicNotFound(f"topic {name} does not exist")
+        return topic
+
+    def topics(self) -> list[TopicMetadata]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def brokers(self) -> list[BrokerInfo]:
+        return sorted(self._brokers.values(), key=lambda b: b.broker_id)
+
+    def subscribe(self, callback: ChangeCallback) -> None:
+        """``callback`` runs on the watch or sync thread; it must be quick and not block."""
+        self._callbacks.append(callback)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> ClusterView:
+        """Start syncing; wait up to ``timeout_s`` for the first snapshot."""
+        self._thread = threading.Thread(target=self._run, name="gms-cluster-view", daemon=True)
+        self._thread.start()
+        if not self._synced.wait(timeout_s):
+            self.stop()
+            raise EtcdUnavailable(f"no etcd snapshot within {timeout_s} s")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch_broken.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._cancel_watch()
+
+    def __enter__(self) -> ClusterView:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- sync loop -------------------------------------------------------------------------
+    def _run(self) -> None:
+        backoff_s = RESYNC_BACKOFF_S_MIN
+        while not self._stop.is_set():
+            try:
+                self._sync()
+                backoff_s = RESYNC_BACKOFF_S_MIN
+                self._watch_broken.wait()
+            except NameserverError as err:
+                log.warning("cluster view: etcd sync failed: %s", err)
+                self._stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, RESYNC_BACKOFF_S_MAX)
+            self._set_healthy(False)
+            self._cancel_watch()
+
+    def _sync(self) -> None:
+        self._watch_broken.clear()
+        snapshot = self._client.get_prefix(self._keys.prefix)
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+            brokers: dict[str, BrokerInfo] = {}
+            topics: dict[str, TopicMetadata] = {}
+            for kv in snapshot.kvs:
+                self._decode_into(kv, brokers, topics)
+            changes = _diff(self._brokers, brokers, ChangeKind.BROKER_UP, ChangeKind.BROKER_DOWN)
+            changes += _diff(self._topics, topics, ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED)
+            self._brokers, self._topics = brokers, topics
+            self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
+            self._revision = snapshot.revision
+        self._emit(changes)
+        self._watch_id = self._client.watch_prefix(
+            self._keys.prefix, snapshot.revision + 1, lambda r: self._on_watch(generation, r)
+        )
+        self._set_healthy(True)
+        self._synced.set()
+
+    def _cancel_watch(self) -> None:
+        watch_id, self._watch_id = self._watch_id, None
+        if watch_id is not None:
+            try:
+                self._client.cancel_watch(watch_id)
+            except NameserverError:
+                pass  # the stream is already gone with etcd
+
+    def _on_watch(self, generation: int, response: WatchBatch | Exception) -> None:
+        if generation != self._generation:
+            return
+        if isinstance(response, Exception):
+            log.warning("cluster view: watch ended: %s", response)
+            self._set_healthy(False)
+            self._watch_broken.set()
+            return
+        with self._lock:
+            if generation != self._generation:
+                return
+            brokers, topics = dict(self._brokers), dict(self._topics)
+            changes = []
+            for event in response.events:
+                changes.append(self._apply(event.kv, event.deleted, brokers, topics))
+            self._brokers, self._topics = brokers, topics
+            self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
+            self._revision = response.revision
+        self._emit([c for c in changes if c is not None])
+
+    def _apply(
+        self,
+        kv: KeyValue,
+        deleted: bool,
+        brokers: dict[str, BrokerInfo],
+        topics: dict[str, TopicMetadata],
+    ) -> ViewChange | None:
+        key = kv.key.decode()
+        if key.startswith(self._keys.brokers):
+            name = key[len(self._keys.brokers) :]
+            if deleted:
+                return ViewChange(ChangeKind.BROKER_DOWN, name) if brokers.pop(name, None) else None
+        elif key.startswith(self._keys.topics):
+            name = key[len(self._keys.topics) :]
+            if deleted:
+                return ViewChange(ChangeKind.TOPIC_DELETED, name) if topics.pop(name, None) else None
+        else:
+            return None  # election keys and other subtrees are not the view's business
+        return self._decode_into(kv, brokers, topics)
+
+    def _decode_into(
+        self, kv: KeyValue, brokers: dict[str, BrokerInfo], topics: dict[str, TopicMetadata]
+    ) -> ViewChange | None:
+        key = kv.key.decode()
+        try:
+            if key.startswith(self._keys.brokers):
+                info = BrokerInfo.from_json(kv.value)
+                brokers[info.broker_id] = info
+                return ViewChange(ChangeKind.BROKER_UP, info.broker_id)
+            if key.startswith(self._keys.topics):
+                topic = TopicMetadata.from_json(kv.value)
+                topics[topic.name] = topic
+                return ViewChange(ChangeKind.TOPIC_UPDATED, topic.name)
+        except (NameserverError, ValueError, KeyError, TypeError) as err:
+            log.error("cluster view: skipping undecodable %s: %s", key, err)
+        return None
+
+    def _set_healthy(self, healthy: bool) -> None:
+        if self._healthy != healthy:
+            self._healthy = healthy
+            self._emit([ViewChange(ChangeKind.HEALTH, "healthy" if healthy else "unhealthy")])
+
+    def _emit(self, changes: list[ViewChange]) -> None:
+        for change in changes:
+            for callback in self._callbacks:
+                try:
+                    callback(change)
+                except Exception:  # a subscriber's bug must not stop the view
+                    log.exception("cluster view: change callback failed")
+
+
+def _diff(
+    old: Mapping[str, object], new: Mapping[str, object], up: ChangeKind, down: ChangeKind
+) -> list[ViewChange]:
+    changes = [ViewChange(down, name) for name in old.keys() - new.keys()]
+    changes += [ViewChange(up, name) for name, value in new.items() if old.get(name) != value]
+    return changes

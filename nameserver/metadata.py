@@ -1,0 +1,177 @@
+"""Cluster metadata in etcd: broker registrations and topics, written atomically.
+
+Keys (all under ``prefix``, default ``/gms/``; see docs/etcd-layout.md):
+
+    brokers/<broker_id>   BrokerInfo JSON, attached to the broker's lease
+    topics/<topic>        TopicMetadata JSON: settings and every queue's placement/partition state
+
+A topic and all of its queues are one value, so creating, growing or deleting a topic is one
+etcd transaction that either happens entirely or not at all (and stays clear of etcd's
+128-operations-per-transaction default that 1024 per-queue keys would break).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gms.nameserver.errors import ConcurrentUpdate, TopicExists, TopicNotFound
+from gms.nameserver.etcd_client import (
+    Compare,
+    Delete,
+    EtcdClient,
+    KeyMissing,
+    KeyValue,
+    ModRevisionIs,
+    Put,
+)
+from gms.nameserver.lease import LeaseKeeper
+from gms.nameserver.model import (
+    DEFAULT_QUEUE_COUNT,
+    BrokerInfo,
+    TopicMetadata,
+    TopicSettings,
+    new_topic,
+    validate_name,
+)
+
+DEFAULT_PREFIX = "/gms/"
+DEFAULT_BROKER_TTL_S = 10
+CAS_ATTEMPTS_MAX = 8  # compare-and-swap retries before reporting a concurrent writer
+
+
+class Keys:
+    """The key layout, in one place."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        if not prefix.startswith("/") or not prefix.endswith("/"):
+            raise ValueError(f"metadata prefix must start and end with '/', got {prefix!r}")
+        self.prefix = prefix
+        self.brokers = prefix + "brokers/"
+        self.topics = prefix + "topics/"
+        self.election = prefix + "election/"
+
+    def broker(self, broker_id: str) -> str:
+        return self.brokers + broker_id
+
+    def topic(self, name: str) -> str:
+        return self.topics + name
+
+
+class BrokerRegistration:
+    """A broker's key under its lease; ``close()`` deregisters at once (clean stop)."""
+
+    def __init__(self, client: EtcdClient, keys: Keys, info: BrokerInfo, ttl_s: int) -> None:
+        self.info = info
+        key, value = keys.broker(info.broker_id), info.to_json()
+        self._keeper = LeaseKeeper(
+            client,
+            ttl_s,
+            lambda lease_id: client.put(key, value, lease_id=lease_id),
+            name=f"broker-{info.broker_id}",
+        )
+
+    @property
+    def lease_id(self) -> int:
+        return self._keeper.lease_id
+
+    @property
+    def alive(self) -> bool:
+        return self._keeper.alive
+
+    def start(self) -> BrokerRegistration:
+        self._keeper.start()
+        return self
+
+    def close(self, *, deregister: bool = True) -> None:
+        """``deregister=False`` leaves the key to expire with the lease (as after a crash)."""
+        self._keeper.stop(revoke=deregister)
+
+
+class ClusterMetadata:
+    """Reads and writes brokers and topics. Every call is an etcd round trip: serve routes from
+    :class:`gms.nameserver.cluster_view.ClusterView` instead."""
+
+    def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.keys = Keys(prefix)
+
+    # -- brokers ---------------------------------------------------------------------------
+    def register_broker(self, info: BrokerInfo, ttl_s: int = DEFAULT_BROKER_TTL_S) -> BrokerRegistration:
+        """Register under a fresh lease kept alive by a daemon thread. Re-registering the same
+        broker id replaces the old entry (a restarted broker need not wait out its old lease)."""
+        return BrokerRegistration(self.client, self.keys, info, ttl_s).start()
+
+    def live_brokers(self) -> list[BrokerInfo]:
+        return [BrokerInfo.from_json(kv.value) for kv in self._broker_kvs()]
+
+    def _broker_kvs(self) -> list[KeyValue]:
+        return sorted(self.client.get_prefix(self.keys.brokers).kvs, key=lambda kv: kv.key)
+
+    # -- topics ----------------------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        queue_count: int = DEFAULT_QUEUE_COUNT,
+        replicas: int = 1,
+        settings: TopicSettings | None = None,
+    ) -> TopicMetadata:
+        """Place the queues on the live brokers and write the topic in one transaction that
+        fails if the topic exists or any chosen broker's registration changed meanwhile."""
+        validate_name("topic", name)
+        key = self.keys.topic(name)
+        for _ in range(CAS_ATTEMPTS_MAX):
+            broker_kvs = self._broker_kvs()
+            broker_ids = [BrokerInfo.from_json(kv.value).broker_id for kv in broker_kvs]
+            topic = new_topic(name, queue_count, replicas, settings or TopicSettings(), broker_ids)
+            compare: list[Compare] = [KeyMissing(key)]
+            compare += [ModRevisionIs(kv.key.decode(), kv.mod_revision) for kv in broker_kvs]
+            if self.client.txn(compare, [Put(key, topic.to_json())]):
+                return topic
+            if self.client.get(key) is not None:
+                raise TopicExists(f"topic {name} already exists")
+        raise ConcurrentUpdate(f"brokers kept changing while creating topic {name}")
+
+    def get_topic(self, name: str) -> TopicMetadata:
+        kv = self.client.get(self.keys.topic(validate_name("topic", name)))
+        if kv is None:
+            raise TopicNotFound(f"topic {name} does not exist")
+        return TopicMetadata.from_json(kv.value)
+
+    def list_topics(self) -> list[TopicMetadata]:
+        kvs = self.client.get_prefix(self.keys.topics).kvs
+        return sorted((TopicMetadata.from_json(kv.value) for kv in kvs), key=lambda t: t.name)
+
+    def update_topic(
+        self,
+        name: str,
+        *,
+        queue_count: int | None = None,
+        settings: TopicSettings | None = None,
+    ) -> TopicMetadata:
+        """Grow the queue count (new queues placed on the live brokers) and/or replace the
+        settings; compare-and-swap on the topic's mod revision."""
+        key = self.keys.topic(validate_name("topic", name))
+        for _ in range(CAS_ATTEMPTS_MAX):
+            kv = self.client.get(key)
+            if kv is None:
+                raise TopicNotFound(f"topic {name} does not exist")
+            topic = TopicMetadata.from_json(kv.value)
+            if settings is not None:
+                topic = replace(topic, settings=settings)
+            if queue_count is not None and queue_count != topic.queue_count:
+                topic = topic.with_queue_count(queue_count, self._live_broker_ids())
+            if self.client.txn([ModRevisionIs(key, kv.mod_revision)], [Put(key, topic.to_json())]):
+                return topic
+        raise ConcurrentUpdate(f"topic {name} kept changing; update not applied")
+
+    def delete_topic(self, name: str) -> None:
+        key = self.keys.topic(validate_name("topic", name))
+        kv = self.client.get(key)
+        if kv is None or not self.client.txn([ModRevisionIs(key, kv.mod_revision)], [Delete(key)]):
+            if self.client.get(key) is None:
+                raise TopicNotFound(f"topic {name} does not exist")
+            raise ConcurrentUpdate(f"topic {name} changed while deleting it; retry")
+
+    def _live_broker_ids(self) -> Sequence[str]:
+        return [info.broker_id for info in self.live_brokers()]

@@ -1,0 +1,200 @@
+"""Cluster metadata values, their validation, queue placement and their JSON form in etcd.
+
+Pure: no etcd here, so the rules and the codec are unit-testable and shared by the writer
+(`metadata.py`) and the watch-fed cache (`cluster_view.py`). Values are JSON, not msgpack:
+metadata is small and off the hot path, and operators read it with plain
+``etcdctl get --prefix /gms/``. The layout is documented in docs/etcd-layout.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from gms.nameserver.errors import InvalidTopicConfig, NameserverError, NotEnoughBrokers
+
+LAYOUT_VERSION = 1  # "v" in every value; bump on an incompatible change
+NAME_BYTES_MAX = 127  # RocketMQ's topic name limit; also fits a file name in the store
+_NAME_RE = re.compile(r"[A-Za-z0-9_.%%-]{1,%d}" % NAME_BYTES_MAX, re.ASCII)
+QUEUE_COUNT_MAX = 1024  # one txn value stays ~100 KiB, far below etcd's 1.5 MiB request cap
+DEFAULT_QUEUE_COUNT = 8
+REPLICAS_MAX = 16
+DEFAULT_RETENTION_MS = 72 * 3600 * 1000  # RocketMQ's fileReservedTime default: 72 h
+DEFAULT_MESSAGE_SIZE_BYTES_MAX = 4 * 1024 * 1024  # RocketMQ's maxMessageSize default
+DEFAULT_CLUSTER = "DefaultCluster"
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Topic and broker names: 1..127 ASCII bytes of ``[A-Za-z0-9_.%-]``."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise InvalidTopicConfig(
+            f"{kind} name {name!r} must be 1..{NAME_BYTES_MAX} characters of [A-Za-z0-9_.%-]"
+        )
+    return name
+
+
+def validate_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise NameserverError(f"broker address {address!r} is not host:port")
+    return address
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    broker_id: str
+    address: str  # host:port clients connect to
+    cluster: str = DEFAULT_CLUSTER
+    capacity_bytes: int = 0  # store disk capacity; 0 = not reported
+
+    def __post_init__(self) -> None:
+        validate_name("broker", self.broker_id)
+        validate_name("cluster", self.cluster)
+        validate_address(self.address)
+
+    def to_json(self) -> bytes:
+        return _dumps({"v": LAYOUT_VERSION, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> BrokerInfo:
+        d = _loads(raw)
+        return cls(d["broker_id"], d["address"], d["cluster"], int(d["capacity_bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    retention_ms: int = DEFAULT_RETENTION_MS
+    message_size_bytes_max: int = DEFAULT_MESSAGE_SIZE_BYTES_MAX
+
+    def __post_init__(self) -> None:
+        for key, value in asdict(self).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidTopicConfig(f"topic setting {key} must be a positive integer")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TopicSettings:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InvalidTopicConfig(f"unknown topic setting(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """Placement and partition state of one queue; the controller (issue 5) rewrites leader,
+    isr and leader_epoch on failover, bumping the epoch to fence stale leaders."""
+
+    queue_id: int
+    replicas: tuple[str, ...]  # broker ids; replicas[0] is the preferred leader
+    leader: str | None
+    isr: tuple[str, ...]
+    leader_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    name: str
+    replication_factor: int
+    settings: TopicSettings
+    queues: tuple[QueueState, ...] = field(default=())
+
+    @property
+    def queue_count(self) -> int:
+        return len(self.queues)
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "v": LAYOUT_VERSION,
+                "name": self.name,
+                "replication_factor": self.replication_factor,
+                "settings": asdict(self.settings),
+                "queues": [
+                    {
+                        "id": q.queue_id,
+                        "replicas": list(q.replicas),
+                        "leader": q.leader,
+                        "isr": list(q.isr),
+                        "leader_epoch": q.leader_epoch,
+                    }
+                    for q in self.queues
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> TopicMetadata:
+        d = _loads(raw)
+        queues = tuple(
+            QueueState(q["id"], tuple(q["replicas"]), q["leader"], tuple(q["isr"]), q["leader_epoch"])
+            for q in d["queues"]
+        )
+        return cls(d["name"], d["replication_factor"], TopicSettings(**d["settings"]), queues)
+
+    def with_queue_count(self, queue_count: int, broker_ids: Sequence[str]) -> TopicMetadata:
+        """Grow to ``queue_count`` queues, placing the new ones on ``broker_ids``."""
+        validate_queue_count(queue_count)
+        if queue_count < self.queue_count:
+            raise InvalidTopicConfig(
+                f"topic {self.name} has {self.queue_count} queues; queues cannot be removed"
+            )
+        added = place_queues(range(self.queue_count, queue_count), broker_ids, self.replication_factor)
+        return replace(self, queues=self.queues + added)
+
+
+def validate_queue_count(queue_count: int) -> int:
+    if not isinstance(queue_count, int) or isinstance(queue_count, bool) or not (
+        1 <= queue_count <= QUEUE_COUNT_MAX
+    ):
+        raise InvalidTopicConfig(f"queue count must be 1..{QUEUE_COUNT_MAX}, got {queue_count!r}")
+    return queue_count
+
+
+def validate_replicas(replicas: int) -> int:
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not (
+        1 <= replicas <= REPLICAS_MAX
+    ):
+        raise InvalidTopicConfig(f"replicas must be 1..{REPLICAS_MAX}, got {replicas!r}")
+    return replicas
+
+
+def place_queues(
+    queue_ids: Sequence[int], broker_ids: Sequence[str], replicas: int
+) -> tuple[QueueState, ...]:
+    """Replica j of queue i on broker (i + j) mod n, brokers sorted by id; replica 0 leads."""
+    ordered = sorted(broker_ids)
+    if replicas > len(ordered):
+        raise NotEnoughBrokers(replicas, len(ordered))
+    n = len(ordered)
+    states = []
+    for i in queue_ids:
+        chosen = tuple(ordered[(i + j) % n] for j in range(replicas))
+        states.append(QueueState(i, chosen, chosen[0], chosen, 0))
+    return tuple(states)
+
+
+def new_topic(
+    name: str,
+    queue_count: int,
+    replicas: int,
+    settings: TopicSettings,
+    broker_ids: Sequence[str],
+) -> TopicMetadata:
+    validate_name("topic", name)
+    validate_queue_count(queue_count)
+    validate_replicas(replicas)
+    return TopicMetadata(name, replicas, settings, place_queues(range(queue_count), broker_ids, replicas))
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _loads(raw: bytes) -> dict[str, Any]:
+    d = json.loads(raw)
+    if not isinstance(d, dict) or d.get("v") != LAYOUT_VERSION:
+        raise NameserverError(f"unsupported metadata layout version in {raw[:80]!r}")
+    return d

@@ -1,0 +1,150 @@
+"""Broker registration and topic creation against a real etcd."""
+
+import time
+
+import pytest
+
+from gms.nameserver.errors import InvalidTopicConfig, NotEnoughBrokers, TopicExists, TopicNotFound
+from gms.nameserver.etcd_client import EtcdClient
+from gms.nameserver.metadata import ClusterMetadata
+from gms.nameserver.model import BrokerInfo, TopicSettings
+
+SHORT_TTL_S = 2
+
+
+def register(metadata: ClusterMetadata, *ids: str, ttl_s: int = SHORT_TTL_S):
+    return [
+        metadata.register_broker(BrokerInfo(b, f"127.0.0.1:{10000 + i}"), ttl_s=ttl_s)
+        for i, b in enumerate(ids)
+    ]
+
+
+def test_registration_is_kept_alive_past_ttl_and_removed_on_close(metadata: ClusterMetadata):
+    (reg,) = register(metadata, "b1")
+    time.sleep(SHORT_TTL_S * 1.5)
+    assert [b.broker_id for b in metadata.live_brokers()] == ["b1"]
+    reg.close()
+    assert metadata.live_brokers() == []
+
+
+def test_registration_expires_without_keepalive(metadata: ClusterMetadata):
+    (reg,) = register(metadata, "b1")
+    reg.close(deregister=False)
+    assert metadata.live_brokers() != []
+    time.sleep(SHORT_TTL_S + 1.0)
+    assert metadata.live_brokers() == []
+
+
+def test_create_topic_spreads_replicas_round_robin(metadata: ClusterMetadata):
+    regs = register(metadata, "b2", "b0", "b1")
+    try:
+        topic = metadata.create_topic("orders", queue_count=4, replicas=2)
+    finally:
+        for r in regs:
+            r.close()
+    assert [q.replicas for q in topic.queues] == [
+        ("b0", "b1"), ("b1", "b2"), ("b2", "b0"), ("b0", "b1"),
+    ]
+    assert [q.leader for q in topic.queues] == ["b0", "b1", "b2", "b0"]
+    assert all(q.isr == q.replicas and q.leader_epoch == 0 for q in topic.queues)
+    assert metadata.get_topic("orders") == topic
+
+
+def test_create_existing_topic_fails_and_keeps_original(metadata: ClusterMetadata):
+    regs = register(metadata, "b0", "b1")
+    try:
+        first = metadata.create_topic("t", queue_count=2)
+        with pytest.raises(TopicExists):
+            metadata.create_topic("t", queue_count=5, replicas=2)
+    finally:
+        for r in regs:
+            r.close()
+    assert metadata.get_topic("t") == first
+
+
+@pytest.mark.parametrize(
+    "name, queue_count, replicas",
+    [
+        ("", 1, 1),
+        ("a" * 128, 1, 1),
+        ("bad/name", 1, 1),
+        ("spaces no", 1, 1),
+        ("ümlaut", 1, 1),
+        ("ok", 0, 1),
+        ("ok", 1025, 1),
+        ("ok", -3, 1),
+        ("ok", 1, 0),
+    ],
+)
+def test_invalid_topics_leave_nothing_behind(
+    metadata: ClusterMetadata, client: EtcdClient, prefix: str, name, queue_count, replicas
+):
+    regs = register(metadata, "b0")
+    try:
+        with pytest.raises(InvalidTopicConfig):
+            metadata.create_topic(name, queue_count=queue_count, replicas=replicas)
+    finally:
+        for r in regs:
+            r.close()
+    assert client.get_prefix(prefix).kvs == []
+
+
+def test_longest_valid_name_and_max_queue_count(metadata: ClusterMetadata):
+    regs = register(metadata, "b0")
+    try:
+        name = "A-z_0.9%" * 15 + "abcdefg"
+        assert len(name) == 127
+        assert metadata.create_topic(name, queue_count=1024).queue_count == 1024
+    finally:
+        for r in regs:
+            r.close()
+
+
+def test_too_few_brokers_is_a_clear_error(metadata: ClusterMetadata, client: EtcdClient, prefix: str):
+    regs = register(metadata, "b0", "b1")
+    try:
+        with pytest.raises(NotEnoughBrokers, match="3 replica.*only 2 live broker"):
+            metadata.create_topic("t", replicas=3)
+    finally:
+        for r in regs:
+            r.close()
+    with pytest.raises(NotEnoughBrokers):
+        metadata.create_topic("t")  # no broker at all
+    assert client.get_prefix(prefix).kvs == []
+
+
+def test_update_grows_queues_and_replaces_settings(metadata: ClusterMetadata):
+    regs = register(metadata, "b0", "b1")
+    try:
+        metadata.create_topic("t", queue_count=2)
+        with pytest.raises(InvalidTopicConfig, match="cannot be removed"):
+            metadata.update_topic("t", queue_count=1)
+        settings = TopicSettings(retention_ms=1000, message_size_bytes_max=1024)
+        topic = metadata.update_topic("t", queue_count=5, settings=settings)
+    finally:
+        for r in regs:
+            r.close()
+    assert [q.leader for q in topic.queues] == ["b0", "b1", "b0", "b1", "b0"]
+    assert metadata.get_topic("t") == topic and topic.settings == settings
+    with pytest.raises(TopicNotFound):
+        metadata.update_topic("nope", queue_count=3)
+
+
+def test_unknown_setting_rejected():
+    with pytest.raises(InvalidTopicConfig, match="unknown topic setting"):
+        TopicSettings.from_dict({"retention_ms": 5, "colour": 1})
+    with pytest.raises(InvalidTopicConfig):
+        TopicSettings(retention_ms=0)
+
+
+def test_delete_topic(metadata: ClusterMetadata, client: EtcdClient, prefix: str):
+    regs = register(metadata, "b0")
+    try:
+        metadata.create_topic("t")
+    finally:
+        for r in regs:
+            r.close()
+    metadata.delete_topic("t")
+    assert client.get_prefix(prefix).kvs == []
+    with pytest.raises(TopicNotFound):
+        metadata.delete_topic("t")
