@@ -1,0 +1,220 @@
+"""Sans-IO frame decoder: bytes in, :class:`Frame` values out (in the style of h11).
+
+Feed it whatever the transport delivered, then call :meth:`FrameDecoder.next_frame` until
+it returns ``Event.NEED_DATA``; ``feed(b"")`` marks the end of the stream, after which it
+returns ``Event.CLOSED`` once every complete frame has been taken. Bad input raises a
+:class:`ProtocolError` whose ``must_close`` says whether the stream can go on.
+
+Copies: frames that arrive whole inside one fed ``bytes`` chunk are decoded in place and
+their bodies are read-only memoryviews of that chunk (a body pins its chunk until
+dropped). Only a frame split across chunks is assembled, into a bytearray of its own that
+is never reused, so its body is a view too. Assembly appends to that bytearray, so feeding
+a frame one byte at a time stays linear.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import Enum
+from typing import Any
+
+import msgpack
+
+from gms.errors import FrameTooLargeError, MalformedFrameError, ProtocolError
+from gms.protocol.frame import (
+    EMPTY_FIELDS,
+    FRAME_SIZE_MAX_BYTES,
+    HEADER_SIZE_MAX_BYTES,
+    LENGTH_FIELD_SIZE,
+    PREFIX,
+    PREFIX_SIZE,
+    Buffer,
+    Frame,
+)
+
+
+class Event(Enum):
+    """What :meth:`FrameDecoder.next_frame` returns when it has no frame."""
+
+    NEED_DATA = "need_data"  # feed more bytes
+    CLOSED = "closed"  # the stream ended cleanly between frames
+
+
+_HEADER_KEY_TYPES = (("flags", int), ("status", int), ("error", str), ("fields", dict))
+
+
+def _unpack_header(view: memoryview) -> Any:
+    try:
+        return msgpack.unpackb(view, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:
+        # ExtraData, FormatError, StackError, bad UTF-8 and non-string map keys all land here.
+        raise MalformedFrameError(f"header is not valid msgpack: {err}", must_close=False) from err
+
+
+def _parse_header(view: memoryview) -> tuple[int, int, int, int, str, Any]:
+    """Validate the header map; the frame is already skipped, so errors keep the stream."""
+    header = _unpack_header(view)
+    if type(header) is not dict:
+        raise MalformedFrameError(
+            f"header is a {type(header).__name__}, not a map", must_close=False
+        )
+    request_id = header.get("id")
+    if type(request_id) is not int or request_id < 0:
+        raise MalformedFrameError("header id must be a non-negative integer", must_close=False)
+    code = header.get("code")
+    if type(code) is not int:
+        raise MalformedFrameError(
+            "header code must be an integer", must_close=False, request_id=request_id
+        )
+    for key, expected in _HEADER_KEY_TYPES:
+        value = header.get(key)
+        if value is not None and type(value) is not expected:
+            raise MalformedFrameError(
+                f"header {key} must be a {expected.__name__}, not {type(value).__name__}",
+                must_close=False,
+                request_id=request_id,
+            )
+    return (
+        code,
+        request_id,
+        header.get("flags", 0),
+        header.get("status", 0),
+        header.get("error", ""),
+        header.get("fields") or EMPTY_FIELDS,
+    )
+
+
+class FrameDecoder:
+    """Incremental decoder for one direction of one connection."""
+
+    def __init__(
+        self,
+        *,
+        frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES,
+        header_size_max_bytes: int = HEADER_SIZE_MAX_BYTES,
+    ) -> None:
+        self._frame_size_max_bytes = frame_size_max_bytes
+        self._header_size_max_bytes = header_size_max_bytes
+        self._chunks: deque[memoryview] = deque()  # fed, unread, immutable; never empty views
+        self._chunk_bytes = 0
+        self._partial = bytearray()  # the start of one frame split across chunks
+        self._partial_size = 0  # that frame's total size once its prefix is known, else 0
+        self._eof = False
+        self._fatal: ProtocolError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet handed out as frames."""
+        return self._chunk_bytes + len(self._partial)
+
+    def feed(self, data: Buffer) -> None:
+        """Add received bytes; ``b""`` means the peer closed its side."""
+        if self._eof:
+            raise RuntimeError("feed() after end of stream")
+        if not data:
+            self._eof = True
+            return
+        if type(data) is not bytes:
+            data = bytes(data)  # bodies are views of it: it must never change
+        self._chunks.append(memoryview(data))
+        self._chunk_bytes += len(data)
+
+    def next_frame(self) -> Frame | Event:
+        """The next complete frame, ``Event.NEED_DATA`` or ``Event.CLOSED``."""
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            frame = self._assemble() if self._partial else self._from_chunk()
+        except ProtocolError as err:
+            if err.must_close:
+                self._fatal = err
+            raise
+        if frame is not None:
+            return frame
+        if self._eof:
+            if self.buffered_bytes:
+                self._fatal = MalformedFrameError(
+                    f"stream ended inside a frame ({self.buffered_bytes} bytes pending)"
+                )
+                raise self._fatal
+            return Event.CLOSED
+        return Event.NEED_DATA
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        """Yield every complete frame now available."""
+        while True:
+            frame = self.next_frame()
+            if type(frame) is not Frame:
+                return
+            yield frame
+
+    def _frame_size(self, prefix: Buffer) -> int:
+        """Total size of the frame starting with these 8 bytes; checks the limits."""
+        frame_length, header_length = PREFIX.unpack(prefix)
+        size = LENGTH_FIELD_SIZE + frame_length
+        if size > self._frame_size_max_bytes:
+            raise FrameTooLargeError(
+                f"frame of {size} bytes exceeds the limit of {self._frame_size_max_bytes}"
+            )
+        if header_length > self._header_size_max_bytes:
+            raise FrameTooLargeError(
+                f"header of {header_length} bytes exceeds the limit of "
+                f"{self._header_size_max_bytes}"
+            )
+        if header_length == 0 or LENGTH_FIELD_SIZE + header_length > frame_length:
+            raise MalformedFrameError(
+                f"header length {header_length} does not fit frame length {frame_length}"
+            )
+        return size
+
+    def _from_chunk(self) -> Frame | None:
+        """Decode a frame lying whole in the head chunk in place, else start assembling."""
+        if not self._chunks:
+            return None
+        chunk = self._chunks[0]
+        available = len(chunk)
+        if available >= PREFIX_SIZE:
+            size = self._frame_size(chunk[:PREFIX_SIZE])
+            if available >= size:
+                self._advance(size)
+                return self._decode(chunk[:size])
+        self._partial = bytearray(chunk)
+        self._advance(available)
+        return self._assemble()
+
+    def _advance(self, size: int) -> None:
+        """Consume ``size`` bytes of the head chunk."""
+        rest = self._chunks[0][size:]
+        if rest:
+            self._chunks[0] = rest
+        else:
+            self._chunks.popleft()
+        self._chunk_bytes -= size
+
+    def _fill_partial(self, size: int) -> bool:
+        """Move bytes from the chunks into the partial frame until it holds ``size`` bytes."""
+        partial = self._partial
+        while len(partial) < size and self._chunks:
+            piece = self._chunks[0][: size - len(partial)]
+            partial += piece
+            self._advance(len(piece))
+        return len(partial) >= size
+
+    def _assemble(self) -> Frame | None:
+        if not self._partial_size:
+            if not self._fill_partial(PREFIX_SIZE):
+                return None
+            self._partial_size = self._frame_size(self._partial[:PREFIX_SIZE])
+        if not self._fill_partial(self._partial_size):
+            return None
+        # A fresh bytearray for the next partial frame: this one is exported as the body.
+        frame = memoryview(self._partial).toreadonly()
+        self._partial = bytearray()
+        self._partial_size = 0
+        return self._decode(frame)
+
+    @staticmethod
+    def _decode(frame: memoryview) -> Frame:
+        header_end = PREFIX_SIZE + PREFIX.unpack_from(frame)[1]
+        code, request_id, flags, status, error, fields = _parse_header(frame[PREFIX_SIZE:header_end])
+        return Frame(code, request_id, flags, status, error, fields, frame[header_end:])
