@@ -75,6 +75,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class EmbeddedEtcd:
     """One single-member etcd with its data under ``data_dir``.
 
@@ -121,6 +131,10 @@ class EmbeddedEtcd:
         binary = find_etcd_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._choose_ports()
+        for port in (self._client_port, self._peer_port):
+            # Another etcd on our port would answer our health check; refuse up front.
+            if not port_is_free(self.host, port):
+                raise EmbeddedEtcdError(f"port {self.host}:{port} for etcd is already in use")
         client_url = f"http://{self.host}:{self._client_port}"
         peer_url = f"http://{self.host}:{self._peer_port}"
         args = [
@@ -177,15 +191,20 @@ class EmbeddedEtcd:
             try:
                 with urllib.request.urlopen(url, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
                     if json.loads(resp.read()).get("health") == "true":
-                        return
+                        break
                     last_error = "reported unhealthy"
             except (OSError, urllib.error.URLError, ValueError) as err:
                 last_error = str(err)
             time.sleep(HEALTH_POLL_S)
-        raise EmbeddedEtcdError(
-            f"etcd on {self.host}:{self._client_port} not healthy after {self.start_timeout_s} s"
-            f" ({last_error}); log tail:\n{self.log_tail()}"
-        )
+        else:
+            raise EmbeddedEtcdError(
+                f"etcd on {self.host}:{self._client_port} not healthy after"
+                f" {self.start_timeout_s} s ({last_error}); log tail:\n{self.log_tail()}"
+            )
+        if self._proc.poll() is not None:  # someone else answered on our port
+            raise EmbeddedEtcdError(
+                f"etcd exited with code {self._proc.returncode}; log tail:\n{self.log_tail()}"
+            )
 
     def log_tail(self) -> str:
         try:
