@@ -1,0 +1,319 @@
+"""The RPC server: frames in, handlers run concurrently, responses out in completion order.
+
+One :class:`_ServerConnection` (an ``asyncio.Protocol``) per client. Its reader decodes
+frames with the sans-IO decoder and starts one task per request, so a long-polling pull
+does not hold up other requests on the same connection; each response goes out when its
+handler finishes, matched by request id. Backpressure: reading pauses while too many
+requests (or request bytes) are in flight or while the transport's write buffer is above
+its high-water mark, so neither a flood of requests nor a client that does not read its
+responses can grow server memory without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from gms.errors import GmsError, ProtocolError
+from gms.protocol.codes import Flag, RequestCode, Status
+from gms.protocol.decoder import Event, FrameDecoder
+from gms.protocol.frame import (
+    EMPTY_FIELDS,
+    FRAME_SIZE_MAX_BYTES,
+    Body,
+    Frame,
+    Response,
+    encode_frame,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Frame], Awaitable[Response | None]]
+
+# Responses to errors that no request id can be attached to (garbage before the first
+# frame boundary) carry this id; clients never use it for requests.
+CONNECTION_ERROR_ID = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Per-connection limits; defaults suit a broker with a few hundred clients."""
+
+    # Requests whose handlers are running; long polls count, so this must exceed the number
+    # of concurrent pulls one client makes.
+    in_flight_requests_max: int = 1024
+    # Request body bytes held by running handlers; one frame larger than this still runs.
+    in_flight_bytes_max: int = 64 * 1024 * 1024
+    # Reading pauses above high and resumes below low: bounds what a non-reading client costs.
+    write_buffer_high_bytes: int = 4 * 1024 * 1024
+    write_buffer_low_bytes: int = 1024 * 1024
+    frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES
+    # How long stop() lets running handlers finish before cancelling them.
+    stop_grace_ms: int = 1000
+
+
+async def _ping(request: Frame) -> Response:
+    """Built-in PING: echo the body, so clients can check liveness and measure round trips."""
+    return Response(body=request.body)
+
+
+class RpcServer:
+    """A TCP server dispatching gms frames to ``{code: async handler(frame) -> Response}``."""
+
+    def __init__(
+        self,
+        handlers: Mapping[int, Handler] | None = None,
+        *,
+        config: ServerConfig | None = None,
+    ) -> None:
+        self.config = config or ServerConfig()
+        self._handlers: dict[int, Handler] = {RequestCode.PING: _ping, **(handlers or {})}
+        self._server: asyncio.Server | None = None
+        self._connections: set[_ServerConnection] = set()
+
+    def register(self, code: int, handler: Handler) -> None:
+        """Add or replace the handler for ``code`` (also while serving)."""
+        self._handlers[code] = handler
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), host, port, reuse_address=True
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful after ``start(port=0)``)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server is not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    def buffered_bytes(self) -> int:
+        """Bytes this server holds for its connections: unread input plus unsent output."""
+        return sum(conn.buffered_bytes() for conn in self._connections)
+
+    async def stop(self) -> None:
+        """Stop accepting, give running handlers the grace period, then close everything."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        connections = list(self._connections)
+        for conn in connections:
+            conn.stop_reading()
+        tasks = [task for conn in connections for task in conn.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.stop_grace_ms / 1000)
+        for conn in connections:
+            conn.close(abort=True)
+        await server.wait_closed()
+
+
+class _ServerConnection(asyncio.Protocol):
+    """Reader, dispatcher and writer for one client connection."""
+
+    def __init__(self, server: RpcServer) -> None:
+        self._server = server
+        self._config = server.config
+        self._handlers = server._handlers
+        self._decoder = FrameDecoder(frame_size_max_bytes=self._config.frame_size_max_bytes)
+        self._transport: asyncio.Transport | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._in_flight_bytes = 0
+        self._write_paused = False
+        self._reading = True
+        self._stopped = False  # no more requests: closing, or the peer sent end of stream
+
+    # --- asyncio.Protocol callbacks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        transport = self._transport
+        transport.set_write_buffer_limits(
+            high=self._config.write_buffer_high_bytes, low=self._config.write_buffer_low_bytes
+        )
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server._connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._decoder.feed(data)
+        self._process()
+
+    def eof_received(self) -> bool:
+        self._decoder.feed(b"")
+        self._process()
+        return True  # keep writing: running requests still get their responses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stopped = True
+        self._server._connections.discard(self)
+        for task in self.tasks:
+            task.cancel()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._process()
+
+    # --- reading and dispatch ---------------------------------------------------------------
+
+    def _blocked(self) -> bool:
+        return (
+            self._write_paused
+            or len(self.tasks) >= self._config.in_flight_requests_max
+            or self._in_flight_bytes >= self._config.in_flight_bytes_max
+        )
+
+    def _process(self) -> None:
+        """Dispatch decoded frames until the decoder needs data or backpressure applies."""
+        decoder = self._decoder
+        while not self._stopped and not self._blocked():
+            try:
+                frame = decoder.next_frame()
+            except ProtocolError as err:
+                self._reply_protocol_error(err)
+                if err.must_close:
+                    self.close()
+                    return
+                continue
+            if frame is Event.NEED_DATA:
+                break
+            if frame is Event.CLOSED:
+                self._stopped = True
+                break
+            self._dispatch(frame)  # type: ignore[arg-type]
+        if self._stopped and not self.tasks:
+            self.close()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        reading = not self._stopped and not self._blocked()
+        if reading != self._reading:
+            self._reading = reading
+            if reading:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+    def stop_reading(self) -> None:
+        """Take no further requests (server stopping); running handlers may still answer."""
+        self._stopped = True
+        self._update_reading()
+
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.is_response:
+            self._reply(frame, Status.BAD_REQUEST, "a response frame was sent to a server")
+            return
+        handler = self._handlers.get(frame.code)
+        if handler is None:
+            self._reply(frame, Status.UNKNOWN_CODE, f"unknown request code {frame.code}")
+            return
+        task = asyncio.get_running_loop().create_task(self._run(handler, frame))
+        self.tasks.add(task)
+        self._in_flight_bytes += len(frame.body)
+        task.add_done_callback(lambda done, size=len(frame.body): self._finished(done, size))
+
+    def _finished(self, task: asyncio.Task[None], size: int) -> None:
+        self.tasks.discard(task)
+        self._in_flight_bytes -= size
+        self._process()
+
+    async def _run(self, handler: Handler, frame: Frame) -> None:
+        try:
+            response = await handler(frame)
+        except GmsError as err:
+            if frame.is_oneway:
+                log.warning("oneway request code %d failed: %s", frame.code, err)
+            self._reply(frame, err.status, str(err), err.fields)
+        except Exception as err:  # a handler bug must not take the connection down
+            log.exception("handler for request code %d failed", frame.code)
+            self._reply(frame, Status.SYSTEM_ERROR, f"internal error: {type(err).__name__}: {err}")
+        else:
+            if response is None:
+                self._reply(frame, Status.SUCCESS)
+            else:
+                self._reply(frame, Status.SUCCESS, "", response.fields, response.body)
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def _reply(
+        self,
+        request: Frame,
+        status: int,
+        error: str = "",
+        fields: Mapping[str, object] = EMPTY_FIELDS,
+        body: Body = b"",
+    ) -> None:
+        if request.is_oneway:
+            return
+        self._write(request.code, request.request_id, status, error, fields, body)
+
+    def _write(
+        self,
+        code: int,
+        request_id: int,
+        status: int,
+        error: str,
+        fields: Mapping[str, object],
+        body: Body,
+    ) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        try:
+            parts = encode_frame(
+                code,
+                request_id,
+                flags=Flag.RESPONSE,
+                status=status,
+                error=error,
+                fields=fields,
+                body=body,
+                frame_size_max_bytes=self._config.frame_size_max_bytes,
+            )
+        except (GmsError, TypeError, ValueError, OverflowError) as err:
+            # The response is too large, or its fields are not msgpack-encodable.
+            log.error("response to request code %d not sent: %s", code, err)
+            status = err.status if isinstance(err, GmsError) else Status.SYSTEM_ERROR
+            parts = encode_frame(
+                code, request_id, flags=Flag.RESPONSE, status=status, error=f"bad response: {err}"
+            )
+        transport.writelines(parts)
+
+    def _reply_protocol_error(self, err: ProtocolError) -> None:
+        log.warning("protocol error from %s: %s", self._peer(), err)
+        request_id = CONNECTION_ERROR_ID if err.request_id is None else err.request_id
+        self._write(0, request_id, err.status, str(err), EMPTY_FIELDS, b"")
+
+    def _peer(self) -> object:
+        return None if self._transport is None else self._transport.get_extra_info("peername")
+
+    def buffered_bytes(self) -> int:
+        unsent = 0 if self._transport is None else self._transport.get_write_buffer_size()
+        return self._decoder.buffered_bytes + unsent + self._in_flight_bytes
+
+    def close(self, *, abort: bool = False) -> None:
+        """Close after flushing what is buffered (or at once with ``abort``)."""
+        self._stopped = True
+        if self._transport is not None and (abort or not self._transport.is_closing()):
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
