@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gms.nameserver.errors import EtcdUnavailable, NameserverError, TopicNotFound
+from gms.errors import TopicNotFoundError
+from gms.nameserver.errors import EtcdUnavailable, NameserverError
 from gms.nameserver.etcd_client import EtcdClient, KeyValue, WatchBatch
 from gms.nameserver.metadata import DEFAULT_PREFIX, Keys
 from gms.nameserver.model import BrokerInfo, TopicMetadata
@@ -100,13 +101,13 @@ class ClusterView:
     def route(self, topic: str) -> TopicRoute:
         route = self._routes.get(topic)
         if route is None:
-            raise TopicNotFound(f"topic {topic} does not exist")
+            raise TopicNotFoundError(f"topic {topic} does not exist")
         return route
 
     def topic(self, name: str) -> TopicMetadata:
         topic = self._topics.get(name)
         if topic is None:
-            raise TopicNotFound(f"topic {name} does not exist")
+            raise TopicNotFoundError(f"topic {name} does not exist")
         return topic
 
     def topics(self) -> list[TopicMetadata]:

@@ -1,21 +1,25 @@
 """Errors raised by the nameserver's etcd layer and metadata model.
 
-All derive from :class:`gms.errors.GmsError`; ``retriable`` says whether the same call may
-succeed later (etcd back, a broker registered, a concurrent writer done). Wire status codes are
-inherited until the protocol assigns one per class.
+Topic errors are the shared wire classes of :mod:`gms.errors` (``TopicNotFoundError``,
+``TopicAlreadyExistsError``, ``InvalidTopicError``), so ``except`` works on both sides of the
+wire. The classes here add what only the etcd layer knows; where a wire class fits they also
+derive from it, which gives them its status code and ``retriable`` flag.
 """
 
-from gms.errors import GmsError
+from gms.errors import (
+    GmsError,
+    NotEnoughReplicasError,
+    ServerBusyError,
+    ServiceUnavailableError,
+)
 
 
 class NameserverError(GmsError):
     """Root of the nameserver's errors."""
 
 
-class EtcdUnavailable(NameserverError):
+class EtcdUnavailable(NameserverError, ServiceUnavailableError):
     """No etcd endpoint answered in time; cached data may still be served."""
-
-    retriable = True
 
 
 class EtcdError(NameserverError):
@@ -36,22 +40,8 @@ class EmbeddedEtcdError(NameserverError):
     """The embedded etcd binary is missing or did not become healthy."""
 
 
-class InvalidTopicConfig(NameserverError):
-    """A topic name, queue count, replica count or setting breaks the rules."""
-
-
-class TopicExists(NameserverError):
-    """create_topic on a name that is already taken."""
-
-
-class TopicNotFound(NameserverError):
-    """The topic is not in etcd (or not in the view's cache)."""
-
-
-class NotEnoughBrokers(NameserverError):
+class NotEnoughBrokers(NameserverError, NotEnoughReplicasError):
     """Fewer live brokers than the replicas asked for; retriable once brokers register."""
-
-    retriable = True
 
     def __init__(self, replicas: int, live_brokers: int) -> None:
         super().__init__(
@@ -61,7 +51,5 @@ class NotEnoughBrokers(NameserverError):
         self.live_brokers = live_brokers
 
 
-class ConcurrentUpdate(NameserverError):
+class ConcurrentUpdate(NameserverError, ServerBusyError):
     """Another writer kept changing the same key; the compare-and-swap gave up."""
-
-    retriable = True

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gms.nameserver.errors import ConcurrentUpdate, TopicExists, TopicNotFound
+from gms.errors import TopicAlreadyExistsError, TopicNotFoundError
+from gms.nameserver.errors import ConcurrentUpdate
 from gms.nameserver.etcd_client import (
     Compare,
     Delete,
@@ -129,13 +130,13 @@ class ClusterMetadata:
             if self.client.txn(compare, [Put(key, topic.to_json())]):
                 return topic
             if self.client.get(key) is not None:
-                raise TopicExists(f"topic {name} already exists")
+                raise TopicAlreadyExistsError(f"topic {name} already exists")
         raise ConcurrentUpdate(f"brokers kept changing while creating topic {name}")
 
     def get_topic(self, name: str) -> TopicMetadata:
         kv = self.client.get(self.keys.topic(validate_name("topic", name)))
         if kv is None:
-            raise TopicNotFound(f"topic {name} does not exist")
+            raise TopicNotFoundError(f"topic {name} does not exist")
         return TopicMetadata.from_json(kv.value)
 
     def list_topics(self) -> list[TopicMetadata]:
@@ -155,7 +156,7 @@ class ClusterMetadata:
         for _ in range(CAS_ATTEMPTS_MAX):
             kv = self.client.get(key)
             if kv is None:
-                raise TopicNotFound(f"topic {name} does not exist")
+                raise TopicNotFoundError(f"topic {name} does not exist")
             topic = TopicMetadata.from_json(kv.value)
             if settings is not None:
                 topic = replace(topic, settings=settings)
@@ -170,7 +171,7 @@ class ClusterMetadata:
         kv = self.client.get(key)
         if kv is None or not self.client.txn([ModRevisionIs(key, kv.mod_revision)], [Delete(key)]):
             if self.client.get(key) is None:
-                raise TopicNotFound(f"topic {name} does not exist")
+                raise TopicNotFoundError(f"topic {name} does not exist")
             raise ConcurrentUpdate(f"topic {name} changed while deleting it; retry")
 
     def _live_broker_ids(self) -> Sequence[str]:

@@ -9,16 +9,16 @@ metadata is small and off the hot path, and operators read it with plain
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gms.nameserver.errors import InvalidTopicConfig, NameserverError, NotEnoughBrokers
+from gms.errors import BadRequestError, GmsError, InvalidTopicError
+from gms.nameserver.errors import NameserverError, NotEnoughBrokers
+from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
+from gms.store_errors import InvalidTopicName
 
 LAYOUT_VERSION = 1  # "v" in every value; bump on an incompatible change
-NAME_BYTES_MAX = 127  # RocketMQ's topic name limit; also fits a file name in the store
-_NAME_RE = re.compile(r"[A-Za-z0-9_.%%-]{1,%d}" % NAME_BYTES_MAX, re.ASCII)
 QUEUE_COUNT_MAX = 1024  # one txn value stays ~100 KiB, far below etcd's 1.5 MiB request cap
 DEFAULT_QUEUE_COUNT = 8
 REPLICAS_MAX = 16
@@ -27,19 +27,22 @@ DEFAULT_MESSAGE_SIZE_BYTES_MAX = 4 * 1024 * 1024  # RocketMQ's maxMessageSize de
 DEFAULT_CLUSTER = "DefaultCluster"
 
 
-def validate_name(kind: str, name: str) -> str:
-    """Topic and broker names: 1..127 ASCII bytes of ``[A-Za-z0-9_.%-]``."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise InvalidTopicConfig(
-            f"{kind} name {name!r} must be 1..{NAME_BYTES_MAX} characters of [A-Za-z0-9_.%-]"
-        )
-    return name
+def validate_name(kind: str, name: str, error: type[GmsError] = InvalidTopicError) -> str:
+    """Topic, broker and cluster names follow the store's topic-name rule (gms.naming):
+    1..127 characters of ``[A-Za-z0-9_.%-]``, so they never contain the key separator ``/``."""
+    try:
+        return validate_topic_name(name)
+    except InvalidTopicName as err:
+        raise error(
+            f"{kind} name {name!r} must be 1..{TOPIC_NAME_BYTES_MAX} characters of"
+            f" [A-Za-z0-9_.%-], not . or .. ({err})"
+        ) from err
 
 
 def validate_address(address: str) -> str:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise NameserverError(f"broker address {address!r} is not host:port")
+        raise BadRequestError(f"broker address {address!r} is not host:port")
     return address
 
 
@@ -51,8 +54,8 @@ class BrokerInfo:
     capacity_bytes: int = 0  # store disk capacity; 0 = not reported
 
     def __post_init__(self) -> None:
-        validate_name("broker", self.broker_id)
-        validate_name("cluster", self.cluster)
+        validate_name("broker", self.broker_id, BadRequestError)
+        validate_name("cluster", self.cluster, BadRequestError)
         validate_address(self.address)
 
     def to_json(self) -> bytes:
@@ -72,13 +75,13 @@ class TopicSettings:
     def __post_init__(self) -> None:
         for key, value in asdict(self).items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise InvalidTopicConfig(f"topic setting {key} must be a positive integer")
+                raise InvalidTopicError(f"topic setting {key} must be a positive integer")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TopicSettings:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
-            raise InvalidTopicConfig(f"unknown topic setting(s): {', '.join(sorted(unknown))}")
+            raise InvalidTopicError(f"unknown topic setting(s): {', '.join(sorted(unknown))}")
         return cls(**d)
 
 
@@ -138,7 +141,7 @@ class TopicMetadata:
         """Grow to ``queue_count`` queues, placing the new ones on ``broker_ids``."""
         validate_queue_count(queue_count)
         if queue_count < self.queue_count:
-            raise InvalidTopicConfig(
+            raise InvalidTopicError(
                 f"topic {self.name} has {self.queue_count} queues; queues cannot be removed"
             )
         added = place_queues(range(self.queue_count, queue_count), broker_ids, self.replication_factor)
@@ -149,7 +152,7 @@ def validate_queue_count(queue_count: int) -> int:
     if not isinstance(queue_count, int) or isinstance(queue_count, bool) or not (
         1 <= queue_count <= QUEUE_COUNT_MAX
     ):
-        raise InvalidTopicConfig(f"queue count must be 1..{QUEUE_COUNT_MAX}, got {queue_count!r}")
+        raise InvalidTopicError(f"queue count must be 1..{QUEUE_COUNT_MAX}, got {queue_count!r}")
     return queue_count
 
 
@@ -157,7 +160,7 @@ def validate_replicas(replicas: int) -> int:
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not (
         1 <= replicas <= REPLICAS_MAX
     ):
-        raise InvalidTopicConfig(f"replicas must be 1..{REPLICAS_MAX}, got {replicas!r}")
+        raise InvalidTopicError(f"replicas must be 1..{REPLICAS_MAX}, got {replicas!r}")
     return replicas
 
 

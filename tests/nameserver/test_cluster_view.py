@@ -10,7 +10,7 @@ import pytest
 
 from gms.nameserver.cluster_view import ChangeKind, ClusterView, QueueRoute, ViewChange
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.nameserver.errors import TopicNotFound
+from gms.errors import TopicNotFoundError
 from gms.nameserver.etcd_client import EtcdClient
 from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import BrokerInfo
@@ -73,7 +73,7 @@ def test_view_follows_changes_promptly_and_routes_from_cache(
             assert view.route("orders").queues[1] == QueueRoute(1, None, ("127.0.0.1:20000",), 0)
             metadata.delete_topic("orders")
             wait_until(lambda: recorder.saw(ChangeKind.TOPIC_DELETED, "orders"), PROMPT_S)
-            with pytest.raises(TopicNotFound):
+            with pytest.raises(TopicNotFoundError):
                 view.route("orders")
         finally:
             for r in regs:

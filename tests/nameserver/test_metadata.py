@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from gms.nameserver.errors import InvalidTopicConfig, NotEnoughBrokers, TopicExists, TopicNotFound
+from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.nameserver.errors import NotEnoughBrokers
 from gms.nameserver.etcd_client import EtcdClient
 from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import BrokerInfo, TopicSettings
@@ -54,7 +55,7 @@ def test_create_existing_topic_fails_and_keeps_original(metadata: ClusterMetadat
     regs = register(metadata, "b0", "b1")
     try:
         first = metadata.create_topic("t", queue_count=2)
-        with pytest.raises(TopicExists):
+        with pytest.raises(TopicAlreadyExistsError):
             metadata.create_topic("t", queue_count=5, replicas=2)
     finally:
         for r in regs:
@@ -70,6 +71,7 @@ def test_create_existing_topic_fails_and_keeps_original(metadata: ClusterMetadat
         ("bad/name", 1, 1),
         ("spaces no", 1, 1),
         ("ümlaut", 1, 1),
+        ("..", 1, 1),
         ("ok", 0, 1),
         ("ok", 1025, 1),
         ("ok", -3, 1),
@@ -81,7 +83,7 @@ def test_invalid_topics_leave_nothing_behind(
 ):
     regs = register(metadata, "b0")
     try:
-        with pytest.raises(InvalidTopicConfig):
+        with pytest.raises(InvalidTopicError):
             metadata.create_topic(name, queue_count=queue_count, replicas=replicas)
     finally:
         for r in regs:
@@ -117,7 +119,7 @@ def test_update_grows_queues_and_replaces_settings(metadata: ClusterMetadata):
     regs = register(metadata, "b0", "b1")
     try:
         metadata.create_topic("t", queue_count=2)
-        with pytest.raises(InvalidTopicConfig, match="cannot be removed"):
+        with pytest.raises(InvalidTopicError, match="cannot be removed"):
             metadata.update_topic("t", queue_count=1)
         settings = TopicSettings(retention_ms=1000, message_size_bytes_max=1024)
         topic = metadata.update_topic("t", queue_count=5, settings=settings)
@@ -126,14 +128,14 @@ def test_update_grows_queues_and_replaces_settings(metadata: ClusterMetadata):
             r.close()
     assert [q.leader for q in topic.queues] == ["b0", "b1", "b0", "b1", "b0"]
     assert metadata.get_topic("t") == topic and topic.settings == settings
-    with pytest.raises(TopicNotFound):
+    with pytest.raises(TopicNotFoundError):
         metadata.update_topic("nope", queue_count=3)
 
 
 def test_unknown_setting_rejected():
-    with pytest.raises(InvalidTopicConfig, match="unknown topic setting"):
+    with pytest.raises(InvalidTopicError, match="unknown topic setting"):
         TopicSettings.from_dict({"retention_ms": 5, "colour": 1})
-    with pytest.raises(InvalidTopicConfig):
+    with pytest.raises(InvalidTopicError):
         TopicSettings(retention_ms=0)
 
 
@@ -146,5 +148,5 @@ def test_delete_topic(metadata: ClusterMetadata, client: EtcdClient, prefix: str
             r.close()
     metadata.delete_topic("t")
     assert client.get_prefix(prefix).kvs == []
-    with pytest.raises(TopicNotFound):
+    with pytest.raises(TopicNotFoundError):
         metadata.delete_topic("t")
