@@ -1,0 +1,18 @@
+"""Durable whole-file replacement: write a temp file, fsync it, rename over, fsync the directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gms.broker.mapped_file import fsync_dir
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -1,0 +1,196 @@
+"""The shared commitlog: a queue of fixed-size mapped files all topics append to.
+
+Placement (which file and offset each record of a batch lands at) is computed first and purely,
+so the store can validate and assign everything before a byte is written; then ``write`` copies
+each run of records that fits in a file with one copy and patches the broker envelope of all of
+them with one numpy scatter. A record never straddles files: a file whose remaining room cannot
+take the next record is closed with a blank marker (RocketMQ's END_FILE_MIN_BLANK_LENGTH rule).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
+from gms.store_errors import MessageNotFound
+from gms.broker.mapped_file import MappedFile, list_files
+
+_BLANK = struct.Struct(">iI")
+ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_offset, store_ts_ms
+ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"),
+                           ("store_ts_ms", ">i8")])
+assert ENVELOPE_DTYPE.itemsize == ENVELOPE_BYTES == 28
+_ENVELOPE_COLUMNS = np.arange(OFF_QUEUE_ID, OFF_CRC_START, dtype=np.int64)
+
+
+class Placement(NamedTuple):
+    phys: np.ndarray  # int64 commitlog offset of each record
+    runs: list[tuple[int, int, int]]  # (file base offset, first record, end record): one copy each
+    end_offset: int  # the write position after the batch
+
+
+class CommitLog:
+    def __init__(self, directory: Path, file_size_bytes: int, warmer: Executor | None) -> None:
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self._warmer = warmer
+        self.files: list[MappedFile] = []  # replaced, never mutated: readers take a snapshot
+        self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
+        self._spare_lock = threading.Lock()
+        self.write_pos = 0  # where the next record goes (writer-private until committed)
+        self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
+
+    # --- opening -------------------------------------------------------------------------------
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.files = [MappedFile.open(path, base, self.file_size_bytes) for base, path in list_files(self.directory)]
+        for prev, cur in zip(self.files, self.files[1:]):
+            if cur.base_offset != prev.end_offset:  # a hole: keep only the newest contiguous run
+                self.files = self.files[self.files.index(cur):]
+        if not self.files:
+            self.files = [MappedFile.create(self.directory, 0, self.file_size_bytes)]
+
+    def set_end(self, end_offset: int) -> None:
+        """Declare where the data ends (from the checkpoint or recovery); later files are removed."""
+        keep = [f for f in self.files if f.base_offset <= end_offset]
+        if keep and end_offset == keep[-1].end_offset:
+            keep.append(self._create_file(end_offset))
+        for f in self.files[len(keep):]:
+            f.delete()
+        self.files = keep or [self._create_file(end_offset - end_offset % self.file_size_bytes)]
+        self.write_pos = self.committed_pos = end_offset
+        self._prepare_next()
+        if self._warmer is not None:
+            self._warmer.submit(self.files[-1].warm, end_offset - self.files[-1].base_offset)
+
+    # --- geometry ------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].base_offset
+
+    @property
+    def active(self) -> MappedFile:
+        return self.files[-1]
+
+    def file_for(self, phys_offset: int, files: list[MappedFile] | None = None) -> MappedFile:
+        files = self.files if files is None else files
+        index = (phys_offset - files[0].base_offset) // self.file_size_bytes
+        if phys_offset < files[0].base_offset or index >= len(files):
+            raise MessageNotFound(phys_offset, f"outside the commitlog [{files[0].base_offset}, "
+                                               f"{self.committed_pos})")
+        return files[index]
+
+    def place(self, starts: np.ndarray, sizes: np.ndarray) -> Placement:
+        """Where each record of a batch will land; pure (no file is touched)."""
+        ends = starts + sizes
+        phys = np.empty(len(starts), np.int64)
+        runs = []
+        pos = self.write_pos
+        base = self.active.base_offset
+        i, n = 0, len(starts)
+        while i < n:
+            room = base + self.file_size_bytes - BLANK_MARKER_SIZE - pos
+            k = int(np.searchsorted(ends, int(starts[i]) + room, side="right"))
+            if k == i:
+                base += self.file_size_bytes
+                pos = base
+                continue
+            phys[i:k] = starts[i:k] + (pos - int(starts[i]))
+            runs.append((base, i, k))
+            pos += int(ends[k - 1] - starts[i])
+            i = k
+        return Placement(phys, runs, pos)
+
+    # --- writing -------------------------------------------------------------------------------
+    def write(self, buf: memoryview, starts: np.ndarray, sizes: np.ndarray, placement: Placement,
+              envelope: np.ndarray) -> None:
+        """Copy the batch as placed and patch the envelopes (``envelope``: ENVELOPE_DTYPE per record)."""
+        for base, _, _ in placement.runs:  # allocate first: a full disk fails before any copy
+            if base > self.active.base_offset:
+                self._spare_file(base)
+        env_bytes = envelope.view(np.uint8).reshape(len(envelope), ENVELOPE_BYTES)
+        for base, i, k in placement.runs:
+            if base != self.active.base_offset:
+                self._roll(base)
+            f = self.active
+            src_start, src_end = int(starts[i]), int(starts[k - 1] + sizes[k - 1])
+            dst = int(placement.phys[i]) - base
+            f.write(dst, buf[src_start:src_end])
+            rel = placement.phys[i:k] - base
+            f.array[rel[:, None] + _ENVELOPE_COLUMNS] = env_bytes[i:k]
+            self.write_pos = base + dst + src_end - src_start
+        assert self.write_pos == placement.end_offset
+
+    def _roll(self, base: int) -> None:
+        f = self.active
+        left = f.end_offset - self.write_pos
+        _BLANK.pack_into(f.view, self.write_pos - f.base_offset, left, BLANK_MAGIC)
+        self.files = [*self.files, self._spare_file(base)]
+        with self._spare_lock:
+            self._spare.pop(base, None)
+        self.write_pos = base
+        self._prepare_next()
+
+    def _create_file(self, base: int) -> MappedFile:
+        f = MappedFile.create(self.directory, base, self.file_size_bytes)
+        if self._warmer is not None:
+            self._warmer.submit(f.warm)
+        return f
+
+    def _spare_file(self, base: int) -> MappedFile:
+        with self._spare_lock:
+            if base not in self._spare:
+                self._spare[base] = self._create_file(base)
+            return self._spare[base]
+
+    def _prepare_next(self) -> None:
+        if self._warmer is not None:
+            self._warmer.submit(self._spare_file, self.active.end_offset)
+
+    # --- reading -------------------------------------------------------------------------------
+    def read(self, phys_offset: int, size: int) -> memoryview:
+        f = self.file_for(phys_offset)
+        pos = phys_offset - f.base_offset
+        return f.view[pos: pos + size]
+
+    # --- flushing, truncation, deletion --------------------------------------------------------
+    def flush_range(self, start: int, end: int) -> None:
+        """Make [start, end) durable (whole files are fdatasync'ed; only dirty pages are written)."""
+        if end <= start:
+            return
+        for f in self.files:
+            if f.end_offset > start and f.base_offset < end:
+                f.flush()
+
+    def truncate(self, end_offset: int) -> None:
+        """Recovery: erase everything from ``end_offset`` on (zero the tail, delete later files)."""
+        f = self.file_for(end_offset) if end_offset < self.files[-1].end_offset else self.files[-1]
+        f.zero_from(end_offset - f.base_offset)
+        self.set_end(end_offset)
+
+    def delete_oldest(self, should_delete: Callable[[MappedFile], bool]) -> int:
+        """Delete files from the oldest while ``should_delete`` says so, never the active one and
+        never one a reader still holds; returns the number deleted."""
+        deleted = 0
+        while len(self.files) > 1 and should_delete(self.files[0]):
+            victim = self.files[0]
+            self.files = self.files[1:]
+            if not victim.try_close():
+                self.files = [victim, *self.files]
+                break
+            victim.path.unlink(missing_ok=True)
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        with self._spare_lock:
+            spares, self._spare = list(self._spare.values()), {}
+        for f in [*self.files, *spares]:
+            f.try_close()

@@ -1,0 +1,158 @@
+"""One queue's index: fixed 20-byte entries, entry N = queue offset N, in mapped files.
+
+Layout of an entry (RocketMQ's ConsumeQueue unit, big-endian)::
+
+    +----------------------+--------------+----------------------+
+    | commitlog offset i64 | size i32     | tag hash i64         |
+    +----------------------+--------------+----------------------+
+
+Files hold ``entries_per_file`` entries and are named by their 20-digit starting *byte* offset
+(queue offset × 20), so the file of an offset is found by arithmetic. An entry with size 0 has
+never been written: that is how the end of a queue is found on open.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gms.broker.mapped_file import MappedFile, list_files
+
+CQ_UNIT = struct.Struct(">qiq")
+CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
+assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
+
+
+class ConsumeQueue:
+    def __init__(self, directory: Path, entries_per_file: int,
+                 on_new_file: Callable[[MappedFile], None] | None = None) -> None:
+        self.directory = directory
+        self.entries_per_file = entries_per_file
+        self.file_size_bytes = entries_per_file * CQ_UNIT.size
+        self._on_new_file = on_new_file
+        self.files: list[MappedFile] = []  # replaced, never mutated: readers take a snapshot
+        self.min_offset = 0
+        self.max_offset = 0  # the next offset to be written; published after the entries are
+        self._flushed_offset = 0
+
+    def load(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.files = [MappedFile.open(p, base, self.file_size_bytes) for base, p in list_files(self.directory)]
+        for prev, cur in zip(self.files, self.files[1:]):
+            if cur.base_offset != prev.end_offset:  # a hole (deleted by hand): keep the newest run
+                self.files = self.files[self.files.index(cur):]
+        if not self.files:
+            self.min_offset = self.max_offset = self._flushed_offset = 0
+            return
+        last = self.files[-1]
+        sizes = last.array.view(CQ_DTYPE)["size"]
+        unwritten = np.flatnonzero(sizes <= 0)
+        used = int(unwritten[0]) if unwritten.size else self.entries_per_file
+        self.max_offset = self._flushed_offset = last.base_offset // CQ_UNIT.size + used
+        self.min_offset = self.files[0].base_offset // CQ_UNIT.size
+
+    def _file(self, offset: int, files: list[MappedFile]) -> MappedFile:
+        return files[(offset - files[0].base_offset // CQ_UNIT.size) // self.entries_per_file]
+
+    def append(self, start_offset: int, entries: np.ndarray) -> None:
+        """Write ``entries`` (CQ_DTYPE) at ``start_offset``, which must be the end of the queue."""
+        assert start_offset == self.max_offset, (start_offset, self.max_offset)
+        raw = entries.view(np.uint8)
+        offset, done = start_offset, 0
+        while done < len(entries):
+            slot = offset % self.entries_per_file
+            if not self.files or offset >= self.files[-1].end_offset // CQ_UNIT.size:
+                self._add_file(offset - slot)
+            f = self._file(offset, self.files)
+            count = min(len(entries) - done, self.entries_per_file - slot)
+            f.array[slot * CQ_UNIT.size: (slot + count) * CQ_UNIT.size] = raw[done * CQ_UNIT.size:
+                                                                              (done + count) * CQ_UNIT.size]
+            offset += count
+            done += count
+        self.max_offset = offset
+
+    def _add_file(self, offset: int) -> None:
+        f = MappedFile.create(self.directory, offset * CQ_UNIT.size, self.file_size_bytes)
+        if not self.files:
+            self.min_offset = offset
+        self.files = [*self.files, f]
+        if self._on_new_file is not None:
+            self._on_new_file(f)
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Entries [start, start+count) as a CQ_DTYPE array; the caller keeps within [min, max)."""
+        files = self.files
+        parts = []
+        while count > 0:
+            f = self._file(start, files)
+            slot = start % self.entries_per_file
+            take = min(count, self.entries_per_file - slot)
+            parts.append(f.array[slot * CQ_UNIT.size: (slot + take) * CQ_UNIT.size].view(CQ_DTYPE))
+            start += take
+            count -= take
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, CQ_DTYPE)
+
+    def flush(self) -> None:
+        """fdatasync the files written since the last flush."""
+        end = self.max_offset
+        if end == self._flushed_offset:
+            return
+        files = self.files
+        first = max(self._flushed_offset, files[0].base_offset // CQ_UNIT.size)
+        for f in files:
+            lo, hi = f.base_offset // CQ_UNIT.size, f.end_offset // CQ_UNIT.size
+            if hi > first and lo < end:
+                f.flush()
+        self._flushed_offset = end
+
+    def truncate(self, offset: int) -> None:
+        """Forget entries from ``offset`` on (recovery past a torn commitlog, or a replica's
+        truncation to its leader); they are zeroed so a reopen finds the same end."""
+        offset = max(offset, self.min_offset)
+        if offset >= self.max_offset:
+            return
+        keep = [f for f in self.files if f.base_offset // CQ_UNIT.size < offset]
+        for f in self.files[len(keep):]:
+            f.delete()
+        self.files = keep
+        if keep:
+            keep[-1].zero_from((offset % self.entries_per_file) * CQ_UNIT.size if offset < keep[-1].end_offset
+                               // CQ_UNIT.size else keep[-1].size_bytes)
+        self.max_offset = self._flushed_offset = offset
+        if not keep:
+            self.min_offset = offset
+
+    def offset_of_phys(self, phys: int) -> int:
+        """The first queue offset whose entry points at or after commitlog offset ``phys``."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # entries are in commitlog order, so the phys column is sorted
+            mid = (lo + hi) // 2
+            if int(self.read(mid, 1)["phys"][0]) < phys:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def truncate_to_phys(self, phys_end: int) -> None:
+        """Drop entries pointing at or past ``phys_end`` (the commitlog was cut there)."""
+        self.truncate(self.offset_of_phys(phys_end))
+
+    def delete_below_phys(self, phys_min: int) -> None:
+        """Retention: the commitlog now starts at ``phys_min``; drop files wholly below it, never the
+        last one, and move the minimum offset."""
+        self.min_offset = max(self.min_offset, self.offset_of_phys(phys_min))
+        while len(self.files) > 1 and self.files[1].base_offset // CQ_UNIT.size <= self.min_offset:
+            victim = self.files[0]
+            if not victim.try_close():
+                break
+            self.files = self.files[1:]
+            victim.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.try_close()

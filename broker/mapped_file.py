@@ -1,0 +1,157 @@
+"""A fixed-size file mapped with mmap: the unit of the commitlog and of every consumeQueue.
+
+Files are named by their 20-digit starting offset (RocketMQ's MappedFile), so the file holding
+an offset is found by arithmetic. Writes go through the map; durability is ``os.fdatasync``, which
+releases the GIL (``mmap.flush`` would hold it for the whole msync).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from gms.store_errors import StoreIOError
+
+FILE_NAME_DIGITS = 20
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+WARM_CHUNK_BYTES = 4 << 20  # populate in slices so a close or a delete is never held up long
+
+
+def file_name(base_offset: int) -> str:
+    return f"{base_offset:0{FILE_NAME_DIGITS}d}"
+
+
+def list_files(directory: Path) -> list[tuple[int, Path]]:
+    """(base offset, path) of the mapped files in ``directory``, in offset order."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        if len(path.name) == FILE_NAME_DIGITS and path.name.isdigit():
+            found.append((int(path.name), path))
+    return sorted(found)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MappedFile:
+    """One mapped file; ``view`` and ``array`` are cached zero-copy windows on the map."""
+
+    def __init__(self, path: Path, base_offset: int, size_bytes: int, fd: int, mm: mmap.mmap) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.size_bytes = size_bytes
+        self._fd = fd
+        self._mm = mm
+        self._view: memoryview | None = memoryview(mm)
+        self._array: np.ndarray | None = None
+        self.closed = False
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, size_bytes: int) -> MappedFile:
+        """Create a new zero-filled file with its blocks allocated (no ENOSPC later on a page fault)."""
+        path = directory / file_name(base_offset)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as err:
+            raise StoreIOError(f"cannot create {path}: {err}") from err
+        try:
+            os.posix_fallocate(fd, 0, size_bytes)
+            mm = mmap.mmap(fd, size_bytes)
+            fsync_dir(directory)
+        except OSError as err:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise StoreIOError(f"cannot allocate {size_bytes} bytes for {path}: {err}") from err
+        return cls(path, base_offset, size_bytes, fd, mm)
+
+    @classmethod
+    def open(cls, path: Path, base_offset: int, size_bytes: int) -> MappedFile:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as err:
+            raise StoreIOError(f"cannot open {path}: {err}") from err
+        try:
+            if os.fstat(fd).st_size != size_bytes:
+                os.ftruncate(fd, size_bytes)  # a file cut short by a crash while being created
+            mm = mmap.mmap(fd, size_bytes)
+        except OSError as err:
+            os.close(fd)
+            raise StoreIOError(f"cannot map {path}: {err}") from err
+        return cls(path, base_offset, size_bytes, fd, mm)
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.size_bytes
+
+    @property
+    def view(self) -> memoryview:
+        if self._view is None:
+            self._view = memoryview(self._mm)
+        return self._view
+
+    @property
+    def array(self) -> np.ndarray:
+        """The map as a uint8 numpy array (for vectorised patches and gathers)."""
+        if self._array is None:
+            self._array = np.frombuffer(self._mm, np.uint8)
+        return self._array
+
+    def write(self, pos: int, data: bytes | memoryview) -> None:
+        self._mm[pos: pos + len(data)] = data
+
+    def flush(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as err:
+            raise StoreIOError(f"fdatasync of {self.path} failed: {err}") from err
+
+    def warm(self, start: int = 0) -> None:
+        """Pre-fault the pages from ``start`` writable so the writer does not pay first-touch
+        faults; content-safe, so it may run while the file is written."""
+        for pos in range(start - start % mmap.PAGESIZE, self.size_bytes, WARM_CHUNK_BYTES):
+            if self.closed:
+                return
+            try:
+                self._mm.madvise(MADV_POPULATE_WRITE, pos, min(WARM_CHUNK_BYTES, self.size_bytes - pos))
+            except (OSError, ValueError):
+                return  # old kernel or closed concurrently: warming is only an optimisation
+
+    def zero_from(self, pos: int) -> None:
+        """Erase everything from ``pos`` to the end (recovery truncation) and make it durable."""
+        self.array  # noqa: B018 - make sure the array exists
+        if pos < self.size_bytes:
+            self._array[pos:] = 0
+        self.flush()
+
+    def try_close(self) -> bool:
+        """Unmap and close unless a reader still holds a view into the map (then retry later)."""
+        if self.closed:
+            return True
+        self._array = None
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        try:
+            self._mm.close()
+        except BufferError:
+            return False
+        os.close(self._fd)
+        self.closed = True
+        return True
+
+    def delete(self) -> bool:
+        """Close and unlink; False (file kept) while readers still hold views."""
+        if not self.try_close():
+            return False
+        self.path.unlink(missing_ok=True)
+        return True

@@ -1,0 +1,443 @@
+"""MessageStore: the broker's storage engine (commitlog + consumeQueues + flush + recovery +
+retention) behind one small API.
+
+Layout under ``root_dir``::
+
+    commitlog/<20-digit start offset>               shared mapped files, all topics
+    consumequeue/<topic>/<queue id>/<20-digit byte offset>   20-byte index entries
+    config/topics.json                               topic -> queue count
+    checkpoint, abort                                recovery bookkeeping
+
+One writer at a time (``append`` holds a lock); readers never take it: they work on snapshots of
+file lists and on published end offsets, which are advanced only after the bytes they cover are
+written and indexed.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shutil
+import struct
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from gms.record import OFF_STORE_TS, RecordCheck, check_record
+from gms.store_errors import (InvalidRecord, MessageNotFound, StoreClosed, StoreCorrupt, StoreError,
+                              UnknownQueue)
+from gms.broker.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
+from gms.broker.commitlog.batch import ParsedRecords, parse_batch
+from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
+from gms.broker.commitlog.flush import FlushService
+from gms.broker.commitlog.recovery import recover
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
+from gms.broker.retention import Housekeeper, expiry_rule
+from gms.broker.store_config import StoreConfig
+from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
+
+log = logging.getLogger(__name__)
+
+SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
+GET_BYTES_MAX_DEFAULT = 4 << 20
+_STORE_TS = struct.Struct(">q")
+
+
+class GetStatus(enum.Enum):
+    FOUND = "found"
+    NO_NEW_MESSAGE = "no_new_message"  # offset == max: nothing yet (long-poll here)
+    NO_MATCHED_MESSAGE = "no_matched_message"  # entries scanned, none matched the tag filter
+    OFFSET_TOO_SMALL = "offset_too_small"  # below the minimum (expired): restart at next_offset
+    OFFSET_OVERFLOW = "offset_overflow"  # beyond the end of the queue
+
+
+class GetResult(NamedTuple):
+    status: GetStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[memoryview]  # zero-copy views of stored records (send them as-is)
+
+
+class AppendResult(NamedTuple):
+    end_phys_offset: int  # wait for durable_future(end_phys_offset) to know the batch is on disk
+    queue_ids: np.ndarray
+    queue_offsets: np.ndarray
+    phys_offsets: np.ndarray
+
+
+class _QueueGroup(NamedTuple):
+    queue: ConsumeQueue
+    indices: np.ndarray | slice  # the batch's records of this queue, in batch order
+
+
+class MessageStore:
+    def __init__(self, root_dir: str | Path, config: StoreConfig | None = None) -> None:
+        self.root = Path(root_dir)
+        self.config = config or StoreConfig()
+        self._topics = TopicTable(self.root / "config")
+        self._cq_root = self.root / "consumequeue"
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._queues_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._abort = AbortMarker(self.root)
+        self._warmer: ThreadPoolExecutor | None = None
+        self._commitlog: CommitLog | None = None
+        self._flusher: FlushService | None = None
+        self._housekeeper: Housekeeper | None = None
+        self._last_store_ts_ms = 0
+        self._last_checkpoint_ms = 0
+        self.recovered_from_crash = False
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> MessageStore:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._topics.load()
+        if self.config.warm_next_file:
+            self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
+        self._commitlog = CommitLog(self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
+        self._commitlog.load()
+        self._load_queues()
+        checkpoint = read_checkpoint(self.root)
+        crashed = self._abort.found() or checkpoint is None
+        if not crashed and not self._clean_end_ok(checkpoint.commitlog_flushed_offset):
+            log.warning("checkpoint does not match the commitlog end; recovering")
+            crashed = True
+        if crashed:
+            start = checkpoint.cq_safe_offset if checkpoint else self._commitlog.min_offset
+            self._recover(start)
+        else:
+            self._commitlog.set_end(checkpoint.commitlog_flushed_offset)
+            self._last_store_ts_ms = checkpoint.store_ts_ms
+        self.recovered_from_crash = crashed
+        self._abort.set()
+        end = self._commitlog.committed_pos
+        self._flusher = FlushService(self.config, self._flush_all, lambda: self._commitlog.committed_pos, end)
+        self._flusher.start()
+        self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
+        self._housekeeper.start()
+        return self
+
+    def close(self) -> None:
+        if self._commitlog is None:
+            return
+        self._housekeeper.stop()
+        with self._write_lock:
+            self._flusher.stop()
+            self._checkpoint_at(self._commitlog.committed_pos, int(time.time() * 1000))
+            self._abort.clear()
+            if self._warmer is not None:
+                self._warmer.shutdown(wait=True, cancel_futures=True)
+            self._commitlog.close()
+            for cq in self._queues.values():
+                cq.close()
+            self._commitlog = None
+
+    def __enter__(self) -> MessageStore:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _cl(self) -> CommitLog:
+        if self._commitlog is None:
+            raise StoreClosed()
+        return self._commitlog
+
+    def _clean_end_ok(self, end: int) -> bool:
+        files = self._commitlog.files
+        if not files[0].base_offset <= end <= files[-1].end_offset:
+            return False
+        if end == files[-1].end_offset:
+            return True
+        f = self._commitlog.file_for(end)
+        return check_record(f.view, end - f.base_offset, f.size_bytes)[0] is RecordCheck.EMPTY
+
+    def _recover(self, start: int) -> None:
+        for cq in self._queues.values():
+            cq.truncate_to_phys(start)
+        end = recover(self._commitlog, start, self._dispatch_recovered)
+        for cq in self._queues.values():
+            cq.truncate_to_phys(end)
+        log.info("recovered commitlog from %d to %d", start, end)
+
+    # --- topics --------------------------------------------------------------------------------
+    def create_topic(self, name: str, queue_count: int) -> None:
+        self._topics.create(name, queue_count)
+
+    def update_topic(self, name: str, queue_count: int) -> None:
+        self._topics.update(name, queue_count)
+
+    def delete_topic(self, name: str) -> None:
+        with self._write_lock:
+            self._topics.delete(name)
+            with self._queues_lock:
+                for key in [k for k in self._queues if k[0] == name]:
+                    self._queues.pop(key).close()
+            shutil.rmtree(self._cq_root / name, ignore_errors=True)
+
+    def topics(self) -> dict[str, int]:
+        return self._topics.snapshot()
+
+    def _load_queues(self) -> None:
+        for topic, count in self._topics.snapshot().items():
+            topic_dir = self._cq_root / topic
+            if topic_dir.is_dir():
+                for qdir in topic_dir.iterdir():
+                    if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX:
+                        self._queue_for(topic, int(qdir.name))
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        count = self._topics.queue_count(topic)
+        if not 0 <= queue_id < count:
+            raise UnknownQueue(topic, queue_id, count)
+        return self._queue_for(topic, queue_id)
+
+    def _queue_for(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self._queues.get((topic, queue_id))
+        if cq is None:
+            with self._queues_lock:
+                cq = self._queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self._cq_root / topic / str(queue_id), self.config.cq_entries_per_file,
+                                      self._warm_file)
+                    cq.load()
+                    self._queues[(topic, queue_id)] = cq
+        return cq
+
+    def _warm_file(self, f) -> None:
+        if self._warmer is not None:
+            self._warmer.submit(f.warm)
+
+    # --- append --------------------------------------------------------------------------------
+    def append(self, records: bytes | bytearray | memoryview) -> AppendResult:
+        """Validate, place, copy and index a batch of encoded records, all or nothing."""
+        buf = memoryview(records).cast("B")
+        with self._write_lock:
+            commitlog = self._cl()
+            parsed = parse_batch(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash)
+            sizes = parsed.sizes
+            if int(sizes.max()) > self.config.record_size_max_bytes:
+                raise InvalidRecord("record", f"{int(sizes.max())} bytes cannot fit a commitlog file of "
+                                              f"{self.config.commitlog_file_size_bytes} bytes")
+            queue_ids = parsed.headers["queue_id"].astype(np.int64)
+            groups = self._group_by_queue(parsed, queue_ids)
+            queue_offsets = self._assign_queue_offsets(groups, len(queue_ids))
+            placement = commitlog.place(parsed.starts, sizes)
+            store_ts_ms = max(int(time.time() * 1000), self._last_store_ts_ms)
+            envelope = np.empty(len(queue_ids), ENVELOPE_DTYPE)
+            envelope["queue_id"] = queue_ids
+            envelope["queue_offset"] = queue_offsets
+            envelope["phys_offset"] = placement.phys
+            envelope["store_ts_ms"] = store_ts_ms
+            commitlog.write(buf, parsed.starts, sizes, placement, envelope)
+            self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
+            commitlog.committed_pos = placement.end_offset
+            self._last_store_ts_ms = store_ts_ms
+        self._flusher.appended(len(queue_ids))
+        return AppendResult(placement.end_offset, queue_ids,
+                            queue_offsets, placement.phys)
+
+    def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
+        """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
+        counts = np.array([self._topics.queue_count(t) for t in parsed.topics], np.int64)
+        per_record = counts[parsed.topic_index]
+        bad = np.flatnonzero((queue_ids < 0) | (queue_ids >= per_record))
+        if bad.size:
+            i = int(bad[0])
+            raise UnknownQueue(parsed.topics[parsed.topic_index[i]], int(queue_ids[i]), int(per_record[i]))
+        keys = parsed.topic_index * QUEUE_COUNT_MAX + queue_ids
+        if (keys == keys[0]).all():
+            return [_QueueGroup(self._queue_for(parsed.topics[parsed.topic_index[0]], int(queue_ids[0])),
+                                slice(None))]
+        order = np.argsort(keys, kind="stable")
+        bounds = np.flatnonzero(np.diff(keys[order])) + 1
+        groups = []
+        for idx in np.split(order, bounds):
+            first = int(idx[0])
+            cq = self._queue_for(parsed.topics[parsed.topic_index[first]], int(queue_ids[first]))
+            groups.append(_QueueGroup(cq, idx))
+        return groups
+
+    @staticmethod
+    def _assign_queue_offsets(groups: list[_QueueGroup], n: int) -> np.ndarray:
+        """The one place queue offsets are chosen: each queue continues from its end, no gaps.
+        (A replica would instead take the leader's offsets after truncating its queues.)"""
+        offsets = np.empty(n, np.int64)
+        for cq, idx in groups:
+            count = n if isinstance(idx, slice) else len(idx)
+            offsets[idx] = np.arange(cq.max_offset, cq.max_offset + count, dtype=np.int64)
+        return offsets
+
+    @staticmethod
+    def _dispatch(groups: list[_QueueGroup], queue_offsets: np.ndarray, phys: np.ndarray,
+                  sizes: np.ndarray, tag_hashes: np.ndarray) -> None:
+        """Write one consumeQueue entry per record; the entries of a queue go in with one copy."""
+        entries = np.empty(len(phys), CQ_DTYPE)
+        entries["phys"] = phys
+        entries["size"] = sizes
+        entries["tag_hash"] = tag_hashes
+        for cq, idx in groups:
+            part = entries[idx]
+            cq.append(int(queue_offsets[idx][0]), part)
+
+    def _dispatch_recovered(self, parsed: ParsedRecords, phys: np.ndarray) -> None:
+        """Rebuild index entries for records found by recovery, at the offsets they carry."""
+        queue_ids = parsed.headers["queue_id"].astype(np.int64)
+        counts = np.array([self._topics.get(t) or 0 for t in parsed.topics], np.int64)
+        known = (queue_ids >= 0) & (queue_ids < counts[parsed.topic_index])
+        if not known.all():  # records of deleted topics or queues: nothing to index
+            keep = np.flatnonzero(known)
+            if not keep.size:
+                return
+            parsed = ParsedRecords(parsed.starts[keep], parsed.headers[keep], parsed.topics,
+                                   parsed.topic_index[keep])
+            queue_ids, phys = queue_ids[keep], phys[keep]
+        groups = self._group_by_queue(parsed, queue_ids)
+        queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
+        for cq, idx in groups:
+            offs = queue_offsets[idx]
+            if int(offs[0]) != cq.max_offset or (len(offs) > 1 and (np.diff(offs) != 1).any()):
+                raise StoreCorrupt(f"queue {cq.directory}: commitlog records carry offsets from "
+                                   f"{int(offs[0])}, the index ends at {cq.max_offset}")
+        self._dispatch(groups, queue_offsets, phys, parsed.sizes, parsed.headers["tag_hash"])
+        self._last_store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
+
+    # --- durability ----------------------------------------------------------------------------
+    @property
+    def flushed_offset(self) -> int:
+        return self._flusher.flushed_offset if self._flusher else 0
+
+    def durable_future(self, phys_offset: int) -> Future:
+        """Resolved once the commitlog is flushed up to ``phys_offset`` (an AppendResult end)."""
+        if self._flusher is None:
+            raise StoreClosed()
+        return self._flusher.durable_future(phys_offset)
+
+    def _flush_all(self) -> int:
+        commitlog = self._commitlog
+        end = commitlog.committed_pos
+        commitlog.flush_range(self._flusher.flushed_offset if self._flusher else 0, end)
+        now_ms = int(time.time() * 1000)
+        if now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
+            self._checkpoint_at(end, now_ms)
+        return end
+
+    def _checkpoint_at(self, end: int, now_ms: int) -> None:
+        """Flush every index up to ``end`` (all entries below it are written) and record it."""
+        with self._queues_lock:
+            queues = list(self._queues.values())
+        for cq in queues:
+            cq.flush()
+        write_checkpoint(self.root, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
+        self._last_checkpoint_ms = now_ms
+
+    # --- reads ---------------------------------------------------------------------------------
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).min_offset
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._queue(topic, queue_id).max_offset
+
+    def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
+            max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None) -> GetResult:
+        """Up to ``max_msgs`` records (and about ``max_bytes``, at least one) from ``offset``,
+        skipping entries whose tag hash is not subscribed without reading the commitlog."""
+        commitlog = self._cl()
+        cq = self._queue(topic, queue_id)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
+        if offset >= hi:
+            status = GetStatus.NO_NEW_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW
+            return GetResult(status, hi, lo, hi, [])
+        window = min(hi - offset, max(max_msgs, 1) if tag_hashes is None else SCAN_ENTRIES_MAX)
+        entries = cq.read(offset, window)
+        if tag_hashes is None:
+            picked = np.arange(window)
+        else:
+            picked = np.flatnonzero(np.isin(entries["tag_hash"], np.fromiter(tag_hashes, np.int64)))
+            if not picked.size:
+                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
+        sizes = entries["size"][picked].astype(np.int64)
+        take = min(max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1), max_msgs)
+        next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1
+        phys = entries["phys"][picked[:take]].astype(np.int64)
+        try:
+            records = self._views(commitlog, phys, sizes[:take])
+        except (MessageNotFound, ValueError):  # expired under our feet: the minimum moved
+            lo = cq.offset_of_phys(commitlog.min_offset)
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
+        return GetResult(GetStatus.FOUND, next_offset, lo, hi, records)
+
+    @staticmethod
+    def _views(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+        files = commitlog.files
+        base0, fsize = files[0].base_offset, commitlog.file_size_bytes
+        if int(phys[0]) < base0:
+            raise MessageNotFound(int(phys[0]), "expired")
+        file_idx = (phys - base0) // fsize
+        first, last = int(file_idx[0]), int(file_idx[-1])
+        if first == last:
+            f = files[first]
+            view, starts = f.view, (phys - f.base_offset).tolist()
+            return [view[s: s + n] for s, n in zip(starts, sizes.tolist())]
+        out = []
+        for fi, p, n in zip(file_idx.tolist(), phys.tolist(), sizes.tolist()):
+            f = files[fi]
+            out.append(f.view[p - f.base_offset: p - f.base_offset + n])
+        return out
+
+    def read_at(self, phys_offset: int) -> memoryview:
+        """The stored record starting at ``phys_offset`` (message lookup by id)."""
+        commitlog = self._cl()
+        if not commitlog.min_offset <= phys_offset < commitlog.committed_pos:
+            raise MessageNotFound(phys_offset, f"outside [{commitlog.min_offset}, {commitlog.committed_pos})")
+        f = commitlog.file_for(phys_offset)
+        pos = phys_offset - f.base_offset
+        status, size = check_record(f.view, pos, f.size_bytes)
+        if status is not RecordCheck.OK:
+            raise MessageNotFound(phys_offset, f"no record starts there ({status.value})")
+        return f.view[pos: pos + size]
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first queue offset whose store timestamp is >= ``ts_ms`` (max offset if none)."""
+        commitlog = self._cl()
+        cq = self._queue(topic, queue_id)
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = cq.read(mid, 1)
+            view = commitlog.read(int(entry["phys"][0]), OFF_STORE_TS + _STORE_TS.size)
+            if _STORE_TS.unpack_from(view, OFF_STORE_TS)[0] < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # --- retention -----------------------------------------------------------------------------
+    def delete_expired(self, now_ms: int | None = None) -> int:
+        """Delete commitlog files past retention or over the disk cap; returns how many."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        with self._write_lock:
+            commitlog = self._cl()
+            with self._queues_lock:
+                queues = list(self._queues.values())
+            usage = (len(commitlog.files) * commitlog.file_size_bytes
+                     + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
+            rule = expiry_rule(now_ms, self.config.retention_ms, usage, self.config.disk_usage_max_bytes)
+            deleted = commitlog.delete_oldest(rule)
+            if deleted:
+                for cq in queues:
+                    cq.delete_below_phys(commitlog.min_offset)
+        return deleted
+
+    def _housekeeping(self) -> None:
+        try:
+            self.delete_expired()
+        except StoreError as err:
+            log.error("retention run failed: %s", err)

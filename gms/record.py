@@ -1,0 +1,420 @@
+"""Record format v1: the one layout shared by producer, broker store, consumer and Spark.
+
+Big-endian. The first 40 bytes are the envelope the broker owns (it may rewrite them without
+touching the checksum); bytes from 40 on are written by the producer and covered by the CRC,
+like Kafka's v2 batch keeps base offset and leader epoch outside its CRC::
+
+    off size field
+    0   4   total_size      i32  whole record including this field
+    4   4   magic           u32  MAGIC_V1 (BLANK_MAGIC marks end-of-file filler)
+    8   4   crc32           u32  zlib.crc32 of bytes [40, total_size)
+    12  4   queue_id        i32  broker may rewrite
+    16  8   queue_offset    i64  broker-assigned
+    24  8   phys_offset     i64  broker-assigned (commitlog offset of this record)
+    32  8   store_ts_ms     i64  broker-assigned
+    --- CRC-covered, written by the producer ---
+    40  4   flags           i32
+    44  8   born_ts_ms      i64
+    52  8   tag_hash        i64  xxhash64(tag utf-8) as signed int64; 0 = no tag
+    60  4   reconsume_times i32
+    64  4   body_len        i32
+    68  1   topic_len       u8   1..127
+    69  1   tag_len         u8
+    70  1   born_host_len   u8
+    71  1   reserved        u8   0
+    72  2   keys_len        u16  keys, utf-8, separated by KEY_SEPARATOR
+    74  2   props_len       u16  properties, utf-8 "k\\x01v\\x02k\\x01v\\x02"
+    76  ... topic, tag, born_host, keys, properties, body
+
+A commitlog file ends with a blank marker (total_size = bytes left in the file, BLANK_MAGIC);
+a record is placed in a file only if it leaves at least BLANK_MARKER_SIZE bytes after it.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
+
+import numpy as np
+import xxhash
+
+from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
+from gms.store_errors import CorruptRecord, InvalidRecord
+
+MAGIC_V1 = 0x474D5301  # "GMS\x01"
+BLANK_MAGIC = 0x474D53FF  # "GMS\xff": filler up to the end of a commitlog file
+BLANK_MARKER_SIZE = 8  # total_size + magic; RocketMQ's END_FILE_MIN_BLANK_LENGTH
+
+KEY_SEPARATOR = " "
+PROP_NAME_VALUE_SEPARATOR = "\x01"
+PROP_SEPARATOR = "\x02"
+
+# (name, struct code): the fixed part, in order. Offsets are derived, never typed by hand.
+_FIELDS: tuple[tuple[str, str], ...] = (
+    ("total_size", "i"),
+    ("magic", "I"),
+    ("crc32", "I"),
+    ("queue_id", "i"),
+    ("queue_offset", "q"),
+    ("phys_offset", "q"),
+    ("store_ts_ms", "q"),
+    ("flags", "i"),
+    ("born_ts_ms", "q"),
+    ("tag_hash", "q"),
+    ("reconsume_times", "i"),
+    ("body_len", "i"),
+    ("topic_len", "B"),
+    ("tag_len", "B"),
+    ("born_host_len", "B"),
+    ("reserved", "B"),
+    ("keys_len", "H"),
+    ("props_len", "H"),
+)
+HEADER = struct.Struct(">" + "".join(code for _, code in _FIELDS))
+HEADER_SIZE = HEADER.size
+OFFSETS: dict[str, int] = dict(
+    zip((name for name, _ in _FIELDS), accumulate((struct.calcsize(">" + c) for _, c in _FIELDS), initial=0))
+)
+OFF_MAGIC = OFFSETS["magic"]
+OFF_CRC = OFFSETS["crc32"]
+OFF_QUEUE_ID = OFFSETS["queue_id"]
+OFF_QUEUE_OFFSET = OFFSETS["queue_offset"]
+OFF_PHYS_OFFSET = OFFSETS["phys_offset"]
+OFF_STORE_TS = OFFSETS["store_ts_ms"]
+OFF_CRC_START = OFFSETS["flags"]  # the CRC covers [OFF_CRC_START, total_size)
+OFF_TAG_HASH = OFFSETS["tag_hash"]
+OFF_VARIABLE = HEADER_SIZE
+
+assert HEADER_SIZE == 76, HEADER_SIZE
+assert (OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET) == (4, 8, 12, 16)
+assert (OFF_PHYS_OFFSET, OFF_STORE_TS, OFF_CRC_START, OFF_TAG_HASH) == (24, 32, 40, 52)
+assert OFFSETS["body_len"] == 64 and OFFSETS["topic_len"] == 68 and OFFSETS["props_len"] == 74
+
+# The same fixed part as a numpy dtype, for reading the headers of a whole batch at once.
+HEADER_DTYPE = np.dtype([(name, ">" + ("u" if c in "IBH" else "i") + str(struct.calcsize(c)))
+                         for name, c in ((n, c) for n, c in _FIELDS)])
+assert HEADER_DTYPE.itemsize == HEADER_SIZE
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_BROKER_FIELDS = struct.Struct(">iqqq")  # queue_id .. store_ts_ms
+assert _BROKER_FIELDS.size == OFF_CRC_START - OFF_QUEUE_ID
+
+TAG_BYTES_MAX = 255
+BORN_HOST_BYTES_MAX = 255
+KEYS_BYTES_MAX = 0xFFFF
+PROPS_BYTES_MAX = 0xFFFF
+RECORD_BYTES_MAX = 0x7FFFFFFF
+NO_TAG_HASH = 0
+
+
+class RecordCheck(enum.Enum):
+    """What lies at a position of a commitlog file (RocketMQ's checkMessageAndReturnSize)."""
+
+    OK = "ok"  # a valid record
+    BLANK = "blank"  # end-of-file filler: the rest of the file holds no record
+    EMPTY = "empty"  # zeros: nothing was ever written here
+    TRUNCATED = "truncated"  # a record header promises more bytes than there are
+    CORRUPT = "corrupt"  # bad magic, impossible length or CRC mismatch
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record; every field of the format, the body as a zero-copy view."""
+
+    total_size: int
+    magic: int
+    crc32: int
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    store_ts_ms: int
+    flags: int
+    born_ts_ms: int
+    tag_hash: int
+    reconsume_times: int
+    topic: str
+    tag: str | None
+    born_host: str
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
+    body: memoryview
+
+
+class Message(NamedTuple):
+    """What a producer sends; ``encode_batch`` turns a sequence of these into records."""
+
+    topic: str
+    body: bytes
+    tag: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] | None = None
+    queue_id: int = 0
+    flags: int = 0
+    born_host: str = ""
+    born_ts_ms: int = 0  # 0 = now
+    reconsume_times: int = 0
+
+
+def tag_hash(tag: str | None) -> int:
+    """xxhash64 of the tag's utf-8 bytes as a signed int64 (the consumeQueue column); 0 = no tag."""
+    if not tag:
+        return NO_TAG_HASH
+    h = xxhash.xxh64_intdigest(tag.encode())
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+def encode_keys(keys: Iterable[str]) -> bytes:
+    keys = tuple(keys)
+    for key in keys:
+        if not key or KEY_SEPARATOR in key:
+            raise InvalidRecord("keys", f"key {key!r} is empty or contains the separator {KEY_SEPARATOR!r}")
+    return KEY_SEPARATOR.join(keys).encode()
+
+
+def decode_keys(raw: bytes | memoryview) -> tuple[str, ...]:
+    return tuple(bytes(raw).decode().split(KEY_SEPARATOR)) if len(raw) else ()
+
+
+def encode_properties(properties: Mapping[str, str] | None) -> bytes:
+    if not properties:
+        return b""
+    parts = []
+    for name, value in properties.items():
+        for text in (name, value):
+            if PROP_NAME_VALUE_SEPARATOR in text or PROP_SEPARATOR in text:
+                raise InvalidRecord("properties", f"{text!r} contains a separator character")
+        if not name:
+            raise InvalidRecord("properties", "empty property name")
+        parts.append(f"{name}{PROP_NAME_VALUE_SEPARATOR}{value}{PROP_SEPARATOR}")
+    return "".join(parts).encode()
+
+
+def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    text = bytes(raw).decode()
+    if not text:
+        return {}
+    if not text.endswith(PROP_SEPARATOR):
+        raise ValueError("properties do not end with the separator")
+    result = {}
+    for item in text[:-1].split(PROP_SEPARATOR):
+        name, sep, value = item.partition(PROP_NAME_VALUE_SEPARATOR)
+        if not sep:
+            raise ValueError(f"property {item!r} has no name/value separator")
+        result[name] = value
+    return result
+
+
+def _limited(field: str, raw: bytes, size_max: int) -> bytes:
+    if len(raw) > size_max:
+        raise InvalidRecord(field, f"{len(raw)} bytes exceeds the limit of {size_max}")
+    return raw
+
+
+def encode_record(
+    *,
+    topic: str,
+    body: bytes | memoryview,
+    tag: str | None = None,
+    keys: Iterable[str] = (),
+    properties: Mapping[str, str] | None = None,
+    queue_id: int = 0,
+    flags: int = 0,
+    born_host: str = "",
+    born_ts_ms: int = 0,
+    reconsume_times: int = 0,
+) -> bytes:
+    """Encode one record with zero broker fields (the broker assigns offsets and timestamps)."""
+    topic_raw = validate_topic_name(topic).encode()
+    tag_raw = _limited("tag", (tag or "").encode(), TAG_BYTES_MAX)
+    host_raw = _limited("born_host", born_host.encode(), BORN_HOST_BYTES_MAX)
+    keys_raw = _limited("keys", encode_keys(keys), KEYS_BYTES_MAX)
+    props_raw = _limited("properties", encode_properties(properties), PROPS_BYTES_MAX)
+    total = HEADER_SIZE + len(topic_raw) + len(tag_raw) + len(host_raw) + len(keys_raw) + len(props_raw) + len(body)
+    if total > RECORD_BYTES_MAX:
+        raise InvalidRecord("body", f"record of {total} bytes exceeds {RECORD_BYTES_MAX}")
+    buf = bytearray(total)
+    HEADER.pack_into(
+        buf, 0, total, MAGIC_V1, 0, queue_id, 0, 0, 0,
+        flags, born_ts_ms or int(time.time() * 1000), tag_hash(tag), reconsume_times, len(body),
+        len(topic_raw), len(tag_raw), len(host_raw), 0, len(keys_raw), len(props_raw),
+    )
+    buf[HEADER_SIZE:] = b"".join((topic_raw, tag_raw, host_raw, keys_raw, props_raw, body))
+    seal_crc(buf)
+    return bytes(buf)
+
+
+def seal_crc(buf: bytearray | memoryview, pos: int = 0) -> None:
+    """(Re)compute the CRC of the record at ``pos`` after its producer part was written."""
+    total = _SIZE_MAGIC.unpack_from(buf, pos)[0]
+    struct.pack_into(">I", buf, pos + OFF_CRC, zlib.crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]))
+
+
+def encode_batch(messages: Iterable[Message]) -> bytes:
+    """Concatenate the records of several messages: the body of one send request."""
+    return b"".join(encode_record(**m._asdict()) for m in messages)
+
+
+def write_broker_fields(buf: bytearray | memoryview, pos: int, queue_id: int, queue_offset: int,
+                        phys_offset: int, store_ts_ms: int) -> None:
+    """Patch the broker-owned envelope of one record (outside the CRC)."""
+    _BROKER_FIELDS.pack_into(buf, pos + OFF_QUEUE_ID, queue_id, queue_offset, phys_offset, store_ts_ms)
+
+
+def check_record(buf: bytes | memoryview, pos: int = 0, end: int | None = None) -> tuple[RecordCheck, int]:
+    """Classify what starts at ``pos``; returns the outcome and the size it occupies (0 unless OK
+    or BLANK). ``end`` is where the enclosing file or buffer ends."""
+    end = len(buf) if end is None else end
+    left = end - pos
+    if left < BLANK_MARKER_SIZE:
+        return (RecordCheck.EMPTY if not any(bytes(buf[pos:end])) else RecordCheck.TRUNCATED), 0
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        return (RecordCheck.BLANK, size) if size == left else (RecordCheck.CORRUPT, 0)
+    if magic == 0 and size == 0:
+        return RecordCheck.EMPTY, 0
+    if magic != MAGIC_V1 or size < HEADER_SIZE:
+        return RecordCheck.CORRUPT, 0
+    if size > left:
+        return RecordCheck.TRUNCATED, 0
+    try:
+        _validate(buf, pos, verify_crc=True)
+    except CorruptRecord:
+        return RecordCheck.CORRUPT, 0
+    return RecordCheck.OK, size
+
+
+def _validate(buf: bytes | memoryview, pos: int, verify_crc: bool) -> tuple:
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecord(pos, f"{len(buf) - pos} bytes left, a header needs {HEADER_SIZE}")
+    fields = HEADER.unpack_from(buf, pos)
+    total, magic, crc = fields[0], fields[1], fields[2]
+    if magic != MAGIC_V1:
+        raise CorruptRecord(pos, f"magic {magic:#x} is not {MAGIC_V1:#x}")
+    if total < HEADER_SIZE or total > len(buf) - pos:
+        raise CorruptRecord(pos, f"total_size {total} outside {HEADER_SIZE}..{len(buf) - pos}")
+    body_len, topic_len, tag_len, host_len, reserved, keys_len, props_len = fields[11:]
+    if body_len < 0 or not 1 <= topic_len <= TOPIC_NAME_BYTES_MAX or reserved != 0:
+        raise CorruptRecord(pos, f"body_len {body_len}, topic_len {topic_len}, reserved {reserved}")
+    expected = HEADER_SIZE + topic_len + tag_len + host_len + keys_len + props_len + body_len
+    if expected != total:
+        raise CorruptRecord(pos, f"total_size {total} but the field lengths add up to {expected}")
+    if verify_crc and zlib.crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]) != crc:
+        raise CorruptRecord(pos, "CRC mismatch")
+    return fields
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, verify_crc: bool = True) -> Record:
+    """Decode the record at ``pos``, checking every length against the buffer and total_size."""
+    fields = _validate(buf, pos, verify_crc)
+    mv = memoryview(buf)
+    topic_len, tag_len, host_len, _, keys_len, props_len = fields[12:]
+    cut = pos + HEADER_SIZE
+    parts = []
+    for length in (topic_len, tag_len, host_len, keys_len, props_len):
+        parts.append(mv[cut: cut + length])
+        cut += length
+    topic_raw, tag_raw, host_raw, keys_raw, props_raw = parts
+    try:
+        return Record(
+            *fields[:11],
+            topic=bytes(topic_raw).decode(),
+            tag=bytes(tag_raw).decode() or None,
+            born_host=bytes(host_raw).decode(),
+            keys=decode_keys(keys_raw),
+            properties=decode_properties(props_raw),
+            body=mv[cut: pos + fields[0]],
+        )
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CorruptRecord(pos, f"undecodable text field: {err}") from err
+
+
+def iter_records(buf: bytes | memoryview, verify_crc: bool = True) -> Iterator[Record]:
+    """Decode every record of a concatenation (a send body or a pull response)."""
+    pos = 0
+    while pos < len(buf):
+        record = decode_record(buf, pos, verify_crc)
+        yield record
+        pos += record.total_size
+
+
+def record_tag(buf: bytes | memoryview, pos: int = 0) -> str | None:
+    """The exact tag of the stored record at ``pos`` (to re-check a tag-hash match)."""
+    topic_len, tag_len = buf[pos + OFFSETS["topic_len"]], buf[pos + OFFSETS["tag_len"]]
+    start = pos + HEADER_SIZE + topic_len
+    return bytes(buf[start: start + tag_len]).decode() or None
+
+
+def filter_exact_tags(records: Iterable[memoryview], tags: frozenset[str] | None) -> list[memoryview]:
+    """Drop records whose tag only collided by hash with a subscribed tag."""
+    if tags is None:
+        return list(records)
+    return [r for r in records if record_tag(r) in tags]
+
+
+class ScanResult(NamedTuple):
+    starts: list[int]  # positions of consecutive records whose length, magic and CRC are good
+    stop_pos: int  # where the scan stopped
+    stop: RecordCheck  # why: OK = max_records reached or end of buffer; otherwise what is at stop_pos
+
+
+def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
+                 max_records: int = 1 << 62) -> ScanResult:
+    """Walk records from ``pos`` checking length, magic and CRC: the one per-record Python loop of
+    the append and recovery paths (everything else about a batch is checked with numpy).
+
+    Stops at the first position that is not a valid record, at ``end`` or after ``max_records``.
+    """
+    mv = memoryview(buf)
+    end = len(mv) if end is None else end
+    unpack = _SIZE_MAGIC.unpack_from
+    crc_of = zlib.crc32
+    starts: list[int] = []
+    crcs: list[int] = []
+    add_start, add_crc = starts.append, crcs.append
+    stop = RecordCheck.OK
+    limit = end - BLANK_MARKER_SIZE
+    count = 0
+    while pos <= limit and count < max_records:
+        size, magic = unpack(mv, pos)
+        if magic != MAGIC_V1 or size < HEADER_SIZE or size > end - pos:
+            stop = check_record(mv, pos, end)[0]
+            break
+        add_crc(crc_of(mv[pos + OFF_CRC_START: pos + size]))
+        add_start(pos)
+        pos += size
+        count += 1
+    else:
+        if pos < end and count < max_records:
+            stop = check_record(mv, pos, end)[0]
+    if starts:
+        arr = np.frombuffer(mv, np.uint8)
+        stored = np.array(starts, np.int64)[:, None] + np.arange(OFF_CRC, OFF_CRC + 4)
+        stored = arr[stored].view(">u4").ravel()
+        bad = np.flatnonzero(stored != np.array(crcs, np.uint32))
+        if bad.size:
+            first = int(bad[0])
+            return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)
+    return ScanResult(starts, pos, stop)
+
+
+def read_headers(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The fixed headers of the records at ``starts`` of ``arr`` (uint8) as a HEADER_DTYPE array."""
+    idx = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
+    return arr[idx].view(HEADER_DTYPE).ravel()
+
+
+def header_errors(headers: np.ndarray) -> np.ndarray:
+    """Boolean mask of headers whose lengths are inconsistent (vectorised ``_validate``)."""
+    total = headers["total_size"].astype(np.int64)
+    expected = (HEADER_SIZE + headers["topic_len"].astype(np.int64) + headers["tag_len"]
+                + headers["born_host_len"] + headers["keys_len"] + headers["props_len"]
+                + headers["body_len"].astype(np.int64))
+    return ((headers["magic"] != MAGIC_V1) | (headers["body_len"] < 0) | (headers["topic_len"] < 1)
+            | (headers["topic_len"] > TOPIC_NAME_BYTES_MAX) | (headers["reserved"] != 0)
+            | (expected != total))
