@@ -47,7 +47,9 @@ class ServerConfig:
     # of concurrent pulls one client makes.
     in_flight_requests_max: int = 1024
     # Request body bytes held by running handlers; one frame larger than this still runs.
-    in_flight_bytes_max: int = 64 * 1024 * 1024
+    # This is the main per-connection memory bound: an event loop may deliver several
+    # read chunks (megabytes) in one iteration, before any response has been written.
+    in_flight_bytes_max: int = 16 * 1024 * 1024
     # Reading pauses above high and resumes below low: bounds what a non-reading client costs.
     write_buffer_high_bytes: int = 4 * 1024 * 1024
     write_buffer_low_bytes: int = 1024 * 1024
