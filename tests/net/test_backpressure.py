@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from conftest import Runner, serving
+from net_helpers import Runner, serving
 
 from gms.net.client import Connection
 from gms.net.server import ServerConfig

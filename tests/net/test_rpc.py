@@ -6,7 +6,7 @@ import asyncio
 import logging
 import msgpack
 import pytest
-from conftest import Runner, read_frames_until_eof, serving
+from net_helpers import Runner, read_frames_until_eof, serving
 
 from gms.errors import (
     ConnectionClosedError,

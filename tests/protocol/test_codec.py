@@ -6,7 +6,7 @@ import struct
 
 import msgpack
 import pytest
-from conftest import drain, encode
+from codec_helpers import drain, encode
 
 from gms.errors import FrameTooLargeError, MalformedFrameError, ProtocolError
 from gms.protocol.codes import Flag, RequestCode, Status

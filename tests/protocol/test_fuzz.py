@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgpack
-from conftest import encode
+from codec_helpers import encode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
