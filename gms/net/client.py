@@ -16,7 +16,6 @@ from typing import Any, cast
 
 from gms.errors import (
     ConnectionClosedError,
-    GmsError,
     ProtocolError,
     RequestTimeoutError,
     ServiceUnavailableError,
