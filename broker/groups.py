@@ -64,13 +64,13 @@ def allocate_evenly(queue_ids: list[int], member_ids: list[str]) -> dict[str, li
 class GroupCoordinator:
     """Tracks the groups consuming from this broker.
 
-    ``queue_count(topic)`` tells how many queues a topic has here (``None`` if
-    the topic is unknown); it is asked on every heartbeat so topic changes are
-    picked up without notifications.
+    ``queue_ids(topic)`` lists the topic's queues served here (empty if the topic
+    is unknown); it is asked on every heartbeat so topic changes are picked up
+    without notifications.
     """
 
-    def __init__(self, queue_count: Callable[[str], int | None], member_expiry_ms: int) -> None:
-        self._queue_count = queue_count
+    def __init__(self, queue_ids: Callable[[str], list[int]], member_expiry_ms: int) -> None:
+        self._queue_ids = queue_ids
         self.member_expiry_ms = member_expiry_ms
         self._groups: dict[str, Group] = {}
 
@@ -100,7 +100,7 @@ class GroupCoordinator:
         member.client_address = client_address
         if mode == MODE_BROADCASTING:
             self._release(group, member_id, keep=set())
-            return {t: list(range(n)) for t in subscription if (n := self._queue_count(t))}
+            return {topic: self._queue_ids(topic) for topic in subscription}
         # Queues the member no longer reports as held are released.
         self._release(group, member_id, keep=set(held))
         target = self._target(group).get(member_id, set())
@@ -166,7 +166,6 @@ class GroupCoordinator:
                     by_topic.setdefault(topic, []).append(member.member_id)
         target: dict[str, set[QueueKey]] = {}
         for topic, member_ids in by_topic.items():
-            count = self._queue_count(topic) or 0
-            for member_id, queue_ids in allocate_evenly(list(range(count)), member_ids).items():
+            for member_id, queue_ids in allocate_evenly(self._queue_ids(topic), member_ids).items():
                 target.setdefault(member_id, set()).update((topic, q) for q in queue_ids)
         return target

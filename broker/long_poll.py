@@ -16,9 +16,12 @@ QueueKey = tuple[str, int]
 class PullWaiters:
     def __init__(self) -> None:
         self._waiters: dict[QueueKey, list[asyncio.Future[None]]] = {}
+        self.closed = False
 
     async def wait(self, key: QueueKey, timeout_s: float) -> bool:
-        """Wait until ``key`` gets a message; False when the timeout ran out first."""
+        """Wait until ``key`` gets a message; False when the timeout ran out first or we closed."""
+        if self.closed:
+            return False
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(key, []).append(future)
         try:
@@ -40,8 +43,9 @@ class PullWaiters:
                 if not future.done():
                     future.set_result(None)
 
-    def wake_all(self) -> None:
-        """Release every parked pull (used when the broker stops)."""
+    def close(self) -> None:
+        """Release every parked pull and refuse new waits (the broker is stopping)."""
+        self.closed = True
         self.notify(list(self._waiters))
 
     def __len__(self) -> int:

@@ -1,7 +1,78 @@
-"""Entry point of `gms-broker`."""
+"""``gms-broker``: run one broker in the foreground."""
 
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
 import sys
+from pathlib import Path
+
+import click
+
+from gms.broker.config import DEFAULT_PORT, load_config
+
+log = logging.getLogger("gms.broker")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def main() -> None:
-    sys.exit("gms-broker: not yet implemented (see the open issues)")
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--listen", help=f"host:port to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one).")
+@click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), help="Where the commitlog and queues live (default ./gms-data/broker).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="TOML file with [broker] and [store] tables; options given here override it.")
+@click.option("--name", "broker_name", help="Broker name (default: the advertised address).")
+@click.option("--advertised-address", help="host:port clients should use to reach this broker.")
+@click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")
+@click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]), help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
+@click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int, help="Size of each commitlog file in bytes (default 1 GiB).")
+@click.option("--retention-hours", type=float, help="Delete commitlog files older than this (default 72).")
+@click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path), help="Write the bound port here once serving (for scripts and tests).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, retention_hours, **broker_overrides) -> None:
+    """Run a gms broker: the commitlog store and the send/pull/group server."""
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        config = load_config(
+            config_path,
+            broker_overrides,
+            {"flush_mode": flush_mode, "commitlog_file_size_bytes": commitlog_file_size_bytes,
+             "retention_hours": retention_hours},
+        )
+    except (ValueError, TypeError, OSError) as err:
+        raise click.UsageError(str(err)) from err
+    from gms.broker.server import BrokerServer
+    from gms.net import run
+
+    sys.exit(run(_serve(BrokerServer(config), port_file)))
+
+
+async def _serve(server, port_file: Path | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signame: str) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting without a clean stop", signame)
+            os._exit(1)
+        log.info("%s received: stopping (send it again to force)", signame)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    try:
+        await server.start()
+    except OSError as err:
+        log.error("cannot start: %s", err)
+        return 1
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(port_file)
+    log.info("broker %s serving on %s (store %s)", server.name, server.address, server.config.store_dir)
+    await stop.wait()
+    await server.stop()
+    log.info("broker stopped cleanly")
+    return 0

@@ -10,7 +10,7 @@ EXPIRY_MS = 1_000
 
 
 def coordinator(queues=8):
-    return GroupCoordinator(lambda t: queues if t == TOPIC else None, EXPIRY_MS)
+    return GroupCoordinator(lambda t: list(range(queues)) if t == TOPIC else [], EXPIRY_MS)
 
 
 def beat(coord, member, held=(), now=0, mode="clustering"):

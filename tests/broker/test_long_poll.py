@@ -18,12 +18,13 @@ def test_notify_wakes_only_the_touched_queue():
     asyncio.run(scenario())
 
 
-def test_wake_all_releases_everything():
+def test_close_releases_everything_and_refuses_new_waits():
     async def scenario():
         waiters = PullWaiters()
         tasks = [asyncio.create_task(waiters.wait(("t", q), 5)) for q in range(3)]
         await asyncio.sleep(0.01)
-        waiters.wake_all()
+        waiters.close()
         assert await asyncio.gather(*tasks) == [True, True, True]
+        assert await waiters.wait(("t", 0), 5) is False
 
     asyncio.run(scenario())

@@ -1,0 +1,5 @@
+"""``python -m gms.broker`` runs ``gms-broker``."""
+
+from gms.broker.main import main
+
+main()

@@ -1,0 +1,76 @@
+"""Broker settings: defaults, a TOML file, then command-line overrides.
+
+The TOML file holds a ``[broker]`` table with the fields of :class:`BrokerConfig`
+and a ``[store]`` table with the fields of the store's ``StoreConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gms.broker.store_config import StoreConfig
+
+DEFAULT_PORT = 10911
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    # The address clients are told to use (message ids, routes); derived from
+    # ``listen`` when empty.
+    advertised_address: str = ""
+    broker_name: str = ""
+    cluster: str = "DefaultCluster"
+    store_dir: Path = Path("gms-data/broker")
+    nameserver: str = ""
+    default_queue_count: int = 8
+    auto_create_topics: bool = False
+    long_poll_max_ms: int = 15_000
+    member_expiry_ms: int = 30_000
+    offset_persist_interval_ms: int = 1_000
+    send_timeout_ms: int = 5_000
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return split_address(self.listen)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (or ``[v6]:port``) to a pair; ``ValueError`` says what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**values)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any], store_overrides: dict[str, Any]) -> BrokerConfig:
+    """Defaults < TOML file < overrides (``None`` values in overrides are ignored)."""
+    broker_values: dict[str, Any] = {}
+    store_values: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        extra = sorted(set(data) - {"broker", "store"})
+        if extra:
+            raise ValueError(f"{path}: unknown table(s) {', '.join(extra)}; use [broker] and [store]")
+        broker_values.update(data.get("broker", {}))
+        store_values.update(data.get("store", {}))
+    broker_values.update({k: v for k, v in overrides.items() if v is not None})
+    store_values.update({k: v for k, v in store_overrides.items() if v is not None})
+    if "store_dir" in broker_values:
+        broker_values["store_dir"] = Path(broker_values["store_dir"])
+    store = _build(StoreConfig, store_values, f"{path or 'options'} [store]")
+    return _build(BrokerConfig, {**broker_values, "store": store}, f"{path or 'options'} [broker]")

@@ -1,0 +1,153 @@
+"""Send, pull, offset queries and lookup by id: the broker's data path.
+
+Bodies stay in the stored record format both ways: a send body is appended as
+one batch, a pull answers with zero-copy views of the stored records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gms.broker.config import BrokerConfig
+from gms.broker.groups import GroupCoordinator
+from gms.broker.long_poll import PullWaiters
+from gms.broker.store import AppendResult, GetStatus, MessageStore
+from gms.errors import (
+    BadRequestError,
+    BadTagExpressionError,
+    FlushTimeoutError,
+    MessageIllegalError,
+    OffsetIllegalError,
+)
+from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
+from gms.protocol.frame import Frame, Response
+from gms.store_errors import UnknownTopic
+from gms.tags import BadTagExpression, parse_tag_expression
+
+PULL_MSGS_MAX = 4096
+PULL_BYTES_MAX = 16 << 20
+PULL_BYTES_DEFAULT = 4 << 20
+ACKS = (0, 1, -1)
+
+
+class MessageHandlers:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        waiters: PullWaiters,
+        groups: GroupCoordinator,
+        advertised_address: str,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.waiters = waiters
+        self.groups = groups
+        self.advertised_address = advertised_address
+
+    # -- send -----------------------------------------------------------------------
+
+    async def send(self, request: Frame) -> Response | None:
+        acks = field(request.fields, "acks", int, 1)
+        if acks not in ACKS:
+            raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
+        if not request.body:
+            raise MessageIllegalError("a send request needs at least one record in its body")
+        result = self._append(request.body)
+        self.waiters.notify(result.touched_queues)
+        if self.store.config.flush_mode == "sync" and acks != 0:
+            await self._wait_durable(result.end_phys_offset)
+        if request.is_oneway:
+            return None
+        return Response({
+            "queue_ids": int_array(result.queue_ids, QUEUE_ID_ARRAY),
+            "queue_offsets": int_array(result.queue_offsets, OFFSET_ARRAY),
+            "phys_offsets": int_array(result.phys_offsets, OFFSET_ARRAY),
+            "broker": self.advertised_address,
+        })
+
+    def _append(self, body: memoryview | bytes) -> AppendResult:
+        try:
+            return self.store.append(body)
+        except UnknownTopic as err:
+            if not self.config.auto_create_topics:
+                raise
+            self.store.create_topic(err.topic, self.config.default_queue_count)
+            return self.store.append(body)
+
+    async def _wait_durable(self, end_phys_offset: int) -> None:
+        future = asyncio.wrap_future(self.store.durable_future(end_phys_offset))
+        try:
+            await asyncio.wait_for(future, self.config.send_timeout_ms / 1000)
+        except TimeoutError as err:
+            raise FlushTimeoutError(
+                f"the flush covering this send did not finish within {self.config.send_timeout_ms} ms"
+            ) from err
+
+    # -- pull -----------------------------------------------------------------------
+
+    async def pull(self, request: Frame) -> Response:
+        fields = request.fields
+        topic = field(fields, "topic", str)
+        queue_id = field(fields, "queue_id", int)
+        offset = field(fields, "offset", int)
+        max_msgs = min(max(field(fields, "max_msgs", int, 32), 1), PULL_MSGS_MAX)
+        max_bytes = min(max(field(fields, "max_bytes", int, PULL_BYTES_DEFAULT), 1), PULL_BYTES_MAX)
+        poll_ms = min(max(field(fields, "poll_ms", int, 0), 0), self.config.long_poll_max_ms)
+        try:
+            tag_hashes = parse_tag_expression(field(fields, "tags", str, "*")).hashes
+        except BadTagExpression as err:
+            raise BadTagExpressionError(str(err)) from err
+        group, member = field(fields, "group", str, ""), field(fields, "member", str, "")
+        if group and member and not self.groups.may_consume(group, member, topic, queue_id):
+            raise BadRequestError(
+                f"queue {topic}/{queue_id} is not assigned to member {member!r} of group {group!r}; "
+                "heartbeat to get an assignment"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + poll_ms / 1000
+        while True:
+            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes)
+            status = result.status
+            if status is GetStatus.OFFSET_OVERFLOW:
+                raise OffsetIllegalError(
+                    f"offset {offset} is beyond the end of {topic}/{queue_id} "
+                    f"(valid: {result.min_offset}..{result.max_offset})",
+                )
+            if status is GetStatus.NO_MATCHED_MESSAGE and result.next_offset < result.max_offset:
+                offset = result.next_offset  # keep scanning, but let other requests run
+                await asyncio.sleep(0)
+                continue
+            remaining_s = deadline - loop.time()
+            if status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL) or remaining_s <= 0:
+                return Response(
+                    {"result": status.value, "next_offset": result.next_offset,
+                     "min_offset": result.min_offset, "max_offset": result.max_offset},
+                    body=result.records,
+                )
+            offset = result.next_offset
+            if not await self.waiters.wait((topic, queue_id), remaining_s):
+                deadline = loop.time()  # timed out or stopping: answer after one last look
+
+    # -- offsets and lookups -----------------------------------------------------------
+
+    async def query_min_offset(self, request: Frame) -> Response:
+        topic, queue_id = _queue_fields(request)
+        return Response({"offset": self.store.min_offset(topic, queue_id)})
+
+    async def query_max_offset(self, request: Frame) -> Response:
+        topic, queue_id = _queue_fields(request)
+        return Response({"offset": self.store.max_offset(topic, queue_id)})
+
+    async def query_offset_by_time(self, request: Frame) -> Response:
+        topic, queue_id = _queue_fields(request)
+        timestamp_ms = field(request.fields, "timestamp_ms", int)
+        return Response({"offset": self.store.offset_for_timestamp(topic, queue_id, timestamp_ms)})
+
+    async def view_message(self, request: Frame) -> Response:
+        phys_offset = field(request.fields, "phys_offset", int)
+        return Response(body=self.store.read_at(phys_offset))
+
+
+def _queue_fields(request: Frame) -> tuple[str, int]:
+    return field(request.fields, "topic", str), field(request.fields, "queue_id", int)

@@ -1,0 +1,77 @@
+"""Run gms servers as real child processes for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 20.0
+
+
+class BrokerProcess:
+    """A ``gms-broker`` child on 127.0.0.1 with an ephemeral port (read from its port file)."""
+
+    def __init__(self, store_dir: Path, args: list[str]) -> None:
+        self.store_dir = store_dir
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.log_path = store_dir.parent / f"{store_dir.name}.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, listen_port: int = 0) -> BrokerProcess:
+        port_file = self.store_dir.parent / f"{self.store_dir.name}.port"
+        port_file.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "gms.broker", "--listen", f"127.0.0.1:{listen_port}",
+               "--store-dir", str(self.store_dir), "--port-file", str(port_file), *self.args]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"broker did not start: {self.log_tail()}")
+            time.sleep(0.02)
+        self.port = int(port_file.read_text())
+        return self
+
+    def restart(self) -> BrokerProcess:
+        """Start again on the same port and store (after stop or kill)."""
+        return self.start(self.port)
+
+    def log_tail(self, size: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-size:].decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM and wait: a clean stop (flush, checkpoint)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
