@@ -203,15 +203,10 @@ class MessageStore:
             with self._queues_lock:
                 cq = self._queues.get((topic, queue_id))
                 if cq is None:
-                    cq = ConsumeQueue(self._cq_root / topic / str(queue_id), self.config.cq_entries_per_file,
-                                      self._warm_file)
+                    cq = ConsumeQueue(self._cq_root / topic / str(queue_id), self.config.cq_entries_per_file)
                     cq.load()
                     self._queues[(topic, queue_id)] = cq
         return cq
-
-    def _warm_file(self, f) -> None:
-        if self._warmer is not None:
-            self._warmer.submit(f.warm)
 
     # --- append --------------------------------------------------------------------------------
     def append(self, records: bytes | bytearray | memoryview) -> AppendResult:

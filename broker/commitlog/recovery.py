@@ -55,7 +55,7 @@ def _scan_file(f, pos: int, dispatch: Callable[[ParsedRecords, np.ndarray], None
         scan = scan_records(view, pos, f.size_bytes, SCAN_CHUNK_RECORDS)
         stop, stop_pos = scan.stop, scan.stop_pos
         if scan.starts:
-            parsed = parse_records(view, arr, scan.starts)
+            parsed = parse_records(arr, scan.starts)
             bad = np.flatnonzero(header_errors(parsed.headers))
             if bad.size:  # CRC-valid but inconsistent: never stored by us; cut before it
                 cut = int(bad[0])

@@ -14,7 +14,6 @@ never been written: that is how the end of a queue is found on open.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +26,10 @@ assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
 
 
 class ConsumeQueue:
-    def __init__(self, directory: Path, entries_per_file: int,
-                 on_new_file: Callable[[MappedFile], None] | None = None) -> None:
+    def __init__(self, directory: Path, entries_per_file: int) -> None:
         self.directory = directory
         self.entries_per_file = entries_per_file
         self.file_size_bytes = entries_per_file * CQ_UNIT.size
-        self._on_new_file = on_new_file
         self.files: list[MappedFile] = []  # replaced, never mutated: readers take a snapshot
         self.min_offset = 0
         self.max_offset = 0  # the next offset to be written; published after the entries are
@@ -79,8 +76,6 @@ class ConsumeQueue:
         if not self.files:
             self.min_offset = offset
         self.files = [*self.files, f]
-        if self._on_new_file is not None:
-            self._on_new_file(f)
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) as a CQ_DTYPE array; the caller keeps within [min, max)."""
