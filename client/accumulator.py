@@ -1,0 +1,112 @@
+"""Transparent batching of ``send_async``: one open batch per target queue.
+
+A batch is sent when it reaches ``batch_bytes`` or ``linger_ms`` after its first message,
+whichever comes first (Kafka's linger.ms / batch.size). Callers append from any thread under
+one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
+bounds the memory of unsent messages: appends block while it is reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from gms.client.encoder import BatchBuilder, RecordEncoder
+from gms.client.routing import QueueRoute
+from gms.client.structs import SendResult
+
+SendFn = Callable[[QueueRoute, bytearray], "asyncio.Future[list[SendResult]]"]
+
+
+class _OpenBatch:
+    __slots__ = ("records", "futures")
+
+    def __init__(self) -> None:
+        self.records = BatchBuilder()
+        self.futures: list[concurrent.futures.Future[SendResult | None]] = []
+
+
+class Accumulator:
+    def __init__(self, loop: asyncio.AbstractEventLoop, encoder: RecordEncoder, send: SendFn, *,
+                 linger_ms: float, batch_bytes: int, buffer_bytes_max: int) -> None:
+        self._loop = loop
+        self._encoder = encoder
+        self._send = send
+        self._linger_s = linger_ms / 1000
+        self._batch_bytes = batch_bytes
+        self._buffer_bytes_max = buffer_bytes_max
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._open: dict[QueueRoute, _OpenBatch] = {}
+        self._buffered_bytes = 0
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    def append(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
+               properties: Mapping[str, str] | None) -> concurrent.futures.Future[SendResult | None]:
+        future: concurrent.futures.Future[SendResult | None] = concurrent.futures.Future()
+        with self._lock:
+            while self._buffered_bytes >= self._buffer_bytes_max:
+                self._space.wait()
+            batch = self._open.get(route)
+            is_new = batch is None
+            if batch is None:
+                batch = _OpenBatch()
+            size = self._encoder.add(batch.records, route.topic, body, tag, keys, properties, route.queue_id)
+            if is_new:
+                self._open[route] = batch
+            batch.futures.append(future)
+            self._buffered_bytes += size
+            is_full = batch.records.size_bytes >= self._batch_bytes
+            if is_full:
+                del self._open[route]
+        if is_full:
+            self._loop.call_soon_threadsafe(self._dispatch, route, batch)
+        elif is_new:
+            self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
+        return future
+
+    def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
+        self._loop.call_later(self._linger_s, self._linger_expired, route, batch)
+
+    def _linger_expired(self, route: QueueRoute, batch: _OpenBatch) -> None:
+        with self._lock:
+            if self._open.get(route) is not batch:
+                return  # already sent because it filled up, or flushed
+            del self._open[route]
+        self._dispatch(route, batch)
+
+    def _dispatch(self, route: QueueRoute, batch: _OpenBatch) -> None:
+        task = self._loop.create_task(self._send_batch(route, batch))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
+        try:
+            results = await self._send(route, batch.records.seal())
+        except BaseException as err:  # noqa: BLE001 - every caller's future gets the cause
+            for future in batch.futures:
+                future.set_exception(err)
+            if not isinstance(err, Exception):
+                raise
+        else:
+            if results:
+                for future, result in zip(batch.futures, results):
+                    future.set_result(result)
+            else:  # acks=0: nothing to report but "written"
+                for future in batch.futures:
+                    future.set_result(None)
+        finally:
+            with self._lock:
+                self._buffered_bytes -= batch.records.size_bytes
+                self._space.notify_all()
+
+    async def flush(self) -> None:
+        """Send every open batch now and wait until all batches in flight are answered."""
+        with self._lock:
+            batches, self._open = self._open, {}
+        for route, batch in batches.items():
+            self._dispatch(route, batch)
+        while self._in_flight:
+            await asyncio.gather(*list(self._in_flight), return_exceptions=True)

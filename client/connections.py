@@ -1,0 +1,93 @@
+"""One pipelined connection per broker address, reopened after a failure.
+
+Connections are created lazily on first use and replaced when found closed, so a broker
+restart costs the caller one retriable error, not a dead client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from gms.msgid import encode_msg_id
+from gms.net import Connection
+from gms.protocol.frame import Body, Frame
+
+CONNECT_TIMEOUT_MS = 3000
+_PHYS_OFFSET_HEX_DIGITS = 16  # an i64 offset is the last 8 bytes of a message id
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` → (host, port); ValueError says what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"broker address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+@lru_cache(maxsize=64)
+def msg_id_prefix(address: str) -> str:
+    """The part of every message id that names the broker at ``address`` (hex host + port)."""
+    host, port = parse_address(address)
+    return encode_msg_id(host, port, 0)[:-_PHYS_OFFSET_HEX_DIGITS]
+
+
+def msg_id(prefix: str, phys_offset: int) -> str:
+    return f"{prefix}{phys_offset:016X}"
+
+
+class ConnectionPool:
+    """Connections by broker address; all methods run on the client's event loop."""
+
+    def __init__(self, *, request_timeout_ms: float, connect_timeout_ms: float = CONNECT_TIMEOUT_MS) -> None:
+        self._request_timeout_ms = request_timeout_ms
+        self._connect_timeout_ms = connect_timeout_ms
+        self._connections: dict[str, Connection] = {}
+        self._connecting: dict[str, asyncio.Future[Connection]] = {}
+        self._closed = False
+
+    async def get(self, address: str) -> Connection:
+        """The open connection to ``address``, connecting (once, shared) if needed."""
+        conn = self._connections.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            host, port = parse_address(address)
+            conn = await Connection.open(host, port, self._connect_timeout_ms,
+                                         request_timeout_ms=self._request_timeout_ms)
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._connecting[address]
+        self._connections[address] = conn
+        future.set_result(conn)
+        return conn
+
+    async def request(self, address: str, code: int, fields: Mapping[str, Any] | None = None,
+                      body: Body = b"", *, timeout_ms: float | None = None) -> Frame:
+        conn = await self.get(address)
+        return await conn.request(code, fields, body, timeout_ms=timeout_ms)
+
+    async def oneway(self, address: str, code: int, fields: Mapping[str, Any] | None = None,
+                     body: Body = b"") -> None:
+        conn = await self.get(address)
+        await conn.oneway(code, fields, body)
+
+    async def close(self) -> None:
+        self._closed = True
+        connections, self._connections = self._connections, {}
+        for conn in connections.values():
+            conn.close()
+        for conn in connections.values():
+            await conn.wait_closed()

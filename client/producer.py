@@ -1,0 +1,222 @@
+"""The producer: sync ``send``/``send_batch``, batched ``send_async``, ``send_oneway``.
+
+Every send goes through one async path (:meth:`_Sender.send`: one SEND_BATCH request for one
+target queue, retried with backoff on retriable errors). Queue choice: an explicit ``queue``,
+else a stable hash of ``key`` (same key → same queue → ordered), else round robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import xxhash
+
+from gms.errors import GmsError, TopicNotFoundError
+from gms.protocol.codes import RequestCode
+
+from gms.client.accumulator import Accumulator
+from gms.client.connections import msg_id_prefix
+from gms.client.encoder import BatchBuilder, RecordEncoder
+from gms.client.routing import QueueRoute
+from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
+from gms.client.structs import SendResult
+
+log = logging.getLogger(__name__)
+
+ACKS_VALUES = (0, 1, -1)
+
+
+class ProducerRecord(NamedTuple):
+    """One message of :meth:`Producer.send_batch`; the fields are ``send``'s arguments."""
+
+    topic: str
+    body: bytes
+    tag: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] | None = None
+    queue: int | None = None
+    key: str | bytes | None = None
+
+
+class _Sender:
+    """Sends encoded batches to one queue each, with retries; runs on the I/O loop."""
+
+    def __init__(self, runtime: ClientRuntime, *, acks: int, retries: int, retry_backoff_ms: float) -> None:
+        self._runtime = runtime
+        self._acks = acks
+        self._retries = retries
+        self._retry_backoff_s = retry_backoff_ms / 1000
+
+    async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None) -> list[SendResult]:
+        acks = self._acks if acks is None else acks
+        pool = self._runtime.pool
+        for attempt in itertools.count():
+            try:
+                if acks == 0:
+                    await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
+                    return []
+                frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+            except GmsError as err:
+                if not err.retriable or attempt >= self._retries:
+                    raise
+                log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
+                self._runtime.routes.invalidate()
+                await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
+                continue
+            return _results(route.topic, frame.fields)
+        raise AssertionError("unreachable")
+
+
+def _results(topic: str, fields: Mapping[str, Any]) -> list[SendResult]:
+    broker = fields["broker"]
+    prefix = msg_id_prefix(broker)
+    queue_ids = np.frombuffer(fields["queue_ids"], ">i4").tolist()
+    offsets = np.frombuffer(fields["queue_offsets"], ">i8").tolist()
+    phys = np.frombuffer(fields["phys_offsets"], ">i8").tolist()
+    return [SendResult(f"{prefix}{p:016X}", topic, q, o, broker) for q, o, p in zip(queue_ids, offsets, phys)]
+
+
+class Producer:
+    """Sends messages to gms brokers. Thread-safe; use as a context manager or call close()."""
+
+    def __init__(
+        self,
+        brokers: Sequence[str] | str,
+        *,
+        linger_ms: float = 5,
+        batch_bytes: int = 256 * 1024,
+        buffer_bytes_max: int = 32 * 1024 * 1024,
+        acks: int = 1,
+        retries: int = 3,
+        retry_backoff_ms: float = 100,
+        request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+        born_host: str = "",
+    ) -> None:
+        if acks not in ACKS_VALUES:
+            raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
+        if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
+            raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
+        self._runtime = ClientRuntime(brokers, request_timeout_ms=request_timeout_ms, name="gms-producer")
+        self._encoder = RecordEncoder(born_host)
+        self._sender = _Sender(self._runtime, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms)
+        self._accumulator = Accumulator(
+            self._runtime.loop, self._encoder, self._sender.send,
+            linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
+        )
+        self._round_robin = itertools.count()
+        # A sync call waits for the whole retry schedule, never forever.
+        self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+
+    # --- queue selection ---------------------------------------------------------------------
+
+    def _route(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute:
+        self._encoder.topic(topic)  # a bad name fails here, before any I/O
+        routes = self._runtime.routes.cached(topic)
+        if routes is None:
+            try:
+                routes = self._runtime.run(self._runtime.routes.routes(topic), self._call_timeout_ms)
+            except TopicNotFoundError:
+                # Let the broker decide: it may auto-create the topic, or say it is unknown.
+                self._runtime.routes.invalidate()
+                return QueueRoute(topic, queue or 0, self._runtime.routes.brokers[0])
+        if queue is not None:
+            for route in routes:
+                if route.queue_id == queue:
+                    return route
+            return QueueRoute(topic, queue, routes[0].broker)  # the broker answers QUEUE_NOT_FOUND
+        if key is not None:
+            raw = key.encode() if isinstance(key, str) else key
+            return routes[xxhash.xxh64_intdigest(raw) % len(routes)]
+        return routes[next(self._round_robin) % len(routes)]
+
+    # --- sending -----------------------------------------------------------------------------
+
+    def send(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+             properties: Mapping[str, str] | None = None, queue: int | None = None,
+             key: str | bytes | None = None) -> SendResult:
+        """Send one message and wait until the broker acknowledges it (per ``acks``)."""
+        route = self._route(topic, queue, key)
+        batch = BatchBuilder()
+        self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
+        results = self._runtime.run(self._sender.send(route, batch.seal()), self._call_timeout_ms)
+        return results[0] if results else None  # type: ignore[return-value]
+
+    def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> list[SendResult]:
+        """Send many messages, one request per target queue; results are in input order."""
+        batches: dict[QueueRoute, tuple[BatchBuilder, list[int]]] = {}
+        count = 0
+        for index, message in enumerate(messages):
+            if not isinstance(message, ProducerRecord):
+                message = ProducerRecord(**message)
+            route = self._route(message.topic, message.queue, message.key)
+            entry = batches.get(route)
+            if entry is None:
+                entry = batches[route] = (BatchBuilder(), [])
+            self._encoder.add(entry[0], message.topic, message.body, message.tag, message.keys,
+                              message.properties, route.queue_id)
+            entry[1].append(index)
+            count = index + 1
+        if not batches:
+            return []
+        answers = self._runtime.run(self._send_all(batches), self._call_timeout_ms)
+        if not answers[0]:
+            return [None] * count  # type: ignore[list-item]  # acks=0
+        ordered: list[SendResult] = [None] * count  # type: ignore[list-item]
+        for (_, indexes), results in zip(batches.values(), answers):
+            for index, result in zip(indexes, results):
+                ordered[index] = result
+        return ordered
+
+    async def _send_all(self, batches: dict[QueueRoute, tuple[BatchBuilder, list[int]]]) -> list[list[SendResult]]:
+        return list(await asyncio.gather(
+            *(self._sender.send(route, records.seal()) for route, (records, _) in batches.items())))
+
+    def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+                   properties: Mapping[str, str] | None = None, queue: int | None = None,
+                   key: str | bytes | None = None,
+                   callback: Callable[[concurrent.futures.Future[SendResult]], None] | None = None,
+                   ) -> concurrent.futures.Future[SendResult]:
+        """Queue a message for a batched send; the future resolves when the broker answers.
+
+        ``callback(future)`` runs on the I/O thread once the future is done: keep it short.
+        Bad input raises here; send failures are set on the future.
+        """
+        route = self._route(topic, queue, key)
+        future = self._accumulator.append(route, body, tag, keys, properties)
+        if callback is not None:
+            future.add_done_callback(callback)
+        return future  # type: ignore[return-value]
+
+    def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+                    properties: Mapping[str, str] | None = None, queue: int | None = None,
+                    key: str | bytes | None = None) -> None:
+        """Send without waiting for (or getting) any acknowledgement (acks=0)."""
+        route = self._route(topic, queue, key)
+        batch = BatchBuilder()
+        self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
+        self._runtime.run(self._sender.send(route, batch.seal(), acks=0), self._call_timeout_ms)
+
+    def flush(self, timeout_ms: float | None = None) -> None:
+        """Send everything queued by send_async and wait for the answers."""
+        self._runtime.run(self._accumulator.flush(), timeout_ms)
+
+    def close(self, timeout_ms: float | None = None) -> None:
+        """Flush, then close the connections. Idempotent."""
+        if self._runtime.closed:
+            return
+        try:
+            self.flush(timeout_ms)
+        finally:
+            self._runtime.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

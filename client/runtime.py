@@ -1,0 +1,49 @@
+"""What every SDK object runs on: an event loop thread, its connections and its routes.
+
+The SDK is one asyncio core; the public classes are synchronous facades that hand each call
+to this loop (``runtime.run(coro)``), so sync callers and the I/O never share code paths twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from gms.net import LoopThread
+
+from gms.client.connections import ConnectionPool
+from gms.client.routing import RouteProvider, StaticRoutes
+
+T = TypeVar("T")
+
+REQUEST_TIMEOUT_MS = 30_000
+CLOSE_TIMEOUT_MS = 5000
+
+
+class ClientRuntime:
+    def __init__(self, brokers: Sequence[str], *, request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+                 name: str = "gms-client") -> None:
+        if isinstance(brokers, str):
+            brokers = [b for b in brokers.split(",") if b]
+        self.request_timeout_ms = request_timeout_ms
+        self.loop_thread = LoopThread(name=name)
+        self.loop = self.loop_thread.loop
+        self.pool = ConnectionPool(request_timeout_ms=request_timeout_ms)
+        self.routes: RouteProvider = StaticRoutes(list(brokers), self.pool)
+        self.closed = False
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_ms: float | None = None) -> T:
+        """Run ``coro`` on the I/O loop and wait for it (from any thread but the loop's)."""
+        if self.closed:
+            coro.close()
+            raise RuntimeError("the client is closed")
+        return self.loop_thread.run(coro, timeout_ms)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.loop_thread.run(self.pool.close(), CLOSE_TIMEOUT_MS)
+        finally:
+            self.closed = True
+            self.loop_thread.stop()

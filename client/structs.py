@@ -1,0 +1,130 @@
+"""Public values of the SDK: what a send returns and what a consumer receives.
+
+A consumer may hand out a million messages a second, so :class:`ReceivedMessage` is a
+three-slot view over the fetched response buffer; fields are decoded from the record on
+access (the layout is :mod:`gms.record`'s), never eagerly for every message.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from gms.record import (
+    HEADER_SIZE,
+    OFF_PHYS_OFFSET,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_STORE_TS,
+    OFFSETS,
+    Record,
+    decode_keys,
+    decode_properties,
+    decode_record,
+)
+
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+# body_len .. props_len: the lengths that locate the variable part.
+_LENGTHS = struct.Struct(">iBBBxHH")
+_OFF_LENGTHS = OFFSETS["body_len"]
+_OFF_BORN_TS = OFFSETS["born_ts_ms"]
+_OFF_RECONSUME = OFFSETS["reconsume_times"]
+
+
+class SendResult(NamedTuple):
+    """Where the broker stored one message."""
+
+    msg_id: str  # encodes the broker address and commitlog offset (see gms.msgid)
+    topic: str
+    queue_id: int
+    queue_offset: int
+    broker: str  # "host:port" of the broker that stored it
+
+
+class ReceivedMessage:
+    """One consumed message: a read-only view of a stored record in a fetched buffer."""
+
+    __slots__ = ("_buf", "_pos", "_msg_id_prefix")
+
+    def __init__(self, buf: memoryview, pos: int, msg_id_prefix: str) -> None:
+        self._buf = buf
+        self._pos = pos
+        self._msg_id_prefix = msg_id_prefix  # hex of broker host and port, see :func:`msg_id_prefix`
+
+    def _variable(self, index: int) -> memoryview:
+        """Field ``index`` of the variable part: 0 topic, 1 tag, 2 born host, 3 keys, 4 props, 5 body."""
+        body_len, *lengths = _LENGTHS.unpack_from(self._buf, self._pos + _OFF_LENGTHS)
+        lengths.append(body_len)
+        start = self._pos + HEADER_SIZE + sum(lengths[:index])
+        return self._buf[start: start + lengths[index]]
+
+    @property
+    def topic(self) -> str:
+        return bytes(self._variable(0)).decode()
+
+    @property
+    def queue_id(self) -> int:
+        return _I32.unpack_from(self._buf, self._pos + OFF_QUEUE_ID)[0]
+
+    @property
+    def queue_offset(self) -> int:
+        return _I64.unpack_from(self._buf, self._pos + OFF_QUEUE_OFFSET)[0]
+
+    @property
+    def phys_offset(self) -> int:
+        return _I64.unpack_from(self._buf, self._pos + OFF_PHYS_OFFSET)[0]
+
+    @property
+    def tag(self) -> str | None:
+        return bytes(self._variable(1)).decode() or None
+
+    @property
+    def born_host(self) -> str:
+        return bytes(self._variable(2)).decode()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return decode_keys(self._variable(3))
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        return decode_properties(self._variable(4))
+
+    @property
+    def body(self) -> bytes:
+        return bytes(self._variable(5))
+
+    @property
+    def born_timestamp_ms(self) -> int:
+        return _I64.unpack_from(self._buf, self._pos + _OFF_BORN_TS)[0]
+
+    @property
+    def store_timestamp_ms(self) -> int:
+        return _I64.unpack_from(self._buf, self._pos + OFF_STORE_TS)[0]
+
+    @property
+    def reconsume_times(self) -> int:
+        return _I32.unpack_from(self._buf, self._pos + _OFF_RECONSUME)[0]
+
+    @property
+    def msg_id(self) -> str:
+        return f"{self._msg_id_prefix}{self.phys_offset:016X}"
+
+    def record(self) -> Record:
+        """Every field of the stored record, decoded at once."""
+        return decode_record(self._buf, self._pos, verify_crc=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceivedMessage):
+            return NotImplemented
+        return self.msg_id == other.msg_id
+
+    def __hash__(self) -> int:
+        return hash(self.msg_id)
+
+    def __repr__(self) -> str:
+        return (f"ReceivedMessage(topic={self.topic!r}, queue_id={self.queue_id}, "
+                f"queue_offset={self.queue_offset}, tag={self.tag!r}, msg_id={self.msg_id!r}, "
+                f"body={len(self._variable(5))} bytes)")
