@@ -1,7 +1,98 @@
-"""Entry point of `gms-nameserver`."""
+"""``gms-nameserver``: run one nameserver in the foreground.
 
+With ``--etcd`` it uses that etcd cluster; without, it runs an embedded etcd child under
+``--data-dir`` and stops it on exit. SIGTERM/SIGINT stop cleanly; a second one forces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
 import sys
+from pathlib import Path
+
+import click
+
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
+from gms.nameserver.errors import EmbeddedEtcdError, EtcdUnavailable
+from gms.nameserver.etcd_client import parse_endpoints
+from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
+
+log = logging.getLogger("gms.nameserver")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEFAULT_DATA_DIR = Path("gms-data/nameserver")
 
 
-def main() -> None:
-    sys.exit("gms-nameserver: not yet implemented (see the open issues)")
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", help="host:port to serve on (port 0 picks a free one).")
+@click.option("--etcd", "etcd_endpoints", help="etcd endpoints host:port[,host:port]; omit to run an embedded etcd.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA_DIR, help="Where the embedded etcd keeps its data (unused with --etcd).")
+@click.option("--advertised-address", default="", help="host:port other machines use to reach this nameserver (default: derived from --listen).")
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path), help="Write the bound port here once serving (for scripts and tests).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_address: str,
+         port_file: Path | None, log_level: str) -> None:
+    """Run a gms nameserver: topic routes and cluster metadata, backed by etcd."""
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        split_listen(listen)
+        if etcd_endpoints:
+            parse_endpoints(etcd_endpoints)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    embedded: EmbeddedEtcd | None = None
+    if not etcd_endpoints:
+        # Started from the main thread: the child's death signal follows this thread.
+        embedded = EmbeddedEtcd(data_dir / "etcd")
+        try:
+            embedded.start()
+        except EmbeddedEtcdError as err:
+            log.error("cannot start the embedded etcd: %s", err)
+            sys.exit(1)
+        log.info("embedded etcd on %s (data in %s)", embedded.endpoint, embedded.data_dir)
+        etcd_endpoints = embedded.endpoint
+    server = NameServer(etcd_endpoints, listen, advertised=advertised_address)
+    from gms.net import run
+
+    try:
+        code = run(_serve(server, port_file))
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            log.info("embedded etcd stopped")
+    sys.exit(code)
+
+
+async def _serve(server: NameServer, port_file: Path | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signame: str) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting without a clean stop", signame)
+            os._exit(1)  # the embedded etcd dies with us (PR_SET_PDEATHSIG)
+        log.info("%s received: stopping (send it again to force)", signame)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    try:
+        await server.start()
+    except EtcdUnavailable as err:
+        log.error("cannot reach etcd at %s (%s): start etcd there, fix --etcd, or omit --etcd"
+                  " to run an embedded etcd", server.etcd_endpoints, err)
+        return 1
+    except OSError as err:
+        log.error("cannot listen: %s; pick another port with --listen HOST:PORT", err)
+        return 1
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(port_file)
+    await stop.wait()
+    await server.stop()
+    log.info("nameserver stopped cleanly")
+    return 0

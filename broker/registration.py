@@ -1,0 +1,184 @@
+"""A broker's membership in the cluster: registration under its own etcd lease, and the topics
+and queues assigned to it.
+
+The broker asks any reachable nameserver (REGISTER_BROKER) where etcd is, then talks to etcd
+itself: its key hangs on a lease that *this* process keeps alive, so a crashed broker leaves
+every route within the TTL no matter what the nameservers do. A watch-fed ClusterView tells it
+which queues it leads or follows; ``on_assignment`` hears about every change.
+
+Independent of the broker's internals on purpose: it takes a :class:`BrokerInfo` and a
+callback, and the broker server wires it in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gms.errors import GmsError, ServiceUnavailableError
+from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
+from gms.nameserver.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
+from gms.nameserver.metadata import BrokerRegistration as EtcdRegistration
+from gms.nameserver.model import BrokerInfo, TopicMetadata, TopicSettings
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0  # a broker started together with its nameserver waits this long for it
+NAMESERVER_RETRY_S = 0.5
+NAMESERVER_TIMEOUT_MS = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAssignment:
+    """What one broker holds of one topic."""
+
+    queue_count: int  # the topic's total queue count (queue ids 0..queue_count-1)
+    leader_queue_ids: tuple[int, ...]  # queues this broker leads (serves sends and pulls)
+    follower_queue_ids: tuple[int, ...]  # queues this broker replicates but does not lead
+    settings: TopicSettings
+
+
+Assignments = dict[str, TopicAssignment]
+AssignmentCallback = Callable[[Assignments], None]
+
+
+def assignments_for(broker_id: str, topics: list[TopicMetadata]) -> Assignments:
+    """Every topic with at least one queue (led or replicated) on ``broker_id``."""
+    result: Assignments = {}
+    for topic in topics:
+        led = tuple(q.queue_id for q in topic.queues if q.leader == broker_id)
+        followed = tuple(
+            q.queue_id for q in topic.queues if broker_id in q.replicas and q.leader != broker_id
+        )
+        if led or followed:
+            result[topic.name] = TopicAssignment(topic.queue_count, led, followed, topic.settings)
+    return result
+
+
+async def ask_etcd_endpoints(nameserver: str, timeout_ms: float) -> tuple[str, str]:
+    """REGISTER_BROKER on one nameserver -> (etcd endpoints, metadata prefix)."""
+    host, port = parse_endpoints(nameserver)[0]
+    conn = await Connection.open(host, port, timeout_ms, request_timeout_ms=timeout_ms)
+    try:
+        fields = (await conn.request(RequestCode.REGISTER_BROKER, {})).fields
+    finally:
+        conn.close()
+    etcd, prefix = fields.get("etcd"), fields.get("prefix")
+    if not isinstance(etcd, str) or not isinstance(prefix, str):
+        raise ServiceUnavailableError(f"nameserver {nameserver} gave no etcd endpoints: {fields!r}")
+    return etcd, prefix
+
+
+class BrokerRegistration:
+    """Register ``info`` in the cluster and follow its assignment.
+
+    ``on_assignment(assignments)`` is called with the initial assignment before :meth:`start`
+    returns (possibly {}), then from the ClusterView's watch thread whenever it changes (never
+    concurrently, always in order). It must be quick and must not block: hand the work to the
+    broker's event loop (``loop.call_soon_threadsafe``). ``start`` and ``stop`` block (etcd and
+    nameserver round trips): call them from a thread, e.g. ``await asyncio.to_thread(reg.start)``.
+    """
+
+    def __init__(
+        self,
+        nameservers: str,
+        info: BrokerInfo,
+        on_assignment: AssignmentCallback,
+        *,
+        ttl_s: int = DEFAULT_BROKER_TTL_S,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.nameservers = [f"{h}:{p}" for h, p in parse_endpoints(nameservers)]
+        self.info = info
+        self._on_assignment = on_assignment
+        self._ttl_s = ttl_s
+        self._start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()  # serialises assignment computation and callbacks
+        self._assignments: Assignments | None = None
+        self._client: EtcdClient | None = None
+        self._registration: EtcdRegistration | None = None
+        self._view: ClusterView | None = None
+        self.etcd_endpoints = ""
+
+    @property
+    def assignments(self) -> Assignments:
+        """The last assignment handed to the callback ({} before start)."""
+        return dict(self._assignments or {})
+
+    @property
+    def alive(self) -> bool:
+        """True while this broker's lease is surely alive in etcd."""
+        return self._registration is not None and self._registration.alive
+
+    def start(self) -> BrokerRegistration:
+        """Find etcd through the nameservers, register, start following assignments.
+
+        Retries the nameserver list until ``start_timeout_s``; raises
+        :class:`ServiceUnavailableError` (or the etcd layer's :class:`EtcdUnavailable`) if that
+        fails, with nothing left running."""
+        etcd, prefix = self._discover_etcd()
+        self.etcd_endpoints = etcd
+        self._client = EtcdClient(etcd)
+        try:
+            self._registration = ClusterMetadata(self._client, prefix).register_broker(
+                self.info, self._ttl_s
+            )
+            self._view = ClusterView(self._client, prefix)
+            self._view.subscribe(self._on_change)
+            self._view.start()
+            self._refresh()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("broker %s registered in etcd %s", self.info.broker_id, etcd)
+        return self
+
+    def _discover_etcd(self) -> tuple[str, str]:
+        deadline = time.monotonic() + self._start_timeout_s
+        errors: dict[str, str] = {}
+        while True:
+            for nameserver in self.nameservers:
+                try:
+                    return run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS))
+                except (GmsError, ValueError) as err:
+                    errors[nameserver] = str(err)
+            if time.monotonic() >= deadline:
+                detail = "; ".join(f"{ns}: {e}" for ns, e in errors.items())
+                raise ServiceUnavailableError(
+                    f"no nameserver reachable within {self._start_timeout_s} s ({detail});"
+                    " start one (`gms-nameserver`) or fix --nameserver"
+                )
+            time.sleep(NAMESERVER_RETRY_S)
+
+    def stop(self) -> None:
+        """Deregister at once (revoke the lease) and stop following etcd. Idempotent."""
+        registration, self._registration = self._registration, None
+        if registration is not None:
+            registration.close(deregister=True)
+        view, self._view = self._view, None
+        if view is not None:
+            view.stop()
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _on_change(self, change: ViewChange) -> None:
+        if change.kind in (ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED):
+            self._refresh()
+
+    def _refresh(self) -> None:
+        view = self._view
+        if view is None:
+            return
+        with self._lock:
+            current = assignments_for(self.info.broker_id, view.topics())
+            if current == self._assignments:
+                return
+            self._assignments = current
+            self._on_assignment(dict(current))

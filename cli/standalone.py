@@ -1,0 +1,175 @@
+"""``gms standalone``: embedded etcd + one nameserver + one broker in the foreground.
+
+The supervisor owns the order: etcd first, then the nameserver (``--etcd`` pointing at it),
+then the broker (``--nameserver``); stopping goes the other way, so the broker deregisters
+while etcd is still up. Children run in their own process groups (a Ctrl-C in the terminal
+reaches only this supervisor, which stops them in order) and get SIGKILL from the kernel if
+the supervisor itself dies (PR_SET_PDEATHSIG), so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent
+from gms.nameserver.errors import EmbeddedEtcdError
+
+DEFAULT_DATA_DIR = Path("gms-data")
+DEFAULT_NAMESERVER_PORT = 9876
+DEFAULT_BROKER_PORT = 10911
+CHILD_START_TIMEOUT_S = 30.0
+CHILD_STOP_TIMEOUT_S = 15.0  # the broker flushes and checkpoints; well within this
+SUPERVISE_POLL_S = 0.2  # how soon an unexpected child exit is noticed
+LOG_TAIL_BYTES = 2000
+
+
+class StandaloneError(Exception):
+    """A part of the standalone cluster failed to start; the message says which and why."""
+
+
+class _Child:
+    """One server child process (``python -m gms.<module>``) that reports its port in a file."""
+
+    def __init__(self, name: str, module: str, args: list[str], run_dir: Path) -> None:
+        self.name = name
+        self.log_path = run_dir / f"{name}.log"
+        self.port_file = run_dir / f"{name}.port"
+        self.port_file.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args, "--port-file", str(self.port_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
+
+    def wait_port(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while not self.port_file.exists():
+            if self.proc.poll() is not None:
+                raise StandaloneError(
+                    f"{self.name} exited with code {self.proc.returncode} during start-up;"
+                    f" its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise StandaloneError(
+                    f"{self.name} did not start within {timeout_s} s; see {self.log_path}:\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(0.05)
+        return int(self.port_file.read_text())
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_bytes()[-LOG_TAIL_BYTES:].decode(errors="replace")
+        except OSError as err:
+            return f"(no log: {err})"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def stop(self, timeout_s: float = CHILD_STOP_TIMEOUT_S) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def run_standalone(
+    data_dir: str | Path = DEFAULT_DATA_DIR,
+    nameserver_port: int = DEFAULT_NAMESERVER_PORT,
+    broker_port: int = DEFAULT_BROKER_PORT,
+    *,
+    host: str = "127.0.0.1",
+    etcd_port: int = 0,
+    log_level: str = "info",
+    echo: Callable[[str], None] = print,
+) -> int:
+    """Run the three parts until SIGINT/SIGTERM (a second one kills at once); return the exit
+    code: 0 after a clean stop, 1 if a part failed to start or died. Call from the main thread
+    (it installs signal handlers and the children's death signal follows the calling thread).
+    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports."""
+    data_dir = Path(data_dir).resolve()
+    run_dir = data_dir / "logs"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    children: list[_Child] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            for child in children:
+                child.kill()
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=host)
+    code = 0
+    try:
+        etcd.start()
+        nameserver = _Child(
+            "nameserver",
+            "gms.nameserver",
+            ["--listen", f"{host}:{nameserver_port}", "--etcd", etcd.endpoint,
+             "--data-dir", str(data_dir / "nameserver"), "--log-level", log_level],
+            run_dir,
+        )
+        children.append(nameserver)
+        nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
+        broker = _Child(
+            "broker",
+            "gms.broker",
+            ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
+             "--nameserver", nameserver_address, "--log-level", log_level],
+            run_dir,
+        )
+        children.append(broker)
+        broker_address = f"{host}:{broker.wait_port(CHILD_START_TIMEOUT_S)}"
+        echo(
+            "gms standalone is running (Ctrl-C stops it)\n"
+            f"  nameserver  {nameserver_address}\n"
+            f"  broker      {broker_address}\n"
+            f"  etcd        {etcd.endpoint}\n"
+            f"  data        {data_dir}  (logs in {run_dir})"
+        )
+        code = _supervise(children, stop, echo)
+    except (StandaloneError, EmbeddedEtcdError) as err:
+        echo(f"gms standalone: {err}")
+        code = 1
+    finally:
+        for child in reversed(children):  # broker first: it deregisters while etcd is up
+            if child.stop() != 0:
+                code = 1
+        etcd.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code == 0:
+        echo("gms standalone stopped")
+    return code
+
+
+def _supervise(children: list[_Child], stop: threading.Event, echo: Callable[[str], None]) -> int:
+    """Wait for a stop signal; a child that exits on its own ends the run with code 1."""
+    while not stop.wait(SUPERVISE_POLL_S):
+        for child in children:
+            if child.proc.poll() is not None:
+                echo(
+                    f"gms standalone: {child.name} exited with code {child.proc.returncode};"
+                    f" stopping the rest. Its log ({child.log_path}) ends with:\n{child.log_tail()}"
+                )
+                return 1
+    return 0

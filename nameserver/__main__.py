@@ -1,0 +1,5 @@
+"""``python -m gms.nameserver`` runs ``gms-nameserver``."""
+
+from gms.nameserver.main import main
+
+main()

@@ -1,0 +1,332 @@
+"""The nameserver's wire service: routes and broker lists from the watch-fed cache, topic
+administration through etcd transactions.
+
+Reads (GET_ROUTE, GET_BROKER_LIST, TOPIC_LIST) never touch etcd: they come from
+:class:`ClusterView`, so they keep answering while etcd is down. Writes (CREATE/UPDATE/
+DELETE_TOPIC) are etcd round trips run off the event loop; with etcd unreachable they fail with
+SERVICE_UNAVAILABLE. After a write, the handler waits (briefly) until this nameserver's own view
+shows it, so a client that creates a topic and then asks the same nameserver for its route finds
+it. Each nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster
+status lists the live ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
+from gms.net import RpcServer
+from gms.nameserver.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
+from gms.nameserver.errors import EtcdUnavailable, NameserverError
+from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
+from gms.nameserver.lease import LeaseKeeper
+from gms.nameserver.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
+from gms.nameserver.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
+from gms.protocol.codes import RequestCode
+from gms.protocol.fields import field
+from gms.protocol.frame import Frame, Response
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9876
+NAMESERVER_TTL_S = 10
+ETCD_REQUEST_TIMEOUT_S = 3.0  # a topic write that waits longer than this is reported, not hung
+VIEW_CATCH_UP_TIMEOUT_S = 2.0  # read-your-writes wait; the write already succeeded in etcd
+LAYOUT_VERSION = 1
+
+
+def nameservers_prefix(keys: Keys) -> str:
+    """``<prefix>nameservers/``: one key per live nameserver, under that nameserver's lease."""
+    return keys.prefix + "nameservers/"
+
+
+def advertised_address(listen_host: str, port: int) -> str:
+    """The address to publish when listening on a wildcard: this host's primary address."""
+    host = listen_host
+    if host in ("0.0.0.0", "::", ""):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"listen address {listen!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def route_fields(route: TopicRoute) -> dict[str, Any]:
+    return {
+        "topic": route.topic,
+        "queues": [
+            {
+                "queue_id": q.queue_id,
+                "leader": q.leader_address,
+                "replicas": list(q.replica_addresses),
+                "leader_epoch": q.leader_epoch,
+            }
+            for q in route.queues
+        ],
+    }
+
+
+def broker_fields(info: BrokerInfo) -> dict[str, Any]:
+    return {
+        "broker_id": info.broker_id,
+        "address": info.address,
+        "cluster": info.cluster,
+        "capacity_bytes": info.capacity_bytes,
+    }
+
+
+class NameServer:
+    """One nameserver process's service. ``start()``/``stop()`` run on its event loop."""
+
+    def __init__(
+        self,
+        etcd_endpoints: str,
+        listen: str = f"0.0.0.0:{DEFAULT_PORT}",
+        *,
+        advertised: str = "",
+        prefix: str = DEFAULT_PREFIX,
+        ttl_s: int = NAMESERVER_TTL_S,
+    ) -> None:
+        parse_endpoints(etcd_endpoints)  # ValueError names a bad endpoint before anything starts
+        self.etcd_endpoints = etcd_endpoints
+        self._host, self._port = split_listen(listen)
+        self._advertised = advertised
+        self._ttl_s = ttl_s
+        self._keys = Keys(prefix)
+        self._client: EtcdClient | None = None
+        self._metadata: ClusterMetadata | None = None
+        self._view: ClusterView | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._rpc = RpcServer(
+            {
+                RequestCode.GET_ROUTE: self._get_route,
+                RequestCode.GET_BROKER_LIST: self._get_broker_list,
+                RequestCode.CLUSTER_STATUS: self._cluster_status,
+                RequestCode.REGISTER_BROKER: self._register_broker,
+                RequestCode.TOPIC_LIST: self._topic_list,
+                RequestCode.CREATE_TOPIC: self._create_topic,
+                RequestCode.UPDATE_TOPIC: self._update_topic,
+                RequestCode.DELETE_TOPIC: self._delete_topic,
+            }
+        )
+        # GET_ROUTE is the hot path: the response fields are built once per route object.
+        self._route_cache: dict[str, tuple[TopicRoute, dict[str, Any]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._view_changed = asyncio.Event()
+        self._known_nameservers: list[dict[str, Any]] = []
+        self.address = ""
+
+    @property
+    def port(self) -> int:
+        return self._rpc.port
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None:
+            raise RuntimeError("nameserver is not started")
+        return self._view
+
+    async def start(self) -> None:
+        """Sync the view from etcd, listen, then announce this nameserver in etcd.
+
+        Raises :class:`EtcdUnavailable` if etcd does not answer and ``OSError`` if the
+        listen address cannot be bound; nothing is left running then."""
+        self._loop = asyncio.get_running_loop()
+        self._client = EtcdClient(self.etcd_endpoints, timeout_s=ETCD_REQUEST_TIMEOUT_S)
+        self._metadata = ClusterMetadata(self._client, self._keys.prefix)
+        self._view = ClusterView(self._client, self._keys.prefix)
+        self._view.subscribe(self._on_view_change)
+        try:
+            await asyncio.to_thread(self._view.start)
+            await self._rpc.start(self._host, self._port)
+            self.address = self._advertised or advertised_address(self._host, self._rpc.port)
+            self._keeper = LeaseKeeper(
+                self._client, self._ttl_s, self._announce, name="nameserver"
+            )
+            await asyncio.to_thread(self._keeper.start)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("nameserver %s serving (etcd %s)", self.address, self.etcd_endpoints)
+
+    async def stop(self) -> None:
+        """Stop serving, withdraw this nameserver's key and stop following etcd. Idempotent."""
+        await self._rpc.stop()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await asyncio.to_thread(keeper.stop)
+        view, self._view = self._view, None
+        if view is not None:
+            await asyncio.to_thread(view.stop)
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _announce(self, lease_id: int) -> None:
+        assert self._client is not None
+        value = {"v": LAYOUT_VERSION, "address": self.address, "started_ms": int(time.time() * 1000)}
+        key = f"{nameservers_prefix(self._keys)}{lease_id:x}"
+        self._client.put(key, json.dumps(value, sort_keys=True).encode(), lease_id=lease_id)
+
+    # -- view change notifications (from the watch thread) ---------------------------------
+    def _on_view_change(self, change: ViewChange) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._wake_view_waiters)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call: nobody is waiting
+
+    def _wake_view_waiters(self) -> None:
+        event, self._view_changed = self._view_changed, asyncio.Event()
+        event.set()
+
+    async def _until_view(self, holds: Callable[[], bool]) -> None:
+        """Wait until this nameserver's view reflects a write that etcd already accepted."""
+        try:
+            async with asyncio.timeout(VIEW_CATCH_UP_TIMEOUT_S):
+                while not holds():
+                    await self._view_changed.wait()
+        except TimeoutError:
+            log.warning("view did not catch up with a write within %s s", VIEW_CATCH_UP_TIMEOUT_S)
+
+    # -- reads from the cache --------------------------------------------------------------
+    async def _get_route(self, request: Frame) -> Response:
+        topic = field(request.fields, "topic", str)
+        route = self.view.route(topic)
+        cached = self._route_cache.get(topic)
+        if cached is None or cached[0] is not route:
+            cached = (route, route_fields(route))
+            self._route_cache[topic] = cached
+        return Response(fields=cached[1])
+
+    async def _get_broker_list(self, request: Frame) -> Response:
+        cluster = field(request.fields, "cluster", str, "")
+        brokers = [b for b in self.view.brokers() if not cluster or b.cluster == cluster]
+        return Response(fields={"brokers": [broker_fields(b) for b in brokers]})
+
+    async def _topic_list(self, request: Frame) -> Response:
+        return Response(fields={"topics": {t.name: t.queue_count for t in self.view.topics()}})
+
+    async def _register_broker(self, request: Frame) -> Response:
+        """Brokers learn the etcd endpoints here, then hold their own lease in etcd."""
+        return Response(fields={"etcd": self.etcd_endpoints, "prefix": self._keys.prefix})
+
+    async def _cluster_status(self, request: Frame) -> Response:
+        view = self.view
+        healthy = view.healthy
+        etcd: dict[str, Any] = {"endpoints": self.etcd_endpoints, "healthy": healthy}
+        if healthy:
+            try:
+                status, nameservers = await asyncio.to_thread(self._read_status)
+                etcd["version"] = status
+                self._known_nameservers = nameservers
+            except NameserverError as err:
+                etcd["healthy"] = False
+                etcd["error"] = str(err)
+        else:
+            etcd["error"] = "etcd unreachable; routes are served from the cache"
+        return Response(
+            fields={
+                "etcd": etcd,
+                "nameservers": self._known_nameservers,
+                "brokers": [broker_fields(b) for b in view.brokers()],
+                "topics": len(view.topics()),
+            }
+        )
+
+    def _read_status(self) -> tuple[str, list[dict[str, Any]]]:
+        assert self._client is not None
+        version = self._client.status().version
+        kvs = self._client.get_prefix(nameservers_prefix(self._keys)).kvs
+        nameservers = []
+        for kv in kvs:
+            try:
+                value = json.loads(kv.value)
+                nameservers.append({"address": value["address"], "started_ms": value["started_ms"]})
+            except (ValueError, KeyError, TypeError):
+                log.error("skipping undecodable nameserver key %r", kv.key)
+        nameservers.sort(key=lambda n: n["address"])
+        return version, nameservers
+
+    # -- topic administration through etcd -------------------------------------------------
+    async def _write(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return await asyncio.to_thread(fn)
+        except EtcdUnavailable as err:
+            raise ServiceUnavailableError(
+                f"cannot {what}: etcd ({self.etcd_endpoints}) is unreachable; topic changes need"
+                " etcd, existing routes are still served. Retry once etcd is back."
+            ) from err
+
+    async def _create_topic(self, request: Frame) -> Response:
+        fields = request.fields
+        name = field(fields, "topic", str)
+        queues = field(fields, "queues", int, DEFAULT_QUEUE_COUNT)
+        replicas = field(fields, "replicas", int, 1)
+        settings = _settings(fields)
+        metadata = self._require_metadata()
+        topic: TopicMetadata = await self._write(
+            f"create topic {name}",
+            lambda: metadata.create_topic(name, queues, replicas, settings),
+        )
+        await self._until_view(lambda: name in self._topic_names())
+        return Response(fields=self._placement(topic))
+
+    async def _update_topic(self, request: Frame) -> Response:
+        fields = request.fields
+        name = field(fields, "topic", str)
+        queues = field(fields, "queues", int, None)
+        settings = _settings(fields)
+        if queues is None and settings is None:
+            raise BadRequestError("update_topic needs 'queues' and/or 'settings'")
+        metadata = self._require_metadata()
+        topic: TopicMetadata = await self._write(
+            f"update topic {name}",
+            lambda: metadata.update_topic(name, queue_count=queues, settings=settings),
+        )
+        await self._until_view(lambda: self._view_has(topic))
+        return Response(fields=self._placement(topic))
+
+    async def _delete_topic(self, request: Frame) -> Response:
+        name = field(request.fields, "topic", str)
+        metadata = self._require_metadata()
+        await self._write(f"delete topic {name}", lambda: metadata.delete_topic(name))
+        await self._until_view(lambda: name not in self._topic_names())
+        return Response()
+
+    def _require_metadata(self) -> ClusterMetadata:
+        if self._metadata is None:
+            raise ServiceUnavailableError("nameserver is not started")
+        return self._metadata
+
+    def _topic_names(self) -> set[str]:
+        return {t.name for t in self.view.topics()}
+
+    def _view_has(self, topic: TopicMetadata) -> bool:
+        try:
+            return self.view.topic(topic.name) == topic
+        except GmsError:
+            return False
+
+    def _placement(self, topic: TopicMetadata) -> dict[str, Any]:
+        brokers = {b.broker_id: b for b in self.view.brokers()}
+        return route_fields(compute_route(topic, brokers))
+
+
+def _settings(fields: Mapping[str, Any]) -> TopicSettings | None:
+    raw = field(fields, "settings", dict, None)
+    return None if raw is None else TopicSettings.from_dict(raw)
