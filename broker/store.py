@@ -70,6 +70,10 @@ class AppendResult(NamedTuple):
     phys_offsets: np.ndarray
 
 
+class _IndexGap(Exception):
+    """Recovery found records whose queue offsets do not continue their index."""
+
+
 class _QueueGroup(NamedTuple):
     queue: ConsumeQueue
     indices: np.ndarray | slice  # the batch's records of this queue, in batch order
@@ -92,6 +96,7 @@ class MessageStore:
         self._last_store_ts_ms = 0
         self._last_checkpoint_ms = 0
         self.recovered_from_crash = False
+        self._rebuilding_all = False  # recovery from the oldest file: queues may start late
 
     # --- lifecycle -----------------------------------------------------------------------------
     def open(self) -> MessageStore:
@@ -114,6 +119,8 @@ class MessageStore:
             self._commitlog.set_end(checkpoint.commitlog_flushed_offset)
             self._last_store_ts_ms = checkpoint.store_ts_ms
         self.recovered_from_crash = crashed
+        for cq in self._queues.values():  # entries whose commitlog file expired are below the minimum
+            cq.delete_below_phys(self._commitlog.min_offset)
         self._abort.set()
         end = self._commitlog.committed_pos
         self._flusher = FlushService(self.config, self._flush_all, lambda: self._commitlog.committed_pos, end)
@@ -158,9 +165,22 @@ class MessageStore:
         return check_record(f.view, end - f.base_offset, f.size_bytes)[0] is RecordCheck.EMPTY
 
     def _recover(self, start: int) -> None:
+        """Rebuild the index from ``start``; if an index turns out to miss entries before it (files
+        lost), rebuild every index from the oldest commitlog file."""
         for cq in self._queues.values():
             cq.truncate_to_phys(start)
-        end = recover(self._commitlog, start, self._dispatch_recovered)
+        try:
+            end = recover(self._commitlog, start, self._dispatch_recovered)
+        except _IndexGap as gap:
+            log.warning("%s; rebuilding every consumeQueue from the whole commitlog", gap)
+            for cq in self._queues.values():
+                cq.reset(0)
+            start = self._commitlog.min_offset
+            self._rebuilding_all = True
+            try:
+                end = recover(self._commitlog, start, self._dispatch_recovered)
+            finally:
+                self._rebuilding_all = False
         for cq in self._queues.values():
             cq.truncate_to_phys(end)
         log.info("recovered commitlog from %d to %d", start, end)
@@ -296,9 +316,14 @@ class MessageStore:
         queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
         for cq, idx in groups:
             offs = queue_offsets[idx]
-            if int(offs[0]) != cq.max_offset or (len(offs) > 1 and (np.diff(offs) != 1).any()):
-                raise StoreCorrupt(f"queue {cq.directory}: commitlog records carry offsets from "
-                                   f"{int(offs[0])}, the index ends at {cq.max_offset}")
+            if len(offs) > 1 and (np.diff(offs) != 1).any():
+                raise StoreCorrupt(f"queue {cq.directory}: commitlog records skip queue offsets")
+            if int(offs[0]) != cq.max_offset:
+                if self._rebuilding_all and not cq.files and int(offs[0]) > cq.max_offset:
+                    cq.reset(int(offs[0]))  # older entries expired with their commitlog files
+                else:
+                    raise _IndexGap(f"queue {cq.directory}: records carry offset {int(offs[0])}, "
+                                    f"the index ends at {cq.max_offset}")
         self._dispatch(groups, queue_offsets, phys, parsed.sizes, parsed.headers["tag_hash"])
         self._last_store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
 

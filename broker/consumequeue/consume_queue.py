@@ -49,7 +49,8 @@ class ConsumeQueue:
         unwritten = np.flatnonzero(sizes <= 0)
         used = int(unwritten[0]) if unwritten.size else self.entries_per_file
         self.max_offset = self._flushed_offset = last.base_offset // CQ_UNIT.size + used
-        self.min_offset = self.files[0].base_offset // CQ_UNIT.size
+        first_sizes = self.files[0].array.view(CQ_DTYPE)["size"]
+        self.min_offset = self.files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
 
     def _file(self, offset: int, files: list[MappedFile]) -> MappedFile:
         return files[(offset - files[0].base_offset // CQ_UNIT.size) // self.entries_per_file]
@@ -73,8 +74,6 @@ class ConsumeQueue:
 
     def _add_file(self, offset: int) -> None:
         f = MappedFile.create(self.directory, offset * CQ_UNIT.size, self.file_size_bytes)
-        if not self.files:
-            self.min_offset = offset
         self.files = [*self.files, f]
 
     def read(self, start: int, count: int) -> np.ndarray:
@@ -121,6 +120,14 @@ class ConsumeQueue:
         self.max_offset = self._flushed_offset = offset
         if not keep:
             self.min_offset = offset
+
+    def reset(self, offset: int) -> None:
+        """Drop every entry and restart the queue empty at ``offset`` (index rebuild from a
+        commitlog whose older files have expired)."""
+        for f in self.files:
+            f.delete()
+        self.files = []
+        self.min_offset = self.max_offset = self._flushed_offset = offset
 
     def offset_of_phys(self, phys: int) -> int:
         """The first queue offset whose entry points at or after commitlog offset ``phys``."""

@@ -1,0 +1,96 @@
+"""Every bad input is a typed error and nothing of the batch is stored (all or nothing)."""
+
+import struct
+
+import pytest
+
+from conftest import batch, small_config
+from gms import record as rec
+from gms.broker.store import MessageStore
+from gms.store_errors import (BodyTooLarge, CorruptRecord, EmptyBody, InvalidQueueCount, InvalidRecord,
+                              InvalidTopicName, StoreClosed, UnknownQueue, UnknownTopic)
+
+
+def raw_record(topic: bytes = b"t", body: bytes = b"x", queue_id: int = 0) -> bytes:
+    """A record built by hand, bypassing the encoder's checks (what a broken client could send)."""
+    total = rec.HEADER_SIZE + len(topic) + len(body)
+    buf = bytearray(total)
+    rec.HEADER.pack_into(buf, 0, total, rec.MAGIC_V1, 0, queue_id, 0, 0, 0, 0, 1, 0, 0, len(body),
+                         len(topic), 0, 0, 0, 0, 0)
+    buf[rec.HEADER_SIZE:] = topic + body
+    rec.seal_crc(buf)
+    return bytes(buf)
+
+
+def assert_nothing_stored(store):
+    assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
+    assert store._commitlog.committed_pos == 0
+
+
+@pytest.mark.parametrize("bad, error", [
+    (raw_record(body=b""), EmptyBody),
+    (raw_record(body=b"x" * 2049), BodyTooLarge),
+    (raw_record(topic=b"../x"), InvalidTopicName),
+    (raw_record(topic=b"a b"), InvalidTopicName),
+    (raw_record(topic=b".."), InvalidTopicName),
+    (raw_record(topic=b"nope"), UnknownTopic),
+    (raw_record(queue_id=4), UnknownQueue),
+    (raw_record(queue_id=-1), UnknownQueue),
+])
+def test_bad_record_rejects_whole_batch(store_dir, bad, error):
+    with MessageStore(store_dir, small_config(body_size_max_bytes=2048)) as store:
+        store.create_topic("t", 4)
+        with pytest.raises(error):
+            store.append(batch(n=3) + bad + batch(n=2, queue_id=1))
+        assert_nothing_stored(store)
+
+
+def test_topic_name_too_long_on_the_wire(store):
+    with pytest.raises(CorruptRecord):  # topic_len > 127 is a malformed header
+        store.append(raw_record(topic=b"a" * 128))
+    assert_nothing_stored(store)
+
+
+@pytest.mark.parametrize("mutate", ["crc", "magic", "truncated", "trailing", "lengths"])
+def test_corrupt_batch(store, mutate):
+    buf = bytearray(batch(n=3))
+    if mutate == "crc":
+        buf[-1] ^= 1
+    elif mutate == "magic":
+        buf[4] = 0
+    elif mutate == "truncated":
+        del buf[-5:]
+    elif mutate == "trailing":
+        buf += b"\x00\x01\x02"
+    elif mutate == "lengths":
+        struct.pack_into(">i", buf, 64, 3)  # body_len no longer matches total_size
+        rec.seal_crc(buf)
+    with pytest.raises(CorruptRecord):
+        store.append(bytes(buf))
+    assert_nothing_stored(store)
+
+
+def test_empty_batch(store):
+    with pytest.raises(InvalidRecord):
+        store.append(b"")
+
+
+def test_record_larger_than_a_file(store):
+    with pytest.raises(InvalidRecord):
+        store.append(rec.encode_record(topic="t", body=b"x" * 5000))
+    assert_nothing_stored(store)
+
+
+def test_bad_topic_admin(store):
+    with pytest.raises(InvalidTopicName):
+        store.create_topic("../etc", 1)
+    with pytest.raises(InvalidQueueCount):
+        store.create_topic("ok", 0)
+    with pytest.raises(UnknownTopic):
+        store.update_topic("missing", 2)
+
+
+def test_closed_store(store_dir):
+    store = MessageStore(store_dir, small_config())
+    with pytest.raises(StoreClosed):
+        store.append(batch())
