@@ -135,7 +135,7 @@ class Fetcher:
             await state.permits.acquire()
             try:
                 frame = await pool.request(route.broker, RequestCode.PULL, fields, timeout_ms=timeout_ms)
-                messages = _messages(frame.body, prefix, tag_filter)
+                messages = decode_pull_body(frame.body, prefix, tag_filter)
             except OffsetIllegalError as err:
                 state.permits.release()
                 fields["offset"] = _clamp(fields["offset"], err.fields)
@@ -162,7 +162,7 @@ def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:
     return min(max(offset, low), high)
 
 
-def _messages(body: memoryview | bytes, prefix: str, tag_filter: TagFilter) -> list[ReceivedMessage]:
+def decode_pull_body(body: memoryview | bytes, prefix: str, tag_filter: TagFilter) -> list[ReceivedMessage]:
     """Messages of a PULL response body, checked (length, magic, CRC) and exact-tag filtered."""
     if not body:
         return []

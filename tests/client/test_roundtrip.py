@@ -1,0 +1,81 @@
+"""Producing and consuming through a real broker: fields, batches, ordering, async sends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gms.client import Consumer, Producer, ProducerRecord
+from gms.msgid import decode_msg_id
+
+from conftest import QUEUES, consume
+
+
+def test_every_field_round_trips(broker, admin, topic):
+    before_ms = int(time.time() * 1000)
+    with Producer([broker.address], born_host="10.1.2.3:555") as producer:
+        sent = producer.send(topic, b"\x00body\xff", tag="TagA", keys=("k1", "k2"),
+                             properties={"p": "v", "x": ""}, queue=5)
+    assert (sent.topic, sent.queue_id, sent.queue_offset, sent.broker) == (topic, 5, 0, broker.address)
+    assert decode_msg_id(sent.msg_id).port == broker.port
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        [msg] = consume(consumer, 1)
+    assert (msg.topic, msg.queue_id, msg.queue_offset, msg.msg_id) == (topic, 5, 0, sent.msg_id)
+    assert (msg.tag, msg.keys, dict(msg.properties)) == ("TagA", ("k1", "k2"), {"p": "v", "x": ""})
+    assert (msg.body, msg.born_host, msg.reconsume_times) == (b"\x00body\xff", "10.1.2.3:555", 0)
+    assert before_ms <= msg.born_timestamp_ms <= msg.store_timestamp_ms <= int(time.time() * 1000)
+    assert admin.view_message(sent.msg_id).body == b"\x00body\xff"
+
+
+def test_batch_results_in_input_order(broker, topic):
+    records = [ProducerRecord(topic, b"m%d" % i, key=f"k{i % 5}") for i in range(200)]
+    with Producer([broker.address]) as producer:
+        results = producer.send_batch(records) + producer.send_batch([{"topic": topic, "body": b"d", "queue": 2}])
+    assert len(results) == 201 and results[-1].queue_id == 2
+    assert len({r.msg_id for r in results}) == 201
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        got = consume(consumer, 201)
+    by_id = {m.msg_id: m.body for m in got}
+    assert [by_id[r.msg_id] for r in results[:200]] == [b"m%d" % i for i in range(200)]
+
+
+def test_same_key_same_queue_in_order(broker, topic):
+    with Producer([broker.address], linger_ms=1) as producer:
+        futures = [producer.send_async(topic, b"%d" % i, key=f"user-{i % 3}") for i in range(300)]
+        producer.flush()
+    queues = {}
+    for i, future in enumerate(futures):
+        queues.setdefault(f"user-{i % 3}", set()).add(future.result().queue_id)
+    assert all(len(q) == 1 for q in queues.values())
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        got = consume(consumer, 300)
+    per_key: dict[int, list[int]] = {}
+    for msg in got:
+        per_key.setdefault(int(msg.body) % 3, []).append(int(msg.body))
+    assert all(values == sorted(values) for values in per_key.values())
+    assert sum(len(v) for v in per_key.values()) == 300
+
+
+def test_send_async_batches_and_calls_back(broker, topic):
+    done = threading.Event()
+    seen = []
+
+    def callback(future):
+        seen.append(future.result().queue_offset)
+        if len(seen) == 1000:
+            done.set()
+
+    with Producer([broker.address], linger_ms=20, batch_bytes=16 * 1024) as producer:
+        futures = [producer.send_async(topic, b"x" * 100, queue=1, callback=callback) for _ in range(1000)]
+        assert done.wait(10)
+    assert sorted(f.result().queue_offset for f in futures) == list(range(1000))
+    assert sorted(seen) == list(range(1000))
+
+
+def test_oneway_is_stored(broker, admin, topic):
+    with Producer([broker.address]) as producer:
+        for _ in range(10):
+            producer.send_oneway(topic, b"fire", queue=0)
+        producer.send(topic, b"sync", queue=0)  # answered after the oneway frames before it
+    stats = {q["queue_id"]: q["max_offset"] for q in admin.topic_stats(topic)}
+    assert stats[0] == 11 and len(stats) == QUEUES
