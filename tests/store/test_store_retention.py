@@ -1,7 +1,7 @@
 import os
 import time
 
-from conftest import batch, small_config
+from store_helpers import batch, small_config
 from gms.broker.store import GetStatus, MessageStore
 
 HOUR_MS = 3_600_000

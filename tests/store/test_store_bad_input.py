@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from conftest import batch, small_config
+from store_helpers import batch, small_config
 from gms import record as rec
 from gms.broker.store import MessageStore
 from gms.store_errors import (BodyTooLarge, CorruptRecord, EmptyBody, InvalidQueueCount, InvalidRecord,

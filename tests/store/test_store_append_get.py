@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import batch, small_config
+from store_helpers import batch, small_config
 from gms import record as rec
 from gms.broker.store import GetStatus, MessageStore
 

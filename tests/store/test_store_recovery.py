@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import batch, small_config
+from store_helpers import batch, small_config
 from gms import record as rec
 from gms.broker.checkpoint import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store import GetStatus, MessageStore
@@ -115,7 +115,7 @@ def test_damage_in_the_middle_cuts_everything_after(store_dir):
 def test_sigkill_during_sync_appends(tmp_path):
     root = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "crash_writer.py"), str(root)],
+    child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "store_crash_writer.py"), str(root)],
                              stdout=subprocess.PIPE, env=env, text=True)
     durable = []
     deadline = time.monotonic() + 30
