@@ -1,0 +1,158 @@
+"""End-to-end benchmark: a real broker process driven by the SDK from separate processes.
+
+Prints one JSON line. ``--quick`` shortens every phase (≤ 90 s in all). Targets (2 cores shared by
+broker and clients): produce 100 B ≥ 500k msg/s, 1 KiB ≥ 300 MB/s, consume ≥ 1M msg/s, sync
+send p50 ≤ 150 µs / p99 ≤ 500 µs, broker RssAnon ≤ 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BATCH = 1000
+
+
+def _start_broker(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port_file = root / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir",
+                             str(root / "store"), "--port-file", str(port_file), "--log-level", "warning", *args])
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError("broker exited")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak_kb, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("RssAnon:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+            except OSError:
+                return
+
+
+def _produce(address: str, topic: str, size: int, seconds: float, out: mp.Queue) -> None:
+    from gms.client import Producer, ProducerRecord
+    body = b"x" * size
+    batches = [[ProducerRecord(topic, body, queue=q) for _ in range(BATCH)] for q in range(8)]
+    sent = 0
+    with Producer([address]) as producer:
+        deadline = time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < deadline:
+            producer.send_batch(batches[sent // BATCH % 8])
+            sent += BATCH
+        out.put((sent, time.perf_counter() - start))
+
+
+def _consume(address: str, topic: str, total: int, out: mp.Queue) -> None:
+    from gms.client import Consumer
+    with Consumer([address], group=f"bench-{time.time()}", subscription={topic: "*"}, start_from="first",
+                  max_poll_messages=4096, auto_commit=False) as consumer:
+        got = 0
+        start = None
+        while got < total:
+            messages = consumer.poll(1000)
+            if start is None and messages:
+                start = time.perf_counter()
+            got += len(messages)
+            if not messages and start is not None:
+                break
+        out.put((got, time.perf_counter() - start))
+
+
+def _latency(address: str, topic: str, count: int, out: mp.Queue) -> None:
+    from gms.client import Producer
+    samples = []
+    with Producer([address]) as producer:
+        for i in range(count):
+            start = time.perf_counter()
+            producer.send(topic, b"x" * 100, queue=i % 8)
+            samples.append(time.perf_counter() - start)
+    samples.sort()
+    out.put((samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6))
+
+
+def _sync_senders(address: str, topic: str, threads: int, seconds: float, out: mp.Queue) -> None:
+    from gms.client import Producer
+    counts = [0] * threads
+    with Producer([address]) as producer:
+        deadline = time.perf_counter() + seconds
+
+        def loop(n: int) -> None:
+            while time.perf_counter() < deadline:
+                producer.send(topic, b"x" * 100)
+                counts[n] += 1
+        workers = [threading.Thread(target=loop, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    out.put((sum(counts), seconds))
+
+
+def _run(target, *args):
+    out: mp.Queue = mp.get_context("spawn").Queue()
+    proc = mp.get_context("spawn").Process(target=target, args=(*args, out))
+    proc.start()
+    result = out.get(timeout=300)
+    proc.join()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    seconds = 5.0 if parser.parse_args().quick else 15.0
+    from gms.client import Admin
+    result: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, address = _start_broker(Path(tmp) / "async")
+        sampler = RssSampler(proc.pid)
+        sampler.start()
+        try:
+            with Admin([address]) as admin:
+                for topic in ("b100", "b1k", "lat"):
+                    admin.create_topic(topic, queues=8)
+            sent, elapsed = _run(_produce, address, "b100", 100, seconds)
+            result["produce_msgs_per_s_100b"] = round(sent / elapsed)
+            sent, elapsed = _run(_produce, address, "b1k", 1024, seconds)
+            result["produce_mb_per_s_1k"] = round(sent * 1024 / elapsed / 1e6, 1)
+            got, elapsed = _run(_consume, address, "b100", result["produce_msgs_per_s_100b"] * seconds)
+            result["consume_msgs_per_s_100b"] = round(got / elapsed)
+            p50, p99 = _run(_latency, address, "lat", 3000 if seconds < 10 else 20000)
+            result["send_sync_p50_us"], result["send_sync_p99_us"] = round(p50), round(p99)
+        finally:
+            sampler.stop.set()
+            proc.terminate()
+            proc.wait()
+        result["broker_rss_anon_mb"] = round(sampler.peak_kb / 1024, 1)
+        proc, address = _start_broker(Path(tmp) / "sync", "--flush", "sync")
+        try:
+            with Admin([address]) as admin:
+                admin.create_topic("sync", queues=8)
+            sent, elapsed = _run(_sync_senders, address, "sync", 64, seconds)
+            result["sync_flush_msgs_per_s"] = round(sent / elapsed)
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
