@@ -27,6 +27,7 @@ from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
 from gms.nameserver.etcd_client import EtcdClient
 from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import BrokerInfo
+
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 
@@ -70,13 +71,12 @@ def hold_registration(nameserver: str, ttl_s: int) -> None:
 
 def start_nameserver(data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     port_file = data_dir / "ns.port"
-    log = open(data_dir / "ns.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0", "--data-dir",
-         str(data_dir / "ns"), "--port-file", str(port_file), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    log.close()
+    with open(data_dir / "ns.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0", "--data-dir",
+             str(data_dir / "ns"), "--port-file", str(port_file), "--log-level", "warning"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + START_TIMEOUT_S
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -49,7 +49,7 @@ class _Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
                 close_fds=True,
             )
 

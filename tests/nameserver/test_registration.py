@@ -15,7 +15,6 @@ from test_server_helpers import RunningNameServer, wait_until
 from gms.broker.registration import Assignments, BrokerRegistration, TopicAssignment
 from gms.errors import ServiceUnavailableError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, free_port
-from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import BrokerInfo, TopicSettings
 from gms.protocol.codes import RequestCode as C
 

@@ -18,13 +18,12 @@ START_TIMEOUT_S = 20
 
 def test_embedded_etcd_lives_and_dies_with_the_nameserver(tmp_path):
     port_file = tmp_path / "ns.port"
-    log = open(tmp_path / "ns.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0",
-         "--data-dir", str(tmp_path / "data"), "--port-file", str(port_file)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    log.close()
+    with open(tmp_path / "ns.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0",
+             "--data-dir", str(tmp_path / "data"), "--port-file", str(port_file)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     loop = LoopThread()
     try:
         wait_until(lambda: port_file.exists() or proc.poll() is not None, START_TIMEOUT_S)
@@ -59,7 +58,7 @@ def test_bad_options_are_usage_errors(tmp_path):
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "gms.nameserver", "--data-dir", str(tmp_path), *args],
-            capture_output=True, text=True, timeout=30,
+            check=False, capture_output=True, text=True, timeout=30,
         )
         assert result.returncode == 2
         assert message in result.stderr and "Traceback" not in result.stderr
