@@ -68,15 +68,23 @@ class AppendResult(NamedTuple):
     queue_ids: np.ndarray
     queue_offsets: np.ndarray
     phys_offsets: np.ndarray
+    touched_queues: list[tuple[str, int]]  # the (topic, queue id) pairs the batch appended to
 
 
 class _IndexGap(Exception):
     """Recovery found records whose queue offsets do not continue their index."""
 
 
+class StoreStats(NamedTuple):
+    min_offset: int  # first commitlog byte still kept
+    max_offset: int  # end of the written commitlog
+    disk_used_bytes: int  # commitlog plus consumeQueue files (their full mapped size)
+
+
 class _QueueGroup(NamedTuple):
     queue: ConsumeQueue
     indices: np.ndarray | slice  # the batch's records of this queue, in batch order
+    key: tuple[str, int]
 
 
 class MessageStore:
@@ -254,8 +262,8 @@ class MessageStore:
             commitlog.committed_pos = placement.end_offset
             self._last_store_ts_ms = store_ts_ms
         self._flusher.appended(len(queue_ids))
-        return AppendResult(placement.end_offset, queue_ids,
-                            queue_offsets, placement.phys)
+        return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
+                            [group.key for group in groups])
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
@@ -267,15 +275,15 @@ class MessageStore:
             raise UnknownQueue(parsed.topics[parsed.topic_index[i]], int(queue_ids[i]), int(per_record[i]))
         keys = parsed.topic_index * QUEUE_COUNT_MAX + queue_ids
         if (keys == keys[0]).all():
-            return [_QueueGroup(self._queue_for(parsed.topics[parsed.topic_index[0]], int(queue_ids[0])),
-                                slice(None))]
+            key = (parsed.topics[parsed.topic_index[0]], int(queue_ids[0]))
+            return [_QueueGroup(self._queue_for(*key), slice(None), key)]
         order = np.argsort(keys, kind="stable")
         bounds = np.flatnonzero(np.diff(keys[order])) + 1
         groups = []
         for idx in np.split(order, bounds):
             first = int(idx[0])
-            cq = self._queue_for(parsed.topics[parsed.topic_index[first]], int(queue_ids[first]))
-            groups.append(_QueueGroup(cq, idx))
+            key = (parsed.topics[parsed.topic_index[first]], int(queue_ids[first]))
+            groups.append(_QueueGroup(self._queue_for(*key), idx, key))
         return groups
 
     @staticmethod
@@ -283,7 +291,7 @@ class MessageStore:
         """The one place queue offsets are chosen: each queue continues from its end, no gaps.
         (A replica would instead take the leader's offsets after truncating its queues.)"""
         offsets = np.empty(n, np.int64)
-        for cq, idx in groups:
+        for cq, idx, _ in groups:
             count = n if isinstance(idx, slice) else len(idx)
             offsets[idx] = np.arange(cq.max_offset, cq.max_offset + count, dtype=np.int64)
         return offsets
@@ -296,7 +304,7 @@ class MessageStore:
         entries["phys"] = phys
         entries["size"] = sizes
         entries["tag_hash"] = tag_hashes
-        for cq, idx in groups:
+        for cq, idx, _ in groups:
             part = entries[idx]
             cq.append(int(queue_offsets[idx][0]), part)
 
@@ -314,7 +322,7 @@ class MessageStore:
             queue_ids, phys = queue_ids[keep], phys[keep]
         groups = self._group_by_queue(parsed, queue_ids)
         queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
-        for cq, idx in groups:
+        for cq, idx, _ in groups:
             offs = queue_offsets[idx]
             if len(offs) > 1 and (np.diff(offs) != 1).any():
                 raise StoreCorrupt(f"queue {cq.directory}: commitlog records skip queue offsets")
@@ -439,6 +447,16 @@ class MessageStore:
                 hi = mid
         return lo
 
+    def stats(self) -> StoreStats:
+        commitlog = self._cl()
+        return StoreStats(commitlog.min_offset, commitlog.committed_pos, self._disk_usage(commitlog))
+
+    def _disk_usage(self, commitlog: CommitLog) -> int:
+        with self._queues_lock:
+            queues = list(self._queues.values())
+        return (len(commitlog.files) * commitlog.file_size_bytes
+                + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
+
     # --- retention -----------------------------------------------------------------------------
     def delete_expired(self, now_ms: int | None = None) -> int:
         """Delete commitlog files past retention or over the disk cap; returns how many."""
@@ -447,8 +465,7 @@ class MessageStore:
             commitlog = self._cl()
             with self._queues_lock:
                 queues = list(self._queues.values())
-            usage = (len(commitlog.files) * commitlog.file_size_bytes
-                     + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
+            usage = self._disk_usage(commitlog)
             rule = expiry_rule(now_ms, self.config.retention_ms, usage, self.config.disk_usage_max_bytes)
             deleted = commitlog.delete_oldest(rule)
             if deleted:

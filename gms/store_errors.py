@@ -4,19 +4,27 @@ All derive from ``gms.errors.GmsError`` (one error root); ``status`` values are 
 status codes the broker answers with, ``retriable`` tells a client whether retrying can help.
 """
 
-from gms.errors import GmsError
+from gms.errors import (
+    BadRequestError,
+    GmsError,
+    InvalidTopicError,
+    MessageIllegalError,
+    MessageNotFoundError,
+    QueueNotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+)
 
 
 class StoreError(GmsError):
-    """Base of the storage errors."""
-
-    status = 200
+    """Base of the storage errors; each also derives from the wire error it is answered as."""
 
 
-class CorruptRecord(StoreError):
+class CorruptRecord(StoreError, MessageIllegalError):
     """A record's bytes do not describe a valid record (bad length, magic or CRC)."""
 
-    status = 201
 
     def __init__(self, pos: int, reason: str) -> None:
         super().__init__(f"corrupt record at byte {pos}: {reason}")
@@ -24,10 +32,9 @@ class CorruptRecord(StoreError):
         self.reason = reason
 
 
-class InvalidRecord(StoreError):
+class InvalidRecord(StoreError, MessageIllegalError):
     """A message cannot be encoded or stored as given (a field out of its limits)."""
 
-    status = 202
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"invalid {field}: {reason}")
@@ -35,8 +42,7 @@ class InvalidRecord(StoreError):
         self.reason = reason
 
 
-class InvalidTopicName(StoreError):
-    status = 203
+class InvalidTopicName(StoreError, InvalidTopicError):
 
     def __init__(self, name: str, reason: str) -> None:
         super().__init__(f"invalid topic name {name!r}: {reason}")
@@ -45,7 +51,6 @@ class InvalidTopicName(StoreError):
 
 
 class BodyTooLarge(InvalidRecord):
-    status = 204
 
     def __init__(self, size_bytes: int, size_bytes_max: int) -> None:
         super().__init__("body", f"{size_bytes} bytes exceeds the limit of {size_bytes_max}")
@@ -54,22 +59,19 @@ class BodyTooLarge(InvalidRecord):
 
 
 class EmptyBody(InvalidRecord):
-    status = 205
 
     def __init__(self) -> None:
         super().__init__("body", "must not be empty")
 
 
-class UnknownTopic(StoreError):
-    status = 206
+class UnknownTopic(StoreError, TopicNotFoundError):
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"unknown topic {topic!r}")
         self.topic = topic
 
 
-class UnknownQueue(StoreError):
-    status = 207
+class UnknownQueue(StoreError, QueueNotFoundError):
 
     def __init__(self, topic: str, queue_id: int, queue_count: int) -> None:
         super().__init__(f"topic {topic!r} has no queue {queue_id} (it has {queue_count})")
@@ -78,47 +80,41 @@ class UnknownQueue(StoreError):
         self.queue_count = queue_count
 
 
-class TopicExists(StoreError):
-    status = 208
+class TopicExists(StoreError, TopicAlreadyExistsError):
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"topic {topic!r} already exists")
         self.topic = topic
 
 
-class InvalidQueueCount(StoreError):
-    status = 209
+class InvalidQueueCount(StoreError, BadRequestError):
 
     def __init__(self, queue_count: int, queue_count_max: int) -> None:
         super().__init__(f"queue count {queue_count} is outside 1..{queue_count_max}")
 
 
-class MessageNotFound(StoreError):
+class MessageNotFound(StoreError, MessageNotFoundError):
     """No record starts at the physical offset asked for (expired, never written, or not a start)."""
 
-    status = 210
 
     def __init__(self, phys_offset: int, reason: str) -> None:
         super().__init__(f"no message at physical offset {phys_offset}: {reason}")
         self.phys_offset = phys_offset
 
 
-class StoreClosed(StoreError):
-    status = 211
+class StoreClosed(StoreError, ServiceUnavailableError):
     retriable = True
 
     def __init__(self) -> None:
         super().__init__("the message store is not open")
 
 
-class StoreIOError(StoreError):
+class StoreIOError(StoreError, ServerError):
     """The disk refused a write, a flush or a file creation."""
 
-    status = 212
     retriable = True
 
 
-class StoreCorrupt(StoreError):
+class StoreCorrupt(StoreError, ServerError):
     """Stored files contradict each other in a way recovery cannot repair."""
 
-    status = 213
