@@ -55,7 +55,8 @@ def test_register_follow_assignment_and_deregister(ns, metadata):
     reg = BrokerRegistration(ns.address, BrokerInfo("b1", "10.0.0.2:10911"), recorder).start()
     try:
         assert recorder.calls == [{}]  # the initial assignment, before start() returned
-        assert reg.alive and broker_ids(ns) == ["b0", "b1"]
+        assert reg.alive
+        wait_until(lambda: broker_ids(ns) == ["b0", "b1"], 1)
 
         ns.call(C.CREATE_TOPIC, {"topic": "solo", "queues": 4})
         wait_until(lambda: "solo" in recorder.last, 2)
@@ -82,7 +83,7 @@ def test_register_follow_assignment_and_deregister(ns, metadata):
     finally:
         reg.stop()
         other.close()
-    assert broker_ids(ns) == []  # revoked at once, not after the TTL
+    wait_until(lambda: broker_ids(ns) == [], 1)  # revoked at once, not after the TTL
     reg.stop()  # idempotent
 
 
@@ -92,7 +93,7 @@ def test_fails_over_across_nameservers(ns):
     try:
         reg.start()
         assert reg.etcd_endpoints == ns.call(C.REGISTER_BROKER)["etcd"]
-        assert broker_ids(ns) == ["b1"]
+        wait_until(lambda: broker_ids(ns) == ["b1"], 1)
     finally:
         reg.stop()
 

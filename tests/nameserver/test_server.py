@@ -73,6 +73,7 @@ def test_update_grows_and_delete_removes(ns, brokers):
 
 
 def test_broker_list_and_cluster_status(ns, brokers, etcd, prefix):
+    wait_until(lambda: len(ns.call(C.GET_BROKER_LIST)["brokers"]) == 3, 1)  # the view follows
     listed = ns.call(C.GET_BROKER_LIST)["brokers"]
     assert [(b["broker_id"], b["address"], b["cluster"]) for b in listed] == [
         (b, a, "DefaultCluster") for b, a in BROKERS.items()
