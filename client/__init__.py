@@ -1,6 +1,8 @@
 """The producer and consumer SDK: synchronous facades over one asyncio core.
 
-    with Producer(brokers=["127.0.0.1:10911"]) as producer:
+Routes come from nameservers (``nameserver="host:9876,host2:9876"``) or a fixed broker list:
+
+    with Producer(nameserver="127.0.0.1:9876") as producer:
         producer.send("orders", b"...", tag="created", key="order-42")
     with Consumer(brokers=[...], group="billing", subscription={"orders": "created || paid"}) as c:
         for msg in c: ...
@@ -9,10 +11,10 @@
 from gms.client.admin import Admin
 from gms.client.consumer import Consumer
 from gms.client.producer import Producer, ProducerRecord
-from gms.client.routing import QueueRoute, RouteProvider, StaticRoutes
+from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
 from gms.client.structs import ReceivedMessage, SendResult
 
 __all__ = [
-    "Admin", "Consumer", "Producer", "ProducerRecord", "QueueRoute", "ReceivedMessage",
-    "RouteProvider", "SendResult", "StaticRoutes",
+    "Admin", "Consumer", "NameserverRoutes", "Producer", "ProducerRecord", "QueueRoute",
+    "ReceivedMessage", "RouteProvider", "SendResult", "StaticRoutes",
 ]

@@ -1,9 +1,15 @@
-"""Topic administration and inspection: the small synchronous helper behind scripts and tests."""
+"""Topic administration and inspection: the small synchronous helper behind scripts, tests and
+the ``gms`` CLI.
+
+With ``nameserver=...`` topic changes are cluster metadata (the nameserver places the queues
+and the brokers create them); inspection asks the brokers the routes name. With ``brokers=[...]``
+every call goes to each of those brokers.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gms.errors import GroupNotFoundError
@@ -11,6 +17,7 @@ from gms.msgid import decode_msg_id
 from gms.protocol.codes import RequestCode
 
 from gms.client.connections import msg_id_prefix
+from gms.client.routing import NameserverRoutes
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
 
@@ -18,63 +25,135 @@ DEFAULT_QUEUE_COUNT = 8
 
 
 class Admin:
-    """Administers the given brokers: topics are created on each of them."""
+    """Administers a cluster through its nameservers, or a fixed list of brokers."""
 
-    def __init__(self, brokers: Sequence[str] | str, *, request_timeout_ms: float = REQUEST_TIMEOUT_MS) -> None:
-        self._runtime = ClientRuntime(brokers, request_timeout_ms=request_timeout_ms, name="gms-admin")
-        self._brokers = self._runtime.routes.brokers
+    def __init__(self, brokers: Sequence[str] | str | None = None, *,
+                 nameserver: Sequence[str] | str | None = None,
+                 request_timeout_ms: float = REQUEST_TIMEOUT_MS) -> None:
+        self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                      name="gms-admin")
+        routes = self._runtime.routes
+        self._nameserver = routes if isinstance(routes, NameserverRoutes) else None
 
-    def _on_all(self, code: int, fields: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _brokers(self) -> list[str]:
+        return self._runtime.run(self._runtime.routes.live_brokers())
+
+    def _ask_nameserver(self, code: int, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        assert self._nameserver is not None
+        return dict(self._runtime.run(self._nameserver.request(code, fields)).fields)
+
+    def _ask(self, brokers: Sequence[str], code: int, fields: Mapping[str, Any] | None = None,
+             *, errors: bool = False) -> list[Any]:
+        """``code`` on every broker at once: answers' fields (or, with ``errors``, the exceptions)."""
         async def ask() -> list[Any]:
-            frames = await asyncio.gather(*(self._runtime.pool.request(b, code, fields) for b in self._brokers))
-            return [dict(f.fields) for f in frames]
-        return self._runtime.run(ask())
+            return list(await asyncio.gather(
+                *(self._runtime.pool.request(b, code, fields) for b in brokers), return_exceptions=errors))
+        return [a if isinstance(a, BaseException) else dict(a.fields) for a in self._runtime.run(ask())]
 
-    def create_topic(self, topic: str, queues: int = DEFAULT_QUEUE_COUNT) -> None:
-        self._on_all(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
+    # --- topics --------------------------------------------------------------------------------
 
-    def update_topic(self, topic: str, queues: int) -> None:
-        self._on_all(RequestCode.UPDATE_TOPIC, {"topic": topic, "queues": queues})
+    def create_topic(self, topic: str, queues: int = DEFAULT_QUEUE_COUNT, *, replicas: int = 1,
+                     settings: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Create ``topic``; with a nameserver, returns its route (as GET_ROUTE answers it)."""
+        if self._nameserver is None:
+            self._ask(self._brokers(), RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
+            return {}
+        fields: dict[str, Any] = {"topic": topic, "queues": queues, "replicas": replicas}
+        if settings:
+            fields["settings"] = dict(settings)
+        return self._ask_nameserver(RequestCode.CREATE_TOPIC, fields)
+
+    def update_topic(self, topic: str, queues: int | None = None, *,
+                     settings: Mapping[str, int] | None = None) -> dict[str, Any]:
+        if self._nameserver is None:
+            self._ask(self._brokers(), RequestCode.UPDATE_TOPIC, {"topic": topic, "queues": queues})
+            return {}
+        fields: dict[str, Any] = {"topic": topic}
+        if queues is not None:
+            fields["queues"] = queues
+        if settings:
+            fields["settings"] = dict(settings)
+        return self._ask_nameserver(RequestCode.UPDATE_TOPIC, fields)
 
     def delete_topic(self, topic: str) -> None:
-        self._on_all(RequestCode.DELETE_TOPIC, {"topic": topic})
+        if self._nameserver is None:
+            self._ask(self._brokers(), RequestCode.DELETE_TOPIC, {"topic": topic})
+        else:
+            self._ask_nameserver(RequestCode.DELETE_TOPIC, {"topic": topic})
 
     def topics(self) -> dict[str, int]:
-        """Topic name → total queue count over the brokers."""
+        """Topic name → total queue count."""
+        if self._nameserver is not None:
+            return dict(self._ask_nameserver(RequestCode.TOPIC_LIST)["topics"])
         merged: dict[str, int] = {}
-        for answer in self._on_all(RequestCode.TOPIC_LIST):
+        for answer in self._ask(self._brokers(), RequestCode.TOPIC_LIST):
             for topic, count in answer["topics"].items():
                 merged[topic] = merged.get(topic, 0) + count
         return merged
 
+    def route(self, topic: str) -> dict[str, Any]:
+        """The nameserver's route of ``topic``: queues with leader, replicas and leader epoch."""
+        if self._nameserver is None:
+            raise ValueError("routes come from a nameserver; this Admin was given brokers")
+        return self._ask_nameserver(RequestCode.GET_ROUTE, {"topic": topic})
+
     def topic_stats(self, topic: str) -> list[dict[str, Any]]:
-        """One entry per queue: queue_id, min_offset, max_offset and the broker holding it."""
+        """One entry per queue served: queue_id, min_offset, max_offset and the broker holding it
+        (in a cluster, only the queues each broker leads)."""
+        routes = self._runtime.run(self._runtime.routes.routes(topic))
+        by_broker: dict[str, set[int]] = {}
+        for route in routes:
+            by_broker.setdefault(route.broker, set()).add(route.queue_id)
+        brokers = list(by_broker)
         stats = []
-        for broker, answer in zip(self._brokers, self._on_all(RequestCode.TOPIC_STATS, {"topic": topic})):
-            stats.extend({**queue, "broker": broker} for queue in answer["queues"])
-        return stats
+        for broker, answer in zip(brokers, self._ask(brokers, RequestCode.TOPIC_STATS, {"topic": topic})):
+            stats.extend({**queue, "broker": broker} for queue in answer["queues"]
+                         if queue["queue_id"] in by_broker[broker])
+        return sorted(stats, key=lambda s: (s["queue_id"], s["broker"]))
+
+    # --- brokers, cluster, groups, messages -------------------------------------------------------
 
     def broker_status(self) -> list[dict[str, Any]]:
-        return self._on_all(RequestCode.BROKER_STATUS)
+        """BROKER_STATUS of every live broker; an unreachable one is ``{"address", "error"}``."""
+        brokers = self._brokers()
+        return [{"address": b, "error": str(a)} if isinstance(a, BaseException) else a
+                for b, a in zip(brokers, self._ask(brokers, RequestCode.BROKER_STATUS, errors=True))]
+
+    def cluster_status(self) -> dict[str, Any]:
+        """The nameserver's CLUSTER_STATUS: etcd health, live nameservers and brokers."""
+        if self._nameserver is None:
+            raise ValueError("cluster status comes from a nameserver; this Admin was given brokers")
+        return self._ask_nameserver(RequestCode.CLUSTER_STATUS)
 
     def group_describe(self, group: str) -> dict[str, Any]:
-        """Members and committed offsets of ``group``, merged over the brokers that know it."""
+        """Members and committed offsets of ``group``, merged over the brokers that know it;
+        offsets are keyed by broker: ``{broker: {topic: {queue_id: offset}}}``."""
         members: list[Any] = []
-        offsets: dict[str, dict[str, int]] = {}
+        offsets: dict[str, dict[str, dict[int, int]]] = {}
+        brokers = self._brokers()
+        answers = self._ask(brokers, RequestCode.GET_CONSUMER_GROUP_MEMBERS, {"group": group}, errors=True)
         known = False
-        for broker in self._brokers:
-            try:
-                frame = self._runtime.run(self._runtime.pool.request(
-                    broker, RequestCode.GET_CONSUMER_GROUP_MEMBERS, {"group": group}))
-            except GroupNotFoundError:
+        for broker, answer in zip(brokers, answers):
+            if isinstance(answer, GroupNotFoundError):
                 continue
+            if isinstance(answer, BaseException):
+                raise answer
             known = True
-            members.extend({**m, "broker": broker} for m in frame.fields["members"])
-            for topic, queues in frame.fields["offsets"].items():
-                offsets.setdefault(topic, {}).update(queues)
+            members.extend({**m, "broker": broker} for m in answer["members"])
+            offsets[broker] = {topic: {int(q): o for q, o in queues.items()}
+                               for topic, queues in answer["offsets"].items()}
         if not known:
-            raise GroupNotFoundError(f"no broker of {self._brokers} knows group {group!r}")
+            raise GroupNotFoundError(f"no broker of {brokers} knows group {group!r}")
         return {"group": group, "members": members, "offsets": offsets}
+
+    def groups(self) -> list[str]:
+        """Names of the consumer groups any live broker knows."""
+        names: set[str] = set()
+        for status in self.broker_status():
+            names.update(status.get("groups", ()))
+        return sorted(names)
 
     def view_message(self, msg_id: str) -> ReceivedMessage:
         """The message a message id points at (asks the broker the id names)."""
@@ -91,3 +170,4 @@ class Admin:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+

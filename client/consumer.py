@@ -30,12 +30,17 @@ ITER_POLL_MS = 1000
 
 
 class Consumer:
-    """Reads subscribed topics as a member of ``group``. Use from one thread."""
+    """Reads subscribed topics as a member of ``group``. Use from one thread.
+
+    Routes come from ``nameserver="host:9876[,...]"`` or a fixed ``brokers`` list; in a
+    cluster the member heartbeats to every broker holding a subscribed queue, and each broker
+    assigns its own queues."""
 
     def __init__(
         self,
-        brokers: Sequence[str] | str,
+        brokers: Sequence[str] | str | None = None,
         *,
+        nameserver: Sequence[str] | str | None = None,
         group: str,
         subscription: Mapping[str, str],
         mode: str = "clustering",
@@ -60,7 +65,8 @@ class Consumer:
         self._auto_commit_s = auto_commit_interval_ms / 1000 if auto_commit else None
         self._max_poll_messages = max_poll_messages
         self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._runtime = ClientRuntime(brokers, request_timeout_ms=request_timeout_ms, name="gms-consumer")
+        self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                      name="gms-consumer")
         self._buffer = FetchBuffer()
         fetcher = Fetcher(
             self._runtime, self._buffer, filters,

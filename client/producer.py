@@ -11,25 +11,29 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
 
-from gms.errors import GmsError, TopicNotFoundError
+from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
 from gms.protocol.codes import RequestCode
+from gms.record import OFF_QUEUE_ID
 
 from gms.client.accumulator import Accumulator
 from gms.client.connections import msg_id_prefix
 from gms.client.encoder import BatchBuilder, RecordEncoder
-from gms.client.routing import QueueRoute
+from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendResult
 
 log = logging.getLogger(__name__)
 
 ACKS_VALUES = (0, 1, -1)
+_TOTAL_SIZE = struct.Struct(">i")
+_QUEUE_ID = struct.Struct(">i")
 
 
 class ProducerRecord(NamedTuple):
@@ -45,15 +49,24 @@ class ProducerRecord(NamedTuple):
 
 
 class _Sender:
-    """Sends encoded batches to one queue each, with retries; runs on the I/O loop."""
+    """Sends encoded batches to one queue each, with retries; runs on the I/O loop.
 
-    def __init__(self, runtime: ClientRuntime, *, acks: int, retries: int, retry_backoff_ms: float) -> None:
+    A retry first refreshes the route: a queue whose leader moved is followed to its new
+    broker, and a batch that is not pinned to its queue (no explicit queue, no key) moves to a
+    queue of another broker when its broker is unreachable (its records' queue ids, outside
+    the CRC, are rewritten)."""
+
+    def __init__(self, runtime: ClientRuntime, faults: BrokerFaults, *, acks: int, retries: int,
+                 retry_backoff_ms: float) -> None:
         self._runtime = runtime
+        self._faults = faults
         self._acks = acks
         self._retries = retries
         self._retry_backoff_s = retry_backoff_ms / 1000
+        self._moves = itertools.count()
 
-    async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None) -> list[SendResult]:
+    async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None, *,
+                   movable: bool = False) -> list[SendResult]:
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
         for attempt in itertools.count():
@@ -62,15 +75,56 @@ class _Sender:
                     await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                     return []
                 frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+            except (TopicNotFoundError, QueueNotFoundError) as err:
+                # The route may be newer than the broker's queues (created a moment ago) or stale.
+                if attempt >= self._retries or not await self._still_routed(route):
+                    raise
+                log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
             except GmsError as err:
                 if not err.retriable or attempt >= self._retries:
                     raise
                 log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
-                self._runtime.routes.invalidate()
-                await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
-                continue
-            return _results(route.topic, frame.fields)
+                if isinstance(err, UNREACHABLE_ERRORS):
+                    self._faults.failed(route.broker)
+            else:
+                return _results(route.topic, frame.fields)
+            self._runtime.routes.invalidate()
+            await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
+            route = await self._reroute(route, body, movable)
         raise AssertionError("unreachable")
+
+    async def _still_routed(self, route: QueueRoute) -> bool:
+        self._runtime.routes.invalidate()
+        try:
+            return bool(await self._runtime.routes.routes(route.topic))
+        except GmsError:
+            return False
+
+    async def _reroute(self, route: QueueRoute, body: bytearray, movable: bool) -> QueueRoute:
+        """Where to retry ``route``'s batch, after a route refresh (the same route if unsure)."""
+        try:
+            routes = await self._runtime.routes.routes(route.topic)
+        except GmsError as err:
+            log.debug("route refresh for %s failed: %r", route.topic, err)
+            return route
+        if route in routes and self._faults.available(route.broker):
+            return route
+        if not movable:
+            same_queue = [r for r in routes if r.queue_id == route.queue_id]
+            return same_queue[0] if same_queue else route
+        moved = self._faults.pick(routes, next(self._moves))
+        if moved.queue_id != route.queue_id:
+            set_queue_ids(body, moved.queue_id)
+        log.info("moving a batch of %s from %s to %s", route.topic, route.broker, moved.broker)
+        return moved
+
+
+def set_queue_ids(body: bytearray, queue_id: int) -> None:
+    """Rewrite the queue id of every record of a sealed batch (outside the CRC)."""
+    pos, end = 0, len(body)
+    while pos < end:
+        _QUEUE_ID.pack_into(body, pos + OFF_QUEUE_ID, queue_id)
+        pos += _TOTAL_SIZE.unpack_from(body, pos)[0]
 
 
 def _results(topic: str, fields: Mapping[str, Any]) -> list[SendResult]:
@@ -83,12 +137,16 @@ def _results(topic: str, fields: Mapping[str, Any]) -> list[SendResult]:
 
 
 class Producer:
-    """Sends messages to gms brokers. Thread-safe; use as a context manager or call close()."""
+    """Sends messages to gms brokers. Thread-safe; use as a context manager or call close().
+
+    Routes come from ``nameserver="host:9876[,host2:9876]"`` (a cluster) or from a fixed
+    ``brokers`` list (each broker asked for its topics)."""
 
     def __init__(
         self,
-        brokers: Sequence[str] | str,
+        brokers: Sequence[str] | str | None = None,
         *,
+        nameserver: Sequence[str] | str | None = None,
         linger_ms: float = 5,
         batch_bytes: int = 256 * 1024,
         buffer_bytes_max: int = 32 * 1024 * 1024,
@@ -102,9 +160,12 @@ class Producer:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
             raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
-        self._runtime = ClientRuntime(brokers, request_timeout_ms=request_timeout_ms, name="gms-producer")
+        self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                      name="gms-producer")
         self._encoder = RecordEncoder(born_host)
-        self._sender = _Sender(self._runtime, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms)
+        self._faults = BrokerFaults()
+        self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
+                               retry_backoff_ms=retry_backoff_ms)
         self._accumulator = Accumulator(
             self._runtime.loop, self._encoder, self._sender.send,
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
@@ -122,9 +183,10 @@ class Producer:
             try:
                 routes = self._runtime.run(self._runtime.routes.routes(topic), self._call_timeout_ms)
             except TopicNotFoundError:
-                # Let the broker decide: it may auto-create the topic, or say it is unknown.
-                self._runtime.routes.invalidate()
-                return QueueRoute(topic, queue or 0, self._runtime.routes.brokers[0])
+                fallback = self._runtime.routes.unknown_topic_route(topic, queue)
+                if fallback is None:
+                    raise
+                return fallback
         if queue is not None:
             for route in routes:
                 if route.queue_id == queue:
@@ -133,7 +195,7 @@ class Producer:
         if key is not None:
             raw = key.encode() if isinstance(key, str) else key
             return routes[xxhash.xxh64_intdigest(raw) % len(routes)]
-        return routes[next(self._round_robin) % len(routes)]
+        return self._faults.pick(routes, next(self._round_robin))
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -144,20 +206,24 @@ class Producer:
         route = self._route(topic, queue, key)
         batch = BatchBuilder()
         self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
-        results = self._runtime.run(self._sender.send(route, batch.seal()), self._call_timeout_ms)
+        send = self._sender.send(route, batch.seal(), movable=queue is None and key is None)
+        results = self._runtime.run(send, self._call_timeout_ms)
         return results[0] if results else None  # type: ignore[return-value]
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> list[SendResult]:
         """Send many messages, one request per target queue; results are in input order."""
-        batches: dict[QueueRoute, tuple[BatchBuilder, list[int]]] = {}
+        # Messages without a key or explicit queue may move to another queue on failure, so
+        # they travel apart from pinned ones.
+        batches: dict[tuple[QueueRoute, bool], tuple[BatchBuilder, list[int]]] = {}
         count = 0
         for index, message in enumerate(messages):
             if not isinstance(message, ProducerRecord):
                 message = ProducerRecord(**message)
             route = self._route(message.topic, message.queue, message.key)
-            entry = batches.get(route)
+            slot = (route, message.queue is None and message.key is None)
+            entry = batches.get(slot)
             if entry is None:
-                entry = batches[route] = (BatchBuilder(), [])
+                entry = batches[slot] = (BatchBuilder(), [])
             self._encoder.add(entry[0], message.topic, message.body, message.tag, message.keys,
                               message.properties, route.queue_id)
             entry[1].append(index)
@@ -173,9 +239,11 @@ class Producer:
                 ordered[index] = result
         return ordered
 
-    async def _send_all(self, batches: dict[QueueRoute, tuple[BatchBuilder, list[int]]]) -> list[list[SendResult]]:
-        return list(await asyncio.gather(
-            *(self._sender.send(route, records.seal()) for route, (records, _) in batches.items())))
+    async def _send_all(self, batches: dict[tuple[QueueRoute, bool], tuple[BatchBuilder, list[int]]],
+                        ) -> list[list[SendResult]]:
+        return list(await asyncio.gather(*(
+            self._sender.send(route, records.seal(), movable=movable)
+            for (route, movable), (records, _) in batches.items())))
 
     def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                    properties: Mapping[str, str] | None = None, queue: int | None = None,
@@ -200,7 +268,8 @@ class Producer:
         route = self._route(topic, queue, key)
         batch = BatchBuilder()
         self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
-        self._runtime.run(self._sender.send(route, batch.seal(), acks=0), self._call_timeout_ms)
+        send = self._sender.send(route, batch.seal(), acks=0, movable=queue is None and key is None)
+        self._runtime.run(send, self._call_timeout_ms)
 
     def flush(self, timeout_ms: float | None = None) -> None:
         """Send everything queued by send_async and wait for the answers."""

@@ -133,8 +133,10 @@ class Membership:
             if self._heartbeat_interval_ms is None and expiry_ms:
                 self._interval_s = expiry_ms / 3000
             if self._clustering:
+                routed = {r for routes in topics.values() for r in routes}
                 for topic, queue_ids in frame.fields["assignment"].items():
-                    assigned.update(QueueRoute(topic, q, broker) for q in queue_ids)
+                    # Only queues the route says this broker leads (it may hold others' replicas).
+                    assigned.update(r for r in (QueueRoute(topic, q, broker) for q in queue_ids) if r in routed)
             else:
                 assigned.update(r for routes in topics.values() for r in routes)
         await self._apply(assigned)

@@ -1,21 +1,43 @@
 """Where a topic's queues live: the seam between the SDK and route discovery.
 
 :class:`RouteProvider` is all producers and consumers know. :class:`StaticRoutes` asks a
-fixed list of brokers for their topics; a nameserver-backed provider plugs in beside it.
+fixed list of brokers for their topics; :class:`NameserverRoutes` asks nameservers (GET_ROUTE),
+fails over between them and keeps serving its cached routes while none answers.
+:class:`BrokerFaults` is the producer's short memory of brokers that just failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from typing import NamedTuple, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
-from gms.errors import GmsError, TopicNotFoundError
+from gms.errors import (
+    ConnectionClosedError,
+    GmsError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+    TopicNotFoundError,
+)
 from gms.protocol.codes import RequestCode
+from gms.protocol.frame import Frame
 
-from gms.client.connections import ConnectionPool
+from gms.client.connections import ConnectionPool, parse_address
+
+log = logging.getLogger(__name__)
 
 ROUTE_REFRESH_INTERVAL_MS = 30_000
+# While no nameserver answers, cached routes are reused and a new attempt is made at most this often.
+NAMESERVER_RETRY_MS = 1000
+NAMESERVER_REQUEST_TIMEOUT_MS = 3000
+# A broker that failed a send is skipped by queue selection this long (RocketMQ's
+# notAvailableDuration for a failed send is 30 s; routes already drop a dead broker within the
+# lease TTL, so a few seconds are enough to avoid it in the meantime).
+FAULT_PENALTY_MS = 5000
+# Failures that say "this broker is unreachable" rather than "this request is wrong".
+UNREACHABLE_ERRORS = (ServiceUnavailableError, ConnectionClosedError, RequestTimeoutError)
 
 
 class QueueRoute(NamedTuple):
@@ -28,7 +50,8 @@ class RouteProvider(Protocol):
     """Routes of topics, cached; ``invalidate`` after an error that suggests they moved."""
 
     @property
-    def brokers(self) -> list[str]: ...
+    def brokers(self) -> list[str]:
+        """The brokers known without I/O (for best-effort work such as leaving a group)."""
 
     def cached(self, topic: str) -> list[QueueRoute] | None:
         """The cached routes if fresh, without I/O (None: call :meth:`routes`)."""
@@ -36,7 +59,17 @@ class RouteProvider(Protocol):
     async def routes(self, topic: str) -> list[QueueRoute]:
         """The queues of ``topic``; raises TopicNotFoundError if no broker has it."""
 
+    async def live_brokers(self) -> list[str]:
+        """Every broker address that currently serves (asks the source of routes)."""
+
+    def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
+        """Where to send to a topic no route names (None: the topic does not exist)."""
+
     def invalidate(self) -> None: ...
+
+
+class NameserversUnavailableError(ServiceUnavailableError):
+    """No nameserver of the list answered."""
 
 
 class StaticRoutes:
@@ -57,6 +90,9 @@ class StaticRoutes:
     def brokers(self) -> list[str]:
         return list(self._brokers)
 
+    async def live_brokers(self) -> list[str]:
+        return list(self._brokers)
+
     def cached(self, topic: str) -> list[QueueRoute] | None:
         if time.monotonic() - self._fetched_at > self._refresh_interval_s:
             return None
@@ -70,6 +106,11 @@ class StaticRoutes:
         if not found:
             raise TopicNotFoundError(f"topic {topic!r} exists on none of the brokers {self._brokers}")
         return found
+
+    def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
+        # Let the broker decide: it may auto-create the topic, or say it is unknown.
+        self.invalidate()
+        return QueueRoute(topic, queue or 0, self._brokers[0])
 
     def invalidate(self) -> None:
         self._fetched_at = float("-inf")
@@ -100,3 +141,173 @@ class StaticRoutes:
             raise RuntimeError(f"no broker answered TOPIC_LIST: {first!r}") from first
         self._table = table
         self._fetched_at = time.monotonic()
+
+
+def split_addresses(addresses: str | Sequence[str]) -> list[str]:
+    """``"h:p,h2:p"`` or a list of them → checked ``host:port`` strings (ValueError if bad)."""
+    items = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    found = [a.strip() for a in items if a.strip()]
+    if not found:
+        raise ValueError("at least one nameserver address is needed")
+    for address in found:
+        parse_address(address)
+    return found
+
+
+class _CachedRoute(NamedTuple):
+    routes: list[QueueRoute]  # queues with a live leader, by queue id
+    fetched_at: float  # monotonic seconds; -inf once invalidated
+
+
+class NameserverRoutes:
+    """Routes from GET_ROUTE answers of a list of nameservers, cached per topic.
+
+    A topic's route is refetched when older than ``refresh_interval_ms`` or after
+    :meth:`invalidate` (which clients call on routing errors). Nameservers are tried in order,
+    starting with the one that answered last. When none answers, the last routes keep being
+    used (logged once per outage) and a nameserver is asked again at most every
+    ``NAMESERVER_RETRY_MS``. Queues whose leader is not registered are left out.
+    """
+
+    def __init__(self, nameservers: str | Sequence[str], pool: ConnectionPool, *,
+                 refresh_interval_ms: float = ROUTE_REFRESH_INTERVAL_MS,
+                 request_timeout_ms: float = NAMESERVER_REQUEST_TIMEOUT_MS) -> None:
+        self.nameservers = split_addresses(nameservers)
+        self._pool = pool
+        self._refresh_interval_s = refresh_interval_ms / 1000
+        self._request_timeout_ms = request_timeout_ms
+        self._table: dict[str, _CachedRoute] = {}
+        self._fetching: dict[str, asyncio.Task[list[QueueRoute]]] = {}
+        self._preferred = 0  # index of the nameserver that answered last
+        self._outage_since: float | None = None
+        self._known_brokers: list[str] = []
+
+    @property
+    def brokers(self) -> list[str]:
+        seen = dict.fromkeys(self._known_brokers)
+        for entry in list(self._table.values()):
+            seen.update(dict.fromkeys(r.broker for r in entry.routes))
+        return list(seen)
+
+    def cached(self, topic: str) -> list[QueueRoute] | None:
+        entry = self._table.get(topic)
+        if entry is None or time.monotonic() - entry.fetched_at > self._refresh_interval_s:
+            return None
+        return entry.routes
+
+    async def routes(self, topic: str) -> list[QueueRoute]:
+        found = self.cached(topic)
+        if found is not None:
+            return found
+        task = self._fetching.get(topic)
+        if task is None or task.done():  # one fetch per topic at a time, shared by all callers
+            task = self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
+        return await asyncio.shield(task)
+
+    def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
+        return None  # the nameservers are the authority: an unknown topic does not exist
+
+    def invalidate(self) -> None:
+        for topic, entry in list(self._table.items()):
+            self._table[topic] = entry._replace(fetched_at=float("-inf"))
+
+    async def live_brokers(self) -> list[str]:
+        frame = await self.request(RequestCode.GET_BROKER_LIST)
+        self._known_brokers = [b["address"] for b in frame.fields["brokers"]]
+        return list(self._known_brokers)
+
+    async def request(self, code: int, fields: Mapping[str, Any] | None = None) -> Frame:
+        """``code`` on the first nameserver that answers (the last good one first).
+
+        Error responses of a nameserver (TOPIC_NOT_FOUND, INVALID_TOPIC...) are raised as they
+        are; only unreachable nameservers are skipped. :class:`NameserversUnavailableError` when
+        none answers."""
+        count = len(self.nameservers)
+        failures: list[str] = []
+        for step in range(count):
+            index = (self._preferred + step) % count
+            address = self.nameservers[index]
+            try:
+                frame = await self._pool.request(address, code, fields, timeout_ms=self._request_timeout_ms)
+            except UNREACHABLE_ERRORS as err:
+                failures.append(f"{address}: {err}")
+                continue
+            if index != self._preferred:
+                log.info("nameserver %s answers; using it instead of %s", address,
+                         self.nameservers[self._preferred])
+                self._preferred = index
+            self._end_outage()
+            return frame
+        raise NameserversUnavailableError(
+            f"no nameserver at {','.join(self.nameservers)} answered ({'; '.join(failures)})")
+
+    async def _fetch(self, topic: str) -> list[QueueRoute]:
+        try:
+            frame = await self.request(RequestCode.GET_ROUTE, {"topic": topic})
+        except TopicNotFoundError:
+            self._table.pop(topic, None)
+            raise
+        except NameserversUnavailableError as err:
+            entry = self._table.get(topic)
+            if entry is None:
+                raise
+            self._start_outage(err)
+            # Serve the old routes; ask again after NAMESERVER_RETRY_MS, not on every call.
+            retry_at = time.monotonic() - self._refresh_interval_s + NAMESERVER_RETRY_MS / 1000
+            self._table[topic] = entry._replace(fetched_at=retry_at)
+            return entry.routes
+        routes = [QueueRoute(topic, q["queue_id"], q["leader"])
+                  for q in frame.fields["queues"] if q["leader"]]
+        routes.sort(key=lambda r: r.queue_id)
+        if not routes:
+            raise ServiceUnavailableError(
+                f"no queue of topic {topic!r} has a live broker now; retry when a broker is back")
+        self._table[topic] = _CachedRoute(routes, time.monotonic())
+        return routes
+
+    def _start_outage(self, err: Exception) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning("%s; working on cached routes until one is back", err)
+
+    def _end_outage(self) -> None:
+        if self._outage_since is not None:
+            log.warning("nameservers reachable again after %.1f s without them",
+                        time.monotonic() - self._outage_since)
+            self._outage_since = None
+
+
+class BrokerFaults:
+    """Brokers that just failed, avoided by queue selection for ``penalty_ms``.
+
+    RocketMQ's latency fault tolerance in its simplest form: a broker that could not be reached
+    is skipped while it has other choices; if every broker of a topic is penalised, the
+    selection falls back to the plain round robin. Thread-safe enough: one dict, atomic ops.
+    """
+
+    def __init__(self, penalty_ms: float = FAULT_PENALTY_MS) -> None:
+        self._penalty_s = penalty_ms / 1000
+        self._until: dict[str, float] = {}
+
+    def failed(self, broker: str) -> None:
+        self._until[broker] = time.monotonic() + self._penalty_s
+
+    def available(self, broker: str) -> bool:
+        until = self._until.get(broker)
+        if until is None:
+            return True
+        if time.monotonic() >= until:
+            self._until.pop(broker, None)
+            return True
+        return False
+
+    def pick(self, routes: Sequence[QueueRoute], counter: int) -> QueueRoute:
+        """The ``counter``-th queue in round robin, skipping queues of penalised brokers."""
+        count = len(routes)
+        if not self._until:
+            return routes[counter % count]
+        for step in range(count):
+            route = routes[(counter + step) % count]
+            if self.available(route.broker):
+                return route
+        return routes[counter % count]

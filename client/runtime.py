@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from gms.net import LoopThread
 
 from gms.client.connections import ConnectionPool
-from gms.client.routing import RouteProvider, StaticRoutes
+from gms.client.routing import NameserverRoutes, RouteProvider, StaticRoutes
 
 T = TypeVar("T")
 
@@ -21,15 +21,20 @@ CLOSE_TIMEOUT_MS = 5000
 
 
 class ClientRuntime:
-    def __init__(self, brokers: Sequence[str], *, request_timeout_ms: float = REQUEST_TIMEOUT_MS,
-                 name: str = "gms-client") -> None:
+    def __init__(self, brokers: Sequence[str] | str | None, *, nameserver: Sequence[str] | str | None = None,
+                 request_timeout_ms: float = REQUEST_TIMEOUT_MS, name: str = "gms-client") -> None:
+        """Routes come from ``nameserver`` ("host:port[,host:port]") or a fixed ``brokers`` list."""
+        if (brokers is None) == (nameserver is None):
+            raise ValueError("give either brokers=[...] or nameserver='host:port[,...]', not both")
         if isinstance(brokers, str):
             brokers = [b for b in brokers.split(",") if b]
         self.request_timeout_ms = request_timeout_ms
+        self.pool = ConnectionPool(request_timeout_ms=request_timeout_ms)
+        self.routes: RouteProvider = (
+            NameserverRoutes(nameserver, self.pool) if nameserver is not None
+            else StaticRoutes(list(brokers or ()), self.pool))
         self.loop_thread = LoopThread(name=name)
         self.loop = self.loop_thread.loop
-        self.pool = ConnectionPool(request_timeout_ms=request_timeout_ms)
-        self.routes: RouteProvider = StaticRoutes(list(brokers), self.pool)
         self.closed = False
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_ms: float | None = None) -> T:
