@@ -1,7 +1,114 @@
-"""Entry point of `gms`."""
+"""Entry point of ``gms``: the root command group and the one place expected failures become
+short messages with exit code 1 (usage errors are click's, exit code 2; no tracebacks)."""
 
+from __future__ import annotations
+
+import importlib
+import importlib.util
 import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gms import __version__
+from gms.errors import GmsError, ServiceUnavailableError
+from gms.client.routing import NameserversUnavailableError
+
+from gms.cli.cluster import cluster, group, msg
+from gms.cli.messages import produce, tail
+from gms.cli.topic import topic
+
+EXIT_INTERRUPTED = 130
+# `gms spark` comes from the Spark jobs package when it is there; imported only when used,
+# so the rest of the CLI never needs pyspark.
+SPARK_COMMAND = "spark"
+SPARK_MODULE = "gms.spark_jobs.cli"
+SPARK_GROUP_NAMES = ("cli", "spark", "main")
+
+
+class GmsGroup(click.Group):
+    """Turns the errors a user can fix into one line that says what to do."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except NameserversUnavailableError as err:
+            raise click.ClickException(
+                f"no nameserver at {','.join(err.nameservers)} — start one with `gms standalone`, or point"
+                " --nameserver / GMS_NAMESERVER at a running one\n  " + "\n  ".join(err.failures)) from err
+        except ServiceUnavailableError as err:
+            raise click.ClickException(f"{err}\nIs the broker running? `gms cluster` lists the live ones.") from err
+        except GmsError as err:
+            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+    # --- `gms spark`, mounted lazily ---------------------------------------------------------------
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        if _spark_available():
+            names = sorted([*names, SPARK_COMMAND])
+        return names
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == SPARK_COMMAND and _spark_available():
+            module = importlib.import_module(SPARK_MODULE)
+            for attr in SPARK_GROUP_NAMES:
+                command = getattr(module, attr, None)
+                if isinstance(command, click.Command):
+                    return command
+        return super().get_command(ctx, name)
+
+
+def _spark_available() -> bool:
+    try:
+        return importlib.util.find_spec(SPARK_MODULE) is not None
+    except ImportError:
+        return False
+
+
+@click.group(cls=GmsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="gms")
+def cli() -> None:
+    """gms: topics, messages, consumer groups and the cluster, from the command line.
+
+    Start a one-machine cluster with `gms standalone`, then in another terminal:
+    `gms topic create orders`, `echo hello | gms produce orders`, `gms tail orders`.
+    """
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gms-data"),
+              show_default=True, help="Where etcd, the nameserver and the broker keep their data and logs.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--nameserver-port", type=click.IntRange(0, 65535), default=9876, show_default=True,
+              help="Nameserver port (0 picks a free one).")
+@click.option("--broker-port", type=click.IntRange(0, 65535), default=10911, show_default=True,
+              help="Broker port (0 picks a free one).")
+@click.option("--etcd-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Embedded etcd client port (0 picks a free one).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
+               log_level: str) -> None:
+    """Run embedded etcd + a nameserver + a broker in the foreground (Ctrl-C stops all)."""
+    from gms.cli.standalone import run_standalone
+
+    code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
+                          log_level=log_level, echo=lambda line: click.echo(line))
+    sys.exit(code)
+
+
+cli.add_command(topic)
+cli.add_command(produce)
+cli.add_command(tail)
+cli.add_command(group)
+cli.add_command(cluster)
+cli.add_command(msg)
 
 
 def main() -> None:
-    sys.exit("gms: not yet implemented (see the open issues)")
+    cli(prog_name="gms")

@@ -69,7 +69,12 @@ class RouteProvider(Protocol):
 
 
 class NameserversUnavailableError(ServiceUnavailableError):
-    """No nameserver of the list answered."""
+    """No nameserver of the list answered; ``nameservers`` names them."""
+
+    def __init__(self, message: str, nameservers: Sequence[str], failures: Sequence[str]) -> None:
+        super().__init__(message)
+        self.nameservers = list(nameservers)
+        self.failures = list(failures)  # "address: why" for each nameserver tried
 
 
 class StaticRoutes:
@@ -150,7 +155,10 @@ def split_addresses(addresses: str | Sequence[str]) -> list[str]:
     if not found:
         raise ValueError("at least one nameserver address is needed")
     for address in found:
-        parse_address(address)
+        try:
+            parse_address(address)
+        except ValueError as err:
+            raise ValueError(f"address {address!r} is not host:port") from err
     return found
 
 
@@ -239,7 +247,7 @@ class NameserverRoutes:
             self._end_outage()
             return frame
         raise NameserversUnavailableError(
-            f"no nameserver at {','.join(self.nameservers)} answered ({'; '.join(failures)})")
+            f"no nameserver at {','.join(self.nameservers)} answered ({'; '.join(failures)})", self.nameservers, failures)
 
     async def _fetch(self, topic: str) -> list[QueueRoute]:
         try:

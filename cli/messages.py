@@ -1,0 +1,192 @@
+"""``gms produce`` and ``gms tail``: messages in from arguments, stdin or a file; messages out
+as text lines or JSON lines."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import click
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from gms.client import Consumer, Producer, SendResult
+
+from gms.cli.options import json_option, nameserver_option, topic_argument
+from gms.cli.output import console, message_dict, message_line, print_json
+
+# How many results `gms produce` lists one by one before it only prints a summary.
+RESULTS_LISTED_MAX = 10
+POLL_MS = 200
+# Without --follow, tail stops once nothing new arrived for this long (all caught up).
+IDLE_STOP_S = 1.5
+TAIL_GROUP_PREFIX = "gms-tail-"
+
+
+def _parse_property(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    properties = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not k=v")
+        properties[name] = value
+    return properties
+
+
+@click.command()
+@topic_argument
+@click.argument("messages", nargs=-1)
+@click.option("--file", "-f", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Send each line of this file as one message.")
+@click.option("--tag", "-t", help="Tag of every message (consumers filter on it).")
+@click.option("--key", "-k", help="Message key: indexed, and messages with the same key go to the same queue (in order).")
+@click.option("--property", "-p", "properties", multiple=True, callback=_parse_property, metavar="K=V",
+              help="A message property (repeatable).")
+@nameserver_option
+@json_option
+def produce(topic: str, messages: tuple[str, ...], file: Path | None, tag: str | None, key: str | None,
+            properties: dict[str, str], nameserver: str, as_json: bool) -> None:
+    """Send MESSAGES to TOPIC; without any, send each line of --file or of stdin (empty lines skipped)."""
+    if messages and file is not None:
+        raise click.UsageError("give messages as arguments or --file, not both")
+    keys = (key,) if key else ()
+    results: list[concurrent.futures.Future[SendResult]] = []
+    with Producer(nameserver=nameserver) as producer:
+        try:
+            for body in _bodies(messages, file):
+                results.append(producer.send_async(topic, body, tag=tag, keys=keys, properties=properties or None,
+                                                   key=key))
+        finally:
+            producer.flush()
+    _report(topic, results, as_json)
+
+
+def _bodies(messages: tuple[str, ...], file: Path | None) -> Iterator[bytes]:
+    if messages:
+        yield from (m.encode() for m in messages)
+    elif file is not None:
+        with open(file, "rb") as stream:
+            yield from _file_lines(stream, file.stat().st_size)
+    else:
+        stdin = click.get_binary_stream("stdin")
+        if sys.stdin.isatty():
+            click.echo("reading messages from stdin, one per line (Ctrl-D ends)", err=True)
+        yield from _lines(stdin)
+
+
+def _file_lines(stream: IO[bytes], size_bytes: int) -> Iterator[bytes]:
+    progress = Progress(TextColumn("sending"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                        console=console(stderr=True), disable=not sys.stderr.isatty(), transient=True)
+    with progress:
+        task = progress.add_task("send", total=size_bytes)
+        for line in _lines(stream):
+            progress.advance(task, len(line) + 1)
+            yield line
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    for line in stream:
+        line = line.rstrip(b"\r\n")
+        if line:
+            yield line
+
+
+def _report(topic: str, futures: list[concurrent.futures.Future[SendResult]], as_json: bool) -> None:
+    sent: list[SendResult] = []
+    errors: list[BaseException] = []
+    for future in futures:
+        err = future.exception()
+        if err is None:
+            sent.append(future.result())
+        else:
+            errors.append(err)
+    if as_json:
+        print_json({"topic": topic, "sent": len(sent), "failed": len(errors),
+                    "results": [r._asdict() for r in sent], "errors": sorted({str(e) for e in errors})})
+    else:
+        if len(sent) <= RESULTS_LISTED_MAX:
+            for result in sent:
+                click.echo(f"{result.msg_id}  {result.topic}/{result.queue_id}@{result.queue_offset}")
+        click.echo(f"sent {len(sent)} message(s) to {topic}", err=len(sent) <= RESULTS_LISTED_MAX and bool(sent))
+    if errors:
+        first = errors[0]
+        raise click.ClickException(
+            f"{len(errors)} message(s) failed; first error: {type(first).__name__}: {first}")
+    if not sent:
+        raise click.ClickException("no messages to send (empty input)")
+
+
+class StartFrom(click.ParamType):
+    """``first``, ``last``, a timestamp in ms, or an ISO date/time (local time if no zone)."""
+
+    name = "first|last|TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
+        if isinstance(value, int) or value in ("first", "last"):
+            return value
+        if str(value).isdigit():
+            return int(value)
+        try:
+            return int(datetime.datetime.fromisoformat(value).timestamp() * 1000)
+        except ValueError:
+            self.fail(f"{value!r} is not first, last, a timestamp in ms or an ISO date/time", param, ctx)
+
+
+@click.command()
+@topic_argument
+@click.option("--tag", "tag_expression", default="*", show_default=True, metavar="EXPR",
+              help="Tag expression, e.g. 'created || paid'.")
+@click.option("--from", "start_from", type=StartFrom(),
+              help="Where to start: first, last, or a time (ms or ISO). Default: first, or last with --follow.")
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages (Ctrl-C stops).")
+@click.option("--group", "-g", help="Read as this consumer group (shares queues with its other members, commits offsets).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: one line per message; json: one JSON object per line.")
+@click.option("--count", "-c", type=click.IntRange(min=1), help="Stop after this many messages.")
+@nameserver_option
+def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: bool, group: str | None,
+         fmt: str, count: int | None, nameserver: str) -> None:
+    """Print TOPIC's messages: where each is (topic/queue@offset), its tag, keys and body."""
+    if start_from is None:
+        start_from = "last" if follow else "first"
+    consumer = Consumer(
+        nameserver=nameserver, group=group or f"{TAIL_GROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        subscription={topic: tag_expression}, mode="clustering" if group else "broadcasting",
+        start_from=start_from, auto_commit=bool(group),
+        # A group commits what poll returned: take no more than will be printed.
+        max_poll_messages=1 if group and count else 1024,
+    )
+    try:
+        shown = _print_messages(consumer, fmt, count, follow)
+    finally:
+        consumer.close()
+    if fmt == "text" and not follow and count is None and shown == 0:
+        click.echo(f"no messages in {topic}" + ("" if tag_expression == "*" else f" matching {tag_expression!r}"),
+                   err=True)
+
+
+def _print_messages(consumer: Consumer, fmt: str, count: int | None, follow: bool) -> int:
+    shown = 0
+    last_seen = time.monotonic()
+    while count is None or shown < count:
+        messages = consumer.poll(POLL_MS)
+        if messages:
+            last_seen = time.monotonic()
+        elif not follow and time.monotonic() - last_seen >= IDLE_STOP_S:
+            break
+        for msg in messages[: None if count is None else count - shown]:
+            click.echo(message_line(msg) if fmt == "text" else _json_line(msg))
+            shown += 1
+    return shown
+
+
+def _json_line(msg: Any) -> str:
+    return json.dumps(message_dict(msg), sort_keys=True)
+

@@ -1,0 +1,112 @@
+"""Everything a command prints: rich tables for people, JSON for scripts, message bodies that
+are safe to show, and the one place that turns expected failures into short errors."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gms.client.structs import ReceivedMessage
+
+# A table piped to a file or captured by a test gets this width instead of rich's 80 columns.
+NON_TERMINAL_WIDTH = 160
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else NON_TERMINAL_WIDTH,
+                   highlight=False, soft_wrap=False)
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    out = Table(title=title, title_justify="left", header_style="bold")
+    for name in columns:
+        numeric = name in NUMERIC_COLUMNS
+        out.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    for row in rows:
+        out.add_row(*("-" if v is None else str(v) for v in row))
+    return out
+
+
+NUMERIC_COLUMNS = frozenset({
+    "queue", "queues", "min", "max", "messages", "committed", "lag", "epoch", "topics",
+    "offset", "disk used", "uptime",
+})
+
+
+def show(*renderables: Any) -> None:
+    out = console()
+    for item in renderables:
+        out.print(item)
+
+
+def size_text(size_bytes: int | None) -> str:
+    if size_bytes is None:
+        return "-"
+    size = float(size_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def time_text(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
+
+
+def body_text(body: bytes) -> str:
+    """Readable text as is; anything else (binary, control characters) escaped like a bytes repr."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return _escaped(body)
+    if all(c.isprintable() or c == "\t" for c in text):
+        return text
+    return _escaped(body)
+
+
+def _escaped(body: bytes) -> str:
+    return repr(body)[2:-1]
+
+
+def message_dict(msg: ReceivedMessage) -> dict[str, Any]:
+    """One message for ``--format json`` / ``--json``: text bodies as text, others in base64."""
+    body = msg.body
+    try:
+        text: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {
+        "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
+        "msg_id": msg.msg_id, "tag": msg.tag, "keys": list(msg.keys),
+        "properties": dict(msg.properties), "born_host": msg.born_host,
+        "born_timestamp_ms": msg.born_timestamp_ms, "store_timestamp_ms": msg.store_timestamp_ms,
+        "body": text if text is not None else base64.b64encode(body).decode("ascii"),
+        "body_encoding": "utf-8" if text is not None else "base64",
+    }
+
+
+def message_line(msg: ReceivedMessage) -> str:
+    """One message as one line of text: where it is, its tag and keys, then the body."""
+    parts = [f"{msg.topic}/{msg.queue_id}@{msg.queue_offset}"]
+    if msg.tag:
+        parts.append(f"tag={msg.tag}")
+    if msg.keys:
+        parts.append("keys=" + ",".join(msg.keys))
+    parts.append(body_text(msg.body))
+    return "  ".join(parts)

@@ -1,0 +1,142 @@
+"""``gms topic create|update|delete|list|describe``: cluster topics through the nameserver."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import click
+
+from gms.cli.admin_context import open_admin
+from gms.cli.options import (
+    json_option,
+    message_size_option,
+    nameserver_option,
+    queues_option,
+    retention_option,
+    topic_argument,
+    topic_settings,
+)
+from gms.cli.output import print_json, show, table
+
+
+@click.group()
+def topic() -> None:
+    """Create, change, delete, list and describe topics."""
+
+
+def _route_table(route: dict[str, Any]) -> Any:
+    rows = [(q["queue_id"], q["leader"], ", ".join(q["replicas"]), q["leader_epoch"]) for q in route["queues"]]
+    return table(f"topic {route['topic']}", ["queue", "leader", "replicas", "epoch"], rows)
+
+
+@topic.command()
+@topic_argument
+@queues_option
+@click.option("--replicas", "-r", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Copies of each queue, on different brokers.")
+@retention_option
+@message_size_option
+@nameserver_option
+@json_option
+def create(topic: str, queues: int | None, replicas: int, retention_hours: float | None,
+           message_size_bytes_max: int | None, nameserver: str, as_json: bool) -> None:
+    """Create TOPIC; its queues are spread over the live brokers."""
+    with open_admin(nameserver) as admin:
+        route = admin.create_topic(topic, queues or 8, replicas=replicas,
+                                   settings=topic_settings(retention_hours, message_size_bytes_max))
+    if as_json:
+        print_json(route)
+        return
+    brokers = {q["leader"] for q in route["queues"]}
+    click.echo(f"created topic {topic}: {len(route['queues'])} queues on {len(brokers)} broker(s)")
+    show(_route_table(route))
+
+
+@topic.command()
+@topic_argument
+@queues_option
+@retention_option
+@message_size_option
+@nameserver_option
+@json_option
+def update(topic: str, queues: int | None, retention_hours: float | None, message_size_bytes_max: int | None,
+           nameserver: str, as_json: bool) -> None:
+    """Grow TOPIC's queue count and/or change its settings."""
+    settings = topic_settings(retention_hours, message_size_bytes_max)
+    if queues is None and not settings:
+        raise click.UsageError("nothing to update: give --queues, --retention-hours or --message-size-max")
+    with open_admin(nameserver) as admin:
+        route = admin.update_topic(topic, queues, settings=settings)
+    if as_json:
+        print_json(route)
+        return
+    click.echo(f"updated topic {topic}: {len(route['queues'])} queues")
+    show(_route_table(route))
+
+
+@topic.command()
+@topic_argument
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@nameserver_option
+@json_option
+def delete(topic: str, yes: bool, nameserver: str, as_json: bool) -> None:
+    """Delete TOPIC from the cluster (its messages go with it)."""
+    if not yes:
+        click.confirm(f"Delete topic {topic} and all its messages?", abort=True, err=True)
+    with open_admin(nameserver) as admin:
+        admin.delete_topic(topic)
+    if as_json:
+        print_json({"deleted": topic})
+    else:
+        click.echo(f"deleted topic {topic}")
+
+
+@topic.command(name="list")
+@nameserver_option
+@json_option
+def list_topics(nameserver: str, as_json: bool) -> None:
+    """List the cluster's topics and their queue counts."""
+    with open_admin(nameserver) as admin:
+        topics = admin.topics()
+    if as_json:
+        print_json(topics)
+    elif not topics:
+        click.echo("no topics yet: create one with `gms topic create NAME`")
+    else:
+        show(table(None, ["topic", "queues"], sorted(topics.items())))
+
+
+@topic.command()
+@topic_argument
+@nameserver_option
+@json_option
+def describe(topic: str, nameserver: str, as_json: bool) -> None:
+    """Show TOPIC's queues: broker, offsets and message counts, and a summary per broker."""
+    with open_admin(nameserver) as admin:
+        route = admin.route(topic)
+        stats = {s["queue_id"]: s for s in admin.topic_stats(topic)} if _has_live_queue(route) else {}
+    queues = []
+    per_broker: dict[str, dict[str, int]] = defaultdict(lambda: {"queues": 0, "messages": 0})
+    for q in route["queues"]:
+        stat = stats.get(q["queue_id"], {})
+        low, high = stat.get("min_offset"), stat.get("max_offset")
+        count = None if low is None or high is None else high - low
+        queues.append({**q, "min_offset": low, "max_offset": high, "messages": count})
+        summary = per_broker[q["leader"] or "(no live broker)"]
+        summary["queues"] += 1
+        summary["messages"] += count or 0
+    if as_json:
+        print_json({"topic": topic, "queues": queues, "brokers": dict(per_broker)})
+        return
+    rows = [(q["queue_id"], q["leader"], ", ".join(q["replicas"]), q["leader_epoch"],
+             q["min_offset"], q["max_offset"], q["messages"]) for q in queues]
+    total = sum(s["messages"] for s in per_broker.values())
+    show(table(f"topic {topic}: {len(queues)} queues, {total} messages",
+               ["queue", "leader", "replicas", "epoch", "min", "max", "messages"], rows),
+         table("per broker", ["broker", "queues", "messages"],
+               [(b, s["queues"], s["messages"]) for b, s in sorted(per_broker.items())]))
+
+
+def _has_live_queue(route: dict[str, Any]) -> bool:
+    return any(q["leader"] for q in route["queues"])
