@@ -31,7 +31,7 @@ def test_etcd_killed_and_restarted(tmp_path):
 
         os.kill(etcd.pid, signal.SIGKILL)
         etcd.stop()
-        wait_until(lambda: ns.call(C.CLUSTER_STATUS)["etcd"]["healthy"] is False, 5)
+        wait_until(lambda: ns.call(C.CLUSTER_STATUS)["etcd"]["healthy"] is False, 10)
         status = ns.call(C.CLUSTER_STATUS)
         assert "unreachable" in status["etcd"]["error"]
         assert status["topics"] == 1 and [b["broker_id"] for b in status["brokers"]] == ["b0"]
@@ -51,7 +51,7 @@ def test_etcd_killed_and_restarted(tmp_path):
                 raise AssertionError(f"{code.name} succeeded without etcd")
 
         etcd = EmbeddedEtcd(tmp_path / "etcd", client_port=port).start()
-        wait_until(lambda: ns.call(C.CLUSTER_STATUS)["etcd"]["healthy"] is True, 10)
+        wait_until(lambda: ns.call(C.CLUSTER_STATUS)["etcd"]["healthy"] is True, 20)
         created = ns.call(C.CREATE_TOPIC, {"topic": "u", "queues": 3})
         assert [q["leader"] for q in created["queues"]] == ["10.0.0.1:10911"] * 3
         assert ns.call(C.TOPIC_LIST) == {"topics": {"t": 2, "u": 3}}
