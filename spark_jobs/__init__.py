@@ -1,1 +1,9 @@
-"""PySpark data source and jobs over the gms log."""
+"""PySpark data source and jobs over the gms log (needs the ``spark`` extra: ``pip install gms[spark]``).
+
+``register(spark)`` adds the ``gms`` format to a session; the jobs live in
+``gms.spark_jobs.jobs`` and behind the ``gms.spark_jobs.cli`` click group.
+"""
+
+from gms.spark_jobs.datasource import GmsDataSource, register
+
+__all__ = ["GmsDataSource", "register"]

@@ -1,0 +1,178 @@
+"""Stored records -> Arrow record batches, column by column, without a Python object per record.
+
+Input is a uint8 array (a mapped commitlog file or a pull response body) and the positions of
+records in it. Headers are read in one gather through ``gms.record.read_headers`` (the record
+layout is declared there, not here); variable-length fields are cut out with one C-level
+``bytes.join`` per column; keys and properties are split with Arrow compute kernels. Only the
+requested columns are built, so a count or a tag histogram never copies a body.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from itertools import repeat
+from operator import add
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gms.record import (HEADER_SIZE, KEY_SEPARATOR, OFF_CRC_START, PROP_NAME_VALUE_SEPARATOR,
+                        PROP_SEPARATOR, header_errors, read_headers)
+
+MS_TO_US = 1000
+_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
+_VARIABLE_FIELDS = ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len", "body_len")
+
+
+class Records(NamedTuple):
+    """Checked records of one buffer: positions and their parsed headers (HEADER_DTYPE)."""
+
+    arr: np.ndarray
+    starts: np.ndarray  # int64 positions in arr
+    headers: np.ndarray
+
+    def take(self, mask: np.ndarray) -> Records:
+        return Records(self.arr, self.starts[mask], self.headers[mask])
+
+
+def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+                  queue_offsets: np.ndarray | None = None,
+                  phys: np.ndarray | None = None) -> tuple[Records, np.ndarray]:
+    """Read and verify the records at ``starts`` (length, magic, field lengths, CRC and, when
+    given, the queue and commitlog offsets the index expects). Returns the good records and the
+    boolean mask of bad positions, so the caller can count or fail on them."""
+    starts = starts.astype(np.int64, copy=False)
+    sizes = sizes.astype(np.int64, copy=False)
+    bad = (sizes < HEADER_SIZE) | (starts < 0) | (starts + sizes > len(arr))
+    headers = read_headers(arr, np.where(bad, 0, starts))
+    bad |= header_errors(headers) | (headers["total_size"] != sizes)
+    if queue_offsets is not None:
+        bad |= headers["queue_offset"] != queue_offsets
+    if phys is not None:
+        bad |= headers["phys_offset"] != phys
+    good = np.flatnonzero(~bad)
+    if good.size:
+        mv = memoryview(arr)
+        first = starts[good].tolist()
+        ends = (starts[good] + sizes[good]).tolist()
+        covered = map(slice, map(add, first, repeat(OFF_CRC_START)), ends)
+        computed = np.fromiter(map(zlib.crc32, map(mv.__getitem__, covered)), np.uint32, len(first))
+        crc_bad = headers["crc32"][good] != computed
+        bad[good[crc_bad]] = True
+        good = good[~crc_bad]
+    return Records(arr, starts[good], headers[good]), bad
+
+
+def _field_start(headers: np.ndarray, starts: np.ndarray, field: str) -> np.ndarray:
+    """Where a variable-length field starts: after the header and the fields before it."""
+    pos = starts + HEADER_SIZE
+    for name in _VARIABLE_FIELDS:
+        if name == field:
+            return pos
+        pos = pos + headers[name].astype(np.int64)
+    raise KeyError(field)
+
+
+def _segments(records: Records, field: str) -> tuple[np.ndarray, bytes]:
+    """(int32 Arrow offsets, concatenated bytes) of one variable-length field of every record."""
+    lengths = records.headers[field].astype(np.int64)
+    first = _field_start(records.headers, records.starts, field)
+    mv = memoryview(records.arr)
+    data = b"".join(map(mv.__getitem__, map(slice, first.tolist(), (first + lengths).tolist())))
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets, data
+
+
+def _var_array(records: Records, field: str, kind: pa.DataType, empty_is_null: bool = False) -> pa.Array:
+    offsets, data = _segments(records, field)
+    n = len(records.starts)
+    validity, nulls = None, 0
+    if empty_is_null:
+        present = records.headers[field] > 0
+        nulls = int(n - present.sum())
+        if nulls:
+            validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(kind, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+def _keys(records: Records) -> pa.Array:
+    text = _var_array(records, "keys_len", pa.string())
+    split = pc.split_pattern(text, KEY_SEPARATOR)
+    empty = records.headers["keys_len"] == 0  # "" splits into [""]; no keys is []
+    if not empty.any():
+        return split
+    list_lengths = pc.list_value_length(split).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(split).filter(pa.array(~np.repeat(empty, list_lengths)))
+    offsets = np.zeros(len(list_lengths) + 1, np.int32)
+    np.cumsum(list_lengths - empty, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _properties(records: Records) -> pa.Array:
+    """``k\\x01v\\x02k\\x01v\\x02`` -> map<string,string>; a malformed one raises ValueError."""
+    text = _var_array(records, "props_len", pa.string())
+    items = pc.split_pattern(text, PROP_SEPARATOR)  # a trailing separator leaves one "" per record
+    per_record = pc.list_value_length(items).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(items)
+    is_last = np.zeros(len(flat), bool)
+    is_last[np.cumsum(per_record) - 1] = True
+    if pc.any(pc.not_equal(flat.filter(pa.array(is_last)), "")).as_py():
+        raise ValueError("properties do not end with the separator")
+    pairs = pc.split_pattern(flat.filter(pa.array(~is_last)), PROP_NAME_VALUE_SEPARATOR, max_splits=1)
+    if len(pairs) and pc.min(pc.list_value_length(pairs)).as_py() != 2:
+        raise ValueError("a property has no name/value separator")
+    offsets = np.zeros(len(per_record) + 1, np.int32)
+    np.cumsum(per_record - 1, out=offsets[1:])
+    return pa.MapArray.from_arrays(pa.array(offsets), pc.list_element(pairs, 0), pc.list_element(pairs, 1))
+
+
+def _timestamps(ms: np.ndarray) -> pa.Array:
+    return pa.array(ms.astype(np.int64) * MS_TO_US, pa.timestamp("us", tz="UTC"))
+
+
+def _msg_ids(records: Records, prefix: bytes | None) -> pa.Array:
+    """Hex ``prefix`` + 16 hex digits of the commitlog offset (gms.msgid); null without a prefix."""
+    n = len(records.starts)
+    if prefix is None:
+        return pa.nulls(n, pa.string())
+    raw = records.headers["phys_offset"].astype(">i8").view(np.uint8).reshape(n, 8)
+    digits = np.empty((n, len(prefix) + 16), np.uint8)
+    digits[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
+    digits[:, len(prefix)::2] = _HEX_DIGITS[raw >> 4]
+    digits[:, len(prefix) + 1::2] = _HEX_DIGITS[raw & 0xF]
+    offsets = np.arange(n + 1, dtype=np.int32) * digits.shape[1]
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
+
+
+_BUILDERS: dict[str, Callable[[Records, bytes | None], pa.Array]] = {
+    "topic": lambda r, _: _var_array(r, "topic_len", pa.string()),
+    "queue_id": lambda r, _: pa.array(r.headers["queue_id"].astype(np.int32)),
+    "queue_offset": lambda r, _: pa.array(r.headers["queue_offset"].astype(np.int64)),
+    "commit_log_offset": lambda r, _: pa.array(r.headers["phys_offset"].astype(np.int64)),
+    "size": lambda r, _: pa.array(r.headers["total_size"].astype(np.int32)),
+    "tag": lambda r, _: _var_array(r, "tag_len", pa.string(), empty_is_null=True),
+    "keys": lambda r, _: _keys(r),
+    "properties": lambda r, _: _properties(r),
+    "born_timestamp": lambda r, _: _timestamps(r.headers["born_ts_ms"]),
+    "store_timestamp": lambda r, _: _timestamps(r.headers["store_ts_ms"]),
+    "born_host": lambda r, _: _var_array(r, "born_host_len", pa.string()),
+    "reconsume_times": lambda r, _: pa.array(r.headers["reconsume_times"].astype(np.int32)),
+    "body": lambda r, _: _var_array(r, "body_len", pa.binary()),
+    "msg_id": _msg_ids,
+}
+
+
+def exact_tag_mask(records: Records, tags: frozenset[str]) -> np.ndarray:
+    """Which records carry one of ``tags`` exactly (the index matched hashes, which collide)."""
+    tag_column = _var_array(records, "tag_len", pa.string())
+    return pc.is_in(tag_column, pa.array(sorted(tags), pa.string())).to_numpy(zero_copy_only=False)
+
+
+def to_batch(records: Records, schema: pa.Schema, msg_id_prefix: bytes | None) -> pa.RecordBatch:
+    """One record batch with exactly the columns of ``schema``."""
+    arrays = [_BUILDERS[name](records, msg_id_prefix) for name in schema.names]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

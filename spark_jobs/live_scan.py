@@ -1,0 +1,128 @@
+"""Reading a live cluster through the SDK: plan queue ranges from the brokers' offsets, then each
+Spark task pulls its range from the broker that holds the queue (no shared disk needed).
+
+Pull responses carry records in the stored format, so they go through the same checks and
+column builders as a store read. The broker filters by tag hash; exact tags and time are
+re-checked here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from gms.client.runtime import ClientRuntime
+from gms.protocol.codes import RequestCode
+from gms.record import HEADER_SIZE, OFF_PHYS_OFFSET, OFF_QUEUE_OFFSET
+from gms.spark_jobs.arrow_batches import check_records, to_batch
+from gms.spark_jobs.options import EARLIEST, LATEST, ReadOptions, resolve_offset
+from gms.spark_jobs.partitions import BadRecordSink, QueueRange, QueueSpan, after_index_filters
+from gms.spark_jobs.store_scan import msg_id_prefix, selected_topics
+
+PULL_RECORDS_MAX = 4096  # the broker's PULL_MSGS_MAX
+PULL_BYTES_MAX = 16 << 20  # the broker's PULL_BYTES_MAX
+_SIZE = struct.Struct(">i")
+_ENVELOPE = struct.Struct(">qq")  # queue_offset, phys_offset: adjacent in the record envelope
+assert OFF_PHYS_OFFSET == OFF_QUEUE_OFFSET + _ENVELOPE.size // 2
+
+
+def open_runtime(options: ReadOptions) -> ClientRuntime:
+    if options.nameserver is not None:
+        return ClientRuntime(None, nameserver=options.nameserver, name="gms-spark")
+    return ClientRuntime(list(options.brokers or ()), name="gms-spark")
+
+
+async def _request(runtime: ClientRuntime, broker: str, code: int, fields: dict[str, Any]) -> dict[str, Any]:
+    return dict((await runtime.pool.request(broker, code, fields)).fields)
+
+
+async def _spans(runtime: ClientRuntime, options: ReadOptions) -> list[QueueSpan]:
+    brokers = await runtime.routes.live_brokers()
+    available: dict[str, int] = {}
+    for answer in await asyncio.gather(*(_request(runtime, b, RequestCode.TOPIC_LIST, {}) for b in brokers)):
+        for topic, count in answer["topics"].items():
+            available[topic] = available.get(topic, 0) + count
+    spans: list[QueueSpan] = []
+    for topic in selected_topics(available, options.topics):
+        for route in sorted(await runtime.routes.routes(topic), key=lambda r: r.queue_id):
+            fields = {"topic": topic, "queue_id": route.queue_id}
+            low = (await _request(runtime, route.broker, RequestCode.QUERY_MIN_OFFSET, fields))["offset"]
+            high = (await _request(runtime, route.broker, RequestCode.QUERY_MAX_OFFSET, fields))["offset"]
+            start = resolve_offset(options.starting_offsets, topic, route.queue_id, low, high, EARLIEST)
+            end = resolve_offset(options.ending_offsets, topic, route.queue_id, low, high, LATEST)
+            for bound, name in ((options.start_time_ms, "start"), (options.end_time_ms, "end")):
+                if bound is not None and start < end:
+                    found = (await _request(runtime, route.broker, RequestCode.QUERY_OFFSET_BY_TIME,
+                                            {**fields, "timestamp_ms": bound}))["offset"]
+                    start, end = (max(start, found), end) if name == "start" else (start, min(end, found))
+            spans.append(QueueSpan(topic, route.queue_id, start, max(start, end), route.broker))
+    return spans
+
+
+def live_spans(options: ReadOptions) -> list[QueueSpan]:
+    """The selected offsets of every queue of the selected topics, asked of their brokers."""
+    runtime = open_runtime(options)
+    try:
+        return runtime.run(_spans(runtime, options))
+    finally:
+        runtime.close()
+
+
+def _walk(body: memoryview) -> tuple[np.ndarray, np.ndarray, int]:
+    """Record starts and sizes of a pull body by their length fields; the third value is where a
+    length stops making sense (== len(body) when the whole body was walked)."""
+    starts, sizes, pos, end = [], [], 0, len(body)
+    while pos + HEADER_SIZE <= end:
+        size = _SIZE.unpack_from(body, pos)[0]
+        if size < HEADER_SIZE or pos + size > end:
+            break
+        starts.append(pos)
+        sizes.append(size)
+        pos += size
+    return np.array(starts, np.int64), np.array(sizes, np.int64), pos
+
+
+def _envelope(body: memoryview, pos: int, fallback_offset: int) -> tuple[int, int]:
+    """(queue offset, commitlog offset) from a bad record's envelope, which the CRC does not
+    cover; the queue offset falls back to where the pull started when it cannot be read."""
+    if pos + HEADER_SIZE > len(body):
+        return fallback_offset, -1
+    return _ENVELOPE.unpack_from(body, pos + OFF_QUEUE_OFFSET)
+
+
+def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
+                    report_bad: BadRecordSink) -> Iterator[pa.RecordBatch]:
+    runtime = ClientRuntime([rng.broker], name="gms-spark-task")
+    prefix = msg_id_prefix(rng.broker)
+    fields = {"topic": rng.topic, "queue_id": rng.queue_id, "offset": rng.start, "max_msgs": PULL_RECORDS_MAX,
+              "max_bytes": PULL_BYTES_MAX, "tags": options.tags.expression, "poll_ms": 0}
+    try:
+        while fields["offset"] < rng.end:
+            frame = runtime.run(runtime.pool.request(rng.broker, RequestCode.PULL, fields))
+            next_offset = int(frame.fields["next_offset"])
+            body = memoryview(frame.body).cast("B")
+            arr = np.frombuffer(body, np.uint8)
+            starts, sizes, walked = _walk(body)
+            records, bad = check_records(arr, starts, sizes)
+            broken = starts[bad].tolist()
+            if walked < len(body):  # a broken length field: nothing after it can be walked
+                broken.append(walked)
+                next_offset = _envelope(body, walked, fields["offset"])[0] + 1
+            if broken:
+                found = [_envelope(body, pos, fields["offset"]) for pos in broken]
+                report_bad(rng.topic, rng.queue_id, np.array([q for q, _ in found]), np.array([p for _, p in found]))
+            in_range = records.headers["queue_offset"] < rng.end
+            records = after_index_filters(records.take(in_range), options)
+            if len(records.starts):
+                yield to_batch(records, schema, prefix)
+            if next_offset <= fields["offset"]:
+                return  # the queue ends before rng.end (truncated since planning)
+            fields["offset"] = next_offset
+    finally:
+        runtime.close()
+

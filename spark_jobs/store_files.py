@@ -1,0 +1,158 @@
+"""Read-only access to a broker's store files, safe while a broker is writing them.
+
+The broker's own classes (``MappedFile``, ``ConsumeQueue``, ``MessageStore``) open files
+read-write, resize short files and take the abort marker, so Spark reads the same layout here
+with ``O_RDONLY`` maps instead. Nothing is ever written. A queue ends at its first entry of size
+0 (as ``ConsumeQueue.load`` finds it); the broker writes the commitlog bytes before the entry that
+points at them, so everything up to that entry is readable. Commitlog files deleted by retention
+while we read are reported as missing, not as corruption.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT
+from gms.broker.mapped_file import list_files
+from gms.broker.topics import TOPICS_FILE
+from gms.naming import validate_topic_name
+
+# Directory names under a store root, as MessageStore lays them out (store.py spells them inline).
+COMMITLOG_DIR = "commitlog"
+CONSUMEQUEUE_DIR = "consumequeue"
+CONFIG_DIR = "config"
+CONSUMER_OFFSETS_FILE = "consumer_offsets.json"
+BROKER_STORE_SUBDIR = "store"  # gms-broker --store-dir DIR keeps its store in DIR/store
+
+
+class StoreLayoutError(ValueError):
+    """The path does not hold a gms store."""
+
+
+def store_root(path: str | Path) -> Path:
+    """The store root for ``path``: a store root itself or a broker's ``--store-dir``."""
+    path = Path(path)
+    for candidate in (path, path / BROKER_STORE_SUBDIR):
+        if (candidate / COMMITLOG_DIR).is_dir() or (candidate / CONFIG_DIR / TOPICS_FILE).is_file():
+            return candidate
+    raise StoreLayoutError(f"{path} holds no gms store (no {COMMITLOG_DIR}/ or {CONFIG_DIR}/{TOPICS_FILE})")
+
+
+def read_topics(root: Path) -> dict[str, int]:
+    """Topic name -> queue count from ``config/topics.json`` (empty if there is none yet)."""
+    path = root / CONFIG_DIR / TOPICS_FILE
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_bytes())
+        return {validate_topic_name(name): int(spec["queue_count"]) for name, spec in doc["topics"].items()}
+    except (ValueError, KeyError, TypeError) as err:
+        raise StoreLayoutError(f"unreadable topic table {path}: {err}") from err
+
+
+def read_consumer_offsets(root: Path) -> dict[str, dict[str, dict[int, int]]]:
+    """group -> topic -> queue id -> committed offset (the broker persists it periodically)."""
+    path = root / CONFIG_DIR / CONSUMER_OFFSETS_FILE
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    if doc.get("version") != 1:
+        raise StoreLayoutError(f"{path}: unknown offsets file version {doc.get('version')!r}")
+    return {group: {topic: {int(q): int(o) for q, o in queues.items()} for topic, queues in topics.items()}
+            for group, topics in doc["offsets"].items()}
+
+
+def _map_read_only(path: Path) -> np.ndarray | None:
+    """The whole file as a read-only uint8 array, or None if it is gone or empty."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        return np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ), np.uint8)
+    finally:
+        os.close(fd)  # the map keeps its own reference to the file
+
+
+class QueueIndex:
+    """One consumeQueue, read-only: entries by queue offset, found by arithmetic."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: list[tuple[int, np.ndarray]] = []  # (first queue offset, entries)
+        for base_bytes, path in list_files(directory):
+            arr = _map_read_only(path)
+            if arr is None or len(arr) % CQ_UNIT.size:
+                continue
+            first = base_bytes // CQ_UNIT.size
+            if self._files and first != self._files[-1][0] + len(self._files[-1][1]):
+                self._files = []  # a hole: keep the newest contiguous run, as the broker does
+            self._files.append((first, arr.view(CQ_DTYPE)))
+        self.min_offset, self.max_offset = self._bounds()
+
+    def _bounds(self) -> tuple[int, int]:
+        if not self._files:
+            return 0, 0
+        first, entries = self._files[0]
+        written = entries["size"] > 0
+        low = first + (int(np.argmax(written)) if written.any() else len(entries))
+        last, entries = self._files[-1]
+        unwritten = np.flatnonzero(entries["size"] <= 0)
+        high = last + (int(unwritten[0]) if unwritten.size else len(entries))
+        return min(low, high), high
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Entries [start, start+count) (CQ_DTYPE), clipped to what the index holds."""
+        start = max(start, self.min_offset)
+        end = min(start + count, self.max_offset)
+        parts = []
+        for first, entries in self._files:
+            lo, hi = max(start, first), min(end, first + len(entries))
+            if lo < hi:
+                parts.append(entries[lo - first: hi - first])
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, CQ_DTYPE)
+
+
+def queue_index(root: Path, topic: str, queue_id: int) -> QueueIndex:
+    return QueueIndex(root / CONSUMEQUEUE_DIR / topic / str(queue_id))
+
+
+class CommitLogFiles:
+    """The commitlog's files mapped read-only on first use; all have the same size."""
+
+    def __init__(self, root: Path) -> None:
+        self._dir = root / COMMITLOG_DIR
+        self._maps: dict[int, np.ndarray | None] = {}
+        self._paths: dict[int, Path] = {}
+        self.file_size_bytes = 0
+        self._relist()
+
+    def _relist(self) -> None:
+        self._paths = dict(list_files(self._dir))
+        if not self.file_size_bytes and self._paths:
+            self.file_size_bytes = next(iter(self._paths.values())).stat().st_size
+
+    def file_base(self, phys: np.ndarray) -> np.ndarray:
+        """The base offset of the file holding each commitlog offset."""
+        if not self.file_size_bytes:
+            self._relist()
+        return phys - phys % max(self.file_size_bytes, 1)
+
+    def array(self, base: int) -> np.ndarray | None:
+        """The file starting at ``base`` as uint8, or None if retention deleted it."""
+        if base not in self._maps:
+            if base not in self._paths:  # rolled since we listed: look again once
+                self._relist()
+            path = self._paths.get(base)
+            self._maps[base] = _map_read_only(path) if path is not None else None
+        return self._maps[base]
