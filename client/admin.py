@@ -37,7 +37,8 @@ class Admin:
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def _brokers(self) -> list[str]:
+    def brokers(self) -> list[str]:
+        """Addresses of the live brokers (registered with the nameservers, or the given list)."""
         return self._runtime.run(self._runtime.routes.live_brokers())
 
     def _ask_nameserver(self, code: int, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -58,7 +59,7 @@ class Admin:
                      settings: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Create ``topic``; with a nameserver, returns its route (as GET_ROUTE answers it)."""
         if self._nameserver is None:
-            self._ask(self._brokers(), RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
+            self._ask(self.brokers(), RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
             return {}
         fields: dict[str, Any] = {"topic": topic, "queues": queues, "replicas": replicas}
         if settings:
@@ -68,7 +69,7 @@ class Admin:
     def update_topic(self, topic: str, queues: int | None = None, *,
                      settings: Mapping[str, int] | None = None) -> dict[str, Any]:
         if self._nameserver is None:
-            self._ask(self._brokers(), RequestCode.UPDATE_TOPIC, {"topic": topic, "queues": queues})
+            self._ask(self.brokers(), RequestCode.UPDATE_TOPIC, {"topic": topic, "queues": queues})
             return {}
         fields: dict[str, Any] = {"topic": topic}
         if queues is not None:
@@ -79,7 +80,7 @@ class Admin:
 
     def delete_topic(self, topic: str) -> None:
         if self._nameserver is None:
-            self._ask(self._brokers(), RequestCode.DELETE_TOPIC, {"topic": topic})
+            self._ask(self.brokers(), RequestCode.DELETE_TOPIC, {"topic": topic})
         else:
             self._ask_nameserver(RequestCode.DELETE_TOPIC, {"topic": topic})
 
@@ -88,7 +89,7 @@ class Admin:
         if self._nameserver is not None:
             return dict(self._ask_nameserver(RequestCode.TOPIC_LIST)["topics"])
         merged: dict[str, int] = {}
-        for answer in self._ask(self._brokers(), RequestCode.TOPIC_LIST):
+        for answer in self._ask(self.brokers(), RequestCode.TOPIC_LIST):
             for topic, count in answer["topics"].items():
                 merged[topic] = merged.get(topic, 0) + count
         return merged
@@ -117,7 +118,7 @@ class Admin:
 
     def broker_status(self) -> list[dict[str, Any]]:
         """BROKER_STATUS of every live broker; an unreachable one is ``{"address", "error"}``."""
-        brokers = self._brokers()
+        brokers = self.brokers()
         return [{"address": b, "error": str(a)} if isinstance(a, BaseException) else a
                 for b, a in zip(brokers, self._ask(brokers, RequestCode.BROKER_STATUS, errors=True))]
 
@@ -132,7 +133,7 @@ class Admin:
         offsets are keyed by broker: ``{broker: {topic: {queue_id: offset}}}``."""
         members: list[Any] = []
         offsets: dict[str, dict[str, dict[int, int]]] = {}
-        brokers = self._brokers()
+        brokers = self.brokers()
         answers = self._ask(brokers, RequestCode.GET_CONSUMER_GROUP_MEMBERS, {"group": group}, errors=True)
         known = False
         for broker, answer in zip(brokers, answers):

@@ -15,12 +15,17 @@ START_TIMEOUT_S = 20.0
 class BrokerProcess:
     """A ``gms-broker`` child on 127.0.0.1 with an ephemeral port (read from its port file)."""
 
+    module = "gms.broker"
+
     def __init__(self, store_dir: Path, args: list[str]) -> None:
         self.store_dir = store_dir
         self.args = args
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.log_path = store_dir.parent / f"{store_dir.name}.log"
+
+    def location_args(self) -> list[str]:
+        return ["--store-dir", str(self.store_dir)]
 
     @property
     def address(self) -> str:
@@ -29,8 +34,8 @@ class BrokerProcess:
     def start(self, listen_port: int = 0) -> BrokerProcess:
         port_file = self.store_dir.parent / f"{self.store_dir.name}.port"
         port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "gms.broker", "--listen", f"127.0.0.1:{listen_port}",
-               "--store-dir", str(self.store_dir), "--port-file", str(port_file), *self.args]
+        cmd = [sys.executable, "-m", self.module, "--listen", f"127.0.0.1:{listen_port}",
+               *self.location_args(), "--port-file", str(port_file), *self.args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -38,7 +43,7 @@ class BrokerProcess:
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"broker did not start: {self.log_tail()}")
+                raise RuntimeError(f"{self.module} did not start: {self.log_tail()}")
             time.sleep(0.02)
         self.port = int(port_file.read_text())
         return self
@@ -75,3 +80,17 @@ class BrokerProcess:
 
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class NameserverProcess(BrokerProcess):
+    """A ``gms-nameserver`` child: on ``etcd`` when given, else with its own embedded etcd
+    under ``data_dir``. Same life cycle as :class:`BrokerProcess` (start, stop, kill, restart)."""
+
+    module = "gms.nameserver"
+
+    def __init__(self, data_dir: Path, etcd: str | None = None, args: list[str] | None = None) -> None:
+        super().__init__(data_dir, list(args or ()))
+        self.etcd = etcd
+
+    def location_args(self) -> list[str]:
+        return ["--etcd", self.etcd] if self.etcd else ["--data-dir", str(self.store_dir)]
