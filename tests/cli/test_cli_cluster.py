@@ -1,0 +1,120 @@
+"""`gms` as real subprocesses against a real cluster (embedded etcd, a nameserver process, two
+broker processes): create a topic, produce, tail, group lag, msg show, cluster status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from gms_cluster import LocalCluster
+
+BROKERS = 2
+QUEUES = 4
+TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    running = LocalCluster(tmp_path_factory.mktemp("cli-cluster")).start(nameservers=1, brokers=BROKERS)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def gms(cluster):
+    """Run ``gms ARGS`` (``python -m gms.cli``) with GMS_NAMESERVER pointing at the cluster."""
+    env = {**os.environ, "GMS_NAMESERVER": cluster.nameserver}
+
+    def run(*args: str, input: bytes | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([sys.executable, "-m", "gms.cli", *args], input=input, env=env,
+                                capture_output=True, timeout=TIMEOUT_S, check=False)
+        out = subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
+                                          result.stderr.decode())
+        assert "Traceback" not in out.stderr, out.stderr
+        if ok:
+            assert out.returncode == 0, out.stderr
+        return out
+
+    return run
+
+
+@pytest.fixture
+def topic(gms) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    route = json.loads(gms("topic", "create", name, "--queues", str(QUEUES), "--json").stdout)
+    assert len(route["queues"]) == QUEUES
+    return name
+
+
+def test_topic_create_spreads_and_list_describe_delete(gms, cluster, topic):
+    brokers = {b.address for b in cluster.brokers}
+    again = gms("topic", "create", topic, ok=False)
+    assert again.returncode == 1 and "TopicAlreadyExistsError" in again.stderr
+    assert json.loads(gms("topic", "list", "--json").stdout)[topic] == QUEUES
+    gms("produce", topic, "a", "b", "c")
+    described = json.loads(gms("topic", "describe", topic, "--json").stdout)
+    assert {q["leader"] for q in described["queues"]} == brokers
+    assert sum(q["messages"] for q in described["queues"]) == 3
+    assert set(described["brokers"]) == brokers
+    table = gms("topic", "describe", topic).stdout
+    assert f"topic {topic}: {QUEUES} queues, 3 messages" in table
+    gms("topic", "delete", "--yes", topic)
+    gone = gms("topic", "describe", topic, ok=False)
+    assert gone.returncode == 1 and "TopicNotFoundError" in gone.stderr
+
+
+def test_produce_then_tail(gms, topic, tmp_path):
+    sent = json.loads(gms("produce", topic, "one", "two", "--tag", "TagA", "--key", "order-1",
+                          "--property", "src=cli", "--json").stdout)
+    assert sent["sent"] == 2 and {r["queue_id"] for r in sent["results"]} == {sent["results"][0]["queue_id"]}
+    gms("produce", topic, "--tag", "TagB", input=b"three\n\nfour\n")  # stdin lines, empty skipped
+    gms("produce", topic, "--tag", "TagB", input=b"\x00bin\xff\n")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"line {i}\n" for i in range(50)))
+    assert "sent 50 message(s)" in gms("produce", topic, "--file", str(lines)).stdout
+
+    got = [json.loads(line) for line in gms("tail", topic, "--format", "json", "--count", "55").stdout.splitlines()]
+    assert len(got) == 55
+    bodies = {m["body"] for m in got}
+    assert {"one", "two", "three", "four", "line 49"} <= bodies and "AGJpbv8=" in bodies  # base64 of \x00bin\xff
+    one = next(m for m in got if m["body"] == "one")
+    assert (one["tag"], one["keys"], one["properties"]) == ("TagA", ["order-1"], {"src": "cli"})
+
+    text = gms("tail", topic, "--tag", "TagB").stdout.splitlines()  # no --count: stops when caught up
+    assert len(text) == 3
+    assert any(line.endswith("tag=TagB  \\x00bin\\xff") for line in text)
+    assert all(line.startswith(f"{topic}/") and "@" in line for line in text)
+
+
+def test_group_describe_shows_lag(gms, topic):
+    gms("produce", topic, *[f"m{i}" for i in range(10)])
+    assert len(gms("tail", topic, "--group", "billing", "--count", "4").stdout.splitlines()) == 4
+    described = json.loads(gms("group", "describe", "billing", "--json").stdout)
+    assert described["total_lag"] == 6
+    assert sum(r["committed"] or 0 for r in described["queues"]) == 4
+    assert "billing" in json.loads(gms("group", "list", "--json").stdout)
+    assert "total lag 6" in gms("group", "describe", "billing").stdout
+    missing = gms("group", "describe", "nobody", ok=False)
+    assert missing.returncode == 1 and "GroupNotFoundError" in missing.stderr
+
+
+def test_msg_show(gms, topic):
+    result = json.loads(gms("produce", topic, "look at me", "--tag", "T", "--json").stdout)["results"][0]
+    shown = json.loads(gms("msg", "show", result["msg_id"], "--json").stdout)
+    assert (shown["body"], shown["tag"], shown["queue_offset"]) == ("look at me", "T", result["queue_offset"])
+    assert gms("msg", "show", result["msg_id"]).stdout.rstrip().endswith("look at me")
+
+
+def test_cluster_status(gms, cluster):
+    status = json.loads(gms("cluster", "--json").stdout)
+    assert status["healthy"] is True and status["etcd"]["healthy"] is True
+    assert [n["address"] for n in status["nameservers"]] == [cluster.nameserver]
+    assert sorted(b["address"] for b in status["brokers"]) == sorted(b.address for b in cluster.brokers)
+    assert all(b["alive"] and b["disk_used_bytes"] > 0 for b in status["brokers"])
+    assert "etcd" in gms("cluster").stdout
