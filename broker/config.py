@@ -27,6 +27,8 @@ class BrokerConfig:
     cluster: str = "DefaultCluster"
     store_dir: Path = Path("gms-data/broker")
     nameserver: str = ""
+    # How long a starting broker keeps trying to reach a nameserver before giving up.
+    register_timeout_s: float = 30.0
     default_queue_count: int = 8
     auto_create_topics: bool = False
     long_poll_max_ms: int = 15_000

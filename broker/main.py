@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from gms.broker.config import DEFAULT_PORT, load_config
+from gms.errors import GmsError
 
 log = logging.getLogger("gms.broker")
 
@@ -64,7 +65,7 @@ async def _serve(server, port_file: Path | None) -> int:
         loop.add_signal_handler(sig, on_signal, sig.name)
     try:
         await server.start()
-    except OSError as err:
+    except (OSError, GmsError) as err:
         log.error("cannot start: %s", err)
         return 1
     if port_file is not None:

@@ -19,7 +19,9 @@ from gms.broker.groups import GroupCoordinator
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
+from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
+from gms.nameserver.model import BrokerInfo
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 
@@ -38,12 +40,18 @@ class BrokerServer:
         self.name = config.broker_name
         self.started_monotonic = time.monotonic()
         self._chores: list[asyncio.Task[None]] = []
+        self.registration: BrokerRegistration | None = None
+        # With a nameserver, the queues of each topic this broker leads; None = standalone
+        # broker serving every queue of its topics.
+        self._led_queues: dict[str, list[int]] | None = None
 
     @property
     def port(self) -> int:
         return self.rpc.port
 
     def _local_queue_ids(self, topic: str) -> list[int]:
+        if self._led_queues is not None:
+            return self._led_queues.get(topic, [])
         return list(range(self.store.topics().get(topic, 0)))
 
     async def start(self) -> None:
@@ -64,6 +72,46 @@ class BrokerServer:
             asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist)),
             asyncio.create_task(self._every(1000, self._expire_members)),
         ]
+        if self.config.nameserver:
+            await self._register()
+
+    async def _register(self) -> None:
+        """Join the cluster: register under our own etcd lease and follow our queue assignment."""
+        loop = asyncio.get_running_loop()
+        self._led_queues = {}
+        info = BrokerInfo(
+            broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
+        )
+        self.registration = BrokerRegistration(
+            self.config.nameserver, info,
+            # Called on the etcd watch thread: hand the change to the event loop.
+            lambda assignments: loop.call_soon_threadsafe(self._apply_assignments, assignments),
+            start_timeout_s=self.config.register_timeout_s,
+        )
+        try:
+            await asyncio.to_thread(self.registration.start)
+        except Exception:
+            self.registration = None
+            await self.stop()
+            raise
+        log.info("registered with the cluster through %s as %s", self.config.nameserver, info.broker_id)
+
+    def _apply_assignments(self, assignments: Assignments) -> None:
+        """Create or grow local topics for the queues the cluster placed here; drop removed ones."""
+        local = self.store.topics()
+        for topic, assignment in assignments.items():
+            count = local.get(topic)
+            if count is None:
+                self.store.create_topic(topic, assignment.queue_count)
+                log.info("topic %s: created locally (queues %s)", topic, list(assignment.leader_queue_ids))
+            elif count < assignment.queue_count:
+                self.store.update_topic(topic, assignment.queue_count)
+        for topic in set(self._led_queues or {}) - set(assignments):
+            if topic in local:
+                self.store.delete_topic(topic)
+                self.offsets.delete_topic(topic)
+                log.info("topic %s: deleted from the cluster, removed locally", topic)
+        self._led_queues = {t: sorted(a.leader_queue_ids) for t, a in assignments.items()}
 
     def _register_handlers(self) -> None:
         messages = MessageHandlers(self.config, self.store, self.waiters, self.groups, self.address)
@@ -104,6 +152,9 @@ class BrokerServer:
             log.info("consumer %s of group %s expired", member, group)
 
     async def stop(self) -> None:
+        if self.registration is not None:
+            await asyncio.to_thread(self.registration.stop)
+            self.registration = None
         for task in self._chores:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
@@ -111,6 +162,11 @@ class BrokerServer:
         await self.rpc.stop()
         self.offsets.persist()
         self.store.close()
+
+
+def broker_id_for(name: str) -> str:
+    """A broker id for etcd keys: the name with characters outside [A-Za-z0-9_.%-] replaced."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "_.%-" else "_" for c in name)
 
 
 def _advertised(host: str, port: int) -> str:

@@ -1,0 +1,84 @@
+"""A broker started with --nameserver joins the cluster and serves the queues placed on it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from gms_cluster import LocalCluster
+
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode as C
+from gms.record import Message, encode_batch
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    running = LocalCluster(tmp_path).start(nameservers=1, brokers=2)
+    yield running
+    running.stop()
+
+
+def request(address: str, code, fields, body=b""):
+    async def main():
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            return await conn.request(code, fields, body)
+        finally:
+            conn.close()
+
+    return run(main())
+
+
+def wait_for(check, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_topic_created_through_nameserver_appears_on_brokers(cluster):
+    nameserver, brokers = cluster.nameservers[0], cluster.brokers
+    route = request(nameserver.address, C.CREATE_TOPIC, {"topic": "orders", "queues": 4}).fields
+    leaders = {q["queue_id"]: q["leader"] for q in route["queues"]}
+    assert set(leaders.values()) == {b.address for b in brokers}
+    for queue_id, leader in leaders.items():
+        wait_for(lambda: request(leader, C.TOPIC_LIST, {}).fields["topics"].get("orders") == 4)
+        body = encode_batch([Message(topic="orders", body=b"hello", queue_id=queue_id)])
+        request(leader, C.SEND, {}, body)
+        assert request(leader, C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": queue_id}).fields["offset"] == 1
+    # Each broker hands out only the queues it leads to a consumer group.
+    for broker in brokers:
+        led = sorted(q for q, leader in leaders.items() if leader == broker.address)
+        hb = request(broker.address, C.HEARTBEAT, {
+            "group": "g", "member": "m", "subscription": {"orders": "*"}})
+        assert hb.fields["assignment"] == {"orders": led}
+    request(nameserver.address, C.DELETE_TOPIC, {"topic": "orders"})
+    for broker in brokers:
+        wait_for(lambda: "orders" not in request(broker.address, C.TOPIC_LIST, {}).fields["topics"])
+
+
+def test_broker_without_reachable_nameserver_exits_with_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    from gms.nameserver.embedded_etcd import free_port
+
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nregister_timeout_s = 1.0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir", str(tmp_path / "b"),
+         "--nameserver", f"127.0.0.1:{free_port('127.0.0.1')}", "--config", str(config)],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert proc.returncode == 1
+    assert "nameserver" in proc.stderr and "Traceback" not in proc.stderr
