@@ -16,6 +16,7 @@ from operator import add
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +24,7 @@ from gms.record import (HEADER_SIZE, KEY_SEPARATOR, OFF_CRC_START, PROP_NAME_VAL
                         PROP_SEPARATOR, header_errors, read_headers)
 
 MS_TO_US = 1000
+PADDED_GATHER_WASTE_MAX = 4  # gather padded rows while they hold at most 4x the field bytes
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 _VARIABLE_FIELDS = ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len", "body_len")
 
@@ -76,15 +78,41 @@ def _field_start(headers: np.ndarray, starts: np.ndarray, field: str) -> np.ndar
     raise KeyError(field)
 
 
-def _segments(records: Records, field: str) -> tuple[np.ndarray, bytes]:
-    """(int32 Arrow offsets, concatenated bytes) of one variable-length field of every record."""
+def _rows(arr: np.ndarray, first: np.ndarray, width: int) -> np.ndarray:
+    """``arr[f:f+width]`` for every f as one (n, width) array, zero-padded past the end of arr.
+    One memcpy per row out of a strided window (gms.record.gather_rows would copy the whole
+    mapped file to pad it)."""
+    usable = len(arr) - width + 1
+    window = as_strided(arr, (max(usable, 0), width), (arr.strides[0], arr.strides[0]))
+    safe = first < usable
+    if safe.all():
+        return window[first]
+    rows = np.zeros((len(first), width), np.uint8)
+    rows[safe] = window[first[safe]]
+    for i in np.flatnonzero(~safe).tolist():
+        tail = arr[int(first[i]):]
+        rows[i, : len(tail)] = tail
+    return rows
+
+
+def _segments(records: Records, field: str) -> tuple[np.ndarray, bytes | np.ndarray]:
+    """(int32 Arrow offsets, concatenated bytes) of one variable-length field of every record.
+
+    Short fields are gathered as padded rows and compacted with a mask (a few ns a byte);
+    fields whose lengths vary a lot are cut one by one (one C-level slice per record)."""
     lengths = records.headers[field].astype(np.int64)
-    first = _field_start(records.headers, records.starts, field)
-    mv = memoryview(records.arr)
-    data = b"".join(map(mv.__getitem__, map(slice, first.tolist(), (first + lengths).tolist())))
     offsets = np.zeros(len(lengths) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return offsets, data
+    total = int(offsets[-1])
+    if total == 0:
+        return offsets, b""
+    first = _field_start(records.headers, records.starts, field)
+    width = int(lengths.max())
+    if width * len(lengths) <= PADDED_GATHER_WASTE_MAX * total:
+        rows = _rows(records.arr, first, width)
+        return offsets, rows[np.arange(width) < lengths[:, None]]
+    mv = memoryview(records.arr)
+    return offsets, b"".join(map(mv.__getitem__, map(slice, first.tolist(), (first + lengths).tolist())))
 
 
 def _var_array(records: Records, field: str, kind: pa.DataType, empty_is_null: bool = False) -> pa.Array:
