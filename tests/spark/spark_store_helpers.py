@@ -1,0 +1,37 @@
+"""Stores for the Spark tests, written with the real storage engine (small files force rolls)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gms.broker.store import MessageStore
+from gms.broker.store_config import StoreConfig
+from gms.record import Message, encode_batch
+
+ORDERS = 1200
+MANY_QUEUES = 40
+TAGS = ("created", "paid", None)
+APPEND_GAP_S = 0.003
+
+
+def order(i: int) -> Message:
+    return Message("orders", b"order-%d" % i, tag=TAGS[i % 3], keys=(f"k{i % 7}", f"id{i}") if i % 2 else (),
+                   properties={"n": str(i), "kind": "test"} if i % 5 else None, queue_id=i % 4,
+                   born_host="10.1.2.3:5555", born_ts_ms=1_700_000_000_000 + i, reconsume_times=i % 3)
+
+
+def write_store(root: Path) -> list[Message]:
+    """orders: 1200 messages in 4 queues, 12 appends; many: 1 message in each of 40 queues."""
+    store = MessageStore(root, StoreConfig(commitlog_file_size_bytes=1 << 16, cq_entries_per_file=64,
+                                           flush_interval_ms=50)).open()
+    store.create_topic("orders", 4)
+    store.create_topic("empty", 2)
+    store.create_topic("many", MANY_QUEUES)
+    sent = [order(i) for i in range(ORDERS)]
+    for i in range(0, ORDERS, 100):
+        store.append(encode_batch(sent[i:i + 100]))
+        time.sleep(APPEND_GAP_S)  # distinct store timestamps per append, for the time filters
+    store.append(encode_batch([Message("many", b"m%d" % q, queue_id=q) for q in range(MANY_QUEUES)]))
+    store.close()
+    return sent
