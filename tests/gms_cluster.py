@@ -13,6 +13,8 @@ from gms.client import Admin
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
 
 REGISTER_TIMEOUT_S = 15.0
+# Commitlog files are preallocated: keep test brokers small (the default is 1 GiB each).
+COMMITLOG_FILE_SIZE_BYTES = 64 * 1024 * 1024
 
 
 class LocalCluster:
@@ -47,7 +49,8 @@ class LocalCluster:
 
     def add_broker(self, *args: str) -> BrokerProcess:
         broker = BrokerProcess(self.root / f"broker{len(self.brokers)}",
-                               ["--nameserver", self.nameserver, *args])
+                               ["--nameserver", self.nameserver,
+                                "--commitlog-file-size", str(COMMITLOG_FILE_SIZE_BYTES), *args])
         self.brokers.append(broker)
         return broker.start()
 
