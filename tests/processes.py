@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 START_TIMEOUT_S = 20.0
+# Test brokers use small commitlog files: the store preallocates each file (and the next one),
+# and a suite starts dozens of brokers.
+TEST_COMMITLOG_FILE_SIZE_BYTES = 32 * 1024 * 1024
 
 
 class BrokerProcess:
@@ -25,7 +28,8 @@ class BrokerProcess:
         self.log_path = store_dir.parent / f"{store_dir.name}.log"
 
     def location_args(self) -> list[str]:
-        return ["--store-dir", str(self.store_dir)]
+        return ["--store-dir", str(self.store_dir),
+                "--commitlog-file-size", str(TEST_COMMITLOG_FILE_SIZE_BYTES)]
 
     @property
     def address(self) -> str:
