@@ -120,6 +120,10 @@ class ClusterView:
         """``callback`` runs on the watch or sync thread; it must be quick and not block."""
         self._callbacks.append(callback)
 
+    def unsubscribe(self, callback: ChangeCallback) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout_s: float = START_TIMEOUT_S) -> ClusterView:
         """Start syncing; wait up to ``timeout_s`` for the first snapshot."""
@@ -253,7 +257,7 @@ class ClusterView:
 
     def _emit(self, changes: list[ViewChange]) -> None:
         for change in changes:
-            for callback in self._callbacks:
+            for callback in list(self._callbacks):
                 try:
                     callback(change)
                 except Exception:  # a subscriber's bug must not stop the view

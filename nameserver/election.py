@@ -2,6 +2,11 @@
 lowest create revision leads. A candidate that loses its lease (crash, partition from etcd) is
 out once the TTL passes; it steps down itself as soon as it can no longer vouch for its lease,
 which is no later than etcd expiring it, so two leaders never overlap by the lease's account.
+
+The create revision of the leader's key is its *epoch*: revisions only grow, so every later
+leader has a larger one. And since a key with a lower create revision can never appear later,
+"my key still exists with the create revision I wrote" means "I still lead": :meth:`fence`
+returns that compare for a leader to put into its etcd transactions.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import threading
 from collections.abc import Callable
 
 from gms.nameserver.errors import NameserverError
-from gms.nameserver.etcd_client import EtcdClient, WatchBatch
+from gms.nameserver.etcd_client import CreateRevisionIs, EtcdClient, WatchBatch
 from gms.nameserver.lease import LeaseKeeper
 from gms.nameserver.metadata import DEFAULT_PREFIX, Keys
 
@@ -38,8 +43,9 @@ class Election:
         self.candidate_id = candidate_id
         self._on_gain = on_gain
         self._on_loss = on_loss
-        self._my_key = ""
+        self._candidacy: CreateRevisionIs | None = None  # my key and its create revision
         self._leader_id: str | None = None
+        self._leader_epoch = 0
         self._is_leader = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -56,6 +62,26 @@ class Election:
     def leader_id(self) -> str | None:
         """The current leader's candidate id as last seen (None if unknown)."""
         return self._leader_id
+
+    @property
+    def leader_epoch(self) -> int:
+        """The current leader's epoch (its key's create revision) as last seen; 0 if unknown."""
+        return self._leader_epoch
+
+    @property
+    def epoch(self) -> int:
+        """This candidate's epoch: its key's create revision (0 before the first campaign)."""
+        candidacy = self._candidacy
+        return candidacy.create_revision if candidacy is not None else 0
+
+    @property
+    def lease_id(self) -> int:
+        return self._keeper.lease_id
+
+    def fence(self) -> CreateRevisionIs | None:
+        """A txn compare that holds only while this candidate's key (hence leadership, once
+        gained) is still the one it created; None before the first campaign."""
+        return self._candidacy
 
     def start(self) -> Election:
         self._keeper.start()
@@ -75,8 +101,9 @@ class Election:
 
     def _campaign(self, lease_id: int) -> None:
         key = f"{self._dir}{lease_id:x}"
-        self._client.put(key, self.candidate_id.encode(), lease_id=lease_id)
-        self._my_key = key
+        # A fresh key (named by a new lease), so the put's revision is its create revision.
+        revision = self._client.put(key, self.candidate_id.encode(), lease_id=lease_id)
+        self._candidacy = CreateRevisionIs(key, revision)
         self._wake.set()
 
     def _run(self) -> None:
@@ -110,8 +137,13 @@ class Election:
                 continue
             first = min(kvs, key=lambda kv: kv.create_revision, default=None)
             self._leader_id = first.value.decode() if first is not None else None
+            self._leader_epoch = first.create_revision if first is not None else 0
+            candidacy = self._candidacy
             self._set_leader(
-                first is not None and first.key.decode() == self._my_key and self._keeper.alive
+                first is not None
+                and candidacy is not None
+                and first.key.decode() == candidacy.key
+                and self._keeper.alive
             )
         if watch_id is not None:
             try:

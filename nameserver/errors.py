@@ -53,3 +53,8 @@ class NotEnoughBrokers(NameserverError, NotEnoughReplicasError):
 
 class ConcurrentUpdate(NameserverError, ServerBusyError):
     """Another writer kept changing the same key; the compare-and-swap gave up."""
+
+
+class ControllerFenced(NameserverError):
+    """A controller's write was refused because its election key is gone or re-created: a
+    newer controller may be acting, so this one must stop."""

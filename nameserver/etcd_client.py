@@ -94,6 +94,15 @@ class ModRevisionIs:
     mod_revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class CreateRevisionIs:
+    """The key exists and is the incarnation created at ``create_revision`` (0: missing).
+    Fences a controller: its election key, re-created, would have a new create revision."""
+
+    key: str
+    create_revision: int
+
+
 # ... and operations.
 @dataclass(frozen=True, slots=True)
 class Put:
@@ -107,7 +116,7 @@ class Delete:
     key: str
 
 
-Compare = KeyMissing | ModRevisionIs
+Compare = KeyMissing | ModRevisionIs | CreateRevisionIs
 Op = Put | Delete
 WatchCallback = Callable[[WatchBatch | Exception], None]
 
@@ -234,6 +243,8 @@ class EtcdClient:
     def _compare(c: Compare) -> etcd_txn.BaseCompare:
         if isinstance(c, KeyMissing):
             return etcd_txn.Version(c.key) == 0
+        if isinstance(c, CreateRevisionIs):
+            return etcd_txn.Create(c.key) == c.create_revision
         return etcd_txn.Mod(c.key) == c.mod_revision
 
     @staticmethod

@@ -12,13 +12,14 @@ etcd transaction that either happens entirely or not at all (and stays clear of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gms.errors import TopicAlreadyExistsError, TopicNotFoundError
-from gms.nameserver.errors import ConcurrentUpdate
+from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.nameserver.errors import ConcurrentUpdate, ControllerFenced
 from gms.nameserver.etcd_client import (
     Compare,
+    CreateRevisionIs,
     Delete,
     EtcdClient,
     KeyMissing,
@@ -39,6 +40,9 @@ from gms.nameserver.model import (
 DEFAULT_PREFIX = "/gms/"
 DEFAULT_BROKER_TTL_S = 10
 CAS_ATTEMPTS_MAX = 8  # compare-and-swap retries before reporting a concurrent writer
+# ISR updates of different queues of one topic race on the same key (every leader of every
+# queue may shrink at once after a broker dies), so they get more attempts.
+ISR_CAS_ATTEMPTS_MAX = 64
 
 
 class Keys:
@@ -173,6 +177,84 @@ class ClusterMetadata:
             if self.client.get(key) is None:
                 raise TopicNotFoundError(f"topic {name} does not exist")
             raise ConcurrentUpdate(f"topic {name} changed while deleting it; retry")
+
+    # -- partition state: leader brokers and the controller ----------------------------------
+    def update_isr(
+        self,
+        topic: str,
+        queue_id: int,
+        *,
+        leader_id: str,
+        leader_epoch: int,
+        isr: Sequence[str],
+    ) -> bool:
+        """The leader of a queue sets its ISR (kept in replica order). Compare-and-swap on the
+        topic key: True once written (or already so), False if the queue's leader or
+        leader_epoch is no longer the given one (or the topic/queue is gone) -- the caller was
+        deposed and must follow the metadata, not retry. Writes to other queues of the same
+        topic in between are retried over. ``isr`` must hold the leader and only replicas."""
+        key = self.keys.topic(validate_name("topic", topic))
+        wanted = set(isr)
+        if leader_id not in wanted:
+            raise BadRequestError(f"ISR {list(isr)} of {topic}/{queue_id} lacks its leader {leader_id}")
+        for _ in range(ISR_CAS_ATTEMPTS_MAX):
+            kv = self.client.get(key)
+            if kv is None:
+                return False
+            current = TopicMetadata.from_json(kv.value)
+            if not 0 <= queue_id < current.queue_count:
+                return False
+            q = current.queues[queue_id]
+            if q.leader != leader_id or q.leader_epoch != leader_epoch:
+                return False
+            if not wanted <= set(q.replicas):
+                raise BadRequestError(
+                    f"ISR {list(isr)} of {topic}/{queue_id} is not within replicas {list(q.replicas)}"
+                )
+            new_isr = tuple(r for r in q.replicas if r in wanted)
+            if new_isr == q.isr:
+                return True
+            queues = list(current.queues)
+            queues[queue_id] = replace(q, isr=new_isr)
+            updated = replace(current, queues=tuple(queues))
+            if self.client.txn([ModRevisionIs(key, kv.mod_revision)], [Put(key, updated.to_json())]):
+                return True
+        raise ConcurrentUpdate(f"topic {topic} kept changing; ISR of queue {queue_id} not written")
+
+    def update_queues(
+        self,
+        name: str,
+        change: Callable[[TopicMetadata], TopicMetadata],
+        *,
+        fence: CreateRevisionIs,
+    ) -> TopicMetadata | None:
+        """The controller's write: ``change`` maps the topic as stored to the wanted one (any
+        number of queues changed), written in one transaction that also requires ``fence``
+        (the controller's election key, see ``Election.fence``). Returns the written topic, or
+        None if the topic is gone or ``change`` left it as is. A concurrent write to the topic
+        is retried with a fresh read; a failed fence raises :class:`ControllerFenced`."""
+        key = self.keys.topic(validate_name("topic", name))
+        for _ in range(CAS_ATTEMPTS_MAX):
+            kv = self.client.get(key)
+            if kv is None:
+                return None
+            current = TopicMetadata.from_json(kv.value)
+            updated = change(current)
+            if updated == current:
+                return None
+            compare: list[Compare] = [fence, ModRevisionIs(key, kv.mod_revision)]
+            if self.client.txn(compare, [Put(key, updated.to_json())]):
+                return updated
+            if not self._fence_holds(fence):
+                raise ControllerFenced(
+                    f"election key {fence.key} (epoch {fence.create_revision}) is gone;"
+                    f" write to topic {name} refused"
+                )
+        raise ConcurrentUpdate(f"topic {name} kept changing; controller update not applied")
+
+    def _fence_holds(self, fence: CreateRevisionIs) -> bool:
+        kv = self.client.get(fence.key)
+        return kv is not None and kv.create_revision == fence.create_revision
 
     def _live_broker_ids(self) -> Sequence[str]:
         return [info.broker_id for info in self.live_brokers()]

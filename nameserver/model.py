@@ -27,6 +27,11 @@ DEFAULT_MESSAGE_SIZE_BYTES_MAX = 4 * 1024 * 1024  # RocketMQ's maxMessageSize de
 DEFAULT_CLUSTER = "DefaultCluster"
 
 
+def default_min_insync_replicas(replication_factor: int) -> int:
+    """1 for an unreplicated topic, else 2: one broker may die without refusing acks=-1 sends."""
+    return 1 if replication_factor == 1 else 2
+
+
 def validate_name(kind: str, name: str, error: type[GmsError] = InvalidTopicError) -> str:
     """Topic, broker and cluster names follow the store's topic-name rule (gms.naming):
     1..127 characters of ``[A-Za-z0-9_.%-]``, so they never contain the key separator ``/``."""
@@ -71,11 +76,22 @@ class BrokerInfo:
 class TopicSettings:
     retention_ms: int = DEFAULT_RETENTION_MS
     message_size_bytes_max: int = DEFAULT_MESSAGE_SIZE_BYTES_MAX
+    # acks=-1 sends need this many in-sync replicas. None only on input ("the default for the
+    # replication factor"); a TopicMetadata always holds the resolved 1..replication_factor.
+    min_insync_replicas: int | None = None
+    # Elect an out-of-sync replica when no in-sync one is alive: available, but may lose
+    # acknowledged messages. Off by default (Kafka's unclean.leader.election.enable).
+    unclean_leader_election: bool = False
 
     def __post_init__(self) -> None:
-        for key, value in asdict(self).items():
+        for key in ("retention_ms", "message_size_bytes_max", "min_insync_replicas"):
+            value = getattr(self, key)
+            if value is None and key == "min_insync_replicas":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidTopicError(f"topic setting {key} must be a positive integer")
+        if not isinstance(self.unclean_leader_election, bool):
+            raise InvalidTopicError("topic setting unclean_leader_election must be true or false")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TopicSettings:
@@ -84,17 +100,31 @@ class TopicSettings:
             raise InvalidTopicError(f"unknown topic setting(s): {', '.join(sorted(unknown))}")
         return cls(**d)
 
+    def for_replicas(self, replication_factor: int) -> TopicSettings:
+        """Resolve the min ISR default and check it fits the replication factor."""
+        min_isr = self.min_insync_replicas
+        if min_isr is None:
+            return replace(self, min_insync_replicas=default_min_insync_replicas(replication_factor))
+        if min_isr > replication_factor:
+            raise InvalidTopicError(
+                f"min_insync_replicas must be 1..{replication_factor} (the replication factor),"
+                f" got {min_isr}"
+            )
+        return self
+
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    """Placement and partition state of one queue; the controller (issue 5) rewrites leader,
-    isr and leader_epoch on failover, bumping the epoch to fence stale leaders."""
+    """Placement and partition state of one queue. The controller rewrites leader, isr and
+    leader_epoch on failover, bumping the epoch to fence stale leaders; the leader broker
+    rewrites isr (``ClusterMetadata.update_isr``)."""
 
     queue_id: int
     replicas: tuple[str, ...]  # broker ids; replicas[0] is the preferred leader
-    leader: str | None
-    isr: tuple[str, ...]
+    leader: str | None  # None: offline, no eligible replica alive
+    isr: tuple[str, ...]  # in-sync replicas, leader included
     leader_epoch: int = 0
+    controller_epoch: int = 0  # epoch of the controller that last changed leader/epoch (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +133,10 @@ class TopicMetadata:
     replication_factor: int
     settings: TopicSettings
     queues: tuple[QueueState, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # Every TopicMetadata (created, updated, decoded) carries resolved, valid settings.
+        object.__setattr__(self, "settings", self.settings.for_replicas(self.replication_factor))
 
     @property
     def queue_count(self) -> int:
@@ -122,6 +156,7 @@ class TopicMetadata:
                         "leader": q.leader,
                         "isr": list(q.isr),
                         "leader_epoch": q.leader_epoch,
+                        "controller_epoch": q.controller_epoch,
                     }
                     for q in self.queues
                 ],
@@ -132,7 +167,14 @@ class TopicMetadata:
     def from_json(cls, raw: bytes) -> TopicMetadata:
         d = _loads(raw)
         queues = tuple(
-            QueueState(q["id"], tuple(q["replicas"]), q["leader"], tuple(q["isr"]), q["leader_epoch"])
+            QueueState(
+                q["id"],
+                tuple(q["replicas"]),
+                q["leader"],
+                tuple(q["isr"]),
+                q["leader_epoch"],
+                q.get("controller_epoch", 0),  # absent in values written before issue 5
+            )
             for q in d["queues"]
         )
         return cls(d["name"], d["replication_factor"], TopicSettings(**d["settings"]), queues)
@@ -175,7 +217,7 @@ def place_queues(
     states = []
     for i in queue_ids:
         chosen = tuple(ordered[(i + j) % n] for j in range(replicas))
-        states.append(QueueState(i, chosen, chosen[0], chosen, 0))
+        states.append(QueueState(i, chosen, chosen[0], chosen))
     return tuple(states)
 
 

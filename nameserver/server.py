@@ -7,7 +7,8 @@ DELETE_TOPIC) are etcd round trips run off the event loop; with etcd unreachable
 SERVICE_UNAVAILABLE. After a write, the handler waits (briefly) until this nameserver's own view
 shows it, so a client that creates a topic and then asks the same nameserver for its route finds
 it. Each nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster
-status lists the live ones.
+status lists the live ones, and runs a :class:`Controller` candidate: the elected one moves
+queue leaders off dead brokers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
 from gms.net import RpcServer
 from gms.nameserver.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
+from gms.nameserver.controller import Controller
 from gms.nameserver.errors import EtcdUnavailable, NameserverError
 from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
 from gms.nameserver.lease import LeaseKeeper
@@ -110,6 +112,7 @@ class NameServer:
         self._metadata: ClusterMetadata | None = None
         self._view: ClusterView | None = None
         self._keeper: LeaseKeeper | None = None
+        self._controller: Controller | None = None
         self._rpc = RpcServer(
             {
                 RequestCode.GET_ROUTE: self._get_route,
@@ -157,6 +160,10 @@ class NameServer:
                 self._client, self._ttl_s, self._announce, name="nameserver"
             )
             await asyncio.to_thread(self._keeper.start)
+            self._controller = Controller(
+                self._client, self._view, self.address, prefix=self._keys.prefix, ttl_s=self._ttl_s
+            )
+            await asyncio.to_thread(self._controller.start)
         except BaseException:
             await self.stop()
             raise
@@ -165,6 +172,9 @@ class NameServer:
     async def stop(self) -> None:
         """Stop serving, withdraw this nameserver's key and stop following etcd. Idempotent."""
         await self._rpc.stop()
+        controller, self._controller = self._controller, None
+        if controller is not None:
+            await asyncio.to_thread(controller.close)  # resign: the next takes over at once
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             await asyncio.to_thread(keeper.stop)
@@ -243,10 +253,18 @@ class NameServer:
             fields={
                 "etcd": etcd,
                 "nameservers": self._known_nameservers,
+                "controller": self._controller_fields(),
                 "brokers": [broker_fields(b) for b in view.brokers()],
                 "topics": len(view.topics()),
             }
         )
+
+    def _controller_fields(self) -> dict[str, Any]:
+        """The acting controller as this nameserver's candidate last saw it."""
+        if self._controller is None:
+            return {"id": None, "epoch": 0, "this": False}
+        status = self._controller.status()
+        return {"id": status.controller_id, "epoch": status.epoch, "this": status.is_self}
 
     def _read_status(self) -> tuple[str, list[dict[str, Any]]]:
         assert self._client is not None

@@ -1,0 +1,208 @@
+"""The cluster controller: every nameserver runs one, one is elected, and it moves the leaders of
+queues whose leader broker is gone (rules in :mod:`gms.nameserver.failover`).
+
+Why event-driven: a broker's death is its etcd key's deletion when its lease expires; the
+ClusterView's watch delivers that as BROKER_DOWN within milliseconds, and the controller acts
+on it at once, so failover takes the broker lease TTL plus a few etcd round trips. Nothing
+polls. The callback only marks topics dirty; a worker thread does the etcd writes, one fenced
+transaction per topic, re-reading the topic so a concurrent ISR change is never overwritten.
+
+Epoch and fencing: the controller epoch is the create revision of this controller's election
+key (see :mod:`gms.nameserver.election`); every write also compares that key, so a deposed
+controller (lease lost, partitioned, paused) cannot write after its successor took over. On
+gaining leadership the controller re-scans every topic, which finishes a failover its
+predecessor died in the middle of, and repairs offline queues whose replicas came back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gms.errors import TopicNotFoundError
+from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.nameserver.election import DEFAULT_ELECTION_TTL_S, Election
+from gms.nameserver.errors import ControllerFenced, NameserverError
+from gms.nameserver.etcd_client import EtcdClient
+from gms.nameserver.failover import reassign_leaders
+from gms.nameserver.metadata import DEFAULT_PREFIX, ClusterMetadata
+from gms.nameserver.model import TopicMetadata
+
+log = logging.getLogger(__name__)
+
+ELECTION_NAME = "controller"  # the election's key directory: <prefix>election/controller/
+RETRY_AFTER_ERROR_S = 0.2  # etcd unreachable: retry the dirty topics this often
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatus:
+    controller_id: str | None  # the acting controller's candidate id (None: none known)
+    epoch: int  # its epoch (create revision of its election key); 0 if unknown
+    is_self: bool  # this process is the acting controller
+
+
+class Controller:
+    """``before_write(topic)``, for tests only, runs on the worker thread after the topic is
+    read and before the fenced write: it lets a test stop a controller mid-failover."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        view: ClusterView,
+        candidate_id: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        ttl_s: int = DEFAULT_ELECTION_TTL_S,
+        before_write: Callable[[str], None] | None = None,
+    ) -> None:
+        self._metadata = ClusterMetadata(client, prefix)
+        self._view = view
+        self._before_write = before_write
+        self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._rescan = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._election = Election(
+            client,
+            ELECTION_NAME,
+            candidate_id,
+            ttl_s=ttl_s,
+            prefix=prefix,
+            on_gain=self._on_gain,
+            on_loss=self._wake.set,
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        return self._election.is_leader
+
+    @property
+    def epoch(self) -> int:
+        """This candidate's epoch (valid as the controller epoch while it leads)."""
+        return self._election.epoch
+
+    @property
+    def lease_id(self) -> int:
+        return self._election.lease_id
+
+    def status(self) -> ControllerStatus:
+        """The acting controller as this candidate last saw it (no etcd round trip)."""
+        return ControllerStatus(
+            self._election.leader_id, self._election.leader_epoch, self._election.is_leader
+        )
+
+    def start(self) -> Controller:
+        """Campaign (blocks for one etcd round trip; errors propagate) and start acting when
+        elected. The view must be started."""
+        self._view.subscribe(self._on_change)
+        self._thread = threading.Thread(target=self._run, name="gms-controller", daemon=True)
+        self._thread.start()
+        try:
+            self._election.start()
+        except BaseException:
+            self.close(resign=False)
+            raise
+        return self
+
+    def close(self, *, resign: bool = True) -> None:
+        """``resign`` hands over at once; otherwise the successor waits out the lease."""
+        self._view.unsubscribe(self._on_change)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._election.close(resign=resign)
+
+    # -- triggers (watch and election threads: quick, no etcd) -----------------------------
+    def _on_gain(self) -> None:
+        log.info("controller: %s elected (epoch %d)", self._election.candidate_id, self.epoch)
+        self._mark_all()
+
+    def _on_change(self, change: ViewChange) -> None:
+        if change.kind in (ChangeKind.BROKER_DOWN, ChangeKind.BROKER_UP):
+            self._mark(t.name for t in self._view.topics() if _places(t, change.name))
+        elif change.kind is ChangeKind.TOPIC_UPDATED:
+            self._mark([change.name])
+        elif change.kind is ChangeKind.HEALTH and change.name == "healthy":
+            self._mark_all()  # a resync may have skipped events; cheap when nothing changed
+
+    def _mark(self, names: Iterable[str]) -> None:
+        with self._lock:
+            self._dirty.update(names)
+        self._wake.set()
+
+    def _mark_all(self) -> None:
+        with self._lock:
+            self._rescan = True
+        self._wake.set()
+
+    def _take(self) -> list[str]:
+        with self._lock:
+            names, self._dirty = self._dirty, set()
+            rescan, self._rescan = self._rescan, False
+        if rescan:
+            names.update(t.name for t in self._view.topics())
+        return sorted(names)
+
+    # -- worker ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            names = self._take()
+            if not self._election.is_leader:
+                continue  # whoever leads does the work; on gaining leadership we re-scan
+            for i, name in enumerate(names):
+                if self._stop.is_set() or not self._election.is_leader:
+                    break
+                try:
+                    self._reconcile(name)
+                except ControllerFenced as err:
+                    log.warning("controller: deposed, stopping this pass: %s", err)
+                    break
+                except NameserverError as err:
+                    log.warning("controller: topic %s: %s; retrying", name, err)
+                    self._mark(names[i:])
+                    self._stop.wait(RETRY_AFTER_ERROR_S)
+                    break
+
+    def _reconcile(self, name: str) -> None:
+        live = frozenset(b.broker_id for b in self._view.brokers())
+        epoch = self._election.epoch
+        try:
+            seen = self._view.topic(name)
+        except TopicNotFoundError:
+            return  # deleted meanwhile
+        if reassign_leaders(seen, live, controller_epoch=epoch) is seen:
+            return  # the common case (ISR changes, healthy topics): no etcd round trip
+        fence = self._election.fence()
+        if fence is None:
+            return
+        read: list[TopicMetadata] = []
+
+        def change(stored: TopicMetadata) -> TopicMetadata:
+            read[:] = [stored]
+            if self._before_write is not None:
+                self._before_write(name)
+            return reassign_leaders(stored, live, controller_epoch=epoch)
+
+        written = self._metadata.update_queues(name, change, fence=fence)
+        if written is not None:
+            for old, new in zip(read[0].queues, written.queues):
+                if old != new:
+                    log.info(
+                        "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",
+                        epoch, name, new.queue_id, old.leader, new.leader,
+                        old.leader_epoch, new.leader_epoch, list(new.isr),
+                    )
+
+
+def _places(topic: TopicMetadata, broker_id: str) -> bool:
+    return any(broker_id in q.replicas for q in topic.queues)
