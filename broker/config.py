@@ -35,6 +35,12 @@ class BrokerConfig:
     member_expiry_ms: int = 30_000
     offset_persist_interval_ms: int = 1_000
     send_timeout_ms: int = 5_000
+    # Replication (cluster mode). The lease TTL bounds how fast a dead broker's queues fail over.
+    lease_ttl_s: int = 10
+    replica_lag_time_max_ms: int = 10_000  # a follower not caught up for this long leaves the ISR
+    replica_fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
+    replica_fetch_bytes_max: int = 8 << 20
+    hw_checkpoint_interval_ms: int = 1_000
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @property

@@ -35,6 +35,18 @@ NAMESERVER_TIMEOUT_MS = 3000
 
 
 @dataclass(frozen=True, slots=True)
+class QueueAssignment:
+    """The partition state of one queue this broker holds a replica of (from etcd)."""
+
+    queue_id: int
+    leader_id: str | None  # None while the queue is offline (no eligible leader)
+    leader_address: str | None  # None while the leader is not registered
+    leader_epoch: int
+    isr: tuple[str, ...]  # broker ids, leader included
+    replicas: tuple[str, ...]  # broker ids, preferred leader first
+
+
+@dataclass(frozen=True, slots=True)
 class TopicAssignment:
     """What one broker holds of one topic."""
 
@@ -42,22 +54,36 @@ class TopicAssignment:
     leader_queue_ids: tuple[int, ...]  # queues this broker leads (serves sends and pulls)
     follower_queue_ids: tuple[int, ...]  # queues this broker replicates but does not lead
     settings: TopicSettings
+    queues: tuple[QueueAssignment, ...] = ()  # every queue with a replica here, by queue id
+    min_insync_replicas: int = 1
 
 
 Assignments = dict[str, TopicAssignment]
 AssignmentCallback = Callable[[Assignments], None]
 
 
-def assignments_for(broker_id: str, topics: list[TopicMetadata]) -> Assignments:
-    """Every topic with at least one queue (led or replicated) on ``broker_id``."""
+def assignments_for(
+    broker_id: str, topics: list[TopicMetadata], brokers: list[BrokerInfo] | None = None
+) -> Assignments:
+    """Every topic with at least one queue (led or replicated) on ``broker_id``; ``brokers``
+    (the registered ones) give the leaders' addresses."""
+    addresses = {b.broker_id: b.address for b in brokers or ()}
     result: Assignments = {}
     for topic in topics:
-        led = tuple(q.queue_id for q in topic.queues if q.leader == broker_id)
-        followed = tuple(
-            q.queue_id for q in topic.queues if broker_id in q.replicas and q.leader != broker_id
+        held = [q for q in topic.queues if broker_id in q.replicas or q.leader == broker_id]
+        if not held:
+            continue
+        led = tuple(q.queue_id for q in held if q.leader == broker_id)
+        followed = tuple(q.queue_id for q in held if q.leader != broker_id)
+        queues = tuple(
+            QueueAssignment(q.queue_id, q.leader, addresses.get(q.leader) if q.leader else None,
+                            q.leader_epoch, tuple(q.isr), tuple(q.replicas))
+            for q in held
         )
-        if led or followed:
-            result[topic.name] = TopicAssignment(topic.queue_count, led, followed, topic.settings)
+        result[topic.name] = TopicAssignment(
+            topic.queue_count, led, followed, topic.settings, queues,
+            topic.settings.min_insync_replicas,
+        )
     return result
 
 
@@ -103,6 +129,7 @@ class BrokerRegistration:
         self._assignments: Assignments | None = None
         self._client: EtcdClient | None = None
         self._registration: EtcdRegistration | None = None
+        self._metadata: ClusterMetadata | None = None
         self._view: ClusterView | None = None
         self.etcd_endpoints = ""
 
@@ -126,9 +153,8 @@ class BrokerRegistration:
         self.etcd_endpoints = etcd
         self._client = EtcdClient(etcd)
         try:
-            self._registration = ClusterMetadata(self._client, prefix).register_broker(
-                self.info, self._ttl_s
-            )
+            self._metadata = ClusterMetadata(self._client, prefix)
+            self._registration = self._metadata.register_broker(self.info, self._ttl_s)
             self._view = ClusterView(self._client, prefix)
             self._view.subscribe(self._on_change)
             self._view.start()
@@ -165,11 +191,23 @@ class BrokerRegistration:
         if view is not None:
             view.stop()
         client, self._client = self._client, None
+        self._metadata = None
         if client is not None:
             client.close()
 
+    def update_isr(self, topic: str, queue_id: int, *, leader_epoch: int, isr: tuple[str, ...]) -> bool:
+        """Write a new ISR for a queue this broker leads (blocking etcd round trips; call it from
+        a thread). False when the queue's leader or epoch changed meanwhile: this broker's view
+        is stale and the watch will bring the new state."""
+        if self._metadata is None:
+            return False
+        return self._metadata.update_isr(
+            topic, queue_id, leader_id=self.info.broker_id, leader_epoch=leader_epoch, isr=list(isr),
+        )
+
     def _on_change(self, change: ViewChange) -> None:
-        if change.kind in (ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED):
+        # Broker changes matter too: they give or take away the leaders' addresses.
+        if change.kind is not ChangeKind.HEALTH:
             self._refresh()
 
     def _refresh(self) -> None:
@@ -177,7 +215,7 @@ class BrokerRegistration:
         if view is None:
             return
         with self._lock:
-            current = assignments_for(self.info.broker_id, view.topics())
+            current = assignments_for(self.info.broker_id, view.topics(), view.brokers())
             if current == self._assignments:
                 return
             self._assignments = current

@@ -16,6 +16,9 @@ from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
 from gms.broker.group_handlers import GroupHandlers
 from gms.broker.groups import GroupCoordinator
+from gms.broker.ha.leader_handlers import LeaderHandlers
+from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
+from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
@@ -41,6 +44,8 @@ class BrokerServer:
         self.started_monotonic = time.monotonic()
         self._chores: list[asyncio.Task[None]] = []
         self.registration: BrokerRegistration | None = None
+        self.replicas: ReplicaManager | None = None  # cluster mode only
+        self._messages: MessageHandlers | None = None
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
         self._led_queues: dict[str, list[int]] | None = None
@@ -82,12 +87,14 @@ class BrokerServer:
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
         )
-        self.registration = BrokerRegistration(
+        registration = self.registration = BrokerRegistration(
             self.config.nameserver, info,
             # Called on the etcd watch thread: hand the change to the event loop.
             lambda assignments: loop.call_soon_threadsafe(self._apply_assignments, assignments),
+            ttl_s=self.config.lease_ttl_s,
             start_timeout_s=self.config.register_timeout_s,
         )
+        self._start_replication(info.broker_id, registration)
         try:
             await asyncio.to_thread(self.registration.start)
         except Exception:
@@ -112,9 +119,32 @@ class BrokerServer:
                 self.offsets.delete_topic(topic)
                 log.info("topic %s: deleted from the cluster, removed locally", topic)
         self._led_queues = {t: sorted(a.leader_queue_ids) for t, a in assignments.items()}
+        if self.replicas is not None:
+            self.replicas.apply(assignments)
+
+    def _start_replication(self, broker_id: str, registration: BrokerRegistration) -> None:
+        config = self.config
+        self.replicas = ReplicaManager(
+            self.store, broker_id,
+            ReplicationConfig(replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                              fetch_wait_ms=config.replica_fetch_wait_ms,
+                              fetch_bytes_max=config.replica_fetch_bytes_max,
+                              hw_checkpoint_interval_ms=config.hw_checkpoint_interval_ms),
+            ReplicationStateFile(config.store_dir / "store" / "config" / "replication.json"),
+            update_isr=registration.update_isr,
+            lease_alive=lambda: registration.alive,
+            notify_readers=self.waiters.notify,
+        )
+        self.replicas.start()
+        if self._messages is not None:
+            self._messages.replicas = self.replicas
+        leader = LeaderHandlers(self.replicas)
+        self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
+        self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 
     def _register_handlers(self) -> None:
-        messages = MessageHandlers(self.config, self.store, self.waiters, self.groups, self.address)
+        messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.groups,
+                                                    self.address)
         groups = GroupHandlers(self.groups, self.offsets, lambda t: t in self.store.topics())
         admin = AdminHandlers(self)
         for code, handler in {
@@ -155,6 +185,8 @@ class BrokerServer:
         if self.registration is not None:
             await asyncio.to_thread(self.registration.stop)
             self.registration = None
+        if self.replicas is not None:
+            await self.replicas.stop()
         for task in self._chores:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)

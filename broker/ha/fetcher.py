@@ -1,0 +1,188 @@
+"""Followers: one fetcher per leader broker, one connection, every followed queue in each
+REPLICA_FETCH, long-polling at the leader while caught up.
+
+Records are appended with the leader's queue offsets (``MessageStore.append_replicated``), so
+queue offsets agree across replicas while commitlog offsets differ. Before its first fetch in a
+new leader epoch a queue is truncated where its history diverges from the leader's
+(OFFSET_FOR_LEADER_EPOCH, Kafka KIP-101). The follower's fetch offset is its log end offset:
+that is how the leader learns what the follower has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gms.broker.ha.epochs import UNDEFINED_EPOCH
+from gms.broker.ha.partition import Partition, Role
+from gms.errors import GmsError
+from gms.net import Connection
+from gms.protocol.codes import RequestCode, Status
+
+if TYPE_CHECKING:
+    from gms.broker.ha.replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
+REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
+
+
+class FetcherPool:
+    """The fetchers of this broker, one per leader address, following the partition table."""
+
+    def __init__(self, manager: ReplicaManager) -> None:
+        self.manager = manager
+        self._fetchers: dict[str, LeaderFetcher] = {}
+
+    def rebalance(self) -> None:
+        """Start, stop or wake fetchers after the roles or leaders of queues changed."""
+        by_leader: dict[str, list[Partition]] = {}
+        for p in self.manager.partitions.values():
+            if p.role is Role.FOLLOWER and p.leader_address:
+                by_leader.setdefault(p.leader_address, []).append(p)
+        for address in set(self._fetchers) - set(by_leader):
+            self._fetchers.pop(address).stop()
+        for address, partitions in by_leader.items():
+            fetcher = self._fetchers.get(address)
+            if fetcher is None:
+                fetcher = self._fetchers[address] = LeaderFetcher(self.manager, address)
+            fetcher.follow(partitions)
+
+    async def stop(self) -> None:
+        fetchers, self._fetchers = list(self._fetchers.values()), {}
+        for fetcher in fetchers:
+            fetcher.stop()
+        await asyncio.gather(*(f.task for f in fetchers), return_exceptions=True)
+
+
+class LeaderFetcher:
+    def __init__(self, manager: ReplicaManager, address: str) -> None:
+        self.manager = manager
+        self.store = manager.store
+        self.address = address
+        self._partitions: list[Partition] = []
+        self._wake = asyncio.Event()
+        self._conn: Connection | None = None
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def follow(self, partitions: list[Partition]) -> None:
+        self._partitions = partitions
+        self._wake.set()
+
+    def stop(self) -> None:
+        self.task.cancel()
+        if self._conn is not None:
+            self._conn.close()
+
+    def _mine(self, p: Partition) -> bool:
+        return p.role is Role.FOLLOWER and p.leader_address == self.address
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            partitions = [p for p in self._partitions if self._mine(p) and p.fetch_paused_until <= now]
+            if not partitions:
+                paused = [p.fetch_paused_until for p in self._partitions if self._mine(p)]
+                timeout = max(min(paused) - now, 0.01) if paused else None
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                conn = await self._connection()
+                truncating = [p for p in partitions if p.needs_truncation]
+                if truncating:
+                    await self._truncate(conn, truncating)
+                ready = [p for p in partitions if not p.needs_truncation and self._mine(p)
+                         and p.fetch_paused_until <= time.monotonic()]
+                if ready:
+                    await self._fetch(conn, ready)
+            except GmsError as err:
+                log.info("replica fetch from %s failed: %s; retrying", self.address, err)
+                self._close()
+                await asyncio.sleep(RETRY_BACKOFF_S)
+
+    async def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            host, port = self.address.rsplit(":", 1)
+            self._conn = await Connection.open(host.strip("[]"), int(port))
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _truncate(self, conn: Connection, partitions: list[Partition]) -> None:
+        sent = [(p, p.leader_epoch, p.history.latest_epoch) for p in partitions]
+        frame = await conn.request(RequestCode.OFFSET_FOR_LEADER_EPOCH, {
+            "queues": [[*p.key, epoch, last] for p, epoch, last in sent]})
+        changed = False
+        for (p, epoch, asked), row in zip(sent, frame.fields["queues"]):
+            status, found_epoch, end_offset = row[2], row[3], row[4]
+            if not self._mine(p) or p.leader_epoch != epoch:
+                continue
+            if status:
+                self._pause(p, status)
+                continue
+            leo = self.store.max_offset(*p.key)
+            target = min(end_offset, leo)
+            if found_epoch != UNDEFINED_EPOCH and found_epoch != asked:
+                # The leader does not know our last epoch: cut where *its* largest known
+                # epoch ends in our own history too (KIP-279).
+                target = min(target, p.history.end_for(found_epoch, leo).end_offset)
+            if target < leo:
+                log.warning("queue %s/%d: truncating from %d to %d (epoch %d diverges from leader %s)",
+                            *p.key, leo, target, asked, self.address)
+                self.store.truncate_queue(*p.key, target)
+            before = len(p.history.entries)
+            p.history.truncate_from(target)
+            changed |= len(p.history.entries) != before
+            p.hw = min(p.hw, target)
+            p.needs_truncation = False
+        if changed:
+            self.manager.save_state()
+
+    async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
+        sent = [(p, p.leader_epoch, self.store.max_offset(*p.key)) for p in partitions]
+        config = self.manager.config
+        frame = await conn.request(RequestCode.REPLICA_FETCH, {
+            "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
+            "bytes_max": config.fetch_bytes_max,
+            "queues": [[*p.key, offset, epoch, p.history.latest_epoch] for p, epoch, offset in sent],
+        }, timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
+        body = memoryview(frame.body)
+        pos = 0
+        history_changed = False
+        for (p, epoch, offset), row in zip(sent, frame.fields["queues"]):
+            status, hw, size, epochs = row[2], row[3], row[5], row[6]
+            chunk, pos = body[pos: pos + size], pos + size
+            if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
+                continue  # the metadata moved on while the fetch was in flight
+            if status == Status.OFFSET_ILLEGAL:
+                p.needs_truncation = True
+                continue
+            if status:
+                self._pause(p, status)
+                continue
+            if size and self.store.max_offset(*p.key) == offset:
+                self.store.append_replicated(chunk)
+            leo = self.store.max_offset(*p.key)
+            for entry_epoch, start in epochs:
+                if start < leo:
+                    history_changed |= p.history.assign(entry_epoch, start)
+            if min(hw, leo) > p.hw:
+                p.hw = min(hw, leo)
+                self.manager.hw_moved()
+        if history_changed:
+            self.manager.save_state()
+
+    def _pause(self, p: Partition, status: Any) -> None:
+        log.info("queue %s/%d: leader %s refused the fetch (%s); waiting for new metadata",
+                 *p.key, self.address, Status(status).name)
+        p.fetch_paused_until = time.monotonic() + RETRY_BACKOFF_S

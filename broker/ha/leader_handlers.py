@@ -1,0 +1,117 @@
+"""The leader's side of replication on the wire: REPLICA_FETCH and OFFSET_FOR_LEADER_EPOCH.
+
+REPLICA_FETCH (200), one request for every queue a follower follows from this broker:
+  request fields: {"replica": follower broker id, "wait_ms": long-poll bound when nothing is new,
+                   "bytes_max": response body bound,
+                   "queues": [[topic, queue_id, fetch_offset, leader_epoch, last_epoch], ...]}
+    fetch_offset is the follower's log end offset (it has every offset below it);
+    leader_epoch the epoch it believes the leader has; last_epoch the newest epoch in its own
+    history (the leader sends the newer entries of its history that the records cover).
+  response fields: {"queues": [[topic, queue_id, status, hw, leo, size, epochs], ...]}
+    status 0 or a wire Status: NOT_LEADER, FENCED_LEADER_EPOCH (the two epochs differ: whoever
+    is behind must learn the new metadata first), OFFSET_ILLEGAL (fetch offset beyond the
+    leader's end: truncate first). size = bytes of this queue's records in the body, which
+    holds every queue's records back to back in the order of "queues", as stored.
+OFFSET_FOR_LEADER_EPOCH (202):
+  request {"queues": [[topic, queue_id, leader_epoch, epoch], ...]}
+  response {"queues": [[topic, queue_id, status, epoch, end_offset], ...]}: the largest epoch
+    <= the one asked that the leader knows, and the offset where it ends on the leader.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gms.broker.ha.partition import Partition, Role
+from gms.broker.ha.replica_manager import ReplicaManager
+from gms.broker.store import GetStatus
+from gms.errors import BadRequestError
+from gms.protocol.codes import Status
+from gms.protocol.fields import field
+from gms.protocol.frame import Frame, Response
+
+FETCH_MSGS_MAX = 65_536  # per queue per response
+FETCH_WAIT_MS_MAX = 30_000
+FETCH_BYTES_MAX = 32 << 20
+
+
+class LeaderHandlers:
+    def __init__(self, manager: ReplicaManager) -> None:
+        self.manager = manager
+        self.store = manager.store
+
+    def _check(self, topic: str, queue_id: int, leader_epoch: int) -> tuple[Partition | None, int]:
+        p = self.manager.partitions.get((topic, queue_id))
+        if p is None or p.role is not Role.LEADER:
+            return p, Status.NOT_LEADER
+        if leader_epoch != p.leader_epoch:
+            return p, Status.FENCED_LEADER_EPOCH
+        return p, Status.SUCCESS
+
+    async def replica_fetch(self, request: Frame) -> Response:
+        fields = request.fields
+        replica = field(fields, "replica", str)
+        wait_ms = min(max(field(fields, "wait_ms", int, 0), 0), FETCH_WAIT_MS_MAX)
+        bytes_max = min(max(field(fields, "bytes_max", int, FETCH_BYTES_MAX), 1), FETCH_BYTES_MAX)
+        queues = field(fields, "queues", list)
+        try:
+            wanted = [(str(t), int(q), int(off), int(ep), int(last)) for t, q, off, ep, last in queues]
+        except (TypeError, ValueError) as err:
+            raise BadRequestError(f"bad REPLICA_FETCH queues: {err}") from err
+        self._record_progress(replica, wanted)
+        answer = self._read(wanted, bytes_max)
+        if wait_ms and not answer[1]:
+            keys = [(t, q) for t, q, *_ in wanted]
+            await self.manager.wait_for_data(keys, wait_ms / 1000)
+            answer = self._read(wanted, bytes_max)
+        return Response({"queues": answer[0]}, body=answer[1])
+
+    def _record_progress(self, replica: str, wanted: list[tuple[str, int, int, int, int]]) -> None:
+        now = time.monotonic()
+        for topic, queue_id, offset, epoch, _ in wanted:
+            p, status = self._check(topic, queue_id, epoch)
+            if status or p is None or replica not in p.replicas:
+                continue
+            leo = self.store.max_offset(topic, queue_id)
+            if offset <= leo:
+                p.record_fetch(replica, offset, leo, now)
+                self.manager.after_fetch(p, leo)
+
+    def _read(self, wanted: list[tuple[str, int, int, int, int]], bytes_max: int) -> tuple[list[list[Any]], list[memoryview]]:
+        rows: list[list[Any]] = []
+        body: list[memoryview] = []
+        budget = bytes_max
+        for topic, queue_id, offset, epoch, last_epoch in wanted:
+            p, status = self._check(topic, queue_id, epoch)
+            if status or p is None:
+                rows.append([topic, queue_id, int(status), 0, 0, 0, []])
+                continue
+            leo = self.store.max_offset(topic, queue_id)
+            if offset > leo:
+                rows.append([topic, queue_id, int(Status.OFFSET_ILLEGAL), p.hw, leo, 0, []])
+                continue
+            size, next_offset = 0, offset
+            if offset < leo and budget > 0:
+                result = self.store.get(topic, queue_id, offset, FETCH_MSGS_MAX, budget)
+                if result.status is GetStatus.FOUND:
+                    body.extend(result.records)
+                    size = sum(r.nbytes for r in result.records)
+                    budget -= size
+                    next_offset = result.next_offset
+            epochs = [[e.epoch, e.start_offset] for e in p.history.entries
+                      if e.epoch > last_epoch and e.start_offset < next_offset]
+            rows.append([topic, queue_id, 0, p.hw, leo, size, epochs])
+        return rows, body
+
+    async def offset_for_leader_epoch(self, request: Frame) -> Response:
+        queues = field(request.fields, "queues", list)
+        rows: list[list[Any]] = []
+        for topic, queue_id, leader_epoch, epoch in queues:
+            p, status = self._check(str(topic), int(queue_id), int(leader_epoch))
+            if status or p is None:
+                rows.append([topic, queue_id, int(status), -1, 0])
+                continue
+            found = p.history.end_for(int(epoch), self.store.max_offset(topic, queue_id))
+            rows.append([topic, queue_id, 0, found.epoch, found.end_offset])
+        return Response({"queues": rows})

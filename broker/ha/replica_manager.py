@@ -1,0 +1,275 @@
+"""The broker's replication: the role of each queue, the produce/consume checks, acks=-1 waits,
+ISR maintenance and the follower fetchers.
+
+Runs on the broker's event loop. The cluster metadata (leader, ISR, leader epoch per queue)
+arrives as assignments from :class:`gms.broker.registration.BrokerRegistration`; ISR changes this
+broker makes as a leader go back to etcd through ``update_isr`` (a compare-and-swap on the
+queue's leader and epoch, so a deposed leader cannot write one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gms.broker.ha.epochs import EpochHistory
+from gms.broker.ha.partition import FollowerProgress, Partition, QueueKey, Role
+from gms.broker.ha.state_file import ReplicationStateFile
+from gms.broker.registration import Assignments, QueueAssignment
+from gms.broker.store import MessageStore
+from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError, RequestTimeoutError
+
+log = logging.getLogger(__name__)
+
+UpdateIsr = Callable[..., bool]  # (topic, queue_id, *, leader_epoch, isr) -> bool, blocking
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicationConfig:
+    replica_lag_time_max_ms: int = 10_000  # GMS/Kafka: a follower silent this long leaves the ISR
+    fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
+    fetch_bytes_max: int = 8 << 20  # per fetch response, all queues together
+    hw_checkpoint_interval_ms: int = 1_000
+
+
+class ReplicaManager:
+    def __init__(self, store: MessageStore, broker_id: str, config: ReplicationConfig,
+                 state_file: ReplicationStateFile, *, update_isr: UpdateIsr,
+                 lease_alive: Callable[[], bool], notify_readers: Callable[[Iterable[QueueKey]], None]) -> None:
+        self.store = store
+        self.broker_id = broker_id
+        self.config = config
+        self._state_file = state_file
+        self._update_isr = update_isr
+        self._lease_alive = lease_alive
+        self._notify_readers = notify_readers
+        self.partitions: dict[QueueKey, Partition] = {}
+        self._histories, self._saved_hws = state_file.load()
+        self._hw_dirty = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._chore: asyncio.Task[None] | None = None
+        self._data_waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
+        from gms.broker.ha.fetcher import FetcherPool  # the fetchers call back into this manager
+        self.fetchers = FetcherPool(self)
+
+    @property
+    def lag_max_s(self) -> float:
+        return self.config.replica_lag_time_max_ms / 1000
+
+    def start(self) -> None:
+        self._chore = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def stop(self) -> None:
+        await self.fetchers.stop()
+        tasks = [*self._tasks, *([self._chore] if self._chore else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in self.partitions.values():
+            p.fail_waiters(NotLeaderError("the broker is stopping"))
+        self.save_state()
+
+    # --- assignments ---------------------------------------------------------------------------
+    def apply(self, assignments: Assignments) -> None:
+        """Take the cluster's view of every queue held here; become leader or follower."""
+        seen: set[QueueKey] = set()
+        for topic, assignment in assignments.items():
+            for queue in assignment.queues:
+                key = (topic, queue.queue_id)
+                seen.add(key)
+                self._apply_queue(self._partition(key), queue, assignment.min_insync_replicas or 1)
+        for key in set(self.partitions) - seen:
+            p = self.partitions.pop(key)
+            p.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
+            self.fetchers.unfollow(p)
+        self.fetchers.rebalance()
+
+    def _partition(self, key: QueueKey) -> Partition:
+        p = self.partitions.get(key)
+        if p is None:
+            history = self._histories.setdefault(key, EpochHistory())
+            p = self.partitions[key] = Partition(key, history, hw=self._saved_hws.get(key, 0))
+        return p
+
+    def _apply_queue(self, p: Partition, queue: QueueAssignment, min_insync: int) -> None:
+        role = (Role.LEADER if queue.leader_id == self.broker_id
+                else Role.OFFLINE if queue.leader_id is None or self.broker_id not in queue.replicas
+                else Role.FOLLOWER)
+        changed = role is not p.role or queue.leader_epoch != p.leader_epoch or queue.leader_id != p.leader_id
+        p.replicas, p.min_insync, p.leader_address = queue.replicas, min_insync, queue.leader_address
+        if p.leader_epoch > queue.leader_epoch:
+            return  # an older snapshot than what we already acted on
+        if not changed:
+            if role is Role.LEADER and not p.isr_update_pending:
+                self._set_isr(p, queue.isr)
+            return
+        previous = p.role
+        p.role, p.leader_id, p.leader_epoch, p.isr = role, queue.leader_id, queue.leader_epoch, queue.isr
+        p.fetch_paused_until = 0.0
+        if previous is Role.LEADER and role is not Role.LEADER:
+            p.fail_waiters(NotLeaderError(f"queue {p.key[0]}/{p.key[1]}: leadership moved",
+                                          fields=_leader_fields(p)))
+        if role is Role.LEADER:
+            self._become_leader(p)
+        elif role is Role.FOLLOWER:
+            p.needs_truncation = True
+        log.info("queue %s/%d: %s in epoch %d (leader %s, isr %s)", *p.key, role.value,
+                 queue.leader_epoch, queue.leader_id, list(queue.isr))
+
+    def _become_leader(self, p: Partition) -> None:
+        leo = self.store.max_offset(*p.key)
+        if p.history.assign(p.leader_epoch, leo):
+            self.save_state()
+        now = time.monotonic()
+        # Kafka: every ISR member counts as caught up now; it has the lag window to show it.
+        p.followers = {b: FollowerProgress(last_caught_up_s=now) for b in p.replicas if b != self.broker_id}
+        p.hw = min(p.hw, leo)
+        self._advance(p, leo)
+
+    def _set_isr(self, p: Partition, isr: tuple[str, ...]) -> None:
+        if isr == p.isr:
+            return
+        p.isr = isr
+        if len(isr) < p.min_insync:
+            p.fail_waiters(NotEnoughReplicasError(
+                f"queue {p.key[0]}/{p.key[1]}: the ISR {list(isr)} fell below min_insync_replicas"
+                f" {p.min_insync} after the append; the batch is on the leader but not acknowledged"))
+        self._advance(p, self.store.max_offset(*p.key))
+
+    # --- produce and consume checks ------------------------------------------------------------
+    def leader_of(self, key: QueueKey) -> Partition:
+        """The partition of a queue this broker leads now; NotLeaderError otherwise."""
+        p = self.partitions.get(key)
+        if p is None or p.role is not Role.LEADER:
+            where = f"; its leader is {p.leader_address}" if p is not None and p.leader_address else ""
+            raise NotLeaderError(f"this broker does not lead {key[0]}/{key[1]}{where}",
+                                 fields=_leader_fields(p) if p is not None else {})
+        return p
+
+    def check_produce(self, keys: Iterable[QueueKey], acks: int) -> None:
+        """Refuse a send before it is stored: not the leader, lease lost, or (acks=-1) too few
+        in sync — never a silent downgrade to acks=1."""
+        for key in keys:
+            p = self.leader_of(key)
+            if not self._lease_alive():
+                raise NotLeaderError(f"this broker lost its cluster lease; {key[0]}/{key[1]} may have"
+                                     " a new leader", fields=_leader_fields(p))
+            if acks == -1 and len(p.isr) < p.min_insync:
+                raise NotEnoughReplicasError(
+                    f"queue {key[0]}/{key[1]}: {len(p.isr)} in-sync replica(s) {list(p.isr)},"
+                    f" acks=-1 needs min_insync_replicas={p.min_insync}")
+
+    def read_limit(self, key: QueueKey) -> int:
+        """Consumers read below the high watermark of a queue this broker leads."""
+        return self.leader_of(key).hw
+
+    def on_appended(self, keys: Iterable[QueueKey]) -> None:
+        """The leader appended to ``keys``: wake parked follower fetches, move single-replica HWs."""
+        for key in keys:
+            p = self.partitions.get(key)
+            if p is not None and p.role is Role.LEADER:
+                self._advance(p, self.store.max_offset(*key))
+            for future in self._data_waiters.pop(key, ()):
+                if not future.done():
+                    future.set_result(None)
+
+    async def wait_replicated(self, ends: dict[QueueKey, int], timeout_ms: int) -> None:
+        """acks=-1: wait until each queue's HW covers its end offset in ``ends``."""
+        futures = [self.leader_of(key).wait_for_hw(end) for key, end in ends.items()]
+        try:
+            await asyncio.wait_for(asyncio.gather(*futures), timeout_ms / 1000)
+        except TimeoutError as err:
+            for key, future in zip(ends, futures):
+                p = self.partitions.get(key)
+                if p is not None:
+                    p.forget_waiter(future)
+            isr = {f"{k[0]}/{k[1]}": list(self.partitions[k].isr) for k in ends if k in self.partitions}
+            raise RequestTimeoutError(
+                f"acks=-1: the in-sync replicas {isr} did not all store the batch within {timeout_ms} ms;"
+                " it is on the leader and may still be replicated (a retry may duplicate it)") from err
+
+    async def wait_for_data(self, keys: Iterable[QueueKey], timeout_s: float) -> None:
+        """Park a caught-up follower fetch until one of ``keys`` gets an append (or timeout)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keys = list(keys)
+        for key in keys:
+            self._data_waiters.setdefault(key, set()).add(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiters = self._data_waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(future)
+                    if not waiters:
+                        del self._data_waiters[key]
+
+    # --- leader bookkeeping --------------------------------------------------------------------
+    def _advance(self, p: Partition, leo: int) -> None:
+        if p.advance_hw(self.broker_id, leo):
+            self._hw_dirty = True
+            self._notify_readers((p.key,))
+
+    def after_fetch(self, p: Partition, leo: int) -> None:
+        """A follower fetched: maybe move the HW, maybe take a caught-up replica back in."""
+        self._advance(p, leo)
+        if not p.isr_update_pending:
+            rejoining = p.rejoining(time.monotonic(), self.lag_max_s)
+            if rejoining:
+                self._propose_isr(p, tuple(b for b in p.replicas if b in p.isr or b in rejoining))
+
+    def _propose_isr(self, p: Partition, isr: tuple[str, ...]) -> None:
+        p.isr_update_pending = True
+        task = asyncio.get_running_loop().create_task(self._write_isr(p, p.leader_epoch, isr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write_isr(self, p: Partition, epoch: int, isr: tuple[str, ...]) -> None:
+        try:
+            ok = await asyncio.to_thread(self._update_isr, p.key[0], p.key[1], leader_epoch=epoch, isr=isr)
+        except GmsError as err:
+            log.warning("queue %s/%d: ISR update to %s failed: %s", *p.key, list(isr), err)
+            ok = False
+        finally:
+            p.isr_update_pending = False
+        if ok and p.role is Role.LEADER and p.leader_epoch == epoch:
+            log.info("queue %s/%d: ISR %s -> %s", *p.key, list(p.isr), list(isr))
+            self._set_isr(p, isr)
+        elif not ok:
+            log.info("queue %s/%d: ISR update to %s refused (leader or epoch changed)", *p.key, list(isr))
+
+    async def _maintain(self) -> None:
+        """Shrink ISRs of lagging followers; checkpoint high watermarks."""
+        interval_s = min(self.lag_max_s / 4, self.config.hw_checkpoint_interval_ms / 1000)
+        last_checkpoint = time.monotonic()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            for p in list(self.partitions.values()):
+                if p.role is Role.LEADER and not p.isr_update_pending:
+                    lagging = p.lagging(self.broker_id, now, self.lag_max_s)
+                    if lagging:
+                        self._propose_isr(p, tuple(b for b in p.isr if b not in lagging))
+            if now - last_checkpoint >= self.config.hw_checkpoint_interval_ms / 1000:
+                last_checkpoint = now
+                if self._hw_dirty:
+                    await asyncio.to_thread(self.save_state)
+
+    def hw_moved(self) -> None:
+        """A follower's HW moved: include it in the next checkpoint."""
+        self._hw_dirty = True
+
+    def save_state(self) -> None:
+        self._hw_dirty = False
+        hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
+        self._saved_hws = hws
+        self._state_file.save(dict(self._histories), hws)
+
+
+def _leader_fields(p: Partition) -> dict[str, object]:
+    return {"leader": p.leader_address, "leader_epoch": p.leader_epoch} if p.leader_address else {}

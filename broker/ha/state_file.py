@@ -1,0 +1,55 @@
+"""Durable replication state of a broker's queues: leader-epoch histories and high watermarks.
+
+One small JSON file (``<store>/config/replication.json``) replaced atomically. Epoch histories
+change only on leader changes and truncations and are written at once; high watermarks move
+with every acknowledged batch and are checkpointed periodically (Kafka's
+replication-offset-checkpoint): a restarted replica starts from a watermark that may be a
+little low, never too high, and learns the current one from its leader.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from gms.broker.atomic_file import write_atomically
+from gms.broker.ha.epochs import EpochHistory
+
+STATE_VERSION = 1
+QueueKey = tuple[str, int]
+
+
+class ReplicationStateFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def load(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
+        """(epoch histories, high watermarks) per queue; empty when no file exists yet."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}, {}
+        if data.get("v") != STATE_VERSION:
+            raise ValueError(f"{self.path}: unsupported replication state version {data.get('v')!r}")
+        epochs: dict[QueueKey, EpochHistory] = {}
+        hws: dict[QueueKey, int] = {}
+        for topic, queues in data["queues"].items():
+            for queue_id, state in queues.items():
+                key = (topic, int(queue_id))
+                epochs[key] = EpochHistory(state["epochs"])
+                hws[key] = int(state["hw"])
+        return epochs, hws
+
+    def save(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> None:
+        queues: dict[str, dict[str, dict[str, object]]] = {}
+        for key in set(epochs) | set(hws):
+            history = epochs.get(key)
+            queues.setdefault(key[0], {})[str(key[1])] = {
+                "epochs": history.to_list() if history else [], "hw": hws.get(key, 0),
+            }
+        data = json.dumps({"v": STATE_VERSION, "queues": queues}, sort_keys=True).encode()
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, data)
