@@ -113,7 +113,7 @@ class MessageStore:
         if self.config.warm_next_file:
             self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
         self._commitlog = CommitLog(self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
-        self._commitlog.load()
+        had_data = self._commitlog.load()
         self._load_queues()
         checkpoint = read_checkpoint(self.root)
         crashed = self._abort.found() or checkpoint is None
@@ -126,7 +126,7 @@ class MessageStore:
         else:
             self._commitlog.set_end(checkpoint.commitlog_flushed_offset)
             self._last_store_ts_ms = checkpoint.store_ts_ms
-        self.recovered_from_crash = crashed
+        self.recovered_from_crash = crashed and (had_data or self._abort.found())  # a new store did not crash
         for cq in self._queues.values():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(self._commitlog.min_offset)
         self._abort.set()
@@ -244,7 +244,7 @@ class MessageStore:
             commitlog = self._cl()
             parsed = parse_batch(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash)
             sizes = parsed.sizes
-            if int(sizes.max()) > self.config.record_size_max_bytes:
+            if len(buf) > self.config.record_size_max_bytes and int(sizes.max()) > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{int(sizes.max())} bytes cannot fit a commitlog file of "
                                               f"{self.config.commitlog_file_size_bytes} bytes")
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
@@ -267,6 +267,11 @@ class MessageStore:
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
+        if len(parsed.topics) == 1:  # the usual batch, one queue of one topic: a few numpy calls
+            lo, hi = int(queue_ids.min()), int(queue_ids.max())
+            if lo == hi and 0 <= lo < self._topics.queue_count(parsed.topics[0]):
+                key = (parsed.topics[0], lo)
+                return [_QueueGroup(self._queue_for(*key), slice(None), key)]
         counts = np.array([self._topics.queue_count(t) for t in parsed.topics], np.int64)
         per_record = counts[parsed.topic_index]
         bad = np.flatnonzero((queue_ids < 0) | (queue_ids >= per_record))

@@ -1,17 +1,24 @@
-"""Vectorised reading of a buffer of concatenated records (a send batch, or a stretch of
-commitlog during recovery): one Python loop finds record starts and checks CRCs, numpy does the
-rest (fixed-offset fields, length consistency, grouping by topic and by tag)."""
+"""Reading a buffer of concatenated records (a send batch, or a stretch of commitlog during
+recovery): one Python loop finds record starts and checks CRCs; the rest (fixed-offset fields,
+length consistency, grouping by topic and by tag) is checked with numpy for large batches, and
+record by record with ``struct`` below VECTORISE_RECORDS_MIN, where numpy's fixed cost per call
+(a microsecond or more, dozens of calls) would dwarf the work. Both feed the same ParsedRecords."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
 from gms.naming import validate_topic_name
-from gms.record import (HEADER_SIZE, RecordCheck, gather_rows, header_errors, read_headers, scan_records,
-                        tag_hash)
+from gms.record import (HEADER_DTYPE, HEADER_SIZE, RecordCheck, gather_rows, header_errors, read_headers,
+                        scan_records, tag_hash, validate_header)
 from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidRecord
+
+VECTORISE_RECORDS_MIN = 16  # from this many records a batch is checked with numpy
+_NAMES_CACHED_MAX = 4096  # distinct topic names / tags whose checks are remembered
+_TOPIC_LEN, _TAG_LEN, _TAG_HASH, _BODY_LEN = 12, 13, 9, 11  # indexes in a header tuple
 
 
 class ParsedRecords(NamedTuple):
@@ -52,6 +59,17 @@ def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     return [mat[i, : lengths[i]].tobytes() for i in first], inverse.ravel()
 
 
+@lru_cache(maxsize=_NAMES_CACHED_MAX)
+def _topic_name(raw: bytes) -> str:
+    """A record's topic, decoded and validated once per distinct name (raises like validate_topic_name)."""
+    return validate_topic_name(raw.decode())
+
+
+@lru_cache(maxsize=_NAMES_CACHED_MAX)
+def _tag_hash_of(raw: bytes) -> int:
+    return tag_hash(raw.decode())
+
+
 def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
                   headers: np.ndarray | None = None) -> ParsedRecords:
     """Headers and topic grouping of records already walked by ``scan_records``."""
@@ -59,7 +77,7 @@ def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
     headers = read_headers(arr, starts_arr) if headers is None else headers
     raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"])
     try:
-        topics = [validate_topic_name(t.decode()) for t in raw_topics]
+        topics = [_topic_name(t) for t in raw_topics]
     except UnicodeDecodeError as err:
         raise CorruptRecord(int(starts_arr[0]), f"topic is not utf-8: {err}") from err
     return ParsedRecords(starts_arr, headers, topics, topic_index)
@@ -73,6 +91,8 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
     scan = scan_records(buf)
     if scan.stop is not RecordCheck.OK or scan.stop_pos != len(buf):
         raise CorruptRecord(scan.stop_pos, f"{scan.stop.value} record in the batch")
+    if len(scan.starts) < VECTORISE_RECORDS_MIN:
+        return _parse_few(buf, scan.starts, body_size_max_bytes, verify_tag_hash)
     arr = np.frombuffer(buf, np.uint8)
     starts_arr = np.array(scan.starts, np.int64)
     headers = read_headers(arr, starts_arr)
@@ -80,27 +100,63 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
     if bad.size:
         raise CorruptRecord(int(starts_arr[bad[0]]), "field lengths do not add up to total_size")
     body_len = headers["body_len"]
-    if (body_len == 0).any():
-        raise EmptyBody()
-    if int(body_len.max()) > body_size_max_bytes:
-        raise BodyTooLarge(int(body_len.max()), body_size_max_bytes)
+    _check_body_lengths(int(body_len.min()), int(body_len.max()), body_size_max_bytes)
     parsed = parse_records(arr, starts_arr, headers)
     if verify_tag_hash:
         _check_tag_hashes(arr, parsed)
     return parsed
 
 
-def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords) -> None:
+def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,
+               verify_tag_hash: bool) -> ParsedRecords:
+    """``parse_batch`` of a few records: the same rules record by record (``validate_header``
+    is the scalar twin of ``header_errors``), no numpy until the result is assembled."""
+    fields = [validate_header(buf, pos, verify_crc=False) for pos in starts]  # CRCs: checked by the scan
+    body_lens = [f[_BODY_LEN] for f in fields]
+    _check_body_lengths(min(body_lens), max(body_lens), body_size_max_bytes)
+    topics: dict[str, int] = {}
+    topic_index = []
+    for pos, f in zip(starts, fields):
+        topic_end = pos + HEADER_SIZE + f[_TOPIC_LEN]
+        try:
+            topic = _topic_name(bytes(buf[pos + HEADER_SIZE: topic_end]))
+        except UnicodeDecodeError as err:
+            raise CorruptRecord(pos, f"topic is not utf-8: {err}") from err
+        topic_index.append(topics.setdefault(topic, len(topics)))
+        if verify_tag_hash:
+            _check_tag_hash(bytes(buf[topic_end: topic_end + f[_TAG_LEN]]), f[_TAG_HASH], pos)
+    headers = np.frombuffer(b"".join([buf[pos: pos + HEADER_SIZE] for pos in starts]), HEADER_DTYPE)
+    return ParsedRecords(np.array(starts, np.int64), headers, list(topics), np.array(topic_index, np.intp))
+
+
+def _check_body_lengths(shortest: int, longest: int, body_size_max_bytes: int) -> None:
+    if shortest == 0:
+        raise EmptyBody()
+    if longest > body_size_max_bytes:
+        raise BodyTooLarge(longest, body_size_max_bytes)
+
+
+def _check_tag_hash(raw_tag: bytes, carried: int, pos: int) -> None:
     """The consumeQueue filters on the producer's tag hash, so a wrong one would hide a message
-    from its subscribers: verify it once per distinct tag of the batch."""
+    from its subscribers."""
+    try:
+        expected = _tag_hash_of(raw_tag)
+    except UnicodeDecodeError as err:
+        raise CorruptRecord(pos, f"tag is not utf-8: {err}") from err
+    if expected != carried:
+        raise InvalidRecord("tag_hash", f"record at byte {pos} carries {carried}, not xxhash64 of its tag")
+
+
+def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords) -> None:
+    """``_check_tag_hash`` of a large batch: one hash per distinct tag, one vectorised comparison."""
     headers = parsed.headers
     tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
                                   headers["tag_hash"])
     try:
-        expected = np.array([tag_hash(t.decode()) for t in tags], np.int64)
+        expected = np.array([_tag_hash_of(t) for t in tags], np.int64)
     except UnicodeDecodeError as err:
         raise CorruptRecord(int(parsed.starts[0]), f"tag is not utf-8: {err}") from err
     bad = np.flatnonzero(expected[tag_index] != headers["tag_hash"])
-    if bad.size:
-        raise InvalidRecord("tag_hash", f"record at byte {int(parsed.starts[bad[0]])} carries "
-                                        f"{int(headers['tag_hash'][bad[0]])}, not xxhash64 of its tag")
+    if bad.size:  # raises, naming the first record whose hash is wrong
+        i = int(bad[0])
+        _check_tag_hash(tags[tag_index[i]], int(headers["tag_hash"][i]), int(parsed.starts[i]))

@@ -49,14 +49,17 @@ class CommitLog:
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
 
     # --- opening -------------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self) -> bool:
+        """Map the existing files (creating the first one if there is none); False if there was none."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.files = [MappedFile.open(path, base, self.file_size_bytes) for base, path in list_files(self.directory)]
         for prev, cur in zip(self.files, self.files[1:]):
             if cur.base_offset != prev.end_offset:  # a hole: keep only the newest contiguous run
                 self.files = self.files[self.files.index(cur):]
-        if not self.files:
-            self.files = [MappedFile.create(self.directory, 0, self.file_size_bytes)]
+        if self.files:
+            return True
+        self.files = [MappedFile.create(self.directory, 0, self.file_size_bytes)]
+        return False
 
     def set_end(self, end_offset: int) -> None:
         """Declare where the data ends (from the checkpoint or recovery); later files are removed."""
@@ -90,11 +93,15 @@ class CommitLog:
 
     def place(self, starts: np.ndarray, sizes: np.ndarray) -> Placement:
         """Where each record of a batch will land; pure (no file is touched)."""
+        pos = self.write_pos
+        base = self.active.base_offset
+        first = int(starts[0])
+        span = int(starts[-1] + sizes[-1]) - first  # the records of a batch are contiguous
+        if pos + span <= base + self.file_size_bytes - BLANK_MARKER_SIZE:  # the usual case: it all fits
+            return Placement(starts + (pos - first), [(base, 0, len(starts))], pos + span)
         ends = starts + sizes
         phys = np.empty(len(starts), np.int64)
         runs = []
-        pos = self.write_pos
-        base = self.active.base_offset
         i, n = 0, len(starts)
         while i < n:
             room = base + self.file_size_bytes - BLANK_MARKER_SIZE - pos

@@ -135,6 +135,11 @@ def test_offset_for_timestamp(store):
     assert store.offset_for_timestamp("t", 0, middle_ms + 60_000) == 7
 
 
+def test_new_store_is_not_a_crash(store_dir):
+    with MessageStore(store_dir, small_config()) as store:
+        assert not store.recovered_from_crash
+
+
 def test_restart_after_clean_stop(store_dir):
     with MessageStore(store_dir, small_config()) as store:
         store.create_topic("t", 2)

@@ -6,6 +6,7 @@ import pytest
 
 from store_helpers import batch, small_config
 from gms import record as rec
+from gms.broker.commitlog.batch import VECTORISE_RECORDS_MIN
 from gms.broker.store import MessageStore
 from gms.store_errors import (BodyTooLarge, CorruptRecord, EmptyBody, InvalidQueueCount, InvalidRecord,
                               InvalidTopicName, StoreClosed, UnknownQueue, UnknownTopic)
@@ -18,6 +19,25 @@ def raw_record(topic: bytes = b"t", body: bytes = b"x", queue_id: int = 0) -> by
     rec.HEADER.pack_into(buf, 0, total, rec.MAGIC_V1, 0, queue_id, 0, 0, 0, 0, 1, 0, 0, len(body),
                          len(topic), 0, 0, 0, 0, 0)
     buf[rec.HEADER_SIZE:] = topic + body
+    rec.seal_crc(buf)
+    return bytes(buf)
+
+
+# Records around the bad one: a few (checked record by record) or many (checked with numpy).
+AROUND = pytest.mark.parametrize("around", [(3, 2), (VECTORISE_RECORDS_MIN, VECTORISE_RECORDS_MIN)],
+                                 ids=["few", "many"])
+
+
+def forged_tag_hash(raw: bytes) -> bytes:
+    buf = bytearray(raw)
+    struct.pack_into(">q", buf, rec.OFF_TAG_HASH, 12345)
+    rec.seal_crc(buf)
+    return bytes(buf)
+
+
+def non_utf8_tag() -> bytes:
+    buf = bytearray(rec.encode_record(topic="t", body=b"x", tag="ab"))
+    buf[rec.HEADER_SIZE + 1: rec.HEADER_SIZE + 3] = b"\xff\xfe"  # after the 1-byte topic
     rec.seal_crc(buf)
     return bytes(buf)
 
@@ -36,12 +56,17 @@ def assert_nothing_stored(store):
     (raw_record(topic=b"nope"), UnknownTopic),
     (raw_record(queue_id=4), UnknownQueue),
     (raw_record(queue_id=-1), UnknownQueue),
+    (raw_record(topic=b"\xff\xfe"), CorruptRecord),
+    (non_utf8_tag(), CorruptRecord),
+    (forged_tag_hash(rec.encode_record(topic="t", body=b"x", tag="a")), InvalidRecord),
 ])
-def test_bad_record_rejects_whole_batch(store_dir, bad, error):
-    with MessageStore(store_dir, small_config(body_size_max_bytes=2048)) as store:
+@AROUND
+def test_bad_record_rejects_whole_batch(store_dir, bad, error, around):
+    with MessageStore(store_dir, small_config(body_size_max_bytes=2048, commitlog_file_size_bytes=1 << 20)) as store:
         store.create_topic("t", 4)
+        before, after = around
         with pytest.raises(error):
-            store.append(batch(n=3) + bad + batch(n=2, queue_id=1))
+            store.append(batch(n=before) + bad + batch(n=after, queue_id=1))
         assert_nothing_stored(store)
 
 
@@ -52,8 +77,11 @@ def test_topic_name_too_long_on_the_wire(store):
 
 
 @pytest.mark.parametrize("mutate", ["crc", "magic", "truncated", "trailing", "lengths"])
-def test_corrupt_batch(store, mutate):
-    buf = bytearray(batch(n=3))
+@AROUND
+def test_corrupt_batch(store_dir, mutate, around):
+    store = MessageStore(store_dir, small_config(commitlog_file_size_bytes=1 << 20)).open()
+    store.create_topic("t", 4)
+    buf = bytearray(batch(n=sum(around)))
     if mutate == "crc":
         buf[-1] ^= 1
     elif mutate == "magic":
@@ -68,6 +96,7 @@ def test_corrupt_batch(store, mutate):
     with pytest.raises(CorruptRecord):
         store.append(bytes(buf))
     assert_nothing_stored(store)
+    store.close()
 
 
 def test_empty_batch(store):
