@@ -13,6 +13,19 @@ ORDERS = 1200
 MANY_QUEUES = 40
 TAGS = ("created", "paid", None)
 APPEND_GAP_S = 0.003
+# Small files force rolls; a broker opening these stores must use the same sizes (broker_toml).
+STORE_SETTINGS = {"commitlog_file_size_bytes": 1 << 16, "cq_entries_per_file": 64, "flush_interval_ms": 50}
+
+
+def store_config() -> StoreConfig:
+    return StoreConfig(**STORE_SETTINGS)
+
+
+def broker_toml(directory: Path) -> Path:
+    """A gms-broker --config file whose [store] table matches STORE_SETTINGS."""
+    path = directory / "broker.toml"
+    path.write_text("[store]\n" + "".join(f"{k} = {v}\n" for k, v in STORE_SETTINGS.items()))
+    return path
 
 
 def order(i: int) -> Message:
@@ -23,8 +36,7 @@ def order(i: int) -> Message:
 
 def write_store(root: Path) -> list[Message]:
     """orders: 1200 messages in 4 queues, 12 appends; many: 1 message in each of 40 queues."""
-    store = MessageStore(root, StoreConfig(commitlog_file_size_bytes=1 << 16, cq_entries_per_file=64,
-                                           flush_interval_ms=50)).open()
+    store = MessageStore(root, store_config()).open()
     store.create_topic("orders", 4)
     store.create_topic("empty", 2)
     store.create_topic("many", MANY_QUEUES)
