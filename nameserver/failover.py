@@ -12,14 +12,14 @@ brokers): no etcd and no threads, so every rule is unit-testable. See docs/repli
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 from gms.nameserver.model import QueueState, TopicMetadata
 
 
 def next_queue_state(
-    queue: QueueState, live: Set[str], *, unclean: bool, controller_epoch: int
+    queue: QueueState, live: AbstractSet[str], *, unclean: bool, controller_epoch: int
 ) -> QueueState:
     """The state ``queue`` should have given the ``live`` broker ids (``queue`` itself if none
     of the rules apply)."""
@@ -45,7 +45,7 @@ def next_queue_state(
     )
 
 
-def reassign_leaders(topic: TopicMetadata, live: Set[str], *, controller_epoch: int) -> TopicMetadata:
+def reassign_leaders(topic: TopicMetadata, live: AbstractSet[str], *, controller_epoch: int) -> TopicMetadata:
     """``topic`` with every queue brought to :func:`next_queue_state` (``topic`` itself if
     nothing changes, so callers can compare by identity or equality)."""
     unclean = topic.settings.unclean_leader_election
