@@ -133,13 +133,20 @@ class GmsDataSource(DataSource):
         return GmsStreamReader(*self._parsed(schema), self.corrupt_records)
 
 
+_COUNTER_ATTRIBUTE = "_gms_corrupt_records"
+
+
 def register(spark: Any) -> Any:
-    """Register the ``gms`` format on ``spark``; returns the accumulator that counts corrupt
-    records skipped by reads of this session (None where there is no SparkContext, e.g. Connect)."""
-    try:
-        counter = spark.sparkContext.accumulator(0)
-    except (AttributeError, PySparkException):  # Spark Connect sessions have no SparkContext
-        counter = None
+    """Register the ``gms`` format on ``spark`` (again: harmless); returns the session's
+    accumulator of corrupt records skipped by its reads (None where there is no SparkContext,
+    e.g. Spark Connect)."""
+    counter = getattr(spark, _COUNTER_ATTRIBUTE, None)
+    if counter is None:
+        try:
+            counter = spark.sparkContext.accumulator(0)
+        except (AttributeError, PySparkException):  # Spark Connect sessions have no SparkContext
+            counter = None
+        setattr(spark, _COUNTER_ATTRIBUTE, counter)
     source = type(GmsDataSource.__name__, (GmsDataSource,), {"corrupt_records": counter,
                                                             "__module__": __name__})
     spark.dataSource.register(source)

@@ -18,8 +18,8 @@ PARTITION_COLUMNS = ("topic", "date")
 
 
 def with_date(log: DataFrame) -> DataFrame:
-    """Adds ``date`` (UTC day of the store time), the Parquet partition column."""
-    return log.withColumn("date", F.to_date(F.to_utc_timestamp("store_timestamp", "UTC")))
+    """Adds ``date`` (day of the store time in spark.sql.session.timeZone), the partition column."""
+    return log.withColumn("date", F.to_date("store_timestamp"))
 
 
 @click.command("export")
