@@ -85,7 +85,8 @@ def main() -> None:
         assert rows[0][0] == messages, rows
         count_s, counted = timed(lambda: reader().option("columns", "queue_offset").load(str(broker_dir)).count())
         assert counted == messages
-        tag_s, _ = timed(lambda: reader().option("columns", "tag").load(str(broker_dir)).groupBy("tag").count().collect())
+        tags_df = reader().option("columns", "tag").load(str(broker_dir))
+        tag_s, _ = timed(lambda: tags_df.groupBy("tag").count().collect())
 
         broker = BrokerProcess(broker_dir, []).start()
         try:

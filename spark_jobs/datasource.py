@@ -39,7 +39,8 @@ def _spans(options: ReadOptions) -> list[QueueSpan]:
     return store_spans(options)
 
 
-def _read(rng: InputPartition, options: ReadOptions, columns: tuple[str, ...], counter: Any) -> Iterator[pa.RecordBatch]:
+def _read(rng: InputPartition, options: ReadOptions, columns: tuple[str, ...],
+          counter: Any) -> Iterator[pa.RecordBatch]:
     if not isinstance(rng, QueueRange):  # Spark reads one InputPartition(None) when we plan none
         return iter(())
     sink = bad_record_sink(options.on_corrupt, counter)

@@ -112,7 +112,7 @@ def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
         sizes = entries["size"].astype(np.int64)
         bases = commitlog.file_base(phys)
         cuts = [0, *(np.flatnonzero(np.diff(bases)) + 1).tolist(), len(bases)]
-        for lo, hi in zip(cuts, cuts[1:]):
+        for lo, hi in zip(cuts, cuts[1:], strict=False):
             if lo == hi:
                 continue
             base = int(bases[lo])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -12,11 +13,14 @@ from pyspark.sql import DataFrame, SparkSession
 from gms.spark_jobs.datasource import SOURCE_NAME, register
 
 MASTER_DEFAULT = "local[*]"
+SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set when spark-submit runs the Python driver
 
 
 def spark_session(app_name: str, master: str | None) -> SparkSession:
-    """A session with the gms format registered. ``--master`` wins; under spark-submit (master
-    already configured) pass none and the submitted one is kept."""
+    """A session with the gms format registered. ``--master`` wins; without it, a job started by
+    spark-submit (which hands Python a gateway) keeps the submitted master, else local[*]."""
+    if master is None and SPARK_SUBMIT_GATEWAY_ENV not in os.environ:
+        master = MASTER_DEFAULT
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
@@ -25,7 +29,10 @@ def spark_session(app_name: str, master: str | None) -> SparkSession:
     return spark
 
 
-def _stack(*decorators: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _stack(*decorators: Decorator) -> Decorator:
     def apply(func: Callable[..., Any]) -> Callable[..., Any]:
         for decorator in reversed(decorators):
             func = decorator(func)
@@ -34,7 +41,7 @@ def _stack(*decorators: Callable[[Callable[..., Any]], Callable[..., Any]]) -> C
 
 
 master_option = click.option("--master", default=None,
-                             help=f"Spark master URL (default {MASTER_DEFAULT}; kept from spark-submit when omitted there).")
+                             help=f"Spark master URL (default {MASTER_DEFAULT}).")
 
 source_options = _stack(
     click.option("--store", "store", type=click.Path(exists=True, file_okay=False),

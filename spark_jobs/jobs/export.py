@@ -12,7 +12,7 @@ import click
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from gms.spark_jobs.jobs.common import MASTER_DEFAULT, master_option, read_log, source_options, spark_session
+from gms.spark_jobs.jobs.common import master_option, read_log, source_options, spark_session
 
 PARTITION_COLUMNS = ("topic", "date")
 
@@ -30,7 +30,7 @@ def with_date(log: DataFrame) -> DataFrame:
 @click.option("--broker-address", help="host:port of the store's broker, to fill msg_id.")
 def command(master: str | None, output: str, mode: str, broker_address: str | None, **source: str | None) -> None:
     """Export messages to Parquet partitioned by topic and date."""
-    spark = spark_session("gms-export", master or MASTER_DEFAULT)
+    spark = spark_session("gms-export", master)
     log = read_log(spark, brokerAddress=broker_address, **source)
     with_date(log).write.mode(mode).partitionBy(*PARTITION_COLUMNS).parquet(output)
     written = spark.read.parquet(output).count()

@@ -16,7 +16,7 @@ import click
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gms.spark_jobs.jobs.common import MASTER_DEFAULT, master_option, offsets_json, spark_session
+from gms.spark_jobs.jobs.common import master_option, offsets_json, spark_session
 from gms.spark_jobs.datasource import SOURCE_NAME
 from gms.spark_jobs.store_files import queue_index, read_consumer_offsets, read_topics, store_root
 
@@ -79,7 +79,7 @@ def _others_empty(topics: dict[str, int], starts: dict[str, dict[int, int]],
 @click.option("--output", type=click.Path(file_okay=False), help="Also write the table as Parquet here.")
 def command(master: str | None, store: str, groups: tuple[str, ...], output: str | None) -> None:
     """Consumer-group lag per queue and the age of the oldest unconsumed message."""
-    spark = spark_session("gms-lag", master or MASTER_DEFAULT)
+    spark = spark_session("gms-lag", master)
     table = lag_table(spark, store, groups)
     if output:
         table.write.mode("overwrite").parquet(output)

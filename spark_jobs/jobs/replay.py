@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import click
 from pyspark.sql import DataFrame
 
-from gms.spark_jobs.jobs.common import MASTER_DEFAULT, master_option, read_log, source_options, spark_session
+from gms.spark_jobs.jobs.common import master_option, read_log, source_options, spark_session
 
 SEND_BATCH_MESSAGES = 512
 REPLAY_COLUMNS = "tag,keys,properties,body"
@@ -52,7 +52,7 @@ def command(master: str | None, to_topic: str, to_brokers: str | None, to_namese
     """Re-publish a filtered slice of a topic into another topic."""
     if (to_brokers is None) == (to_nameserver is None):
         raise click.UsageError("give --to-brokers or --to-nameserver")
-    spark = spark_session("gms-replay", master or MASTER_DEFAULT)
+    spark = spark_session("gms-replay", master)
     log = read_log(spark, columns=REPLAY_COLUMNS, **source)
     sent = replay(log, to_topic, brokers=to_brokers, nameserver=to_nameserver)
     click.echo(f"replayed {sent} messages into {to_topic}")

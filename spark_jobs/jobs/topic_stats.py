@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from gms.spark_jobs.jobs.common import MASTER_DEFAULT, master_option, read_log, source_options, spark_session
+from gms.spark_jobs.jobs.common import master_option, read_log, source_options, spark_session
 
 BUSIEST_KEYS_DEFAULT = 10
 SHOWN_ROWS_MAX = 50
@@ -45,7 +45,7 @@ def busiest_keys(log: DataFrame, top: int) -> DataFrame:
 def command(master: str | None, bucket: str, top_keys: int, output: str | None, output_format: str,
             **source: str | None) -> None:
     """Messages and bytes per topic, queue and tag per time bucket, with the busiest keys."""
-    spark = spark_session("gms-topic-stats", master or MASTER_DEFAULT)
+    spark = spark_session("gms-topic-stats", master)
     log = read_log(spark, columns="topic,queue_id,tag,size,store_timestamp,keys", **source).cache()
     buckets, keys = bucket_counts(log, bucket), busiest_keys(log, top_keys)
     if output:

@@ -31,7 +31,8 @@ def test_live_broker_read_and_store_read_while_running(spark, store, tmp_path, b
 
 def _append(root, first: int, count: int) -> None:
     with MessageStore(root, store_config()) as store:
-        store.append(encode_batch([Message("orders", b"late-%d" % i, queue_id=i % 4) for i in range(first, first + count)]))
+        late = [Message("orders", b"late-%d" % i, queue_id=i % 4) for i in range(first, first + count)]
+        store.append(encode_batch(late))
 
 
 def test_stream_resumes_from_checkpoint_without_duplicates_or_gaps(spark, store, tmp_path):

@@ -9,8 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from gms.msgid import decode_msg_id
-from gms.record import decode_properties  # noqa: F401  (the format module the source decodes through)
-from spark_store_helpers import MANY_QUEUES, ORDERS, TAGS
+from spark_store_helpers import MANY_QUEUES, ORDERS
 
 BROKER_ADDRESS = "10.9.8.7:10911"
 
@@ -55,14 +54,17 @@ def test_tag_time_and_offset_filters(spark, store):
     base, sent = store
     path = str(base)
     assert {r.tag for r in gms(spark, tags="paid", columns="tag").load(path).collect()} == {"paid"}
-    assert gms(spark, tags="paid", topics="orders", columns="tag").load(path).count() == sum(m.tag == "paid" for m in sent)
-    assert gms(spark, tags="paid || created", topics="orders").load(path).count() == sum(m.tag is not None for m in sent)
+    paid = gms(spark, tags="paid", topics="orders", columns="tag").load(path)
+    assert paid.count() == sum(m.tag == "paid" for m in sent)
+    tagged = gms(spark, tags="paid || created", topics="orders").load(path)
+    assert tagged.count() == sum(m.tag is not None for m in sent)
 
     stamps = sorted({r.ms for r in gms(spark, topics="orders", columns="store_timestamp").load(path)
                     .select(F.unix_millis("store_timestamp").alias("ms")).collect()})
     assert len(stamps) > 3
     lo, hi = stamps[1], stamps[-2]
-    df = gms(spark, topics="orders", columns="store_timestamp").load(path).select(F.unix_millis("store_timestamp").alias("ms"))
+    df = (gms(spark, topics="orders", columns="store_timestamp").load(path)
+          .select(F.unix_millis("store_timestamp").alias("ms")))
     expected = df.where((F.col("ms") >= lo) & (F.col("ms") < hi)).count()
     got = gms(spark, topics="orders", startTime=str(lo), endTime=str(hi)).load(path)
     assert 0 < got.count() == expected
@@ -81,10 +83,8 @@ def _flip_body_byte(store_dir, phys: int) -> None:
     size = files[0].stat().st_size
     path = files[phys // size]
     with open(path, "r+b") as f:
-        f.seek(phys % size + 80)
         f.seek(phys % size)
-        head = f.read(4)
-        total = int.from_bytes(head, "big")
+        total = int.from_bytes(f.read(4), "big")
         f.seek(phys % size + total - 1)
         byte = f.read(1)
         f.seek(phys % size + total - 1)
