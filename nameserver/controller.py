@@ -170,21 +170,23 @@ class Controller:
                 except NameserverError as err:
                     log.warning("controller: topic %s: %s; retrying", name, err)
                     self._mark(names[i:])
-                    self._stop.wait(RETRY_AFTER_ERROR_S)
+                    self._stop.wait(RETRY_AFTER_ERROR_S)  # _mark woke us for the retry
                     break
+                except Exception:  # e.g. an undecodable topic: keep failing over the others
+                    log.exception("controller: topic %s skipped", name)
 
     def _reconcile(self, name: str) -> None:
+        fence = self._election.fence()
+        if fence is None:
+            return
+        epoch = fence.create_revision  # the fence and the stamped epoch are one candidacy
         live = frozenset(b.broker_id for b in self._view.brokers())
-        epoch = self._election.epoch
         try:
             seen = self._view.topic(name)
         except TopicNotFoundError:
             return  # deleted meanwhile
         if reassign_leaders(seen, live, controller_epoch=epoch) is seen:
             return  # the common case (ISR changes, healthy topics): no etcd round trip
-        fence = self._election.fence()
-        if fence is None:
-            return
         read: list[TopicMetadata] = []
 
         def change(stored: TopicMetadata) -> TopicMetadata:
