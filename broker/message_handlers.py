@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 
 from gms.broker.config import BrokerConfig
+from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.groups import GroupCoordinator
 from gms.broker.long_poll import PullWaiters
 from gms.broker.store import AppendResult, GetStatus, MessageStore
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
-    FlushTimeoutError,
     MessageIllegalError,
     OffsetIllegalError,
 )
@@ -44,6 +44,8 @@ class MessageHandlers:
         self.waiters = waiters
         self.groups = groups
         self.advertised_address = advertised_address
+        self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
+                               if store.config.flush_mode == "sync" else None)
 
     # -- send -----------------------------------------------------------------------
 
@@ -55,8 +57,8 @@ class MessageHandlers:
             raise MessageIllegalError("a send request needs at least one record in its body")
         result = self._append(request.body)
         self.waiters.notify(result.touched_queues)
-        if self.store.config.flush_mode == "sync" and acks != 0:
-            await self._wait_durable(result.end_phys_offset)
+        if self._flush_waiters is not None and acks != 0:
+            await self._flush_waiters.wait(result.end_phys_offset)
         if request.is_oneway:
             return None
         return Response({
@@ -74,15 +76,6 @@ class MessageHandlers:
                 raise
             self.store.create_topic(err.topic, self.config.default_queue_count)
             return self.store.append(body)
-
-    async def _wait_durable(self, end_phys_offset: int) -> None:
-        future = asyncio.wrap_future(self.store.durable_future(end_phys_offset))
-        try:
-            await asyncio.wait_for(future, self.config.send_timeout_ms / 1000)
-        except TimeoutError as err:
-            raise FlushTimeoutError(
-                f"the flush covering this send did not finish within {self.config.send_timeout_ms} ms"
-            ) from err
 
     # -- pull -----------------------------------------------------------------------
 

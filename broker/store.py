@@ -33,7 +33,7 @@ from gms.store_errors import (InvalidRecord, MessageNotFound, StoreClosed, Store
 from gms.broker.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
 from gms.broker.commitlog.batch import ParsedRecords, parse_batch
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
-from gms.broker.commitlog.flush import FlushService
+from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
 from gms.broker.retention import Housekeeper, expiry_rule
@@ -350,6 +350,18 @@ class MessageStore:
         if self._flusher is None:
             raise StoreClosed()
         return self._flusher.durable_future(phys_offset)
+
+    def request_flush(self, phys_offset: int) -> None:
+        """``durable_future`` without the future: flush listeners hear when it is done."""
+        if self._flusher is None:
+            raise StoreClosed()
+        self._flusher.request_flush(phys_offset)
+
+    def add_flush_listener(self, listener: FlushListener) -> None:
+        """``listener(flushed_offset, error)`` runs in the flush thread after every flush."""
+        if self._flusher is None:
+            raise StoreClosed()
+        self._flusher.add_listener(listener)
 
     def _flush_all(self) -> int:
         commitlog = self._commitlog
