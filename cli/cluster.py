@@ -111,13 +111,16 @@ def cluster(nameserver: str, as_json: bool) -> None:
     etcd = status["etcd"]
     problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
         f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
+    controller = status.get("controller") or {}
     if as_json:
-        print_json({"etcd": etcd, "nameservers": status["nameservers"], "brokers": rows,
-                    "topics": status["topics"], "healthy": not problems})
+        print_json({"etcd": etcd, "nameservers": status["nameservers"], "controller": controller,
+                    "brokers": rows, "topics": status["topics"], "healthy": not problems})
     else:
         show(
-            table("nameservers", ["address", "started"],
-                  [(n["address"], time_text(n["started_ms"])) for n in status["nameservers"]]),
+            table("nameservers", ["address", "started", "controller"],
+                  [(n["address"], time_text(n["started_ms"]),
+                    f"yes (epoch {controller.get('epoch')})" if n["address"] == controller.get("id") else "")
+                   for n in status["nameservers"]]),
             table(f"brokers ({status['topics']} topics in the cluster)",
                   ["broker", "address", "cluster", "alive", "topics", "disk used", "uptime"],
                   [(r["broker_id"], r["address"], r["cluster"], "yes" if r["alive"] else "NO", r["topics"],
