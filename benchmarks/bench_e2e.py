@@ -46,12 +46,14 @@ class RssSampler(threading.Thread):
                 return
 
 
-def _produce(address: str, topic: str, size: int, seconds: float, out: mp.Queue) -> None:
+def _produce(address: str, topic: str, size: int, seconds: float, out: mp.Queue,
+             nameserver: str | None = None) -> None:
+    """Send batches for ``seconds``: to ``address`` directly, or routed through ``nameserver``."""
     from gms.client import Producer, ProducerRecord
     body = b"x" * size
     batches = [[ProducerRecord(topic, body, queue=q) for _ in range(BATCH)] for q in range(8)]
     sent = 0
-    with Producer([address]) as producer:
+    with (Producer(nameserver=nameserver) if nameserver else Producer([address])) as producer:
         deadline = time.perf_counter() + seconds
         start = time.perf_counter()
         while time.perf_counter() < deadline:
@@ -106,9 +108,9 @@ def _sync_senders(address: str, topic: str, threads: int, seconds: float, out: m
     out.put((sum(counts), seconds))
 
 
-def _run(target, *args):
+def _run(target, *args, **kwargs):
     out: mp.Queue = mp.get_context("spawn").Queue()
-    proc = mp.get_context("spawn").Process(target=target, args=(*args, out))
+    proc = mp.get_context("spawn").Process(target=target, args=(*args, out), kwargs=kwargs)
     proc.start()
     result = out.get(timeout=300)
     proc.join()

@@ -4,8 +4,9 @@
   process (embedded etcd), pipelined from a separate client process (target >= 20,000/s);
 - ``broker_removal_s``: a broker registration running in a child process is SIGKILLed; seconds
   until it leaves the routes of a watch-fed ClusterView (target <= lease TTL + 1 s);
-- ``routed_vs_direct_ratio``: null — it needs the SDK's routed producer (benchmarks/bench_e2e.py),
-  which does not exist yet.
+- ``routed_vs_direct_ratio``: produce throughput of ``bench_e2e.py``'s 100 B batch producer when
+  routed through the nameserver, divided by the same producer sending straight to the broker
+  (target >= 0.95).
 
     python benchmarks/bench_routing.py [--quick]
 """
@@ -30,6 +31,9 @@ from gms.nameserver.model import BrokerInfo
 
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_e2e import _produce, _run, _start_broker  # noqa: E402  (the same producer, measured twice)
 
 TOPIC = "bench-routes"
 QUEUES = 8
@@ -143,6 +147,24 @@ def measure_removal(port: int, client: EtcdClient) -> float:
         view.stop()
 
 
+def measure_routed_vs_direct(tmp: Path, nameserver: str, seconds: float) -> float:
+    """One broker registered with the nameserver; the same producer direct, then routed."""
+    proc, address = _start_broker(tmp / "routed", "--nameserver", nameserver)
+    try:
+        topic = "bench-produce"
+        run(ask(int(nameserver.rsplit(":", 1)[1]), RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 8}))
+        _run(_produce, address, topic, 100, 1.0, nameserver=nameserver)  # warm up: queues, files
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for routed in (False, True, False, True):  # interleaved: a shared machine drifts
+            sent, elapsed = _run(_produce, address, topic, 100, seconds / 2,
+                                 nameserver=nameserver if routed else None)
+            rates[routed].append(sent / elapsed)
+        return sum(rates[True]) / sum(rates[False])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="3 s of lookups instead of 10")
@@ -165,6 +187,7 @@ def main() -> None:
                 lookups_per_s = measure_lookups(port, 3.0 if args.quick else 10.0)
                 removal_s = measure_removal(port, client)
                 anchor.close()
+            ratio = measure_routed_vs_direct(Path(tmp), f"127.0.0.1:{port}", 4.0 if args.quick else 10.0)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -173,7 +196,7 @@ def main() -> None:
         "route_queues": QUEUES,
         "broker_removal_s": round(removal_s, 2),
         "lease_ttl_s": LEASE_TTL_S,
-        "routed_vs_direct_ratio": None,  # needs the SDK's routed producer (bench_e2e.py)
+        "routed_vs_direct_ratio": round(ratio, 3),
     }))
 
 
