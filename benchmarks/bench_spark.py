@@ -30,11 +30,12 @@ QUEUES = 64
 BODY_BYTES = 100
 APPEND_BATCH = 4096
 TAGS = ("created", "paid", "shipped", None)
+STORE_CONFIG = StoreConfig(flush_interval_ms=1000)
 
 
 def write_store(root: Path, messages: int) -> None:
     """Append ``messages`` 100-byte records round-robin over the queues (one encoded batch reused)."""
-    store = MessageStore(root, StoreConfig(flush_interval_ms=1000)).open()
+    store = MessageStore(root, STORE_CONFIG).open()
     store.create_topic(TOPIC, QUEUES)
     body = b"x" * BODY_BYTES
     batch = encode_batch([Message(TOPIC, body, tag=TAGS[i % len(TAGS)], keys=(f"k{i % 97}",),
@@ -88,7 +89,9 @@ def main() -> None:
         tags_df = reader().option("columns", "tag").load(str(broker_dir))
         tag_s, _ = timed(lambda: tags_df.groupBy("tag").count().collect())
 
-        broker = BrokerProcess(broker_dir, []).start()
+        # The broker must open the store with the file size it was written with.
+        size_flag = ["--commitlog-file-size", str(STORE_CONFIG.commitlog_file_size_bytes)]
+        broker = BrokerProcess(broker_dir, size_flag).start()
         try:
             live_df = reader().option("brokers", broker.address).load()
             live_s, live_rows = timed(lambda: full_read(live_df))
