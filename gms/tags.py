@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import xxhash
+from gms.record import TAG_BYTES_MAX, tag_hash
 
-TAG_BYTES_MAX = 255  # the record stores the tag length in one byte
-NO_TAG_HASH = 0  # consumeQueue tag hash of a message sent without a tag
 _SEPARATOR = "||"
 
 
 class BadTagExpression(ValueError):
     pass
-
-
-def tag_hash(tag: str | None) -> int:
-    """xxhash64 of the tag as a signed 64-bit integer (the consumeQueue field); 0 = no tag."""
-    if not tag:
-        return NO_TAG_HASH
-    value = xxhash.xxh64_intdigest(tag.encode())
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 @dataclass(frozen=True)
