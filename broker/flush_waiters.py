@@ -27,15 +27,18 @@ class FlushWaiters:
 
     async def wait(self, offset: int) -> None:
         """Return once the commitlog is durable below ``offset``; FlushTimeoutError after the timeout."""
-        if offset <= self._store.flushed_offset:
+        store = self._store
+        if offset <= store.flushed_offset:
             return
+        store.request_flush(offset)  # before registering: a refusal leaves nothing behind
         loop = self._loop = asyncio.get_running_loop()
-        self._store.request_flush(offset)  # before registering: a refusal leaves nothing behind
         future = loop.create_future()
         deadline = loop.time() + self._timeout_ms / 1000
         self._waiting.append((offset, deadline, future))
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._expire)
+        if offset <= store.flushed_offset:  # flushed meanwhile, perhaps before the flush thread knew the loop
+            self._release(store.flushed_offset, None)
         await future
 
     def _on_flush(self, flushed: int, error: StoreError | None) -> None:

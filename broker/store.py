@@ -257,7 +257,7 @@ class MessageStore:
             envelope["queue_offset"] = queue_offsets
             envelope["phys_offset"] = placement.phys
             envelope["store_ts_ms"] = store_ts_ms
-            commitlog.write(buf, parsed.starts, sizes, placement, envelope)
+            commitlog.write(buf, placement, envelope)
             self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
             commitlog.committed_pos = placement.end_offset
             self._last_store_ts_ms = store_ts_ms
@@ -267,10 +267,11 @@ class MessageStore:
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
-        if len(parsed.topics) == 1:  # the usual batch, one queue of one topic: a few numpy calls
-            lo, hi = int(queue_ids.min()), int(queue_ids.max())
-            if lo == hi and 0 <= lo < self._topics.queue_count(parsed.topics[0]):
-                key = (parsed.topics[0], lo)
+        if len(parsed.topics) == 1:  # the usual batch, one queue of one topic: few or no numpy calls
+            first = int(queue_ids[0])
+            if (0 <= first < self._topics.queue_count(parsed.topics[0])
+                    and (len(queue_ids) == 1 or bool((queue_ids == first).all()))):
+                key = (parsed.topics[0], first)
                 return [_QueueGroup(self._queue_for(*key), slice(None), key)]
         counts = np.array([self._topics.queue_count(t) for t in parsed.topics], np.int64)
         per_record = counts[parsed.topic_index]

@@ -31,9 +31,20 @@ assert ENVELOPE_DTYPE.itemsize == ENVELOPE_BYTES == 28
 _ENVELOPE_COLUMNS = np.arange(OFF_QUEUE_ID, OFF_CRC_START, dtype=np.int64)
 
 
+class Run(NamedTuple):
+    """Consecutive records of a batch that go to one file with one copy."""
+
+    base: int  # the file's base offset
+    first: int  # index of the first record
+    end: int  # index after the last record
+    src_start: int  # their bytes in the batch buffer
+    src_end: int
+    phys: int  # commitlog offset of the first record
+
+
 class Placement(NamedTuple):
     phys: np.ndarray  # int64 commitlog offset of each record
-    runs: list[tuple[int, int, int]]  # (file base offset, first record, end record): one copy each
+    runs: list[Run]
     end_offset: int  # the write position after the batch
 
 
@@ -98,7 +109,7 @@ class CommitLog:
         first = int(starts[0])
         span = int(starts[-1] + sizes[-1]) - first  # the records of a batch are contiguous
         if pos + span <= base + self.file_size_bytes - BLANK_MARKER_SIZE:  # the usual case: it all fits
-            return Placement(starts + (pos - first), [(base, 0, len(starts))], pos + span)
+            return Placement(starts + (pos - first), [Run(base, 0, len(starts), first, first + span, pos)], pos + span)
         ends = starts + sizes
         phys = np.empty(len(starts), np.int64)
         runs = []
@@ -110,30 +121,28 @@ class CommitLog:
                 base += self.file_size_bytes
                 pos = base
                 continue
-            phys[i:k] = starts[i:k] + (pos - int(starts[i]))
-            runs.append((base, i, k))
-            pos += int(ends[k - 1] - starts[i])
+            src_start, src_end = int(starts[i]), int(ends[k - 1])
+            phys[i:k] = starts[i:k] + (pos - src_start)
+            runs.append(Run(base, i, k, src_start, src_end, pos))
+            pos += src_end - src_start
             i = k
         return Placement(phys, runs, pos)
 
     # --- writing -------------------------------------------------------------------------------
-    def write(self, buf: memoryview, starts: np.ndarray, sizes: np.ndarray, placement: Placement,
-              envelope: np.ndarray) -> None:
+    def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
         """Copy the batch as placed and patch the envelopes (``envelope``: ENVELOPE_DTYPE per record)."""
-        for base, _, _ in placement.runs:  # allocate first: a full disk fails before any copy
-            if base > self.active.base_offset:
-                self._spare_file(base)
+        for run in placement.runs:  # allocate first: a full disk fails before any copy
+            if run.base > self.active.base_offset:
+                self._spare_file(run.base)
         env_bytes = envelope.view(np.uint8).reshape(len(envelope), ENVELOPE_BYTES)
-        for base, i, k in placement.runs:
+        for base, i, k, src_start, src_end, phys in placement.runs:
             if base != self.active.base_offset:
                 self._roll(base)
             f = self.active
-            src_start, src_end = int(starts[i]), int(starts[k - 1] + sizes[k - 1])
-            dst = int(placement.phys[i]) - base
-            f.write(dst, buf[src_start:src_end])
+            f.write(phys - base, buf[src_start:src_end])
             rel = placement.phys[i:k] - base
             f.array[rel[:, None] + _ENVELOPE_COLUMNS] = env_bytes[i:k]
-            self.write_pos = base + dst + src_end - src_start
+            self.write_pos = phys + src_end - src_start
         assert self.write_pos == placement.end_offset
 
     def _roll(self, base: int) -> None:
