@@ -12,6 +12,7 @@ import asyncio
 from collections import deque
 
 from gms.broker.store import MessageStore
+
 from gms.errors import FlushTimeoutError
 from gms.store_errors import StoreError
 

@@ -13,6 +13,7 @@ from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.groups import GroupCoordinator
 from gms.broker.long_poll import PullWaiters
 from gms.broker.store import AppendResult, GetStatus, MessageStore
+
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,

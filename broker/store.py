@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-
-from gms.record import OFF_STORE_TS, RecordCheck, check_record
-from gms.store_errors import (InvalidRecord, MessageNotFound, StoreClosed, StoreCorrupt, StoreError,
-                              UnknownQueue)
-from gms.broker.checkpoint import AbortMarker, Checkpoint, read_checkpoint, write_checkpoint
+from gms.broker.checkpoint import (
+    AbortMarker,
+    Checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from gms.broker.commitlog.batch import ParsedRecords, parse_batch
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
@@ -39,6 +40,16 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
 from gms.broker.retention import Housekeeper, expiry_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
+
+from gms.record import OFF_STORE_TS, RecordCheck, check_record
+from gms.store_errors import (
+    InvalidRecord,
+    MessageNotFound,
+    StoreClosed,
+    StoreCorrupt,
+    StoreError,
+    UnknownQueue,
+)
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from operator import add
 from typing import NamedTuple
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 import xxhash
+from numpy.lib.stride_tricks import as_strided
 
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import CorruptRecord, InvalidRecord
@@ -368,8 +368,8 @@ class ScanResult(NamedTuple):
 
 def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
                  max_records: int = 1 << 62) -> ScanResult:
-    """Walk records from ``pos`` checking length, magic and CRC: the one per-record Python loop of
-    the append and recovery paths (everything else about a batch is checked with numpy).
+    """Walk records from ``pos`` checking length, magic and CRC: the per-record Python loop of the
+    append and recovery paths (the rest of a large batch is checked with numpy).
 
     Stops at the first position that is not a valid record, at ``end`` or after ``max_records``.
     The stored CRCs come out of the same unpack as the length, and the computed ones from one

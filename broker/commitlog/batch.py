@@ -12,8 +12,17 @@ from typing import NamedTuple
 import numpy as np
 
 from gms.naming import validate_topic_name
-from gms.record import (HEADER_DTYPE, HEADER_SIZE, RecordCheck, gather_rows, header_errors, read_headers,
-                        scan_records, tag_hash, validate_header)
+from gms.record import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    RecordCheck,
+    gather_rows,
+    header_errors,
+    read_headers,
+    scan_records,
+    tag_hash,
+    validate_header,
+)
 from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidRecord
 
 VECTORISE_RECORDS_MIN = 16  # from this many records a batch is checked with numpy

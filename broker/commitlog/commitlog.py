@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from gms.broker.mapped_file import MappedFile, list_files
 
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
 from gms.store_errors import MessageNotFound
-from gms.broker.mapped_file import MappedFile, list_files
 
 _BLANK = struct.Struct(">iI")
 ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_offset, store_ts_ms

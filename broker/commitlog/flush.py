@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from gms.broker.store_config import PAGE_SIZE_BYTES, StoreConfig
+
 from gms.store_errors import StoreClosed, StoreError
 
 log = logging.getLogger(__name__)

@@ -3,10 +3,10 @@ import time
 
 import numpy as np
 import pytest
-
-from store_helpers import batch, small_config
-from gms import record as rec
 from gms.broker.store import GetStatus, MessageStore
+from store_helpers import batch, small_config
+
+from gms import record as rec
 
 
 def bodies(result):

@@ -3,13 +3,22 @@
 import struct
 
 import pytest
-
-from store_helpers import batch, small_config
-from gms import record as rec
 from gms.broker.commitlog.batch import VECTORISE_RECORDS_MIN
 from gms.broker.store import MessageStore
-from gms.store_errors import (BodyTooLarge, CorruptRecord, EmptyBody, InvalidQueueCount, InvalidRecord,
-                              InvalidTopicName, StoreClosed, UnknownQueue, UnknownTopic)
+from store_helpers import batch, small_config
+
+from gms import record as rec
+from gms.store_errors import (
+    BodyTooLarge,
+    CorruptRecord,
+    EmptyBody,
+    InvalidQueueCount,
+    InvalidRecord,
+    InvalidTopicName,
+    StoreClosed,
+    UnknownQueue,
+    UnknownTopic,
+)
 
 
 def raw_record(topic: bytes = b"t", body: bytes = b"x", queue_id: int = 0) -> bytes:
