@@ -81,7 +81,10 @@ class MappedFile:
         except OSError as err:
             raise StoreIOError(f"cannot open {path}: {err}") from err
         try:
-            if os.fstat(fd).st_size != size_bytes:
+            actual = os.fstat(fd).st_size
+            if actual > size_bytes:  # never cut a file down: that would drop data
+                raise OSError(f"it is {actual} bytes, more than the {size_bytes} configured")
+            if actual < size_bytes:
                 os.ftruncate(fd, size_bytes)  # a file cut short by a crash while being created
             mm = mmap.mmap(fd, size_bytes)
         except OSError as err:

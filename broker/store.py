@@ -39,6 +39,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
 from gms.broker.retention import Housekeeper, expiry_rule
 from gms.broker.store_config import StoreConfig
+from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
 
 from gms.record import OFF_STORE_TS, RecordCheck, check_record
@@ -120,6 +121,7 @@ class MessageStore:
     # --- lifecycle -----------------------------------------------------------------------------
     def open(self) -> MessageStore:
         self.root.mkdir(parents=True, exist_ok=True)
+        check_layout(self.root / "config", self.config)
         self._topics.load()
         if self.config.warm_next_file:
             self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")

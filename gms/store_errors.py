@@ -118,3 +118,7 @@ class StoreIOError(StoreError, ServerError):
 class StoreCorrupt(StoreError, ServerError):
     """Stored files contradict each other in a way recovery cannot repair."""
 
+
+
+class StoreLayoutMismatch(StoreError, ServerError):
+    """The store was created with another file geometry than the one configured."""

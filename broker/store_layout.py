@@ -1,0 +1,38 @@
+"""The store's fixed geometry, recorded when the store is created.
+
+Commitlog file size and consumeQueue entries per file decide where every byte lives, so they
+cannot change under existing data: a store opened with other values would misread (or, worse,
+resize) its files. ``store/config/layout.json`` keeps the values the store was created with;
+opening with different ones is refused with a message that says what to configure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gms.broker.atomic_file import write_atomically
+from gms.broker.store_config import StoreConfig
+from gms.store_errors import StoreLayoutMismatch
+
+LAYOUT_FILE = "layout.json"
+LAYOUT_VERSION = 1
+_FIELDS = ("commitlog_file_size_bytes", "cq_entries_per_file")
+
+
+def check_layout(config_dir: Path, config: StoreConfig) -> None:
+    """Record the geometry of a new store, or check that ``config`` matches an existing one."""
+    path = config_dir / LAYOUT_FILE
+    wanted = {name: getattr(config, name) for name in _FIELDS}
+    if not path.exists():
+        config_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
+        return
+    recorded = json.loads(path.read_bytes())
+    wrong = {name: recorded.get(name) for name in _FIELDS if recorded.get(name) != wanted[name]}
+    if wrong:
+        settings = ", ".join(f"{name} = {value}" for name, value in wrong.items())
+        raise StoreLayoutMismatch(
+            f"the store in {config_dir.parent} was created with {settings}; configure the same "
+            "(gms-broker --commitlog-file-size, or the [store] table) — these cannot change under existing data"
+        )
