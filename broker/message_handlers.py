@@ -7,10 +7,12 @@ one batch, a pull answers with zero-copy views of the stored records.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.groups import GroupCoordinator
+from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.long_poll import PullWaiters
 from gms.broker.store import AppendResult, GetStatus, MessageStore
 
@@ -43,6 +45,8 @@ class MessageHandlers:
         self.config = config
         self.store = store
         self.waiters = waiters
+        # Cluster mode: who leads which queue, high watermarks, acks=-1 (None when standalone).
+        self.replicas: ReplicaManager | None = None
         self.groups = groups
         self.advertised_address = advertised_address
         self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
@@ -56,10 +60,18 @@ class MessageHandlers:
             raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
         if not request.body:
             raise MessageIllegalError("a send request needs at least one record in its body")
-        result = self._append(request.body)
-        self.waiters.notify(result.touched_queues)
+        replicas = self.replicas
+        if replicas is None:
+            result = self._append(request.body)
+            self.waiters.notify(result.touched_queues)  # replicated queues wake pulls on HW moves
+        else:
+            result = self._append(request.body, lambda queues: replicas.check_produce(queues, acks))
+            ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
+            replicas.on_appended(result.touched_queues)
         if self._flush_waiters is not None and acks != 0:
             await self._flush_waiters.wait(result.end_phys_offset)
+        if replicas is not None and acks == -1:
+            await replicas.wait_replicated(ends, self.config.send_timeout_ms)
         if request.is_oneway:
             return None
         return Response({
@@ -69,14 +81,15 @@ class MessageHandlers:
             "broker": self.advertised_address,
         })
 
-    def _append(self, body: memoryview | bytes) -> AppendResult:
+    def _append(self, body: memoryview | bytes,
+                admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
         try:
-            return self.store.append(body)
+            return self.store.append(body, admit)
         except UnknownTopic as err:
-            if not self.config.auto_create_topics:
-                raise
+            if not self.config.auto_create_topics or self.replicas is not None:
+                raise  # in a cluster, topics come from the nameservers
             self.store.create_topic(err.topic, self.config.default_queue_count)
-            return self.store.append(body)
+            return self.store.append(body, admit)
 
     # -- pull -----------------------------------------------------------------------
 
@@ -100,8 +113,10 @@ class MessageHandlers:
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
+        replicas = self.replicas
         while True:
-            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes)
+            limit = None if replicas is None else replicas.read_limit((topic, queue_id))
+            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit)
             status = result.status
             if status is GetStatus.OFFSET_OVERFLOW:
                 raise OffsetIllegalError(
@@ -131,6 +146,8 @@ class MessageHandlers:
 
     async def query_max_offset(self, request: Frame) -> Response:
         topic, queue_id = _queue_fields(request)
+        if self.replicas is not None:  # consumers see offsets below the high watermark only
+            return Response({"offset": self.replicas.read_limit((topic, queue_id))})
         return Response({"offset": self.store.max_offset(topic, queue_id)})
 
     async def query_offset_by_time(self, request: Frame) -> Response:

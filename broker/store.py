@@ -23,6 +23,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +42,7 @@ from gms.broker.retention import Housekeeper, expiry_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
+from gms.broker.truncation_log import TruncationLog
 
 from gms.record import OFF_STORE_TS, RecordCheck, check_record
 from gms.store_errors import (
@@ -83,6 +85,10 @@ class AppendResult(NamedTuple):
     touched_queues: list[tuple[str, int]]  # the (topic, queue id) pairs the batch appended to
 
 
+class ReplicaGap(StoreError):
+    """Replicated records do not continue their queue (the follower must truncate or refetch)."""
+
+
 class _IndexGap(Exception):
     """Recovery found records whose queue offsets do not continue their index."""
 
@@ -109,6 +115,7 @@ class MessageStore:
         self._queues_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._abort = AbortMarker(self.root)
+        self._truncations = TruncationLog(self.root / "config" / "truncations.json")
         self._warmer: ThreadPoolExecutor | None = None
         self._commitlog: CommitLog | None = None
         self._flusher: FlushService | None = None
@@ -123,6 +130,7 @@ class MessageStore:
         self.root.mkdir(parents=True, exist_ok=True)
         check_layout(self.root / "config", self.config)
         self._topics.load()
+        self._truncations.load()
         if self.config.warm_next_file:
             self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
         self._commitlog = CommitLog(self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
@@ -142,6 +150,7 @@ class MessageStore:
         self.recovered_from_crash = crashed and (had_data or self._abort.found())  # a new store did not crash
         for cq in self._queues.values():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(self._commitlog.min_offset)
+        self._truncations.prune(self._commitlog.min_offset)
         self._abort.set()
         end = self._commitlog.committed_pos
         self._flusher = FlushService(self.config, self._flush_all, lambda: self._commitlog.committed_pos, end)
@@ -216,6 +225,7 @@ class MessageStore:
     def delete_topic(self, name: str) -> None:
         with self._write_lock:
             self._topics.delete(name)
+            self._truncations.drop_topic(name)
             with self._queues_lock:
                 for key in [k for k in self._queues if k[0] == name]:
                     self._queues.pop(key).close()
@@ -250,8 +260,23 @@ class MessageStore:
         return cq
 
     # --- append --------------------------------------------------------------------------------
-    def append(self, records: bytes | bytearray | memoryview) -> AppendResult:
-        """Validate, place, copy and index a batch of encoded records, all or nothing."""
+    def append(self, records: bytes | bytearray | memoryview,
+               admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
+        """Validate, place, copy and index a batch of encoded records, all or nothing.
+
+        ``admit(queues)``, when given, sees the (topic, queue id) pairs of the batch before
+        anything is written and may refuse the batch by raising (a replica that does not lead a
+        queue, too few in-sync replicas)."""
+        return self._append(records, admit, replicated=False)
+
+    def append_replicated(self, records: bytes | bytearray | memoryview) -> AppendResult:
+        """Append records fetched from a queue's leader, keeping the queue offsets (and store
+        timestamps) they carry; each queue's records must continue it exactly
+        (:class:`ReplicaGap` otherwise, nothing written)."""
+        return self._append(records, None, replicated=True)
+
+    def _append(self, records: bytes | bytearray | memoryview,
+                admit: Callable[[list[tuple[str, int]]], None] | None, *, replicated: bool) -> AppendResult:
         buf = memoryview(records).cast("B")
         with self._write_lock:
             commitlog = self._cl()
@@ -262,14 +287,21 @@ class MessageStore:
                                               f"{self.config.commitlog_file_size_bytes} bytes")
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
-            queue_offsets = self._assign_queue_offsets(groups, len(queue_ids))
-            placement = commitlog.place(parsed.starts, sizes)
-            store_ts_ms = max(int(time.time() * 1000), self._last_store_ts_ms)
+            if admit is not None:
+                admit([group.key for group in groups])
             envelope = np.empty(len(queue_ids), ENVELOPE_DTYPE)
+            if replicated:
+                queue_offsets = self._check_replicated_offsets(groups, parsed)
+                store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
+                envelope["store_ts_ms"] = parsed.headers["store_ts_ms"]
+            else:
+                queue_offsets = self._assign_queue_offsets(groups, len(queue_ids))
+                store_ts_ms = max(int(time.time() * 1000), self._last_store_ts_ms)
+                envelope["store_ts_ms"] = store_ts_ms
+            placement = commitlog.place(parsed.starts, sizes)
             envelope["queue_id"] = queue_ids
             envelope["queue_offset"] = queue_offsets
             envelope["phys_offset"] = placement.phys
-            envelope["store_ts_ms"] = store_ts_ms
             commitlog.write(buf, placement, envelope)
             self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
             commitlog.committed_pos = placement.end_offset
@@ -277,6 +309,28 @@ class MessageStore:
         self._flusher.appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups])
+
+    @staticmethod
+    def _check_replicated_offsets(groups: list[_QueueGroup], parsed: ParsedRecords) -> np.ndarray:
+        queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
+        for cq, idx, key in groups:
+            offs = queue_offsets[idx]
+            if int(offs[0]) != cq.max_offset or (len(offs) > 1 and (np.diff(offs) != 1).any()):
+                raise ReplicaGap(f"queue {key[0]}/{key[1]} ends at {cq.max_offset}; replicated records"
+                                 f" carry offsets {int(offs[0])}..{int(offs[-1])} that do not continue it")
+        return queue_offsets
+
+    def truncate_queue(self, topic: str, queue_id: int, offset: int) -> None:
+        """Cut a queue back to ``offset`` (a replica following a new leader). Durable across
+        crash recovery: a marker is written first, and recovery never re-indexes what it covers."""
+        with self._write_lock:
+            commitlog = self._cl()
+            cq = self._queue(topic, queue_id)
+            if offset >= cq.max_offset:
+                return
+            self._truncations.add((topic, queue_id), offset, commitlog.committed_pos)
+            cq.truncate(offset)
+            cq.flush()
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
@@ -341,6 +395,20 @@ class MessageStore:
             queue_ids, phys = queue_ids[keep], phys[keep]
         groups = self._group_by_queue(parsed, queue_ids)
         queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
+        if self._truncations:  # a replica cut these records off: never index them again
+            cut = np.zeros(len(queue_ids), bool)
+            for _, idx, key in groups:
+                covered = self._truncations.truncated(*key, queue_offsets[idx], phys[idx])
+                if covered is not None:
+                    cut[idx] = covered
+            if cut.any():
+                keep = np.flatnonzero(~cut)
+                if not keep.size:
+                    return
+                parsed = ParsedRecords(parsed.starts[keep], parsed.headers[keep], parsed.topics,
+                                       parsed.topic_index[keep])
+                queue_ids, phys, queue_offsets = queue_ids[keep], phys[keep], queue_offsets[keep]
+                groups = self._group_by_queue(parsed, queue_ids)
         for cq, idx, _ in groups:
             offs = queue_offsets[idx]
             if len(offs) > 1 and (np.diff(offs) != 1).any():
@@ -403,17 +471,23 @@ class MessageStore:
         return self._queue(topic, queue_id).max_offset
 
     def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
-            max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None) -> GetResult:
+            max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None,
+            read_limit: int | None = None) -> GetResult:
         """Up to ``max_msgs`` records (and about ``max_bytes``, at least one) from ``offset``,
-        skipping entries whose tag hash is not subscribed without reading the commitlog."""
+        skipping entries whose tag hash is not subscribed without reading the commitlog.
+
+        ``read_limit`` (a replicated queue's high watermark) hides the offsets at and past it:
+        they are answered like the end of the queue, and ``max_offset`` reports the limit."""
         commitlog = self._cl()
         cq = self._queue(topic, queue_id)
-        lo, hi = cq.min_offset, cq.max_offset
+        lo, end = cq.min_offset, cq.max_offset
+        hi = end if read_limit is None else max(min(end, read_limit), lo)
         if offset < lo:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
+        if offset > end:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, hi, lo, hi, [])
         if offset >= hi:
-            status = GetStatus.NO_NEW_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW
-            return GetResult(status, hi, lo, hi, [])
+            return GetResult(GetStatus.NO_NEW_MESSAGE, offset, lo, hi, [])
         window = min(hi - offset, max(max_msgs, 1) if tag_hashes is None else SCAN_ENTRIES_MAX)
         entries = cq.read(offset, window)
         if tag_hashes is None:

@@ -1,0 +1,247 @@
+"""Replication guarantees with real processes: SIGKILLed leaders lose no acks=-1 message, acks=1
+loss is bounded and measured, followers leave and rejoin the ISR, a leader cut from etcd is
+fenced."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from ha_helpers import LAG_MAX_MS, LEASE_TTL_S, HaCluster, read_store, request, wait_for
+
+from gms.client import Producer
+from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError
+from gms.protocol.codes import RequestCode
+from gms.record import Message, encode_batch, iter_records
+
+FAILOVER_TIMEOUT_S = 15
+REJOIN_TIMEOUT_S = 20
+
+
+class QueueProducer(threading.Thread):
+    """Sends numbered messages to one queue until stopped; remembers what was acknowledged."""
+
+    def __init__(self, cluster: HaCluster, topic: str, queue_id: int, acks: int) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.topic, self.queue_id, self.acks = cluster, topic, queue_id, acks
+        self.acked: dict[int, bytes] = {}
+        self.conflicts: list[tuple[int, bytes, bytes]] = []
+        self.errors: list[GmsError] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Producer(nameserver=self.cluster.nameserver, acks=self.acks, retries=60,
+                      retry_backoff_ms=20, linger_ms=0, request_timeout_ms=5000) as producer:
+            i = 0
+            while not self.stopping.is_set():
+                body = f"q{self.queue_id}-m{i}".encode()
+                i += 1
+                try:
+                    result = producer.send(self.topic, body, queue=self.queue_id)
+                except GmsError as err:
+                    self.errors.append(err)
+                    continue
+                old = self.acked.setdefault(result.queue_offset, body)
+                if old != body:
+                    self.conflicts.append((result.queue_offset, old, body))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+def pull_all(address: str, topic: str, queue_id: int) -> list[tuple[int, bytes]]:
+    """Every message of a queue visible to consumers (below the HW), CRC-checked."""
+    out, offset = [], 0
+    while True:
+        fields = {"topic": topic, "queue_id": queue_id, "offset": offset, "max_msgs": 1024}
+        frame_fields, body = pull(address, fields)
+        records = list(iter_records(body))
+        out += [(r.queue_offset, bytes(r.body)) for r in records]
+        if not records:
+            return out
+        offset = frame_fields["next_offset"]
+
+
+def pull(address: str, fields):
+    from gms.net import Connection, run
+
+    async def main():
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            frame = await conn.request(RequestCode.PULL, fields)
+            return frame.fields, bytes(frame.body)
+        finally:
+            conn.close()
+
+    return run(main())
+
+
+def leader_of(cluster: HaCluster, topic: str, queue_id: int):
+    return cluster.broker_by_id(cluster.topic(topic).queues[queue_id].leader)
+
+
+def wait_new_leader(cluster: HaCluster, topic: str, queue_id: int, old: str) -> str:
+    return wait_for(lambda: (lead := cluster.topic(topic).queues[queue_id].leader) not in (None, old) and lead,
+                    FAILOVER_TIMEOUT_S)
+
+
+def wait_full_isr(cluster: HaCluster, topic: str, replicas: int = 3) -> None:
+    wait_for(lambda: all(len(q.isr) == replicas for q in cluster.topic(topic).queues), REJOIN_TIMEOUT_S)
+
+
+def test_acks_all_loses_nothing_when_every_leader_is_killed_in_turn(ha_cluster):
+    topic, queues = "ha-all", 3
+    ha_cluster.create_topic(topic, queues)
+    producers = [QueueProducer(ha_cluster, topic, q, acks=-1) for q in range(queues)]
+    for p in producers:
+        p.start()
+    for q in range(queues):
+        time.sleep(1.0)
+        old_id = ha_cluster.topic(topic).queues[q].leader
+        victim = ha_cluster.broker_by_id(old_id)
+        victim.kill()
+        wait_new_leader(ha_cluster, topic, q, old_id)
+        victim.restart()
+        wait_full_isr(ha_cluster, topic)
+    time.sleep(1.0)
+    for p in producers:
+        p.stop()
+    for q, p in enumerate(producers):
+        assert not p.conflicts, f"queue {q}: one offset acknowledged for two messages {p.conflicts[:3]}"
+        assert len(p.acked) > 20, f"queue {q}: too few acknowledged sends ({len(p.acked)}; errors {p.errors[:3]})"
+        leader = leader_of(ha_cluster, topic, q)
+        read = pull_all(leader.address, topic, q)
+        assert [o for o, _ in read] == list(range(len(read))), f"queue {q}: offsets not dense"
+        stored = dict(read)
+        missing = {o: b for o, b in p.acked.items() if stored.get(o) != b}
+        assert not missing, f"queue {q}: {len(missing)} acknowledged messages lost or changed"
+    # Every replica agrees offset by offset (read from the stopped brokers' files).
+    for broker in ha_cluster.brokers:
+        broker.stop()
+    for q, p in enumerate(producers):
+        replicas = [dict(read_store(b.store_dir, topic, q)) for b in ha_cluster.brokers]
+        for offset, body in p.acked.items():
+            assert all(r.get(offset) == body for r in replicas), f"queue {q} offset {offset} differs"
+        for a in replicas:
+            for b in replicas:
+                common = set(a) & set(b)
+                assert all(a[o] == b[o] for o in common), f"queue {q}: replicas disagree"
+
+
+def test_acks_one_loss_is_bounded_by_the_unreplicated_tail(ha_cluster, capsys):
+    topic = "ha-one"
+    ha_cluster.create_topic(topic, 1)
+    producer = QueueProducer(ha_cluster, topic, 0, acks=1)
+    producer.start()
+    time.sleep(1.5)
+    old_id = ha_cluster.topic(topic).queues[0].leader
+    victim = ha_cluster.broker_by_id(old_id)
+    victim.kill()
+    acked_before_kill = dict(producer.acked)
+    new_id = wait_new_leader(ha_cluster, topic, 0, old_id)
+    time.sleep(0.5)
+    producer.stop()
+    victim.restart()
+    wait_full_isr(ha_cluster, topic)
+    stored = dict(pull_all(ha_cluster.broker_by_id(new_id).address, topic, 0))
+    lost = sorted(o for o, b in acked_before_kill.items() if stored.get(o) != b)
+    if lost:  # only a tail can be lost: what the followers had not fetched yet
+        assert all(stored.get(o) == b for o, b in acked_before_kill.items() if o < lost[0])
+    with capsys.disabled():
+        print(f"\nacks=1: {len(lost)} of {len(acked_before_kill)} acknowledged messages lost on leader SIGKILL")
+    # The old leader truncated its unreplicated tail: all replicas hold the same log.
+    for broker in ha_cluster.brokers:
+        broker.stop()
+    logs = [dict(read_store(b.store_dir, topic, 0)) for b in ha_cluster.brokers]
+    assert logs[0] == logs[1] == logs[2]
+
+
+def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
+    topic = "ha-isr"
+    ha_cluster.create_topic(topic, 1)
+    state = ha_cluster.topic(topic).queues[0]
+    leader = ha_cluster.broker_by_id(state.leader)
+    followers = [ha_cluster.broker_by_id(b) for b in state.replicas if b != state.leader]
+    body = lambda text: encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])  # noqa: E731
+    send = lambda text: request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))  # noqa: E731
+    send("all three in sync")
+    followers[0].pause()
+    try:
+        started = time.monotonic()
+        wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 2, LAG_MAX_MS / 1000 + 5)
+        assert time.monotonic() - started < LAG_MAX_MS / 1000 + 3
+        send("two in sync: still enough")
+        followers[1].pause()
+        try:
+            wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 1, LAG_MAX_MS / 1000 + 5)
+            with pytest.raises(NotEnoughReplicasError):
+                send("alone")
+            request(leader.address, RequestCode.SEND, {"acks": 1}, body("acks=1 still works"))
+        finally:
+            followers[1].resume()
+    finally:
+        followers[0].resume()
+    wait_full_isr(ha_cluster, topic)
+    send("back to three")
+
+
+def test_follower_down_for_a_while_catches_up_and_rejoins(ha_cluster):
+    topic = "ha-catchup"
+    ha_cluster.create_topic(topic, 1)
+    state = ha_cluster.topic(topic).queues[0]
+    leader = ha_cluster.broker_by_id(state.leader)
+    follower = ha_cluster.broker_by_id(state.replicas[1] if state.replicas[1] != state.leader else state.replicas[2])
+    follower.kill()
+    wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 2, LAG_MAX_MS / 1000 + 5)
+    batch = encode_batch([Message(topic=topic, body=f"m{i}".encode(), queue_id=0) for i in range(500)])
+    for _ in range(20):
+        request(leader.address, RequestCode.SEND, {"acks": -1}, batch)
+    follower.restart()
+    wait_full_isr(ha_cluster, topic)
+    for broker in ha_cluster.brokers:
+        broker.stop()
+    logs = [read_store(b.store_dir, topic, 0) for b in ha_cluster.brokers]
+    assert len(logs[0]) == 10_000 and logs[0] == logs[1] == logs[2]
+
+
+def test_follower_refuses_sends_and_pulls_with_not_leader(ha_cluster):
+    topic = "ha-roles"
+    ha_cluster.create_topic(topic, 1)
+    state = ha_cluster.topic(topic).queues[0]
+    follower = ha_cluster.broker_by_id(next(b for b in state.replicas if b != state.leader))
+    leader_address = ha_cluster.broker_by_id(state.leader).address
+    with pytest.raises(NotLeaderError) as err:
+        request(follower.address, RequestCode.SEND, {"acks": 1},
+                encode_batch([Message(topic=topic, body=b"x", queue_id=0)]))
+    assert err.value.fields["leader"] == leader_address
+    with pytest.raises(NotLeaderError):
+        request(follower.address, RequestCode.PULL, {"topic": topic, "queue_id": 0, "offset": 0})
+
+
+def test_leader_cut_from_etcd_accepts_no_acks_all_write(ha_cluster):
+    """SIGSTOP the leader past its lease TTL: a new leader is elected; once resumed, the old one
+    must refuse acks=-1 writes (its lease is gone, its followers fetch from the new leader)."""
+    topic = "ha-fence"
+    ha_cluster.create_topic(topic, 1)
+    old_id = ha_cluster.topic(topic).queues[0].leader
+    old = ha_cluster.broker_by_id(old_id)
+    body = encode_batch([Message(topic=topic, body=b"fenced?", queue_id=0)])
+    old.pause()
+    try:
+        new_id = wait_new_leader(ha_cluster, topic, 0, old_id)
+    finally:
+        old.resume()
+    accepted = []
+    deadline = time.monotonic() + 3 * LEASE_TTL_S
+    while time.monotonic() < deadline:
+        try:
+            accepted.append(request(old.address, RequestCode.SEND, {"acks": -1}, body, timeout_ms=8000))
+        except GmsError:
+            pass
+        time.sleep(0.05)
+    assert not accepted, f"the deposed leader acknowledged {len(accepted)} acks=-1 writes"
+    new = ha_cluster.broker_by_id(new_id)
+    request(new.address, RequestCode.SEND, {"acks": -1}, body)
