@@ -17,14 +17,14 @@ from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendResult
 
-SendFn = Callable[[QueueRoute, bytearray], "asyncio.Future[list[SendResult]]"]
+SendFn = Callable[[QueueRoute, bytearray], "asyncio.Future[Sequence[SendResult]]"]
 
 
 class _OpenBatch:
     __slots__ = ("records", "futures")
 
-    def __init__(self) -> None:
-        self.records = BatchBuilder()
+    def __init__(self, queue_id: int) -> None:
+        self.records = BatchBuilder(queue_id)
         self.futures: list[concurrent.futures.Future[SendResult | None]] = []
 
 
@@ -52,8 +52,8 @@ class Accumulator:
             batch = self._open.get(route)
             is_new = batch is None
             if batch is None:
-                batch = _OpenBatch()
-            size = self._encoder.add(batch.records, route.topic, body, tag, keys, properties, route.queue_id)
+                batch = _OpenBatch(route.queue_id)
+            size = self._encoder.add(batch.records, route.topic, body, tag, keys, properties)
             if is_new:
                 self._open[route] = batch
             batch.futures.append(future)

@@ -27,7 +27,7 @@ from gms.client.connections import msg_id_prefix
 from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
-from gms.client.structs import SendResult
+from gms.client.structs import SendResult, SendResults
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _Sender:
         self._moves = itertools.count()
 
     async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None, *,
-                   movable: bool = False) -> list[SendResult]:
+                   movable: bool = False) -> SendResults | list[SendResult]:
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
         for attempt in itertools.count():
@@ -127,13 +127,32 @@ def set_queue_ids(body: bytearray, queue_id: int) -> None:
         pos += _TOTAL_SIZE.unpack_from(body, pos)[0]
 
 
-def _results(topic: str, fields: Mapping[str, Any]) -> list[SendResult]:
+def _results(topic: str, fields: Mapping[str, Any]) -> SendResults:
     broker = fields["broker"]
-    prefix = msg_id_prefix(broker)
-    queue_ids = np.frombuffer(fields["queue_ids"], ">i4").tolist()
-    offsets = np.frombuffer(fields["queue_offsets"], ">i8").tolist()
-    phys = np.frombuffer(fields["phys_offsets"], ">i8").tolist()
-    return [SendResult(f"{prefix}{p:016X}", topic, q, o, broker) for q, o, p in zip(queue_ids, offsets, phys)]
+    return SendResults(topic, broker, msg_id_prefix(broker), np.frombuffer(fields["queue_ids"], ">i4"),
+                       np.frombuffer(fields["queue_offsets"], ">i8"),
+                       np.frombuffer(fields["phys_offsets"], ">i8"))
+
+
+class _Group(NamedTuple):
+    """The messages of one ``send_batch`` call that go to one queue in one request."""
+
+    records: BatchBuilder
+    indexes: list[int]  # positions in the caller's input
+
+
+def _in_input_order(groups: list[_Group], answers: list[SendResults], count: int) -> Sequence[SendResult]:
+    """The results of several requests of one ``send_batch``, back in the caller's order."""
+    first = answers[0]
+    if all(a.topic == first.topic and a.broker == first.broker for a in answers):
+        order = np.empty(count, np.intp)
+        order[np.concatenate([np.asarray(g.indexes, np.intp) for g in groups])] = np.arange(count)
+        return SendResults.concat(answers).take(order)
+    ordered: list[SendResult] = [None] * count  # type: ignore[list-item]
+    for group, results in zip(groups, answers):
+        for index, result in zip(group.indexes, results):
+            ordered[index] = result
+    return ordered
 
 
 class Producer:
@@ -204,46 +223,57 @@ class Producer:
              key: str | bytes | None = None) -> SendResult:
         """Send one message and wait until the broker acknowledges it (per ``acks``)."""
         route = self._route(topic, queue, key)
-        batch = BatchBuilder()
-        self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
+        batch = BatchBuilder(route.queue_id)
+        self._encoder.add(batch, topic, body, tag, keys, properties)
         send = self._sender.send(route, batch.seal(), movable=queue is None and key is None)
         results = self._runtime.run(send, self._call_timeout_ms)
         return results[0] if results else None  # type: ignore[return-value]
 
-    def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> list[SendResult]:
-        """Send many messages, one request per target queue; results are in input order."""
+    def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
+        """Send many messages, one request per target queue; results are in input order.
+
+        The results are a sequence (equal to, and concatenable with, lists) whose items are
+        made when read; with ``acks=0`` every item is None."""
         # Messages without a key or explicit queue may move to another queue on failure, so
-        # they travel apart from pinned ones.
-        batches: dict[tuple[QueueRoute, bool], tuple[BatchBuilder, list[int]]] = {}
+        # they travel apart from pinned ones. Pinned messages are routed once per (topic,
+        # queue, key); the others round robin over the topic's routes looked up once.
+        groups: dict[tuple[QueueRoute, bool], _Group] = {}
+        pinned_routes: dict[tuple[str, int | None, str | bytes | None], QueueRoute] = {}
+        topic_routes: dict[str, list[QueueRoute] | None] = {}
+        add, pick, round_robin = self._encoder.add, self._faults.pick, self._round_robin
         count = 0
-        for index, message in enumerate(messages):
-            if not isinstance(message, ProducerRecord):
-                message = ProducerRecord(**message)
-            route = self._route(message.topic, message.queue, message.key)
-            slot = (route, message.queue is None and message.key is None)
-            entry = batches.get(slot)
-            if entry is None:
-                entry = batches[slot] = (BatchBuilder(), [])
-            self._encoder.add(entry[0], message.topic, message.body, message.tag, message.keys,
-                              message.properties, route.queue_id)
-            entry[1].append(index)
-            count = index + 1
-        if not batches:
+        for count, message in enumerate(messages, 1):
+            if type(message) is not ProducerRecord:
+                message = message if isinstance(message, ProducerRecord) else ProducerRecord(**message)
+            topic, body, tag, keys, properties, queue, key = message
+            movable = queue is None and key is None
+            if movable:
+                routes = topic_routes.get(topic, ())
+                if routes == ():
+                    routes = topic_routes[topic] = self._runtime.routes.cached(topic)
+                route = pick(routes, next(round_robin)) if routes else self._route(topic, None, None)
+            else:
+                route = pinned_routes.get((topic, queue, key))  # type: ignore[assignment]
+                if route is None:
+                    route = pinned_routes[(topic, queue, key)] = self._route(topic, queue, key)
+            group = groups.get((route, movable))
+            if group is None:
+                group = groups[(route, movable)] = _Group(BatchBuilder(route.queue_id), [])
+            add(group.records, topic, body, tag, keys, properties)
+            group.indexes.append(count - 1)
+        if not groups:
             return []
-        answers = self._runtime.run(self._send_all(batches), self._call_timeout_ms)
+        answers = self._runtime.run(self._send_all(groups), self._call_timeout_ms)
         if not answers[0]:
             return [None] * count  # type: ignore[list-item]  # acks=0
-        ordered: list[SendResult] = [None] * count  # type: ignore[list-item]
-        for (_, indexes), results in zip(batches.values(), answers):
-            for index, result in zip(indexes, results):
-                ordered[index] = result
-        return ordered
+        if len(answers) == 1:
+            return answers[0]
+        return _in_input_order(list(groups.values()), answers, count)
 
-    async def _send_all(self, batches: dict[tuple[QueueRoute, bool], tuple[BatchBuilder, list[int]]],
-                        ) -> list[list[SendResult]]:
+    async def _send_all(self, groups: dict[tuple[QueueRoute, bool], _Group]) -> list[SendResults]:
         return list(await asyncio.gather(*(
-            self._sender.send(route, records.seal(), movable=movable)
-            for (route, movable), (records, _) in batches.items())))
+            self._sender.send(route, group.records.seal(), movable=movable)
+            for (route, movable), group in groups.items())))
 
     def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                    properties: Mapping[str, str] | None = None, queue: int | None = None,
@@ -266,8 +296,8 @@ class Producer:
                     key: str | bytes | None = None) -> None:
         """Send without waiting for (or getting) any acknowledgement (acks=0)."""
         route = self._route(topic, queue, key)
-        batch = BatchBuilder()
-        self._encoder.add(batch, topic, body, tag, keys, properties, route.queue_id)
+        batch = BatchBuilder(route.queue_id)
+        self._encoder.add(batch, topic, body, tag, keys, properties)
         send = self._sender.send(route, batch.seal(), acks=0, movable=queue is None and key is None)
         self._runtime.run(send, self._call_timeout_ms)
 

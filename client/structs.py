@@ -8,8 +8,10 @@ access (the layout is :mod:`gms.record`'s), never eagerly for every message.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, overload
+
+import numpy as np
 
 from gms.record import (
     HEADER_SIZE,
@@ -41,6 +43,85 @@ class SendResult(NamedTuple):
     queue_id: int
     queue_offset: int
     broker: str  # "host:port" of the broker that stored it
+
+
+class SendResults(Sequence[SendResult]):
+    """The results of one batch send, in input order, made on access.
+
+    A batch of thousands of messages would otherwise build as many :class:`SendResult` tuples
+    and message-id strings that most callers never look at; this keeps the response's arrays
+    and builds the one asked for. Compares equal to, and concatenates with, lists.
+    """
+
+    __slots__ = ("_topic", "_broker", "_prefix", "_queue_ids", "_queue_offsets", "_phys_offsets")
+
+    def __init__(self, topic: str, broker: str, msg_id_prefix: str, queue_ids: np.ndarray,
+                 queue_offsets: np.ndarray, phys_offsets: np.ndarray) -> None:
+        self._topic = topic
+        self._broker = broker
+        self._prefix = msg_id_prefix
+        self._queue_ids = queue_ids
+        self._queue_offsets = queue_offsets
+        self._phys_offsets = phys_offsets
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def broker(self) -> str:
+        return self._broker
+
+    @classmethod
+    def concat(cls, parts: Sequence[SendResults]) -> SendResults:
+        """The results of ``parts`` one after the other (all of one topic and broker)."""
+        first = parts[0]
+        return cls(first._topic, first._broker, first._prefix,
+                   np.concatenate([p._queue_ids for p in parts]),
+                   np.concatenate([p._queue_offsets for p in parts]),
+                   np.concatenate([p._phys_offsets for p in parts]))
+
+    def __len__(self) -> int:
+        return len(self._phys_offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return SendResult(f"{self._prefix}{int(self._phys_offsets[index]):016X}", self._topic,
+                          int(self._queue_ids[index]), int(self._queue_offsets[index]), self._broker)
+
+    def __iter__(self) -> Iterator[SendResult]:
+        prefix, topic, broker = self._prefix, self._topic, self._broker
+        for queue_id, offset, phys in zip(self._queue_ids.tolist(), self._queue_offsets.tolist(),
+                                          self._phys_offsets.tolist()):
+            yield SendResult(f"{prefix}{phys:016X}", topic, queue_id, offset, broker)
+
+    def take(self, order: np.ndarray) -> SendResults:
+        """These results rearranged: result ``i`` of the new sequence is ``self[order[i]]``."""
+        return SendResults(self._topic, self._broker, self._prefix, self._queue_ids[order],
+                           self._queue_offsets[order], self._phys_offsets[order])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"SendResults({len(self)} results of {self._topic!r} on {self._broker})"
 
 
 class ReceivedMessage:
