@@ -66,6 +66,7 @@ class LeaderFetcher:
         self._partitions: list[Partition] = []
         self._wake = asyncio.Event()
         self._conn: Connection | None = None
+        self._failing = False  # log a failing leader once, not every retry
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def follow(self, partitions: list[Partition]) -> None:
@@ -102,8 +103,11 @@ class LeaderFetcher:
                          and p.fetch_paused_until <= time.monotonic()]
                 if ready:
                     await self._fetch(conn, ready)
+                self._failing = False
             except GmsError as err:
-                log.info("replica fetch from %s failed: %s; retrying", self.address, err)
+                log.log(logging.DEBUG if self._failing else logging.WARNING,
+                        "replica fetch from %s failed: %s; retrying every %s s", self.address, err, RETRY_BACKOFF_S)
+                self._failing = True
                 self._close()
                 await asyncio.sleep(RETRY_BACKOFF_S)
 

@@ -25,7 +25,6 @@ from typing import Any
 
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
-from gms.broker.store import GetStatus
 from gms.errors import BadRequestError
 from gms.protocol.codes import Status
 from gms.protocol.fields import field
@@ -93,12 +92,9 @@ class LeaderHandlers:
                 continue
             size, next_offset = 0, offset
             if offset < leo and budget > 0:
-                result = self.store.get(topic, queue_id, offset, FETCH_MSGS_MAX, budget)
-                if result.status is GetStatus.FOUND:
-                    body.extend(result.records)
-                    size = sum(r.nbytes for r in result.records)
-                    budget -= size
-                    next_offset = result.next_offset
+                next_offset, views, size = self.store.read_runs(topic, queue_id, offset, FETCH_MSGS_MAX, budget)
+                body.extend(views)
+                budget -= size
             epochs = [[e.epoch, e.start_offset] for e in p.history.entries
                       if e.epoch > last_epoch and e.start_offset < next_offset]
             rows.append([topic, queue_id, 0, p.hw, leo, size, epochs])

@@ -245,3 +245,31 @@ def test_leader_cut_from_etcd_accepts_no_acks_all_write(ha_cluster):
     assert not accepted, f"the deposed leader acknowledged {len(accepted)} acks=-1 writes"
     new = ha_cluster.broker_by_id(new_id)
     request(new.address, RequestCode.SEND, {"acks": -1}, body)
+
+
+def controller_of(cluster: HaCluster):
+    for ns in cluster.nameservers:
+        if ns.proc.poll() is not None:
+            continue
+        status = request(ns.address, RequestCode.CLUSTER_STATUS, {})
+        if status["controller"]["this"]:
+            return ns
+    raise AssertionError("no nameserver is the controller")
+
+
+def test_controller_killed_mid_failover_is_finished_by_the_next(ha_cluster_two_nameservers):
+    cluster = ha_cluster_two_nameservers
+    topics = ["ha-ctl-a", "ha-ctl-b"]
+    for topic in topics:
+        cluster.create_topic(topic, 3)
+    controller = wait_for(lambda: controller_of(cluster))
+    victim_id = cluster.topic(topics[0]).queues[0].leader
+    led = {(t, q.queue_id) for t in topics for q in cluster.topic(t).queues if q.leader == victim_id}
+    cluster.broker_by_id(victim_id).kill()
+    time.sleep(LEASE_TTL_S * 0.9)  # the lease is about to expire: the controller is about to act
+    controller.kill()
+    for topic, queue_id in led:
+        new_id = wait_new_leader(cluster, topic, queue_id, victim_id)
+        body = encode_batch([Message(topic=topic, body=b"after", queue_id=queue_id)])
+        wait_for(lambda: request(cluster.broker_by_id(new_id).address, RequestCode.SEND, {"acks": -1}, body), 10)
+    assert wait_for(lambda: controller_of(cluster)) is not controller
