@@ -18,3 +18,10 @@ def ha_cluster_two_nameservers(tmp_path):
     cluster = HaCluster(tmp_path).start(nameservers=2, brokers=3)
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def ha_cluster_sync_flush(tmp_path):
+    cluster = HaCluster(tmp_path, broker_args=("--flush", "sync")).start(nameservers=1, brokers=3)
+    yield cluster
+    cluster.stop()

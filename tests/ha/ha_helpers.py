@@ -33,10 +33,14 @@ send_timeout_ms = 4000
 
 
 class HaCluster(LocalCluster):
+    def __init__(self, root: Path, broker_args: tuple[str, ...] = ()) -> None:
+        super().__init__(root)
+        self.broker_args = broker_args
+
     def add_broker(self, *args: str) -> BrokerProcess:
         config = self.root / f"broker{len(self.brokers)}.toml"
         config.write_text(BROKER_TOML)
-        return super().add_broker("--config", str(config), *args)
+        return super().add_broker("--config", str(config), *self.broker_args, *args)
 
     def metadata(self) -> ClusterMetadata:
         return ClusterMetadata(EtcdClient(self.etcd.endpoint))

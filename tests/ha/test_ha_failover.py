@@ -168,11 +168,18 @@ def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
     body = lambda text: encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])  # noqa: E731
     send = lambda text: request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))  # noqa: E731
     send("all three in sync")
+    max_offset = lambda: request(leader.address, RequestCode.QUERY_MAX_OFFSET,  # noqa: E731
+                                 {"topic": topic, "queue_id": 0})["offset"]
     followers[0].pause()
     try:
+        # Stored on the leader but not on the stopped ISR member: consumers must not see it yet.
+        request(leader.address, RequestCode.SEND, {"acks": 1}, body("above the HW"))
+        time.sleep(0.3)
+        assert max_offset() == 1
         started = time.monotonic()
         wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 2, LAG_MAX_MS / 1000 + 5)
         assert time.monotonic() - started < LAG_MAX_MS / 1000 + 3
+        wait_for(lambda: max_offset() == 2)  # the ISR shrank: the HW covers the acks=1 write
         send("two in sync: still enough")
         followers[1].pause()
         try:
@@ -273,3 +280,20 @@ def test_controller_killed_mid_failover_is_finished_by_the_next(ha_cluster_two_n
         body = encode_batch([Message(topic=topic, body=b"after", queue_id=queue_id)])
         wait_for(lambda: request(cluster.broker_by_id(new_id).address, RequestCode.SEND, {"acks": -1}, body), 10)
     assert wait_for(lambda: controller_of(cluster)) is not controller
+
+
+def test_acks_all_with_sync_flush_survives_a_leader_kill(ha_cluster_sync_flush):
+    cluster = ha_cluster_sync_flush
+    topic = "ha-sync"
+    cluster.create_topic(topic, 1)
+    producer = QueueProducer(cluster, topic, 0, acks=-1)
+    producer.start()
+    time.sleep(1.0)
+    old_id = cluster.topic(topic).queues[0].leader
+    cluster.broker_by_id(old_id).kill()
+    new_id = wait_new_leader(cluster, topic, 0, old_id)
+    time.sleep(0.5)
+    producer.stop()
+    assert len(producer.acked) > 20 and not producer.conflicts
+    stored = dict(pull_all(cluster.broker_by_id(new_id).address, topic, 0))
+    assert all(stored.get(o) == b for o, b in producer.acked.items())
