@@ -38,7 +38,7 @@ from gms.record import Message, encode_batch
 QUEUES = 3
 BODY = b"x" * 100
 BATCH_MESSAGES = 100
-WINDOW = 8  # batches in flight per queue
+WINDOW = 32  # batches in flight per queue (the same for every mode)
 START_TIMEOUT_S = 30
 
 
