@@ -7,15 +7,19 @@ restart costs the caller one retriable error, not a dead client.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 from gms.msgid import encode_msg_id
 from gms.net import Connection
+from gms.net.blocking import BlockingConnection
 from gms.protocol.frame import Body, Frame
 
 CONNECT_TIMEOUT_MS = 3000
+# Idle blocking connections kept per broker; callers beyond this use the event loop's.
+BLOCKING_CONNECTIONS_MAX = 32
 _PHYS_OFFSET_HEX_DIGITS = 16  # an i64 offset is the last 8 bytes of a message id
 
 
@@ -91,3 +95,60 @@ class ConnectionPool:
             conn.close()
         for conn in connections.values():
             await conn.wait_closed()
+
+
+class BlockingPool:
+    """Blocking connections by broker address, lent to one calling thread at a time.
+
+    ``acquire`` never waits: it hands out an idle connection, opens a new one while fewer
+    than ``connections_max`` exist for the address, or returns None (the caller then goes
+    through the event loop). Thread-safe."""
+
+    def __init__(self, *, connect_timeout_ms: float = CONNECT_TIMEOUT_MS,
+                 connections_max: int = BLOCKING_CONNECTIONS_MAX) -> None:
+        self._connect_timeout_ms = connect_timeout_ms
+        self._connections_max = connections_max
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[BlockingConnection]] = {}
+        self._open_count: dict[str, int] = {}
+        self._closed = False
+
+    def acquire(self, address: str) -> BlockingConnection | None:
+        with self._lock:
+            if self._closed:
+                return None
+            idle = self._idle.get(address)
+            if idle:
+                return idle.pop()
+            if self._open_count.get(address, 0) >= self._connections_max:
+                return None
+            self._open_count[address] = self._open_count.get(address, 0) + 1
+        try:
+            host, port = parse_address(address)
+            return BlockingConnection.open(host, port, self._connect_timeout_ms)
+        except BaseException:
+            self._forget(address)
+            raise
+
+    def release(self, address: str, conn: BlockingConnection) -> None:
+        """Give ``conn`` back (a closed one is dropped)."""
+        with self._lock:
+            if not conn.closed and not self._closed:
+                self._idle.setdefault(address, []).append(conn)
+                return
+        conn.close()
+        self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        with self._lock:
+            self._open_count[address] -= 1
+
+    def close(self) -> None:
+        """Close the idle connections; lent ones are closed when given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for address, connections in idle.items():
+            for conn in connections:
+                conn.close()
+                self._forget(address)

@@ -23,7 +23,7 @@ from gms.protocol.codes import RequestCode
 from gms.record import OFF_QUEUE_ID
 
 from gms.client.accumulator import Accumulator
-from gms.client.connections import msg_id_prefix
+from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
@@ -66,11 +66,19 @@ class _Sender:
         self._moves = itertools.count()
 
     async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None, *,
-                   movable: bool = False) -> SendResults | list[SendResult]:
+                   movable: bool = False, first_error: GmsError | None = None,
+                   ) -> SendResults | list[SendResult]:
+        """Send ``body`` to ``route`` until acknowledged or out of retries.
+
+        ``first_error``: the first attempt was made elsewhere (on a blocking connection) and
+        failed so; retry it here as if it had failed here."""
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
         for attempt in itertools.count():
             try:
+                if first_error is not None:
+                    failed, first_error = first_error, None
+                    raise failed
                 if acks == 0:
                     await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                     return []
@@ -190,6 +198,9 @@ class Producer:
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
         self._round_robin = itertools.count()
+        self._acks = acks
+        self._request_timeout_ms = request_timeout_ms
+        self._blocking = BlockingPool()
         # A sync call waits for the whole retry schedule, never forever.
         self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
 
@@ -225,9 +236,25 @@ class Producer:
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
         self._encoder.add(batch, topic, body, tag, keys, properties)
-        send = self._sender.send(route, batch.seal(), movable=queue is None and key is None)
-        results = self._runtime.run(send, self._call_timeout_ms)
-        return results[0] if results else None  # type: ignore[return-value]
+        records = batch.seal()
+        first_error = None
+        if self._acks:
+            # The calling thread's own connection: no hand-off to the I/O thread and back.
+            try:
+                conn = self._blocking.acquire(route.broker)
+                if conn is not None:
+                    try:
+                        frame = conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
+                                             timeout_ms=self._request_timeout_ms)
+                    finally:
+                        self._blocking.release(route.broker, conn)
+                    return _results(route.topic, frame.fields)[0]
+            except GmsError as err:
+                first_error = err  # retried with backoff on the I/O loop, if retriable
+        send = self._sender.send(route, records, movable=queue is None and key is None,
+                                 first_error=first_error)
+        sent = self._runtime.run(send, self._call_timeout_ms)
+        return sent[0] if sent else None  # type: ignore[return-value]
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.
@@ -312,6 +339,7 @@ class Producer:
         try:
             self.flush(timeout_ms)
         finally:
+            self._blocking.close()
             self._runtime.close()
 
     def __enter__(self) -> Producer:
