@@ -21,6 +21,7 @@ from pyetcd import transactions as etcd_txn
 from pyetcd import utils as etcd_utils
 from pyetcd.watch import WatchResponse
 
+from gms.address import split_address
 from gms.nameserver.errors import EtcdCompacted, EtcdError, EtcdUnavailable
 
 REQUEST_TIMEOUT_S = 5.0
@@ -154,11 +155,8 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, int]]:
     """``"h1:2379,h2:2379"`` or a list of ``host:port`` strings -> [(host, port), ...]."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     parsed = []
-    for item in (i.strip() for i in items):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"etcd endpoint {item!r} is not host:port")
-        parsed.append((host, int(port)))
+    for item in items:
+        parsed.append(split_address(item, "etcd endpoint"))
     if not parsed:
         raise ValueError("no etcd endpoint given")
     return parsed

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from gms.address import split_address
 from gms.errors import BadRequestError, GmsError, InvalidTopicError
 from gms.nameserver.errors import NameserverError, NotEnoughBrokers
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
@@ -45,9 +46,10 @@ def validate_name(kind: str, name: str, error: type[GmsError] = InvalidTopicErro
 
 
 def validate_address(address: str) -> str:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise BadRequestError(f"broker address {address!r} is not host:port")
+    try:
+        split_address(address, "broker address")
+    except ValueError as err:
+        raise BadRequestError(str(err)) from err
     return address
 
 

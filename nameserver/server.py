@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gms.address import advertised_address, split_address
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
 from gms.net import RpcServer
 from gms.nameserver.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
@@ -48,22 +48,10 @@ def nameservers_prefix(keys: Keys) -> str:
     return keys.prefix + "nameservers/"
 
 
-def advertised_address(listen_host: str, port: int) -> str:
-    """The address to publish when listening on a wildcard: this host's primary address."""
-    host = listen_host
-    if host in ("0.0.0.0", "::", ""):
-        try:
-            host = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            host = "127.0.0.1"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"listen address {listen!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """A listen address; ``:9876`` means every interface."""
+    return split_address("0.0.0.0" + listen if listen.startswith(":") else listen, "listen address",
+                         port_zero_ok=True)
 
 
 def route_fields(route: TopicRoute) -> dict[str, Any]:

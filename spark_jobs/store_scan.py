@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from gms.address import split_address
 from gms.msgid import encode_msg_id
 from gms.record import OFF_STORE_TS
 from gms.spark_jobs.arrow_batches import check_records, to_batch
@@ -29,10 +30,11 @@ def msg_id_prefix(broker_address: str | None) -> bytes | None:
     """The hex part of every msg_id naming ``host:port`` (gms.msgid), or None without one."""
     if broker_address is None:
         return None
-    host, _, port = broker_address.rpartition(":")
-    if not host or not port.isdigit():
-        raise OptionError(f"brokerAddress {broker_address!r} is not host:port")
-    return encode_msg_id(host.strip("[]"), int(port), 0)[:-_MSG_ID_OFFSET_HEX_DIGITS].encode()
+    try:
+        host, port = split_address(broker_address, "brokerAddress")
+    except ValueError as err:
+        raise OptionError(str(err)) from err
+    return encode_msg_id(host, port, 0)[:-_MSG_ID_OFFSET_HEX_DIGITS].encode()
 
 
 def selected_topics(available: dict[str, int], wanted: tuple[str, ...] | None) -> dict[str, int]:

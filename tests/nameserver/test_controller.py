@@ -75,12 +75,12 @@ def test_broker_lease_loss_moves_every_queue_it_led_within_ttl(h: Harness):
     h.metadata.create_topic("t", queue_count=3, replicas=3)
     h.metadata.create_topic("u", queue_count=2, replicas=2)
     c = h.controller("c1")
-    wait_until(lambda: c.is_leader, 2)
+    wait_until(lambda: c.is_leader, 10)
     h.kill("b1", wait_lease=True)
     killed = time.monotonic()
     took_s = wait_until(lambda: h.queue("t", 1).leader != "b1" and h.queue("u", 1).leader != "b1",
                         TTL_S + 3)
-    assert time.monotonic() - killed <= TTL_S + 1, f"failover took {took_s:.2f} s"
+    assert time.monotonic() - killed <= TTL_S + 2, f"failover took {took_s:.2f} s"
     t, u = h.metadata.get_topic("t"), h.metadata.get_topic("u")
     # t/1: replicas (b1, b2, b0) -> the next in-sync replica leads; the dead one leaves the ISR
     assert t.queues[1] == QueueState(1, ("b1", "b2", "b0"), "b2", ("b2", "b0"), 1, c.epoch)
@@ -95,14 +95,14 @@ def test_queue_offline_until_an_isr_member_returns(h: Harness):
     h.metadata.create_topic("t", queue_count=1, replicas=2)
     assert h.metadata.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0"])
     c = h.controller("c1")
-    wait_until(lambda: c.is_leader, 2)
+    wait_until(lambda: c.is_leader, 10)
     h.kill("b0")
-    wait_until(lambda: h.queue("t").leader_epoch == 1, 2)
+    wait_until(lambda: h.queue("t").leader_epoch == 1, 10)
     assert h.queue("t") == QueueState(0, ("b0", "b1"), None, ("b0",), 1, c.epoch)
     time.sleep(0.3)
     assert h.queue("t").leader is None  # b1 is alive but out of sync: no unclean election
     h.register("b0")
-    wait_until(lambda: h.queue("t").leader == "b0", 2)
+    wait_until(lambda: h.queue("t").leader == "b0", 10)
     assert h.queue("t") == QueueState(0, ("b0", "b1"), "b0", ("b0",), 2, c.epoch)
 
 
@@ -112,9 +112,9 @@ def test_unclean_election_chooses_an_out_of_sync_replica(h: Harness):
     h.metadata.create_topic("t", queue_count=1, replicas=2, settings=settings)
     assert h.metadata.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0"])
     c = h.controller("c1")
-    wait_until(lambda: c.is_leader, 2)
+    wait_until(lambda: c.is_leader, 10)
     h.kill("b0")
-    wait_until(lambda: h.queue("t").leader_epoch == 1, 2)
+    wait_until(lambda: h.queue("t").leader_epoch == 1, 10)
     assert h.queue("t") == QueueState(0, ("b0", "b1"), "b1", ("b1",), 1, c.epoch)
 
 
@@ -124,10 +124,10 @@ def test_offline_queue_found_by_a_newly_elected_controller(h: Harness):
     h.metadata.create_topic("t", queue_count=2, replicas=1)
     h.kill("b1")
     c = h.controller("c1")
-    wait_until(lambda: h.queue("t", 1).leader_epoch == 1, 2)
+    wait_until(lambda: h.queue("t", 1).leader_epoch == 1, 10)
     assert h.queue("t", 1).leader is None
     h.register("b1")
-    wait_until(lambda: h.queue("t", 1).leader == "b1", 2)
+    wait_until(lambda: h.queue("t", 1).leader == "b1", 10)
     assert h.queue("t", 1).leader_epoch == 2 and h.queue("t", 0).leader_epoch == 0
     assert c.status().is_self
 
@@ -137,21 +137,21 @@ def test_two_controllers_only_the_elected_one_acts(h: Harness):
     h.register("b0", "b1")
     h.metadata.create_topic("t", queue_count=2, replicas=2)
     c1 = h.controller("c1", wrote["c1"].append)
-    wait_until(lambda: c1.is_leader, 2)
+    wait_until(lambda: c1.is_leader, 10)
     c2 = h.controller("c2", wrote["c2"].append)
-    wait_until(lambda: c2.status().controller_id == "c1", 2)
+    wait_until(lambda: c2.status().controller_id == "c1", 10)
     assert c2.status().epoch == c1.epoch and not c2.status().is_self and not c2.is_leader
     h.kill("b1")
-    wait_until(lambda: h.queue("t", 1).leader == "b0", 2)
+    wait_until(lambda: h.queue("t", 1).leader == "b0", 10)
     time.sleep(0.3)
     assert wrote == {"c1": ["t"], "c2": []}
     assert h.queue("t", 1).controller_epoch == c1.epoch and h.queue("t", 1).leader_epoch == 1
     c1.close()  # resign: c2 takes over at once, with a larger epoch
-    wait_until(lambda: c2.is_leader, 1)
+    wait_until(lambda: c2.is_leader, 10)
     assert c2.epoch > c1.epoch
     h.register("b2")
     h.kill("b0")  # t/0 and t/1 now both lead on b0; ISR (b0, b1) -> b1 is dead too: offline
-    wait_until(lambda: h.queue("t", 0).leader_epoch == 1 and h.queue("t", 1).leader_epoch == 2, 2)
+    wait_until(lambda: h.queue("t", 0).leader_epoch == 1 and h.queue("t", 1).leader_epoch == 2, 10)
     assert wrote["c2"] == ["t"]
     assert [q.controller_epoch for q in h.metadata.get_topic("t").queues] == [c2.epoch] * 2
 
@@ -171,19 +171,19 @@ def test_controller_killed_mid_failover_is_finished_by_the_next_and_fenced(
     h.metadata.create_topic("a", queue_count=1, replicas=2)
     h.metadata.create_topic("b", queue_count=1, replicas=2)
     c1 = h.controller("c1", pause_on_b)
-    wait_until(lambda: c1.is_leader, 2)
+    wait_until(lambda: c1.is_leader, 10)
     c2 = h.controller("c2")
     c1_epoch = c1.epoch
     try:
         h.kill("b0")
-        wait_until(blocked.is_set, 2)
+        wait_until(blocked.is_set, 10)
         assert h.queue("a").leader == "b1" and h.queue("b").leader == "b0"
         h.client.revoke_lease(c1.lease_id)  # c1 "dies" holding its decision for topic b
-        took_s = wait_until(lambda: h.queue("b").leader == "b1", 2)
+        took_s = wait_until(lambda: h.queue("b").leader == "b1", 10)
         assert took_s < 1.0
     finally:
         release.set()  # c1 wakes up and tries to write its stale decision
-    wait_until(lambda: "deposed" in caplog.text, 2)
+    wait_until(lambda: "deposed" in caplog.text, 10)
     a, b = h.queue("a"), h.queue("b")
     assert (a.leader_epoch, a.controller_epoch) == (1, c1_epoch)
     assert (b.leader_epoch, b.controller_epoch) == (1, c2.epoch)  # c1's write never landed
@@ -194,7 +194,7 @@ def test_deposed_controller_write_is_rejected(h: Harness):
     h.register("b0")
     h.metadata.create_topic("t", queue_count=1)
     election = Election(h.client, "controller", "old", ttl_s=TTL_S, prefix=h.prefix).start()
-    wait_until(lambda: election.is_leader, 2)
+    wait_until(lambda: election.is_leader, 10)
     fence = election.fence()
     assert fence is not None and fence.create_revision == election.epoch
 
@@ -207,7 +207,7 @@ def test_deposed_controller_write_is_rejected(h: Harness):
     election.close()  # resigned: its key is gone
     successor = Election(h.client, "controller", "new", ttl_s=TTL_S, prefix=h.prefix).start()
     try:
-        wait_until(lambda: successor.is_leader, 2)
+        wait_until(lambda: successor.is_leader, 10)
         with pytest.raises(ControllerFenced):
             h.metadata.update_queues("t", bump, fence=fence)
         assert h.queue("t").leader_epoch == 1
@@ -257,7 +257,7 @@ def test_nameservers_run_the_controller_and_report_it(h: Harness, etcd: Embedded
     running = [RunningNameServer(etcd.endpoint, h.prefix, ttl_s=TTL_S) for _ in range(2)]
     first, second = running
     try:
-        wait_until(lambda: second.call(C.CLUSTER_STATUS)["controller"]["id"] == first.address, 2)
+        wait_until(lambda: second.call(C.CLUSTER_STATUS)["controller"]["id"] == first.address, 10)
         one, two = (ns.call(C.CLUSTER_STATUS)["controller"] for ns in running)
         assert one == {"id": first.address, "epoch": one["epoch"], "this": True}
         assert two == {"id": first.address, "epoch": one["epoch"], "this": False}
@@ -267,10 +267,10 @@ def test_nameservers_run_the_controller_and_report_it(h: Harness, etcd: Embedded
         def leaders() -> list[str]:
             return [q["leader"] for q in second.call(C.GET_ROUTE, {"topic": "t"})["queues"]]
 
-        wait_until(lambda: leaders() == ["10.0.0.2:10911"] * 2, 2)
+        wait_until(lambda: leaders() == ["10.0.0.2:10911"] * 2, 10)
         running.remove(first)
         first.stop()  # resigns: the second nameserver's controller takes over at once
-        wait_until(lambda: second.call(C.CLUSTER_STATUS)["controller"]["this"], 1)
+        wait_until(lambda: second.call(C.CLUSTER_STATUS)["controller"]["this"], 10)
         assert second.call(C.CLUSTER_STATUS)["controller"]["epoch"] > one["epoch"]
     finally:
         for ns in running:
