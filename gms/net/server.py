@@ -134,6 +134,8 @@ class _ServerConnection(asyncio.Protocol):
         self._write_paused = False
         self._reading = True
         self._stopped = False  # no more requests: closing, or the peer sent end of stream
+        # Responses finished in one loop pass, written together by one send at its end.
+        self._out: list[Body] = []
 
     # --- asyncio.Protocol callbacks ---------------------------------------------------------
 
@@ -297,7 +299,17 @@ class _ServerConnection(asyncio.Protocol):
             parts = encode_frame(
                 code, request_id, flags=Flag.RESPONSE, status=status, error=f"bad response: {err}"
             )
-        transport.writelines(parts)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out += parts
+
+    def _flush(self) -> None:
+        if not self._out:
+            return  # already written by close()
+        out, self._out = self._out, []
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(out)
 
     def _reply_protocol_error(self, err: ProtocolError) -> None:
         log.warning("protocol error from %s: %s", self._peer(), err)
@@ -314,6 +326,8 @@ class _ServerConnection(asyncio.Protocol):
     def close(self, *, abort: bool = False) -> None:
         """Close after flushing what is buffered (or at once with ``abort``)."""
         self._stopped = True
+        if self._out and not abort:
+            self._flush()
         if self._transport is not None and (abort or not self._transport.is_closing()):
             if abort:
                 self._transport.abort()
