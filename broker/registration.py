@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gms.errors import GmsError, ServiceUnavailableError
 from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
 from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
 from gms.nameserver.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.nameserver.metadata import BrokerRegistration as EtcdRegistration
 from gms.nameserver.model import BrokerInfo, TopicMetadata, TopicSettings
+
+from gms.errors import GmsError, ServiceUnavailableError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 

@@ -25,6 +25,7 @@ from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
 from gms.nameserver.model import BrokerInfo
+
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 

@@ -21,9 +21,9 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np

@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-
 from gms.broker.atomic_file import write_atomically
 
 QueueKey = tuple[str, int]

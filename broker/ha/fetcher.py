@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
+
 from gms.errors import GmsError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status

@@ -25,6 +25,7 @@ from typing import Any
 
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
+
 from gms.errors import BadRequestError
 from gms.protocol.codes import Status
 from gms.protocol.fields import field

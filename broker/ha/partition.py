@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from gms.broker.ha.epochs import EpochHistory
+
 from gms.errors import GmsError
 
 QueueKey = tuple[str, int]

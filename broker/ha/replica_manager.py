@@ -16,11 +16,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gms.broker.ha.epochs import EpochHistory
+from gms.broker.ha.fetcher import FetcherPool
 from gms.broker.ha.partition import FollowerProgress, Partition, QueueKey, Role
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.registration import Assignments, QueueAssignment
 from gms.broker.store import MessageStore
-from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError, RequestTimeoutError
+
+from gms.errors import (
+    GmsError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +59,6 @@ class ReplicaManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._chore: asyncio.Task[None] | None = None
         self._data_waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
-        from gms.broker.ha.fetcher import FetcherPool  # the fetchers call back into this manager
         self.fetchers = FetcherPool(self)
 
     @property

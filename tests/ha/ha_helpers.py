@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
-from processes import BrokerProcess
-
 from gms.broker.server import broker_id_for
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
 from gms.nameserver.etcd_client import EtcdClient
 from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import TopicMetadata
+from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
+from processes import BrokerProcess
+
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import decode_record
@@ -65,9 +65,8 @@ class HaCluster(LocalCluster):
         # Every replica has the queue and every follower has fetched once (full ISR, HW known).
         wait_for(lambda: all(len(q.isr) == replicas for q in self.topic(name).queues), 20)
         for q in self.topic(name).queues:
-            leader = self.broker_by_id(q.leader)
-            wait_for(lambda: request(leader.address, RequestCode.QUERY_MAX_OFFSET,
-                                     {"topic": name, "queue_id": q.queue_id}) is not None, 20)
+            address, fields = self.broker_by_id(q.leader).address, {"topic": name, "queue_id": q.queue_id}
+            wait_for(lambda a=address, f=fields: request(a, RequestCode.QUERY_MAX_OFFSET, f), 20)
 
 
 def request(address: str, code: int, fields: dict[str, Any], body: bytes = b"", timeout_ms: float = 10_000):

@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
+from gms.client import Producer
 from ha_helpers import LAG_MAX_MS, LEASE_TTL_S, HaCluster, read_store, request, wait_for
 
-from gms.client import Producer
 from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError
 from gms.protocol.codes import RequestCode
 from gms.record import Message, encode_batch, iter_records
@@ -165,10 +165,10 @@ def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
     state = ha_cluster.topic(topic).queues[0]
     leader = ha_cluster.broker_by_id(state.leader)
     followers = [ha_cluster.broker_by_id(b) for b in state.replicas if b != state.leader]
-    body = lambda text: encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])  # noqa: E731
-    send = lambda text: request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))  # noqa: E731
+    body = lambda text: encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])
+    send = lambda text: request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))
     send("all three in sync")
-    max_offset = lambda: request(leader.address, RequestCode.QUERY_MAX_OFFSET,  # noqa: E731
+    max_offset = lambda: request(leader.address, RequestCode.QUERY_MAX_OFFSET,
                                  {"topic": topic, "queue_id": 0})["offset"]
     followers[0].pause()
     try:
@@ -278,7 +278,8 @@ def test_controller_killed_mid_failover_is_finished_by_the_next(ha_cluster_two_n
     for topic, queue_id in led:
         new_id = wait_new_leader(cluster, topic, queue_id, victim_id)
         body = encode_batch([Message(topic=topic, body=b"after", queue_id=queue_id)])
-        wait_for(lambda: request(cluster.broker_by_id(new_id).address, RequestCode.SEND, {"acks": -1}, body), 10)
+        address = cluster.broker_by_id(new_id).address
+        wait_for(lambda a=address, b=body: request(a, RequestCode.SEND, {"acks": -1}, b), 10)
     assert wait_for(lambda: controller_of(cluster)) is not controller
 
 
