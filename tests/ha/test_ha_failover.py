@@ -12,7 +12,7 @@ from gms.client import Producer
 from ha_helpers import LAG_MAX_MS, LEASE_TTL_S, HaCluster, read_store, request, wait_for
 
 from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError
-from gms.protocol.codes import RequestCode
+from gms.protocol.codes import RequestCode, Status
 from gms.record import Message, encode_batch, iter_records
 
 FAILOVER_TIMEOUT_S = 15
@@ -183,6 +183,8 @@ def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
         send("two in sync: still enough")
         followers[1].pause()
         try:
+            with pytest.raises(NotEnoughReplicasError, match="after the append"):
+                send("stored on the leader while the last follower stops")  # fails when the ISR shrinks
             wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 1, LAG_MAX_MS / 1000 + 5)
             with pytest.raises(NotEnoughReplicasError):
                 send("alone")
@@ -226,6 +228,15 @@ def test_follower_refuses_sends_and_pulls_with_not_leader(ha_cluster):
     assert err.value.fields["leader"] == leader_address
     with pytest.raises(NotLeaderError):
         request(follower.address, RequestCode.PULL, {"topic": topic, "queue_id": 0, "offset": 0})
+    # Replica fetches name the leader epoch: another epoch is fenced, a non-leader says so.
+    epoch = state.leader_epoch
+    fetch = lambda address, e: request(address, RequestCode.REPLICA_FETCH, {  # noqa: E731
+        "replica": state.replicas[-1], "queues": [[topic, 0, 0, e, -1]]})["queues"][0][2]
+    assert fetch(leader_address, epoch) == Status.SUCCESS
+    assert fetch(leader_address, epoch + 1) == Status.FENCED_LEADER_EPOCH
+    assert fetch(follower.address, epoch) == Status.NOT_LEADER
+    answer = request(leader_address, RequestCode.OFFSET_FOR_LEADER_EPOCH, {"queues": [[topic, 0, epoch, epoch]]})
+    assert answer["queues"][0][2:] == [Status.SUCCESS, epoch, 0]
 
 
 def test_leader_cut_from_etcd_accepts_no_acks_all_write(ha_cluster):
