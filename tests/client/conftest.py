@@ -5,15 +5,13 @@ Tests that restart or kill brokers use the function-scoped ``broker_factory`` in
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
+from client_helpers import QUEUES
 from processes import BrokerProcess
 
-from gms.client import Admin, Consumer, ReceivedMessage
-
-QUEUES = 8
+from gms.client import Admin
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +35,3 @@ def topic(admin) -> str:
     name = f"t-{uuid.uuid4().hex[:8]}"
     admin.create_topic(name, queues=QUEUES)
     return name
-
-
-def consume(consumer: Consumer, count: int, timeout_s: float = 10.0) -> list[ReceivedMessage]:
-    """Poll until ``count`` messages arrived (or the deadline passed)."""
-    got: list[ReceivedMessage] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count and time.monotonic() < deadline:
-        got += consumer.poll(200)
-    return got

@@ -17,7 +17,7 @@ from gms.client.connections import ConnectionPool
 from gms.errors import TopicNotFoundError
 from gms.net import LoopThread
 
-from conftest import consume
+from client_helpers import consume
 
 BROKERS = 3
 QUEUES = 6

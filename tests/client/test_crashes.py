@@ -11,7 +11,7 @@ import uuid
 from gms.client import Admin, Consumer, Producer
 from gms.errors import GmsError
 
-from conftest import consume
+from client_helpers import consume
 
 _CHILD = """
 import sys

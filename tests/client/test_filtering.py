@@ -17,7 +17,7 @@ from gms.protocol.codes import RequestCode
 from gms.record import OFF_TAG_HASH, encode_record, seal_crc, tag_hash
 from gms.tags import parse_tag_expression
 
-from conftest import consume
+from client_helpers import consume
 
 
 def _send_raw(address: str, raw: bytes) -> None:

@@ -8,7 +8,7 @@ import uuid
 
 from gms.client import Admin, Consumer, Producer
 
-from conftest import QUEUES, consume
+from client_helpers import QUEUES, consume
 
 TOTAL = 3000
 

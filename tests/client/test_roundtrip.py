@@ -8,7 +8,7 @@ import time
 from gms.client import Consumer, Producer, ProducerRecord
 from gms.msgid import decode_msg_id
 
-from conftest import QUEUES, consume
+from client_helpers import QUEUES, consume
 
 
 def test_every_field_round_trips(broker, admin, topic):
