@@ -264,17 +264,21 @@ class ReplicaManager:
             if now - last_checkpoint >= self.config.hw_checkpoint_interval_ms / 1000:
                 last_checkpoint = now
                 if self._hw_dirty:
-                    await asyncio.to_thread(self.save_state)
+                    await asyncio.to_thread(self._state_file.save, *self._snapshot())
 
     def hw_moved(self) -> None:
         """A follower's HW moved: include it in the next checkpoint."""
         self._hw_dirty = True
 
     def save_state(self) -> None:
+        self._state_file.save(*self._snapshot())
+
+    def _snapshot(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
+        """Copies of the histories and HWs, taken on the event loop so that another thread can
+        write them while the loop goes on changing the originals."""
         self._hw_dirty = False
-        hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
-        self._saved_hws = hws
-        self._state_file.save(dict(self._histories), hws)
+        self._saved_hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
+        return {k: EpochHistory(h.to_list()) for k, h in self._histories.items()}, dict(self._saved_hws)
 
 
 def _leader_fields(p: Partition) -> dict[str, object]:
