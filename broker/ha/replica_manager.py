@@ -87,10 +87,14 @@ class ReplicaManager:
                 key = (topic, queue.queue_id)
                 seen.add(key)
                 self._apply_queue(self._partition(key), queue, assignment.min_insync_replicas or 1)
-        for key in set(self.partitions) - seen:
+        gone = set(self.partitions) - seen
+        for key in gone:  # topic deleted (or replica moved): a recreated one starts afresh
             p = self.partitions.pop(key)
             p.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
-            self.fetchers.unfollow(p)
+            self._histories.pop(key, None)
+            self._saved_hws.pop(key, None)
+        if gone:
+            self.save_state()
         self.fetchers.rebalance()
 
     def _partition(self, key: QueueKey) -> Partition:

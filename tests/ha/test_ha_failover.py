@@ -309,3 +309,19 @@ def test_acks_all_with_sync_flush_survives_a_leader_kill(ha_cluster_sync_flush):
     assert len(producer.acked) > 20 and not producer.conflicts
     stored = dict(pull_all(cluster.broker_by_id(new_id).address, topic, 0))
     assert all(stored.get(o) == b for o, b in producer.acked.items())
+
+
+def test_deleted_and_recreated_topic_replicates_afresh(ha_cluster):
+    topic = "ha-again"
+    ha_cluster.create_topic(topic, 1)
+    leader = leader_of(ha_cluster, topic, 0)
+    batch = encode_batch([Message(topic=topic, body=b"first life", queue_id=0)] * 5)
+    request(leader.address, RequestCode.SEND, {"acks": -1}, batch)
+    request(ha_cluster.nameservers[0].address, RequestCode.DELETE_TOPIC, {"topic": topic})
+    wait_for(lambda: all(topic not in request(b.address, RequestCode.TOPIC_LIST, {})["topics"]
+                         for b in ha_cluster.brokers))
+    ha_cluster.create_topic(topic, 1)
+    leader = leader_of(ha_cluster, topic, 0)
+    fields = request(leader.address, RequestCode.SEND, {"acks": -1},
+                     encode_batch([Message(topic=topic, body=b"second life", queue_id=0)]))
+    assert fields["queue_offsets"] == b"\0" * 8  # offset 0 of the new queue
