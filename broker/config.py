@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gms.address import split_address
 from gms.broker.store_config import StoreConfig
 
 DEFAULT_PORT = 10911
@@ -45,15 +46,7 @@ class BrokerConfig:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        return split_address(self.listen)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (or ``[v6]:port``) to a pair; ``ValueError`` says what is wrong."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"address {address!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
+        return split_address(self.listen, "listen address", port_zero_ok=True)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -46,34 +43,11 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
         raise click.UsageError(str(err)) from err
     from gms.broker.server import BrokerServer
     from gms.net import run
+    from gms.net.serve import serve_until_signalled
 
-    sys.exit(run(_serve(BrokerServer(config), port_file)))
-
-
-async def _serve(server, port_file: Path | None) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signame: str) -> None:
-        if stop.is_set():
-            log.warning("second %s: exiting without a clean stop", signame)
-            os._exit(1)
-        log.info("%s received: stopping (send it again to force)", signame)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig.name)
-    try:
-        await server.start()
-    except (OSError, GmsError) as err:
-        log.error("cannot start: %s", err)
-        return 1
-    if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(server.port))
-        tmp.replace(port_file)
-    log.info("broker %s serving on %s (store %s)", server.name, server.address, server.config.store_dir)
-    await stop.wait()
-    await server.stop()
-    log.info("broker stopped cleanly")
-    return 0
+    server = BrokerServer(config)
+    sys.exit(run(serve_until_signalled(
+        server, "broker", log, port_file=port_file,
+        start_error=lambda err: f"cannot start: {err}" if isinstance(err, (OSError, GmsError)) else None,
+        started=lambda: f"broker {server.name} serving on {server.address} (store {config.store_dir})",
+    )))

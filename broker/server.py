@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 
+from gms.address import advertised_address
 from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
 from gms.broker.group_handlers import GroupHandlers
@@ -70,7 +70,7 @@ class BrokerServer:
         except OSError:
             self.store.close()
             raise
-        self.address = self.config.advertised_address or _advertised(host, self.rpc.port)
+        self.address = self.config.advertised_address or advertised_address(host, self.rpc.port)
         self.name = self.config.broker_name or self.address
         self._register_handlers()
         self.started_monotonic = time.monotonic()
@@ -200,13 +200,3 @@ class BrokerServer:
 def broker_id_for(name: str) -> str:
     """A broker id for etcd keys: the name with characters outside [A-Za-z0-9_.%-] replaced."""
     return "".join(c if (c.isascii() and c.isalnum()) or c in "_.%-" else "_" for c in name)
-
-
-def _advertised(host: str, port: int) -> str:
-    """The address to publish when listening on a wildcard: this host's primary address."""
-    if host in ("0.0.0.0", "::", ""):
-        try:
-            host = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            host = "127.0.0.1"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -6,10 +6,7 @@ With ``--etcd`` it uses that etcd cluster; without, it runs an embedded etcd chi
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +16,8 @@ from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.nameserver.errors import EmbeddedEtcdError, EtcdUnavailable
 from gms.nameserver.etcd_client import parse_endpoints
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
+from gms.net import run
+from gms.net.serve import serve_until_signalled
 
 log = logging.getLogger("gms.nameserver")
 
@@ -55,10 +54,11 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
         log.info("embedded etcd on %s (data in %s)", embedded.endpoint, embedded.data_dir)
         etcd_endpoints = embedded.endpoint
     server = NameServer(etcd_endpoints, listen, advertised=advertised_address)
-    from gms.net import run
-
     try:
-        code = run(_serve(server, port_file))
+        code = run(serve_until_signalled(
+            server, "nameserver", log, port_file=port_file, start_error=_start_error,
+            started=lambda: f"nameserver serving on {server.address} (etcd {server.etcd_endpoints})",
+        ))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -66,33 +66,10 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
     sys.exit(code)
 
 
-async def _serve(server: NameServer, port_file: Path | None) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signame: str) -> None:
-        if stop.is_set():
-            log.warning("second %s: exiting without a clean stop", signame)
-            os._exit(1)  # the embedded etcd dies with us (PR_SET_PDEATHSIG)
-        log.info("%s received: stopping (send it again to force)", signame)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig.name)
-    try:
-        await server.start()
-    except EtcdUnavailable as err:
-        log.error("cannot reach etcd at %s (%s): start etcd there, fix --etcd, or omit --etcd"
-                  " to run an embedded etcd", server.etcd_endpoints, err)
-        return 1
-    except OSError as err:
-        log.error("cannot listen: %s; pick another port with --listen HOST:PORT", err)
-        return 1
-    if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(str(server.port))
-        tmp.replace(port_file)
-    await stop.wait()
-    await server.stop()
-    log.info("nameserver stopped cleanly")
-    return 0
+def _start_error(err: BaseException) -> str | None:
+    if isinstance(err, EtcdUnavailable):
+        return (f"cannot reach etcd ({err}): start etcd there, fix --etcd, or omit --etcd"
+                " to run an embedded etcd")
+    if isinstance(err, OSError):
+        return f"cannot listen: {err}; pick another port with --listen HOST:PORT"
+    return None
