@@ -44,10 +44,12 @@ class GroupHandlers:
         groups: GroupCoordinator,
         offsets: OffsetStore,
         topic_exists: Callable[[str], bool],
+        on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
     ) -> None:
         self.groups = groups
         self.offsets = offsets
         self.topic_exists = topic_exists
+        self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
 
     async def heartbeat(self, request: Frame) -> Response:
         fields = request.fields
@@ -96,6 +98,7 @@ class GroupHandlers:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
         for topic, queue_id, offset in entries:
             self.offsets.commit(group, topic, queue_id, offset)
+        self.on_commit([(topic, queue_id) for topic, queue_id, _ in entries])
         return Response()
 
     async def fetch(self, request: Frame) -> Response:

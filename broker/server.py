@@ -126,7 +126,7 @@ class BrokerServer:
     def _start_replication(self, broker_id: str, registration: BrokerRegistration) -> None:
         config = self.config
         self.replicas = ReplicaManager(
-            self.store, broker_id,
+            self.store, self.offsets, broker_id,
             ReplicationConfig(replica_lag_time_max_ms=config.replica_lag_time_max_ms,
                               fetch_wait_ms=config.replica_fetch_wait_ms,
                               fetch_bytes_max=config.replica_fetch_bytes_max,
@@ -146,7 +146,8 @@ class BrokerServer:
     def _register_handlers(self) -> None:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.groups,
                                                     self.address)
-        groups = GroupHandlers(self.groups, self.offsets, lambda t: t in self.store.topics())
+        groups = GroupHandlers(self.groups, self.offsets, lambda t: t in self.store.topics(),
+                               on_commit=self._offsets_committed)
         admin = AdminHandlers(self)
         for code, handler in {
             RequestCode.SEND: messages.send,
@@ -169,6 +170,11 @@ class BrokerServer:
             RequestCode.BROKER_STATUS: admin.broker_status,
         }.items():
             self.rpc.register(code, handler)
+
+    def _offsets_committed(self, queues: list[tuple[str, int]]) -> None:
+        """Followers copy commits with their fetches: answer the fetches parked on these queues."""
+        if self.replicas is not None:
+            self.replicas.wake_fetches(queues)
 
     async def _every(self, interval_ms: int, chore) -> None:
         while True:

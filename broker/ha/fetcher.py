@@ -68,6 +68,7 @@ class LeaderFetcher:
         self._wake = asyncio.Event()
         self._conn: Connection | None = None
         self._failing = False  # log a failing leader once, not every retry
+        self._offsets_session = 0  # the leader's offset-store session, from its last answer
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def follow(self, partitions: list[Partition]) -> None:
@@ -156,16 +157,21 @@ class LeaderFetcher:
     async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
         sent = [(p, p.leader_epoch, self.store.max_offset(*p.key)) for p in partitions]
         config = self.manager.config
+        session = self._offsets_session
         frame = await conn.request(RequestCode.REPLICA_FETCH, {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
-            "bytes_max": config.fetch_bytes_max,
-            "queues": [[*p.key, offset, epoch, p.history.latest_epoch] for p, epoch, offset in sent],
+            "bytes_max": config.fetch_bytes_max, "offsets_session": session,
+            "queues": [[*p.key, offset, epoch, p.history.latest_epoch,
+                        p.offsets_seen[1] if p.offsets_seen[0] == session else 0]
+                       for p, epoch, offset in sent],
         }, timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
+        self._offsets_session = frame.fields["offsets_session"]
+        seen = (self._offsets_session, frame.fields["offsets_seq"])
         body = memoryview(frame.body)
         pos = 0
         history_changed = False
         for (p, epoch, offset), row in zip(sent, frame.fields["queues"]):
-            status, hw, size, epochs = row[2], row[3], row[5], row[6]
+            status, hw, size, epochs, commits = row[2], row[3], row[5], row[6], row[7]
             chunk, pos = body[pos: pos + size], pos + size
             if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
                 continue  # the metadata moved on while the fetch was in flight
@@ -184,6 +190,9 @@ class LeaderFetcher:
             if min(hw, leo) > p.hw:
                 p.hw = min(hw, leo)
                 self.manager.hw_moved()
+            for group, committed in commits:
+                self.manager.offsets.commit(group, *p.key, committed)
+            p.offsets_seen = seen
         if history_changed:
             self.manager.save_state()
 

@@ -3,15 +3,23 @@
 REPLICA_FETCH (200), one request for every queue a follower follows from this broker:
   request fields: {"replica": follower broker id, "wait_ms": long-poll bound when nothing is new,
                    "bytes_max": response body bound,
-                   "queues": [[topic, queue_id, fetch_offset, leader_epoch, last_epoch], ...]}
+                   "offsets_session": the leader's offset-store session the seqs below refer
+                   to (0 or absent: none),
+                   "queues": [[topic, queue_id, fetch_offset, leader_epoch, last_epoch,
+                               offsets_seq], ...]}
     fetch_offset is the follower's log end offset (it has every offset below it);
     leader_epoch the epoch it believes the leader has; last_epoch the newest epoch in its own
-    history (the leader sends the newer entries of its history that the records cover).
-  response fields: {"queues": [[topic, queue_id, status, hw, leo, size, epochs], ...]}
+    history (the leader sends the newer entries of its history that the records cover);
+    offsets_seq the last consumer-group commit of the queue it copied (optional, default 0).
+  response fields: {"offsets_session": int, "offsets_seq": int,
+                    "queues": [[topic, queue_id, status, hw, leo, size, epochs, offsets], ...]}
     status 0 or a wire Status: NOT_LEADER, FENCED_LEADER_EPOCH (the two epochs differ: whoever
     is behind must learn the new metadata first), OFFSET_ILLEGAL (fetch offset beyond the
     leader's end: truncate first). size = bytes of this queue's records in the body, which
     holds every queue's records back to back in the order of "queues", as stored.
+    offsets = [[group, committed offset], ...] of the groups that committed on the queue after
+    the follower's offsets_seq (all of them if the session is not the leader's); the follower
+    stores them and next sends offsets_session/offsets_seq of this response.
 OFFSET_FOR_LEADER_EPOCH (202):
   request {"queues": [[topic, queue_id, leader_epoch, epoch], ...]}
   response {"queues": [[topic, queue_id, status, epoch, end_offset], ...]}: the largest epoch
@@ -21,7 +29,7 @@ OFFSET_FOR_LEADER_EPOCH (202):
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
@@ -34,6 +42,17 @@ from gms.protocol.frame import Frame, Response
 FETCH_MSGS_MAX = 65_536  # per queue per response
 FETCH_WAIT_MS_MAX = 30_000
 FETCH_BYTES_MAX = 32 << 20
+
+
+class Wanted(NamedTuple):
+    """One queue of a REPLICA_FETCH request."""
+
+    topic: str
+    queue_id: int
+    fetch_offset: int
+    leader_epoch: int
+    last_epoch: int
+    offsets_seq: int  # 0 unless it refers to this broker's offset-store session
 
 
 class LeaderHandlers:
@@ -55,21 +74,26 @@ class LeaderHandlers:
         wait_ms = min(max(field(fields, "wait_ms", int, 0), 0), FETCH_WAIT_MS_MAX)
         bytes_max = min(max(field(fields, "bytes_max", int, FETCH_BYTES_MAX), 1), FETCH_BYTES_MAX)
         queues = field(fields, "queues", list)
+        offsets = self.manager.offsets
+        same_session = field(fields, "offsets_session", int, 0) == offsets.session
         try:
-            wanted = [(str(t), int(q), int(off), int(ep), int(last)) for t, q, off, ep, last in queues]
+            wanted = [Wanted(str(t), int(q), int(off), int(ep), int(last),
+                             int(rest[0]) if rest and same_session else 0)
+                      for t, q, off, ep, last, *rest in queues]
         except (TypeError, ValueError) as err:
             raise BadRequestError(f"bad REPLICA_FETCH queues: {err}") from err
         self._record_progress(replica, wanted)
-        answer = self._read(wanted, bytes_max)
-        if wait_ms and not answer[1]:
-            keys = [(t, q) for t, q, *_ in wanted]
+        rows, body, news = self._read(wanted, bytes_max)
+        if wait_ms and not news:
+            keys = [(w.topic, w.queue_id) for w in wanted]
             await self.manager.wait_for_data(keys, wait_ms / 1000)
-            answer = self._read(wanted, bytes_max)
-        return Response({"queues": answer[0]}, body=answer[1])
+            rows, body, news = self._read(wanted, bytes_max)
+        return Response({"queues": rows, "offsets_session": offsets.session, "offsets_seq": offsets.seq},
+                        body=body)
 
-    def _record_progress(self, replica: str, wanted: list[tuple[str, int, int, int, int]]) -> None:
+    def _record_progress(self, replica: str, wanted: list[Wanted]) -> None:
         now = time.monotonic()
-        for topic, queue_id, offset, epoch, _ in wanted:
+        for topic, queue_id, offset, epoch, *_ in wanted:
             p, status = self._check(topic, queue_id, epoch)
             if status or p is None or replica not in p.replicas:
                 continue
@@ -78,18 +102,20 @@ class LeaderHandlers:
                 p.record_fetch(replica, offset, leo, now)
                 self.manager.after_fetch(p, leo)
 
-    def _read(self, wanted: list[tuple[str, int, int, int, int]], bytes_max: int) -> tuple[list[list[Any]], list[memoryview]]:
+    def _read(self, wanted: list[Wanted], bytes_max: int) -> tuple[list[list[Any]], list[memoryview], bool]:
+        """Rows and body of a response, and whether it holds anything new (records, commits)."""
         rows: list[list[Any]] = []
         body: list[memoryview] = []
         budget = bytes_max
-        for topic, queue_id, offset, epoch, last_epoch in wanted:
+        news = False
+        for topic, queue_id, offset, epoch, last_epoch, offsets_seq in wanted:
             p, status = self._check(topic, queue_id, epoch)
             if status or p is None:
-                rows.append([topic, queue_id, int(status), 0, 0, 0, []])
+                rows.append([topic, queue_id, int(status), 0, 0, 0, [], []])
                 continue
             leo = self.store.max_offset(topic, queue_id)
             if offset > leo:
-                rows.append([topic, queue_id, int(Status.OFFSET_ILLEGAL), p.hw, leo, 0, []])
+                rows.append([topic, queue_id, int(Status.OFFSET_ILLEGAL), p.hw, leo, 0, [], []])
                 continue
             size, next_offset = 0, offset
             if offset < leo and budget > 0:
@@ -98,8 +124,10 @@ class LeaderHandlers:
                 budget -= size
             epochs = [[e.epoch, e.start_offset] for e in p.history.entries
                       if e.epoch > last_epoch and e.start_offset < next_offset]
-            rows.append([topic, queue_id, 0, p.hw, leo, size, epochs])
-        return rows, body
+            commits = self.manager.offsets.changed_since(topic, queue_id, offsets_seq)
+            news = news or bool(size or commits)
+            rows.append([topic, queue_id, 0, p.hw, leo, size, epochs, commits])
+        return rows, body, news
 
     async def offset_for_leader_epoch(self, request: Frame) -> Response:
         queues = field(request.fields, "queues", list)

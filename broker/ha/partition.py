@@ -55,6 +55,9 @@ class Partition:
     # monotonic time, when one of the two has learnt the new metadata.
     fetch_paused_until: float = 0.0
     isr_update_pending: bool = False
+    # Follower side: (leader's offset-store session, seq) of the consumer-group commits of this
+    # queue already copied from the leader (see OffsetStore.changed_since).
+    offsets_seen: tuple[int, int] = (0, 0)
     _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
     _waiter_seq: int = 0
 

@@ -19,6 +19,7 @@ from gms.broker.ha.epochs import EpochHistory
 from gms.broker.ha.fetcher import FetcherPool
 from gms.broker.ha.partition import FollowerProgress, Partition, QueueKey, Role
 from gms.broker.ha.state_file import ReplicationStateFile
+from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, QueueAssignment
 from gms.broker.store import MessageStore
 
@@ -43,10 +44,11 @@ class ReplicationConfig:
 
 
 class ReplicaManager:
-    def __init__(self, store: MessageStore, broker_id: str, config: ReplicationConfig,
+    def __init__(self, store: MessageStore, offsets: OffsetStore, broker_id: str, config: ReplicationConfig,
                  state_file: ReplicationStateFile, *, update_isr: UpdateIsr,
                  lease_alive: Callable[[], bool], notify_readers: Callable[[Iterable[QueueKey]], None]) -> None:
         self.store = store
+        self.offsets = offsets  # committed consumer-group offsets, replicated with the queues
         self.broker_id = broker_id
         self.config = config
         self._state_file = state_file
@@ -182,6 +184,11 @@ class ReplicaManager:
             p = self.partitions.get(key)
             if p is not None and p.role is Role.LEADER:
                 self._advance(p, self.store.max_offset(*key))
+        self.wake_fetches(keys)
+
+    def wake_fetches(self, keys: Iterable[QueueKey]) -> None:
+        """Answer the follower fetches parked on ``keys`` now (new records or new commits)."""
+        for key in keys:
             for future in self._data_waiters.pop(key, ()):
                 if not future.done():
                     future.set_result(None)
