@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 START_TIMEOUT_S = 20.0
 # Test brokers use small commitlog files: the store preallocates each file (and the next one),
@@ -98,3 +101,64 @@ class NameserverProcess(BrokerProcess):
 
     def location_args(self) -> list[str]:
         return ["--etcd", self.etcd] if self.etcd else ["--data-dir", str(self.store_dir)]
+
+
+# --- waiting and process-tree inspection (from /proc; no psutil) ----------------------------
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Seconds until ``predicate`` held; fails the test after ``timeout_s``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendants of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (e.g. a test's data dir)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and alive(int(entry)):
+            found.append(int(entry))
+    return found

@@ -4,46 +4,16 @@ then stopped with SIGINT leaving no child process behind (checked in /proc)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from processes import alive, descendants
 
 START_TIMEOUT_S = 40
 REGISTER_TIMEOUT_S = 15
-
-
-def descendants(pid: int) -> set[int]:
-    """Live descendants of ``pid``, from /proc (no psutil)."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:

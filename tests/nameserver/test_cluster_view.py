@@ -4,9 +4,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from processes import wait_until
 
 from gms.nameserver.cluster_view import ChangeKind, ClusterView, QueueRoute, ViewChange
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
@@ -18,16 +18,6 @@ from gms.nameserver.model import BrokerInfo
 SHORT_TTL_S = 2
 # A watch delivers within a few ms on loopback; a poller with any sane interval would not.
 PROMPT_S = 0.5
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
-    """Seconds until ``predicate`` held; fails the test after ``timeout_s``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.005)
-    return time.monotonic() - start
 
 
 class Recorder:

@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from test_server_helpers import RunningNameServer, wait_until
+from processes import wait_until
+from test_server_helpers import RunningNameServer
 
 from gms.errors import BadRequestError
 from gms.nameserver.cluster_view import ClusterView

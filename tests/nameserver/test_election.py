@@ -1,24 +1,13 @@
 """Controller election: lowest create revision leads; resignation and lease expiry hand over."""
 
 import threading
-import time
-from collections.abc import Callable
 
-import pytest
+from processes import wait_until
 
 from gms.nameserver.election import Election
 from gms.nameserver.etcd_client import EtcdClient
 
 TTL_S = 2
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.005)
-    return time.monotonic() - start
 
 
 def test_first_candidate_leads_and_hands_over(client: EtcdClient, prefix: str):

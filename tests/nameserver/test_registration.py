@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_server_helpers import RunningNameServer, wait_until
+from processes import wait_until
+from test_server_helpers import RunningNameServer
 
 from gms.broker.registration import Assignments, BrokerRegistration, TopicAssignment
 from gms.errors import ServiceUnavailableError

@@ -7,7 +7,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from test_server_helpers import RunningNameServer, wait_until
+from processes import wait_until
+from test_server_helpers import RunningNameServer
 
 from gms.errors import (
     BadRequestError,

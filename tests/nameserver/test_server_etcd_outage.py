@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
-from test_server_helpers import RunningNameServer, wait_until
+from processes import wait_until
+from test_server_helpers import RunningNameServer
 
 from gms.errors import ServiceUnavailableError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd

@@ -1,14 +1,10 @@
 """Helpers for the nameserver service tests (no tests here): an in-process NameServer on a
-loop thread, a synchronous RPC client, process-tree inspection."""
+loop thread and a synchronous RPC client. Process-tree and waiting helpers are in tests/processes.py."""
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import pytest
 
 from gms.nameserver.server import NameServer
 from gms.net import Connection, LoopThread
@@ -49,61 +45,3 @@ class RunningNameServer:
         self.rpc.close()
         self.loop.run(self.server.stop(), REQUEST_TIMEOUT_MS * 2)
         self.loop.stop()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:
-    """Seconds until ``predicate`` held; fails the test after ``timeout_s``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
-def descendants(pid: int) -> set[int]:
-    """All live descendants of ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rpartition(")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (e.g. a test's data dir)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and alive(int(entry)):
-            found.append(int(entry))
-    return found

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from test_server_helpers import Rpc, alive, descendants, wait_until
+from processes import alive, descendants, wait_until
+from test_server_helpers import Rpc
 
 from gms.net import LoopThread
 from gms.protocol.codes import RequestCode as C

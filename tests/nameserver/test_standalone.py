@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from test_server_helpers import Rpc, alive, descendants, processes_mentioning
+from processes import alive, descendants, processes_mentioning
+from test_server_helpers import Rpc
 
 from gms.net import LoopThread
 from gms.protocol.codes import RequestCode as C
