@@ -21,6 +21,7 @@ import shutil
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +47,7 @@ from gms.broker.truncation_log import TruncationLog
 
 from gms.record import OFF_STORE_TS, RecordCheck, check_record
 from gms.store_errors import (
+    CorruptRecord,
     InvalidRecord,
     MessageNotFound,
     StoreClosed,
@@ -269,10 +271,17 @@ class MessageStore:
         queue, too few in-sync replicas)."""
         return self._append(records, admit, replicated=False)
 
-    def append_replicated(self, records: bytes | bytearray | memoryview) -> AppendResult:
+    def append_replicated(self, records: bytes | bytearray | memoryview, crc32: int) -> AppendResult:
         """Append records fetched from a queue's leader, keeping the queue offsets (and store
         timestamps) they carry; each queue's records must continue it exactly
-        (:class:`ReplicaGap` otherwise, nothing written)."""
+        (:class:`ReplicaGap` otherwise, nothing written).
+
+        ``crc32`` is the leader's ``zlib.crc32`` of ``records`` as a whole: one check at GB/s
+        instead of one per record. The leader verified every record's own CRC when it accepted
+        it, so bytes equal to the leader's carry valid record CRCs (:class:`CorruptRecord`
+        otherwise, nothing written); recovery still checks record by record."""
+        if zlib.crc32(records) != crc32:
+            raise CorruptRecord(0, f"replicated chunk of {len(records)} bytes does not match the leader's CRC")
         return self._append(records, None, replicated=True)
 
     def _append(self, records: bytes | bytearray | memoryview,
@@ -280,7 +289,8 @@ class MessageStore:
         buf = memoryview(records).cast("B")
         with self._write_lock:
             commitlog = self._cl()
-            parsed = parse_batch(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash)
+            parsed = parse_batch(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash,
+                                 verify_crc=not replicated)
             sizes = parsed.sizes
             if len(buf) > self.config.record_size_max_bytes and int(sizes.max()) > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{int(sizes.max())} bytes cannot fit a commitlog file of "

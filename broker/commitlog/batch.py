@@ -92,12 +92,15 @@ def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
     return ParsedRecords(starts_arr, headers, topics, topic_index)
 
 
-def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool = True) -> ParsedRecords:
+def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool = True, *,
+                verify_crc: bool = True) -> ParsedRecords:
     """Validate a whole send batch (length, magic, CRC, field lengths, topic names, body size,
-    tag hashes) and describe it; raises on the first bad record, before anything is stored."""
+    tag hashes) and describe it; raises on the first bad record, before anything is stored.
+    ``verify_crc=False``: the caller already checked the batch's bytes against one CRC of the
+    whole (records a replica copies from its leader, which checked each record's CRC)."""
     if len(buf) == 0:
         raise InvalidRecord("batch", "is empty")
-    scan = scan_records(buf)
+    scan = scan_records(buf, verify_crc=verify_crc)
     if scan.stop is not RecordCheck.OK or scan.stop_pos != len(buf):
         raise CorruptRecord(scan.stop_pos, f"{scan.stop.value} record in the batch")
     if len(scan.starts) < VECTORISE_RECORDS_MIN:

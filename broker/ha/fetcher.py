@@ -171,7 +171,7 @@ class LeaderFetcher:
         pos = 0
         history_changed = False
         for (p, epoch, offset), row in zip(sent, frame.fields["queues"]):
-            status, hw, size, epochs, commits = row[2], row[3], row[5], row[6], row[7]
+            status, hw, size, epochs, commits, crc = row[2], row[3], row[5], row[6], row[7], row[8]
             chunk, pos = body[pos: pos + size], pos + size
             if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
                 continue  # the metadata moved on while the fetch was in flight
@@ -182,7 +182,7 @@ class LeaderFetcher:
                 self._pause(p, status)
                 continue
             if size and self.store.max_offset(*p.key) == offset:
-                self.store.append_replicated(chunk)
+                self.store.append_replicated(chunk, crc)
             leo = self.store.max_offset(*p.key)
             for entry_epoch, start in epochs:
                 if start < leo:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import pytest
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
 
 from gms.record import Message, decode_record, encode_batch
-from gms.store_errors import StoreError
+from gms.store_errors import CorruptRecord, StoreError
 
 CONFIG = {"commitlog_file_size_bytes": 1 << 20, "cq_entries_per_file": 64}
 
@@ -70,9 +71,15 @@ def test_replicated_append_keeps_the_leaders_offsets_and_checks_continuity(tmp_p
             s.create_topic("t", 1)
         leader.append(batch("t", 0, ["x0", "x1", "x2"]))
         records = leader.get("t", 0, 0, 10).records
-        follower.append_replicated(b"".join(map(bytes, records[:2])))
-        with pytest.raises(StoreError):
-            follower.append_replicated(bytes(records[0]))  # offset 0 again: a gap/overlap
-        follower.append_replicated(bytes(records[2]))
+        first_two = b"".join(map(bytes, records[:2]))
+        follower.append_replicated(first_two, zlib.crc32(first_two))
+        with pytest.raises(StoreError):  # offset 0 again: a gap/overlap
+            follower.append_replicated(bytes(records[0]), zlib.crc32(records[0]))
+        third = bytearray(records[2])
+        third[-1] ^= 1  # a byte flipped on the way: the chunk CRC catches it, nothing is stored
+        with pytest.raises(CorruptRecord):
+            follower.append_replicated(third, zlib.crc32(records[2]))
+        assert follower.max_offset("t", 0) == 2
+        follower.append_replicated(bytes(records[2]), zlib.crc32(records[2]))
         assert bodies(follower, "t", 0) == [(0, "x0"), (1, "x1"), (2, "x2")]
         assert follower.get("t", 0, 0, 10, read_limit=2).next_offset == 2
