@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -154,12 +155,15 @@ def measure_routed_vs_direct(tmp: Path, nameserver: str, seconds: float) -> floa
         topic = "bench-produce"
         run(ask(int(nameserver.rsplit(":", 1)[1]), RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 8}))
         _run(_produce, address, topic, 100, 1.0, nameserver=nameserver)  # warm up: queues, files
-        rates: dict[bool, list[float]] = {False: [], True: []}
-        for routed in (False, True, False, True):  # interleaved: a shared machine drifts
-            sent, elapsed = _run(_produce, address, topic, 100, seconds / 2,
-                                 nameserver=nameserver if routed else None)
-            rates[routed].append(sent / elapsed)
-        return sum(rates[True]) / sum(rates[False])
+        ratios = []
+        for _ in range(3):  # back-to-back pairs, median ratio: a shared machine drifts, files roll
+            rate = {}
+            for routed in (False, True):
+                sent, elapsed = _run(_produce, address, topic, 100, seconds / 2,
+                                     nameserver=nameserver if routed else None)
+                rate[routed] = sent / elapsed
+            ratios.append(rate[True] / rate[False])
+        return statistics.median(ratios)
     finally:
         proc.terminate()
         proc.wait(30)
