@@ -131,11 +131,11 @@ def main() -> None:
             with Admin([address]) as admin:
                 for topic in ("b100", "b1k", "lat"):
                     admin.create_topic(topic, queues=8)
-            sent, elapsed = _run(_produce, address, "b100", 100, seconds)
-            result["produce_msgs_per_s_100b"] = round(sent / elapsed)
+            sent_100b, elapsed = _run(_produce, address, "b100", 100, seconds)
+            result["produce_msgs_per_s_100b"] = round(sent_100b / elapsed)
             sent, elapsed = _run(_produce, address, "b1k", 1024, seconds)
             result["produce_mb_per_s_1k"] = round(sent * 1024 / elapsed / 1e6, 1)
-            got, elapsed = _run(_consume, address, "b100", result["produce_msgs_per_s_100b"] * seconds)
+            got, elapsed = _run(_consume, address, "b100", sent_100b)
             result["consume_msgs_per_s_100b"] = round(got / elapsed)
             p50, p99 = _run(_latency, address, "lat", 3000 if seconds < 10 else 20000)
             result["send_sync_p50_us"], result["send_sync_p99_us"] = round(p50), round(p99)

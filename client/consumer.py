@@ -22,7 +22,7 @@ from gms.client.fetcher import FetchBuffer, Fetcher, QueueState
 from gms.client.rebalance import Membership, StartFrom
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
-from gms.client.structs import ReceivedMessage
+from gms.client.structs import ReceivedMessage, ReceivedMessages
 
 MODES = ("clustering", "broadcasting")
 LONG_POLL_MS = 5000
@@ -49,7 +49,7 @@ class Consumer:
         auto_commit_interval_ms: float = 1000,
         heartbeat_interval_ms: float | None = None,
         max_poll_messages: int = 1024,
-        fetch_max_messages: int = 1024,
+        fetch_max_messages: int = 4096,
         fetch_max_bytes: int = 1024 * 1024,
         long_poll_ms: int = LONG_POLL_MS,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
@@ -94,25 +94,27 @@ class Consumer:
         """The queues this consumer reads now (revoked ones excluded)."""
         return sorted(r for r, s in list(self._membership.states.items()) if not s.revoked)
 
-    def poll(self, timeout_ms: float = ITER_POLL_MS) -> list[ReceivedMessage]:
-        """The next messages (up to ``max_poll_messages``), waiting up to ``timeout_ms`` for some."""
+    def poll(self, timeout_ms: float = ITER_POLL_MS) -> ReceivedMessages:
+        """The next messages (up to ``max_poll_messages``), waiting up to ``timeout_ms`` for some.
+
+        A sequence that makes each :class:`ReceivedMessage` when it is iterated or indexed."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
         self._apply_revocations()
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
             self.commit()
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
-        messages: list[ReceivedMessage] = []
+        messages: list[ReceivedMessages] = []
         release = self._runtime.loop.call_soon_threadsafe
         for chunk in chunks:
             state = chunk.state
             if state.revoked:
                 continue
-            messages += chunk.messages
+            messages.append(chunk.messages)
             state.position = chunk.next_offset
             if chunk.holds_permit:
                 release(state.permits.release)
-        return messages
+        return ReceivedMessages.concat(messages)
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while not self._closed:

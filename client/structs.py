@@ -1,14 +1,17 @@
 """Public values of the SDK: what a send returns and what a consumer receives.
 
-A consumer may hand out a million messages a second, so :class:`ReceivedMessage` is a
-three-slot view over the fetched response buffer; fields are decoded from the record on
-access (the layout is :mod:`gms.record`'s), never eagerly for every message.
+A consumer may hand out a million messages a second, so what ``poll`` returns is
+:class:`ReceivedMessages`: record positions in the fetched response buffers, making a
+:class:`ReceivedMessage` (a three-slot view) only for the message asked for; its fields are
+decoded from the record on access (the layout is :mod:`gms.record`'s), never eagerly.
 """
 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import accumulate, chain, repeat
 from typing import Any, NamedTuple, overload
 
 import numpy as np
@@ -45,7 +48,26 @@ class SendResult(NamedTuple):
     broker: str  # "host:port" of the broker that stored it
 
 
-class SendResults(Sequence[SendResult]):
+class _ListLike(Sequence[Any]):
+    """Equality and ``+`` of a lazy sequence that stands in for a list."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return [*other, *self]
+
+
+class SendResults(_ListLike, Sequence[SendResult]):
     """The results of one batch send, in input order, made on access.
 
     A batch of thousands of messages would otherwise build as many :class:`SendResult` tuples
@@ -106,19 +128,6 @@ class SendResults(Sequence[SendResult]):
         """These results rearranged: result ``i`` of the new sequence is ``self[order[i]]``."""
         return SendResults(self._topic, self._broker, self._prefix, self._queue_ids[order],
                            self._queue_offsets[order], self._phys_offsets[order])
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
-
-    def __add__(self, other: Sequence[Any]) -> list[Any]:
-        return [*self, *other]
-
-    def __radd__(self, other: Sequence[Any]) -> list[Any]:
-        return [*other, *self]
 
     def __repr__(self) -> str:
         return f"SendResults({len(self)} results of {self._topic!r} on {self._broker})"
@@ -209,3 +218,59 @@ class ReceivedMessage:
         return (f"ReceivedMessage(topic={self.topic!r}, queue_id={self.queue_id}, "
                 f"queue_offset={self.queue_offset}, tag={self.tag!r}, msg_id={self.msg_id!r}, "
                 f"body={len(self._variable(5))} bytes)")
+
+
+class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
+    """Consumed messages in order, as record positions in fetched buffers, made on access.
+
+    Each part is one fetched buffer with the start positions (int64 array) of its messages;
+    iterating makes one :class:`ReceivedMessage` per message in C-level ``map``, and ``len``,
+    splitting and joining never touch a message. Compares equal to, and concatenates with, lists.
+    """
+
+    __slots__ = ("_parts", "_ends")
+
+    def __init__(self, parts: Sequence[tuple[memoryview, np.ndarray, str]] = ()) -> None:
+        self._parts = [part for part in parts if len(part[1])]
+        self._ends = list(accumulate(len(starts) for _, starts, _ in self._parts))
+
+    @classmethod
+    def concat(cls, sequences: Sequence[ReceivedMessages]) -> ReceivedMessages:
+        return cls([part for seq in sequences for part in seq._parts])
+
+    def split(self, count: int) -> tuple[ReceivedMessages, ReceivedMessages]:
+        """The first ``count`` messages and the rest, without making any message."""
+        head: list[tuple[memoryview, np.ndarray, str]] = []
+        tail: list[tuple[memoryview, np.ndarray, str]] = []
+        for (buf, starts, prefix), end in zip(self._parts, self._ends):
+            cut = min(max(count - (end - len(starts)), 0), len(starts))
+            head.append((buf, starts[:cut], prefix))
+            tail.append((buf, starts[cut:], prefix))
+        return ReceivedMessages(head), ReceivedMessages(tail)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, index: int) -> ReceivedMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ReceivedMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> ReceivedMessage | list[ReceivedMessage]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if not -size <= index < size:
+            raise IndexError("message index out of range")
+        index %= size
+        part = bisect_right(self._ends, index)
+        buf, starts, prefix = self._parts[part]
+        return ReceivedMessage(buf, int(starts[index - self._ends[part] + len(starts)]), prefix)
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        return chain.from_iterable(map(ReceivedMessage, repeat(buf), starts.tolist(), repeat(prefix))
+                                   for buf, starts, prefix in self._parts)
+
+    def __repr__(self) -> str:
+        return f"ReceivedMessages({len(self)} messages)"
