@@ -116,7 +116,8 @@ class MessageHandlers:
         replicas = self.replicas
         while True:
             limit = None if replicas is None else replicas.read_limit((topic, queue_id))
-            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit)
+            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit,
+                                    coalesce=True)
             status = result.status
             if status is GetStatus.OFFSET_OVERFLOW:
                 raise OffsetIllegalError(

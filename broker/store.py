@@ -482,12 +482,14 @@ class MessageStore:
 
     def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
             max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None,
-            read_limit: int | None = None) -> GetResult:
+            read_limit: int | None = None, coalesce: bool = False) -> GetResult:
         """Up to ``max_msgs`` records (and about ``max_bytes``, at least one) from ``offset``,
         skipping entries whose tag hash is not subscribed without reading the commitlog.
 
         ``read_limit`` (a replicated queue's high watermark) hides the offsets at and past it:
-        they are answered like the end of the queue, and ``max_offset`` reports the limit."""
+        they are answered like the end of the queue, and ``max_offset`` reports the limit.
+        ``coalesce`` returns adjacent records as one view (a pull answer sent as-is: a view per
+        record would cost a Python object and a write buffer per message)."""
         commitlog = self._cl()
         cq = self._queue(topic, queue_id)
         lo, end = cq.min_offset, cq.max_offset
@@ -509,9 +511,11 @@ class MessageStore:
         sizes = entries["size"][picked].astype(np.int64)
         take = min(max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1), max_msgs)
         next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1
-        phys = entries["phys"][picked[:take]].astype(np.int64)
+        phys, sizes = entries["phys"][picked[:take]].astype(np.int64), sizes[:take]
+        if coalesce:
+            phys, sizes = _runs(phys, sizes)
         try:
-            records = self._views(commitlog, phys, sizes[:take])
+            records = self._views(commitlog, phys, sizes)
         except (MessageNotFound, ValueError):  # expired under our feet: the minimum moved
             lo = cq.offset_of_phys(commitlog.min_offset)
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
@@ -531,14 +535,8 @@ class MessageStore:
         entries = cq.read(offset, window)
         sizes = entries["size"].astype(np.int64)
         take = max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1)
-        phys, sizes = entries["phys"][:take].astype(np.int64), sizes[:take]
-        ends = phys + sizes
-        # A run never crosses a commitlog file: every file ends with a blank marker.
-        breaks = np.flatnonzero(phys[1:] != ends[:-1]) + 1
-        firsts = np.concatenate(([0], breaks))
-        lasts = np.concatenate((breaks, [take])) - 1
-        run_sizes = ends[lasts] - phys[firsts]
-        return offset + take, self._views(commitlog, phys[firsts], run_sizes), int(run_sizes.sum())
+        run_phys, run_sizes = _runs(entries["phys"][:take].astype(np.int64), sizes[:take])
+        return offset + take, self._views(commitlog, run_phys, run_sizes), int(run_sizes.sum())
 
     @staticmethod
     def _views(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
@@ -616,3 +614,13 @@ class MessageStore:
             self.delete_expired()
         except StoreError as err:
             log.error("retention run failed: %s", err)
+
+
+def _runs(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge records that lie back to back in the commitlog into (start, size) runs.
+    A run never crosses a commitlog file: every file ends with a blank marker."""
+    ends = phys + sizes
+    breaks = np.flatnonzero(phys[1:] != ends[:-1]) + 1
+    firsts = np.concatenate(([0], breaks))
+    lasts = np.concatenate((breaks, [len(phys)])) - 1
+    return phys[firsts], ends[lasts] - phys[firsts]

@@ -12,9 +12,9 @@ from gms.client.admin import Admin
 from gms.client.consumer import Consumer
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
-from gms.client.structs import ReceivedMessage, SendResult
+from gms.client.structs import ReceivedMessage, ReceivedMessages, SendResult, SendResults
 
 __all__ = [
     "Admin", "Consumer", "NameserverRoutes", "Producer", "ProducerRecord", "QueueRoute",
-    "ReceivedMessage", "RouteProvider", "SendResult", "StaticRoutes",
+    "ReceivedMessage", "ReceivedMessages", "RouteProvider", "SendResult", "SendResults", "StaticRoutes",
 ]

@@ -72,6 +72,7 @@ class Consumer:
             self._runtime, self._buffer, filters,
             group=group if self._clustering else None, member=self._member if self._clustering else None,
             max_messages=fetch_max_messages, max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
+            on_leader_lost=self._leader_lost,
         )
         self._membership = Membership(
             self._runtime, fetcher, group=group, member=self._member, clustering=self._clustering,
@@ -89,6 +90,11 @@ class Consumer:
     @property
     def member(self) -> str:
         return self._member
+
+    def _leader_lost(self) -> None:
+        """A fetch found its queue's leader gone: refresh routes, and heartbeat now (I/O loop)."""
+        self._runtime.routes.invalidate()
+        self._membership.wake()
 
     def assignment(self) -> list[QueueRoute]:
         """The queues this consumer reads now (revoked ones excluded)."""

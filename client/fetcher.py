@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 from isal.isal_zlib import crc32
 
-from gms.errors import BadRequestError, GmsError, OffsetIllegalError
+from gms.errors import (
+    BadRequestError,
+    ConnectionClosedError,
+    GmsError,
+    NotLeaderError,
+    OffsetIllegalError,
+    ServiceUnavailableError,
+)
 from gms.protocol.codes import RequestCode
 from gms.record import (
     HEADER_SIZE,
@@ -124,13 +131,20 @@ class FetchBuffer:
             self._ready.notify_all()
 
 
+# A pull failing with one of these means the route is stale: the queue moved or its broker died.
+LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError)
+
+
 class Fetcher:
     """Starts and runs the fetch task of each owned queue (on the I/O loop)."""
 
     def __init__(self, runtime: ClientRuntime, buffer: FetchBuffer, filters: Mapping[str, TagFilter], *,
                  group: str | None, member: str | None, max_messages: int, max_bytes: int,
-                 long_poll_ms: int) -> None:
+                 long_poll_ms: int, on_leader_lost: Callable[[], None] = lambda: None) -> None:
+        """``on_leader_lost`` hears of a queue whose broker no longer leads it or is unreachable:
+        the consumer refreshes its routes and heartbeats at once instead of at the next beat."""
         self._runtime = runtime
+        self._on_leader_lost = on_leader_lost
         self._buffer = buffer
         self._filters = filters
         self._owner: dict[str, Any] = {"group": group, "member": member} if member else {}
@@ -164,6 +178,8 @@ class Fetcher:
                 state.permits.release()
                 level = logging.DEBUG if isinstance(err, BadRequestError) or err.retriable else logging.WARNING
                 log.log(level, "pull from %s failed: %r", route, err)
+                if isinstance(err, LEADER_LOST_ERRORS):
+                    self._on_leader_lost()
                 await asyncio.sleep(FETCH_ERROR_BACKOFF_MS / 1000)
                 continue
             next_offset = frame.fields["next_offset"]

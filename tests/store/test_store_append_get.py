@@ -4,6 +4,7 @@ import time
 import numpy as np
 import pytest
 from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store_config import StoreConfig
 from store_helpers import batch, small_config
 
 from gms import record as rec
@@ -205,3 +206,17 @@ def test_views_keep_a_file_from_being_unmapped(store):
 def test_append_result_arrays(store):
     result = store.append(batch(n=4))
     assert isinstance(result.phys_offsets, np.ndarray) and np.all(np.diff(result.phys_offsets) > 0)
+
+
+def test_coalesced_get_returns_the_same_bytes_in_fewer_views(tmp_path):
+    with MessageStore(tmp_path, StoreConfig(commitlog_file_size_bytes=64 * 1024)) as store:
+        store.create_topic("t", 2)
+        for i in range(30):  # interleave two queues so runs break where the other queue's records sit
+            store.append(rec.encode_record(topic="t", body=f"m{i}".encode(), queue_id=i % 3 // 2,
+                                           tag="A" if i % 5 else "B"))
+        for tags in (None, frozenset({rec.tag_hash("A")})):
+            plain = store.get("t", 0, 0, 100, tag_hashes=tags)
+            merged = store.get("t", 0, 0, 100, tag_hashes=tags, coalesce=True)
+            assert b"".join(map(bytes, merged.records)) == b"".join(map(bytes, plain.records))
+            assert len(merged.records) < len(plain.records)
+            assert merged.next_offset == plain.next_offset
