@@ -7,7 +7,7 @@ like Kafka's v2 batch keeps base offset and leader epoch outside its CRC::
     off size field
     0   4   total_size      i32  whole record including this field
     4   4   magic           u32  MAGIC_V1 (BLANK_MAGIC marks end-of-file filler)
-    8   4   crc32           u32  zlib.crc32 of bytes [40, total_size)
+    8   4   crc32           u32  crc32 of bytes [40, total_size)
     12  4   queue_id        i32  broker may rewrite
     16  8   queue_offset    i64  broker-assigned
     24  8   phys_offset     i64  broker-assigned (commitlog offset of this record)
@@ -35,7 +35,6 @@ from __future__ import annotations
 import enum
 import struct
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -45,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 from numpy.lib.stride_tricks import as_strided
+from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
 
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import CorruptRecord, InvalidRecord
@@ -255,7 +255,7 @@ def encode_record(
 def seal_crc(buf: bytearray | memoryview, pos: int = 0) -> None:
     """(Re)compute the CRC of the record at ``pos`` after its producer part was written."""
     total = _SIZE_MAGIC.unpack_from(buf, pos)[0]
-    struct.pack_into(">I", buf, pos + OFF_CRC, zlib.crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]))
+    struct.pack_into(">I", buf, pos + OFF_CRC, crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]))
 
 
 def encode_batch(messages: Iterable[Message]) -> bytes:
@@ -307,7 +307,7 @@ def validate_header(buf: bytes | memoryview, pos: int, verify_crc: bool) -> tupl
     expected = HEADER_SIZE + topic_len + tag_len + host_len + keys_len + props_len + body_len
     if expected != total:
         raise CorruptRecord(pos, f"total_size {total} but the field lengths add up to {expected}")
-    if verify_crc and zlib.crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]) != crc:
+    if verify_crc and crc32(memoryview(buf)[pos + OFF_CRC_START: pos + total]) != crc:
         raise CorruptRecord(pos, "CRC mismatch")
     return fields
 
@@ -398,7 +398,7 @@ def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
     if not verify_crc:  # the caller checked the bytes as a whole (replicated chunks)
         return ScanResult(starts, pos, stop)
     covered = map(slice, map(add, starts, repeat(OFF_CRC_START)), [*starts[1:], pos])
-    computed = list(map(zlib.crc32, map(mv.__getitem__, covered)))
+    computed = list(map(crc32, map(mv.__getitem__, covered)))
     if computed != stored:
         first = next(i for i, (a, b) in enumerate(zip(computed, stored)) if a != b)
         return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)

@@ -9,7 +9,6 @@ requested columns are built, so a count or a tag histogram never copies a body.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from itertools import repeat
 from operator import add
@@ -19,6 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 import pyarrow as pa
 import pyarrow.compute as pc
+from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
 
 from gms.record import (HEADER_SIZE, KEY_SEPARATOR, OFF_CRC_START, PROP_NAME_VALUE_SEPARATOR,
                         PROP_SEPARATOR, header_errors, read_headers)
@@ -61,7 +61,7 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         first = starts[good].tolist()
         ends = (starts[good] + sizes[good]).tolist()
         covered = map(slice, map(add, first, repeat(OFF_CRC_START)), ends)
-        computed = np.fromiter(map(zlib.crc32, map(mv.__getitem__, covered)), np.uint32, len(first))
+        computed = np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, len(first))
         crc_bad = headers["crc32"][good] != computed
         bad[good[crc_bad]] = True
         good = good[~crc_bad]
