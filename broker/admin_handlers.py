@@ -64,5 +64,6 @@ class AdminHandlers:
             "disk_used_bytes": stats.disk_used_bytes,
             "topics": len(store.topics()),
             "connections": broker.rpc.connection_count,
-            "groups": broker.groups.group_names(),
+            # Groups with live members here or committed offsets here.
+            "groups": sorted({*broker.groups.group_names(), *broker.offsets.groups()}),
         })

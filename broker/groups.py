@@ -90,8 +90,8 @@ class GroupCoordinator:
         """Record a heartbeat; return the queues per topic this member may consume now."""
         if mode not in MODES:
             raise ValueError(f"consumer mode must be one of {', '.join(MODES)}, not {mode!r}")
-        group = self._groups.setdefault(group_name, Group(group_name))
         self.expire(now_ms)
+        group = self._groups.setdefault(group_name, Group(group_name))
         member = group.members.get(member_id)
         if member is None:
             member = Member(member_id, client_address, mode, dict(subscription), now_ms, now_ms)
@@ -117,6 +117,7 @@ class GroupCoordinator:
         if group is not None:
             group.members.pop(member_id, None)
             self._release(group, member_id, keep=set())
+            self._forget_if_empty(group)
 
     def expire(self, now_ms: int) -> list[tuple[str, str]]:
         """Drop members silent for longer than the expiry; return (group, member) dropped."""
@@ -127,6 +128,8 @@ class GroupCoordinator:
                     del group.members[member_id]
                     self._release(group, member_id, keep=set())
                     dropped.append((group.name, member_id))
+        for group in list(self._groups.values()):
+            self._forget_if_empty(group)
         return dropped
 
     # -- queries --------------------------------------------------------------------
@@ -152,6 +155,11 @@ class GroupCoordinator:
         return sorted(self._groups)
 
     # -- internals ------------------------------------------------------------------
+
+    def _forget_if_empty(self, group: Group) -> None:
+        """A group with no members is no longer coordinated (its committed offsets stay)."""
+        if not group.members:
+            self._groups.pop(group.name, None)
 
     def _release(self, group: Group, member_id: str, keep: set[QueueKey]) -> None:
         for key in group.owned_by(member_id) - keep:

@@ -93,3 +93,16 @@ def test_offsets_survive_reload(tmp_path):
     reloaded = OffsetStore(path)
     assert reloaded.get("g", TOPIC, 3) == 42 and reloaded.get("g", TOPIC, 4) is None
     assert reloaded.group_offsets("g") == {TOPIC: {3: 42}}
+
+
+def test_a_group_without_members_is_forgotten():
+    coord = coordinator()
+    beat(coord, "a", now=0)
+    beat(coord, "b", now=0)
+    coord.leave("g", "a")
+    assert coord.group_names() == ["g"]
+    coord.leave("g", "b")
+    assert coord.group_names() == [] and coord.group("g") is None
+    beat(coord, "c", now=0)
+    coord.expire(EXPIRY_MS + 1)
+    assert coord.group_names() == []
