@@ -25,11 +25,13 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 @click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")
 @click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]), help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
 @click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int, help="Size of each commitlog file in bytes (default 1 GiB).")
+@click.option("--cq-file-entries", "cq_entries_per_file", type=int, help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
 @click.option("--retention-hours", type=float, help="Delete commitlog files older than this (default 72).")
 @click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path), help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
-def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, retention_hours, **broker_overrides) -> None:
+def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
+         retention_hours, **broker_overrides) -> None:
     """Run a gms broker: the commitlog store and the send/pull/group server."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
@@ -37,7 +39,7 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
             config_path,
             broker_overrides,
             {"flush_mode": flush_mode, "commitlog_file_size_bytes": commitlog_file_size_bytes,
-             "retention_hours": retention_hours},
+             "cq_entries_per_file": cq_entries_per_file, "retention_hours": retention_hours},
         )
     except (ValueError, TypeError, OSError) as err:
         raise click.UsageError(str(err)) from err

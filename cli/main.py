@@ -92,13 +92,16 @@ def cli() -> None:
               help="Embedded etcd client port (0 picks a free one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@click.option("--commitlog-file-size", type=click.IntRange(4096), default=None,
+              help="Bytes per commitlog file for a new store (default 1 GiB; each file is preallocated).")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
-               log_level: str) -> None:
+               log_level: str, commitlog_file_size: int | None) -> None:
     """Run embedded etcd + a nameserver + a broker in the foreground (Ctrl-C stops all)."""
     from gms.cli.standalone import run_standalone
 
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
-                          log_level=log_level, echo=lambda line: click.echo(line))
+                          log_level=log_level, commitlog_file_size_bytes=commitlog_file_size,
+                          echo=lambda line: click.echo(line))
     sys.exit(code)
 
 

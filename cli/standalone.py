@@ -98,6 +98,7 @@ def run_standalone(
     host: str = "127.0.0.1",
     etcd_port: int = 0,
     log_level: str = "info",
+    commitlog_file_size_bytes: int | None = None,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the three parts until SIGINT/SIGTERM (a second one kills at once); return the exit
@@ -134,7 +135,8 @@ def run_standalone(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, "--log-level", log_level],
+             "--nameserver", nameserver_address, "--log-level", log_level,
+             *(["--commitlog-file-size", str(commitlog_file_size_bytes)] if commitlog_file_size_bytes else [])],
             run_dir,
         )
         children.append(broker)

@@ -16,6 +16,7 @@ START_TIMEOUT_S = 20.0
 # Test brokers use small commitlog files: the store preallocates each file (and the next one),
 # and a suite starts dozens of brokers.
 TEST_COMMITLOG_FILE_SIZE_BYTES = 32 * 1024 * 1024
+TEST_CQ_FILE_ENTRIES = 20_000  # 400 KB consumeQueue files instead of 6 MB
 
 
 class BrokerProcess:
@@ -32,7 +33,8 @@ class BrokerProcess:
 
     def location_args(self) -> list[str]:
         return ["--store-dir", str(self.store_dir),
-                "--commitlog-file-size", str(TEST_COMMITLOG_FILE_SIZE_BYTES)]
+                "--commitlog-file-size", str(TEST_COMMITLOG_FILE_SIZE_BYTES),
+                "--cq-file-entries", str(TEST_CQ_FILE_ENTRIES)]
 
     @property
     def address(self) -> str:

@@ -49,7 +49,7 @@ def wait_broker_registered(nameserver: str) -> bool:
 def test_standalone_serves_produce_and_tail_then_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path / "data"),
-         "--nameserver-port", "0", "--broker-port", "0"],
+         "--nameserver-port", "0", "--broker-port", "0", "--commitlog-file-size", str(32 << 20)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     registered = False
