@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -91,11 +92,19 @@ def _byte_bounded(sizes: np.ndarray) -> int:
     return max(int(np.searchsorted(np.cumsum(sizes.astype(np.int64)), BATCH_BYTES_MAX, side="right")), 1)
 
 
+@lru_cache(maxsize=1)
+def _task_commitlog(root: Path) -> CommitLogFiles:
+    """The commitlog maps shared by the tasks a Python worker runs one after another: the queues
+    of a store interleave in the same files, so a fresh map per task would fault in the same
+    pages again (one fault every few records of a queue)."""
+    return CommitLogFiles(root)
+
+
 def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
                      report_bad: BadRecordSink) -> Iterator[pa.RecordBatch]:
     root = store_root(options.path)
     index = queue_index(root, rng.topic, rng.queue_id)
-    commitlog = CommitLogFiles(root)
+    commitlog = _task_commitlog(root)
     prefix = msg_id_prefix(options.broker_address)
     hashes = options.tags.hashes
     wanted = np.array(sorted(hashes), np.int64) if hashes is not None else None
