@@ -68,6 +68,8 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         crc_bad = headers["crc32"][good] != _crc32s(arr, starts[good], sizes[good])
         bad[good[crc_bad]] = True
         good = good[~crc_bad]
+    if len(good) == len(starts):  # the usual case: no copy of the (strided) headers
+        return Records(arr, starts, headers), bad
     return Records(arr, starts[good], headers[good]), bad
 
 
