@@ -34,5 +34,6 @@ def check_layout(config_dir: Path, config: StoreConfig) -> None:
         settings = ", ".join(f"{name} = {value}" for name, value in wrong.items())
         raise StoreLayoutMismatch(
             f"the store in {config_dir.parent} was created with {settings}; configure the same "
-            "(gms-broker --commitlog-file-size, or the [store] table) — these cannot change under existing data"
+            "(gms-broker --commitlog-file-size / --cq-file-entries, or the [store] table) — these cannot change"
+            " under existing data"
         )

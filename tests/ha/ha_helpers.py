@@ -14,7 +14,7 @@ from gms.nameserver.etcd_client import EtcdClient
 from gms.nameserver.metadata import ClusterMetadata
 from gms.nameserver.model import TopicMetadata
 from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
-from processes import BrokerProcess
+from processes import TEST_CQ_FILE_ENTRIES, BrokerProcess
 
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
@@ -99,7 +99,8 @@ def read_store(store_dir: Path, topic: str, queue_id: int) -> list[tuple[int, by
     """Every (queue offset, body) of a stopped broker's queue, CRC-checked, straight from its
     files (recovery included)."""
     out: list[tuple[int, bytes]] = []
-    with MessageStore(store_dir / "store", StoreConfig(commitlog_file_size_bytes=COMMITLOG_FILE_SIZE_BYTES)) as store:
+    with MessageStore(store_dir / "store", StoreConfig(commitlog_file_size_bytes=COMMITLOG_FILE_SIZE_BYTES,
+                                                        cq_entries_per_file=TEST_CQ_FILE_ENTRIES)) as store:
         if topic not in store.topics():
             return out
         offset = store.min_offset(topic, queue_id)

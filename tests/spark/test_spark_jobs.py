@@ -49,7 +49,8 @@ def test_replay_into_another_topic(spark, store, tmp_path, broker_factory):
     broker_dir = tmp_path / "broker"
     shutil.copytree(base, broker_dir)
     broker = broker_factory("--config", str(broker_toml(tmp_path)), "--commitlog-file-size",
-                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), store_dir=broker_dir)
+                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), "--cq-file-entries",
+                            str(STORE_SETTINGS["cq_entries_per_file"]), store_dir=broker_dir)
     with Admin(brokers=[broker.address]) as admin:
         admin.create_topic("retry", 2)
     output = run(["replay", "--brokers", broker.address, "--topics", "orders", "--tags", "created",

@@ -15,7 +15,8 @@ def test_live_broker_read_and_store_read_while_running(spark, store, tmp_path, b
     broker_dir = tmp_path / "broker"
     shutil.copytree(base, broker_dir)
     broker = broker_factory("--config", str(broker_toml(tmp_path)), "--commitlog-file-size",
-                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), store_dir=broker_dir)
+                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), "--cq-file-entries",
+                            str(STORE_SETTINGS["cq_entries_per_file"]), store_dir=broker_dir)
     live = (spark.read.format("gms").option("brokers", broker.address).option("topics", "orders")
             .option("tags", "paid").load().collect())
     paid = [m for m in sent if m.tag == "paid"]
