@@ -93,30 +93,52 @@ def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
 
 
 def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool = True, *,
-                verify_crc: bool = True) -> ParsedRecords:
+                verify_crc: bool = True, sizes: np.ndarray | None = None) -> ParsedRecords:
     """Validate a whole send batch (length, magic, CRC, field lengths, topic names, body size,
     tag hashes) and describe it; raises on the first bad record, before anything is stored.
     ``verify_crc=False``: the caller already checked the batch's bytes against one CRC of the
-    whole (records a replica copies from its leader, which checked each record's CRC)."""
+    whole (records a replica copies from its leader, which checked each record's CRC).
+    ``sizes``: each record's size as the sender claims it (a leader's consumeQueue entries), so
+    the record starts come from one cumsum instead of a Python walk; they must add up to the
+    buffer and agree with every record's own total_size (checked vectorised below)."""
     if len(buf) == 0:
         raise InvalidRecord("batch", "is empty")
-    scan = scan_records(buf, verify_crc=verify_crc)
-    if scan.stop is not RecordCheck.OK or scan.stop_pos != len(buf):
-        raise CorruptRecord(scan.stop_pos, f"{scan.stop.value} record in the batch")
-    if len(scan.starts) < VECTORISE_RECORDS_MIN:
-        return _parse_few(buf, scan.starts, body_size_max_bytes, verify_tag_hash)
+    if sizes is not None:
+        starts_arr = _starts_from_sizes(sizes, len(buf))
+    else:
+        scan = scan_records(buf, verify_crc=verify_crc)
+        if scan.stop is not RecordCheck.OK or scan.stop_pos != len(buf):
+            raise CorruptRecord(scan.stop_pos, f"{scan.stop.value} record in the batch")
+        if len(scan.starts) < VECTORISE_RECORDS_MIN:
+            return _parse_few(buf, scan.starts, body_size_max_bytes, verify_tag_hash)
+        starts_arr = np.array(scan.starts, np.int64)
     arr = np.frombuffer(buf, np.uint8)
-    starts_arr = np.array(scan.starts, np.int64)
     headers = read_headers(arr, starts_arr)
     bad = np.flatnonzero(header_errors(headers))
     if bad.size:
         raise CorruptRecord(int(starts_arr[bad[0]]), "field lengths do not add up to total_size")
+    if sizes is not None:
+        wrong = np.flatnonzero(headers["total_size"] != sizes)
+        if wrong.size:
+            raise CorruptRecord(int(starts_arr[wrong[0]]), "record size differs from the one announced")
     body_len = headers["body_len"]
     _check_body_lengths(int(body_len.min()), int(body_len.max()), body_size_max_bytes)
     parsed = parse_records(arr, starts_arr, headers)
     if verify_tag_hash:
         _check_tag_hashes(arr, parsed)
     return parsed
+
+
+def _starts_from_sizes(sizes: np.ndarray, buf_len: int) -> np.ndarray:
+    """Record starts from announced sizes: each at least a header long (so every start has a
+    whole header to read), together exactly the buffer."""
+    sizes = np.asarray(sizes, np.int64)
+    if sizes.size == 0 or int(sizes.min()) < HEADER_SIZE or int(sizes.sum()) != buf_len:
+        raise CorruptRecord(0, f"announced record sizes do not tile the {buf_len}-byte batch")
+    starts = np.empty(sizes.size, np.int64)
+    starts[0] = 0
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
 
 
 def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
 REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
+SIZES_DTYPE = np.dtype(">i4")  # record sizes in a REPLICA_FETCH response row, as bytes
 
 
 class FetcherPool:
@@ -172,6 +174,7 @@ class LeaderFetcher:
         history_changed = False
         for (p, epoch, offset), row in zip(sent, frame.fields["queues"]):
             status, hw, size, epochs, commits, crc = row[2], row[3], row[5], row[6], row[7], row[8]
+            sizes = np.frombuffer(row[9], SIZES_DTYPE) if len(row) > 9 and row[9] else None
             chunk, pos = body[pos: pos + size], pos + size
             if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
                 continue  # the metadata moved on while the fetch was in flight
@@ -182,7 +185,7 @@ class LeaderFetcher:
                 self._pause(p, status)
                 continue
             if size and self.store.max_offset(*p.key) == offset:
-                self.store.append_replicated(chunk, crc)
+                self.store.append_replicated(chunk, crc, sizes)
             leo = self.store.max_offset(*p.key)
             for entry_epoch, start in epochs:
                 if start < leo:
