@@ -89,9 +89,10 @@ def main() -> None:
         tags_df = reader().option("columns", "tag").load(str(broker_dir))
         tag_s, _ = timed(lambda: tags_df.groupBy("tag").count().collect())
 
-        # The broker must open the store with the file size it was written with.
-        size_flag = ["--commitlog-file-size", str(STORE_CONFIG.commitlog_file_size_bytes)]
-        broker = BrokerProcess(broker_dir, size_flag).start()
+        # The broker must open the store with the file sizes it was written with.
+        size_flags = ["--commitlog-file-size", str(STORE_CONFIG.commitlog_file_size_bytes),
+                      "--cq-file-entries", str(STORE_CONFIG.cq_entries_per_file)]
+        broker = BrokerProcess(broker_dir, size_flags).start()
         try:
             live_df = reader().option("brokers", broker.address).load()
             live_s, live_rows = timed(lambda: full_read(live_df))
