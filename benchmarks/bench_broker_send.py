@@ -17,10 +17,11 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_procs import start_server
 
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
@@ -33,16 +34,8 @@ COMMITLOG_FILE_SIZE_BYTES = 256 << 20  # keeps the benchmark's disk use small
 
 
 def _start_broker(root: Path, flush_mode: str) -> tuple[subprocess.Popen, int]:
-    port_file = root / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0",
-                             "--store-dir", str(root / "store"), "--port-file", str(port_file),
-                             "--flush", flush_mode, "--commitlog-file-size", str(COMMITLOG_FILE_SIZE_BYTES),
-                             "--log-level", "warning"])
-    while not port_file.exists() or not port_file.read_text().strip():
-        if proc.poll() is not None:
-            raise RuntimeError("the broker exited")
-        time.sleep(0.05)
-    return proc, int(port_file.read_text())
+    return start_server("gms.broker", root, "broker", "--store-dir", str(root / "store"), "--flush", flush_mode,
+                        "--commitlog-file-size", str(COMMITLOG_FILE_SIZE_BYTES))
 
 
 def _cpu_s(pid: int) -> float:

@@ -11,24 +11,20 @@ import argparse
 import json
 import multiprocessing as mp
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from bench_procs import start_server
+
 BATCH = 1000
 
 
 def _start_broker(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port_file = root / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir",
-                             str(root / "store"), "--port-file", str(port_file), "--log-level", "warning", *args])
-    while not port_file.exists():
-        if proc.poll() is not None:
-            raise RuntimeError("broker exited")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+    root.mkdir(parents=True, exist_ok=True)
+    proc, port = start_server("gms.broker", root, "broker", "--store-dir", str(root / "store"), *args)
+    return proc, f"127.0.0.1:{port}"
 
 
 class RssSampler(threading.Thread):

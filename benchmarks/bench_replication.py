@@ -23,10 +23,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_procs import start_server
 
 import numpy as np
 
@@ -40,18 +41,6 @@ BODY = b"x" * 100
 BATCH_MESSAGES = 100
 WINDOW = 32  # batches in flight per queue (the same for every mode)
 START_TIMEOUT_S = 30
-
-
-def start(cmd: list[str], port_file: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            sys.exit(f"{cmd[2]} did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc, int(port_file.read_text())
 
 
 async def request(address: str, code: int, fields: dict[str, object], body: bytes = b"") -> dict[str, object]:
@@ -154,9 +143,7 @@ def main() -> None:
         root = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            ns, ns_port = start([sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0",
-                                 "--data-dir", str(root / "ns"), "--log-level", "warning"],
-                                root / "ns.port", root / "ns.log")
+            ns, ns_port = start_server("gms.nameserver", root, "ns", "--data-dir", str(root / "ns"))
             procs.append(ns)
             nameserver = f"127.0.0.1:{ns_port}"
             brokers: dict[str, subprocess.Popen[bytes]] = {}
@@ -164,10 +151,8 @@ def main() -> None:
                 config = root / f"b{i}.toml"
                 config.write_text(f"[broker]\nlease_ttl_s = {args.lease_ttl_s}\n"
                                   "[store]\ncommitlog_file_size_bytes = 268435456\n")
-                proc, port = start([sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0",
-                                    "--store-dir", str(root / f"b{i}"), "--nameserver", nameserver,
-                                    "--config", str(config), "--log-level", "warning"],
-                                   root / f"b{i}.port", root / f"b{i}.log")
+                proc, port = start_server("gms.broker", root, f"b{i}", "--store-dir", str(root / f"b{i}"),
+                                          "--nameserver", nameserver, "--config", str(config))
                 procs.append(proc)
                 brokers[f"127.0.0.1:{port}"] = proc
             result = run(measure(nameserver, brokers, duration_s, 300 if args.quick else 2000))

@@ -35,6 +35,7 @@ from gms.protocol.codes import RequestCode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_e2e import _produce, _run, _start_broker  # noqa: E402  (the same producer, measured twice)
+from bench_procs import start_server  # noqa: E402
 
 TOPIC = "bench-routes"
 QUEUES = 8
@@ -72,23 +73,6 @@ def hold_registration(nameserver: str, ttl_s: int) -> None:
     BrokerRegistration(nameserver, info, lambda assignments: None, ttl_s=ttl_s).start()
     print("registered", flush=True)
     threading.Event().wait()
-
-
-def start_nameserver(data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port_file = data_dir / "ns.port"
-    with open(data_dir / "ns.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0", "--data-dir",
-             str(data_dir / "ns"), "--port-file", str(port_file), "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            sys.exit(f"nameserver did not start: {(data_dir / 'ns.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc, int(port_file.read_text())
 
 
 async def ask(port: int, code: int, fields: dict[str, object]) -> dict[str, object]:
@@ -182,7 +166,7 @@ def main() -> None:
         hold_registration(args.hold[0], int(args.hold[1]))
         return
     with tempfile.TemporaryDirectory(prefix="gms-bench-routing-") as tmp:
-        proc, port = start_nameserver(Path(tmp))
+        proc, port = start_server("gms.nameserver", Path(tmp), "ns", "--data-dir", str(Path(tmp) / "ns"))
         try:
             etcd = str(run(ask(port, RequestCode.REGISTER_BROKER, {}))["etcd"])
             with EtcdClient(etcd) as client:
