@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import shutil
 from pathlib import Path
 
 from gms.broker.store import MessageStore
@@ -26,6 +27,15 @@ def broker_toml(directory: Path) -> Path:
     path = directory / "broker.toml"
     path.write_text("[store]\n" + "".join(f"{k} = {v}\n" for k, v in STORE_SETTINGS.items()))
     return path
+
+
+def broker_on_copy(store_dir: Path, tmp_path: Path, broker_factory):
+    """A broker process serving a copy of a store written with STORE_SETTINGS."""
+    broker_dir = tmp_path / "broker"
+    shutil.copytree(store_dir, broker_dir)
+    return broker_factory("--config", str(broker_toml(tmp_path)),
+                          "--commitlog-file-size", str(STORE_SETTINGS["commitlog_file_size_bytes"]),
+                          "--cq-file-entries", str(STORE_SETTINGS["cq_entries_per_file"]), store_dir=broker_dir)
 
 
 def order(i: int) -> Message:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from gms.client import Admin
 from gms.spark_jobs.cli import spark as spark_group
-from spark_store_helpers import ORDERS, STORE_SETTINGS, broker_toml
+from spark_store_helpers import ORDERS, broker_on_copy
 
 
 def run(args: list[str]) -> str:
@@ -46,11 +46,7 @@ def test_topic_stats_lag_and_export(spark, store, tmp_path):
 
 def test_replay_into_another_topic(spark, store, tmp_path, broker_factory):
     base, sent = store
-    broker_dir = tmp_path / "broker"
-    shutil.copytree(base, broker_dir)
-    broker = broker_factory("--config", str(broker_toml(tmp_path)), "--commitlog-file-size",
-                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), "--cq-file-entries",
-                            str(STORE_SETTINGS["cq_entries_per_file"]), store_dir=broker_dir)
+    broker = broker_on_copy(base, tmp_path, broker_factory)
     with Admin(brokers=[broker.address]) as admin:
         admin.create_topic("retry", 2)
     output = run(["replay", "--brokers", broker.address, "--topics", "orders", "--tags", "created",

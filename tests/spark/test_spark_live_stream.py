@@ -7,16 +7,12 @@ import shutil
 from gms.broker.store import MessageStore
 from gms.msgid import decode_msg_id
 from gms.record import Message, encode_batch
-from spark_store_helpers import MANY_QUEUES, ORDERS, STORE_SETTINGS, broker_toml, store_config
+from spark_store_helpers import MANY_QUEUES, ORDERS, broker_on_copy, store_config
 
 
 def test_live_broker_read_and_store_read_while_running(spark, store, tmp_path, broker_factory):
     base, sent = store
-    broker_dir = tmp_path / "broker"
-    shutil.copytree(base, broker_dir)
-    broker = broker_factory("--config", str(broker_toml(tmp_path)), "--commitlog-file-size",
-                            str(STORE_SETTINGS["commitlog_file_size_bytes"]), "--cq-file-entries",
-                            str(STORE_SETTINGS["cq_entries_per_file"]), store_dir=broker_dir)
+    broker = broker_on_copy(base, tmp_path, broker_factory)
     live = (spark.read.format("gms").option("brokers", broker.address).option("topics", "orders")
             .option("tags", "paid").load().collect())
     paid = [m for m in sent if m.tag == "paid"]
@@ -25,7 +21,7 @@ def test_live_broker_read_and_store_read_while_running(spark, store, tmp_path, b
     assert all(decode_msg_id(r.msg_id) == (host, int(port), r.commit_log_offset) for r in live)
     assert all(r.keys == list(sent[r.queue_offset * 4 + r.queue_id].keys) for r in live)
 
-    running = spark.read.format("gms").option("columns", "topic").load(str(broker_dir))
+    running = spark.read.format("gms").option("columns", "topic").load(str(broker.store_dir))
     assert running.count() == ORDERS + MANY_QUEUES  # read-only: no abort marker taken, nothing written
     assert broker.proc.poll() is None
 
