@@ -16,7 +16,7 @@ def start_server(module: str, root: Path, name: str, *args: str) -> tuple[subpro
     port_file, log = root / f"{name}.port", root / f"{name}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--listen", "127.0.0.1:0", "--log-level", "warning", *args,
+            [sys.executable, "-P", "-m", module, "--listen", "127.0.0.1:0", "--log-level", "warning", *args,
              "--port-file", str(port_file)],
             stdout=out, stderr=subprocess.STDOUT,
         )

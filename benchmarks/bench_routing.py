@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from gms.broker.registration import BrokerRegistration
-from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
-from gms.nameserver.etcd_client import EtcdClient
-from gms.nameserver.metadata import ClusterMetadata
-from gms.nameserver.model import BrokerInfo
+from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata
+from gms.cluster.model import BrokerInfo
 
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
-from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
-from gms.nameserver.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
-from gms.nameserver.metadata import BrokerRegistration as EtcdRegistration
-from gms.nameserver.model import BrokerInfo, TopicMetadata, TopicSettings
+from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.cluster.etcd_client import EtcdClient, parse_endpoints
+from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
+from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
+from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
 
 from gms.errors import GmsError, ServiceUnavailableError
 from gms.net import Connection, run

@@ -24,7 +24,7 @@ from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
-from gms.nameserver.model import BrokerInfo
+from gms.cluster.model import BrokerInfo
 
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent
-from gms.nameserver.errors import EmbeddedEtcdError
+from gms.cluster.errors import EmbeddedEtcdError
 
 DEFAULT_DATA_DIR = Path("gms-data")
 DEFAULT_NAMESERVER_PORT = 9876
@@ -44,7 +44,7 @@ class _Child:
         self.port_file.unlink(missing_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args, "--port-file", str(self.port_file)],
+                [sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gms.errors import TopicNotFoundError
-from gms.nameserver.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
 from gms.nameserver.election import DEFAULT_ELECTION_TTL_S, Election
-from gms.nameserver.errors import ControllerFenced, NameserverError
-from gms.nameserver.etcd_client import EtcdClient
+from gms.cluster.errors import ControllerFenced, ClusterError
+from gms.cluster.etcd_client import EtcdClient
 from gms.nameserver.failover import reassign_leaders
-from gms.nameserver.metadata import DEFAULT_PREFIX, ClusterMetadata
-from gms.nameserver.model import TopicMetadata
+from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata
+from gms.cluster.model import TopicMetadata
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class Controller:
                 except ControllerFenced as err:
                     log.warning("controller: deposed, stopping this pass: %s", err)
                     break
-                except NameserverError as err:
+                except ClusterError as err:
                     log.warning("controller: topic %s: %s; retrying", name, err)
                     self._mark(names[i:])
                     self._stop.wait(RETRY_AFTER_ERROR_S)  # _mark woke us for the retry

@@ -15,10 +15,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from gms.nameserver.errors import NameserverError
-from gms.nameserver.etcd_client import CreateRevisionIs, EtcdClient, WatchBatch
-from gms.nameserver.lease import LeaseKeeper
-from gms.nameserver.metadata import DEFAULT_PREFIX, Keys
+from gms.cluster.errors import ClusterError
+from gms.cluster.etcd_client import CreateRevisionIs, EtcdClient, WatchBatch
+from gms.cluster.lease import LeaseKeeper
+from gms.cluster.metadata import DEFAULT_PREFIX, Keys
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class Election:
                     snapshot = self._client.get_prefix(self._dir)
                     watch_id = self._client.watch_prefix(self._dir, snapshot.revision + 1, on_watch)
                 kvs = self._client.get_prefix(self._dir).kvs
-            except NameserverError as err:
+            except ClusterError as err:
                 log.warning("election %s: %s", self._dir, err)
                 broken.set()
                 self._set_leader(False)
@@ -148,7 +148,7 @@ class Election:
         if watch_id is not None:
             try:
                 self._client.cancel_watch(watch_id)
-            except NameserverError:
+            except ClusterError:
                 pass
 
     def _set_leader(self, leader: bool) -> None:

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from gms.nameserver.errors import EmbeddedEtcdError
+from gms.cluster.errors import EmbeddedEtcdError
 
 START_TIMEOUT_S = 20.0  # a cold etcd on a slow disk takes ~1 s; 20 s is "it is not coming"
 STOP_TIMEOUT_S = 10.0  # etcd flushes its WAL on SIGTERM well within this

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
-from gms.nameserver.model import QueueState, TopicMetadata
+from gms.cluster.model import QueueState, TopicMetadata
 
 
 def next_queue_state(

@@ -23,13 +23,13 @@ from typing import Any
 from gms.address import advertised_address, split_address
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
 from gms.net import RpcServer
-from gms.nameserver.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
+from gms.cluster.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
 from gms.nameserver.controller import Controller
-from gms.nameserver.errors import EtcdUnavailable, NameserverError
-from gms.nameserver.etcd_client import EtcdClient, parse_endpoints
-from gms.nameserver.lease import LeaseKeeper
-from gms.nameserver.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
-from gms.nameserver.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
+from gms.cluster.errors import EtcdUnavailable, ClusterError
+from gms.cluster.etcd_client import EtcdClient, parse_endpoints
+from gms.cluster.lease import LeaseKeeper
+from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
+from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
@@ -232,7 +232,7 @@ class NameServer:
                 status, nameservers = await asyncio.to_thread(self._read_status)
                 etcd["version"] = status
                 self._known_nameservers = nameservers
-            except NameserverError as err:
+            except ClusterError as err:
                 etcd["healthy"] = False
                 etcd["error"] = str(err)
         else:

@@ -43,7 +43,7 @@ class BrokerProcess:
     def start(self, listen_port: int = 0) -> BrokerProcess:
         port_file = self.store_dir.parent / f"{self.store_dir.name}.port"
         port_file.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", self.module, "--listen", f"127.0.0.1:{listen_port}",
+        cmd = [sys.executable, "-P", "-m", self.module, "--listen", f"127.0.0.1:{listen_port}",
                *self.location_args(), "--port-file", str(port_file), *self.args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -20,4 +20,4 @@ def test_subpackages_import_under_gms(module):
 def test_no_bare_top_level_modules(bare, tmp_path):
     # A fresh interpreter outside the repository sees only what is installed.
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({bare!r}) is not None)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+    assert subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path).returncode == 0

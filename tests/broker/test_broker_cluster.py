@@ -76,7 +76,7 @@ def test_broker_without_reachable_nameserver_exits_with_a_clear_error(tmp_path):
     config = tmp_path / "broker.toml"
     config.write_text("[broker]\nregister_timeout_s = 1.0\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir", str(tmp_path / "b"),
+        [sys.executable, "-P", "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir", str(tmp_path / "b"),
          "--nameserver", f"127.0.0.1:{free_port('127.0.0.1')}", "--config", str(config)],
         capture_output=True, text=True, timeout=90,
     )

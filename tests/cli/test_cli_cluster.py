@@ -32,7 +32,7 @@ def gms(cluster):
     env = {**os.environ, "GMS_NAMESERVER": cluster.nameserver}
 
     def run(*args: str, input: bytes | None = None, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([sys.executable, "-m", "gms.cli", *args], input=input, env=env,
+        result = subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args], input=input, env=env,
                                 capture_output=True, timeout=TIMEOUT_S, check=False)
         out = subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(),
                                           result.stderr.decode())

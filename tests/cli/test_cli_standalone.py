@@ -32,7 +32,7 @@ def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:
 
 
 def gms(nameserver: str, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "gms.cli", *args, "--nameserver", nameserver], input=input,
+    return subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args, "--nameserver", nameserver], input=input,
                           capture_output=True, timeout=60, check=False)
 
 
@@ -48,7 +48,7 @@ def wait_broker_registered(nameserver: str) -> bool:
 
 def test_standalone_serves_produce_and_tail_then_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path / "data"),
+        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path / "data"),
          "--nameserver-port", "0", "--broker-port", "0", "--commitlog-file-size", str(32 << 20)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

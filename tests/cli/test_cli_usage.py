@@ -90,6 +90,6 @@ def test_bodies_text_or_escaped(body, shown):
 
 
 def test_python_dash_m_works():
-    result = subprocess.run([sys.executable, "-m", "gms.cli", "--version"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-P", "-m", "gms.cli", "--version"], capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 0 and "gms, version" in result.stdout

@@ -66,7 +66,7 @@ def test_sync_flush_broker_killed_loses_no_acknowledged_message(broker_factory):
 
 def test_producer_killed_mid_batch_loses_nothing_acknowledged(broker):
     topic = _new_topic(broker.address)
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, broker.address, topic],
+    child = subprocess.Popen([sys.executable, "-P", "-c", _CHILD, broker.address, topic],
                              stdout=subprocess.PIPE, text=True)
     try:
         acked_batches = [int(child.stdout.readline()) for _ in range(5)]

@@ -10,9 +10,9 @@ from typing import Any
 from gms.broker.server import broker_id_for
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
-from gms.nameserver.etcd_client import EtcdClient
-from gms.nameserver.metadata import ClusterMetadata
-from gms.nameserver.model import TopicMetadata
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata
+from gms.cluster.model import TopicMetadata
 from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
 from processes import TEST_CQ_FILE_ENTRIES, BrokerProcess
 

@@ -50,7 +50,7 @@ CRASHING_WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("lose_checkpoint", [False, True])
 def test_truncated_records_stay_gone_after_a_crash(tmp_path, lose_checkpoint):
     root = tmp_path / "store"
-    proc = subprocess.run([sys.executable, "-c", CRASHING_WRITER, str(root), repr(CONFIG)],
+    proc = subprocess.run([sys.executable, "-P", "-c", CRASHING_WRITER, str(root), repr(CONFIG)],
                           capture_output=True, check=False)
     assert proc.returncode == 9, proc.stderr.decode()
     if lose_checkpoint:  # force a rebuild from the start of the commitlog

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 import pytest
 
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.nameserver.etcd_client import EtcdClient
-from gms.nameserver.metadata import ClusterMetadata
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata
 
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from gms.errors import InvalidTopicError
 from gms.nameserver.failover import next_queue_state, reassign_leaders
-from gms.nameserver.model import QueueState, TopicMetadata, TopicSettings, new_topic
+from gms.cluster.model import QueueState, TopicMetadata, TopicSettings, new_topic
 
 Q = QueueState(0, ("a", "b", "c"), "a", ("a", "b", "c"), leader_epoch=4, controller_epoch=7)
 

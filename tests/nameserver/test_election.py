@@ -5,7 +5,7 @@ import threading
 from processes import wait_until
 
 from gms.nameserver.election import Election
-from gms.nameserver.etcd_client import EtcdClient
+from gms.cluster.etcd_client import EtcdClient
 
 TTL_S = 2
 

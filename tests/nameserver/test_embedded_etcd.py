@@ -10,8 +10,8 @@ import time
 import pytest
 
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.nameserver.errors import EmbeddedEtcdError
-from gms.nameserver.etcd_client import EtcdClient
+from gms.cluster.errors import EmbeddedEtcdError
+from gms.cluster.etcd_client import EtcdClient
 
 
 def alive(pid: int) -> bool:
@@ -61,7 +61,7 @@ def test_sigkilled_parent_takes_etcd_with_it(tmp_path):
         time.sleep(60)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-P", "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         child_pid = int(parent.stdout.readline())
         assert alive(child_pid)

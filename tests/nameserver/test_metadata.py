@@ -5,10 +5,10 @@ import time
 import pytest
 
 from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
-from gms.nameserver.errors import NotEnoughBrokers
-from gms.nameserver.etcd_client import EtcdClient
-from gms.nameserver.metadata import ClusterMetadata
-from gms.nameserver.model import BrokerInfo, TopicSettings
+from gms.cluster.errors import NotEnoughBrokers
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata
+from gms.cluster.model import BrokerInfo, TopicSettings
 
 SHORT_TTL_S = 2
 

@@ -16,7 +16,7 @@ from test_server_helpers import RunningNameServer
 from gms.broker.registration import Assignments, BrokerRegistration, TopicAssignment
 from gms.errors import ServiceUnavailableError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, free_port
-from gms.nameserver.model import BrokerInfo, TopicSettings
+from gms.cluster.model import BrokerInfo, TopicSettings
 from gms.protocol.codes import RequestCode as C
 
 SHORT_TTL_S = 2
@@ -116,7 +116,7 @@ def test_no_nameserver_is_a_clear_error():
 CHILD = """
 import sys, time
 from gms.broker.registration import BrokerRegistration
-from gms.nameserver.model import BrokerInfo
+from gms.cluster.model import BrokerInfo
 reg = BrokerRegistration(sys.argv[1], BrokerInfo("crashy", "10.0.0.9:10911"), lambda a: None,
                          ttl_s=int(sys.argv[2])).start()
 print("registered", flush=True)
@@ -126,7 +126,7 @@ time.sleep(60)
 
 def test_killed_broker_leaves_routes_within_ttl(ns, metadata):
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, ns.address, str(SHORT_TTL_S)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-P", "-c", CHILD, ns.address, str(SHORT_TTL_S)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == "registered\n"

@@ -18,9 +18,9 @@ from gms.errors import (
     TopicNotFoundError,
 )
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.nameserver.etcd_client import EtcdClient
-from gms.nameserver.metadata import ClusterMetadata, Keys
-from gms.nameserver.model import BrokerInfo
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata, Keys
+from gms.cluster.model import BrokerInfo
 from gms.protocol.codes import RequestCode as C
 
 BROKERS = {"b0": "10.0.0.1:10911", "b1": "10.0.0.2:10911", "b2": "10.0.0.3:10911"}

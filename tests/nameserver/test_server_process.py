@@ -21,7 +21,7 @@ def test_embedded_etcd_lives_and_dies_with_the_nameserver(tmp_path):
     port_file = tmp_path / "ns.port"
     with open(tmp_path / "ns.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gms.nameserver", "--listen", "127.0.0.1:0",
+            [sys.executable, "-P", "-m", "gms.nameserver", "--listen", "127.0.0.1:0",
              "--data-dir", str(tmp_path / "data"), "--port-file", str(port_file)],
             stdout=log, stderr=subprocess.STDOUT,
         )
@@ -58,7 +58,7 @@ def test_bad_options_are_usage_errors(tmp_path):
         (["--listen", "127.0.0.1:99999"], "is not host:port"),
     ]:
         result = subprocess.run(
-            [sys.executable, "-m", "gms.nameserver", "--data-dir", str(tmp_path), *args],
+            [sys.executable, "-P", "-m", "gms.nameserver", "--data-dir", str(tmp_path), *args],
             check=False, capture_output=True, text=True, timeout=30,
         )
         assert result.returncode == 2

@@ -26,7 +26,7 @@ START_TIMEOUT_S = 40
 
 def start(data_dir, nameserver_port=0, broker_port=0) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(data_dir), str(nameserver_port), str(broker_port)],
+        [sys.executable, "-P", "-c", SCRIPT, str(data_dir), str(nameserver_port), str(broker_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gms.errors import TopicNotFoundError
-from gms.nameserver.errors import EtcdUnavailable, NameserverError
-from gms.nameserver.etcd_client import EtcdClient, KeyValue, WatchBatch
-from gms.nameserver.metadata import DEFAULT_PREFIX, Keys
-from gms.nameserver.model import BrokerInfo, TopicMetadata
+from gms.cluster.errors import EtcdUnavailable, ClusterError
+from gms.cluster.etcd_client import EtcdClient, KeyValue, WatchBatch
+from gms.cluster.metadata import DEFAULT_PREFIX, Keys
+from gms.cluster.model import BrokerInfo, TopicMetadata
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class ClusterView:
                 self._sync()
                 backoff_s = RESYNC_BACKOFF_S_MIN
                 self._watch_broken.wait()
-            except NameserverError as err:
+            except ClusterError as err:
                 log.warning("cluster view: etcd sync failed: %s", err)
                 self._stop.wait(backoff_s)
                 backoff_s = min(backoff_s * 2, RESYNC_BACKOFF_S_MAX)
@@ -190,7 +190,7 @@ class ClusterView:
         if watch_id is not None:
             try:
                 self._client.cancel_watch(watch_id)
-            except NameserverError:
+            except ClusterError:
                 pass  # the stream is already gone with etcd
 
     def _on_watch(self, generation: int, response: WatchBatch | Exception) -> None:
@@ -246,7 +246,7 @@ class ClusterView:
                 topic = TopicMetadata.from_json(kv.value)
                 topics[topic.name] = topic
                 return ViewChange(ChangeKind.TOPIC_UPDATED, topic.name)
-        except (NameserverError, ValueError, KeyError, TypeError) as err:
+        except (ClusterError, ValueError, KeyError, TypeError) as err:
             log.error("cluster view: skipping undecodable %s: %s", key, err)
         return None
 

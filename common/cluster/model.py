@@ -15,7 +15,7 @@ from typing import Any
 
 from gms.address import split_address
 from gms.errors import BadRequestError, GmsError, InvalidTopicError
-from gms.nameserver.errors import NameserverError, NotEnoughBrokers
+from gms.cluster.errors import ClusterError, NotEnoughBrokers
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import InvalidTopicName
 
@@ -243,5 +243,5 @@ def _dumps(obj: dict[str, Any]) -> bytes:
 def _loads(raw: bytes) -> dict[str, Any]:
     d = json.loads(raw)
     if not isinstance(d, dict) or d.get("v") != LAYOUT_VERSION:
-        raise NameserverError(f"unsupported metadata layout version in {raw[:80]!r}")
+        raise ClusterError(f"unsupported metadata layout version in {raw[:80]!r}")
     return d

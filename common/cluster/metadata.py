@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
-from gms.nameserver.errors import ConcurrentUpdate, ControllerFenced
-from gms.nameserver.etcd_client import (
+from gms.cluster.errors import ConcurrentUpdate, ControllerFenced
+from gms.cluster.etcd_client import (
     Compare,
     CreateRevisionIs,
     Delete,
@@ -27,8 +27,8 @@ from gms.nameserver.etcd_client import (
     ModRevisionIs,
     Put,
 )
-from gms.nameserver.lease import LeaseKeeper
-from gms.nameserver.model import (
+from gms.cluster.lease import LeaseKeeper
+from gms.cluster.model import (
     DEFAULT_QUEUE_COUNT,
     BrokerInfo,
     TopicMetadata,
@@ -95,7 +95,7 @@ class BrokerRegistration:
 
 class ClusterMetadata:
     """Reads and writes brokers and topics. Every call is an etcd round trip: serve routes from
-    :class:`gms.nameserver.cluster_view.ClusterView` instead."""
+    :class:`gms.cluster.cluster_view.ClusterView` instead."""
 
     def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> None:
         self.client = client

@@ -14,19 +14,19 @@ from gms.errors import (
 )
 
 
-class NameserverError(GmsError):
+class ClusterError(GmsError):
     """Root of the nameserver's errors."""
 
 
-class EtcdUnavailable(NameserverError, ServiceUnavailableError):
+class EtcdUnavailable(ClusterError, ServiceUnavailableError):
     """No etcd endpoint answered in time; cached data may still be served."""
 
 
-class EtcdError(NameserverError):
+class EtcdError(ClusterError):
     """etcd answered with an error that retrying will not fix (bad request, internal error)."""
 
 
-class EtcdCompacted(NameserverError):
+class EtcdCompacted(ClusterError):
     """A watch asked for a revision etcd has compacted away; the caller must re-read."""
 
     retriable = True
@@ -36,11 +36,11 @@ class EtcdCompacted(NameserverError):
         self.compacted_revision = compacted_revision
 
 
-class EmbeddedEtcdError(NameserverError):
+class EmbeddedEtcdError(ClusterError):
     """The embedded etcd binary is missing or did not become healthy."""
 
 
-class NotEnoughBrokers(NameserverError, NotEnoughReplicasError):
+class NotEnoughBrokers(ClusterError, NotEnoughReplicasError):
     """Fewer live brokers than the replicas asked for; retriable once brokers register."""
 
     def __init__(self, replicas: int, live_brokers: int) -> None:
@@ -51,10 +51,10 @@ class NotEnoughBrokers(NameserverError, NotEnoughReplicasError):
         self.live_brokers = live_brokers
 
 
-class ConcurrentUpdate(NameserverError, ServerBusyError):
+class ConcurrentUpdate(ClusterError, ServerBusyError):
     """Another writer kept changing the same key; the compare-and-swap gave up."""
 
 
-class ControllerFenced(NameserverError):
+class ControllerFenced(ClusterError):
     """A controller's write was refused because its election key is gone or re-created: a
     newer controller may be acting, so this one must stop."""

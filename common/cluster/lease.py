@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from gms.nameserver.errors import NameserverError
-from gms.nameserver.etcd_client import EtcdClient
+from gms.cluster.errors import ClusterError
+from gms.cluster.etcd_client import EtcdClient
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class LeaseKeeper:
                 self._lease_id = 0
                 self._check_lost()
                 self._grant()
-            except NameserverError as err:
+            except ClusterError as err:
                 log.warning("%s: keep-alive failed: %s", self._name, err)
                 self._check_lost()
                 interval_s = RETRY_AFTER_ERROR_S
@@ -108,5 +108,5 @@ class LeaseKeeper:
         if revoke and lease_id:
             try:
                 self._client.revoke_lease(lease_id)
-            except NameserverError as err:
+            except ClusterError as err:
                 log.warning("%s: could not revoke lease %x: %s", self._name, lease_id, err)

@@ -22,7 +22,7 @@ from pyetcd import utils as etcd_utils
 from pyetcd.watch import WatchResponse
 
 from gms.address import split_address
-from gms.nameserver.errors import EtcdCompacted, EtcdError, EtcdUnavailable
+from gms.cluster.errors import EtcdCompacted, EtcdError, EtcdUnavailable
 
 REQUEST_TIMEOUT_S = 5.0
 # pyetcd's default parks a failed endpoint for 300 s, which would outlast any etcd restart.
