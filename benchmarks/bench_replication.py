@@ -27,9 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_procs import start_server
-
 import numpy as np
+from bench_procs import start_server
 
 from gms.errors import GmsError
 from gms.net import Connection, run

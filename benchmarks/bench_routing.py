@@ -29,13 +29,12 @@ from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
 from gms.cluster.model import BrokerInfo
-
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_e2e import _produce, _run, _start_broker  # noqa: E402  (the same producer, measured twice)
-from bench_procs import start_server  # noqa: E402
+from bench_e2e import _produce, _run, _start_broker
+from bench_procs import start_server
 
 TOPIC = "bench-routes"
 QUEUES = 8

@@ -23,7 +23,7 @@ from gms.broker.store_config import StoreConfig
 from gms.record import Message, encode_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from processes import BrokerProcess  # noqa: E402
+from processes import BrokerProcess
 
 TOPIC = "bench"
 QUEUES = 64

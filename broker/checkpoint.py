@@ -10,8 +10,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gms.store_errors import StoreCorrupt
 from gms.broker.atomic_file import write_atomically
+from gms.store_errors import StoreCorrupt
 
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"

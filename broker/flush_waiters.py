@@ -12,7 +12,6 @@ import asyncio
 from collections import deque
 
 from gms.broker.store import MessageStore
-
 from gms.errors import FlushTimeoutError
 from gms.store_errors import StoreError
 

@@ -15,7 +15,6 @@ from gms.broker.groups import GroupCoordinator
 from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.long_poll import PullWaiters
 from gms.broker.store import AppendResult, GetStatus, MessageStore
-
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,

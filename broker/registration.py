@@ -23,7 +23,6 @@ from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
 from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
-
 from gms.errors import GmsError, ServiceUnavailableError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode

@@ -25,7 +25,6 @@ from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
 from gms.cluster.model import BrokerInfo
-
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several times faster
+
 from gms.broker.checkpoint import (
     AbortMarker,
     Checkpoint,
@@ -44,7 +45,6 @@ from gms.broker.store_config import StoreConfig
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
 from gms.broker.truncation_log import TruncationLog
-
 from gms.record import OFF_STORE_TS, RecordCheck, check_record
 from gms.store_errors import (
     CorruptRecord,

@@ -6,9 +6,9 @@ import json
 import threading
 from pathlib import Path
 
+from gms.broker.atomic_file import write_atomically
 from gms.naming import validate_topic_name
 from gms.store_errors import InvalidQueueCount, StoreCorrupt, TopicExists, UnknownTopic
-from gms.broker.atomic_file import write_atomically
 
 QUEUE_COUNT_MAX = 1024  # per topic; each queue is a directory of index files
 TOPICS_FILE = "topics.json"

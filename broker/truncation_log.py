@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from gms.broker.atomic_file import write_atomically
 
 QueueKey = tuple[str, int]

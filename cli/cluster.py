@@ -7,13 +7,12 @@ from typing import Any
 
 import click
 
-from gms.client import Admin
-from gms.errors import TopicNotFoundError
-from gms.msgid import decode_msg_id
-
 from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
+from gms.client import Admin
+from gms.errors import TopicNotFoundError
+from gms.msgid import decode_msg_id
 
 NO_COMMIT = -1
 

@@ -12,12 +12,11 @@ from typing import Any
 import click
 
 from gms import __version__
-from gms.errors import GmsError, ServiceUnavailableError
-from gms.client.routing import NameserversUnavailableError
-
 from gms.cli.cluster import cluster, group, msg
 from gms.cli.messages import produce, tail
 from gms.cli.topic import topic
+from gms.client.routing import NameserversUnavailableError
+from gms.errors import GmsError, ServiceUnavailableError
 
 EXIT_INTERRUPTED = 130
 # `gms spark` comes from the Spark jobs package when it is there; imported only when used,

@@ -17,10 +17,9 @@ from typing import IO, Any
 import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from gms.client import Consumer, Producer, SendResult
-
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
+from gms.client import Consumer, Producer, SendResult
 
 # How many results `gms produce` lists one by one before it only prints a summary.
 RESULTS_LISTED_MAX = 10

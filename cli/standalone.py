@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent
 from gms.cluster.errors import EmbeddedEtcdError
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent
 
 DEFAULT_DATA_DIR = Path("gms-data")
 DEFAULT_NAMESERVER_PORT = 9876

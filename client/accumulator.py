@@ -21,7 +21,7 @@ SendFn = Callable[[QueueRoute, bytearray], "asyncio.Future[Sequence[SendResult]]
 
 
 class _OpenBatch:
-    __slots__ = ("records", "futures")
+    __slots__ = ("futures", "records")
 
     def __init__(self, queue_id: int) -> None:
         self.records = BatchBuilder(queue_id)
@@ -85,7 +85,7 @@ class Accumulator:
     async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
         try:
             results = await self._send(route, batch.records.seal())
-        except BaseException as err:  # noqa: BLE001 - every caller's future gets the cause
+        except BaseException as err:
             for future in batch.futures:
                 future.set_exception(err)
             if not isinstance(err, Exception):

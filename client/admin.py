@@ -12,14 +12,13 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gms.errors import GroupNotFoundError
-from gms.msgid import decode_msg_id
-from gms.protocol.codes import RequestCode
-
 from gms.client.connections import msg_id_prefix
 from gms.client.routing import NameserverRoutes
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
+from gms.errors import GroupNotFoundError
+from gms.msgid import decode_msg_id
+from gms.protocol.codes import RequestCode
 
 DEFAULT_QUEUE_COUNT = 8
 

@@ -14,15 +14,14 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
-from gms.errors import BadTagExpressionError
-from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
-
 from gms.client.encoder import RecordEncoder
 from gms.client.fetcher import FetchBuffer, Fetcher, QueueState
 from gms.client.rebalance import Membership, StartFrom
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage, ReceivedMessages
+from gms.errors import BadTagExpressionError
+from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
 MODES = ("clustering", "broadcasting")
 LONG_POLL_MS = 5000

@@ -137,7 +137,7 @@ class RecordEncoder:
 class BatchBuilder:
     """Records being collected for one send request to one queue."""
 
-    __slots__ = ("parts", "count", "size_bytes", "queue_id", "born_ts_ms", "shapes")
+    __slots__ = ("born_ts_ms", "count", "parts", "queue_id", "shapes", "size_bytes")
 
     def __init__(self, queue_id: int) -> None:
         self.parts: list[bytes | bytearray | memoryview] = []

@@ -20,6 +20,10 @@ from typing import Any
 import numpy as np
 from isal.isal_zlib import crc32
 
+from gms.client.connections import msg_id_prefix
+from gms.client.routing import QueueRoute
+from gms.client.runtime import ClientRuntime
+from gms.client.structs import ReceivedMessages
 from gms.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -41,11 +45,6 @@ from gms.record import (
 from gms.store_errors import CorruptRecord
 from gms.tags import TagFilter
 
-from gms.client.connections import msg_id_prefix
-from gms.client.routing import QueueRoute
-from gms.client.runtime import ClientRuntime
-from gms.client.structs import ReceivedMessages
-
 log = logging.getLogger(__name__)
 
 PREFETCH_CHUNKS = 4
@@ -64,7 +63,7 @@ class QueueState:
     """One queue this consumer reads. ``position`` (next offset to hand out) is written only
     by the polling thread; ``revoked`` is set by the loop when the queue is taken away."""
 
-    __slots__ = ("route", "position", "committed", "revoked", "permits", "task")
+    __slots__ = ("committed", "permits", "position", "revoked", "route", "task")
 
     def __init__(self, route: QueueRoute, position: int, committed: int) -> None:
         self.route = route
@@ -76,7 +75,7 @@ class QueueState:
 
 
 class Chunk:
-    __slots__ = ("state", "messages", "next_offset", "holds_permit")
+    __slots__ = ("holds_permit", "messages", "next_offset", "state")
 
     def __init__(self, state: QueueState, messages: ReceivedMessages, next_offset: int,
                  holds_permit: bool) -> None:

@@ -18,16 +18,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import xxhash
 
-from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
-from gms.protocol.codes import RequestCode
-from gms.record import OFF_QUEUE_ID
-
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendResult, SendResults
+from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
+from gms.protocol.codes import RequestCode
+from gms.record import OFF_QUEUE_ID
 
 log = logging.getLogger(__name__)
 

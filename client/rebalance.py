@@ -15,11 +15,10 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from gms.protocol.codes import RequestCode
-
 from gms.client.fetcher import Fetcher, QueueState
 from gms.client.routing import QueueRoute
 from gms.client.runtime import ClientRuntime
+from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from gms.client.connections import ConnectionPool, parse_address
 from gms.errors import (
     ConnectionClosedError,
     GmsError,
@@ -23,8 +24,6 @@ from gms.errors import (
 )
 from gms.protocol.codes import RequestCode
 from gms.protocol.frame import Frame
-
-from gms.client.connections import ConnectionPool, parse_address
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from gms.net import LoopThread
-
 from gms.client.connections import ConnectionPool
 from gms.client.routing import NameserverRoutes, RouteProvider, StaticRoutes
+from gms.net import LoopThread
 
 T = TypeVar("T")
 

@@ -75,7 +75,7 @@ class SendResults(_ListLike, Sequence[SendResult]):
     and builds the one asked for. Compares equal to, and concatenates with, lists.
     """
 
-    __slots__ = ("_topic", "_broker", "_prefix", "_queue_ids", "_queue_offsets", "_phys_offsets")
+    __slots__ = ("_broker", "_phys_offsets", "_prefix", "_queue_ids", "_queue_offsets", "_topic")
 
     def __init__(self, topic: str, broker: str, msg_id_prefix: str, queue_ids: np.ndarray,
                  queue_offsets: np.ndarray, phys_offsets: np.ndarray) -> None:
@@ -136,7 +136,7 @@ class SendResults(_ListLike, Sequence[SendResult]):
 class ReceivedMessage:
     """One consumed message: a read-only view of a stored record in a fetched buffer."""
 
-    __slots__ = ("_buf", "_pos", "_msg_id_prefix")
+    __slots__ = ("_buf", "_msg_id_prefix", "_pos")
 
     def __init__(self, buf: memoryview, pos: int, msg_id_prefix: str) -> None:
         self._buf = buf
@@ -228,7 +228,7 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
     splitting and joining never touch a message. Compares equal to, and concatenates with, lists.
     """
 
-    __slots__ = ("_parts", "_ends")
+    __slots__ = ("_ends", "_parts")
 
     def __init__(self, parts: Sequence[tuple[memoryview, np.ndarray, str]] = ()) -> None:
         self._parts = [part for part in parts if len(part[1])]

@@ -43,8 +43,8 @@ from typing import NamedTuple
 
 import numpy as np
 import xxhash
-from numpy.lib.stride_tricks import as_strided
 from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
+from numpy.lib.stride_tricks import as_strided
 
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import CorruptRecord, InvalidRecord

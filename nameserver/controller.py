@@ -21,14 +21,14 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gms.errors import TopicNotFoundError
 from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
-from gms.nameserver.election import DEFAULT_ELECTION_TTL_S, Election
-from gms.cluster.errors import ControllerFenced, ClusterError
+from gms.cluster.errors import ClusterError, ControllerFenced
 from gms.cluster.etcd_client import EtcdClient
-from gms.nameserver.failover import reassign_leaders
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata
 from gms.cluster.model import TopicMetadata
+from gms.errors import TopicNotFoundError
+from gms.nameserver.election import DEFAULT_ELECTION_TTL_S, Election
+from gms.nameserver.failover import reassign_leaders
 
 log = logging.getLogger(__name__)
 

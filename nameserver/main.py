@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.cluster.errors import EmbeddedEtcdError, EtcdUnavailable
 from gms.cluster.etcd_client import parse_endpoints
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
 from gms.net.serve import serve_until_signalled

@@ -21,15 +21,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gms.address import advertised_address, split_address
-from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
-from gms.net import RpcServer
 from gms.cluster.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
-from gms.nameserver.controller import Controller
-from gms.cluster.errors import EtcdUnavailable, ClusterError
+from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.lease import LeaseKeeper
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
 from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
+from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
+from gms.nameserver.controller import Controller
+from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response

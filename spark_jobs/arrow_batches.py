@@ -13,13 +13,20 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 import pyarrow as pa
 import pyarrow.compute as pc
 from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
+from numpy.lib.stride_tricks import as_strided
 
-from gms.record import (HEADER_SIZE, KEY_SEPARATOR, OFF_CRC_START, PROP_NAME_VALUE_SEPARATOR,
-                        PROP_SEPARATOR, header_errors, read_headers)
+from gms.record import (
+    HEADER_SIZE,
+    KEY_SEPARATOR,
+    OFF_CRC_START,
+    PROP_NAME_VALUE_SEPARATOR,
+    PROP_SEPARATOR,
+    header_errors,
+    read_headers,
+)
 
 MS_TO_US = 1000
 PADDED_GATHER_WASTE_MAX = 4  # gather padded rows while they hold at most 4x the field bytes

@@ -28,7 +28,7 @@ PULL_RECORDS_MAX = 4096  # the broker's PULL_MSGS_MAX
 PULL_BYTES_MAX = 16 << 20  # the broker's PULL_BYTES_MAX
 _SIZE = struct.Struct(">i")
 _ENVELOPE = struct.Struct(">qq")  # queue_offset, phys_offset: adjacent in the record envelope
-assert OFF_PHYS_OFFSET == OFF_QUEUE_OFFSET + _ENVELOPE.size // 2
+assert OFF_QUEUE_OFFSET + _ENVELOPE.size // 2 == OFF_PHYS_OFFSET
 
 
 def open_runtime(options: ReadOptions) -> ClientRuntime:

@@ -6,11 +6,10 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-
-from gms.tags import TagFilter, parse_tag_expression
+from datetime import UTC, datetime
 
 from gms.spark_jobs.schema import COLUMN_NAMES, select_columns
+from gms.tags import TagFilter, parse_tag_expression
 
 RECORDS_PER_PARTITION_DEFAULT = 2_000_000  # a larger queue is split into offset ranges
 BATCH_RECORDS_DEFAULT = 65_536  # rows per Arrow batch handed to Spark
@@ -64,7 +63,7 @@ def _time_ms(name: str, value: str | None) -> int | None:
     except ValueError as err:
         raise OptionError(f"{name}={value!r} is neither epoch milliseconds nor an ISO-8601 time") from err
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return int(parsed.timestamp() * 1000)
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from gms.broker.mapped_file import MappedFile, list_files
 
+from gms.broker.mapped_file import MappedFile, list_files
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
 from gms.store_errors import MessageNotFound
 

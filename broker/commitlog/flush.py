@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from gms.broker.store_config import PAGE_SIZE_BYTES, StoreConfig
-
 from gms.store_errors import StoreClosed, StoreError
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from gms.broker.commitlog.batch import ParsedRecords, parse_records
 from gms.broker.commitlog.commitlog import CommitLog
-
 from gms.record import RecordCheck, check_record, header_errors, scan_records
 
 log = logging.getLogger(__name__)

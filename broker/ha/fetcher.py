@@ -16,9 +16,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
-
 from gms.errors import GmsError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status

@@ -42,7 +42,6 @@ from isal.isal_zlib import crc32  # zlib's CRC-32 values, several times faster
 from gms.broker.ha.fetcher import SIZES_DTYPE
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
-
 from gms.errors import BadRequestError
 from gms.protocol.codes import Status
 from gms.protocol.fields import field

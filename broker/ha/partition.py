@@ -13,7 +13,6 @@ import enum
 from dataclasses import dataclass, field
 
 from gms.broker.ha.epochs import EpochHistory
-
 from gms.errors import GmsError
 
 QueueKey = tuple[str, int]

@@ -22,7 +22,6 @@ from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, QueueAssignment
 from gms.broker.store import MessageStore
-
 from gms.errors import (
     GmsError,
     NotEnoughReplicasError,

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gms.errors import TopicNotFoundError
-from gms.cluster.errors import EtcdUnavailable, ClusterError
+from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, KeyValue, WatchBatch
 from gms.cluster.metadata import DEFAULT_PREFIX, Keys
 from gms.cluster.model import BrokerInfo, TopicMetadata
+from gms.errors import TopicNotFoundError
 
 log = logging.getLogger(__name__)
 

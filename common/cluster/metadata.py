@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
 from gms.cluster.errors import ConcurrentUpdate, ControllerFenced
 from gms.cluster.etcd_client import (
     Compare,
@@ -36,6 +35,7 @@ from gms.cluster.model import (
     new_topic,
     validate_name,
 )
+from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
 
 DEFAULT_PREFIX = "/gms/"
 DEFAULT_BROKER_TTL_S = 10

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gms.address import split_address
-from gms.errors import BadRequestError, GmsError, InvalidTopicError
 from gms.cluster.errors import ClusterError, NotEnoughBrokers
+from gms.errors import BadRequestError, GmsError, InvalidTopicError
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import InvalidTopicName
 

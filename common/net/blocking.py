@@ -22,10 +22,10 @@ from gms.errors import (
     ServiceUnavailableError,
     error_for_status,
 )
-from gms.protocol.decoder import Event, FrameDecoder
-from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
 from gms.net.client import CONNECT_TIMEOUT_MS, REQUEST_ID_LIMIT
 from gms.net.server import CONNECTION_ERROR_ID
+from gms.protocol.decoder import Event, FrameDecoder
+from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
 
 # One read: a send acknowledgement is a few hundred bytes, a batch's a few KiB per 1,000.
 _RECV_SIZE_BYTES = 256 * 1024

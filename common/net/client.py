@@ -21,10 +21,10 @@ from gms.errors import (
     ServiceUnavailableError,
     error_for_status,
 )
+from gms.net.server import CONNECTION_ERROR_ID
 from gms.protocol.codes import Flag
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
-from gms.net.server import CONNECTION_ERROR_ID
 
 log = logging.getLogger(__name__)
 

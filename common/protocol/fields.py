@@ -24,7 +24,7 @@ def field(fields: Mapping[str, Any], name: str, kind: type[T], default: Any = _M
         if default is _MISSING:
             raise BadRequestError(f"request field {name!r} is required")
         return default
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
         raise BadRequestError(
             f"request field {name!r} must be {kind.__name__}, not {type(value).__name__}"
         )

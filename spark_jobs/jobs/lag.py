@@ -16,8 +16,8 @@ import click
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gms.spark_jobs.jobs.common import master_option, offsets_json, spark_session
 from gms.spark_jobs.datasource import SOURCE_NAME
+from gms.spark_jobs.jobs.common import master_option, offsets_json, spark_session
 from gms.spark_jobs.store_files import queue_index, read_consumer_offsets, read_topics, store_root
 
 LAG_SCHEMA = ("group string, topic string, queue_id int, committed_offset bigint, max_offset bigint, "

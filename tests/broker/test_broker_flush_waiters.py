@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
+
 from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
-
 from gms.errors import FlushTimeoutError
 from gms.record import encode_record
 from gms.store_errors import StoreClosed

@@ -10,14 +10,13 @@ import uuid
 from collections import Counter
 
 import pytest
+from client_helpers import consume
 from gms_cluster import LocalCluster
 
 from gms.client import Admin, Consumer, NameserverRoutes, Producer
 from gms.client.connections import ConnectionPool
 from gms.errors import TopicNotFoundError
 from gms.net import LoopThread
-
-from client_helpers import consume
 
 BROKERS = 3
 QUEUES = 6
@@ -51,7 +50,7 @@ def test_sends_spread_over_every_broker_and_consumers_read_them_all(cluster, top
     with Producer(nameserver=cluster.nameserver) as producer:
         results = [producer.send(topic, b"m%d" % i) for i in range(60)]
         keyed = {producer.send(topic, b"k", key="same-key").queue_id for _ in range(5)}
-    assert Counter(r.queue_id for r in results) == {q: 10 for q in range(QUEUES)}
+    assert Counter(r.queue_id for r in results) == dict.fromkeys(range(QUEUES), 10)
     assert {r.broker for r in results} == {b.address for b in cluster.brokers}
     assert len(keyed) == 1
     with Consumer(nameserver=cluster.nameserver, group="g", subscription={topic: "*"},

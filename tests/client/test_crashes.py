@@ -8,10 +8,10 @@ import threading
 import time
 import uuid
 
+from client_helpers import consume
+
 from gms.client import Admin, Consumer, Producer
 from gms.errors import GmsError
-
-from client_helpers import consume
 
 _CHILD = """
 import sys

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from client_helpers import consume
 
 from gms.client import Consumer, Producer
 from gms.client.connections import parse_address
@@ -16,8 +17,6 @@ from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import OFF_TAG_HASH, encode_record, seal_crc, tag_hash
 from gms.tags import parse_tag_expression
-
-from client_helpers import consume
 
 
 def _send_raw(address: str, raw: bytes) -> None:

@@ -6,9 +6,9 @@ import threading
 import time
 import uuid
 
-from gms.client import Admin, Consumer, Producer
-
 from client_helpers import QUEUES, consume
+
+from gms.client import Admin, Consumer, Producer
 
 TOTAL = 3000
 

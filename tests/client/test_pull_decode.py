@@ -6,12 +6,11 @@ import struct
 
 import pytest
 
+from gms.client.fetcher import UNIFORM_RUN_RECORDS_MIN, decode_pull_body
+from gms.client.structs import ReceivedMessages
 from gms.record import OFF_QUEUE_OFFSET, Message, encode_batch, encode_record
 from gms.store_errors import CorruptRecord
 from gms.tags import MATCH_ALL, parse_tag_expression
-
-from gms.client.fetcher import UNIFORM_RUN_RECORDS_MIN, decode_pull_body
-from gms.client.structs import ReceivedMessages
 
 
 def _stored(records: bytes) -> bytearray:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+from client_helpers import QUEUES, consume
+
 from gms.client import Consumer, Producer, ProducerRecord
 from gms.msgid import decode_msg_id
-
-from client_helpers import QUEUES, consume
 
 
 def test_every_field_round_trips(broker, admin, topic):

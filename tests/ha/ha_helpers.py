@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
+from processes import TEST_CQ_FILE_ENTRIES, BrokerProcess
+
 from gms.broker.server import broker_id_for
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
 from gms.cluster.model import TopicMetadata
-from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
-from processes import TEST_CQ_FILE_ENTRIES, BrokerProcess
-
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import decode_record

@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
-from gms.client import Producer
 from ha_helpers import LAG_MAX_MS, LEASE_TTL_S, HaCluster, read_store, request, wait_for
 
+from gms.client import Producer
 from gms.errors import GmsError, NotEnoughReplicasError, NotLeaderError
 from gms.protocol.codes import RequestCode, Status
 from gms.record import Message, encode_batch, iter_records

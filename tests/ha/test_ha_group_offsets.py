@@ -3,10 +3,10 @@ resumes where it committed on the new leader after a SIGKILLed one, not from ``s
 
 from __future__ import annotations
 
-from gms.client import Consumer, Producer
 from ha_helpers import request, wait_for
 from test_ha_failover import leader_of, wait_new_leader
 
+from gms.client import Consumer, Producer
 from gms.protocol.codes import RequestCode
 
 MESSAGES = 300

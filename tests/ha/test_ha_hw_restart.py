@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
-from gms.client import Producer
 from ha_helpers import HaCluster, request, wait_for
 from test_ha_failover import leader_of, pull_all
 
+from gms.client import Producer
 from gms.protocol.codes import RequestCode
 
 # A lease long enough for the killed leader to come back before the controller moves the queue,

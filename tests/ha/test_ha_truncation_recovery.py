@@ -9,9 +9,9 @@ import textwrap
 import zlib
 
 import pytest
+
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
-
 from gms.record import Message, decode_record, encode_batch
 from gms.store_errors import CorruptRecord, StoreError
 

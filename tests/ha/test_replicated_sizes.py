@@ -8,9 +8,9 @@ import zlib
 
 import numpy as np
 import pytest
+
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
-
 from gms.record import Message, decode_record, encode_batch
 from gms.store_errors import CorruptRecord
 

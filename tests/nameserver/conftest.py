@@ -5,10 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
-
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 from processes import wait_until
 
 from gms.cluster.cluster_view import ChangeKind, ClusterView, QueueRoute, ViewChange
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.errors import TopicNotFoundError
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
 from gms.cluster.model import BrokerInfo
+from gms.errors import TopicNotFoundError
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 
 SHORT_TTL_S = 2
 # A watch delivers within a few ms on loopback; a poller with any sane interval would not.

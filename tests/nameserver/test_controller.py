@@ -12,15 +12,15 @@ import pytest
 from processes import wait_until
 from test_server_helpers import RunningNameServer
 
-from gms.errors import BadRequestError
 from gms.cluster.cluster_view import ClusterView
-from gms.nameserver.controller import Controller
-from gms.nameserver.election import Election
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.cluster.errors import ControllerFenced
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import BrokerRegistration, ClusterMetadata
 from gms.cluster.model import BrokerInfo, QueueState, TopicSettings
+from gms.errors import BadRequestError
+from gms.nameserver.controller import Controller
+from gms.nameserver.election import Election
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.protocol.codes import RequestCode as C
 
 TTL_S = 2  # broker and controller leases

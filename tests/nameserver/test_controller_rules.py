@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from gms.cluster.model import QueueState, TopicMetadata, TopicSettings, new_topic
 from gms.errors import InvalidTopicError
 from gms.nameserver.failover import next_queue_state, reassign_leaders
-from gms.cluster.model import QueueState, TopicMetadata, TopicSettings, new_topic
 
 Q = QueueState(0, ("a", "b", "c"), "a", ("a", "b", "c"), leader_epoch=4, controller_epoch=7)
 

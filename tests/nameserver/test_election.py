@@ -4,8 +4,8 @@ import threading
 
 from processes import wait_until
 
-from gms.nameserver.election import Election
 from gms.cluster.etcd_client import EtcdClient
+from gms.nameserver.election import Election
 
 TTL_S = 2
 

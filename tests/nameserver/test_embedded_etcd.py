@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.cluster.errors import EmbeddedEtcdError
 from gms.cluster.etcd_client import EtcdClient
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 
 
 def alive(pid: int) -> bool:

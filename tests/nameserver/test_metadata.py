@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
 from gms.cluster.errors import NotEnoughBrokers
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
 from gms.cluster.model import BrokerInfo, TopicSettings
+from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
 
 SHORT_TTL_S = 2
 

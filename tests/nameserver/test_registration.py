@@ -14,9 +14,9 @@ from processes import wait_until
 from test_server_helpers import RunningNameServer
 
 from gms.broker.registration import Assignments, BrokerRegistration, TopicAssignment
+from gms.cluster.model import BrokerInfo, TopicSettings
 from gms.errors import ServiceUnavailableError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, free_port
-from gms.cluster.model import BrokerInfo, TopicSettings
 from gms.protocol.codes import RequestCode as C
 
 SHORT_TTL_S = 2

@@ -10,6 +10,9 @@ import pytest
 from processes import wait_until
 from test_server_helpers import RunningNameServer
 
+from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.metadata import ClusterMetadata, Keys
+from gms.cluster.model import BrokerInfo
 from gms.errors import (
     BadRequestError,
     InvalidTopicError,
@@ -18,9 +21,6 @@ from gms.errors import (
     TopicNotFoundError,
 )
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
-from gms.cluster.etcd_client import EtcdClient
-from gms.cluster.metadata import ClusterMetadata, Keys
-from gms.cluster.model import BrokerInfo
 from gms.protocol.codes import RequestCode as C
 
 BROKERS = {"b0": "10.0.0.1:10911", "b1": "10.0.0.2:10911", "b2": "10.0.0.3:10911"}
@@ -52,7 +52,7 @@ def test_create_spreads_queues_and_route_is_served_at_once(ns, brokers, client, 
     assert route["topic"] == "orders"
     assert [q["queue_id"] for q in route["queues"]] == list(range(6))
     leaders = Counter(q["leader"] for q in route["queues"])
-    assert leaders == {a: 2 for a in BROKERS.values()}
+    assert leaders == dict.fromkeys(BROKERS.values(), 2)
     for q in route["queues"]:
         assert len(q["replicas"]) == 2 and q["replicas"][0] == q["leader"]
         assert q["leader_epoch"] == 0

@@ -9,11 +9,11 @@ import signal
 from processes import wait_until
 from test_server_helpers import RunningNameServer
 
-from gms.errors import ServiceUnavailableError
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata
 from gms.cluster.model import BrokerInfo
+from gms.errors import ServiceUnavailableError
+from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.protocol.codes import RequestCode as C
 
 BROKER_TTL_S = 5  # longer than the outage: the lease survives in etcd's persisted state

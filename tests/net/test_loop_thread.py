@@ -52,9 +52,8 @@ def test_errors_from_the_coroutine_propagate_unchanged() -> None:
     async def fails() -> None:
         raise TimeoutError("from inside")
 
-    with LoopThread() as io:
-        with pytest.raises(TimeoutError, match="from inside"):
-            io.run(fails(), timeout_ms=1000)
+    with LoopThread() as io, pytest.raises(TimeoutError, match="from inside"):
+        io.run(fails(), timeout_ms=1000)
 
 
 def test_run_from_the_loop_thread_is_refused() -> None:
@@ -64,9 +63,8 @@ def test_run_from_the_loop_thread_is_refused() -> None:
 
         io.run(inner())
 
-    with LoopThread() as io:
-        with pytest.raises(RuntimeError, match="deadlock"):
-            io.run(nested(io), timeout_ms=1000)
+    with LoopThread() as io, pytest.raises(RuntimeError, match="deadlock"):
+        io.run(nested(io), timeout_ms=1000)
 
 
 def test_stop_cancels_pending_work_and_joins() -> None:

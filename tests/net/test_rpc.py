@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 import msgpack
 import pytest
 from net_helpers import Runner, read_frames_until_eof, serving

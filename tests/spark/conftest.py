@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from spark_store_helpers import write_store  # noqa: E402  (tests/spark is on sys.path)
+from spark_store_helpers import write_store
 
 
 @pytest.fixture(scope="session")

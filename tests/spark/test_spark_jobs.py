@@ -6,10 +6,10 @@ import json
 import shutil
 
 from click.testing import CliRunner
+from spark_store_helpers import ORDERS, broker_on_copy
 
 from gms.client import Admin
 from gms.spark_jobs.cli import spark as spark_group
-from spark_store_helpers import ORDERS, broker_on_copy
 
 
 def run(args: list[str]) -> str:

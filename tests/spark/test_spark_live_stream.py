@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shutil
 
+from spark_store_helpers import MANY_QUEUES, ORDERS, broker_on_copy, store_config
+
 from gms.broker.store import MessageStore
 from gms.msgid import decode_msg_id
 from gms.record import Message, encode_batch
-from spark_store_helpers import MANY_QUEUES, ORDERS, broker_on_copy, store_config
 
 
 def test_live_broker_read_and_store_read_while_running(spark, store, tmp_path, broker_factory):

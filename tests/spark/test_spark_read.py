@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 from pyspark.sql import functions as F
+from spark_store_helpers import MANY_QUEUES, ORDERS
 
 from gms.msgid import decode_msg_id
-from spark_store_helpers import MANY_QUEUES, ORDERS
 
 BROKER_ADDRESS = "10.9.8.7:10911"
 

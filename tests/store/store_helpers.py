@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from gms.broker.store_config import StoreConfig
 from gms.record import Message, encode_batch
 

@@ -3,11 +3,11 @@ import time
 
 import numpy as np
 import pytest
-from gms.broker.store import GetStatus, MessageStore
-from gms.broker.store_config import StoreConfig
 from store_helpers import batch, small_config
 
 from gms import record as rec
+from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store_config import StoreConfig
 
 
 def bodies(result):

@@ -3,11 +3,11 @@
 import struct
 
 import pytest
-from gms.broker.commitlog.batch import VECTORISE_RECORDS_MIN
-from gms.broker.store import MessageStore
 from store_helpers import batch, small_config
 
 from gms import record as rec
+from gms.broker.commitlog.batch import VECTORISE_RECORDS_MIN
+from gms.broker.store import MessageStore
 from gms.store_errors import (
     BodyTooLarge,
     CorruptRecord,

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from store_helpers import batch, small_config
+
 from gms import record as rec
 from gms.broker.checkpoint import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store import GetStatus, MessageStore

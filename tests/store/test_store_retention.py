@@ -2,6 +2,7 @@ import os
 import time
 
 from store_helpers import batch, small_config
+
 from gms.broker.store import GetStatus, MessageStore
 
 HOUR_MS = 3_600_000
