@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from gms import __version__
-from gms.cli.cluster import cluster, group, msg
+from gms.cli.cluster import cluster, msg
+from gms.cli.group import group
 from gms.cli.messages import produce, tail
 from gms.cli.topic import topic
 from gms.client.routing import NameserversUnavailableError
