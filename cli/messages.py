@@ -4,7 +4,6 @@ as text lines or JSON lines."""
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
 from gms.client import Consumer, Producer, SendResult
+from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
 RESULTS_LISTED_MAX = 10
@@ -45,7 +45,9 @@ def _parse_property(ctx: click.Context, param: click.Parameter, values: tuple[st
 @click.option("--file", "-f", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Send each line of this file as one message.")
 @click.option("--tag", "-t", help="Tag of every message (consumers filter on it).")
-@click.option("--key", "-k", help="Message key: indexed, and messages with the same key go to the same queue (in order).")
+@click.option("--key", "-k",
+              help="Message key, stored with each message; messages with the same key go to the same queue (in order). "
+                   "Not indexed: `gms msg show` finds messages by id.")
 @click.option("--property", "-p", "properties", multiple=True, callback=_parse_property, metavar="K=V",
               help="A message property (repeatable).")
 @nameserver_option
@@ -91,8 +93,8 @@ def _file_lines(stream: IO[bytes], size_bytes: int) -> Iterator[bytes]:
 
 
 def _lines(stream: IO[bytes]) -> Iterator[bytes]:
-    for line in stream:
-        line = line.rstrip(b"\r\n")
+    for raw in stream:
+        line = raw.rstrip(b"\r\n")
         if line:
             yield line
 
@@ -123,19 +125,17 @@ def _report(topic: str, futures: list[concurrent.futures.Future[SendResult]], as
 
 
 class StartFrom(click.ParamType):
-    """``first``, ``last``, a timestamp in ms, or an ISO date/time (local time if no zone)."""
+    """``first``, ``last``, or a time as :func:`gms.times.parse_time_ms` reads it (no zone = UTC)."""
 
     name = "first|last|TIME"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
         if isinstance(value, int) or value in ("first", "last"):
             return value
-        if str(value).isdigit():
-            return int(value)
         try:
-            return int(datetime.datetime.fromisoformat(value).timestamp() * 1000)
-        except ValueError:
-            self.fail(f"{value!r} is not first, last, a timestamp in ms or an ISO date/time", param, ctx)
+            return parse_time_ms(value)
+        except ValueError as err:
+            self.fail(f"not first or last, and {err}", param, ctx)
 
 
 @click.command()
@@ -143,9 +143,11 @@ class StartFrom(click.ParamType):
 @click.option("--tag", "tag_expression", default="*", show_default=True, metavar="EXPR",
               help="Tag expression, e.g. 'created || paid'.")
 @click.option("--from", "start_from", type=StartFrom(),
-              help="Where to start: first, last, or a time (ms or ISO). Default: first, or last with --follow.")
+              help="Where to start: first, last, or a time: epoch ms or ISO 8601 (no zone = UTC; Z and +hh:mm "
+                   "accepted). Default: first, or last with --follow.")
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages (Ctrl-C stops).")
-@click.option("--group", "-g", help="Read as this consumer group (shares queues with its other members, commits offsets).")
+@click.option("--group", "-g",
+              help="Read as this consumer group (shares queues with its other members, commits offsets).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: one line per message; json: one JSON object per line.")
 @click.option("--count", "-c", type=click.IntRange(min=1), help="Stop after this many messages.")

@@ -6,10 +6,10 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from gms.spark_jobs.schema import COLUMN_NAMES, select_columns
 from gms.tags import TagFilter, parse_tag_expression
+from gms.times import parse_time_ms
 
 RECORDS_PER_PARTITION_DEFAULT = 2_000_000  # a larger queue is split into offset ranges
 BATCH_RECORDS_DEFAULT = 65_536  # rows per Arrow batch handed to Spark
@@ -53,18 +53,13 @@ class ReadOptions:
 
 
 def _time_ms(name: str, value: str | None) -> int | None:
-    """Epoch milliseconds or an ISO-8601 time (UTC unless it names a zone)."""
+    """The one rule of :func:`gms.times.parse_time_ms`, which the CLI's ``--from`` uses too."""
     if value is None or value == "":
         return None
-    if value.lstrip("-").isdigit():
-        return int(value)
     try:
-        parsed = datetime.fromisoformat(value)
+        return parse_time_ms(value)
     except ValueError as err:
-        raise OptionError(f"{name}={value!r} is neither epoch milliseconds nor an ISO-8601 time") from err
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
+        raise OptionError(f"{name}: {err}") from err
 
 
 def parse_offsets(name: str, value: str | None, default: int) -> OffsetSpec | int:
