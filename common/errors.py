@@ -177,6 +177,13 @@ class GroupNotFoundError(GmsError):
     status = Status.GROUP_NOT_FOUND
 
 
+class GroupNotEmptyError(GmsError):
+    """The consumer group has live members, so its offsets are not changed or deleted (they
+    would commit over the change); stop them first, or force."""
+
+    status = Status.GROUP_NOT_EMPTY
+
+
 # --- replication and durability ---------------------------------------------------------------
 
 
@@ -228,6 +235,7 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         OffsetIllegalError,
         MessageNotFoundError,
         GroupNotFoundError,
+        GroupNotEmptyError,
         NotLeaderError,
         NotEnoughReplicasError,
         FlushTimeoutError,

@@ -39,6 +39,8 @@ class RequestCode(IntEnum):
     TOPIC_LIST = 53
     TOPIC_STATS = 54
     BROKER_STATUS = 55
+    RESET_OFFSETS = 56
+    DELETE_GROUP = 57
 
     # 100-119: nameserver.
     REGISTER_BROKER = 100
@@ -83,6 +85,7 @@ class Status(IntEnum):
 
     # 60-79: consumer groups.
     GROUP_NOT_FOUND = 60
+    GROUP_NOT_EMPTY = 61
 
     # 80-99: replication and durability.
     NOT_LEADER = 80
