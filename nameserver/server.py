@@ -17,7 +17,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from gms.address import advertised_address, split_address
@@ -67,6 +68,10 @@ def route_fields(route: TopicRoute) -> dict[str, Any]:
             for q in route.queues
         ],
     }
+
+
+def settings_fields(topic: TopicMetadata) -> dict[str, Any]:
+    return {"replication_factor": topic.replication_factor, "settings": asdict(topic.settings)}
 
 
 def broker_fields(info: BrokerInfo) -> dict[str, Any]:
@@ -203,12 +208,16 @@ class NameServer:
 
     # -- reads from the cache --------------------------------------------------------------
     async def _get_route(self, request: Frame) -> Response:
+        """A topic's route; with ``"settings": true`` (``gms topic describe``) also its
+        replication factor and settings, so clients' route refreshes stay as small as before."""
         topic = field(request.fields, "topic", str)
         route = self.view.route(topic)
         cached = self._route_cache.get(topic)
         if cached is None or cached[0] is not route:
             cached = (route, route_fields(route))
             self._route_cache[topic] = cached
+        if field(request.fields, "settings", bool, False):
+            return Response(fields={**cached[1], **settings_fields(self.view.topic(topic))})
         return Response(fields=cached[1])
 
     async def _get_broker_list(self, request: Frame) -> Response:
@@ -283,7 +292,7 @@ class NameServer:
         name = field(fields, "topic", str)
         queues = field(fields, "queues", int, DEFAULT_QUEUE_COUNT)
         replicas = field(fields, "replicas", int, 1)
-        settings = _settings(fields)
+        settings = TopicSettings.from_dict(field(fields, "settings", dict, {}))
         metadata = self._require_metadata()
         topic: TopicMetadata = await self._write(
             f"create topic {name}",
@@ -296,9 +305,10 @@ class NameServer:
         fields = request.fields
         name = field(fields, "topic", str)
         queues = field(fields, "queues", int, None)
-        settings = _settings(fields)
-        if queues is None and settings is None:
+        settings = field(fields, "settings", dict, {})
+        if queues is None and not settings:
             raise BadRequestError("update_topic needs 'queues' and/or 'settings'")
+        TopicSettings.from_dict(settings)  # names and values checked before any etcd round trip
         metadata = self._require_metadata()
         topic: TopicMetadata = await self._write(
             f"update topic {name}",
@@ -330,9 +340,4 @@ class NameServer:
 
     def _placement(self, topic: TopicMetadata) -> dict[str, Any]:
         brokers = {b.broker_id: b for b in self.view.brokers()}
-        return route_fields(compute_route(topic, brokers))
-
-
-def _settings(fields: Mapping[str, Any]) -> TopicSettings | None:
-    raw = field(fields, "settings", dict, None)
-    return None if raw is None else TopicSettings.from_dict(raw)
+        return {**route_fields(compute_route(topic, brokers)), **settings_fields(topic)}

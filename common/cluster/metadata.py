@@ -12,8 +12,9 @@ etcd transaction that either happens entirely or not at all (and stays clear of 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from gms.cluster.errors import ConcurrentUpdate, ControllerFenced
 from gms.cluster.etcd_client import (
@@ -152,18 +153,20 @@ class ClusterMetadata:
         name: str,
         *,
         queue_count: int | None = None,
-        settings: TopicSettings | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> TopicMetadata:
-        """Grow the queue count (new queues placed on the live brokers) and/or replace the
-        settings; compare-and-swap on the topic's mod revision."""
+        """Grow the queue count (new queues placed on the live brokers) and/or change the
+        settings ``settings`` names, keeping the others (``TopicSettings.merged``); merged with
+        what etcd holds inside a compare-and-swap on the topic's mod revision, so concurrent
+        updates of different settings both land."""
         key = self.keys.topic(validate_name("topic", name))
         for _ in range(CAS_ATTEMPTS_MAX):
             kv = self.client.get(key)
             if kv is None:
                 raise TopicNotFoundError(f"topic {name} does not exist")
             topic = TopicMetadata.from_json(kv.value)
-            if settings is not None:
-                topic = replace(topic, settings=settings)
+            if settings:
+                topic = replace(topic, settings=topic.settings.merged(settings))
             if queue_count is not None and queue_count != topic.queue_count:
                 topic = topic.with_queue_count(queue_count, self._live_broker_ids())
             if self.client.txn([ModRevisionIs(key, kv.mod_revision)], [Put(key, topic.to_json())]):

@@ -9,8 +9,8 @@ metadata is small and off the hot path, and operators read it with plain
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gms.address import split_address
@@ -23,7 +23,6 @@ LAYOUT_VERSION = 1  # "v" in every value; bump on an incompatible change
 QUEUE_COUNT_MAX = 1024  # one txn value stays ~100 KiB, far below etcd's 1.5 MiB request cap
 DEFAULT_QUEUE_COUNT = 8
 REPLICAS_MAX = 16
-DEFAULT_RETENTION_MS = 72 * 3600 * 1000  # RocketMQ's fileReservedTime default: 72 h
 DEFAULT_MESSAGE_SIZE_BYTES_MAX = 4 * 1024 * 1024  # RocketMQ's maxMessageSize default
 DEFAULT_CLUSTER = "DefaultCluster"
 
@@ -76,7 +75,12 @@ class BrokerInfo:
 
 @dataclass(frozen=True, slots=True)
 class TopicSettings:
-    retention_ms: int = DEFAULT_RETENTION_MS
+    # Records older than this are no longer served (store time); None: the broker's own
+    # retention (``gms-broker --retention-hours``, 72 h by default), as Kafka's topic configs
+    # fall back to the broker's.
+    retention_ms: int | None = None
+    # The largest record the topic accepts, counted as stored (header, topic, tag, born host,
+    # keys, properties and body). RocketMQ's maxMessageSize.
     message_size_bytes_max: int = DEFAULT_MESSAGE_SIZE_BYTES_MAX
     # acks=-1 sends need this many in-sync replicas. None only on input ("the default for the
     # replication factor"); a TopicMetadata always holds the resolved 1..replication_factor.
@@ -88,7 +92,7 @@ class TopicSettings:
     def __post_init__(self) -> None:
         for key in ("retention_ms", "message_size_bytes_max", "min_insync_replicas"):
             value = getattr(self, key)
-            if value is None and key == "min_insync_replicas":
+            if value is None and key != "message_size_bytes_max":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidTopicError(f"topic setting {key} must be a positive integer")
@@ -96,11 +100,16 @@ class TopicSettings:
             raise InvalidTopicError("topic setting unclean_leader_election must be true or false")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TopicSettings:
-        unknown = set(d) - set(cls.__dataclass_fields__)
+    def from_dict(cls, d: Mapping[str, Any]) -> TopicSettings:
+        return cls().merged(d)
+
+    def merged(self, changes: Mapping[str, Any]) -> TopicSettings:
+        """These settings with the named ones changed (``topic update`` changes only what it
+        names); a None value restores that setting's default. Unknown names are rejected."""
+        unknown = set(changes) - set(_SETTING_DEFAULTS)
         if unknown:
             raise InvalidTopicError(f"unknown topic setting(s): {', '.join(sorted(unknown))}")
-        return cls(**d)
+        return replace(self, **{k: _SETTING_DEFAULTS[k] if v is None else v for k, v in changes.items()})
 
     def for_replicas(self, replication_factor: int) -> TopicSettings:
         """Resolve the min ISR default and check it fits the replication factor."""
@@ -113,6 +122,12 @@ class TopicSettings:
                 f" got {min_isr}"
             )
         return self
+
+
+_SETTING_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(TopicSettings) if f.default is not MISSING
+}
+assert len(_SETTING_DEFAULTS) == len(fields(TopicSettings)), "every topic setting has a default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,20 +115,25 @@ def test_too_few_brokers_is_a_clear_error(metadata: ClusterMetadata, client: Etc
     assert client.get_prefix(prefix).kvs == []
 
 
-def test_update_grows_queues_and_replaces_settings(metadata: ClusterMetadata):
+def test_update_grows_queues_and_changes_only_named_settings(metadata: ClusterMetadata):
     regs = register(metadata, "b0", "b1")
     try:
-        metadata.create_topic("t", queue_count=2)
+        metadata.create_topic("t", queue_count=2, replicas=2,
+                              settings=TopicSettings(message_size_bytes_max=1024, unclean_leader_election=True))
         with pytest.raises(InvalidTopicError, match="cannot be removed"):
             metadata.update_topic("t", queue_count=1)
-        settings = TopicSettings(retention_ms=1000, message_size_bytes_max=1024)
-        topic = metadata.update_topic("t", queue_count=5, settings=settings)
+        topic = metadata.update_topic("t", queue_count=5, settings={"retention_ms": 1000})
+        assert topic.settings == TopicSettings(1000, 1024, min_insync_replicas=2, unclean_leader_election=True)
+        topic = metadata.update_topic("t", settings={"min_insync_replicas": 1, "message_size_bytes_max": None})
     finally:
         for r in regs:
             r.close()
-    assert [q.leader for q in topic.queues] == ["b0", "b1", "b0", "b1", "b0"]
+    assert [q.replicas[0] for q in topic.queues] == ["b0", "b1", "b0", "b1", "b0"]
     assert metadata.get_topic("t") == topic
-    assert topic.settings == TopicSettings(1000, 1024, min_insync_replicas=1)  # default resolved
+    # None restores a default; the rest stays as it was
+    assert topic.settings == TopicSettings(1000, min_insync_replicas=1, unclean_leader_election=True)
+    with pytest.raises(InvalidTopicError, match="min_insync_replicas must be 1..2"):
+        metadata.update_topic("t", settings={"min_insync_replicas": 3})
     with pytest.raises(TopicNotFoundError):
         metadata.update_topic("nope", queue_count=3)
 

@@ -47,8 +47,10 @@ def topic_keys(client: EtcdClient, prefix: str) -> list[bytes]:
 
 def test_create_spreads_queues_and_route_is_served_at_once(ns, brokers, client, prefix):
     created = ns.call(C.CREATE_TOPIC, {"topic": "orders", "queues": 6, "replicas": 2})
-    route = ns.call(C.GET_ROUTE, {"topic": "orders"})  # same nameserver: read-your-writes
+    route = ns.call(C.GET_ROUTE, {"topic": "orders", "settings": True})  # same nameserver: read-your-writes
     assert route == created
+    assert route["replication_factor"] == 2 and route["settings"]["min_insync_replicas"] == 2
+    assert "settings" not in ns.call(C.GET_ROUTE, {"topic": "orders"})  # clients' refreshes stay small
     assert route["topic"] == "orders"
     assert [q["queue_id"] for q in route["queues"]] == list(range(6))
     leaders = Counter(q["leader"] for q in route["queues"])
@@ -65,8 +67,11 @@ def test_update_grows_and_delete_removes(ns, brokers):
     grown = ns.call(C.UPDATE_TOPIC, {"topic": "t", "queues": 5})
     assert len(grown["queues"]) == 5
     assert len(ns.call(C.GET_ROUTE, {"topic": "t"})["queues"]) == 5
-    ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"retention_ms": 1000}})
-    assert ns.server.view.topic("t").settings.retention_ms == 1000
+    ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"message_size_bytes_max": 2048}})
+    updated = ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"retention_ms": 1000}})
+    assert updated["settings"] == {"retention_ms": 1000, "message_size_bytes_max": 2048,
+                                   "min_insync_replicas": 1, "unclean_leader_election": False}
+    assert ns.server.view.topic("t").settings.message_size_bytes_max == 2048  # kept: update names only what changes
     ns.call(C.DELETE_TOPIC, {"topic": "t"})
     with pytest.raises(TopicNotFoundError):
         ns.call(C.GET_ROUTE, {"topic": "t"})
@@ -125,7 +130,7 @@ def test_existing_and_unknown_topics(ns, brokers):
     first = ns.call(C.CREATE_TOPIC, {"topic": "t", "queues": 3})
     with pytest.raises(TopicAlreadyExistsError):
         ns.call(C.CREATE_TOPIC, {"topic": "t", "queues": 7})
-    assert ns.call(C.GET_ROUTE, {"topic": "t"}) == first  # untouched
+    assert ns.call(C.GET_ROUTE, {"topic": "t", "settings": True}) == first  # untouched
     with pytest.raises(InvalidTopicError, match="cannot be removed"):
         ns.call(C.UPDATE_TOPIC, {"topic": "t", "queues": 1})
     with pytest.raises(BadRequestError):
@@ -135,7 +140,7 @@ def test_existing_and_unknown_topics(ns, brokers):
             ns.call(code, {"topic": "missing"})
     with pytest.raises(TopicNotFoundError):
         ns.call(C.UPDATE_TOPIC, {"topic": "missing", "queues": 2})
-    assert ns.call(C.GET_ROUTE, {"topic": "t"}) == first
+    assert ns.call(C.GET_ROUTE, {"topic": "t", "settings": True}) == first
 
 
 def test_two_nameservers_on_one_etcd_agree(etcd, prefix, brokers):
@@ -143,7 +148,7 @@ def test_two_nameservers_on_one_etcd_agree(etcd, prefix, brokers):
     try:
         created = a.call(C.CREATE_TOPIC, {"topic": "shared", "queues": 4})
         wait_until(lambda: "shared" in b.call(C.TOPIC_LIST)["topics"], 2)
-        assert b.call(C.GET_ROUTE, {"topic": "shared"}) == created
+        assert b.call(C.GET_ROUTE, {"topic": "shared", "settings": True}) == created
         b.call(C.DELETE_TOPIC, {"topic": "shared"})
         wait_until(lambda: a.call(C.TOPIC_LIST)["topics"] == {}, 2)
         listed = sorted(n["address"] for n in a.call(C.CLUSTER_STATUS)["nameservers"])
