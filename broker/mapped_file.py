@@ -134,9 +134,8 @@ class MappedFile:
 
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end (recovery truncation) and make it durable."""
-        self.array  # noqa: B018 - make sure the array exists
         if pos < self.size_bytes:
-            self._array[pos:] = 0
+            self.array[pos:] = 0
         self.flush()
 
     def try_close(self) -> bool:

@@ -87,10 +87,13 @@ class BrokerServer:
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
         )
-        registration = self.registration = BrokerRegistration(
-            self.config.nameserver, info,
+
+        def on_assignments(assignments: Assignments) -> None:
             # Called on the etcd watch thread: hand the change to the event loop.
-            lambda assignments: loop.call_soon_threadsafe(self._apply_assignments, assignments),
+            loop.call_soon_threadsafe(self._apply_assignments, assignments)
+
+        registration = self.registration = BrokerRegistration(
+            self.config.nameserver, info, on_assignments,
             ttl_s=self.config.lease_ttl_s,
             start_timeout_s=self.config.register_timeout_s,
         )
@@ -146,7 +149,7 @@ class BrokerServer:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.groups,
                                                     self.address)
         groups = GroupHandlers(self.groups, self.offsets, lambda t: t in self.store.topics(),
-                               on_commit=self._offsets_committed)
+                               on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         for code, handler in {
             RequestCode.SEND: messages.send,
@@ -167,11 +170,14 @@ class BrokerServer:
             RequestCode.TOPIC_LIST: admin.topic_list,
             RequestCode.TOPIC_STATS: admin.topic_stats,
             RequestCode.BROKER_STATUS: admin.broker_status,
+            RequestCode.RESET_OFFSETS: admin.reset_offsets,
+            RequestCode.DELETE_GROUP: admin.delete_group,
         }.items():
             self.rpc.register(code, handler)
 
-    def _offsets_committed(self, queues: list[tuple[str, int]]) -> None:
-        """Followers copy commits with their fetches: answer the fetches parked on these queues."""
+    def offsets_changed(self, queues: list[tuple[str, int]]) -> None:
+        """Followers copy commits (and deletes) with their fetches: answer the fetches parked on
+        these queues."""
         if self.replicas is not None:
             self.replicas.wake_fetches(queues)
 

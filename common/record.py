@@ -32,6 +32,7 @@ a record is placed in a file only if it leaves at least BLANK_MARKER_SIZE bytes 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
 import time
@@ -81,7 +82,9 @@ _FIELDS: tuple[tuple[str, str], ...] = (
 HEADER = struct.Struct(">" + "".join(code for _, code in _FIELDS))
 HEADER_SIZE = HEADER.size
 OFFSETS: dict[str, int] = dict(
-    zip((name for name, _ in _FIELDS), accumulate((struct.calcsize(">" + c) for _, c in _FIELDS), initial=0))
+    # accumulate(initial=0) yields one more (the end) than there are fields: not strict.
+    zip((name for name, _ in _FIELDS), accumulate((struct.calcsize(">" + c) for _, c in _FIELDS), initial=0),
+        strict=False)
 )
 OFF_MAGIC = OFFSETS["magic"]
 OFF_CRC = OFFSETS["crc32"]
@@ -312,6 +315,10 @@ def validate_header(buf: bytes | memoryview, pos: int, verify_crc: bool) -> tupl
     return fields
 
 
+# The fields of Record that come straight from the fixed header, in header order.
+_HEADER_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Record))[:11]
+
+
 def decode_record(buf: bytes | memoryview, pos: int = 0, verify_crc: bool = True) -> Record:
     """Decode the record at ``pos``, checking every length against the buffer and total_size."""
     fields = validate_header(buf, pos, verify_crc)
@@ -325,7 +332,7 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, verify_crc: bool = True
     topic_raw, tag_raw, host_raw, keys_raw, props_raw = parts
     try:
         return Record(
-            *fields[:11],
+            **dict(zip(_HEADER_FIELD_NAMES, fields, strict=False)),
             topic=bytes(topic_raw).decode(),
             tag=bytes(tag_raw).decode() or None,
             born_host=bytes(host_raw).decode(),
@@ -400,7 +407,7 @@ def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
     covered = map(slice, map(add, starts, repeat(OFF_CRC_START)), [*starts[1:], pos])
     computed = list(map(crc32, map(mv.__getitem__, covered)))
     if computed != stored:
-        first = next(i for i, (a, b) in enumerate(zip(computed, stored)) if a != b)
+        first = next(i for i, (a, b) in enumerate(zip(computed, stored, strict=True)) if a != b)
         return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)
     return ScanResult(starts, pos, stop)
 

@@ -86,7 +86,7 @@ def _crc32s(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarra
     distinct = np.unique(sizes)
     computed = np.empty(len(starts), np.uint32)
     if len(distinct) * CRC_RECORDS_PER_SIZE_MIN > len(starts):
-        mv = memoryview(arr)
+        mv = arr.data
         covered = map(slice, (starts + OFF_CRC_START).tolist(), (starts + sizes).tolist())
         computed[:] = np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, len(starts))
         return computed
@@ -142,7 +142,7 @@ def _segments(records: Records, field: str) -> tuple[np.ndarray, bytes | np.ndar
         if width * len(lengths) == total:  # all of one length: the rows are the data
             return offsets, rows
         return offsets, rows[np.arange(width) < lengths[:, None]]
-    mv = memoryview(records.arr)
+    mv = records.arr.data
     return offsets, b"".join(map(mv.__getitem__, map(slice, first.tolist(), (first + lengths).tolist())))
 
 

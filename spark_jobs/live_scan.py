@@ -97,13 +97,16 @@ def _envelope(body: memoryview, pos: int, fallback_offset: int) -> tuple[int, in
 
 def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
                     report_bad: BadRecordSink) -> Iterator[pa.RecordBatch]:
-    runtime = ClientRuntime([rng.broker], name="gms-spark-task")
-    prefix = msg_id_prefix(rng.broker)
-    fields = {"topic": rng.topic, "queue_id": rng.queue_id, "offset": rng.start, "max_msgs": PULL_RECORDS_MAX,
-              "max_bytes": PULL_BYTES_MAX, "tags": options.tags.expression, "poll_ms": 0}
+    broker = rng.broker
+    assert broker is not None, "live ranges are planned with their broker"
+    runtime = ClientRuntime([broker], name="gms-spark-task")
+    prefix = msg_id_prefix(broker)
+    offset = rng.start
     try:
-        while fields["offset"] < rng.end:
-            frame = runtime.run(runtime.pool.request(rng.broker, RequestCode.PULL, fields))
+        while offset < rng.end:
+            fields = {"topic": rng.topic, "queue_id": rng.queue_id, "offset": offset, "max_msgs": PULL_RECORDS_MAX,
+                      "max_bytes": PULL_BYTES_MAX, "tags": options.tags.expression, "poll_ms": 0}
+            frame = runtime.run(runtime.pool.request(broker, RequestCode.PULL, fields))
             next_offset = int(frame.fields["next_offset"])
             body = memoryview(frame.body).cast("B")
             arr = np.frombuffer(body, np.uint8)
@@ -112,17 +115,17 @@ def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
             broken = starts[bad].tolist()
             if walked < len(body):  # a broken length field: nothing after it can be walked
                 broken.append(walked)
-                next_offset = _envelope(body, walked, fields["offset"])[0] + 1
+                next_offset = _envelope(body, walked, offset)[0] + 1
             if broken:
-                found = [_envelope(body, pos, fields["offset"]) for pos in broken]
+                found = [_envelope(body, pos, offset) for pos in broken]
                 report_bad(rng.topic, rng.queue_id, np.array([q for q, _ in found]), np.array([p for _, p in found]))
             in_range = records.headers["queue_offset"] < rng.end
             records = after_index_filters(records.take(in_range), options)
             if len(records.starts):
                 yield to_batch(records, schema, prefix)
-            if next_offset <= fields["offset"]:
+            if next_offset <= offset:
                 return  # the queue ends before rng.end (truncated since planning)
-            fields["offset"] = next_offset
+            offset = next_offset
     finally:
         runtime.close()
 

@@ -7,6 +7,7 @@ touched, and the time bounds become offset bounds by binary search on the store 
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterator
 from functools import lru_cache
@@ -57,7 +58,7 @@ def _offset_for_time(index: QueueIndex, commitlog: CommitLogFiles, ts_ms: int, l
         if arr is None:  # expired under us: everything before it is gone too
             lo = mid + 1
             continue
-        if _STORE_TS.unpack_from(arr, phys - base + OFF_STORE_TS)[0] < ts_ms:
+        if _STORE_TS.unpack_from(arr.data, phys - base + OFF_STORE_TS)[0] < ts_ms:
             lo = mid + 1
         else:
             hi = mid
@@ -78,9 +79,15 @@ def queue_bounds(root: Path, topic: str, queue_id: int, options: ReadOptions,
     return start, max(start, end)
 
 
+def _store_dir(options: ReadOptions) -> str:
+    if options.path is None:
+        raise OptionError("load(STORE_DIR) a store, or set the brokers or nameserver option")
+    return options.path
+
+
 def store_spans(options: ReadOptions) -> list[QueueSpan]:
     """The selected offsets of every queue of the selected topics."""
-    root = store_root(options.path)
+    root = store_root(_store_dir(options))
     commitlog = CommitLogFiles(root)
     return [QueueSpan(topic, queue_id, *queue_bounds(root, topic, queue_id, options, commitlog), None)
             for topic, count in selected_topics(read_topics(root), options.topics).items()
@@ -102,7 +109,7 @@ def _task_commitlog(root: Path) -> CommitLogFiles:
 
 def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
                      report_bad: BadRecordSink) -> Iterator[pa.RecordBatch]:
-    root = store_root(options.path)
+    root = store_root(_store_dir(options))
     index = queue_index(root, rng.topic, rng.queue_id)
     commitlog = _task_commitlog(root)
     prefix = msg_id_prefix(options.broker_address)
@@ -123,7 +130,7 @@ def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
         sizes = entries["size"].astype(np.int64)
         bases = commitlog.file_base(phys)
         cuts = [0, *(np.flatnonzero(np.diff(bases)) + 1).tolist(), len(bases)]
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
+        for lo, hi in itertools.pairwise(cuts):
             if lo == hi:
                 continue
             base = int(bases[lo])

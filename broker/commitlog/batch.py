@@ -150,7 +150,7 @@ def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,
     _check_body_lengths(min(body_lens), max(body_lens), body_size_max_bytes)
     topics: dict[str, int] = {}
     topic_index = []
-    for pos, f in zip(starts, fields):
+    for pos, f in zip(starts, fields, strict=True):
         topic_end = pos + HEADER_SIZE + f[_TOPIC_LEN]
         try:
             topic = _topic_name(bytes(buf[pos + HEADER_SIZE: topic_end]))

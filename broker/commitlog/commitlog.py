@@ -9,6 +9,7 @@ take the next record is closed with a blank marker (RocketMQ's END_FILE_MIN_BLAN
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import threading
@@ -64,7 +65,7 @@ class CommitLog:
         """Map the existing files (creating the first one if there is none); False if there was none."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.files = [MappedFile.open(path, base, self.file_size_bytes) for base, path in list_files(self.directory)]
-        for prev, cur in zip(self.files, self.files[1:]):
+        for prev, cur in itertools.pairwise(self.files):
             if cur.base_offset != prev.end_offset:  # a hole: keep only the newest contiguous run
                 self.files = self.files[self.files.index(cur):]
         if self.files:

@@ -10,6 +10,7 @@ new leader has nor keeps records it never had.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 UNDEFINED_EPOCH = -1
@@ -29,8 +30,9 @@ class EpochEnd(NamedTuple):
 
 
 class EpochHistory:
-    def __init__(self, entries: list[tuple[int, int]] | None = None) -> None:
-        self.entries: list[EpochEntry] = [EpochEntry(int(e), int(s)) for e, s in entries or ()]
+    def __init__(self, entries: Iterable[Sequence[int]] = ()) -> None:
+        """``entries``: (epoch, start offset) pairs, oldest first (as :meth:`to_list` gives)."""
+        self.entries: list[EpochEntry] = [EpochEntry(int(e), int(s)) for e, s in entries]
 
     @property
     def latest_epoch(self) -> int:

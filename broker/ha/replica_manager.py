@@ -198,7 +198,7 @@ class ReplicaManager:
         try:
             await asyncio.wait_for(asyncio.gather(*futures), timeout_ms / 1000)
         except TimeoutError as err:
-            for key, future in zip(ends, futures):
+            for key, future in zip(ends, futures, strict=True):
                 p = self.partitions.get(key)
                 if p is not None:
                     p.forget_waiter(future)

@@ -13,7 +13,7 @@ from gms.errors import RequestTimeoutError
 try:  # uvloop roughly halves per-request overhead; it is optional (absent on Windows).
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 

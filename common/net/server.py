@@ -25,6 +25,7 @@ from gms.protocol.frame import (
     EMPTY_FIELDS,
     FRAME_SIZE_MAX_BYTES,
     Body,
+    Buffer,
     Frame,
     Response,
     encode_frame,
@@ -135,7 +136,7 @@ class _ServerConnection(asyncio.Protocol):
         self._reading = True
         self._stopped = False  # no more requests: closing, or the peer sent end of stream
         # Responses finished in one loop pass, written together by one send at its end.
-        self._out: list[Body] = []
+        self._out: list[Buffer] = []
 
     # --- asyncio.Protocol callbacks ---------------------------------------------------------
 
@@ -199,7 +200,7 @@ class _ServerConnection(asyncio.Protocol):
             if frame is Event.CLOSED:
                 self._stopped = True
                 break
-            self._dispatch(frame)  # type: ignore[arg-type]
+            self._dispatch(frame)
         if self._stopped and not self.tasks:
             self.close()
         self._update_reading()
@@ -232,7 +233,8 @@ class _ServerConnection(asyncio.Protocol):
         task = asyncio.get_running_loop().create_task(self._run(handler, frame))
         self.tasks.add(task)
         self._in_flight_bytes += len(frame.body)
-        task.add_done_callback(lambda done, size=len(frame.body): self._finished(done, size))
+        size = len(frame.body)
+        task.add_done_callback(lambda done: self._finished(done, size))
 
     def _finished(self, task: asyncio.Task[None], size: int) -> None:
         self.tasks.discard(task)

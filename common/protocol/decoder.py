@@ -15,6 +15,7 @@ a frame one byte at a time stays linear.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
@@ -140,7 +141,7 @@ class FrameDecoder:
             return Event.CLOSED
         return Event.NEED_DATA
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Frame]:
         """Yield every complete frame now available."""
         while True:
             frame = self.next_frame()

@@ -10,10 +10,10 @@ bodies are kept; the target topic must exist.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import click
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 
 from gms.spark_jobs.jobs.common import master_option, read_log, source_options, spark_session
 
@@ -23,7 +23,7 @@ REPLAY_COLUMNS = "tag,keys,properties,body"
 
 def replay(log: DataFrame, to_topic: str, *, brokers: str | None, nameserver: str | None) -> int:
     """Send every row of ``log`` to ``to_topic``; returns how many were acknowledged."""
-    def send_partition(rows: Iterator) -> Iterator[int]:
+    def send_partition(rows: Iterable[Row]) -> Iterable[int]:
         from gms.client import Producer, ProducerRecord
         sent = 0
         with Producer(brokers=brokers, nameserver=nameserver) as producer:
@@ -38,7 +38,8 @@ def replay(log: DataFrame, to_topic: str, *, brokers: str | None, nameserver: st
                 sent += len(producer.send_batch(batch))
         yield sent
 
-    return sum(log.rdd.mapPartitions(send_partition).collect())
+    counts: list[int] = log.rdd.mapPartitions(send_partition).collect()
+    return sum(counts)
 
 
 @click.command("replay")
