@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from gms import __version__
 from gms.broker.config import DEFAULT_PORT, load_config
+from gms.envvars import options_from_env
 from gms.errors import GmsError
 
 log = logging.getLogger("gms.broker")
@@ -16,19 +18,27 @@ log = logging.getLogger("gms.broker")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+@options_from_env("GMS_BROKER")
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(__version__, prog_name="gms-broker")
 @click.option("--listen", help=f"host:port to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one).")
-@click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path), help="Where the commitlog and queues live (default ./gms-data/broker).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="TOML file with [broker] and [store] tables; options given here override it.")
+@click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the commitlog and queues live (default ./gms-data/broker).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="TOML file with [broker] and [store] tables; flags and GMS_BROKER_* variables override it.")
 @click.option("--name", "broker_name", help="Broker name (default: the advertised address).")
 @click.option("--advertised-address", help="host:port clients should use to reach this broker.")
 @click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")
-@click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]), help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
-@click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int, help="Size of each commitlog file in bytes (default 1 GiB).")
-@click.option("--cq-file-entries", "cq_entries_per_file", type=int, help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
+@click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]),
+              help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
+@click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int,
+              help="Size of each commitlog file in bytes (default 1 GiB).")
+@click.option("--cq-file-entries", "cq_entries_per_file", type=int,
+              help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
 @click.option("--retention-hours", type=float, help="Delete commitlog files older than this (default 72).")
 @click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
-@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path), help="Write the bound port here once serving (for scripts and tests).")
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
          retention_hours, **broker_overrides) -> None:

@@ -17,6 +17,7 @@ from gms.cli.group import group
 from gms.cli.messages import produce, tail
 from gms.cli.topic import topic
 from gms.client.routing import NameserversUnavailableError
+from gms.envvars import options_from_env
 from gms.errors import GmsError, ServiceUnavailableError
 
 EXIT_INTERRUPTED = 130
@@ -80,6 +81,7 @@ def cli() -> None:
     """
 
 
+@options_from_env("GMS_STANDALONE")
 @cli.command()
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gms-data"),
               show_default=True, help="Where etcd, the nameserver and the broker keep their data and logs.")
@@ -101,7 +103,7 @@ def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int
 
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
                           log_level=log_level, commitlog_file_size_bytes=commitlog_file_size,
-                          echo=lambda line: click.echo(line))
+                          echo=click.echo)
     sys.exit(code)
 
 

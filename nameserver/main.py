@@ -12,8 +12,10 @@ from pathlib import Path
 
 import click
 
+from gms import __version__
 from gms.cluster.errors import EmbeddedEtcdError, EtcdUnavailable
 from gms.cluster.etcd_client import parse_endpoints
+from gms.envvars import options_from_env
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
@@ -25,12 +27,17 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEFAULT_DATA_DIR = Path("gms-data/nameserver")
 
 
+@options_from_env("GMS_NAMESERVER")
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(__version__, prog_name="gms-nameserver")
 @click.option("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", help="host:port to serve on (port 0 picks a free one).")
 @click.option("--etcd", "etcd_endpoints", help="etcd endpoints host:port[,host:port]; omit to run an embedded etcd.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA_DIR, help="Where the embedded etcd keeps its data (unused with --etcd).")
-@click.option("--advertised-address", default="", help="host:port other machines use to reach this nameserver (default: derived from --listen).")
-@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path), help="Write the bound port here once serving (for scripts and tests).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA_DIR,
+              help="Where the embedded etcd keeps its data (unused with --etcd).")
+@click.option("--advertised-address", default="",
+              help="host:port other machines use to reach this nameserver (default: derived from --listen).")
+@click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_address: str,
          port_file: Path | None, log_level: str) -> None:
