@@ -3,6 +3,7 @@
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,7 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     ["gms.broker.commitlog", "gms.broker.consumequeue", "gms.broker.ha", "gms.client",
-     "gms.cli", "gms.nameserver", "gms.spark_jobs", "gms.protocol"],
+     "gms.cli", "gms.nameserver", "gms.spark_jobs", "gms.protocol", "gms.cluster"],
 )
 def test_subpackages_import_under_gms(module):
     assert importlib.import_module(module).__name__ == module
@@ -21,3 +22,23 @@ def test_no_bare_top_level_modules(bare, tmp_path):
     # A fresh interpreter outside the repository sees only what is installed.
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({bare!r}) is not None)"
     assert subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path).returncode == 0
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_checkout_folder_shadows_the_package():
+    # With the checkout as working directory, a folder named `gms` would be imported instead of
+    # the installed package (python -m gms.broker, python -c "import gms.client").
+    assert not (ROOT / "gms").exists()
+
+
+@pytest.mark.parametrize("argv", [["-m", "gms.broker", "--help"], ["-m", "gms.nameserver", "--help"],
+                                  ["-c", "import gms.client, gms.cluster"]])
+def test_runs_from_the_checkout_root(argv):
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_py_typed_ships():
+    assert (Path(importlib.import_module("gms").__file__).parent / "py.typed").exists()
