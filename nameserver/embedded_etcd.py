@@ -5,6 +5,11 @@ The nameserver starts one when no external etcd is given, so a single machine ne
 terminal does not race our orderly stop) and, on Linux, gets SIGKILL from the kernel if the
 thread that started it dies (PR_SET_PDEATHSIG), so a SIGKILLed parent never leaves etcd behind.
 Start it from a long-lived thread (the main thread): the death signal follows the *thread*.
+
+Ports are remembered in ``<data_dir>/ports.json`` and reused on every restart: brokers hold the
+client endpoint they were handed, and etcd's membership data holds the peer URL. A remembered
+port that another process holds is an error (after a short wait for a previous etcd to exit),
+not a silent move: the message names the process-free fix.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from gms.address import WILDCARD_HOSTS, advertised_address, join_address, split_address
 from gms.cluster.errors import EmbeddedEtcdError
 
 START_TIMEOUT_S = 20.0  # a cold etcd on a slow disk takes ~1 s; 20 s is "it is not coming"
@@ -34,6 +40,12 @@ HEALTH_REQUEST_TIMEOUT_S = 1.0
 LOG_TAIL_BYTES = 4096
 LOG_FILE_NAME = "etcd.log"
 PORTS_FILE_NAME = "ports.json"
+# A restarted etcd finds its remembered port held for a moment while the previous etcd (killed
+# with its parent) exits; longer than this, someone else has it.
+PORT_FREE_WAIT_S = 5.0
+# The embedded etcd is a single member: peers never connect from elsewhere, so the peer URL
+# stays on loopback and never changes with the client interface.
+PEER_HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -85,11 +97,30 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
+def etcd_hosts(listen_host: str, advertised: str = "") -> tuple[str, str]:
+    """(listen host, advertised host) for an etcd beside a server on ``listen_host`` published
+    as ``advertised`` (``host:port``; default derived from the listen host): etcd serves on the
+    same interface and is reached under the same name, so other hosts can use it."""
+    public = advertised or advertised_address(listen_host, 0)
+    return listen_host, split_address(public, "advertised address", port_zero_ok=True)[0]
+
+
+def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not port_is_free(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(HEALTH_POLL_S)
+    return True
+
+
 class EmbeddedEtcd:
     """One single-member etcd with its data under ``data_dir``.
 
-    Port 0 picks a free port. The peer port is remembered in ``data_dir`` so a restart on the
-    same data dir advertises the peer URL stored in etcd's own membership data.
+    Clients are served on ``host`` (``0.0.0.0`` for every interface) and told to use
+    ``advertise_host`` (default: ``host``; required to be concrete when ``host`` is a
+    wildcard, as etcd publishes it). Port 0 picks a free port the first time and the one
+    remembered in ``data_dir`` after that; an explicit port wins and is remembered.
     """
 
     def __init__(
@@ -99,11 +130,16 @@ class EmbeddedEtcd:
         client_port: int = 0,
         peer_port: int = 0,
         host: str = "127.0.0.1",
+        advertise_host: str = "",
         name: str = "gms-embedded",
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
+        advertise_host = advertise_host or host
+        if advertise_host in WILDCARD_HOSTS:
+            raise ValueError(f"etcd cannot advertise the wildcard address {advertise_host!r}; name this host")
         self.data_dir = Path(data_dir)
         self.host = host
+        self.advertise_host = advertise_host
         self.name = name
         self.start_timeout_s = start_timeout_s
         self._client_port = client_port
@@ -115,7 +151,11 @@ class EmbeddedEtcd:
         """``host:port`` for clients; valid once started."""
         if self._proc is None:
             raise EmbeddedEtcdError("embedded etcd is not running")
-        return f"{self.host}:{self._client_port}"
+        return join_address(self.advertise_host, self._client_port)
+
+    @property
+    def ports_file(self) -> Path:
+        return self.data_dir / PORTS_FILE_NAME
 
     @property
     def pid(self) -> int | None:
@@ -131,18 +171,13 @@ class EmbeddedEtcd:
         binary = find_etcd_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._choose_ports()
-        for port in (self._client_port, self._peer_port):
-            # Another etcd on our port would answer our health check; refuse up front.
-            if not port_is_free(self.host, port):
-                raise EmbeddedEtcdError(f"port {self.host}:{port} for etcd is already in use")
-        client_url = f"http://{self.host}:{self._client_port}"
-        peer_url = f"http://{self.host}:{self._peer_port}"
+        peer_url = f"http://{PEER_HOST}:{self._peer_port}"
         args = [
             str(binary),
             f"--name={self.name}",
             f"--data-dir={self.data_dir / 'member-data'}",
-            f"--listen-client-urls={client_url}",
-            f"--advertise-client-urls={client_url}",
+            f"--listen-client-urls=http://{join_address(self.host, self._client_port)}",
+            f"--advertise-client-urls=http://{self.endpoint_for(self.advertise_host)}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster={self.name}={peer_url}",
@@ -158,7 +193,7 @@ class EmbeddedEtcd:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
                 close_fds=True,
             )
         try:
@@ -168,18 +203,28 @@ class EmbeddedEtcd:
             raise
         return self
 
+    def endpoint_for(self, host: str) -> str:
+        return join_address(host, self._client_port)
+
     def _choose_ports(self) -> None:
-        ports_file = self.data_dir / PORTS_FILE_NAME
-        saved = json.loads(ports_file.read_text()) if ports_file.exists() else {}
-        if self._peer_port == 0:
-            self._peer_port = int(saved.get("peer_port") or free_port(self.host))
-        if self._client_port == 0:
-            self._client_port = free_port(self.host)
-        ports_file.write_text(json.dumps({"peer_port": self._peer_port}))
+        """Explicit ports, else the remembered ones, else free ones; remember what is used."""
+        saved = json.loads(self.ports_file.read_text()) if self.ports_file.exists() else {}
+        self._client_port = self._client_port or int(saved.get("client_port") or free_port(self.host))
+        self._peer_port = self._peer_port or int(saved.get("peer_port") or free_port(PEER_HOST))
+        for what, host, port in (("client", self.host, self._client_port), ("peer", PEER_HOST, self._peer_port)):
+            # Another etcd on our port would answer our health check; refuse up front.
+            if not wait_port_free(host, port, PORT_FREE_WAIT_S):
+                raise EmbeddedEtcdError(
+                    f"etcd {what} port {join_address(host, port)} is already in use. Stop the process"
+                    f" holding it, or delete {self.ports_file} to let etcd pick new ports (brokers"
+                    " then re-ask the nameservers for etcd's address)"
+                )
+        self.ports_file.write_text(json.dumps({"client_port": self._client_port, "peer_port": self._peer_port}))
 
     def _wait_healthy(self) -> None:
         assert self._proc is not None
-        url = f"http://{self.host}:{self._client_port}/health"
+        local_host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+        url = f"http://{self.endpoint_for(local_host)}/health"
         deadline = time.monotonic() + self.start_timeout_s
         last_error = "no answer yet"
         while time.monotonic() < deadline:
@@ -198,7 +243,7 @@ class EmbeddedEtcd:
             time.sleep(HEALTH_POLL_S)
         else:
             raise EmbeddedEtcdError(
-                f"etcd on {self.host}:{self._client_port} not healthy after"
+                f"etcd on {self.endpoint_for(self.host)} not healthy after"
                 f" {self.start_timeout_s} s ({last_error}); log tail:\n{self.log_tail()}"
             )
         if self._proc.poll() is not None:  # someone else answered on our port

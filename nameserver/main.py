@@ -16,7 +16,7 @@ from gms import __version__
 from gms.cluster.errors import EmbeddedEtcdError, EtcdUnavailable
 from gms.cluster.etcd_client import parse_endpoints
 from gms.envvars import options_from_env
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
 from gms.net.serve import serve_until_signalled
@@ -44,7 +44,7 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
     """Run a gms nameserver: topic routes and cluster metadata, backed by etcd."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
-        split_listen(listen)
+        etcd_host, etcd_advertise_host = etcd_hosts(split_listen(listen)[0], advertised_address)
         if etcd_endpoints:
             parse_endpoints(etcd_endpoints)
     except ValueError as err:
@@ -52,7 +52,8 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
     embedded: EmbeddedEtcd | None = None
     if not etcd_endpoints:
         # Started from the main thread: the child's death signal follows this thread.
-        embedded = EmbeddedEtcd(data_dir / "etcd")
+        # etcd serves where the nameserver does, so brokers on other hosts can reach it.
+        embedded = EmbeddedEtcd(data_dir / "etcd", host=etcd_host, advertise_host=etcd_advertise_host)
         try:
             embedded.start()
         except EmbeddedEtcdError as err:

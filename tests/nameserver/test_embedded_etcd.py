@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,8 @@ import pytest
 
 from gms.cluster.errors import EmbeddedEtcdError
 from gms.cluster.etcd_client import EtcdClient
-from gms.nameserver.embedded_etcd import EmbeddedEtcd
+from gms.nameserver import embedded_etcd
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
 
 
 def alive(pid: int) -> bool:
@@ -39,14 +41,56 @@ def test_start_stop_leaves_no_process(tmp_path):
 def test_port_in_use_is_refused(tmp_path):
     with EmbeddedEtcd(tmp_path / "a") as first:
         port = int(first.endpoint.rpartition(":")[2])
-        with pytest.raises(EmbeddedEtcdError, match=f"{port} for etcd is already in use"):
+        with pytest.raises(EmbeddedEtcdError, match=f"etcd client port 127.0.0.1:{port} is already in use"):
             EmbeddedEtcd(tmp_path / "b", client_port=port).start()
+
+
+def test_restart_keeps_ports_and_data(tmp_path):
+    with EmbeddedEtcd(tmp_path) as first:
+        endpoint = first.endpoint
+        with EtcdClient(endpoint) as client:
+            client.put("/k", b"kept")
+    ports = (tmp_path / "ports.json").read_text()
+    with EmbeddedEtcd(tmp_path) as second:
+        assert second.endpoint == endpoint  # brokers holding the endpoint find etcd again
+        with EtcdClient(second.endpoint) as client:
+            assert client.get("/k").value == b"kept"
+    assert (tmp_path / "ports.json").read_text() == ports
+
+
+def test_remembered_port_taken_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded_etcd, "PORT_FREE_WAIT_S", 0.2)
+    with EmbeddedEtcd(tmp_path / "a") as first:
+        port = int(first.endpoint.rpartition(":")[2])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "ports.json").write_text(f'{{"client_port": {port}, "peer_port": 0}}')
+    taken = f"port 127.0.0.1:{port} is already in use.*delete .*ports.json"
+    with EmbeddedEtcd(tmp_path / "a"), pytest.raises(EmbeddedEtcdError, match=taken):  # a holds b's port
+        EmbeddedEtcd(tmp_path / "b").start()
+
+
+def test_serves_and_advertises_the_given_host(tmp_path):
+    with EmbeddedEtcd(tmp_path, host="127.0.0.2") as etcd:
+        host, _, port = etcd.endpoint.rpartition(":")
+        assert host == "127.0.0.2"
+        with EtcdClient(etcd.endpoint) as client:
+            client.put("/k", b"v")
+        with pytest.raises(ConnectionRefusedError):  # not on another interface
+            socket.create_connection(("127.0.0.1", int(port)), timeout=2).close()
+
+
+def test_hosts_follow_the_nameserver():
+    assert etcd_hosts("127.0.0.2") == ("127.0.0.2", "127.0.0.2")
+    assert etcd_hosts("0.0.0.0", "ns1.example.com:9876") == ("0.0.0.0", "ns1.example.com")
+    assert etcd_hosts("0.0.0.0")[1] not in ("0.0.0.0", "")  # a wildcard is never handed out
+    with pytest.raises(ValueError, match="cannot advertise the wildcard"):
+        EmbeddedEtcd("unused", host="0.0.0.0")
 
 
 def test_start_failure_reports_log_tail(tmp_path):
     (tmp_path / "member-data").write_text("not a directory")
     etcd = EmbeddedEtcd(tmp_path)
-    with pytest.raises(EmbeddedEtcdError, match="exited with code .* log tail"):
+    with pytest.raises(EmbeddedEtcdError, match=r"exited with code .* log tail"):
         etcd.start()
     assert etcd.pid is None
 
