@@ -6,6 +6,12 @@ itself: its key hangs on a lease that *this* process keeps alive, so a crashed b
 every route within the TTL no matter what the nameservers do. A watch-fed ClusterView tells it
 which queues it leads or follows; ``on_assignment`` hears about every change.
 
+etcd can move (a nameserver restarted with its embedded etcd on another port, an operator
+replacing the etcd cluster): when etcd has not answered for ``rediscover_after_s``, the broker
+asks the nameservers again and, if they name other endpoints, points its etcd client there. The
+lease, the key and the watch carry on (the keep-alive re-grants and re-registers if the new etcd
+does not know the lease), so registration works as if etcd had only been briefly away.
+
 Independent of the broker's internals on purpose: it takes a :class:`BrokerInfo` and a
 callback, and the broker server wires it in.
 """
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0  # a broker started together with its nameserver waits this long for it
 NAMESERVER_RETRY_S = 0.5
 NAMESERVER_TIMEOUT_MS = 3000
+ETCD_CHECK_INTERVAL_S = 0.25  # how often the watchdog looks at etcd's health (no round trip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +126,18 @@ class BrokerRegistration:
         *,
         ttl_s: int = DEFAULT_BROKER_TTL_S,
         start_timeout_s: float = START_TIMEOUT_S,
+        rediscover_after_s: float | None = None,
     ) -> None:
         self.nameservers = [f"{h}:{p}" for h, p in parse_endpoints(nameservers)]
         self.info = info
         self._on_assignment = on_assignment
         self._ttl_s = ttl_s
         self._start_timeout_s = start_timeout_s
+        # Default: a third of the TTL, so a moved etcd is found while the lease still holds.
+        self._rediscover_after_s = ttl_s / 3 if rediscover_after_s is None else rediscover_after_s
+        self._prefix = ""
+        self._stop_watchdog = threading.Event()
+        self._watchdog: threading.Thread | None = None
         self._lock = threading.Lock()  # serialises assignment computation and callbacks
         self._assignments: Assignments | None = None
         self._client: EtcdClient | None = None
@@ -138,6 +151,17 @@ class BrokerRegistration:
         """The last assignment handed to the callback ({} before start)."""
         return dict(self._assignments or {})
 
+    def live_brokers(self) -> list[BrokerInfo]:
+        """The registered brokers, sorted by id (from the watch-fed view; no I/O)."""
+        view = self._view
+        return [] if view is None else view.brokers()
+
+    def queue_count(self, topic: str) -> int:
+        """``topic``'s queue count over the whole cluster; 0 if it does not exist (no I/O)."""
+        view = self._view
+        found = None if view is None else next((t for t in view.topics() if t.name == topic), None)
+        return 0 if found is None else found.queue_count
+
     @property
     def alive(self) -> bool:
         """True while this broker's lease is surely alive in etcd."""
@@ -150,7 +174,7 @@ class BrokerRegistration:
         :class:`ServiceUnavailableError` (or the etcd layer's :class:`EtcdUnavailable`) if that
         fails, with nothing left running."""
         etcd, prefix = self._discover_etcd()
-        self.etcd_endpoints = etcd
+        self.etcd_endpoints, self._prefix = etcd, prefix
         self._client = EtcdClient(etcd)
         try:
             self._metadata = ClusterMetadata(self._client, prefix)
@@ -162,6 +186,9 @@ class BrokerRegistration:
         except BaseException:
             self.stop()
             raise
+        self._stop_watchdog.clear()
+        self._watchdog = threading.Thread(target=self._watch_etcd, name="gms-etcd-watchdog", daemon=True)
+        self._watchdog.start()
         log.info("broker %s registered in etcd %s", self.info.broker_id, etcd)
         return self
 
@@ -182,8 +209,49 @@ class BrokerRegistration:
                 )
             time.sleep(NAMESERVER_RETRY_S)
 
+    def _etcd_answers(self) -> bool:
+        view, registration = self._view, self._registration
+        return view is not None and view.healthy and registration is not None and registration.alive
+
+    def _watch_etcd(self) -> None:
+        """Re-ask the nameservers where etcd is while it does not answer (every
+        ``rediscover_after_s``); move the client if the answer names other endpoints."""
+        silent_since: float | None = None
+        while not self._stop_watchdog.wait(ETCD_CHECK_INTERVAL_S):
+            now = time.monotonic()
+            if self._etcd_answers():
+                silent_since = None
+            elif silent_since is None:
+                silent_since = now
+            elif now - silent_since >= self._rediscover_after_s:
+                silent_since = now  # the next question after another rediscover_after_s
+                self._rediscover()
+
+    def _rediscover(self) -> None:
+        for nameserver in self.nameservers:
+            try:
+                etcd, prefix = run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS))
+            except (GmsError, ValueError) as err:
+                log.info("etcd %s does not answer; nameserver %s neither: %s", self.etcd_endpoints, nameserver, err)
+                continue
+            if prefix != self._prefix:
+                log.error("nameserver %s serves cluster prefix %r, this broker is in %r; ignoring it"
+                          " (fix --nameserver)", nameserver, prefix, self._prefix)
+                continue
+            client = self._client
+            if client is not None and sorted(parse_endpoints(etcd)) != sorted(parse_endpoints(self.etcd_endpoints)):
+                log.warning("etcd moved from %s to %s (per nameserver %s); reconnecting",
+                            self.etcd_endpoints, etcd, nameserver)
+                self.etcd_endpoints = etcd
+                client.reconnect(etcd)
+            return
+
     def stop(self) -> None:
         """Deregister at once (revoke the lease) and stop following etcd. Idempotent."""
+        self._stop_watchdog.set()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.join()
         registration, self._registration = self._registration, None
         if registration is not None:
             registration.close(deregister=True)

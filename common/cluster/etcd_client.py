@@ -9,6 +9,7 @@ failed endpoint is skipped for ``ENDPOINT_RETRY_S`` and the caller's retry goes 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
@@ -183,14 +184,26 @@ class EtcdClient:
     def __init__(
         self, endpoints: str | Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S
     ) -> None:
+        self._timeout_s = timeout_s
         self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
+        self._client = self._connect(self.endpoints)
+
+    def _connect(self, endpoints: list[str]) -> pyetcd.MultiEndpointEtcd3Client:
         eps = [
             pyetcd.Endpoint(h, p, secure=False, time_retry=ENDPOINT_RETRY_S, opts=_GRPC_OPTIONS)
             for h, p in parse_endpoints(endpoints)
         ]
-        self._client = pyetcd.MultiEndpointEtcd3Client(
-            endpoints=eps, timeout=timeout_s, failover=True
-        )
+        return pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=self._timeout_s, failover=True)
+
+    def reconnect(self, endpoints: str | Sequence[str]) -> None:
+        """Talk to ``endpoints`` from now on (etcd moved). Leases, keys and the users of this
+        client carry on; watches on the old endpoints end (their callback gets an error), so
+        watchers re-watch here. The old connection closes once calls in flight have timed out."""
+        self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
+        old, self._client = self._client, self._connect(self.endpoints)
+        closer = threading.Timer(self._timeout_s, old.close)
+        closer.daemon = True
+        closer.start()
 
     def close(self) -> None:
         self._client.close()

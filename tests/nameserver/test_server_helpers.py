@@ -31,9 +31,9 @@ class Rpc:
 class RunningNameServer:
     """A NameServer started on its own loop thread; ``rpc`` is a client connected to it."""
 
-    def __init__(self, etcd_endpoints: str, prefix: str, ttl_s: int = 10) -> None:
+    def __init__(self, etcd_endpoints: str, prefix: str, ttl_s: int = 10, *, listen: str = "127.0.0.1:0") -> None:
         self.loop = LoopThread(name="test-nameserver")
-        self.server = NameServer(etcd_endpoints, "127.0.0.1:0", prefix=prefix, ttl_s=ttl_s)
+        self.server = NameServer(etcd_endpoints, listen, prefix=prefix, ttl_s=ttl_s)
         self.loop.run(self.server.start(), REQUEST_TIMEOUT_MS * 2)
         self.address = f"127.0.0.1:{self.server.port}"
         self.rpc = Rpc(self.loop, self.server.port)
