@@ -20,15 +20,23 @@ LAYOUT_VERSION = 1
 _FIELDS = ("commitlog_file_size_bytes", "cq_entries_per_file")
 
 
+def read_layout(config_dir: Path) -> dict[str, int] | None:
+    """The geometry an existing store was created with; None for a new store."""
+    path = config_dir / LAYOUT_FILE
+    if not path.exists():
+        return None
+    recorded = json.loads(path.read_bytes())
+    return {name: recorded.get(name) for name in _FIELDS}
+
+
 def check_layout(config_dir: Path, config: StoreConfig) -> None:
     """Record the geometry of a new store, or check that ``config`` matches an existing one."""
-    path = config_dir / LAYOUT_FILE
     wanted = {name: getattr(config, name) for name in _FIELDS}
-    if not path.exists():
+    recorded = read_layout(config_dir)
+    if recorded is None:
         config_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
+        write_atomically(config_dir / LAYOUT_FILE, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
         return
-    recorded = json.loads(path.read_bytes())
     wrong = {name: recorded.get(name) for name in _FIELDS if recorded.get(name) != wanted[name]}
     if wrong:
         settings = ", ".join(f"{name} = {value}" for name, value in wrong.items())

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from gms.broker.store_layout import read_layout
 from gms.cluster.errors import EmbeddedEtcdError
-from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
 
 DEFAULT_DATA_DIR = Path("gms-data")
 DEFAULT_NAMESERVER_PORT = 9876
@@ -28,6 +29,7 @@ CHILD_START_TIMEOUT_S = 30.0
 CHILD_STOP_TIMEOUT_S = 15.0  # the broker flushes and checkpoints; well within this
 SUPERVISE_POLL_S = 0.2  # how soon an unexpected child exit is noticed
 LOG_TAIL_BYTES = 2000
+BROKER_STORE_CONFIG_DIR = Path("broker", "store", "config")  # under the data dir: the store's layout.json
 
 
 class StandaloneError(Exception):
@@ -118,9 +120,11 @@ def run_standalone(
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=host)
+    etcd_host, etcd_advertise_host = etcd_hosts(host)
+    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=etcd_host, advertise_host=etcd_advertise_host)
     code = 0
     try:
+        store_args = _store_args(data_dir, commitlog_file_size_bytes)
         etcd.start()
         nameserver = _Child(
             "nameserver",
@@ -135,8 +139,7 @@ def run_standalone(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, "--log-level", log_level,
-             *(["--commitlog-file-size", str(commitlog_file_size_bytes)] if commitlog_file_size_bytes else [])],
+             "--nameserver", nameserver_address, "--log-level", log_level, *store_args],
             run_dir,
         )
         children.append(broker)
@@ -162,6 +165,22 @@ def run_standalone(
     if code == 0:
         echo("gms standalone stopped")
     return code
+
+
+def _store_args(data_dir: Path, commitlog_file_size_bytes: int | None) -> list[str]:
+    """The broker's store geometry: the one an existing store was created with (so a restart
+    needs no flags), else ``--commitlog-file-size`` or the broker's defaults."""
+    layout = read_layout(data_dir / BROKER_STORE_CONFIG_DIR)
+    if layout is None:
+        return ["--commitlog-file-size", str(commitlog_file_size_bytes)] if commitlog_file_size_bytes else []
+    stored_size = layout["commitlog_file_size_bytes"]
+    if commitlog_file_size_bytes and commitlog_file_size_bytes != stored_size:
+        raise StandaloneError(
+            f"the broker store in {data_dir / 'broker'} was created with --commitlog-file-size {stored_size},"
+            f" not {commitlog_file_size_bytes}; the size cannot change under existing data. Leave out"
+            " --commitlog-file-size (the stored size is used) or start with another --data-dir"
+        )
+    return ["--commitlog-file-size", str(stored_size), "--cq-file-entries", str(layout["cq_entries_per_file"])]
 
 
 def _supervise(children: list[_Child], stop: threading.Event, echo: Callable[[str], None]) -> int:
