@@ -1,24 +1,29 @@
-"""Retention policy: which commitlog files may go (by age, then by a disk-usage cap)."""
+"""Retention policy: which commitlog files may go.
+
+Queues expire by their topic's retention (the store moves each queue's minimum past the records
+stored before ``now - retention_ms``); a commitlog file is shared by every topic, so it goes only
+once no queue still starts in it or before it -- or, oldest first, while the store is above its
+disk cap, whatever the queues still hold.
+"""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 from gms.broker.mapped_file import MappedFile
 
 
-def expiry_rule(now_ms: int, retention_ms: int, disk_usage_bytes: int,
-                disk_usage_max_bytes: int | None) -> Callable[[MappedFile], bool]:
-    """A predicate for ``CommitLog.delete_oldest``: a file goes if its last write is older than the
-    retention time, or while the store is above its disk cap (oldest first)."""
+def deletion_rule(keep_from: int, disk_usage_bytes: int,
+                  disk_usage_max_bytes: int | None) -> Callable[[MappedFile], bool]:
+    """A predicate for ``CommitLog.delete_oldest``: a file goes if it lies wholly below
+    ``keep_from`` (the lowest commitlog offset anything still needs), or while the store is
+    above its disk cap."""
     usage = [disk_usage_bytes]
 
     def should_delete(f: MappedFile) -> bool:
-        last_write_ms = os.stat(f.path).st_mtime_ns // 1_000_000
         over_cap = disk_usage_max_bytes is not None and usage[0] > disk_usage_max_bytes
-        if last_write_ms < now_ms - retention_ms or over_cap:
+        if f.end_offset <= keep_from or over_cap:
             usage[0] -= f.size_bytes
             return True
         return False

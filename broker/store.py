@@ -5,7 +5,8 @@ Layout under ``root_dir``::
 
     commitlog/<20-digit start offset>               shared mapped files, all topics
     consumequeue/<topic>/<queue id>/<20-digit byte offset>   20-byte index entries
-    config/topics.json                               topic -> queue count
+    config/topics.json                               topic -> queue count, retention, message size
+    config/min_offsets.json                          queue minimums moved by per-topic retention
     checkpoint, abort                                recovery bookkeeping
 
 One writer at a time (``append`` holds a lock); readers never take it: they work on snapshots of
@@ -39,17 +40,19 @@ from gms.broker.commitlog.batch import ParsedRecords, parse_batch
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
-from gms.broker.retention import Housekeeper, expiry_rule
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
+from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
+from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_layout import check_layout
-from gms.broker.topics import QUEUE_COUNT_MAX, TopicTable
+from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
 from gms.record import OFF_STORE_TS, RecordCheck, check_record
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
     MessageNotFound,
+    MessageTooLarge,
     StoreClosed,
     StoreCorrupt,
     StoreError,
@@ -118,6 +121,10 @@ class MessageStore:
         self._write_lock = threading.Lock()
         self._abort = AbortMarker(self.root)
         self._truncations = TruncationLog(self.root / "config" / "truncations.json")
+        self._min_offsets_path = self.root / "config" / "min_offsets.json"
+        # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
+        self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
+        self._checkpointed_offset = 0  # cq_safe_offset of the last checkpoint: recovery starts there
         self._warmer: ThreadPoolExecutor | None = None
         self._commitlog: CommitLog | None = None
         self._flusher: FlushService | None = None
@@ -150,8 +157,11 @@ class MessageStore:
             self._commitlog.set_end(checkpoint.commitlog_flushed_offset)
             self._last_store_ts_ms = checkpoint.store_ts_ms
         self.recovered_from_crash = crashed and (had_data or self._abort.found())  # a new store did not crash
-        for cq in self._queues.values():  # entries whose commitlog file expired are below the minimum
+        self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else self._commitlog.min_offset
+        saved_minimums = load_min_offsets(self._min_offsets_path)
+        for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(self._commitlog.min_offset)
+            cq.advance_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
         self._truncations.prune(self._commitlog.min_offset)
         self._abort.set()
         end = self._commitlog.committed_pos
@@ -218,11 +228,15 @@ class MessageStore:
         log.info("recovered commitlog from %d to %d", start, end)
 
     # --- topics --------------------------------------------------------------------------------
-    def create_topic(self, name: str, queue_count: int) -> None:
-        self._topics.create(name, queue_count)
+    def create_topic(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
+        self._topics.create(name, queue_count, limits)
 
-    def update_topic(self, name: str, queue_count: int) -> None:
-        self._topics.update(name, queue_count)
+    def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
+        """Grow the queue count and/or replace the topic's limits (None: leave as is)."""
+        self._topics.update(name, queue_count, limits)
+
+    def topic_limits(self, name: str) -> TopicLimits:
+        return self._topics.limits(name)
 
     def delete_topic(self, name: str) -> None:
         with self._write_lock:
@@ -232,12 +246,13 @@ class MessageStore:
                 for key in [k for k in self._queues if k[0] == name]:
                     self._queues.pop(key).close()
             shutil.rmtree(self._cq_root / name, ignore_errors=True)
+            self._save_min_offsets()  # a topic created again under this name starts at 0
 
     def topics(self) -> dict[str, int]:
         return self._topics.snapshot()
 
     def _load_queues(self) -> None:
-        for topic, count in self._topics.snapshot().items():
+        for topic in self._topics.snapshot():
             topic_dir = self._cq_root / topic
             if topic_dir.is_dir():
                 for qdir in topic_dir.iterdir():
@@ -301,6 +316,8 @@ class MessageStore:
             if len(buf) > self.config.record_size_max_bytes and int(sizes.max()) > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{int(sizes.max())} bytes cannot fit a commitlog file of "
                                               f"{self.config.commitlog_file_size_bytes} bytes")
+            if not replicated:  # the leader checked; a limit changed since must not stall replication
+                self._check_message_sizes(parsed, sizes, len(buf))
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
@@ -325,6 +342,19 @@ class MessageStore:
         self._flusher.appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups])
+
+    def _check_message_sizes(self, parsed: ParsedRecords, sizes: np.ndarray, batch_bytes: int) -> None:
+        """Each record against its topic's ``message_size_bytes_max``: nothing when the whole batch
+        is within the smallest limit (the usual case), else one vectorised comparison."""
+        per_topic = [self._topics.limits(t).message_size_bytes_max or batch_bytes for t in parsed.topics]
+        if batch_bytes <= min(per_topic):
+            return
+        limits = np.array(per_topic, np.int64)
+        over = np.flatnonzero(sizes > limits[parsed.topic_index])
+        if over.size:
+            i = int(over[0])
+            raise MessageTooLarge(parsed.topics[parsed.topic_index[i]], int(sizes[i]),
+                                  int(limits[parsed.topic_index[i]]))
 
     @staticmethod
     def _check_replicated_offsets(groups: list[_QueueGroup], parsed: ParsedRecords) -> np.ndarray:
@@ -478,6 +508,7 @@ class MessageStore:
             cq.flush()
         write_checkpoint(self.root, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
+        self._checkpointed_offset = end
 
     # --- reads ---------------------------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> int:
@@ -507,7 +538,11 @@ class MessageStore:
         if offset >= hi:
             return GetResult(GetStatus.NO_NEW_MESSAGE, offset, lo, hi, [])
         window = min(hi - offset, max(max_msgs, 1) if tag_hashes is None else SCAN_ENTRIES_MAX)
-        entries = cq.read(offset, window)
+        try:
+            entries = cq.read(offset, window)
+        except OffsetExpired:  # retention moved the minimum and dropped index files under our feet
+            lo = cq.min_offset
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, max(hi, lo), [])
         if tag_hashes is None:
             picked = np.arange(window)
         else:
@@ -556,9 +591,9 @@ class MessageStore:
         if first == last:
             f = files[first]
             view, starts = f.view, (phys - f.base_offset).tolist()
-            return [view[s: s + n] for s, n in zip(starts, sizes.tolist())]
+            return [view[s: s + n] for s, n in zip(starts, sizes.tolist(), strict=True)]
         out = []
-        for fi, p, n in zip(file_idx.tolist(), phys.tolist(), sizes.tolist()):
+        for fi, p, n in zip(file_idx.tolist(), phys.tolist(), sizes.tolist(), strict=True):
             f = files[fi]
             out.append(f.view[p - f.base_offset: p - f.base_offset + n])
         return out
@@ -572,19 +607,26 @@ class MessageStore:
         pos = phys_offset - f.base_offset
         status, size = check_record(f.view, pos, f.size_bytes)
         if status is not RecordCheck.OK:
-            raise MessageNotFound(phys_offset, f"no record starts there ({status.value})")
+            raise MessageNotFound(phys_offset, "not the start of a record")  # stored records all checked
         return f.view[pos: pos + size]
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first queue offset whose store timestamp is >= ``ts_ms`` (max offset if none)."""
         commitlog = self._cl()
         cq = self._queue(topic, queue_id)
-        lo, hi = cq.min_offset, cq.max_offset
+        return self._first_stored_at(commitlog, cq, cq.min_offset, cq.max_offset, ts_ms)
+
+    @staticmethod
+    def _store_ts(commitlog: CommitLog, cq: ConsumeQueue, offset: int) -> int:
+        view = commitlog.read(int(cq.read(offset, 1)["phys"][0]), OFF_STORE_TS + _STORE_TS.size)
+        return _STORE_TS.unpack_from(view, OFF_STORE_TS)[0]
+
+    @classmethod
+    def _first_stored_at(cls, commitlog: CommitLog, cq: ConsumeQueue, lo: int, hi: int, ts_ms: int) -> int:
+        """Binary search of [lo, hi) by store time (never decreasing along a queue)."""
         while lo < hi:
             mid = (lo + hi) // 2
-            entry = cq.read(mid, 1)
-            view = commitlog.read(int(entry["phys"][0]), OFF_STORE_TS + _STORE_TS.size)
-            if _STORE_TS.unpack_from(view, OFF_STORE_TS)[0] < ts_ms:
+            if cls._store_ts(commitlog, cq, mid) < ts_ms:
                 lo = mid + 1
             else:
                 hi = mid
@@ -601,20 +643,60 @@ class MessageStore:
                 + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
 
     # --- retention -----------------------------------------------------------------------------
+    def set_expiry_limit(self, limit: Callable[[str, int], int | None]) -> None:
+        """``limit(topic, queue_id)``: the offset retention never moves that queue's minimum past
+        (a replicated queue's high watermark: records not yet committed do not expire, as Kafka
+        keeps its log start offset below the HW); None = the queue's end."""
+        self._expiry_limit = limit
+
     def delete_expired(self, now_ms: int | None = None) -> int:
-        """Delete commitlog files past retention or over the disk cap; returns how many."""
+        """One retention run: move every queue's minimum past the records its topic no longer
+        keeps, then delete the commitlog files no queue needs any more (and, oldest first, more
+        while the store is above its disk cap). Returns the number of commitlog files deleted."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         with self._write_lock:
             commitlog = self._cl()
             with self._queues_lock:
-                queues = list(self._queues.values())
-            usage = self._disk_usage(commitlog)
-            rule = expiry_rule(now_ms, self.config.retention_ms, usage, self.config.disk_usage_max_bytes)
+                queues = dict(self._queues)
+            moved = self._expire_queues(commitlog, queues, now_ms)
+            # A file goes once every queue starts past it -- and never at or past the last
+            # checkpoint: crash recovery rescans the commitlog from there.
+            pins = [int(cq.read(cq.min_offset, 1)["phys"][0])
+                    for cq in queues.values() if cq.min_offset < cq.max_offset]
+            keep_from = min([self._checkpointed_offset, commitlog.committed_pos, *pins])
+            rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
             deleted = commitlog.delete_oldest(rule)
-            if deleted:
-                for cq in queues:
-                    cq.delete_below_phys(commitlog.min_offset)
+            if deleted:  # over the disk cap, files go whatever the queues still hold
+                for cq in queues.values():
+                    moved = cq.delete_below_phys(commitlog.min_offset) or moved
+            if moved:
+                self._save_min_offsets()
         return deleted
+
+    def _expire_queues(self, commitlog: CommitLog, queues: dict[tuple[str, int], ConsumeQueue],
+                       now_ms: int) -> bool:
+        """Move each queue's minimum to its first record stored at or after now - retention
+        (bounded by the expiry limit); True if any moved. One store-time read per queue when
+        nothing expired, a binary search when something did."""
+        limits = self._topics.all_limits()
+        moved = False
+        for (topic, queue_id), cq in queues.items():
+            topic_limits = limits.get(topic)
+            lo = cq.min_offset
+            cap = self._expiry_limit(topic, queue_id)
+            hi = cq.max_offset if cap is None else max(lo, min(cap, cq.max_offset))
+            if topic_limits is None or lo >= hi:
+                continue
+            cutoff_ms = now_ms - (topic_limits.retention_ms or self.config.retention_ms)
+            if self._store_ts(commitlog, cq, lo) >= cutoff_ms:
+                continue
+            moved = cq.advance_min(self._first_stored_at(commitlog, cq, lo + 1, hi, cutoff_ms)) or moved
+        return moved
+
+    def _save_min_offsets(self) -> None:
+        with self._queues_lock:
+            minimums = {key: cq.min_offset for key, cq in self._queues.items()}
+        save_min_offsets(self._min_offsets_path, minimums)
 
     def _housekeeping(self) -> None:
         try:

@@ -1,12 +1,22 @@
-"""The store's topic table (name -> queue count), persisted as JSON under ``store/config/``."""
+"""The store's topic table (name -> queue count and the topic's storage limits), persisted as JSON
+under ``store/config/``.
+
+In a cluster the limits come from the topic's settings in etcd (the broker copies them here, so
+a restarted broker enforces them before it hears from etcd); a standalone broker takes them from
+its own CREATE_TOPIC / UPDATE_TOPIC.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from gms.broker.atomic_file import write_atomically
+from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.store_errors import InvalidQueueCount, StoreCorrupt, TopicExists, UnknownTopic
 
@@ -15,11 +25,39 @@ TOPICS_FILE = "topics.json"
 TOPICS_FORMAT_VERSION = 1
 
 
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """The part of a topic's settings the store enforces; None = the store's default."""
+
+    retention_ms: int | None = None  # None: StoreConfig.retention_hours
+    message_size_bytes_max: int | None = None  # whole stored record; None: only body_size_max_bytes
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise InvalidTopicError(f"topic setting {f.name} must be a positive integer")
+
+    def merged(self, changes: Mapping[str, Any]) -> TopicLimits:
+        """These limits with the named ones changed (None restores the store default)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise InvalidTopicError(f"topic setting(s) {', '.join(sorted(unknown))} need a cluster (a broker"
+                                    " without a nameserver knows retention_ms and message_size_bytes_max)")
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Topic:
+    queue_count: int
+    limits: TopicLimits
+
+
 class TopicTable:
     def __init__(self, config_dir: Path) -> None:
         self._path = config_dir / TOPICS_FILE
         self._lock = threading.Lock()
-        self._queue_counts: dict[str, int] = {}
+        self._topics: dict[str, _Topic] = {}
 
     def load(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,49 +65,67 @@ class TopicTable:
             return
         try:
             doc = json.loads(self._path.read_bytes())
-            counts = {validate_topic_name(name): int(spec["queue_count"]) for name, spec in doc["topics"].items()}
-        except (ValueError, KeyError, TypeError) as err:
+            topics = {validate_topic_name(name): _Topic(int(spec.pop("queue_count")), TopicLimits(**spec))
+                      for name, spec in doc["topics"].items()}
+        except (ValueError, KeyError, TypeError, InvalidTopicError) as err:
             raise StoreCorrupt(f"unreadable topic table {self._path}: {err}") from err
-        self._queue_counts = counts
+        self._topics = topics
 
-    def _save(self, counts: dict[str, int]) -> None:
+    def _save(self, topics: dict[str, _Topic]) -> None:
         doc = {"version": TOPICS_FORMAT_VERSION,
-               "topics": {name: {"queue_count": n} for name, n in sorted(counts.items())}}
+               "topics": {name: {"queue_count": t.queue_count,
+                                 **{k: v for k, v in asdict(t.limits).items() if v is not None}}
+                          for name, t in sorted(topics.items())}}
         write_atomically(self._path, json.dumps(doc, indent=1).encode())
-        self._queue_counts = counts
+        self._topics = topics
 
     @staticmethod
     def _check_count(queue_count: int) -> None:
         if not isinstance(queue_count, int) or not 1 <= queue_count <= QUEUE_COUNT_MAX:
             raise InvalidQueueCount(queue_count, QUEUE_COUNT_MAX)
 
-    def create(self, name: str, queue_count: int) -> None:
+    def create(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
         validate_topic_name(name)
         self._check_count(queue_count)
         with self._lock:
-            if name in self._queue_counts:
+            if name in self._topics:
                 raise TopicExists(name)
-            self._save({**self._queue_counts, name: queue_count})
+            self._save({**self._topics, name: _Topic(queue_count, limits or TopicLimits())})
 
-    def update(self, name: str, queue_count: int) -> None:
-        self._check_count(queue_count)
+    def update(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
+        """Change the queue count and/or the limits; saved only if something changed."""
+        if queue_count is not None:
+            self._check_count(queue_count)
         with self._lock:
-            self.queue_count(name)
-            self._save({**self._queue_counts, name: queue_count})
+            current = self._entry(name)
+            updated = _Topic(current.queue_count if queue_count is None else queue_count,
+                             current.limits if limits is None else limits)
+            if updated != current:
+                self._save({**self._topics, name: updated})
 
     def delete(self, name: str) -> None:
         with self._lock:
-            self.queue_count(name)
-            self._save({k: v for k, v in self._queue_counts.items() if k != name})
+            self._entry(name)
+            self._save({k: v for k, v in self._topics.items() if k != name})
 
-    def queue_count(self, name: str) -> int:
+    def _entry(self, name: str) -> _Topic:
         try:
-            return self._queue_counts[name]
+            return self._topics[name]
         except KeyError:
             raise UnknownTopic(name) from None
 
+    def queue_count(self, name: str) -> int:
+        return self._entry(name).queue_count
+
+    def limits(self, name: str) -> TopicLimits:
+        return self._entry(name).limits
+
     def get(self, name: str) -> int | None:
-        return self._queue_counts.get(name)
+        topic = self._topics.get(name)
+        return None if topic is None else topic.queue_count
 
     def snapshot(self) -> dict[str, int]:
-        return dict(self._queue_counts)
+        return {name: t.queue_count for name, t in self._topics.items()}
+
+    def all_limits(self) -> dict[str, TopicLimits]:
+        return {name: t.limits for name, t in self._topics.items()}

@@ -58,6 +58,19 @@ class BodyTooLarge(InvalidRecord):
         self.size_bytes_max = size_bytes_max
 
 
+class MessageTooLarge(InvalidRecord):
+    """A record is larger than its topic's ``message_size_bytes_max`` (the whole batch is refused)."""
+
+    def __init__(self, topic: str, size_bytes: int, size_bytes_max: int) -> None:
+        super().__init__("message", f"a record of {size_bytes} bytes exceeds topic {topic}'s limit of "
+                                    f"{size_bytes_max} bytes (message_size_bytes_max, counted as stored:"
+                                    " headers, topic, tag, keys, properties and body); nothing of the batch"
+                                    " was stored")
+        self.topic = topic
+        self.size_bytes = size_bytes
+        self.size_bytes_max = size_bytes_max
+
+
 class EmptyBody(InvalidRecord):
 
     def __init__(self) -> None:

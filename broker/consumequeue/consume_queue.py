@@ -19,10 +19,19 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.mapped_file import MappedFile, list_files
+from gms.store_errors import StoreError
 
 CQ_UNIT = struct.Struct(">qiq")
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
+
+
+class OffsetExpired(StoreError):
+    """Entries asked for lie below a minimum that retention has just moved (answer as below min)."""
+
+    def __init__(self, offset: int, min_offset: int) -> None:
+        super().__init__(f"queue offset {offset} expired (the queue now starts at {min_offset})")
+        self.offset = offset
 
 
 class ConsumeQueue:
@@ -38,7 +47,7 @@ class ConsumeQueue:
     def load(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.files = [MappedFile.open(p, base, self.file_size_bytes) for base, p in list_files(self.directory)]
-        for prev, cur in zip(self.files, self.files[1:]):
+        for prev, cur in zip(self.files, self.files[1:], strict=False):
             if cur.base_offset != prev.end_offset:  # a hole (deleted by hand): keep the newest run
                 self.files = self.files[self.files.index(cur):]
         if not self.files:
@@ -53,7 +62,10 @@ class ConsumeQueue:
         self.min_offset = self.files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
 
     def _file(self, offset: int, files: list[MappedFile]) -> MappedFile:
-        return files[(offset - files[0].base_offset // CQ_UNIT.size) // self.entries_per_file]
+        index = (offset - files[0].base_offset // CQ_UNIT.size) // self.entries_per_file
+        if index < 0:  # a reader that took the minimum before retention moved it and dropped files
+            raise OffsetExpired(offset, self.min_offset)
+        return files[index]
 
     def append(self, start_offset: int, entries: np.ndarray) -> None:
         """Write ``entries`` (CQ_DTYPE) at ``start_offset``, which must be the end of the queue."""
@@ -144,16 +156,25 @@ class ConsumeQueue:
         """Drop entries pointing at or past ``phys_end`` (the commitlog was cut there)."""
         self.truncate(self.offset_of_phys(phys_end))
 
-    def delete_below_phys(self, phys_min: int) -> None:
-        """Retention: the commitlog now starts at ``phys_min``; drop files wholly below it, never the
-        last one, and move the minimum offset."""
-        self.min_offset = max(self.min_offset, self.offset_of_phys(phys_min))
+    def delete_below_phys(self, phys_min: int) -> bool:
+        """The commitlog now starts at ``phys_min``: move the minimum to the first entry still in it."""
+        return self.advance_min(self.offset_of_phys(phys_min))
+
+    def advance_min(self, offset: int) -> bool:
+        """Retention: entries below ``offset`` (at most the end) are no longer served; files wholly
+        below the minimum are deleted (never the last one, nor one a reader still holds: retried
+        on the next call). True if the minimum moved."""
+        offset = min(offset, self.max_offset)
+        moved = offset > self.min_offset
+        if moved:
+            self.min_offset = offset
         while len(self.files) > 1 and self.files[1].base_offset // CQ_UNIT.size <= self.min_offset:
             victim = self.files[0]
             if not victim.try_close():
                 break
             self.files = self.files[1:]
             victim.path.unlink(missing_ok=True)
+        return moved
 
     def close(self) -> None:
         for f in self.files:

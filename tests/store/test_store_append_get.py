@@ -188,9 +188,12 @@ def test_topic_admin(store_dir):
         assert store.topics() == {"b": 1}
 
 
-def test_views_keep_a_file_from_being_unmapped(store):
+def test_views_keep_a_file_from_being_unmapped(store_dir):
+    store = MessageStore(store_dir, small_config(checkpoint_interval_ms=1)).open()
+    store.create_topic("t", 4)
     for i in range(10):
-        store.append(batch(n=10, start=10 * i))
+        end = store.append(batch(n=10, start=10 * i)).end_phys_offset
+    store.durable_future(end).result(5)  # checkpointed: retention deletes only below the checkpoint
     held = store.get("t", 0, 0, 1).records[0]
     before = bytes(held)
     first = store._commitlog.files[0]
@@ -201,6 +204,7 @@ def test_views_keep_a_file_from_being_unmapped(store):
     assert store._commitlog.files[0] is first
     del held
     assert store.delete_expired(now_ms=int(time.time() * 1000) + 10**12) >= 1
+    store.close()
 
 
 def test_append_result_arrays(store):
