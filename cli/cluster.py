@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gms.cli.admin_context import open_admin
@@ -16,7 +18,8 @@ from gms.msgid import decode_msg_id
 def cluster(nameserver: str, as_json: bool) -> None:
     """Show nameservers, brokers (alive, address, topics, disk use) and etcd health.
 
-    Exits with 1 when etcd is unhealthy or a registered broker does not answer."""
+    Exits with 1 and says why when etcd is unhealthy, no broker is registered, a registered
+    broker does not answer, a queue has no live leader or a queue's ISR is below its minimum."""
     with open_admin(nameserver) as admin:
         status = admin.cluster_status()
         brokers = {b["address"]: b for b in status["brokers"]}
@@ -28,12 +31,17 @@ def cluster(nameserver: str, as_json: bool) -> None:
                      "disk_used_bytes": answer.get("disk_used_bytes"), "uptime_s": answer.get("uptime_s"),
                      "error": answer.get("error")})
     etcd = status["etcd"]
+    queues = status.get("queues") or {"without_leader": [], "under_min_isr": []}
     problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
         f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
+    problems += _queue_problems(queues)
+    if not rows:
+        problems.append("no broker is registered: start one with `gms-broker --nameserver ...`")
     controller = status.get("controller") or {}
     if as_json:
         print_json({"etcd": etcd, "nameservers": status["nameservers"], "controller": controller,
-                    "brokers": rows, "topics": status["topics"], "healthy": not problems})
+                    "brokers": rows, "topics": status["topics"], "queues": queues, "problems": problems,
+                    "healthy": not problems})
     else:
         show(
             table("nameservers", ["address", "started", "controller"],
@@ -50,6 +58,28 @@ def cluster(nameserver: str, as_json: bool) -> None:
         )
     if problems:
         raise click.ClickException("; ".join(problems))
+
+
+QUEUES_LISTED_MAX = 8  # a whole dead broker's queues would drown the message
+
+
+def _queue_problems(queues: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One line per kind of queue trouble the nameserver reported, naming the first queues."""
+
+    def listed(items: list[str]) -> str:
+        more = f" and {len(items) - QUEUES_LISTED_MAX} more" if len(items) > QUEUES_LISTED_MAX else ""
+        return ", ".join(items[:QUEUES_LISTED_MAX]) + more
+
+    problems = []
+    if queues["without_leader"]:
+        problems.append(f"{len(queues['without_leader'])} queue(s) without a live leader (sends fail): " + listed(
+            [f"{q['topic']}/{q['queue_id']} (leader {q['leader'] or 'none'})" for q in queues["without_leader"]]))
+    if queues["under_min_isr"]:
+        problems.append(f"{len(queues['under_min_isr'])} queue(s) with fewer in-sync replicas than their minimum"
+                        " (acks=-1 sends fail): " + listed(
+            [f"{q['topic']}/{q['queue_id']} (isr {','.join(q['isr'])}, min {q['min_insync_replicas']})"
+             for q in queues["under_min_isr"]]))
+    return problems
 
 
 @click.group()

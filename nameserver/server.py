@@ -83,6 +83,23 @@ def broker_fields(info: BrokerInfo) -> dict[str, Any]:
     }
 
 
+def queue_health(topics: list[TopicMetadata], brokers: list[BrokerInfo]) -> dict[str, list[dict[str, Any]]]:
+    """Queues that cannot take sends as configured: no live leader (``leader`` null, or its
+    broker not registered), or a live leader whose ISR is below the topic's minimum."""
+    live = {b.broker_id for b in brokers}
+    without_leader: list[dict[str, Any]] = []
+    under_min_isr: list[dict[str, Any]] = []
+    for topic in topics:
+        minimum = topic.settings.min_insync_replicas or 1  # always resolved in a TopicMetadata
+        for q in topic.queues:
+            if q.leader is None or q.leader not in live:
+                without_leader.append({"topic": topic.name, "queue_id": q.queue_id, "leader": q.leader})
+            elif len(q.isr) < minimum:
+                under_min_isr.append({"topic": topic.name, "queue_id": q.queue_id, "isr": list(q.isr),
+                                      "min_insync_replicas": minimum})
+    return {"without_leader": without_leader, "under_min_isr": under_min_isr}
+
+
 class NameServer:
     """One nameserver process's service. ``start()``/``stop()`` run on its event loop."""
 
@@ -253,6 +270,7 @@ class NameServer:
                 "controller": self._controller_fields(),
                 "brokers": [broker_fields(b) for b in view.brokers()],
                 "topics": len(view.topics()),
+                "queues": queue_health(view.topics(), view.brokers()),
             }
         )
 
