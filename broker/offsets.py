@@ -6,8 +6,11 @@ commits since the last persist, which consumers then see again (at-least-once).
 
 Replication: every commit gets a sequence number of this store's ``session`` (a random id per
 process), so a queue's leader can send a follower only the commits it has not seen yet
-(:meth:`changed_since`); the follower stores them with :meth:`commit` like its own, so the
-group's position survives the leader's loss.
+(:meth:`changed_since`); the follower stores them (:meth:`apply_replicated`), so the group's
+position survives the leader's loss. A deleted offset (``gms group delete``) is a commit of
+:data:`DELETED` with its own seq, so followers delete it too; and an answer to a fetch that
+started a new session holds every group the leader has on the queue, so a follower that missed
+the deletes (down, or the leader restarted) drops what the leader no longer has.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 _FORMAT_VERSION = 1
 SESSION_BITS = 62  # a positive msgpack int; 0 means "no session seen yet" on the wire
+DELETED = -1  # the offset of a [group, offset] commit row whose group's offset was deleted
 
 
 class OffsetStore:
@@ -51,17 +55,58 @@ class OffsetStore:
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self._offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+        self._changed(group, topic, queue_id)
+
+    def _changed(self, group: str, topic: str, queue_id: int) -> None:
         self.seq += 1
         self._commit_seqs.setdefault((topic, queue_id), {})[group] = self.seq
         self._dirty = True
 
+    def _remove(self, group: str, topic: str, queue_id: int) -> None:
+        """Forget one committed offset (and the group once it has none) and record it as a
+        change, so followers delete it too."""
+        topics = self._offsets[group]
+        del topics[topic][queue_id]
+        if not topics[topic]:
+            del topics[topic]
+        if not topics:
+            del self._offsets[group]
+        self._changed(group, topic, queue_id)
+
+    def delete_group(self, group: str) -> list[tuple[str, int]]:
+        """Delete every offset ``group`` committed here; return the queues it had committed on."""
+        queues = [(topic, q) for topic, offsets in self._offsets.get(group, {}).items() for q in offsets]
+        for topic, queue_id in queues:
+            self._remove(group, topic, queue_id)
+        return queues
+
     def changed_since(self, topic: str, queue_id: int, seq: int) -> list[list[str | int]]:
         """``[group, offset]`` of every group whose commit on the queue is newer than ``seq`` of
-        this session (seq 0: every group known here, loaded from the file or committed)."""
+        this session (seq 0: every group known here, loaded from the file or committed);
+        ``offset`` is :data:`DELETED` for a group whose offset was deleted since."""
         seqs = self._commit_seqs.get((topic, queue_id))
         if not seqs or self.seq <= seq:
             return []
-        return [[group, self._offsets[group][topic][queue_id]] for group, s in seqs.items() if s > seq]
+        return [[group, self._offsets.get(group, {}).get(topic, {}).get(queue_id, DELETED)]
+                for group, s in seqs.items() if s > seq]
+
+    def apply_replicated(self, topic: str, queue_id: int, commits: list[list[str | int]], *,
+                         complete: bool) -> None:
+        """Store the ``[group, offset]`` rows a queue's leader sent (:meth:`changed_since`).
+        ``complete``: the rows answer a fetch from seq 0 of the leader's session, so they name
+        every group the leader has on the queue — groups missing from them were deleted there."""
+        sent: set[str] = set()
+        for row in commits:
+            group, offset = str(row[0]), int(row[1])
+            sent.add(group)
+            if offset != DELETED:
+                self.commit(group, topic, queue_id, offset)
+            elif self.get(group, topic, queue_id) is not None:
+                self._remove(group, topic, queue_id)
+        if complete:
+            for group in [g for g, topics in self._offsets.items()
+                          if queue_id in topics.get(topic, {}) and g not in sent]:
+                self._remove(group, topic, queue_id)
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._offsets.get(group, {}).get(topic, {}).get(queue_id)
@@ -73,9 +118,11 @@ class OffsetStore:
         return sorted(self._offsets)
 
     def delete_topic(self, topic: str) -> None:
-        for topics in self._offsets.values():
+        for group, topics in list(self._offsets.items()):
             if topics.pop(topic, None) is not None:
                 self._dirty = True
+                if not topics:
+                    del self._offsets[group]
         for key in [k for k in self._commit_seqs if k[0] == topic]:
             del self._commit_seqs[key]
 

@@ -131,7 +131,7 @@ class LeaderFetcher:
         frame = await conn.request(RequestCode.OFFSET_FOR_LEADER_EPOCH, {
             "queues": [[*p.key, epoch, last] for p, epoch, last in sent]})
         changed = False
-        for (p, epoch, asked), row in zip(sent, frame.fields["queues"]):
+        for (p, epoch, asked), row in zip(sent, frame.fields["queues"], strict=True):
             status, found_epoch, end_offset = row[2], row[3], row[4]
             if not self._mine(p) or p.leader_epoch != epoch:
                 continue
@@ -157,22 +157,23 @@ class LeaderFetcher:
             self.manager.save_state()
 
     async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
-        sent = [(p, p.leader_epoch, self.store.max_offset(*p.key)) for p in partitions]
         config = self.manager.config
         session = self._offsets_session
+        sent = [(p, p.leader_epoch, self.store.max_offset(*p.key),
+                 p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
         frame = await conn.request(RequestCode.REPLICA_FETCH, {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
-            "queues": [[*p.key, offset, epoch, p.history.latest_epoch,
-                        p.offsets_seen[1] if p.offsets_seen[0] == session else 0]
-                       for p, epoch, offset in sent],
+            "queues": [[*p.key, offset, epoch, p.history.latest_epoch, offsets_seq]
+                       for p, epoch, offset, offsets_seq in sent],
         }, timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
         self._offsets_session = frame.fields["offsets_session"]
+        new_session = self._offsets_session != session
         seen = (self._offsets_session, frame.fields["offsets_seq"])
         body = memoryview(frame.body)
         pos = 0
         history_changed = False
-        for (p, epoch, offset), row in zip(sent, frame.fields["queues"]):
+        for (p, epoch, offset, offsets_seq), row in zip(sent, frame.fields["queues"], strict=True):
             status, hw, size, epochs, commits, crc = row[2], row[3], row[5], row[6], row[7], row[8]
             sizes = np.frombuffer(row[9], SIZES_DTYPE) if len(row) > 9 and row[9] else None
             chunk, pos = body[pos: pos + size], pos + size
@@ -193,8 +194,8 @@ class LeaderFetcher:
             if min(hw, leo) > p.hw:
                 p.hw = min(hw, leo)
                 self.manager.hw_moved()
-            for group, committed in commits:
-                self.manager.offsets.commit(group, *p.key, committed)
+            # From seq 0 of the leader's session the commits name every group it has on the queue.
+            self.manager.offsets.apply_replicated(*p.key, commits, complete=new_session or offsets_seq == 0)
             p.offsets_seen = seen
         if history_changed:
             self.manager.save_state()
