@@ -1,4 +1,6 @@
-"""``gms group``: consumer groups — list them, describe members, assignment and lag."""
+"""``gms group``: consumer groups — list them, describe members, assignment and lag, move
+their committed offsets (``reset-offsets``, as Kafka's ``kafka-consumer-groups --reset-offsets``)
+and delete them."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import print_json, show, table, time_text
 from gms.client import Admin
-from gms.errors import TopicNotFoundError
+from gms.client.offset_reset import QueueReset, ResetSpec
+from gms.errors import GroupNotEmptyError, QueueNotFoundError, TopicNotFoundError
+from gms.times import parse_time_ms
 
 NO_COMMIT = -1
 
 
 @click.group()
 def group() -> None:
-    """List consumer groups and show their members, assignment and lag."""
+    """List consumer groups, show their members, assignment and lag, reset their offsets,
+    delete them."""
 
 
 @group.command(name="list")
@@ -87,3 +92,131 @@ def describe(group_name: str, nameserver: str, as_json: bool) -> None:
               [(r["topic"], r["queue_id"], r["broker"], r["member"], r["committed"], r["max_offset"], r["lag"])
                for r in rows]),
     )
+
+
+def _queue_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[int]:
+    """``--queue 1 --queue 2,3`` → [1, 2, 3]."""
+    ids = []
+    for value in values:
+        for part in value.split(","):
+            try:
+                ids.append(int(part))
+            except ValueError as err:
+                raise click.BadParameter(f"{part.strip()!r} is not a queue id (an integer)") from err
+    return ids
+
+
+def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shift_by: int | None,
+                to_offset: int | None) -> ResetSpec:
+    """The one target the options name; a usage error unless exactly one is given."""
+    given: dict[str, ResetSpec] = {}
+    if to_earliest:
+        given["--to-earliest"] = ResetSpec.earliest()
+    if to_latest:
+        given["--to-latest"] = ResetSpec.latest()
+    if to_datetime is not None:
+        given["--to-datetime"] = _datetime_spec(to_datetime)
+    if shift_by is not None:
+        given["--shift-by"] = ResetSpec.shift_by(shift_by)
+    if to_offset is not None:
+        given["--to-offset"] = ResetSpec.to_offset(to_offset)
+    if len(given) != 1:
+        named = f" (got {' and '.join(given)})" if given else ""
+        raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-datetime, --shift-by,"
+                               f" --to-offset{named}")
+    return next(iter(given.values()))
+
+
+def _datetime_spec(text: str) -> ResetSpec:
+    try:
+        return ResetSpec.to_datetime(parse_time_ms(text))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="'--to-datetime'") from err
+
+
+@group.command(name="reset-offsets")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--topic", "-t", "topics", multiple=True, required=True,
+              help="Topic whose offsets move (repeatable).")
+@click.option("--queue", "-q", "queues", multiple=True, callback=_queue_ids, metavar="Q[,Q...]",
+              help="Only these queues of each topic (repeatable, or comma separated). Default: every queue.")
+@click.option("--to-earliest", is_flag=True, help="To the first offset still in the queue.")
+@click.option("--to-latest", is_flag=True, help="To the end: only messages sent after the reset are consumed.")
+@click.option("--to-datetime", metavar="TIME",
+              help="To the first message stored at or after TIME: epoch ms or ISO 8601 (no zone = UTC).")
+@click.option("--shift-by", type=int, metavar="N",
+              help="The committed offset plus N (negative: consume again). Queues without a committed offset"
+                   " are left alone.")
+@click.option("--to-offset", type=click.IntRange(min=0), metavar="N", help="To offset N.")
+@click.option("--dry-run", is_flag=True, help="Only show the plan; nothing changes (the default).")
+@click.option("--execute", is_flag=True, help="Store the new offsets.")
+@click.option("--force", is_flag=True,
+              help="Execute even while the group has live members (they may commit over the reset).")
+@nameserver_option
+@json_option
+def reset_offsets(group_name: str, topics: tuple[str, ...], queues: list[int], to_earliest: bool, to_latest: bool,
+                  to_datetime: str | None, shift_by: int | None, to_offset: int | None, dry_run: bool,
+                  execute: bool, force: bool, nameserver: str, as_json: bool) -> None:
+    """Move GROUP's committed offsets on the queues of --topic; new offsets are clamped to the
+    queue's [min, max]. Without --execute it only prints the plan (topic, queue, committed, new).
+
+    Refused while the group has live members unless --force: they would commit over it. A
+    consumer of the group started afterwards begins at the new offsets.
+    """
+    if dry_run and execute:
+        raise click.UsageError("--dry-run and --execute exclude each other")
+    spec = _reset_spec(to_earliest, to_latest, to_datetime, shift_by, to_offset)
+    with open_admin(nameserver) as admin:
+        try:
+            rows = admin.reset_offsets(group_name, topics, spec, queues=queues or None, execute=execute, force=force)
+        except TopicNotFoundError as err:
+            raise click.BadParameter(str(err), param_hint="'--topic'") from err
+        except QueueNotFoundError as err:
+            raise click.BadParameter(str(err), param_hint="'--queue'") from err
+        except GroupNotEmptyError as err:
+            raise click.ClickException(f"{err}\nStop them first, or pass --force.") from err
+        live = [] if execute else admin.live_members(group_name)
+    _show_reset(group_name, rows, execute, live, as_json)
+
+
+def _show_reset(group_name: str, rows: list[QueueReset], executed: bool, live: list[str], as_json: bool) -> None:
+    if as_json:
+        print_json({"group": group_name, "executed": executed, "queues": [row._asdict() for row in rows]})
+    else:
+        title = (f"group {group_name}: offsets reset" if executed
+                 else f"group {group_name}: dry run, nothing changed (--execute stores these offsets)")
+        show(table(title, ["topic", "queue", "min", "max", "committed", "new"],
+                   [(r.topic, r.queue_id, r.min_offset, r.max_offset, r.committed, r.new_offset) for r in rows]))
+        if any(r.new_offset is None for r in rows):
+            click.echo("queues without a committed offset (new '-') are left alone: --shift-by has nothing to"
+                       " shift there")
+    if live:
+        click.echo(f"warning: group {group_name} has live member(s) {', '.join(live)}: --execute is refused"
+                   " without --force", err=True)
+
+
+@group.command(name="delete")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True,
+              help="Delete even while the group has live members (they commit again, and the group comes back).")
+@nameserver_option
+@json_option
+def delete_group(group_name: str, yes: bool, force: bool, nameserver: str, as_json: bool) -> None:
+    """Delete GROUP: its committed offsets on every broker (queue leaders and followers).
+
+    Refused while the group has live members unless --force. A consumer of the group started
+    afterwards begins where its start_from says (`gms tail --from`), as a new group.
+    """
+    if not yes:
+        click.confirm(f"Delete consumer group {group_name} and its committed offsets?", abort=True, err=True)
+    with open_admin(nameserver) as admin:
+        try:
+            deleted = admin.delete_group(group_name, force=force)
+        except GroupNotEmptyError as err:
+            raise click.ClickException(f"{err}\nStop them first, or pass --force.") from err
+    if as_json:
+        print_json({"deleted": group_name, "queues": {b: [list(q) for q in qs] for b, qs in deleted.items()}})
+    else:
+        count = sum(len(qs) for qs in deleted.values())
+        click.echo(f"deleted consumer group {group_name} ({count} committed offset(s) on {len(deleted)} broker(s))")

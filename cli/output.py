@@ -42,7 +42,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
 
 NUMERIC_COLUMNS = frozenset({
     "queue", "queues", "min", "max", "messages", "committed", "lag", "epoch", "topics",
-    "offset", "disk used", "uptime",
+    "offset", "new", "disk used", "uptime",
 })
 
 
