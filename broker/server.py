@@ -24,6 +24,7 @@ from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
+from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
@@ -111,11 +112,12 @@ class BrokerServer:
         local = self.store.topics()
         for topic, assignment in assignments.items():
             count = local.get(topic)
+            limits = TopicLimits(assignment.settings.retention_ms, assignment.settings.message_size_bytes_max)
             if count is None:
-                self.store.create_topic(topic, assignment.queue_count)
+                self.store.create_topic(topic, assignment.queue_count, limits)
                 log.info("topic %s: created locally (queues %s)", topic, list(assignment.leader_queue_ids))
-            elif count < assignment.queue_count:
-                self.store.update_topic(topic, assignment.queue_count)
+            else:  # grows the queue count, follows settings changes (saved only if anything changed)
+                self.store.update_topic(topic, max(count, assignment.queue_count), limits)
         for topic in set(self._led_queues or {}) - set(assignments):
             if topic in local:
                 self.store.delete_topic(topic)
@@ -139,6 +141,8 @@ class BrokerServer:
             notify_readers=self.waiters.notify,
         )
         self.replicas.start()
+        partitions = self.replicas.partitions  # retention never expires records above a queue's HW
+        self.store.set_expiry_limit(lambda topic, queue_id: p.hw if (p := partitions.get((topic, queue_id))) else None)
         if self._messages is not None:
             self._messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)

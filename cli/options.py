@@ -36,22 +36,41 @@ queues_option = click.option(
     "--queues", "-q", type=click.IntRange(1, 1024), help="Number of queues of the topic.",
 )
 
-retention_option = click.option(
-    "--retention-hours", type=click.FloatRange(min=0, min_open=True),
-    help="Delete messages older than this (topic setting).",
+_TOPIC_SETTING_OPTIONS = (
+    click.option("--retention-ms", type=click.IntRange(min=1),
+                 help="Messages older than this (milliseconds since stored) are no longer served and their"
+                      " space is reclaimed once no other topic needs it (topic setting; default: the"
+                      " broker's --retention-hours)."),
+    click.option("--retention-hours", type=click.FloatRange(min=0, min_open=True),
+                 help="--retention-ms in hours."),
+    click.option("--message-size-max", "message_size_bytes_max", type=click.IntRange(min=1),
+                 help="Largest message in bytes the topic accepts, counted as stored: body plus about"
+                      " 80 bytes of headers, topic, tag, keys and properties (topic setting; default 4 MiB)."),
+    click.option("--min-insync-replicas", type=click.IntRange(1, 16),
+                 help="In-sync replicas an acks=-1 send needs (topic setting; default 1 for one replica,"
+                      " else 2)."),
+    click.option("--unclean-leader-election/--no-unclean-leader-election", default=None,
+                 help="Let an out-of-sync replica lead when no in-sync one is alive: available, but"
+                      " acknowledged messages may be lost (topic setting; default off)."),
 )
 
-message_size_option = click.option(
-    "--message-size-max", "message_size_bytes_max", type=click.IntRange(min=1),
-    help="Largest message body in bytes the topic accepts (topic setting).",
-)
+
+def topic_setting_options(command: Any) -> Any:
+    """The topic setting options of ``topic create`` and ``topic update``, stacked."""
+    for option in reversed(_TOPIC_SETTING_OPTIONS):
+        command = option(command)
+    return command
 
 
-def topic_settings(retention_hours: float | None, message_size_bytes_max: int | None) -> dict[str, Any]:
-    """The nameserver's ``settings`` map from the two setting options (only those given)."""
-    settings: dict[str, Any] = {}
+def topic_settings(*, retention_ms: int | None, retention_hours: float | None,
+                   message_size_bytes_max: int | None, min_insync_replicas: int | None,
+                   unclean_leader_election: bool | None) -> dict[str, Any]:
+    """The nameserver's ``settings`` map from the setting options: only those given, so an update
+    changes exactly the settings named on the command line."""
+    if retention_ms is not None and retention_hours is not None:
+        raise click.UsageError("give --retention-ms or --retention-hours, not both")
     if retention_hours is not None:
-        settings["retention_ms"] = max(1, round(retention_hours * 3_600_000))
-    if message_size_bytes_max is not None:
-        settings["message_size_bytes_max"] = message_size_bytes_max
-    return settings
+        retention_ms = max(1, round(retention_hours * 3_600_000))
+    given = {"retention_ms": retention_ms, "message_size_bytes_max": message_size_bytes_max,
+             "min_insync_replicas": min_insync_replicas, "unclean_leader_election": unclean_leader_election}
+    return {name: value for name, value in given.items() if value is not None}

@@ -10,11 +10,10 @@ import click
 from gms.cli.admin_context import open_admin
 from gms.cli.options import (
     json_option,
-    message_size_option,
     nameserver_option,
     queues_option,
-    retention_option,
     topic_argument,
+    topic_setting_options,
     topic_settings,
 )
 from gms.cli.output import print_json, show, table
@@ -30,49 +29,69 @@ def _route_table(route: dict[str, Any]) -> Any:
     return table(f"topic {route['topic']}", ["queue", "leader", "replicas", "epoch"], rows)
 
 
+def _settings_table(answer: dict[str, Any]) -> Any:
+    """A topic's settings as the nameserver holds them (an unset retention is the broker's)."""
+    settings = answer["settings"]
+    retention = settings["retention_ms"]
+    rows = [
+        ("replication factor", answer["replication_factor"]),
+        ("retention", "broker default (gms-broker --retention-hours)" if retention is None
+         else f"{retention} ms ({duration_text(retention)})"),
+        ("message size max", f"{settings['message_size_bytes_max']} bytes"),
+        ("min in-sync replicas", settings["min_insync_replicas"]),
+        ("unclean leader election", "on" if settings["unclean_leader_election"] else "off"),
+    ]
+    return table("settings", ["setting", "value"], rows)
+
+
+def duration_text(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:g} {unit}"
+    return f"{ms} ms"
+
+
 @topic.command()
 @topic_argument
 @queues_option
 @click.option("--replicas", "-r", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Copies of each queue, on different brokers.")
-@retention_option
-@message_size_option
+@topic_setting_options
 @nameserver_option
 @json_option
-def create(topic: str, queues: int | None, replicas: int, retention_hours: float | None,
-           message_size_bytes_max: int | None, nameserver: str, as_json: bool) -> None:
-    """Create TOPIC; its queues are spread over the live brokers."""
+def create(topic: str, queues: int | None, replicas: int, nameserver: str, as_json: bool,
+           **setting_options: Any) -> None:
+    """Create TOPIC; its queues are spread over the live brokers. Settings not given take their
+    defaults."""
+    settings = topic_settings(**setting_options)
     with open_admin(nameserver) as admin:
-        route = admin.create_topic(topic, queues or 8, replicas=replicas,
-                                   settings=topic_settings(retention_hours, message_size_bytes_max))
+        route = admin.create_topic(topic, queues or 8, replicas=replicas, settings=settings)
     if as_json:
         print_json(route)
         return
     brokers = {q["leader"] for q in route["queues"]}
     click.echo(f"created topic {topic}: {len(route['queues'])} queues on {len(brokers)} broker(s)")
-    show(_route_table(route))
+    show(_route_table(route), _settings_table(route))
 
 
 @topic.command()
 @topic_argument
 @queues_option
-@retention_option
-@message_size_option
+@topic_setting_options
 @nameserver_option
 @json_option
-def update(topic: str, queues: int | None, retention_hours: float | None, message_size_bytes_max: int | None,
-           nameserver: str, as_json: bool) -> None:
-    """Grow TOPIC's queue count and/or change its settings."""
-    settings = topic_settings(retention_hours, message_size_bytes_max)
+def update(topic: str, queues: int | None, nameserver: str, as_json: bool, **setting_options: Any) -> None:
+    """Grow TOPIC's queue count and/or change the settings given; the others stay as they are."""
+    settings = topic_settings(**setting_options)
     if queues is None and not settings:
-        raise click.UsageError("nothing to update: give --queues, --retention-hours or --message-size-max")
+        raise click.UsageError("nothing to update: give --queues or a setting option (see --help)")
     with open_admin(nameserver) as admin:
         route = admin.update_topic(topic, queues, settings=settings)
     if as_json:
         print_json(route)
         return
     click.echo(f"updated topic {topic}: {len(route['queues'])} queues")
-    show(_route_table(route))
+    show(_route_table(route), _settings_table(route))
 
 
 @topic.command()
@@ -112,9 +131,10 @@ def list_topics(nameserver: str, as_json: bool) -> None:
 @nameserver_option
 @json_option
 def describe(topic: str, nameserver: str, as_json: bool) -> None:
-    """Show TOPIC's queues: broker, offsets and message counts, and a summary per broker."""
+    """Show TOPIC's settings and queues: broker, offsets and message counts, and a summary per
+    broker."""
     with open_admin(nameserver) as admin:
-        route = admin.route(topic)
+        route = admin.route(topic, settings=True)
         stats = {s["queue_id"]: s for s in admin.topic_stats(topic)} if _has_live_queue(route) else {}
     queues = []
     per_broker: dict[str, dict[str, int]] = defaultdict(lambda: {"queues": 0, "messages": 0})
@@ -127,12 +147,14 @@ def describe(topic: str, nameserver: str, as_json: bool) -> None:
         summary["queues"] += 1
         summary["messages"] += count or 0
     if as_json:
-        print_json({"topic": topic, "queues": queues, "brokers": dict(per_broker)})
+        print_json({"topic": topic, "replication_factor": route["replication_factor"],
+                    "settings": route["settings"], "queues": queues, "brokers": dict(per_broker)})
         return
     rows = [(q["queue_id"], q["leader"], ", ".join(q["replicas"]), q["leader_epoch"],
              q["min_offset"], q["max_offset"], q["messages"]) for q in queues]
     total = sum(s["messages"] for s in per_broker.values())
-    show(table(f"topic {topic}: {len(queues)} queues, {total} messages",
+    show(_settings_table(route),
+         table(f"topic {topic}: {len(queues)} queues, {total} messages",
                ["queue", "leader", "replicas", "epoch", "min", "max", "messages"], rows),
          table("per broker", ["broker", "queues", "messages"],
                [(b, s["queues"], s["messages"]) for b, s in sorted(per_broker.items())]))
