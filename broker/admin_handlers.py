@@ -1,12 +1,16 @@
-"""Topic administration and broker status."""
+"""Topic administration, broker status, and the group offsets an operator sets or deletes
+(``gms group reset-offsets`` / ``gms group delete``)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from gms import __version__
+from gms.broker.group_handlers import _group_name, _queue_pairs
 from gms.broker.topics import TopicLimits
+from gms.errors import GroupNotEmptyError
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.store_errors import UnknownTopic
@@ -53,6 +57,53 @@ class AdminHandlers:
             for q in range(count)
         ]
         return Response({"queues": queues})
+
+    # --- group offsets set by an operator ---------------------------------------------------------
+
+    async def reset_offsets(self, request: Frame) -> Response:
+        """Set committed offsets of a group. Unlike COMMIT_OFFSET no member has to own the
+        queues, and each offset is clamped to what consumers can read: [min offset, max offset]
+        (the high watermark where the queue is replicated). All or nothing: every queue is
+        checked (led here, exists) before any offset changes."""
+        group = _group_name(request.fields)
+        self._refuse_live_members(group, request.fields)
+        stored = []
+        for topic, queue_id, offset in _queue_pairs(request.fields, "offsets", 3):
+            low, high = self._readable(topic, queue_id)
+            stored.append((topic, queue_id, min(max(offset, low), high)))
+        offsets = self.broker.offsets
+        for topic, queue_id, offset in stored:
+            offsets.commit(group, topic, queue_id, offset)
+        offsets.persist()
+        self.broker.offsets_changed([(topic, queue_id) for topic, queue_id, _ in stored])
+        return Response({"offsets": [list(entry) for entry in stored]})
+
+    async def delete_group(self, request: Frame) -> Response:
+        """Delete every offset the group committed here (as leader or follower); followers
+        that miss this request delete them from their next REPLICA_FETCH."""
+        group = _group_name(request.fields)
+        self._refuse_live_members(group, request.fields)
+        queues = self.broker.offsets.delete_group(group)
+        self.broker.offsets.persist()
+        self.broker.offsets_changed(queues)
+        return Response({"queues": [list(key) for key in queues]})
+
+    def _refuse_live_members(self, group: str, fields: Mapping[str, Any]) -> None:
+        """Members would commit over the change: refuse while any heartbeats here (``force``
+        skips this check; the Admin client checks every broker before it asks)."""
+        if field(fields, "force", bool, False):
+            return
+        known = self.broker.groups.group(group)
+        if known is not None and known.members:
+            raise GroupNotEmptyError(f"group {group!r} has live members on this broker:"
+                                     f" {', '.join(sorted(known.members))}")
+
+    def _readable(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """The offsets consumers may read from on a queue this broker serves."""
+        low = self.store.min_offset(topic, queue_id)  # unknown topic or queue: its error
+        replicas = self.broker.replicas
+        high = self.store.max_offset(topic, queue_id) if replicas is None else replicas.read_limit((topic, queue_id))
+        return low, high
 
     async def broker_status(self, request: Frame) -> Response:
         broker, store = self.broker, self.store

@@ -9,14 +9,22 @@ every call goes to each of those brokers.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gms.client.connections import msg_id_prefix
-from gms.client.routing import NameserverRoutes
+from gms.client.offset_reset import QueueReset, ResetMode, ResetSpec, new_offset
+from gms.client.rebalance import NO_COMMITTED_OFFSET
+from gms.client.routing import NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
-from gms.errors import GroupNotFoundError
+from gms.errors import (
+    GroupNotEmptyError,
+    GroupNotFoundError,
+    QueueNotFoundError,
+    ServiceUnavailableError,
+)
 from gms.msgid import decode_msg_id
 from gms.protocol.codes import RequestCode
 
@@ -160,6 +168,104 @@ class Admin:
             names.update(status.get("groups", ()))
         return sorted(names)
 
+    # --- group offsets an operator sets or deletes ---------------------------------------------------
+
+    def live_members(self, group: str) -> list[str]:
+        """Ids of ``group``'s live members (none if no broker knows the group)."""
+        try:
+            return _member_ids(self.group_describe(group))
+        except GroupNotFoundError:
+            return []
+
+    def reset_offsets(self, group: str, topics: Sequence[str], spec: ResetSpec, *,
+                      queues: Sequence[int] | None = None, execute: bool = False,
+                      force: bool = False) -> list[QueueReset]:
+        """Where ``spec`` moves ``group``'s committed offset on every queue of ``topics`` (or
+        only ``queues`` of each): the plan, one row per queue, clamped to what consumers can
+        read. With ``execute`` the queue leaders store it and the rows hold what they stored.
+
+        Executing is refused (GroupNotEmptyError) while the group has live members, unless
+        ``force``; planning never is. TopicNotFoundError / QueueNotFoundError name what does
+        not exist; a queue without a live leader is ServiceUnavailableError.
+        """
+        if execute and not force and (members := self.live_members(group)):
+            raise _group_not_empty(group, members, "reset the offsets")
+        routes = [route for topic in dict.fromkeys(topics) for route in self._queue_routes(topic, queues)]
+        plan = self._runtime.run(self._plan_reset(group, routes, spec))
+        return self._runtime.run(self._apply_reset(group, plan, force)) if execute else plan
+
+    def _queue_routes(self, topic: str, queues: Sequence[int] | None) -> list[QueueRoute]:
+        """The leader of each queue asked for (every queue of the topic by default)."""
+        routes = {r.queue_id: r for r in self._runtime.run(self._runtime.routes.routes(topic))}
+        count = len(self.route(topic)["queues"]) if self._nameserver is not None else len(routes)
+        wanted = sorted(set(queues)) if queues else list(range(count))
+        unknown = [q for q in wanted if not 0 <= q < count]
+        if unknown:
+            raise QueueNotFoundError(f"topic {topic!r} has queues 0..{count - 1}, not {', '.join(map(str, unknown))}")
+        leaderless = [q for q in wanted if q not in routes]
+        if leaderless:
+            raise ServiceUnavailableError(f"queue(s) {', '.join(map(str, leaderless))} of topic {topic!r} have no"
+                                          " live leader now; retry once their broker is back")
+        return [routes[q] for q in wanted]
+
+    async def _plan_reset(self, group: str, routes: list[QueueRoute], spec: ResetSpec) -> list[QueueReset]:
+        pool = self._runtime.pool
+        by_broker: dict[str, list[QueueRoute]] = defaultdict(list)
+        for route in routes:
+            by_broker[route.broker].append(route)
+
+        async def committed_on(broker: str, items: list[QueueRoute]) -> list[tuple[QueueRoute, int]]:
+            frame = await pool.request(broker, RequestCode.FETCH_OFFSET, {
+                "group": group, "queues": [[r.topic, r.queue_id] for r in items]})
+            return list(zip(items, frame.fields["offsets"], strict=True))
+
+        async def offset(route: QueueRoute, code: RequestCode, **extra: int) -> int:
+            frame = await pool.request(route.broker, code, {"topic": route.topic, "queue_id": route.queue_id, **extra})
+            return int(frame.fields["offset"])
+
+        committed = dict(pair for pairs in await asyncio.gather(
+            *(committed_on(b, items) for b, items in by_broker.items())) for pair in pairs)
+
+        async def plan(route: QueueRoute) -> QueueReset:
+            low, high = await asyncio.gather(offset(route, RequestCode.QUERY_MIN_OFFSET),
+                                             offset(route, RequestCode.QUERY_MAX_OFFSET))
+            found = (await offset(route, RequestCode.QUERY_OFFSET_BY_TIME, timestamp_ms=spec.value)
+                     if spec.mode is ResetMode.DATETIME else None)
+            current = None if committed[route] == NO_COMMITTED_OFFSET else committed[route]
+            return QueueReset(route.topic, route.queue_id, route.broker, current,
+                              new_offset(spec, committed=current, min_offset=low, max_offset=high,
+                                         offset_for_time=found), low, high)
+
+        return list(await asyncio.gather(*(plan(r) for r in routes)))
+
+    async def _apply_reset(self, group: str, plan: list[QueueReset], force: bool) -> list[QueueReset]:
+        """RESET_OFFSETS on each leader; the rows with the offsets the leaders stored (they clamp
+        again, to the range at that moment)."""
+        by_broker: dict[str, list[list[Any]]] = defaultdict(list)
+        for row in plan:
+            if row.new_offset is not None:
+                by_broker[row.broker].append([row.topic, row.queue_id, row.new_offset])
+        answers = await asyncio.gather(*(
+            self._runtime.pool.request(broker, RequestCode.RESET_OFFSETS,
+                                       {"group": group, "offsets": offsets, "force": force})
+            for broker, offsets in by_broker.items()))
+        stored = {(t, q): o for frame in answers for t, q, o in frame.fields["offsets"]}
+        return [row._replace(new_offset=stored.get((row.topic, row.queue_id), row.new_offset)) for row in plan]
+
+    def delete_group(self, group: str, *, force: bool = False) -> dict[str, list[tuple[str, int]]]:
+        """Delete ``group``'s committed offsets on every live broker (queue leaders and their
+        followers), so it is no longer listed; returns, per broker, the queues it had offsets on.
+
+        GroupNotFoundError if no broker knows the group; GroupNotEmptyError while it has live
+        members, unless ``force`` (its members then commit again and the group comes back).
+        """
+        members = _member_ids(self.group_describe(group))
+        if members and not force:
+            raise _group_not_empty(group, members, "delete the offsets")
+        brokers = self.brokers()
+        answers = self._ask(brokers, RequestCode.DELETE_GROUP, {"group": group, "force": force})
+        return {b: [(str(t), int(q)) for t, q in a["queues"]] for b, a in zip(brokers, answers, strict=True)}
+
     def view_message(self, msg_id: str) -> ReceivedMessage:
         """The message a message id points at (asks the broker the id names)."""
         located = decode_msg_id(msg_id)
@@ -176,3 +282,10 @@ class Admin:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+def _member_ids(described: Mapping[str, Any]) -> list[str]:
+    return sorted({m["member"] for m in described["members"]})
+
+
+def _group_not_empty(group: str, members: list[str], action: str) -> GroupNotEmptyError:
+    return GroupNotEmptyError(f"cannot {action} of group {group!r} while it has {len(members)} live"
+                              f" member(s) (they would commit over it): {', '.join(members)}")
