@@ -1,4 +1,5 @@
-"""Consumer-group requests: heartbeat/membership, committed offsets, group description."""
+"""Consumer-group requests: finding the coordinator, heartbeat/membership and group description
+(served by the group's coordinator), committed offsets (served by each queue's leader)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from typing import Any
 
 from gms.broker.groups import MODE_CLUSTERING, GroupCoordinator
 from gms.broker.offsets import OffsetStore
-from gms.errors import BadRequestError, BadTagExpressionError, GroupNotFoundError, TopicNotFoundError
-from gms.protocol.fields import field
+from gms.broker.queue_claims import QueueClaims
+from gms.errors import (
+    BadRequestError,
+    BadTagExpressionError,
+    GroupNotFoundError,
+    NotCoordinatorError,
+    TopicNotFoundError,
+)
+from gms.protocol.fields import QUEUE_COLUMNS, QUEUE_OFFSET_COLUMNS, field, topic_row
 from gms.protocol.frame import Frame, Response
 from gms.tags import BadTagExpression, parse_tag_expression
 
@@ -28,45 +36,57 @@ def _group_name(fields: Any) -> str:
 
 
 def _queue_pairs(fields: Any, name: str, width: int) -> list[tuple]:
-    pairs = field(fields, name, list)
-    for item in pairs:
-        if (not isinstance(item, list) or len(item) != width or not isinstance(item[0], str)
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in item[1:])):
-            raise BadRequestError(
-                f"request field {name!r} must be a list of [topic, queue_id{', offset' if width == 3 else ''}]"
-            )
-    return [tuple(item) for item in pairs]
+    columns = QUEUE_OFFSET_COLUMNS if width == 3 else QUEUE_COLUMNS
+    return [tuple(topic_row(name, item, columns)) for item in field(fields, name, list)]
 
 
 class GroupHandlers:
     def __init__(
         self,
         groups: GroupCoordinator,
+        claims: QueueClaims,
         offsets: OffsetStore,
-        topic_exists: Callable[[str], bool],
+        queue_count: Callable[[str], int],
+        coordinator_of: Callable[[str], str],
+        address: str,
         on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
     ) -> None:
+        """``queue_count(topic)``: the topic's queues over the cluster (0: unknown topic);
+        ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours."""
         self.groups = groups
+        self.claims = claims
         self.offsets = offsets
-        self.topic_exists = topic_exists
+        self.queue_count = queue_count
+        self.coordinator_of = coordinator_of
+        self.address = address
         self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
+
+    def _coordinated_here(self, group: str) -> None:
+        coordinator = self.coordinator_of(group)
+        if coordinator != self.address:
+            raise NotCoordinatorError(f"group {group!r} is coordinated by {coordinator}, not {self.address}",
+                                      fields={"coordinator": coordinator})
+
+    async def find_coordinator(self, request: Frame) -> Response:
+        return Response({"coordinator": self.coordinator_of(_group_name(request.fields))})
 
     async def heartbeat(self, request: Frame) -> Response:
         fields = request.fields
         group = _group_name(fields)
+        self._coordinated_here(group)
         member = field(fields, "member", str)
         subscription = field(fields, "subscription", dict)
         for topic, expression in subscription.items():
             if not isinstance(topic, str) or not isinstance(expression, str):
                 raise BadRequestError("subscription must map topic names to tag expressions")
-            if not self.topic_exists(topic):
-                raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+            if not self.queue_count(topic):
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
             try:
                 parse_tag_expression(expression)
             except BadTagExpression as err:
                 raise BadTagExpressionError(str(err)) from err
         try:
-            assignment = self.groups.heartbeat(
+            beat = self.groups.heartbeat(
                 group, member,
                 client_address=field(fields, "client", str, ""),
                 mode=field(fields, "mode", str, MODE_CLUSTERING),
@@ -76,45 +96,64 @@ class GroupHandlers:
             )
         except ValueError as err:
             raise BadRequestError(str(err)) from err
-        return Response({"assignment": assignment, "member_expiry_ms": self.groups.member_expiry_ms})
+        return Response({"assignment": beat.assignment, "heartbeat_interval_ms": beat.heartbeat_interval_ms,
+                         "member_expiry_ms": self.groups.member_expiry_ms})
 
     async def unregister(self, request: Frame) -> Response:
-        self.groups.leave(_group_name(request.fields), field(request.fields, "member", str))
+        group = _group_name(request.fields)
+        self._coordinated_here(group)
+        self.groups.leave(group, field(request.fields, "member", str))
         return Response()
 
     async def commit(self, request: Frame) -> Response:
+        """Commit offsets of queues led here. A clustering member names itself (``member``):
+        its commit is refused while another member holds the queue (a zombie's late commit),
+        and ``release`` lists the queues it hands over (their claims end)."""
         fields = request.fields
         group = _group_name(fields)
         member = field(fields, "member", str, "")
         entries = _queue_pairs(fields, "offsets", 3)
-        for topic, queue_id, _ in entries:
-            owner = self.groups.owner(group, topic, queue_id)
-            if member and owner is not None and owner != member:
-                raise BadRequestError(
-                    f"queue {topic}/{queue_id} of group {group!r} belongs to {owner!r}, not {member!r}"
-                )
+        released = _queue_pairs(fields, "release", 2) if "release" in fields else []
         for topic, queue_id, offset in entries:
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
+        if member:
+            now_ms = _now_ms()
+            for topic, queue_id, _ in entries:
+                self.claims.check(group, member, topic, queue_id, now_ms)
         for topic, queue_id, offset in entries:
             self.offsets.commit(group, topic, queue_id, offset)
+        if member:
+            self.claims.release(group, member, released)
         self.on_commit([(topic, queue_id) for topic, queue_id, _ in entries])
         return Response()
 
     async def fetch(self, request: Frame) -> Response:
+        """Committed offsets; a member asking for its start position is refused (QUEUE_HELD)
+        while another member still reads the queue, so it starts after that member's last commit."""
         group = _group_name(request.fields)
         queues = _queue_pairs(request.fields, "queues", 2)
+        member = field(request.fields, "member", str, "")
+        if member:
+            now_ms = _now_ms()
+            for topic, queue_id in queues:
+                self.claims.check(group, member, topic, queue_id, now_ms)
         found = [self.offsets.get(group, topic, queue_id) for topic, queue_id in queues]
         return Response({"offsets": [-1 if offset is None else offset for offset in found]})
 
     async def describe(self, request: Frame) -> Response:
+        """Members (from the coordinator) and the offsets committed on this broker. A
+        non-coordinator answers only ``offsets`` unless asked for ``members`` explicitly."""
         name = _group_name(request.fields)
+        want_members = field(request.fields, "members", bool, True)
+        if want_members:
+            self._coordinated_here(name)
         group = self.groups.group(name)
         offsets = self.offsets.group_offsets(name)
-        if group is None and not offsets:
+        if (group is None or not want_members) and not offsets:
             raise GroupNotFoundError(f"this broker knows no consumer group {name!r}")
         members = []
-        for member in (group.members.values() if group else ()):
+        for member in (group.members.values() if group and want_members else ()):
             members.append({
                 "member": member.member_id, "client": member.client_address, "mode": member.mode,
                 "subscription": member.subscription, "last_seen_ms": member.last_seen_ms,

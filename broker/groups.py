@@ -1,13 +1,18 @@
 """Consumer groups: membership by heartbeat and queue ownership with a safe hand-off.
 
-In clustering mode each queue of a subscribed topic belongs to at most one live
-member of the group at any moment.  The broker computes a *target* allocation
-(queues spread evenly over the members sorted by id, as RocketMQ's
-``AllocateMessageQueueAveragely``) but only moves a queue to its new member
-after the previous owner has released it — the owner learns of the change in
-its heartbeat response, commits what it consumed, and stops reporting the
-queue as held — or has expired.  That hand-off is what keeps a message from
-being consumed twice while members join and leave.
+One broker coordinates each group (:func:`coordinator_index`: the group's xxhash64 over the
+live brokers sorted by id, as Kafka picks a group coordinator by the group's hash). The
+coordinator spreads every subscribed topic's queues — all of them, on every broker — evenly over
+the members subscribed to that topic (contiguous ranges over the members sorted by id, as
+RocketMQ's ``AllocateMessageQueueAveragely``), but only moves a queue to its new member after the
+previous owner has released it — the owner learns of the change in its heartbeat response,
+commits what it consumed, and stops reporting the queue as ``held`` — or has expired. That
+hand-off keeps a message from being consumed twice while members join and leave.
+
+A coordinator that takes a group over (restart, failover) knows nothing of it: members tell it
+what they hold, and an unowned queue a member reports as held is adopted by that member. A new
+member that arrives before an old holder is covered by the queue leaders' claims
+(:mod:`gms.broker.queue_claims`), not by this module.
 
 Broadcasting members own nothing: every one of them reads every queue.
 
@@ -18,12 +23,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import xxhash
 
 QueueKey = tuple[str, int]  # (topic, queue id)
 
 MODE_CLUSTERING = "clustering"
 MODE_BROADCASTING = "broadcasting"
 MODES = (MODE_CLUSTERING, MODE_BROADCASTING)
+
+# Members heartbeat this often while their group is settled (Kafka's heartbeat.interval.ms is
+# 3 s); never more than a third of the member expiry, so two lost beats do not expire a member.
+HEARTBEAT_INTERVAL_MS_MAX = 3000
+# ... and this often while a queue of their group waits for its hand-off, so a join or leave
+# completes one normal interval (the owner learning of it) plus the hand-off after it happened.
+REBALANCE_HEARTBEAT_INTERVAL_MS = 100
+
+
+def coordinator_index(group: str, broker_count: int) -> int:
+    """Index of the group's coordinator among ``broker_count`` live brokers sorted by id."""
+    return xxhash.xxh64_intdigest(group.encode()) % broker_count
 
 
 @dataclass
@@ -46,6 +66,14 @@ class Group:
         return {key for key, owner in self.owners.items() if owner == member_id}
 
 
+class Beat(NamedTuple):
+    """A heartbeat's answer: the queues per topic the member may consume now, and how soon
+    it should heartbeat again."""
+
+    assignment: dict[str, list[int]]
+    heartbeat_interval_ms: int
+
+
 def allocate_evenly(queue_ids: list[int], member_ids: list[str]) -> dict[str, list[int]]:
     """Contiguous, even split of queues over members (first members get the remainder)."""
     members = sorted(member_ids)
@@ -62,16 +90,16 @@ def allocate_evenly(queue_ids: list[int], member_ids: list[str]) -> dict[str, li
 
 
 class GroupCoordinator:
-    """Tracks the groups consuming from this broker.
+    """The groups this broker coordinates.
 
-    ``queue_ids(topic)`` lists the topic's queues served here (empty if the topic
-    is unknown); it is asked on every heartbeat so topic changes are picked up
-    without notifications.
+    ``queue_count(topic)`` is the topic's queue count over the whole cluster (0 if unknown); it
+    is asked on every heartbeat so topic changes are picked up without notifications.
     """
 
-    def __init__(self, queue_ids: Callable[[str], list[int]], member_expiry_ms: int) -> None:
-        self._queue_ids = queue_ids
+    def __init__(self, queue_count: Callable[[str], int], member_expiry_ms: int) -> None:
+        self._queue_count = queue_count
         self.member_expiry_ms = member_expiry_ms
+        self.heartbeat_interval_ms = max(min(HEARTBEAT_INTERVAL_MS_MAX, member_expiry_ms // 3), 1)
         self._groups: dict[str, Group] = {}
 
     # -- membership -----------------------------------------------------------------
@@ -86,8 +114,8 @@ class GroupCoordinator:
         subscription: dict[str, str],
         held: Iterable[QueueKey],
         now_ms: int,
-    ) -> dict[str, list[int]]:
-        """Record a heartbeat; return the queues per topic this member may consume now."""
+    ) -> Beat:
+        """Record a heartbeat; return what this member may consume now."""
         if mode not in MODES:
             raise ValueError(f"consumer mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.expire(now_ms)
@@ -100,17 +128,21 @@ class GroupCoordinator:
         member.client_address = client_address
         if mode == MODE_BROADCASTING:
             self._release(group, member_id, keep=set())
-            return {topic: self._queue_ids(topic) for topic in subscription}
-        # Queues the member no longer reports as held are released.
-        self._release(group, member_id, keep=set(held))
-        target = self._target(group).get(member_id, set())
-        for key in target:
-            if group.owners.get(key) is None:
-                group.owners[key] = member_id
+            assignment = {topic: list(range(self._queue_count(topic))) for topic in subscription}
+            return Beat(assignment, self._interval(group))
+        held_keys = {key for key in held if key[0] in subscription and 0 <= key[1] < self._queue_count(key[0])}
+        # Queues the member no longer reports as held are released; unowned ones it reports
+        # are adopted (what a coordinator that just took the group over learns first).
+        self._release(group, member_id, keep=held_keys)
+        for key in held_keys:
+            group.owners.setdefault(key, member_id)
+        target = self._target(group)
+        for key in target.get(member_id, set()):
+            group.owners.setdefault(key, member_id)
         assigned: dict[str, list[int]] = {topic: [] for topic in subscription}
-        for topic, queue_id in sorted(group.owned_by(member_id) & target):
+        for topic, queue_id in sorted(group.owned_by(member_id) & target.get(member_id, set())):
             assigned[topic].append(queue_id)
-        return assigned
+        return Beat(assigned, self._interval(group, target))
 
     def leave(self, group_name: str, member_id: str) -> None:
         group = self._groups.get(group_name)
@@ -132,21 +164,15 @@ class GroupCoordinator:
             self._forget_if_empty(group)
         return dropped
 
+    def forget(self, group_name: str) -> None:
+        """Stop coordinating ``group_name`` (another broker coordinates it now)."""
+        self._groups.pop(group_name, None)
+
     # -- queries --------------------------------------------------------------------
 
     def owner(self, group_name: str, topic: str, queue_id: int) -> str | None:
         group = self._groups.get(group_name)
         return None if group is None else group.owners.get((topic, queue_id))
-
-    def may_consume(self, group_name: str, member_id: str, topic: str, queue_id: int) -> bool:
-        """A clustering member may pull or commit only the queues it owns."""
-        group = self._groups.get(group_name)
-        if group is None or member_id not in group.members:
-            return False
-        member = group.members[member_id]
-        if member.mode == MODE_BROADCASTING:
-            return True
-        return group.owners.get((topic, queue_id)) == member_id
 
     def group(self, group_name: str) -> Group | None:
         return self._groups.get(group_name)
@@ -155,6 +181,16 @@ class GroupCoordinator:
         return sorted(self._groups)
 
     # -- internals ------------------------------------------------------------------
+
+    def _interval(self, group: Group, target: dict[str, set[QueueKey]] | None = None) -> int:
+        """The short interval while some member's queues differ from its target (a hand-off
+        under way, or a member still waiting for queues), else the normal one."""
+        target = self._target(group) if target is None else target
+        for member in group.members.values():
+            settled = group.owned_by(member.member_id) == target.get(member.member_id, set())
+            if member.mode == MODE_CLUSTERING and not settled:
+                return min(REBALANCE_HEARTBEAT_INTERVAL_MS, self.heartbeat_interval_ms)
+        return self.heartbeat_interval_ms
 
     def _forget_if_empty(self, group: Group) -> None:
         """A group with no members is no longer coordinated (its committed offsets stay)."""
@@ -174,6 +210,7 @@ class GroupCoordinator:
                     by_topic.setdefault(topic, []).append(member.member_id)
         target: dict[str, set[QueueKey]] = {}
         for topic, member_ids in by_topic.items():
-            for member_id, queue_ids in allocate_evenly(self._queue_ids(topic), member_ids).items():
-                target.setdefault(member_id, set()).update((topic, q) for q in queue_ids)
+            queue_ids = list(range(self._queue_count(topic)))
+            for member_id, queue_ids_of in allocate_evenly(queue_ids, member_ids).items():
+                target.setdefault(member_id, set()).update((topic, q) for q in queue_ids_of)
         return target

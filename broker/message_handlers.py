@@ -7,13 +7,14 @@ one batch, a pull answers with zero-copy views of the stored records.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
-from gms.broker.groups import GroupCoordinator
 from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.long_poll import PullWaiters
+from gms.broker.queue_claims import QueueClaims
 from gms.broker.store import AppendResult, GetStatus, MessageStore
 from gms.errors import (
     BadRequestError,
@@ -21,7 +22,7 @@ from gms.errors import (
     MessageIllegalError,
     OffsetIllegalError,
 )
-from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
+from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
 from gms.protocol.frame import Frame, Response
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
@@ -38,7 +39,7 @@ class MessageHandlers:
         config: BrokerConfig,
         store: MessageStore,
         waiters: PullWaiters,
-        groups: GroupCoordinator,
+        claims: QueueClaims,
         advertised_address: str,
     ) -> None:
         self.config = config
@@ -46,7 +47,7 @@ class MessageHandlers:
         self.waiters = waiters
         # Cluster mode: who leads which queue, high watermarks, acks=-1 (None when standalone).
         self.replicas: ReplicaManager | None = None
-        self.groups = groups
+        self.claims = claims  # which member of a group reads each queue (clustering pulls)
         self.advertised_address = advertised_address
         self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
                                if store.config.flush_mode == "sync" else None)
@@ -54,7 +55,7 @@ class MessageHandlers:
     # -- send -----------------------------------------------------------------------
 
     async def send(self, request: Frame) -> Response | None:
-        acks = field(request.fields, "acks", int, 1)
+        acks = field(request.fields, "acks", INT32, 1)
         if acks not in ACKS:
             raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
         if not request.body:
@@ -95,9 +96,9 @@ class MessageHandlers:
     async def pull(self, request: Frame) -> Response:
         fields = request.fields
         topic = field(fields, "topic", str)
-        queue_id = field(fields, "queue_id", int)
+        queue_id = field(fields, "queue_id", INT32)
         offset = field(fields, "offset", int)
-        max_msgs = min(max(field(fields, "max_msgs", int, 32), 1), PULL_MSGS_MAX)
+        max_msgs = min(max(field(fields, "max_msgs", INT32, 32), 1), PULL_MSGS_MAX)
         max_bytes = min(max(field(fields, "max_bytes", int, PULL_BYTES_DEFAULT), 1), PULL_BYTES_MAX)
         poll_ms = min(max(field(fields, "poll_ms", int, 0), 0), self.config.long_poll_max_ms)
         try:
@@ -105,11 +106,8 @@ class MessageHandlers:
         except BadTagExpression as err:
             raise BadTagExpressionError(str(err)) from err
         group, member = field(fields, "group", str, ""), field(fields, "member", str, "")
-        if group and member and not self.groups.may_consume(group, member, topic, queue_id):
-            raise BadRequestError(
-                f"queue {topic}/{queue_id} is not assigned to member {member!r} of group {group!r}; "
-                "heartbeat to get an assignment"
-            )
+        if group and member:  # QueueHeldError while another member of the group still reads it
+            self.claims.claim(group, member, topic, queue_id, _now_ms(), busy_ms=poll_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         replicas = self.replicas
@@ -129,6 +127,8 @@ class MessageHandlers:
                 continue
             remaining_s = deadline - loop.time()
             if status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL) or remaining_s <= 0:
+                if group and member:
+                    self.claims.refresh(group, member, topic, queue_id, _now_ms())
                 return Response(
                     {"result": status.value, "next_offset": result.next_offset,
                      "min_offset": result.min_offset, "max_offset": result.max_offset},
@@ -160,5 +160,9 @@ class MessageHandlers:
         return Response(body=self.store.read_at(phys_offset))
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _queue_fields(request: Frame) -> tuple[str, int]:
-    return field(request.fields, "topic", str), field(request.fields, "queue_id", int)
+    return field(request.fields, "topic", str), field(request.fields, "queue_id", INT32)

@@ -15,13 +15,14 @@ from gms.address import advertised_address
 from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
 from gms.broker.group_handlers import GroupHandlers
-from gms.broker.groups import GroupCoordinator
+from gms.broker.groups import GroupCoordinator, coordinator_index
 from gms.broker.ha.leader_handlers import LeaderHandlers
 from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
+from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
 from gms.broker.topics import TopicLimits
@@ -37,7 +38,8 @@ class BrokerServer:
         self.config = config
         self.store = MessageStore(config.store_dir / "store", config.store)
         self.offsets = OffsetStore(config.store_dir / "store" / "config" / "consumer_offsets.json")
-        self.groups = GroupCoordinator(self._local_queue_ids, config.member_expiry_ms)
+        self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
+        self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
         self.rpc = RpcServer()
         self.address = ""
@@ -55,10 +57,17 @@ class BrokerServer:
     def port(self) -> int:
         return self.rpc.port
 
-    def _local_queue_ids(self, topic: str) -> list[int]:
-        if self._led_queues is not None:
-            return self._led_queues.get(topic, [])
-        return list(range(self.store.topics().get(topic, 0)))
+    def _queue_count(self, topic: str) -> int:
+        """``topic``'s queues over the cluster (a standalone broker: its own)."""
+        if self.registration is not None:
+            return self.registration.queue_count(topic)
+        return self.store.topics().get(topic, 0)
+
+    def coordinator_of(self, group: str) -> str:
+        """The address of ``group``'s coordinator: a live broker chosen by the group's hash (this
+        broker when standalone)."""
+        brokers = self.registration.live_brokers() if self.registration is not None else []
+        return brokers[coordinator_index(group, len(brokers))].address if brokers else self.address
 
     async def start(self) -> None:
         self.store.open()
@@ -150,10 +159,10 @@ class BrokerServer:
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 
     def _register_handlers(self) -> None:
-        messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.groups,
+        messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
                                                     self.address)
-        groups = GroupHandlers(self.groups, self.offsets, lambda t: t in self.store.topics(),
-                               on_commit=self.offsets_changed)
+        groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
+                               self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         for code, handler in {
             RequestCode.SEND: messages.send,
@@ -168,6 +177,7 @@ class BrokerServer:
             RequestCode.COMMIT_OFFSET: groups.commit,
             RequestCode.FETCH_OFFSET: groups.fetch,
             RequestCode.GET_CONSUMER_GROUP_MEMBERS: groups.describe,
+            RequestCode.FIND_COORDINATOR: groups.find_coordinator,
             RequestCode.CREATE_TOPIC: admin.create_topic,
             RequestCode.UPDATE_TOPIC: admin.update_topic,
             RequestCode.DELETE_TOPIC: admin.delete_topic,
@@ -194,8 +204,14 @@ class BrokerServer:
                 log.exception("periodic task %s failed", getattr(chore, "__name__", chore))
 
     def _expire_members(self) -> None:
-        for group, member in self.groups.expire(int(time.time() * 1000)):
+        now_ms = int(time.time() * 1000)
+        for group, member in self.groups.expire(now_ms):
             log.info("consumer %s of group %s expired", member, group)
+        for group in self.groups.group_names():
+            if self.coordinator_of(group) != self.address:
+                self.groups.forget(group)
+                log.info("group %s: coordinated by %s now", group, self.coordinator_of(group))
+        self.claims.prune(now_ms)
 
     async def stop(self) -> None:
         if self.registration is not None:

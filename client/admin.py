@@ -9,6 +9,7 @@ every call goes to each of those brokers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from gms.client.routing import NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.errors import (
+    GmsError,
     GroupNotEmptyError,
     GroupNotFoundError,
     QueueNotFoundError,
@@ -141,25 +143,58 @@ class Admin:
         return self._ask_nameserver(RequestCode.CLUSTER_STATUS)
 
     def group_describe(self, group: str) -> dict[str, Any]:
-        """Members and committed offsets of ``group``, merged over the brokers that know it;
-        offsets are keyed by broker: ``{broker: {topic: {queue_id: offset}}}``."""
+        """Members of ``group`` (from its coordinator) and its committed offsets (from every
+        broker), keyed by broker: ``{broker: {topic: {queue_id: offset}}}``. A member is listed
+        once per broker leading queues it holds (``broker``, ``queues``: those queues), or once
+        with its coordinator as ``broker`` while it holds none."""
+        brokers = self.brokers()
+        answers = self._runtime.run(self._describe_on(group, brokers))
         members: list[Any] = []
         offsets: dict[str, dict[str, dict[int, int]]] = {}
-        brokers = self.brokers()
-        answers = self._ask(brokers, RequestCode.GET_CONSUMER_GROUP_MEMBERS, {"group": group}, errors=True)
         known = False
-        for broker, answer in zip(brokers, answers):
+        for broker, answer in zip(brokers, answers, strict=True):
             if isinstance(answer, GroupNotFoundError):
                 continue
             if isinstance(answer, BaseException):
                 raise answer
             known = True
-            members.extend({**m, "broker": broker} for m in answer["members"])
+            for member in answer["members"]:
+                members.extend(self._member_by_leader(member, broker))
             offsets[broker] = {topic: {int(q): o for q, o in queues.items()}
                                for topic, queues in answer["offsets"].items()}
         if not known:
             raise GroupNotFoundError(f"no broker of {brokers} knows group {group!r}")
         return {"group": group, "members": members, "offsets": offsets}
+
+    def group_coordinator(self, group: str) -> str | None:
+        """The address of the broker coordinating ``group`` (None if no broker answers)."""
+        return self._runtime.run(self._find_coordinator(group, self.brokers()))
+
+    async def _find_coordinator(self, group: str, brokers: list[str]) -> str | None:
+        for broker in brokers:  # the first that answers names it
+            with contextlib.suppress(GmsError):
+                frame = await self._runtime.pool.request(broker, RequestCode.FIND_COORDINATOR, {"group": group})
+                return str(frame.fields["coordinator"])
+        return None
+
+    async def _describe_on(self, group: str, brokers: list[str]) -> list[Any]:
+        """GET_CONSUMER_GROUP_MEMBERS on every broker: with members on the coordinator only."""
+        pool = self._runtime.pool
+        coordinator = await self._find_coordinator(group, brokers)
+
+        async def ask(broker: str) -> dict[str, Any]:
+            fields = {"group": group, "members": broker == coordinator}
+            return dict((await pool.request(broker, RequestCode.GET_CONSUMER_GROUP_MEMBERS, fields)).fields)
+        return list(await asyncio.gather(*(ask(b) for b in brokers), return_exceptions=True))
+
+    def _member_by_leader(self, member: dict[str, Any], coordinator: str) -> list[dict[str, Any]]:
+        by_leader: dict[str, list[list[Any]]] = defaultdict(list)
+        for topic, queue_id in member["queues"]:
+            leaders = {r.queue_id: r.broker for r in self._runtime.run(self._runtime.routes.routes(topic))}
+            by_leader[leaders.get(queue_id, coordinator)].append([topic, queue_id])
+        if not by_leader:
+            return [{**member, "broker": coordinator}]
+        return [{**member, "broker": leader, "queues": queues} for leader, queues in by_leader.items()]
 
     def groups(self) -> list[str]:
         """Names of the consumer groups any live broker knows."""
@@ -281,6 +316,7 @@ class Admin:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
 
 def _member_ids(described: Mapping[str, Any]) -> list[str]:
     return sorted({m["member"] for m in described["members"]})

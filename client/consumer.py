@@ -1,39 +1,51 @@
-"""The consumer: ``poll`` / iteration over subscribed topics, commits, group membership.
+"""The consumer: ``poll`` / iteration over subscribed topics, commits, seeks, pauses, group
+membership.
 
 Like Kafka's consumer, group work that must be ordered with the application's processing
 happens inside :meth:`Consumer.poll`: messages returned by earlier polls count as processed,
-so a revoked queue's position is committed there, its buffered messages are dropped and the
-queue is released before the broker may hand it to another member. Delivery is at-least-once.
+so a revoked queue's position is committed there (with ``auto_commit``), ``on_revoked`` runs,
+its buffered messages are dropped and the queue is released before the coordinator may hand it
+to another member; ``on_assigned`` runs there too. Delivery is at-least-once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from gms.client.encoder import RecordEncoder
-from gms.client.fetcher import FetchBuffer, Fetcher, QueueState
+from gms.client.fetcher import FetchBuffer, Fetcher, QueueState, TopicQueue
+from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.rebalance import Membership, StartFrom
-from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage, ReceivedMessages
-from gms.errors import BadTagExpressionError
+from gms.errors import BadTagExpressionError, GmsError
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
+
+log = logging.getLogger(__name__)
 
 MODES = ("clustering", "broadcasting")
 LONG_POLL_MS = 5000
 ITER_POLL_MS = 1000
 
+RebalanceCallback = Callable[[list[TopicQueue]], None]
 
 class Consumer:
     """Reads subscribed topics as a member of ``group``. Use from one thread.
 
-    Routes come from ``nameserver="host:9876[,...]"`` or a fixed ``brokers`` list; in a
-    cluster the member heartbeats to every broker holding a subscribed queue, and each broker
-    assigns its own queues."""
+    Routes come from ``nameserver="host:9876[,...]"`` or a fixed ``brokers`` list. The group's
+    coordinator (one broker) assigns each clustering member its share of every subscribed
+    queue on every broker. Broadcasting members read every queue and keep their offsets in a
+    file of their own, ``<offset_dir>/<group>/<instance_name>.json`` (give each consumer process
+    on a host its own ``instance_name``).
+
+    ``on_assigned(queues)`` / ``on_revoked(queues)`` run inside :meth:`poll` when queues are
+    given to / taken from this consumer (revoked queues may still be committed there)."""
 
     def __init__(
         self,
@@ -52,6 +64,10 @@ class Consumer:
         fetch_max_bytes: int = 1024 * 1024,
         long_poll_ms: int = LONG_POLL_MS,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+        on_assigned: RebalanceCallback | None = None,
+        on_revoked: RebalanceCallback | None = None,
+        instance_name: str | None = None,
+        offset_dir: Path | str = DEFAULT_OFFSET_DIR,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -63,20 +79,24 @@ class Consumer:
         self._clustering = mode == "clustering"
         self._auto_commit_s = auto_commit_interval_ms / 1000 if auto_commit else None
         self._max_poll_messages = max_poll_messages
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
         self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        local_offsets = None if self._clustering else LocalOffsetStore(
+            offset_dir, group, instance_name or socket.gethostname())
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-consumer")
         self._buffer = FetchBuffer()
-        fetcher = Fetcher(
+        self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,
             group=group if self._clustering else None, member=self._member if self._clustering else None,
             max_messages=fetch_max_messages, max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
             on_leader_lost=self._leader_lost,
         )
         self._membership = Membership(
-            self._runtime, fetcher, group=group, member=self._member, clustering=self._clustering,
+            self._runtime, self._fetcher, group=group, member=self._member, clustering=self._clustering,
             subscription={t: f.expression for t, f in filters.items()}, start_from=start_from,
-            heartbeat_interval_ms=heartbeat_interval_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, local_offsets=local_offsets,
         )
         self._last_commit = time.monotonic()
         self._closed = False
@@ -95,26 +115,25 @@ class Consumer:
         self._runtime.routes.invalidate()
         self._membership.wake()
 
-    def assignment(self) -> list[QueueRoute]:
+    def assignment(self) -> list[TopicQueue]:
         """The queues this consumer reads now (revoked ones excluded)."""
-        return sorted(r for r, s in list(self._membership.states.items()) if not s.revoked)
+        return sorted(q for q, s in list(self._membership.states.items()) if not s.revoked)
 
     def poll(self, timeout_ms: float = ITER_POLL_MS) -> ReceivedMessages:
         """The next messages (up to ``max_poll_messages``), waiting up to ``timeout_ms`` for some.
 
         A sequence that makes each :class:`ReceivedMessage` when it is iterated or indexed."""
-        if self._closed:
-            raise RuntimeError("the consumer is closed")
-        self._apply_revocations()
+        self._check_open()
+        self._handle_rebalance()
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
-            self.commit()
+            self._auto_commit(list(self._membership.states.values()))
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
         messages: list[ReceivedMessages] = []
         release = self._runtime.loop.call_soon_threadsafe
         for chunk in chunks:
             state = chunk.state
             if state.revoked:
-                continue
+                continue  # taken away since it was fetched
             messages.append(chunk.messages)
             state.position = chunk.next_offset
             if chunk.holds_permit:
@@ -125,45 +144,127 @@ class Consumer:
         while not self._closed:
             yield from self.poll(ITER_POLL_MS)
 
-    def commit(self) -> None:
-        """Commit the position after every message returned so far (no-op in broadcasting)."""
-        self._commit(list(self._membership.states.values()))
+    # --- offsets ---------------------------------------------------------------------------------
+
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` ({(topic, queue_id): next offset to read}), or by default the
+        position after every message returned so far on every assigned queue. Broadcasting
+        consumers write their own offset file."""
+        self._check_open()
+        if offsets is None:
+            self._commit(list(self._membership.states.values()))
+            return
+        explicit = {TopicQueue(*queue): offset for queue, offset in offsets.items()}
+        self._runtime.run(self._membership.commit(explicit))
+        for queue, offset in explicit.items():
+            state = self._membership.states.get(queue)
+            if state is not None:
+                state.committed = offset
 
     def _commit(self, states: list[QueueState]) -> None:
         self._last_commit = time.monotonic()
-        if not self._clustering:
-            return
-        changed = [s for s in states if s.position != s.committed]
+        changed = [s for s in states if s.position is not None and s.position != s.committed]
         if not changed:
             return
-        self._runtime.run(self._membership.commit({s.route: s.position for s in changed}))
+        self._runtime.run(self._membership.commit({s.key: s.position for s in changed if s.position is not None}))
         for state in changed:
             state.committed = state.position
 
-    def _apply_revocations(self) -> None:
-        revoked = self._membership.take_revoked()
-        if not revoked:
-            return
-        states = [self._membership.states[r] for r in revoked if r in self._membership.states]
-        self._buffer.drop(lambda chunk: chunk.state.revoked)
-        self._commit(states)
-        self._runtime.run(self._membership.release(revoked))
+    def _auto_commit(self, states: list[QueueState]) -> None:
+        """Commit like :meth:`commit`; a failure is retried at the next auto commit."""
+        try:
+            self._commit(states)
+        except GmsError as err:
+            log.warning("auto commit failed: %r", err)
+
+    def position(self, topic: str, queue_id: int) -> int | None:
+        """The offset of the next message :meth:`poll` returns from the queue (None until known)."""
+        return self._state(topic, queue_id).position
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Make the next :meth:`poll` read the queue from ``offset`` (an assigned queue)."""
+        state = self._state(topic, queue_id)
+        self._runtime.run(self._membership.restart(state, offset))
+
+    def seek_to_beginning(self, queues: Iterable[tuple[str, int]] | None = None) -> None:
+        """Seek ``queues`` (default: every assigned queue) to their first offset."""
+        self._seek_to("first", queues)
+
+    def seek_to_end(self, queues: Iterable[tuple[str, int]] | None = None) -> None:
+        """Seek ``queues`` (default: every assigned queue) past their last message."""
+        self._seek_to("last", queues)
+
+    def _seek_to(self, where: str, queues: Iterable[tuple[str, int]] | None) -> None:
+        for queue in self.assignment() if queues is None else [TopicQueue(*q) for q in queues]:
+            state = self._state(*queue)
+            offset = self._runtime.run(self._membership.query_offset(queue, where))
+            self._runtime.run(self._membership.restart(state, offset))
+
+    # --- flow control ----------------------------------------------------------------------------
+
+    def pause(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Stop fetching ``queues``: :meth:`poll` returns nothing of them until :meth:`resume`.
+        They stay assigned (heartbeats go on)."""
+        for queue in queues:
+            state = self._state(*queue)
+            if not state.paused:
+                state.paused = True
+                self._runtime.run(self._membership.restart(state, state.position))
+
+    def resume(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Fetch paused ``queues`` again from where :meth:`poll` left them."""
+        for queue in queues:
+            state = self._state(*queue)
+            if state.paused:
+                state.paused = False
+                self._runtime.run(self._membership.restart(state, state.position))
+
+    def paused(self) -> list[TopicQueue]:
+        """The assigned queues paused now."""
+        return sorted(q for q, s in list(self._membership.states.items()) if s.paused and not s.revoked)
+
+    def _state(self, topic: str, queue_id: int) -> QueueState:
+        self._check_open()
+        state = self._membership.states.get(TopicQueue(topic, queue_id))
+        if state is None or state.revoked:
+            raise ValueError(f"queue {topic}/{queue_id} is not assigned to this consumer")
+        return state
+
+    # --- rebalancing -----------------------------------------------------------------------------
+
+    def _handle_rebalance(self) -> None:
+        """Run the assignments and revocations the heartbeats brought, in order."""
+        for event in self._membership.take_events():
+            if event.assigned:
+                if self._on_assigned is not None:
+                    self._on_assigned(list(event.queues))
+                continue
+            self._buffer.drop(lambda chunk: chunk.state.revoked)
+            if not event.lost:
+                states = [s for q in event.queues if (s := self._membership.states.get(q)) is not None]
+                if self._auto_commit_s is not None:
+                    self._auto_commit(states)
+            if self._on_revoked is not None:
+                self._on_revoked(list(event.queues))
+            self._runtime.run(self._membership.release(event.queues))
 
     def close(self) -> None:
-        """Commit, leave the group and close the connections. Idempotent."""
+        """Commit (with ``auto_commit``), leave the group and close the connections. Idempotent."""
         if self._closed:
             return
-        self._closed = True
         try:
             self._runtime.run(self._membership.stop())
-            self._apply_revocations_on_close()
+            self._membership.take_events()
+            if self._auto_commit_s is not None:
+                self._auto_commit(list(self._membership.states.values()))
             self._runtime.run(self._membership.unregister())
         finally:
+            self._closed = True
             self._runtime.close()
 
-    def _apply_revocations_on_close(self) -> None:
-        self._membership.take_revoked()
-        self._commit(list(self._membership.states.values()))
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
 
     def __enter__(self) -> Consumer:
         return self

@@ -1,9 +1,10 @@
 """Per-queue background fetchers feeding one bounded, thread-safe buffer.
 
-Each owned queue has a task on the I/O loop that long-polls the broker (PULL with poll_ms)
-and puts what it gets into :class:`FetchBuffer` as one chunk per response. A queue may have
-at most ``PREFETCH_CHUNKS`` unconsumed chunks (a semaphore permit per chunk, given back when
-``poll`` takes the chunk), so memory is bounded by queues × chunks × fetch_max_bytes.
+Each owned queue has a task on the I/O loop that finds where to start (unless told), then
+long-polls the queue's current leader (PULL with poll_ms) and puts what it gets into
+:class:`FetchBuffer` as one chunk per response. A queue may have at most ``PREFETCH_CHUNKS``
+unconsumed chunks (a semaphore permit per chunk, given back when ``poll`` takes the chunk), so
+memory is bounded by queues × chunks × fetch_max_bytes.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 from isal.isal_zlib import crc32
 
 from gms.client.connections import msg_id_prefix
-from gms.client.routing import QueueRoute
+from gms.client.routing import RouteProvider
 from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessages
 from gms.errors import (
@@ -30,6 +31,7 @@ from gms.errors import (
     GmsError,
     NotLeaderError,
     OffsetIllegalError,
+    QueueHeldError,
     ServiceUnavailableError,
 )
 from gms.protocol.codes import RequestCode
@@ -59,17 +61,34 @@ _OFF_TOPIC_LEN = OFFSETS["topic_len"]
 _OFF_TAG_LEN = OFFSETS["tag_len"]
 
 
+class TopicQueue(NamedTuple):
+    """One queue of a topic, wherever its leader is."""
+
+    topic: str
+    queue_id: int
+
+
+async def leader_of(routes: RouteProvider, queue: TopicQueue) -> str:
+    """The address of the broker leading ``queue`` now (from the cached routes)."""
+    for route in await routes.routes(queue.topic):
+        if route.queue_id == queue.queue_id:
+            return route.broker
+    raise ServiceUnavailableError(f"queue {queue.topic}/{queue.queue_id} has no live leader now")
+
+
 class QueueState:
-    """One queue this consumer reads. ``position`` (next offset to hand out) is written only
-    by the polling thread; ``revoked`` is set by the loop when the queue is taken away."""
+    """One queue this consumer reads. ``position`` (next offset to hand out; None until the
+    fetch task found where to start) is written by the polling thread once known; ``revoked``
+    is set by the loop when the queue is taken away, ``paused`` by ``Consumer.pause``."""
 
-    __slots__ = ("committed", "permits", "position", "revoked", "route", "task")
+    __slots__ = ("committed", "key", "paused", "permits", "position", "revoked", "task")
 
-    def __init__(self, route: QueueRoute, position: int, committed: int) -> None:
-        self.route = route
-        self.position = position
-        self.committed = committed
+    def __init__(self, key: TopicQueue) -> None:
+        self.key = key
+        self.position: int | None = None
+        self.committed: int | None = None
         self.revoked = False
+        self.paused = False
         self.permits = asyncio.Semaphore(PREFETCH_CHUNKS)
         self.task: asyncio.Task[None] | None = None
 
@@ -105,9 +124,8 @@ class FetchBuffer:
         with self._ready:
             while not self._chunks:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._ready.wait(left):
-                    if not self._chunks:
-                        return taken
+                if (left <= 0 or not self._ready.wait(left)) and not self._chunks:
+                    return taken
             chunks = self._chunks
             while chunks and room > 0:
                 chunk = chunks[0]
@@ -133,6 +151,9 @@ class FetchBuffer:
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.
 LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError)
 
+# Where a queue starts: (position, committed offset or None), asked when no position is given.
+StartOffset = Callable[[TopicQueue], Awaitable[tuple[int, int | None]]]
+
 
 class Fetcher:
     """Starts and runs the fetch task of each owned queue (on the I/O loop)."""
@@ -151,35 +172,61 @@ class Fetcher:
         self._max_bytes = max_bytes
         self._long_poll_ms = long_poll_ms
 
-    def start(self, state: QueueState) -> None:
-        state.task = asyncio.get_running_loop().create_task(self._run(state))
+    def start(self, state: QueueState, start_offset: StartOffset) -> None:
+        """Fetch ``state``'s queue from its position, or from ``start_offset`` if it has none yet."""
+        state.task = asyncio.get_running_loop().create_task(self._run(state, start_offset))
 
-    async def _run(self, state: QueueState) -> None:
-        route = state.route
-        tag_filter = self._filters[route.topic]
-        fields = {"topic": route.topic, "queue_id": route.queue_id, "offset": state.position,
+    async def stop(self, state: QueueState) -> None:
+        """Stop fetching ``state``'s queue and forget what it fetched but ``poll`` did not take."""
+        task, state.task = state.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._buffer.drop(lambda chunk: chunk.state is state)
+        state.permits = asyncio.Semaphore(PREFETCH_CHUNKS)
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()`` until it succeeds, backing off after each failure."""
+        while True:
+            try:
+                return await call()
+            except (GmsError, CorruptRecord) as err:
+                await self._back_off(what, err)
+
+    async def _back_off(self, what: str, err: GmsError | CorruptRecord) -> None:
+        """Log a failed request (quietly if it will pass), re-route if the leader is gone, wait."""
+        quiet = isinstance(err, (BadRequestError, QueueHeldError)) or getattr(err, "retriable", False)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "%s failed: %r", what, err)
+        if isinstance(err, LEADER_LOST_ERRORS):
+            self._on_leader_lost()
+        await asyncio.sleep(FETCH_ERROR_BACKOFF_MS / 1000)
+
+    async def _run(self, state: QueueState, start_offset: StartOffset) -> None:
+        key = state.key
+        if state.position is None:
+            state.position, state.committed = await self._retrying(
+                f"finding where {key.topic}/{key.queue_id} starts", lambda: start_offset(key))
+        tag_filter = self._filters[key.topic]
+        fields = {"topic": key.topic, "queue_id": key.queue_id, "offset": state.position,
                   "max_msgs": self._max_messages, "max_bytes": self._max_bytes,
                   "tags": tag_filter.expression, "poll_ms": self._long_poll_ms, **self._owner}
         timeout_ms = self._long_poll_ms + self._runtime.request_timeout_ms
-        prefix = msg_id_prefix(route.broker)
         pool = self._runtime.pool
+        routes = self._runtime.routes
         while True:
             await state.permits.acquire()
             try:
-                frame = await pool.request(route.broker, RequestCode.PULL, fields, timeout_ms=timeout_ms)
-                messages = decode_pull_body(frame.body, prefix, tag_filter)
+                broker = await leader_of(routes, key)
+                frame = await pool.request(broker, RequestCode.PULL, fields, timeout_ms=timeout_ms)
+                messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter)
             except OffsetIllegalError as err:
                 state.permits.release()
                 fields["offset"] = _clamp(fields["offset"], err.fields)
-                log.warning("%s: %s; continuing at offset %d", route, err, fields["offset"])
+                log.warning("%s: %s; continuing at offset %d", key, err, fields["offset"])
                 continue
             except (GmsError, CorruptRecord) as err:
                 state.permits.release()
-                level = logging.DEBUG if isinstance(err, BadRequestError) or err.retriable else logging.WARNING
-                log.log(level, "pull from %s failed: %r", route, err)
-                if isinstance(err, LEADER_LOST_ERRORS):
-                    self._on_leader_lost()
-                await asyncio.sleep(FETCH_ERROR_BACKOFF_MS / 1000)
+                await self._back_off(f"pull from {key.topic}/{key.queue_id}", err)
                 continue
             next_offset = frame.fields["next_offset"]
             if messages:

@@ -1,10 +1,18 @@
-"""Which queues this consumer reads, kept current by heartbeats (runs on the I/O loop).
+"""Which queues this consumer reads, kept current by heartbeats to the group's coordinator (runs
+on the I/O loop).
 
-Clustering follows the broker's hand-off: HEARTBEAT reports the queues still ``held`` and
-returns the assignment. A queue missing from the assignment is *revoked*: its fetcher stops at
-once, but it stays held until the polling thread has committed its position and released it
-(:meth:`Membership.release`, then an immediate heartbeat), so the next owner starts exactly
-where this one stopped. Broadcasting: every member reads every queue from its own positions.
+The coordinator is found with FIND_COORDINATOR (any broker answers) and found again when it
+answers NOT_COORDINATOR or stops answering. HEARTBEAT reports the queues still ``held`` and
+returns the assignment over every broker's queues. A queue missing from the assignment is
+*revoked*: its fetcher stops at once, but it stays held until the polling thread has committed
+its position and released it (:meth:`Membership.release`, then an immediate heartbeat), so the
+next owner starts exactly where this one stopped. The coordinator also says how soon to beat
+again: sooner while a hand-off in the group is under way.
+
+A member whose heartbeats have failed for a whole member expiry has been expired by the
+coordinator, and its queues may have gone to others: it *fences* itself — stops fetching and
+drops its queues without committing (they are reported *lost*) — and joins again when a
+heartbeat succeeds. Broadcasting: every member reads every queue from its own positions.
 """
 
 from __future__ import annotations
@@ -12,25 +20,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
-from gms.client.fetcher import Fetcher, QueueState
-from gms.client.routing import QueueRoute
+from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
+from gms.client.local_offsets import LocalOffsetStore
 from gms.client.runtime import ClientRuntime
+from gms.errors import GmsError, NotCoordinatorError, ServiceUnavailableError
 from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
 
 StartFrom = str | int  # "last", "first" or a timestamp in ms
 NO_COMMITTED_OFFSET = -1
-HEARTBEAT_RETRY_MS = 500
+HEARTBEAT_RETRY_MS = 200
+DEFAULT_MEMBER_EXPIRY_MS = 30_000  # until the coordinator said its own
+
+
+class RebalanceEvent(NamedTuple):
+    """Queues assigned or revoked, for the polling thread (``lost``: revoked without a commit,
+    because the member was fenced)."""
+
+    assigned: bool
+    queues: list[TopicQueue]
+    lost: bool = False
 
 
 class Membership:
     def __init__(self, runtime: ClientRuntime, fetcher: Fetcher, *, group: str, member: str,
                  clustering: bool, subscription: Mapping[str, str], start_from: StartFrom,
-                 heartbeat_interval_ms: float | None) -> None:
+                 heartbeat_interval_ms: float | None, local_offsets: LocalOffsetStore | None) -> None:
+        """``local_offsets``: where a broadcasting member keeps its offsets (None: it keeps none)."""
         self._runtime = runtime
         self._fetcher = fetcher
         self._group = group
@@ -39,21 +61,25 @@ class Membership:
         self._subscription = dict(subscription)
         self._start_from = start_from
         self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._local_offsets = local_offsets
         self._interval_s = (heartbeat_interval_ms or 3000) / 1000
-        self.states: dict[QueueRoute, QueueState] = {}
-        self._revoked: list[QueueRoute] = []  # waiting for the polling thread
-        self._revoked_lock = threading.Lock()
+        self._member_expiry_s = DEFAULT_MEMBER_EXPIRY_MS / 1000
+        self._last_beat_sent: float | None = None  # monotonic time of the last answered heartbeat
+        self._coordinator: str | None = None
+        self.states: dict[TopicQueue, QueueState] = {}
+        self._events: list[RebalanceEvent] = []  # waiting for the polling thread
+        self._events_lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._beat_lock: asyncio.Lock | None = None
 
     # --- called from the polling thread (through runtime.run) or the loop ----------------------
 
-    def take_revoked(self) -> list[QueueRoute]:
-        """The queues revoked since the last call (for the polling thread to commit and release)."""
-        with self._revoked_lock:
-            revoked, self._revoked = self._revoked, []
-        return revoked
+    def take_events(self) -> list[RebalanceEvent]:
+        """Assignments and revocations since the last call, in order (for the polling thread)."""
+        with self._events_lock:
+            events, self._events = self._events, []
+        return events
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -61,37 +87,66 @@ class Membership:
         await self.heartbeat()
         self._task = asyncio.get_running_loop().create_task(self._beat_forever())
 
-    async def release(self, routes: Iterable[QueueRoute]) -> None:
-        """Stop holding ``routes`` (positions committed) and tell the brokers now."""
-        for route in routes:
-            self.states.pop(route, None)
-        await self.heartbeat()
+    async def release(self, queues: Iterable[TopicQueue]) -> None:
+        """Stop holding ``queues`` (positions committed): the leaders end this member's claims,
+        and the coordinator hears of it now."""
+        released = [q for q in queues if self.states.pop(q, None) is not None]
+        try:
+            if self._clustering and released:
+                await self._send_commits({}, released)
+            await self.heartbeat()
+        except GmsError as err:  # the claims lapse by themselves; the next beat tells the coordinator
+            log.warning("%s/%s: releasing %s: %r", self._group, self._member, released, err)
 
-    async def commit(self, offsets: Mapping[QueueRoute, int]) -> None:
-        by_broker: dict[str, list[list[object]]] = defaultdict(list)
-        for route, offset in offsets.items():
-            by_broker[route.broker].append([route.topic, route.queue_id, offset])
+    async def commit(self, offsets: Mapping[TopicQueue, int]) -> None:
+        if not self._clustering:
+            if self._local_offsets is not None:
+                self._local_offsets.commit(offsets)
+            return
+        await self._send_commits(offsets, [])
+
+    async def _send_commits(self, offsets: Mapping[TopicQueue, int], release: Iterable[TopicQueue]) -> None:
+        """COMMIT_OFFSET to each queue's leader; ``release`` ends this member's claims there."""
+        routes = self._runtime.routes
+        by_broker: dict[str, dict[str, list[list[object]]]] = defaultdict(lambda: {"offsets": [], "release": []})
+        for queue, offset in offsets.items():
+            by_broker[await leader_of(routes, queue)]["offsets"].append([queue.topic, queue.queue_id, offset])
+        for queue in release:
+            try:
+                by_broker[await leader_of(routes, queue)]["release"].append([queue.topic, queue.queue_id])
+            except ServiceUnavailableError:
+                pass  # no leader now: the claim lapses by itself
         await asyncio.gather(*(
             self._runtime.pool.request(broker, RequestCode.COMMIT_OFFSET,
-                                       {"group": self._group, "member": self._member, "offsets": items})
+                                       {"group": self._group, "member": self._member, **items})
             for broker, items in by_broker.items()))
+
+    async def restart(self, state: QueueState, position: int | None) -> None:
+        """Fetch ``state``'s queue again from ``position`` (None: from where it starts), dropping
+        what was fetched but not polled (seek, resume)."""
+        await self._fetcher.stop(state)
+        state.position = position
+        if not state.paused and not state.revoked:
+            self._fetcher.start(state, self._start_offset)
 
     async def stop(self) -> None:
         """Stop heartbeats and fetchers (the caller then commits and unregisters)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        tasks = [s.task for s in self.states.values() if s.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for state in list(self.states.values()):
+            await self._fetcher.stop(state)
 
     async def unregister(self) -> None:
-        brokers = {route.broker for route in self.states} | set(self._runtime.routes.brokers)
-        await asyncio.gather(*(
-            self._runtime.pool.request(b, RequestCode.UNREGISTER_CONSUMER,
-                                       {"group": self._group, "member": self._member})
-            for b in brokers), return_exceptions=True)
+        """Release every queue and leave the group (best effort: the coordinator may be gone)."""
+        try:
+            if self._clustering:
+                await self._send_commits({}, list(self.states))
+            if self._coordinator is not None:
+                await self._runtime.pool.request(self._coordinator, RequestCode.UNREGISTER_CONSUMER,
+                                                 {"group": self._group, "member": self._member})
+        except GmsError as err:
+            log.info("%s/%s: leaving the group: %r", self._group, self._member, err)
 
     # --- heartbeats ------------------------------------------------------------------------------
 
@@ -105,10 +160,22 @@ class Membership:
             self._wake.clear()
             try:
                 await self.heartbeat()
-            except Exception as err:  # noqa: BLE001 - keep beating; the broker may come back
+            except Exception as err:  # noqa: BLE001 - keep beating; the coordinator may come back
                 log.warning("heartbeat of %s/%s failed: %r", self._group, self._member, err)
                 self._runtime.routes.invalidate()
+                self._fence_if_expired()
                 await asyncio.sleep(HEARTBEAT_RETRY_MS / 1000)
+
+    def _fence_if_expired(self) -> None:
+        """After a member expiry without an answered heartbeat, give every queue up (lost)."""
+        sent = self._last_beat_sent
+        if not self._clustering or sent is None or time.monotonic() - sent < self._member_expiry_s:
+            return
+        lost = [q for q, s in self.states.items() if not s.revoked]
+        if lost:
+            log.warning("%s/%s: no heartbeat answered for %.1f s; giving up queues %s",
+                        self._group, self._member, time.monotonic() - sent, lost)
+            self._revoke(lost, lost=True)
 
     async def heartbeat(self) -> None:
         assert self._beat_lock is not None
@@ -116,78 +183,110 @@ class Membership:
             await self._heartbeat()
 
     async def _heartbeat(self) -> None:
-        routes_by_broker: dict[str, dict[str, list[QueueRoute]]] = defaultdict(dict)
         for topic in self._subscription:
-            for route in await self._runtime.routes.routes(topic):
-                routes_by_broker[route.broker].setdefault(topic, []).append(route)
-        assigned: set[QueueRoute] = set()
-        for broker, topics in routes_by_broker.items():
-            held = [[r.topic, r.queue_id] for r in self.states if r.broker == broker]
-            frame = await self._runtime.pool.request(broker, RequestCode.HEARTBEAT, {
-                "group": self._group, "member": self._member,
-                "mode": "clustering" if self._clustering else "broadcasting",
-                "subscription": {t: self._subscription[t] for t in topics}, "held": held,
-            })
-            expiry_ms = frame.fields.get("member_expiry_ms")
-            if self._heartbeat_interval_ms is None and expiry_ms:
-                self._interval_s = expiry_ms / 3000
-            if self._clustering:
-                routed = {r for routes in topics.values() for r in routes}
-                for topic, queue_ids in frame.fields["assignment"].items():
-                    # Only queues the route says this broker leads (it may hold others' replicas).
-                    assigned.update(r for r in (QueueRoute(topic, q, broker) for q in queue_ids) if r in routed)
-            else:
-                assigned.update(r for routes in topics.values() for r in routes)
-        await self._apply(assigned)
+            await self._runtime.routes.routes(topic)  # TopicNotFoundError for an unknown topic
+        fields = {
+            "group": self._group, "member": self._member, "subscription": self._subscription,
+            "mode": "clustering" if self._clustering else "broadcasting",
+            "held": [[q.topic, q.queue_id] for q in self.states],
+        }
+        sent = time.monotonic()
+        # An answer later than half the expiry is no use: fail and try again (or fence).
+        timeout_ms = self._member_expiry_s * 500
+        pool = self._runtime.pool
+        try:
+            try:
+                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields,
+                                           timeout_ms=timeout_ms)
+            except NotCoordinatorError as err:
+                self._coordinator = err.fields.get("coordinator") or None
+                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields,
+                                           timeout_ms=timeout_ms)
+        except GmsError:
+            self._coordinator = None
+            raise
+        self._last_beat_sent = sent
+        self._member_expiry_s = frame.fields.get("member_expiry_ms", DEFAULT_MEMBER_EXPIRY_MS) / 1000
+        hint_ms = frame.fields.get("heartbeat_interval_ms")
+        if hint_ms:
+            chosen_ms = hint_ms if self._heartbeat_interval_ms is None else min(hint_ms, self._heartbeat_interval_ms)
+            self._interval_s = chosen_ms / 1000
+        assigned = {TopicQueue(topic, q) for topic, queue_ids in frame.fields["assignment"].items()
+                    for q in queue_ids}
+        self._apply(assigned)
 
-    async def _apply(self, assigned: set[QueueRoute]) -> None:
-        revoked = [r for r, s in self.states.items() if r not in assigned and not s.revoked]
-        for route in revoked:
-            state = self.states[route]
+    async def _find_coordinator(self) -> str:
+        """The group's coordinator, asking the known brokers (then the live ones) if unknown."""
+        if self._coordinator is not None:
+            return self._coordinator
+        routes = self._runtime.routes
+        candidates = list(dict.fromkeys([*routes.brokers, *await routes.live_brokers()]))
+        failures = []
+        for broker in candidates:
+            try:
+                frame = await self._runtime.pool.request(broker, RequestCode.FIND_COORDINATOR, {"group": self._group})
+            except GmsError as err:
+                failures.append(f"{broker}: {err}")
+                continue
+            self._coordinator = str(frame.fields["coordinator"])
+            return self._coordinator
+        raise ServiceUnavailableError(f"no broker named the coordinator of group {self._group!r}"
+                                      f" ({'; '.join(failures) or 'no brokers'})")
+
+    def _apply(self, assigned: set[TopicQueue]) -> None:
+        self._revoke([q for q, s in self.states.items() if q not in assigned and not s.revoked])
+        added = sorted(q for q in assigned if q not in self.states)
+        for queue in added:
+            state = self.states[queue] = QueueState(queue)
+            self._fetcher.start(state, self._start_offset)
+        if added:
+            log.info("%s/%s: queues assigned %s", self._group, self._member, added)
+            with self._events_lock:
+                self._events.append(RebalanceEvent(True, added))
+
+    def _revoke(self, queues: list[TopicQueue], *, lost: bool = False) -> None:
+        if not queues:
+            return
+        for queue in queues:
+            state = self.states[queue]
             state.revoked = True
             if state.task is not None:
                 state.task.cancel()
-        if revoked:
-            log.info("%s/%s: queues revoked %s", self._group, self._member, revoked)
-            with self._revoked_lock:
-                self._revoked.extend(revoked)
-        added = [r for r in assigned if r not in self.states]
-        if not added:
-            return
-        committed = await self._committed(added) if self._clustering else [NO_COMMITTED_OFFSET] * len(added)
-        for route, offset in zip(added, committed):
-            position = offset if offset >= 0 else await self._start_offset(route)
-            state = QueueState(route, position, offset)
-            self.states[route] = state
-            self._fetcher.start(state)
-        log.info("%s/%s: queues assigned %s", self._group, self._member, added)
+            if lost:  # nothing to commit: forget the queue now
+                del self.states[queue]
+        log.info("%s/%s: queues %s %s", self._group, self._member, "lost" if lost else "revoked", queues)
+        with self._events_lock:
+            self._events.append(RebalanceEvent(False, queues, lost))
 
     def wake(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
-    # --- offsets ---------------------------------------------------------------------------------
+    # --- where a queue starts --------------------------------------------------------------------
 
-    async def _committed(self, routes: list[QueueRoute]) -> list[int]:
-        by_broker: dict[str, list[QueueRoute]] = defaultdict(list)
-        for route in routes:
-            by_broker[route.broker].append(route)
-        found: dict[QueueRoute, int] = {}
-        for broker, items in by_broker.items():
-            frame = await self._runtime.pool.request(broker, RequestCode.FETCH_OFFSET, {
-                "group": self._group, "queues": [[r.topic, r.queue_id] for r in items]})
-            found.update(zip(items, frame.fields["offsets"]))
-        return [found[r] for r in routes]
+    async def _start_offset(self, queue: TopicQueue) -> tuple[int, int | None]:
+        """(position, committed) of a newly assigned queue: the committed offset (the group's on
+        the queue's leader, or this instance's own when broadcasting), else ``start_from``."""
+        if self._clustering:
+            frame = await self._runtime.pool.request(
+                await leader_of(self._runtime.routes, queue), RequestCode.FETCH_OFFSET,
+                {"group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
+            committed: int | None = frame.fields["offsets"][0]
+        else:
+            committed = None if self._local_offsets is None else self._local_offsets.get(queue)
+        if committed is not None and committed >= 0:
+            return committed, committed
+        return await self.query_offset(queue, self._start_from), None
 
-    async def _start_offset(self, route: QueueRoute) -> int:
-        """Where to start a queue the group never committed: ``start_from``."""
-        where = {"topic": route.topic, "queue_id": route.queue_id}
-        if self._start_from == "first":
+    async def query_offset(self, queue: TopicQueue, where: StartFrom) -> int:
+        """The offset of ``queue`` at ``where``: "first", "last" or a timestamp in ms."""
+        fields: dict[str, object] = {"topic": queue.topic, "queue_id": queue.queue_id}
+        if where == "first":
             code = RequestCode.QUERY_MIN_OFFSET
-        elif self._start_from == "last":
+        elif where == "last":
             code = RequestCode.QUERY_MAX_OFFSET
         else:
             code = RequestCode.QUERY_OFFSET_BY_TIME
-            where["timestamp_ms"] = int(self._start_from)
-        frame = await self._runtime.pool.request(route.broker, code, where)
+            fields["timestamp_ms"] = int(where)
+        frame = await self._runtime.pool.request(await leader_of(self._runtime.routes, queue), code, fields)
         return int(frame.fields["offset"])

@@ -177,6 +177,21 @@ class GroupNotFoundError(GmsError):
     status = Status.GROUP_NOT_FOUND
 
 
+class NotCoordinatorError(GmsError):
+    """This broker does not coordinate the group; ``fields["coordinator"]`` names the one that
+    does (when known). Find the coordinator again and retry."""
+
+    status = Status.NOT_COORDINATOR
+    retriable = True
+
+
+class QueueHeldError(GmsError):
+    """Another member of the group still reads the queue (its hand-off is not done); retry."""
+
+    status = Status.QUEUE_HELD
+    retriable = True
+
+
 class GroupNotEmptyError(GmsError):
     """The consumer group has live members, so its offsets are not changed or deleted (they
     would commit over the change); stop them first, or force."""
@@ -235,6 +250,8 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         OffsetIllegalError,
         MessageNotFoundError,
         GroupNotFoundError,
+        NotCoordinatorError,
+        QueueHeldError,
         GroupNotEmptyError,
         NotLeaderError,
         NotEnoughReplicasError,

@@ -31,6 +31,7 @@ class RequestCode(IntEnum):
     HEARTBEAT = 32
     UNREGISTER_CONSUMER = 33
     GET_CONSUMER_GROUP_MEMBERS = 34
+    FIND_COORDINATOR = 35
 
     # 50-69: administration (broker).
     CREATE_TOPIC = 50
@@ -86,6 +87,8 @@ class Status(IntEnum):
     # 60-79: consumer groups.
     GROUP_NOT_FOUND = 60
     GROUP_NOT_EMPTY = 61
+    NOT_COORDINATOR = 62
+    QUEUE_HELD = 63
 
     # 80-99: replication and durability.
     NOT_LEADER = 80

@@ -14,6 +14,7 @@ from gms.errors import (
     InvalidTopicError,
     MessageIllegalError,
     OffsetIllegalError,
+    QueueHeldError,
     QueueNotFoundError,
     TopicAlreadyExistsError,
     TopicNotFoundError,
@@ -195,11 +196,17 @@ def test_heartbeat_assigns_queues_and_pull_enforces_ownership(broker):
         assert a.fields["assignment"] == {"orders": [0, 1, 2, 3]}
         b = await conn.request(C.HEARTBEAT, {**hb, "member": "b"})
         assert b.fields["assignment"] == {"orders": []}
-        with pytest.raises(BadRequestError, match="not assigned"):
-            await conn.request(C.PULL, {"topic": "orders", "queue_id": 3, "offset": 0, "group": "g", "member": "b"})
+        pull = {"topic": "orders", "queue_id": 3, "offset": 0, "group": "g"}
+        await conn.request(C.PULL, {**pull, "member": "a"})  # a reads queue 3: it is a's on this leader
+        with pytest.raises(QueueHeldError, match="still read by member 'a'"):
+            await conn.request(C.PULL, {**pull, "member": "b"})
+        with pytest.raises(QueueHeldError):
+            await conn.request(C.COMMIT_OFFSET, {"group": "g", "member": "b", "offsets": [["orders", 3, 1]]})
         await conn.request(C.HEARTBEAT, {**hb, "member": "a", "held": [["orders", 0], ["orders", 1]]})
         b = await conn.request(C.HEARTBEAT, {**hb, "member": "b"})
         assert b.fields["assignment"] == {"orders": [2, 3]}
+        await conn.request(C.COMMIT_OFFSET, {"group": "g", "member": "a", "offsets": [], "release": [["orders", 3]]})
+        await conn.request(C.PULL, {**pull, "member": "b"})  # released: b reads it now
         described = await conn.request(C.GET_CONSUMER_GROUP_MEMBERS, {"group": "g"})
         assert sorted(m["member"] for m in described.fields["members"]) == ["a", "b"]
         with pytest.raises(TopicNotFoundError):

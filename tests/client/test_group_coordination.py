@@ -1,0 +1,202 @@
+"""Consumer groups across brokers, against a real cluster (embedded etcd, a nameserver, three
+brokers with a short member expiry): one coordinator assigns every broker's queues, evenly per
+topic, while members join and leave; the group survives a SIGKILLed coordinator."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from gms_cluster import LocalCluster
+from processes import wait_until
+
+from gms.client import Admin, Consumer, Producer
+
+BROKERS = 3
+MEMBER_EXPIRY_MS = 1500  # members heartbeat every 500 ms
+LEASE_TTL_S = 3  # a killed broker leaves the cluster within this
+TOPIC_QUEUES = (2, 6, 7)
+SETTLE_TIMEOUT_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("groups")
+    config = root / "broker.toml"
+    config.write_text(f"[broker]\nmember_expiry_ms = {MEMBER_EXPIRY_MS}\nlease_ttl_s = {LEASE_TTL_S}\n")
+    running = LocalCluster(root)
+    try:
+        running.etcd.start()
+        running.add_nameserver()
+        for _ in range(BROKERS):
+            running.add_broker("--config", str(config))
+        running.wait_registered(BROKERS)
+        yield running
+    finally:
+        running.stop()
+
+
+def create_topics(cluster: LocalCluster, counts: tuple[int, ...]) -> dict[str, int]:
+    topics = {f"t{count}-{uuid.uuid4().hex[:6]}": count for count in counts}
+    with Admin(nameserver=cluster.nameserver) as admin:
+        for topic, count in topics.items():
+            admin.create_topic(topic, count)
+    return topics
+
+
+class Member:
+    """A consumer polling on its own thread, recording (topic, queue, offset) of what it got."""
+
+    def __init__(self, cluster: LocalCluster, group: str, topics: dict[str, int],
+                 deliveries: list[tuple[str, int, int]], lock: threading.Lock) -> None:
+        self.consumer = Consumer(nameserver=cluster.nameserver, group=group, subscription=dict.fromkeys(topics, "*"),
+                                 start_from="first", auto_commit_interval_ms=200, long_poll_ms=500)
+        self._deliveries, self._lock = deliveries, lock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            got = [(m.topic, m.queue_id, m.queue_offset) for m in self.consumer.poll(50)]
+            with self._lock:
+                self._deliveries.extend(got)
+        self.consumer.close()
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return [tuple(q) for q in self.consumer.assignment()]
+
+    def leave(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+
+
+def settled(members: list[Member], topics: dict[str, int]) -> bool:
+    """Every queue owned by exactly one member; per topic, members' counts differ by at most one."""
+    owned = [m.assignment() for m in members]
+    claimed = Counter(q for queues in owned for q in queues)
+    if sorted(claimed) != sorted((t, q) for t, count in topics.items() for q in range(count)):
+        return False
+    if any(n != 1 for n in claimed.values()):
+        return False
+    for topic in topics:
+        per_member = [sum(1 for t, _ in queues if t == topic) for queues in owned]
+        if max(per_member) - min(per_member) > 1:
+            return False
+    return True
+
+
+def produce(cluster: LocalCluster, topics: dict[str, int], count: int, sent: Counter) -> None:
+    with Producer(nameserver=cluster.nameserver) as producer:
+        for topic, queues in topics.items():
+            results = producer.send_batch([{"topic": topic, "body": b"%d" % i, "queue": i % queues}
+                                           for i in range(count)])
+            sent.update((r.topic, r.queue_id, r.queue_offset) for r in results)
+
+
+def wait_all_delivered(deliveries: list, lock: threading.Lock, sent: Counter, timeout_s: float = 30) -> None:
+    def done() -> bool:
+        with lock:
+            return set(deliveries) >= set(sent)
+    wait_until(done, timeout_s)
+
+
+def test_members_joining_and_leaving_share_every_brokers_queues_evenly(cluster):
+    topics = create_topics(cluster, TOPIC_QUEUES)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    deliveries: list[tuple[str, int, int]] = []
+    lock = threading.Lock()
+    sent: Counter = Counter()
+    members: list[Member] = []
+    settle_s = []
+    try:
+        for target in (1, 2, 3, 5, 8, 6, 4, 2, 1):
+            while len(members) < target:
+                members.append(Member(cluster, group, topics, deliveries, lock))
+            while len(members) > target:
+                members.pop(0).leave()  # the oldest leaves: its queues move
+            produce(cluster, topics, 40, sent)
+            settle_s.append(wait_until(lambda: settled(members, topics), SETTLE_TIMEOUT_S))
+        wait_all_delivered(deliveries, lock, sent)
+    finally:
+        for member in members:
+            member.leave()
+    counts = Counter(deliveries)
+    assert set(counts) == set(sent), "missed or unexpected messages"
+    twice = [key for key, n in counts.items() if n > 1]
+    assert not twice, f"{len(twice)} messages delivered twice, e.g. {twice[:5]}"
+    print("settle times (s):", [round(s, 2) for s in settle_s])
+
+
+def coordinator_of(cluster: LocalCluster, group: str) -> str:
+    with Admin(nameserver=cluster.nameserver) as admin:
+        found = admin.group_coordinator(group)
+    assert found is not None
+    return found
+
+
+def test_group_recovers_without_double_ownership_after_its_coordinator_is_killed(cluster):
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    topics = create_topics(cluster, (6,))
+    victim = next(b for b in cluster.brokers if b.address == coordinator_of(cluster, group))
+    (topic,) = topics
+    with Admin(nameserver=cluster.nameserver) as admin:
+        survivors_queues = {q["queue_id"] for q in admin.route(topic)["queues"] if q["leader"] != victim.address}
+    deliveries: list[tuple[str, int, int]] = []
+    lock = threading.Lock()
+    sent: Counter = Counter()
+    members = [Member(cluster, group, topics, deliveries, lock) for _ in range(3)]
+    try:
+        wait_until(lambda: settled(members, topics), SETTLE_TIMEOUT_S)
+        produce(cluster, topics, 60, sent)
+        wait_all_delivered(deliveries, lock, sent)
+        victim.kill()
+        # A new coordinator takes the group over; the killed broker's queues stay assigned
+        # (they come back with it), nobody reads a queue twice meanwhile.
+        wait_until(lambda: coordinator_of(cluster, group) != victim.address, LEASE_TTL_S * 5)
+        time.sleep(MEMBER_EXPIRY_MS / 1000)
+        wait_until(lambda: settled(members, topics), SETTLE_TIMEOUT_S)
+        after: Counter = Counter()
+        with Producer(nameserver=cluster.nameserver) as producer:
+            results = producer.send_batch([{"topic": topic, "body": b"after", "queue": q}
+                                           for q in sorted(survivors_queues) for _ in range(10)])
+        after.update((r.topic, r.queue_id, r.queue_offset) for r in results)
+        sent.update(after)
+        wait_all_delivered(deliveries, lock, sent)
+        assert settled(members, topics)
+    finally:
+        for member in members:
+            member.leave()
+        victim.restart()
+    counts = Counter(deliveries)
+    assert not [key for key, n in counts.items() if n > 1], "delivered twice"
+
+
+def test_describe_group_reports_members_from_the_coordinator(cluster):
+    topics = create_topics(cluster, (7,))
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    lock = threading.Lock()
+    members = [Member(cluster, group, topics, [], lock) for _ in range(2)]
+    try:
+        wait_until(lambda: settled(members, topics), SETTLE_TIMEOUT_S)
+        with Admin(nameserver=cluster.nameserver) as admin:
+            described = admin.group_describe(group)
+            leaders = {q["queue_id"]: q["leader"] for q in admin.route(next(iter(topics)))["queues"]}
+        by_member: dict[str, set] = {}
+        for entry in described["members"]:
+            assert all(leaders[q] == entry["broker"] for _, q in entry["queues"])  # listed by leader
+            by_member.setdefault(entry["member"], set()).update(map(tuple, entry["queues"]))
+        assert by_member == {m.consumer.member: set(m.assignment()) for m in members}
+        assert admin_live_members(cluster, group) == sorted(by_member)
+    finally:
+        for member in members:
+            member.leave()
+
+
+def admin_live_members(cluster: LocalCluster, group: str) -> list[str]:
+    with Admin(nameserver=cluster.nameserver) as admin:
+        return admin.live_members(group)
