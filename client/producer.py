@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import socket
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -26,6 +27,7 @@ from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendResult, SendResults
 from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
 from gms.protocol.codes import RequestCode
+from gms.protocol.fields import INT32
 from gms.record import OFF_QUEUE_ID
 
 log = logging.getLogger(__name__)
@@ -156,8 +158,8 @@ def _in_input_order(groups: list[_Group], answers: list[SendResults], count: int
         order[np.concatenate([np.asarray(g.indexes, np.intp) for g in groups])] = np.arange(count)
         return SendResults.concat(answers).take(order)
     ordered: list[SendResult] = [None] * count  # type: ignore[list-item]
-    for group, results in zip(groups, answers):
-        for index, result in zip(group.indexes, results):
+    for group, results in zip(groups, answers, strict=True):
+        for index, result in zip(group.indexes, results, strict=True):
             ordered[index] = result
     return ordered
 
@@ -180,15 +182,17 @@ class Producer:
         retries: int = 3,
         retry_backoff_ms: float = 100,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
-        born_host: str = "",
+        born_host: str | None = None,
     ) -> None:
+        """``born_host``: stored in every record as where it was produced (``gms msg show``);
+        None means this machine's host name, looked up once here."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
             raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-producer")
-        self._encoder = RecordEncoder(born_host)
+        self._encoder = RecordEncoder(socket.gethostname() if born_host is None else born_host)
         self._faults = BrokerFaults()
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms)
@@ -217,6 +221,8 @@ class Producer:
                     raise
                 return fallback
         if queue is not None:
+            if not 0 <= queue <= INT32.high:  # would not fit the record's int32 queue id
+                raise QueueNotFoundError(f"topic {topic!r} has no queue {queue} (queue ids are 0..{len(routes) - 1})")
             for route in routes:
                 if route.queue_id == queue:
                     return route
@@ -268,9 +274,8 @@ class Producer:
         topic_routes: dict[str, list[QueueRoute] | None] = {}
         add, pick, round_robin = self._encoder.add, self._faults.pick, self._round_robin
         count = 0
-        for count, message in enumerate(messages, 1):
-            if type(message) is not ProducerRecord:
-                message = message if isinstance(message, ProducerRecord) else ProducerRecord(**message)
+        for count, given in enumerate(messages, 1):
+            message = given if isinstance(given, ProducerRecord) else ProducerRecord(**given)
             topic, body, tag, keys, properties, queue, key = message
             movable = queue is None and key is None
             if movable:

@@ -42,9 +42,8 @@ from isal.isal_zlib import crc32  # zlib's CRC-32 values, several times faster
 from gms.broker.ha.fetcher import SIZES_DTYPE
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
-from gms.errors import BadRequestError
 from gms.protocol.codes import Status
-from gms.protocol.fields import field
+from gms.protocol.fields import INT32, INT64, Columns, field, topic_row
 from gms.protocol.frame import Frame, Response
 
 FETCH_MSGS_MAX = 65_536  # per queue per response
@@ -61,6 +60,18 @@ class Wanted(NamedTuple):
     leader_epoch: int
     last_epoch: int
     offsets_seq: int  # 0 unless it refers to this broker's offset-store session
+
+
+# The integer columns of the request rows (after the topic).
+_FETCH_COLUMNS: Columns = (("queue_id", INT32), ("fetch_offset", INT64), ("leader_epoch", INT64),
+                           ("last_epoch", INT64), ("offsets_seq", INT64))
+_EPOCH_COLUMNS: Columns = (("queue_id", INT32), ("leader_epoch", INT64), ("epoch", INT64))
+
+
+def _wanted(row: Any, same_session: bool) -> Wanted:
+    """One REPLICA_FETCH queue row; ``offsets_seq`` (optional) counts only in the same offsets session."""
+    topic, queue_id, offset, epoch, last, *rest = topic_row("queues", row, _FETCH_COLUMNS, optional=1)
+    return Wanted(topic, queue_id, offset, epoch, last, rest[0] if rest and same_session else 0)
 
 
 class LeaderHandlers:
@@ -84,12 +95,7 @@ class LeaderHandlers:
         queues = field(fields, "queues", list)
         offsets = self.manager.offsets
         same_session = field(fields, "offsets_session", int, 0) == offsets.session
-        try:
-            wanted = [Wanted(str(t), int(q), int(off), int(ep), int(last),
-                             int(rest[0]) if rest and same_session else 0)
-                      for t, q, off, ep, last, *rest in queues]
-        except (TypeError, ValueError) as err:
-            raise BadRequestError(f"bad REPLICA_FETCH queues: {err}") from err
+        wanted = [_wanted(row, same_session) for row in queues]
         self._record_progress(replica, wanted)
         rows, body, news = self._read(wanted, bytes_max)
         if wait_ms and not news:
@@ -144,11 +150,12 @@ class LeaderHandlers:
     async def offset_for_leader_epoch(self, request: Frame) -> Response:
         queues = field(request.fields, "queues", list)
         rows: list[list[Any]] = []
-        for topic, queue_id, leader_epoch, epoch in queues:
-            p, status = self._check(str(topic), int(queue_id), int(leader_epoch))
+        for row in queues:
+            topic, queue_id, leader_epoch, epoch = topic_row("queues", row, _EPOCH_COLUMNS)
+            p, status = self._check(topic, queue_id, leader_epoch)
             if status or p is None:
                 rows.append([topic, queue_id, int(status), -1, 0])
                 continue
-            found = p.history.end_for(int(epoch), self.store.max_offset(topic, queue_id))
+            found = p.history.end_for(epoch, self.store.max_offset(topic, queue_id))
             rows.append([topic, queue_id, 0, found.epoch, found.end_offset])
         return Response({"queues": rows})

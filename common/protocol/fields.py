@@ -1,29 +1,83 @@
-"""Reading request fields with clear errors: every handler validates its input here."""
+"""Reading request fields with clear errors: every handler validates its input here.
+
+Integers that end up in a fixed-width slot (a ``struct`` field, a numpy array, a record header)
+are read with their wire width (:data:`INT32`, :data:`INT64`) instead of ``int``: a value that
+does not fit is the client's mistake and gets ``BAD_REQUEST`` naming the field, never a
+``struct.error`` or ``OverflowError`` from deep inside the broker.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 
 from gms.errors import BadRequestError
 
 T = TypeVar("T")
-_MISSING = object()
+_MISSING: Any = object()
 
 # Arrays of ints travel as msgpack bin of big-endian numpy arrays (no per-item msgpack work).
 QUEUE_ID_ARRAY = np.dtype(">i4")
 OFFSET_ARRAY = np.dtype(">i8")
 
 
-def field(fields: Mapping[str, Any], name: str, kind: type[T], default: Any = _MISSING) -> T:
-    """``fields[name]`` checked to be a ``kind``; BadRequestError names the problem."""
+class IntWidth(NamedTuple):
+    """The integers a fixed-width signed slot holds."""
+
+    name: str
+    low: int
+    high: int
+
+
+INT32 = IntWidth("int32", -(1 << 31), (1 << 31) - 1)  # queue ids, counts, sizes
+INT64 = IntWidth("int64", -(1 << 63), (1 << 63) - 1)  # offsets, timestamps
+
+
+def checked_int(name: str, value: Any, width: IntWidth) -> int:
+    """``value`` if it is an int (not a bool) that fits ``width``; BadRequestError names ``name``."""
+    if type(value) is not int:
+        raise BadRequestError(f"request field {name!r} must be int, not {type(value).__name__}")
+    if not width.low <= value <= width.high:
+        raise BadRequestError(
+            f"request field {name!r} is {value}, outside {width.name} ({width.low}..{width.high})")
+    return value
+
+
+# Integer columns of request rows ``[topic, ...]``: name and width.
+Columns = Sequence[tuple[str, IntWidth]]
+QUEUE_COLUMNS: Columns = (("queue_id", INT32),)
+QUEUE_OFFSET_COLUMNS: Columns = (("queue_id", INT32), ("offset", INT64))
+
+
+def topic_row(name: str, row: Any, columns: Columns, optional: int = 0) -> list[Any]:
+    """One row ``[topic, int, ...]`` of the list field ``name``: the topic a str, each int fitting
+    its column; the last ``optional`` columns may be left out. BadRequestError names the column."""
+    if (not isinstance(row, list) or not len(columns) - optional <= len(row) - 1 <= len(columns)
+            or not isinstance(row[0], str)):
+        raise BadRequestError(
+            f"request field {name!r} must hold rows of [topic, {', '.join(c for c, _ in columns)}]")
+    return [row[0], *(checked_int(f"{name}: {column}", value, width)
+                      for (column, width), value in zip(columns, row[1:], strict=False))]
+
+
+@overload
+def field(fields: Mapping[str, Any], name: str, kind: IntWidth, default: Any = _MISSING) -> int: ...
+@overload
+def field(fields: Mapping[str, Any], name: str, kind: type[T], default: Any = _MISSING) -> T: ...
+def field(fields: Mapping[str, Any], name: str, kind: Any, default: Any = _MISSING) -> Any:
+    """``fields[name]`` checked to be a ``kind``: a type, or an :class:`IntWidth` for an integer
+    that must fit that width (``int`` means :data:`INT64`); BadRequestError names the problem."""
     value = fields.get(name, _MISSING)
     if value is _MISSING or value is None:
         if default is _MISSING:
             raise BadRequestError(f"request field {name!r} is required")
         return default
+    if type(kind) is IntWidth:
+        return checked_int(name, value, kind)
+    if kind is int:  # whatever it feeds, an int field never exceeds the widest slot
+        return checked_int(name, value, INT64)
     if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
         raise BadRequestError(
             f"request field {name!r} must be {kind.__name__}, not {type(value).__name__}"
