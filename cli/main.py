@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from gms.cli.topic import topic
 from gms.client.routing import NameserversUnavailableError
 from gms.envvars import options_from_env
 from gms.errors import GmsError, ServiceUnavailableError
+from gms.log_throttle import RepeatFilter
 
 EXIT_INTERRUPTED = 130
 # `gms spark` comes from the Spark jobs package when it is there; imported only when used,
@@ -115,5 +117,16 @@ cli.add_command(cluster)
 cli.add_command(msg)
 
 
+def _log_to_stderr() -> None:
+    """The SDK's warnings (a broker gone for a moment, a failed heartbeat) go to stderr, so the
+    messages `gms tail` prints on stdout stay clean for pipes, and each kind of warning at most
+    once a minute (a retry loop must not flood the terminal)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    handler.addFilter(RepeatFilter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
 def main() -> None:
+    _log_to_stderr()
     cli(prog_name="gms")

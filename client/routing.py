@@ -22,6 +22,7 @@ from gms.errors import (
     ServiceUnavailableError,
     TopicNotFoundError,
 )
+from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
 from gms.protocol.frame import Frame
 
@@ -132,7 +133,7 @@ class StaticRoutes:
         )
         table: dict[str, list[QueueRoute]] = {}
         errors = []
-        for broker, answer in zip(self._brokers, answers):
+        for broker, answer in zip(self._brokers, answers, strict=True):
             if isinstance(answer, BaseException):
                 errors.append(answer)
                 continue
@@ -186,7 +187,7 @@ class NameserverRoutes:
         self._table: dict[str, _CachedRoute] = {}
         self._fetching: dict[str, asyncio.Task[list[QueueRoute]]] = {}
         self._preferred = 0  # index of the nameserver that answered last
-        self._outage_since: float | None = None
+        self._outage = Outage(log, f"route lookup on nameservers {','.join(self.nameservers)}")
         self._known_brokers: list[str] = []
 
     @property
@@ -243,10 +244,11 @@ class NameserverRoutes:
                 log.info("nameserver %s answers; using it instead of %s", address,
                          self.nameservers[self._preferred])
                 self._preferred = index
-            self._end_outage()
+            self._outage.recovered()
             return frame
         raise NameserversUnavailableError(
-            f"no nameserver at {','.join(self.nameservers)} answered ({'; '.join(failures)})", self.nameservers, failures)
+            f"no nameserver at {','.join(self.nameservers)} answered ({'; '.join(failures)})",
+            self.nameservers, failures)
 
     async def _fetch(self, topic: str) -> list[QueueRoute]:
         try:
@@ -258,7 +260,7 @@ class NameserverRoutes:
             entry = self._table.get(topic)
             if entry is None:
                 raise
-            self._start_outage(err)
+            self._outage.failed(f"{err}; working on cached routes until one is back")
             # Serve the old routes; ask again after NAMESERVER_RETRY_MS, not on every call.
             retry_at = time.monotonic() - self._refresh_interval_s + NAMESERVER_RETRY_MS / 1000
             self._table[topic] = entry._replace(fetched_at=retry_at)
@@ -271,18 +273,6 @@ class NameserverRoutes:
                 f"no queue of topic {topic!r} has a live broker now; retry when a broker is back")
         self._table[topic] = _CachedRoute(routes, time.monotonic())
         return routes
-
-    def _start_outage(self, err: Exception) -> None:
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            log.warning("%s; working on cached routes until one is back", err)
-
-    def _end_outage(self) -> None:
-        if self._outage_since is not None:
-            log.warning("nameservers reachable again after %.1f s without them",
-                        time.monotonic() - self._outage_since)
-            self._outage_since = None
-
 
 class BrokerFaults:
     """Brokers that just failed, avoided by queue selection for ``penalty_ms``.

@@ -19,6 +19,7 @@ from gms.cluster.etcd_client import EtcdClient, KeyValue, WatchBatch
 from gms.cluster.metadata import DEFAULT_PREFIX, Keys
 from gms.cluster.model import BrokerInfo, TopicMetadata
 from gms.errors import TopicNotFoundError
+from gms.log_throttle import Outage
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class ClusterView:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch_id: int | None = None
+        self._sync_outage = Outage(log, "cluster view: etcd sync")
 
     # -- reads (no etcd round trip) --------------------------------------------------------
     @property
@@ -154,10 +156,11 @@ class ClusterView:
         while not self._stop.is_set():
             try:
                 self._sync()
+                self._sync_outage.recovered()
                 backoff_s = RESYNC_BACKOFF_S_MIN
                 self._watch_broken.wait()
             except ClusterError as err:
-                log.warning("cluster view: etcd sync failed: %s", err)
+                self._sync_outage.failed(err)
                 self._stop.wait(backoff_s)
                 backoff_s = min(backoff_s * 2, RESYNC_BACKOFF_S_MAX)
             self._set_healthy(False)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from gms.cluster.errors import ClusterError
 from gms.cluster.etcd_client import EtcdClient
+from gms.log_throttle import Outage
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class LeaseKeeper:
         self._lease_id = 0
         self._valid_until = 0.0  # monotonic; the lease is surely alive before this
         self._reported_alive = False
+        self._outage = Outage(log, f"{name}: etcd keep-alive")
 
     @property
     def lease_id(self) -> int:
@@ -76,9 +78,11 @@ class LeaseKeeper:
             try:
                 if self._lease_id == 0:
                     self._grant()
+                    self._outage.recovered()
                     continue
                 sent = time.monotonic()
                 ttl_s = self._client.refresh_lease(self._lease_id)
+                self._outage.recovered()
                 if ttl_s > 0:
                     self._valid_until = sent + ttl_s
                     continue
@@ -87,7 +91,7 @@ class LeaseKeeper:
                 self._check_lost()
                 self._grant()
             except ClusterError as err:
-                log.warning("%s: keep-alive failed: %s", self._name, err)
+                self._outage.failed(err)
                 self._check_lost()
                 interval_s = RETRY_AFTER_ERROR_S
 
