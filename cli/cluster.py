@@ -9,6 +9,7 @@ import click
 from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
+from gms.errors import MessageNotFoundError
 from gms.msgid import decode_msg_id
 
 
@@ -98,7 +99,10 @@ def show_message(msg_id: str, nameserver: str, as_json: bool) -> None:
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="MSG_ID") from err
     with open_admin(nameserver) as admin:
-        found = admin.view_message(msg_id)
+        try:
+            found = admin.view_message(msg_id)
+        except MessageNotFoundError as err:  # expired, never written, or not a record's start
+            raise click.ClickException(f"no message with id {msg_id} on broker {located.address} ({err})") from err
         record = message_dict(found)
     if as_json:
         print_json(record)

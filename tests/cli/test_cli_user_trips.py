@@ -1,0 +1,103 @@
+"""Small things users trip on, against a real cluster (etcd, a nameserver and a broker process):
+who produced a message (born_host), an id that names no message, and a tail whose broker goes
+away for a moment (one warning on stderr, nothing extra on stdout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from gms_cluster import LocalCluster
+
+from gms.msgid import decode_msg_id, encode_msg_id
+
+TIMEOUT_S = 60
+BROKER_DOWN_S = 3.0  # several heartbeat and pull retries
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    running = LocalCluster(tmp_path_factory.mktemp("cli-trips")).start(nameservers=1, brokers=1)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def env(cluster) -> dict[str, str]:
+    return {**os.environ, "GMS_NAMESERVER": cluster.nameserver}
+
+
+def gms(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args], env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT_S, check=False)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert (out.returncode == 0) == ok, out.stderr
+    return out
+
+
+@pytest.fixture
+def topic(env) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    gms(env, "topic", "create", name, "--queues", "2")
+    return name
+
+
+def test_produced_messages_carry_the_host_they_were_born_on(env, topic):
+    sent = json.loads(gms(env, "produce", topic, "hello", "--json").stdout)
+    shown = json.loads(gms(env, "msg", "show", sent["results"][0]["msg_id"], "--json").stdout)
+    assert shown["born_host"] == socket.gethostname()
+
+
+def test_an_id_inside_a_record_is_no_message_not_corruption(env, topic):
+    sent = json.loads(gms(env, "produce", topic, "hello", "--json").stdout)
+    real = decode_msg_id(sent["results"][0]["msg_id"])
+    inside = encode_msg_id(real.host, real.port, real.phys_offset + 3)
+    failed = gms(env, "msg", "show", inside, ok=False)
+    assert failed.returncode == 1
+    assert f"no message with id {inside}" in failed.stderr
+    assert "corrupt" not in failed.stderr.lower()
+
+
+def test_tail_survives_a_broker_blip_with_one_warning_on_stderr(env, cluster, topic):
+    gms(env, "produce", topic, "before-1", "before-2")
+    tail = subprocess.Popen([sys.executable, "-P", "-m", "gms.cli", "tail", topic, "-f", "--from", "first"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in tail.stdout], daemon=True).start()
+
+    def read_line() -> str:
+        return lines.get(timeout=TIMEOUT_S).rstrip("\n")
+
+    try:
+        shown = [read_line(), read_line()]
+        broker = cluster.brokers[0]
+        broker.kill()
+        time.sleep(BROKER_DOWN_S)
+        broker.restart()
+        cluster.wait_registered(1)
+        gms(env, "produce", topic, "after")
+        shown.append(read_line())
+    finally:
+        tail.send_signal(signal.SIGINT)
+        try:
+            _, stderr = tail.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            tail.kill()
+            raise
+    bodies = [line.rsplit("  ", 1)[1] for line in shown]
+    assert sorted(bodies[:2]) == ["before-1", "before-2"] and bodies[2] == "after"
+    assert lines.empty()  # nothing but the messages on stdout
+    warnings = [line for line in stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, stderr
+    assert "Traceback" not in stderr
