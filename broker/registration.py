@@ -30,6 +30,7 @@ from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
 from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
 from gms.errors import GmsError, ServiceUnavailableError
+from gms.log_throttle import Outage
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 
@@ -89,7 +90,7 @@ def assignments_for(
         )
         result[topic.name] = TopicAssignment(
             topic.queue_count, led, followed, topic.settings, queues,
-            topic.settings.min_insync_replicas,
+            topic.settings.min_insync_replicas or 1,  # always resolved in a TopicMetadata
         )
     return result
 
@@ -144,6 +145,7 @@ class BrokerRegistration:
         self._registration: EtcdRegistration | None = None
         self._metadata: ClusterMetadata | None = None
         self._view: ClusterView | None = None
+        self._rediscover_outage = Outage(log, "asking the nameservers where etcd is")
         self.etcd_endpoints = ""
 
     @property
@@ -232,8 +234,10 @@ class BrokerRegistration:
             try:
                 etcd, prefix = run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS))
             except (GmsError, ValueError) as err:
-                log.info("etcd %s does not answer; nameserver %s neither: %s", self.etcd_endpoints, nameserver, err)
+                self._rediscover_outage.failed(f"etcd {self.etcd_endpoints} does not answer; nameserver {nameserver}"
+                                               f" neither: {err}")
                 continue
+            self._rediscover_outage.recovered()
             if prefix != self._prefix:
                 log.error("nameserver %s serves cluster prefix %r, this broker is in %r; ignoring it"
                           " (fix --nameserver)", nameserver, prefix, self._prefix)

@@ -93,11 +93,11 @@ def cli() -> None:
 @click.option("--broker-port", type=click.IntRange(0, 65535), default=10911, show_default=True,
               help="Broker port (0 picks a free one).")
 @click.option("--etcd-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Embedded etcd client port (0 picks a free one).")
+              help="Embedded etcd client port (0: the one kept in the data dir, else a free one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--commitlog-file-size", type=click.IntRange(4096), default=None,
-              help="Bytes per commitlog file for a new store (default 1 GiB; each file is preallocated).")
+              help="Bytes per commitlog file for a new store (default 1 GiB, preallocated); a store keeps its size.")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
                log_level: str, commitlog_file_size: int | None) -> None:
     """Run embedded etcd + a nameserver + a broker in the foreground (Ctrl-C stops all)."""

@@ -27,6 +27,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -49,7 +50,7 @@ PEER_HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
-def _load_prctl():  # type: ignore[no-untyped-def]
+def _load_prctl() -> Callable[..., int] | None:
     """Resolve prctl in the parent: the child between fork and exec must not load libraries."""
     if not sys.platform.startswith("linux"):
         return None
