@@ -90,7 +90,7 @@ def assignments_for(
         )
         result[topic.name] = TopicAssignment(
             topic.queue_count, led, followed, topic.settings, queues,
-            topic.settings.min_insync_replicas,
+            topic.settings.min_insync_replicas or 1,  # always resolved in a TopicMetadata
         )
     return result
 
