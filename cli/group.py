@@ -183,10 +183,11 @@ def _show_reset(group_name: str, rows: list[QueueReset], executed: bool, live: l
     if as_json:
         print_json({"group": group_name, "executed": executed, "queues": [row._asdict() for row in rows]})
     else:
-        title = (f"group {group_name}: offsets reset" if executed
-                 else f"group {group_name}: dry run, nothing changed (--execute stores these offsets)")
+        title = f"group {group_name}: " + ("offsets reset" if executed else "new offsets (dry run)")
         show(table(title, ["topic", "queue", "min", "max", "committed", "new"],
                    [(r.topic, r.queue_id, r.min_offset, r.max_offset, r.committed, r.new_offset) for r in rows]))
+        if not executed:
+            click.echo("nothing changed (dry run): add --execute to store the new offsets")
         if any(r.new_offset is None for r in rows):
             click.echo("queues without a committed offset (new '-') are left alone: --shift-by has nothing to"
                        " shift there")
@@ -218,5 +219,5 @@ def delete_group(group_name: str, yes: bool, force: bool, nameserver: str, as_js
     if as_json:
         print_json({"deleted": group_name, "queues": {b: [list(q) for q in qs] for b, qs in deleted.items()}})
     else:
-        count = sum(len(qs) for qs in deleted.values())
-        click.echo(f"deleted consumer group {group_name} ({count} committed offset(s) on {len(deleted)} broker(s))")
+        count, brokers = sum(len(qs) for qs in deleted.values()), sum(1 for qs in deleted.values() if qs)
+        click.echo(f"deleted consumer group {group_name} ({count} committed offset(s) on {brokers} broker(s))")

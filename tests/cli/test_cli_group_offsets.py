@@ -64,7 +64,7 @@ def test_each_mode_as_dry_run_then_executed(gms, cluster, filled):  # noqa: F811
     assert plan(gms, group, topic, "--to-offset", "2", "--dry-run") == every((None, 2))
     assert plan(gms, group, topic, "--to-earliest") == every((None, 0))
     table = reset(gms, group, topic, "--to-offset", "2").stdout
-    assert "dry run, nothing changed" in table
+    assert "new offsets (dry run)" in table and "nothing changed (dry run)" in table
     assert plan(gms, group, topic, "--to-offset", "2", "--execute") == every((None, 2))
 
     assert plan(gms, group, topic, "--to-latest") == every((2, PER_QUEUE))
