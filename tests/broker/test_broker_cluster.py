@@ -7,6 +7,7 @@ import time
 import pytest
 from gms_cluster import LocalCluster
 
+from gms.errors import NotCoordinatorError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
 from gms.record import Message, encode_batch
@@ -56,12 +57,17 @@ def test_topic_created_through_nameserver_appears_on_brokers(cluster):
         body = encode_batch([Message(topic="orders", body=b"hello", queue_id=queue_id)])
         request(leader, C.SEND, {}, body)
         assert request(leader, C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": queue_id}).fields["offset"] == 1
-    # Each broker hands out only the queues it leads to a consumer group.
+    # Every broker names the same coordinator for a group; it hands out the queues of every broker.
+    coordinators = {request(b.address, C.FIND_COORDINATOR, {"group": "g"}).fields["coordinator"] for b in brokers}
+    assert len(coordinators) == 1 and coordinators <= {b.address for b in brokers}
+    heartbeat = {"group": "g", "member": "m", "subscription": {"orders": "*"}}
     for broker in brokers:
-        led = sorted(q for q, leader in leaders.items() if leader == broker.address)
-        hb = request(broker.address, C.HEARTBEAT, {
-            "group": "g", "member": "m", "subscription": {"orders": "*"}})
-        assert hb.fields["assignment"] == {"orders": led}
+        if broker.address in coordinators:
+            assert request(broker.address, C.HEARTBEAT, heartbeat).fields["assignment"] == {"orders": [0, 1, 2, 3]}
+        else:
+            with pytest.raises(NotCoordinatorError) as refused:
+                request(broker.address, C.HEARTBEAT, heartbeat)
+            assert {refused.value.fields["coordinator"]} == coordinators
     request(nameserver.address, C.DELETE_TOPIC, {"topic": "orders"})
     for broker in brokers:
         wait_for(lambda: "orders" not in request(broker.address, C.TOPIC_LIST, {}).fields["topics"])
