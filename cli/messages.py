@@ -76,10 +76,9 @@ def _bodies(messages: tuple[str, ...], file: Path | None) -> Iterator[bytes]:
         with open(file, "rb") as stream:
             yield from _file_lines(stream, file.stat().st_size)
     else:
-        stdin = click.get_binary_stream("stdin")
         if sys.stdin.isatty():
             click.echo("reading messages from stdin, one per line (Ctrl-D ends)", err=True)
-        yield from _lines(stdin)
+        yield from _lines(sys.stdin.buffer)
 
 
 def _file_lines(stream: IO[bytes], size_bytes: int) -> Iterator[bytes]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendResult
 
-SendFn = Callable[[QueueRoute, bytearray], "asyncio.Future[Sequence[SendResult]]"]
+SendFn = Callable[[QueueRoute, bytearray], Awaitable[Sequence[SendResult]]]
 
 
 class _OpenBatch:
@@ -92,7 +92,7 @@ class Accumulator:
                 raise
         else:
             if results:
-                for future, result in zip(batch.futures, results):
+                for future, result in zip(batch.futures, results, strict=True):
                     future.set_result(result)
             else:  # acks=0: nothing to report but "written"
                 for future in batch.futures:

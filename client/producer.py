@@ -14,7 +14,7 @@ import logging
 import socket
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import xxhash
@@ -299,9 +299,9 @@ class Producer:
             return [None] * count  # type: ignore[list-item]  # acks=0
         if len(answers) == 1:
             return answers[0]
-        return _in_input_order(list(groups.values()), answers, count)
+        return _in_input_order(list(groups.values()), cast(list[SendResults], answers), count)  # acks != 0
 
-    async def _send_all(self, groups: dict[tuple[QueueRoute, bool], _Group]) -> list[SendResults]:
+    async def _send_all(self, groups: dict[tuple[QueueRoute, bool], _Group]) -> list[SendResults | list[SendResult]]:
         return list(await asyncio.gather(*(
             self._sender.send(route, group.records.seal(), movable=movable)
             for (route, movable), group in groups.items())))
@@ -318,8 +318,9 @@ class Producer:
         """
         route = self._route(topic, queue, key)
         future = self._accumulator.append(route, body, tag, keys, properties)
+        # Typed for acks != 0; with acks=0 the future resolves to None.
         if callback is not None:
-            future.add_done_callback(callback)
+            future.add_done_callback(callback)  # type: ignore[arg-type]
         return future  # type: ignore[return-value]
 
     def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),

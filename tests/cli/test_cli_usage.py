@@ -59,7 +59,7 @@ def test_nameserver_comes_from_the_environment(dead_nameserver):
     (["topic", "update", "t"], "nothing to update"),
     (["produce", "t", "a", "--file", __file__], "not both"),
     (["produce", "t", "a", "--property", "novalue"], "is not k=v"),
-    (["tail", "t", "--from", "yesterday"], "is not first, last"),
+    (["tail", "t", "--from", "yesterday"], "not first or last, and 'yesterday' is neither"),
     (["tail", "t", "--count", "0"], "x>=1"),
     (["tail", "t", "--format", "xml"], "'text', 'json'"),
     (["msg", "show", "zz"], "is not hexadecimal"),
