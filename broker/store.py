@@ -41,7 +41,7 @@ from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
-from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
+from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets, save_min_offsets
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_layout import check_layout
@@ -121,7 +121,7 @@ class MessageStore:
         self._write_lock = threading.Lock()
         self._abort = AbortMarker(self.root)
         self._truncations = TruncationLog(self.root / "config" / "truncations.json")
-        self._min_offsets_path = self.root / "config" / "min_offsets.json"
+        self._min_offsets_path = self.root / "config" / MIN_OFFSETS_FILE
         # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
         self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
         self._checkpointed_offset = 0  # cq_safe_offset of the last checkpoint: recovery starts there

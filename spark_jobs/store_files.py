@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT
+from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets
 from gms.broker.mapped_file import list_files
 from gms.broker.topics import TOPICS_FILE
 from gms.naming import validate_topic_name
@@ -124,7 +125,12 @@ class QueueIndex:
 
 
 def queue_index(root: Path, topic: str, queue_id: int) -> QueueIndex:
-    return QueueIndex(root / CONSUMEQUEUE_DIR / topic / str(queue_id))
+    """A queue's index, starting where the broker serves it: per-topic retention may have moved
+    the minimum past entries still on disk (``config/min_offsets.json``)."""
+    index = QueueIndex(root / CONSUMEQUEUE_DIR / topic / str(queue_id))
+    saved = load_min_offsets(root / CONFIG_DIR / MIN_OFFSETS_FILE).get((topic, queue_id), 0)
+    index.min_offset = max(index.min_offset, min(saved, index.max_offset))
+    return index
 
 
 class CommitLogFiles:

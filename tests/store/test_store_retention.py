@@ -263,3 +263,15 @@ def test_sigkill_after_retention_recovers_consistently(tmp_path):
         assert served(store, "long") == list(range(50))
         store.append(batch("short", n=3))
         assert served(store, "short") == [150, 151, 152]
+
+
+def test_spark_reader_starts_where_the_broker_serves(store_dir):
+    from gms.spark_jobs.store_files import queue_index
+
+    with open_store(store_dir) as store:
+        store.create_topic("t", 1, TopicLimits(retention_ms=HOUR_MS))
+        fill(store, "t", 2)
+        store.delete_expired(now_ms=int(time.time() * 1000) + 2 * HOUR_MS)
+        assert store.min_offset("t", 0) == 20
+    index = queue_index(store_dir, "t", 0)
+    assert (index.min_offset, index.max_offset) == (20, 20)
