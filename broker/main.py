@@ -35,7 +35,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
               help="Size of each commitlog file in bytes (default 1 GiB).")
 @click.option("--cq-file-entries", "cq_entries_per_file", type=int,
               help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
-@click.option("--retention-hours", type=float, help="Retention of topics without their own retention_ms (default 72); commitlog files go once no topic needs them.")
+@click.option("--retention-hours", type=float,
+              help="Retention of topics without their own retention_ms (default 72); commitlog files go once no topic "
+                   "needs them.")
 @click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")
