@@ -41,6 +41,11 @@ HEARTBEAT_INTERVAL_MS_MAX = 3000
 REBALANCE_HEARTBEAT_INTERVAL_MS = 100
 
 
+def heartbeat_interval_ms(member_expiry_ms: int) -> int:
+    """How often members of a settled group heartbeat."""
+    return max(min(HEARTBEAT_INTERVAL_MS_MAX, member_expiry_ms // 3), 1)
+
+
 def coordinator_index(group: str, broker_count: int) -> int:
     """Index of the group's coordinator among ``broker_count`` live brokers sorted by id."""
     return xxhash.xxh64_intdigest(group.encode()) % broker_count
@@ -99,7 +104,7 @@ class GroupCoordinator:
     def __init__(self, queue_count: Callable[[str], int], member_expiry_ms: int) -> None:
         self._queue_count = queue_count
         self.member_expiry_ms = member_expiry_ms
-        self.heartbeat_interval_ms = max(min(HEARTBEAT_INTERVAL_MS_MAX, member_expiry_ms // 3), 1)
+        self.heartbeat_interval_ms = heartbeat_interval_ms(member_expiry_ms)
         self._groups: dict[str, Group] = {}
 
     # -- membership -----------------------------------------------------------------

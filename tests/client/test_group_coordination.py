@@ -14,6 +14,9 @@ from gms_cluster import LocalCluster
 from processes import wait_until
 
 from gms.client import Admin, Consumer, Producer
+from gms.errors import QueueHeldError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
 
 BROKERS = 3
 MEMBER_EXPIRY_MS = 1500  # members heartbeat every 500 ms
@@ -172,6 +175,7 @@ def test_group_recovers_without_double_ownership_after_its_coordinator_is_killed
         for member in members:
             member.leave()
         victim.restart()
+        cluster.wait_registered(BROKERS)
     counts = Counter(deliveries)
     assert not [key for key, n in counts.items() if n > 1], "delivered twice"
 
@@ -200,3 +204,68 @@ def test_describe_group_reports_members_from_the_coordinator(cluster):
 def admin_live_members(cluster: LocalCluster, group: str) -> list[str]:
     with Admin(nameserver=cluster.nameserver) as admin:
         return admin.live_members(group)
+
+
+def raw(address: str, code: RequestCode, fields: dict) -> dict:
+    async def ask() -> dict:
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            return dict((await conn.request(code, fields)).fields)
+        finally:
+            conn.close()
+    return run(ask())
+
+
+def test_a_newcomer_cannot_read_what_an_old_member_still_reads_after_coordinator_failover(cluster):
+    """The hazard of a coordinator that took a group over: it knows nothing, so the first member
+    to heartbeat gets every queue — but the queue's leader still sees the old member reading
+    (its claim), so the newcomer may neither read the queue nor look up its start until the old
+    member released it, and then starts after the old member's last commit."""
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    (topic,) = create_topics(cluster, (6,))
+    victim_address = coordinator_of(cluster, group)
+    victim = next(b for b in cluster.brokers if b.address == victim_address)
+    with Admin(nameserver=cluster.nameserver) as admin:
+        queue, leader = next((q["queue_id"], q["leader"]) for q in admin.route(topic)["queues"]
+                             if q["leader"] != victim_address)
+    with Producer(nameserver=cluster.nameserver) as producer:
+        producer.send_batch([{"topic": topic, "body": b"m", "queue": queue} for _ in range(5)])
+    beat = {"group": group, "subscription": {topic: "*"}}
+    assert queue in raw(victim_address, RequestCode.HEARTBEAT, {**beat, "member": "old"})["assignment"][topic]
+    pull = {"topic": topic, "queue_id": queue, "group": group, "max_msgs": 3}
+    assert raw(leader, RequestCode.PULL, {**pull, "offset": 0, "member": "old"})["next_offset"] == 3
+    raw(leader, RequestCode.COMMIT_OFFSET, {"group": group, "member": "old", "offsets": [[topic, queue, 3]]})
+    reading = threading.Event()
+    reading.set()
+
+    def old_member_reads() -> None:  # long polls at the end of the queue, as a live consumer does
+        while reading.is_set():
+            raw(leader, RequestCode.PULL, {**pull, "offset": 5, "member": "old", "poll_ms": 200})
+
+    reader = threading.Thread(target=old_member_reads, daemon=True)
+    reader.start()
+    victim.kill()
+    try:
+        wait_until(lambda: coordinator_of(cluster, group) != victim_address, LEASE_TTL_S * 5)
+        new = coordinator_of(cluster, group)
+        assigned = raw(new, RequestCode.HEARTBEAT, {**beat, "member": "new"})["assignment"][topic]
+        assert queue in assigned  # the new coordinator could not know better
+        with pytest.raises(QueueHeldError):
+            raw(leader, RequestCode.FETCH_OFFSET, {"group": group, "member": "new", "queues": [[topic, queue]]})
+        with pytest.raises(QueueHeldError):
+            raw(leader, RequestCode.PULL, {**pull, "offset": 0, "member": "new"})
+        held = [[topic, q] for q in range(6)]
+        kept = raw(new, RequestCode.HEARTBEAT, {**beat, "member": "old", "held": held})["assignment"][topic]
+        assert queue not in kept  # "new" owns it there: "old" hands it over
+        reading.clear()
+        reader.join(10)
+        raw(leader, RequestCode.COMMIT_OFFSET, {"group": group, "member": "old", "offsets": [[topic, queue, 4]],
+                                                "release": [[topic, queue]]})
+        start = raw(leader, RequestCode.FETCH_OFFSET, {"group": group, "member": "new", "queues": [[topic, queue]]})
+        assert start["offsets"] == [4]
+        assert raw(leader, RequestCode.PULL, {**pull, "offset": 4, "member": "new"})["next_offset"] == 5
+    finally:
+        reading.clear()
+        victim.restart()
+        cluster.wait_registered(BROKERS)
