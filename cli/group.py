@@ -56,9 +56,11 @@ def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for broker, topic, q in sorted(keys, key=lambda k: (k[1], k[2], k[0])):
         committed = described["offsets"].get(broker, {}).get(topic, {}).get(q, NO_COMMIT)
-        low, high = max_offsets.get((broker, topic, q), (None, None))
-        # Nothing committed yet: everything still in the queue is behind.
-        lag = None if high is None else high - (committed if committed >= 0 else low)
+        bounds = max_offsets.get((broker, topic, q))
+        high = lag = None
+        if bounds is not None:
+            low, high = bounds
+            lag = high - (committed if committed >= 0 else low)  # nothing committed: all of the queue is behind
         rows.append({"topic": topic, "queue_id": q, "broker": broker, "member": owners.get((broker, topic, q)),
                      "committed": committed if committed >= 0 else None, "max_offset": high, "lag": lag})
     return rows

@@ -16,6 +16,7 @@ from gms.nameserver.embedded_etcd import free_port
 COMMANDS = [
     [], ["topic"], ["topic", "create"], ["topic", "update"], ["topic", "delete"], ["topic", "list"],
     ["topic", "describe"], ["produce"], ["tail"], ["group"], ["group", "list"], ["group", "describe"],
+    ["group", "reset-offsets"], ["group", "delete"],
     ["cluster"], ["msg"], ["msg", "show"], ["standalone"],
 ]
 
@@ -39,6 +40,7 @@ def test_every_command_has_help(command):
 @pytest.mark.parametrize("command", [
     ["topic", "list"], ["topic", "create", "t"], ["topic", "describe", "t"], ["topic", "delete", "-y", "t"],
     ["produce", "t", "hello"], ["tail", "t"], ["group", "list"], ["group", "describe", "g"], ["cluster"],
+    ["group", "reset-offsets", "g", "-t", "t", "--to-earliest"], ["group", "delete", "-y", "g"],
 ], ids=" ".join)
 def test_no_nameserver_says_how_to_start_one(command, dead_nameserver):
     result = run(*command, "--nameserver", dead_nameserver)
@@ -72,8 +74,9 @@ def test_usage_errors_exit_2(args, message):
     assert "Traceback" not in result.output
 
 
-def test_delete_asks_first(dead_nameserver):
-    result = run("topic", "delete", "t", "--nameserver", dead_nameserver, input=b"n\n")
+@pytest.mark.parametrize("command", [["topic", "delete", "t"], ["group", "delete", "g"]], ids=" ".join)
+def test_delete_asks_first(command, dead_nameserver):
+    result = run(*command, "--nameserver", dead_nameserver, input=b"n\n")
     assert result.exit_code == 1 and "Aborted" in result.stderr  # nothing was asked of the cluster
 
 
