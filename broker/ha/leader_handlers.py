@@ -19,8 +19,9 @@ REPLICA_FETCH (200), one request for every queue a follower follows from this br
     leader's end: truncate first). size = bytes of this queue's records in the body, which
     holds every queue's records back to back in the order of "queues", as stored.
     offsets = [[group, committed offset], ...] of the groups that committed on the queue after
-    the follower's offsets_seq (all of them if the session is not the leader's); the follower
-    stores them and next sends offsets_session/offsets_seq of this response. crc = zlib.crc32
+    the follower's offsets_seq (all of them if the session is not the leader's; offset -1: the
+    group's offset was deleted, see broker/offsets.py); the follower stores them and next sends
+    offsets_session/offsets_seq of this response. crc = zlib.crc32
     of the queue's records in the body: the follower checks that one CRC instead of every
     record's (the leader checked those when it accepted the records). sizes = the records'
     sizes (bytes, big-endian int32 each, from the leader's consumeQueue; optional): the
