@@ -21,9 +21,9 @@ REPLICA_FETCH (200), one request for every queue a follower follows from this br
     offsets = [[group, committed offset], ...] of the groups that committed on the queue after
     the follower's offsets_seq (all of them if the session is not the leader's; offset -1: the
     group's offset was deleted, see broker/offsets.py); the follower stores them and next sends
-    offsets_session/offsets_seq of this response. crc = zlib.crc32
-    of the queue's records in the body: the follower checks that one CRC instead of every
-    record's (the leader checked those when it accepted the records). sizes = the records'
+    offsets_session/offsets_seq of this response. crc = zlib.crc32 of the queue's records in
+    the body: the follower checks that one CRC instead of every record's (the leader checked
+    those when it accepted the records). sizes = the records'
     sizes (bytes, big-endian int32 each, from the leader's consumeQueue; optional): the
     follower finds record starts with one cumsum instead of a walk over the records, and
     checks them against each record's own total_size.
