@@ -162,8 +162,8 @@ def reset_offsets(group_name: str, topics: tuple[str, ...], queues: list[int], t
     """Move GROUP's committed offsets on the queues of --topic; new offsets are clamped to the
     queue's [min, max]. Without --execute it only prints the plan (topic, queue, committed, new).
 
-    Refused while the group has live members unless --force: they would commit over it. A
-    consumer of the group started afterwards begins at the new offsets.
+    --execute is refused while the group has live members unless --force: they would commit
+    over it. A consumer of the group started afterwards begins at the new offsets.
     """
     if dry_run and execute:
         raise click.UsageError("--dry-run and --execute exclude each other")
@@ -176,9 +176,13 @@ def reset_offsets(group_name: str, topics: tuple[str, ...], queues: list[int], t
         except QueueNotFoundError as err:
             raise click.BadParameter(str(err), param_hint="'--queue'") from err
         except GroupNotEmptyError as err:
-            raise click.ClickException(f"{err}\nStop them first, or pass --force.") from err
+            raise _stop_members_first(err) from err
         live = [] if execute else admin.live_members(group_name)
     _show_reset(group_name, rows, execute, live, as_json)
+
+
+def _stop_members_first(err: GroupNotEmptyError) -> click.ClickException:
+    return click.ClickException(f"{err}\nStop them first, or pass --force.")
 
 
 def _show_reset(group_name: str, rows: list[QueueReset], executed: bool, live: list[str], as_json: bool) -> None:
@@ -217,7 +221,7 @@ def delete_group(group_name: str, yes: bool, force: bool, nameserver: str, as_js
         try:
             deleted = admin.delete_group(group_name, force=force)
         except GroupNotEmptyError as err:
-            raise click.ClickException(f"{err}\nStop them first, or pass --force.") from err
+            raise _stop_members_first(err) from err
     if as_json:
         print_json({"deleted": group_name, "queues": {b: [list(q) for q in qs] for b, qs in deleted.items()}})
     else:
