@@ -36,7 +36,7 @@ def test_etcd_killed_and_restarted(tmp_path):
         status = ns.call(C.CLUSTER_STATUS)
         assert "unreachable" in status["etcd"]["error"]
         assert status["topics"] == 1 and [b["broker_id"] for b in status["brokers"]] == ["b0"]
-        assert ns.call(C.GET_ROUTE, {"topic": "t"}) == route  # from the cache
+        assert ns.call(C.GET_ROUTE, {"topic": "t", "settings": True}) == route  # from the cache
         assert ns.call(C.TOPIC_LIST) == {"topics": {"t": 2}}
         for code, fields in [
             (C.CREATE_TOPIC, {"topic": "u"}),
