@@ -10,6 +10,7 @@ Routes come from nameservers (``nameserver="host:9876,host2:9876"``) or a fixed 
 
 from gms.client.admin import Admin
 from gms.client.consumer import Consumer
+from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
 from gms.client.structs import ReceivedMessage, ReceivedMessages, SendResult, SendResults
@@ -17,4 +18,5 @@ from gms.client.structs import ReceivedMessage, ReceivedMessages, SendResult, Se
 __all__ = [
     "Admin", "Consumer", "NameserverRoutes", "Producer", "ProducerRecord", "QueueRoute",
     "ReceivedMessage", "ReceivedMessages", "RouteProvider", "SendResult", "SendResults", "StaticRoutes",
+    "TopicQueue",
 ]
