@@ -540,7 +540,7 @@ class MessageStore:
         window = min(hi - offset, max(max_msgs, 1) if tag_hashes is None else SCAN_ENTRIES_MAX)
         try:
             entries = cq.read(offset, window)
-        except OffsetExpired:  # retention moved the minimum and dropped index files under our feet
+        except (OffsetExpired, ValueError):  # retention moved the minimum and closed or dropped index files
             lo = cq.min_offset
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, max(hi, lo), [])
         if tag_hashes is None:
