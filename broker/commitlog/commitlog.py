@@ -10,7 +10,6 @@ take the next record is closed with a blank marker (RocketMQ's END_FILE_MIN_BLAN
 from __future__ import annotations
 
 import itertools
-import os
 import struct
 import threading
 from collections.abc import Callable
@@ -150,7 +149,6 @@ class CommitLog:
         f = self.active
         left = f.end_offset - self.write_pos
         _BLANK.pack_into(f.view, self.write_pos - f.base_offset, left, BLANK_MAGIC)
-        os.utime(f.path)  # retention ages a file from its last write; mmap writes update mtime lazily
         self.files = [*self.files, self._spare_file(base)]
         with self._spare_lock:
             self._spare.pop(base, None)
