@@ -65,6 +65,7 @@ class Membership:
         self._interval_s = (heartbeat_interval_ms or 3000) / 1000
         self._member_expiry_s = DEFAULT_MEMBER_EXPIRY_MS / 1000
         self._last_beat_sent: float | None = None  # monotonic time of the last answered heartbeat
+        self._fence_timer: asyncio.TimerHandle | None = None
         self._coordinator: str | None = None
         self.states: dict[TopicQueue, QueueState] = {}
         self._events: list[RebalanceEvent] = []  # waiting for the polling thread
@@ -94,8 +95,8 @@ class Membership:
         try:
             if self._clustering and released:
                 await self._send_commits({}, released)
-            await self.heartbeat()
-        except GmsError as err:  # the claims lapse by themselves; the next beat tells the coordinator
+            await self._bounded_heartbeat()
+        except (GmsError, TimeoutError) as err:  # the claims lapse by themselves; the next beat tells the coordinator
             log.warning("%s/%s: releasing %s: %r", self._group, self._member, released, err)
 
     async def commit(self, offsets: Mapping[TopicQueue, int]) -> None:
@@ -131,6 +132,8 @@ class Membership:
 
     async def stop(self) -> None:
         """Stop heartbeats and fetchers (the caller then commits and unregisters)."""
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -159,23 +162,28 @@ class Membership:
                 pass
             self._wake.clear()
             try:
-                await self.heartbeat()
+                await self._bounded_heartbeat()
             except Exception as err:  # noqa: BLE001 - keep beating; the coordinator may come back
                 log.warning("heartbeat of %s/%s failed: %r", self._group, self._member, err)
                 self._runtime.routes.invalidate()
-                self._fence_if_expired()
                 await asyncio.sleep(HEARTBEAT_RETRY_MS / 1000)
 
     def _fence_if_expired(self) -> None:
-        """After a member expiry without an answered heartbeat, give every queue up (lost)."""
+        """After a member expiry without an answered heartbeat, give every queue up (lost).
+        Scheduled at that moment by every answered heartbeat."""
         sent = self._last_beat_sent
-        if not self._clustering or sent is None or time.monotonic() - sent < self._member_expiry_s:
+        if sent is None or time.monotonic() - sent < self._member_expiry_s:
             return
         lost = [q for q, s in self.states.items() if not s.revoked]
         if lost:
             log.warning("%s/%s: no heartbeat answered for %.1f s; giving up queues %s",
                         self._group, self._member, time.monotonic() - sent, lost)
             self._revoke(lost, lost=True)
+
+    async def _bounded_heartbeat(self) -> None:
+        """A heartbeat (routes, coordinator and beat together) within half the member expiry: a
+        later answer is no use — better try again, or fence."""
+        await asyncio.wait_for(self.heartbeat(), self._member_expiry_s / 2)
 
     async def heartbeat(self) -> None:
         assert self._beat_lock is not None
@@ -191,22 +199,23 @@ class Membership:
             "held": [[q.topic, q.queue_id] for q in self.states],
         }
         sent = time.monotonic()
-        # An answer later than half the expiry is no use: fail and try again (or fence).
-        timeout_ms = self._member_expiry_s * 500
         pool = self._runtime.pool
         try:
             try:
-                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields,
-                                           timeout_ms=timeout_ms)
+                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
             except NotCoordinatorError as err:
                 self._coordinator = err.fields.get("coordinator") or None
-                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields,
-                                           timeout_ms=timeout_ms)
-        except GmsError:
+                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+        except (GmsError, asyncio.CancelledError):
             self._coordinator = None
             raise
         self._last_beat_sent = sent
         self._member_expiry_s = frame.fields.get("member_expiry_ms", DEFAULT_MEMBER_EXPIRY_MS) / 1000
+        if self._clustering:
+            if self._fence_timer is not None:
+                self._fence_timer.cancel()
+            self._fence_timer = asyncio.get_running_loop().call_later(
+                max(sent + self._member_expiry_s - time.monotonic(), 0), self._fence_if_expired)
         hint_ms = frame.fields.get("heartbeat_interval_ms")
         if hint_ms:
             chosen_ms = hint_ms if self._heartbeat_interval_ms is None else min(hint_ms, self._heartbeat_interval_ms)

@@ -7,7 +7,7 @@ import time
 
 from client_helpers import QUEUES, consume
 
-from gms.client import Consumer, Producer
+from gms.client import Admin, Consumer, Producer
 
 PER_QUEUE = 10
 
@@ -125,3 +125,27 @@ def test_broadcasting_consumers_resume_from_their_own_offset_files(broker, topic
     assert sorted((m.queue_id, m.queue_offset) for m in got) == [(q, 5) for q in range(QUEUES)]
     with instance("two") as consumer:  # another instance keeps its own
         assert len(consume(consumer, QUEUES * 6 + 1, timeout_s=3)) == QUEUES * 6
+
+
+def test_a_member_cut_off_for_a_member_expiry_gives_its_queues_up_and_rejoins(broker_factory, tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nmember_expiry_ms = 1500\n")
+    broker = broker_factory("--config", str(config))
+    topic = "fenced"
+    with Admin([broker.address]) as admin:
+        admin.create_topic(topic, queues=2)
+    lost: list[list] = []
+    with Consumer([broker.address], group="fence", subscription={topic: "*"},
+                  on_revoked=lost.append) as consumer:
+        wait_assigned(consumer, 2)
+        broker.pause()  # SIGSTOP: no heartbeat is answered
+        try:
+            deadline = time.monotonic() + 10
+            while consumer.assignment():
+                assert time.monotonic() < deadline, "the member kept its queues"
+                consumer.poll(100)
+        finally:
+            broker.resume()
+        consumer.poll(10)  # on_revoked runs inside poll
+        assert lost and sorted(q for queues in lost for q in queues) == [(topic, 0), (topic, 1)]
+        wait_assigned(consumer, 2)  # joined again
