@@ -378,6 +378,19 @@ class MessageStore:
             cq.truncate(offset)
             cq.flush()
 
+    def restart_queue(self, topic: str, queue_id: int, offset: int) -> None:
+        """Start a queue over, empty, at ``offset`` past its end: a follower whose leader no
+        longer has the records it misses (retention). Its old records stay in the commitlog but
+        are never indexed again: a truncation marker covers all of them for crash recovery."""
+        with self._write_lock:
+            commitlog = self._cl()
+            cq = self._queue(topic, queue_id)
+            if offset <= cq.max_offset:
+                return
+            self._truncations.add((topic, queue_id), 0, commitlog.committed_pos)
+            cq.reset(offset)
+            self._save_min_offsets()
+
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
         if len(parsed.topics) == 1:  # the usual batch, one queue of one topic: few or no numpy calls

@@ -185,6 +185,11 @@ class LeaderFetcher:
             if status:
                 self._pause(p, status)
                 continue
+            if len(row) > 10 and offset < row[10]:  # what we miss expired on the leader
+                log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
+                            " restarting the queue there", *p.key, offset, self.address, row[10])
+                self.store.restart_queue(*p.key, row[10])
+                continue
             if size and self.store.max_offset(*p.key) == offset:
                 self.store.append_replicated(chunk, crc, sizes)
             leo = self.store.max_offset(*p.key)

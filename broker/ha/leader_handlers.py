@@ -13,7 +13,7 @@ REPLICA_FETCH (200), one request for every queue a follower follows from this br
     offsets_seq the last consumer-group commit of the queue it copied (optional, default 0).
   response fields: {"offsets_session": int, "offsets_seq": int,
                     "queues": [[topic, queue_id, status, hw, leo, size, epochs, offsets, crc,
-                                sizes], ...]}
+                                sizes, log_start], ...]}
     status 0 or a wire Status: NOT_LEADER, FENCED_LEADER_EPOCH (the two epochs differ: whoever
     is behind must learn the new metadata first), OFFSET_ILLEGAL (fetch offset beyond the
     leader's end: truncate first). size = bytes of this queue's records in the body, which
@@ -26,7 +26,9 @@ REPLICA_FETCH (200), one request for every queue a follower follows from this br
     those when it accepted the records). sizes = the records'
     sizes (bytes, big-endian int32 each, from the leader's consumeQueue; optional): the
     follower finds record starts with one cumsum instead of a walk over the records, and
-    checks them against each record's own total_size.
+    checks them against each record's own total_size. log_start = the leader's minimum offset of
+    the queue (retention moves it; optional): a follower whose fetch offset is below it missed
+    records that expired on the leader and starts its queue over there (Kafka's log start offset).
 OFFSET_FOR_LEADER_EPOCH (202):
   request {"queues": [[topic, queue_id, leader_epoch, epoch], ...]}
   response {"queues": [[topic, queue_id, status, epoch, end_offset], ...]}: the largest epoch
@@ -145,7 +147,8 @@ class LeaderHandlers:
                       if e.epoch > last_epoch and e.start_offset < next_offset]
             commits = self.manager.offsets.changed_since(topic, queue_id, offsets_seq)
             news = news or bool(size or commits)
-            rows.append([topic, queue_id, 0, p.hw, leo, size, epochs, commits, crc, sizes])
+            rows.append([topic, queue_id, 0, p.hw, leo, size, epochs, commits, crc, sizes,
+                         self.store.min_offset(topic, queue_id)])
         return rows, body, news
 
     async def offset_for_leader_epoch(self, request: Frame) -> Response:

@@ -275,3 +275,26 @@ def test_spark_reader_starts_where_the_broker_serves(store_dir):
         assert store.min_offset("t", 0) == 20
     index = queue_index(store_dir, "t", 0)
     assert (index.min_offset, index.max_offset) == (20, 20)
+
+
+def test_a_follower_restarts_a_queue_its_leader_expired(tmp_path):
+    """restart_queue: the follower's old records are never indexed again, not even by a full
+    recovery scan; the records it copies next are."""
+    from isal.isal_zlib import crc32
+
+    with open_store(tmp_path / "leader") as leader, open_store(tmp_path / "follower") as follower:
+        for store in (leader, follower):
+            store.create_topic("t", 1)
+        fill(leader, "t", 12)
+        fill(follower, "t", 1)
+        follower.restart_queue("t", 0, 100)
+        assert follower.min_offset("t", 0) == follower.max_offset("t", 0) == 100
+        _, views, _, sizes = leader.read_runs("t", 0, 100, 1000, 1 << 20)
+        chunk = b"".join(bytes(v) for v in views)
+        del views
+        follower.append_replicated(chunk, crc32(chunk), sizes)
+        assert served(follower, "t") == list(range(100, 120))
+    (tmp_path / "follower" / "checkpoint").unlink()  # recover by scanning every commitlog file
+    with open_store(tmp_path / "follower") as follower:
+        assert follower.recovered_from_crash
+        assert served(follower, "t") == list(range(100, 120))
