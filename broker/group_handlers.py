@@ -152,13 +152,12 @@ class GroupHandlers:
         offsets = self.offsets.group_offsets(name)
         if (group is None or not want_members) and not offsets:
             raise GroupNotFoundError(f"this broker knows no consumer group {name!r}")
-        members = []
-        for member in (group.members.values() if group and want_members else ()):
-            members.append({
-                "member": member.member_id, "client": member.client_address, "mode": member.mode,
-                "subscription": member.subscription, "last_seen_ms": member.last_seen_ms,
-                "queues": sorted(group.owned_by(member.member_id)),
-            })
+        members = [] if group is None or not want_members else [
+            {"member": member.member_id, "client": member.client_address, "mode": member.mode,
+             "subscription": member.subscription, "last_seen_ms": member.last_seen_ms,
+             "queues": sorted(group.owned_by(member.member_id))}
+            for member in group.members.values()
+        ]
         return Response({
             "members": members,
             "offsets": {t: {str(q): o for q, o in qs.items()} for t, qs in offsets.items()},

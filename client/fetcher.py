@@ -243,7 +243,7 @@ def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:
     return min(max(offset, low), high)
 
 
-def decode_pull_body(body: memoryview | bytes, prefix: str, tag_filter: TagFilter) -> ReceivedMessages:
+def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filter: TagFilter) -> ReceivedMessages:
     """Messages of a PULL response body, checked (length, magic, CRC) and exact-tag filtered.
 
     A producer batch is a run of equal-size records, so the body is read run by run with
