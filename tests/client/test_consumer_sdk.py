@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from client_helpers import QUEUES, consume
 
-from gms.client import Admin, Consumer, Producer
+from gms.client import Admin, Consumer, Producer, TopicQueue
+from gms.client.local_offsets import LocalOffsetStore
 
 PER_QUEUE = 10
 
@@ -149,3 +151,14 @@ def test_a_member_cut_off_for_a_member_expiry_gives_its_queues_up_and_rejoins(br
         consumer.poll(10)  # on_revoked runs inside poll
         assert lost and sorted(q for queues in lost for q in queues) == [(topic, 0), (topic, 1)]
         wait_assigned(consumer, 2)  # joined again
+
+
+def test_local_offset_store_merges_and_replaces_its_file_whole(tmp_path):
+    store = LocalOffsetStore(tmp_path, "g", "host-1")
+    store.commit({TopicQueue("t", 0): 5, TopicQueue("t", 1): 7})
+    store.commit({TopicQueue("t", 1): 9, TopicQueue("u", 0): 1})
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["host-1.json"]  # no temporary left
+    reloaded = LocalOffsetStore(tmp_path, "g", "host-1")
+    assert [reloaded.get(TopicQueue(*q)) for q in (("t", 0), ("t", 1), ("u", 0), ("u", 1))] == [5, 9, 1, None]
+    with pytest.raises(ValueError, match="instance name"):
+        LocalOffsetStore(tmp_path, "g", "../escape")
