@@ -23,7 +23,7 @@ from gms.errors import (
     OffsetIllegalError,
 )
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
-from gms.protocol.frame import Frame, Response
+from gms.protocol.frame import Buffer, Frame, Response
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
 
@@ -81,7 +81,7 @@ class MessageHandlers:
             "broker": self.advertised_address,
         })
 
-    def _append(self, body: memoryview | bytes,
+    def _append(self, body: Buffer,
                 admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
         try:
             return self.store.append(body, admit)

@@ -142,46 +142,48 @@ class MessageStore:
         self._truncations.load()
         if self.config.warm_next_file:
             self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
-        self._commitlog = CommitLog(self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
-        had_data = self._commitlog.load()
+        commitlog = self._commitlog = CommitLog(
+            self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
+        had_data = commitlog.load()
         self._load_queues()
         checkpoint = read_checkpoint(self.root)
-        crashed = self._abort.found() or checkpoint is None
-        if not crashed and not self._clean_end_ok(checkpoint.commitlog_flushed_offset):
+        clean = checkpoint if checkpoint is not None and not self._abort.found() else None
+        if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
             log.warning("checkpoint does not match the commitlog end; recovering")
-            crashed = True
-        if crashed:
-            start = checkpoint.cq_safe_offset if checkpoint else self._commitlog.min_offset
-            self._recover(start)
+            clean = None
+        if clean is None:
+            self._recover(checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset)
         else:
-            self._commitlog.set_end(checkpoint.commitlog_flushed_offset)
-            self._last_store_ts_ms = checkpoint.store_ts_ms
-        self.recovered_from_crash = crashed and (had_data or self._abort.found())  # a new store did not crash
-        self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else self._commitlog.min_offset
+            commitlog.set_end(clean.commitlog_flushed_offset)
+            self._last_store_ts_ms = clean.store_ts_ms
+        # A new store did not crash.
+        self.recovered_from_crash = clean is None and (had_data or self._abort.found())
+        self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
         saved_minimums = load_min_offsets(self._min_offsets_path)
         for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
-            cq.delete_below_phys(self._commitlog.min_offset)
+            cq.delete_below_phys(commitlog.min_offset)
             cq.advance_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
-        self._truncations.prune(self._commitlog.min_offset)
+        self._truncations.prune(commitlog.min_offset)
         self._abort.set()
-        end = self._commitlog.committed_pos
-        self._flusher = FlushService(self.config, self._flush_all, lambda: self._commitlog.committed_pos, end)
+        end = commitlog.committed_pos
+        self._flusher = FlushService(self.config, self._flush_all, lambda: commitlog.committed_pos, end)
         self._flusher.start()
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
         self._housekeeper.start()
         return self
 
     def close(self) -> None:
-        if self._commitlog is None:
+        commitlog, flusher, housekeeper = self._commitlog, self._flusher, self._housekeeper
+        if commitlog is None or flusher is None or housekeeper is None:
             return
-        self._housekeeper.stop()
+        housekeeper.stop()
         with self._write_lock:
-            self._flusher.stop()
-            self._checkpoint_at(self._commitlog.committed_pos, int(time.time() * 1000))
+            flusher.stop()
+            self._checkpoint_at(commitlog.committed_pos, int(time.time() * 1000))
             self._abort.clear()
             if self._warmer is not None:
                 self._warmer.shutdown(wait=True, cancel_futures=True)
-            self._commitlog.close()
+            commitlog.close()
             for cq in self._queues.values():
                 cq.close()
             self._commitlog = None
@@ -197,13 +199,18 @@ class MessageStore:
             raise StoreClosed()
         return self._commitlog
 
+    def _flush_service(self) -> FlushService:
+        if self._flusher is None:
+            raise StoreClosed()
+        return self._flusher
+
     def _clean_end_ok(self, end: int) -> bool:
-        files = self._commitlog.files
+        files = self._cl().files
         if not files[0].base_offset <= end <= files[-1].end_offset:
             return False
         if end == files[-1].end_offset:
             return True
-        f = self._commitlog.file_for(end)
+        f = self._cl().file_for(end)
         return check_record(f.view, end - f.base_offset, f.size_bytes)[0] is RecordCheck.EMPTY
 
     def _recover(self, start: int) -> None:
@@ -212,15 +219,15 @@ class MessageStore:
         for cq in self._queues.values():
             cq.truncate_to_phys(start)
         try:
-            end = recover(self._commitlog, start, self._dispatch_recovered)
+            end = recover(self._cl(), start, self._dispatch_recovered)
         except _IndexGap as gap:
             log.warning("%s; rebuilding every consumeQueue from the whole commitlog", gap)
             for cq in self._queues.values():
                 cq.reset(0)
-            start = self._commitlog.min_offset
+            start = self._cl().min_offset
             self._rebuilding_all = True
             try:
-                end = recover(self._commitlog, start, self._dispatch_recovered)
+                end = recover(self._cl(), start, self._dispatch_recovered)
             finally:
                 self._rebuilding_all = False
         for cq in self._queues.values():
@@ -339,7 +346,7 @@ class MessageStore:
             self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
             commitlog.committed_pos = placement.end_offset
             self._last_store_ts_ms = store_ts_ms
-        self._flusher.appended(len(queue_ids))
+        self._flush_service().appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups])
 
@@ -488,24 +495,18 @@ class MessageStore:
 
     def durable_future(self, phys_offset: int) -> Future:
         """Resolved once the commitlog is flushed up to ``phys_offset`` (an AppendResult end)."""
-        if self._flusher is None:
-            raise StoreClosed()
-        return self._flusher.durable_future(phys_offset)
+        return self._flush_service().durable_future(phys_offset)
 
     def request_flush(self, phys_offset: int) -> None:
         """``durable_future`` without the future: flush listeners hear when it is done."""
-        if self._flusher is None:
-            raise StoreClosed()
-        self._flusher.request_flush(phys_offset)
+        self._flush_service().request_flush(phys_offset)
 
     def add_flush_listener(self, listener: FlushListener) -> None:
         """``listener(flushed_offset, error)`` runs in the flush thread after every flush."""
-        if self._flusher is None:
-            raise StoreClosed()
-        self._flusher.add_listener(listener)
+        self._flush_service().add_listener(listener)
 
     def _flush_all(self) -> int:
-        commitlog = self._commitlog
+        commitlog = self._cl()
         end = commitlog.committed_pos
         commitlog.flush_range(self._flusher.flushed_offset if self._flusher else 0, end)
         now_ms = int(time.time() * 1000)

@@ -122,8 +122,9 @@ class Admin:
         for route in routes:
             by_broker.setdefault(route.broker, set()).add(route.queue_id)
         brokers = list(by_broker)
-        stats = []
-        for broker, answer in zip(brokers, self._ask(brokers, RequestCode.TOPIC_STATS, {"topic": topic})):
+        stats: list[dict[str, Any]] = []
+        answers = self._ask(brokers, RequestCode.TOPIC_STATS, {"topic": topic})
+        for broker, answer in zip(brokers, answers, strict=True):
             stats.extend({**queue, "broker": broker} for queue in answer["queues"]
                          if queue["queue_id"] in by_broker[broker])
         return sorted(stats, key=lambda s: (s["queue_id"], s["broker"]))

@@ -196,8 +196,8 @@ class Controller:
             return reassign_leaders(stored, live, controller_epoch=epoch)
 
         written = self._metadata.update_queues(name, change, fence=fence)
-        if written is not None:
-            for old, new in zip(read[0].queues, written.queues):
+        if written is not None:  # (the topic may have grown meanwhile: compare the queues both have)
+            for old, new in zip(read[0].queues, written.queues, strict=False):
                 if old != new:
                     log.info(
                         "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",

@@ -53,6 +53,6 @@ def reassign_leaders(topic: TopicMetadata, live: AbstractSet[str], *, controller
         next_queue_state(q, live, unclean=unclean, controller_epoch=controller_epoch)
         for q in topic.queues
     )
-    if all(new is old for new, old in zip(queues, topic.queues)):
+    if all(new is old for new, old in zip(queues, topic.queues, strict=True)):
         return topic
     return replace(topic, queues=queues)

@@ -28,7 +28,7 @@ class LeaseKeeper:
         self,
         client: EtcdClient,
         ttl_s: int,
-        on_granted: Callable[[int], None],
+        on_granted: Callable[[int], object],
         *,
         on_lost: Callable[[], None] | None = None,
         name: str = "lease",
