@@ -45,9 +45,8 @@ class BrokerProcess:
         port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-P", "-m", self.module, "--listen", f"127.0.0.1:{listen_port}",
                *self.location_args(), "--port-file", str(port_file), *self.args]
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -149,7 +149,7 @@ def test_unknown_topic_and_oversized_body_store_nothing(broker):
         with pytest.raises(TopicNotFoundError):
             await conn.request(C.SEND, {}, good + batch("missing", 1))
         big = encode_record(topic="orders", body=b"x" * (4 * 1024 * 1024 + 1))
-        with pytest.raises(MessageIllegalError, match="4194304|body"):
+        with pytest.raises(MessageIllegalError, match=r"4194304|body"):
             await conn.request(C.SEND, {}, good + big)
         assert (await conn.request(C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": 0})).fields["offset"] == 0
 

@@ -165,11 +165,17 @@ def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
     state = ha_cluster.topic(topic).queues[0]
     leader = ha_cluster.broker_by_id(state.leader)
     followers = [ha_cluster.broker_by_id(b) for b in state.replicas if b != state.leader]
-    body = lambda text: encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])
-    send = lambda text: request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))
+
+    def body(text):
+        return encode_batch([Message(topic=topic, body=text.encode(), queue_id=0)])
+
+    def send(text):
+        return request(leader.address, RequestCode.SEND, {"acks": -1}, body(text))
+
+    def max_offset():
+        return request(leader.address, RequestCode.QUERY_MAX_OFFSET, {"topic": topic, "queue_id": 0})["offset"]
+
     send("all three in sync")
-    max_offset = lambda: request(leader.address, RequestCode.QUERY_MAX_OFFSET,
-                                 {"topic": topic, "queue_id": 0})["offset"]
     followers[0].pause()
     try:
         # Stored on the leader but not on the stopped ISR member: consumers must not see it yet.

@@ -60,7 +60,7 @@ def test_min_isr_defaults_from_the_replication_factor(replicas: int, expected: i
 
 
 def test_replication_settings_are_validated():
-    with pytest.raises(InvalidTopicError, match="min_insync_replicas must be 1..2"):
+    with pytest.raises(InvalidTopicError, match=r"min_insync_replicas must be 1\.\.2"):
         new_topic("t", 1, 2, TopicSettings(min_insync_replicas=3), ["a", "b"])
     with pytest.raises(InvalidTopicError):
         TopicSettings(min_insync_replicas=0)

@@ -105,7 +105,7 @@ def test_longest_valid_name_and_max_queue_count(metadata: ClusterMetadata):
 def test_too_few_brokers_is_a_clear_error(metadata: ClusterMetadata, client: EtcdClient, prefix: str):
     regs = register(metadata, "b0", "b1")
     try:
-        with pytest.raises(NotEnoughBrokers, match="3 replica.*only 2 live broker"):
+        with pytest.raises(NotEnoughBrokers, match=r"3 replica.*only 2 live broker"):
             metadata.create_topic("t", replicas=3)
     finally:
         for r in regs:
@@ -132,7 +132,7 @@ def test_update_grows_queues_and_changes_only_named_settings(metadata: ClusterMe
     assert metadata.get_topic("t") == topic
     # None restores a default; the rest stays as it was
     assert topic.settings == TopicSettings(1000, min_insync_replicas=1, unclean_leader_election=True)
-    with pytest.raises(InvalidTopicError, match="min_insync_replicas must be 1..2"):
+    with pytest.raises(InvalidTopicError, match=r"min_insync_replicas must be 1\.\.2"):
         metadata.update_topic("t", settings={"min_insync_replicas": 3})
     with pytest.raises(TopicNotFoundError):
         metadata.update_topic("nope", queue_count=3)

@@ -105,9 +105,9 @@ def test_unknown_code_and_handler_errors(arun: Runner, caplog: pytest.LogCapture
             with pytest.raises(NotLeaderError, match="queue 3 moved") as info:
                 await conn.request(SEND)
             assert info.value.retriable and info.value.fields == {"leader": "10.0.0.2:10911"}
-            with caplog.at_level(logging.ERROR, logger="gms.net.server"):
-                with pytest.raises(ServerError, match="ValueError: boom"):
-                    await conn.request(PULL)
+            with caplog.at_level(logging.ERROR, logger="gms.net.server"), \
+                    pytest.raises(ServerError, match="ValueError: boom"):
+                await conn.request(PULL)
             assert "boom" in caplog.text
             assert (await conn.request(RequestCode.PING, body=b"still")).body == b"still"
             conn.close()

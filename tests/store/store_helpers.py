@@ -5,8 +5,8 @@ from __future__ import annotations
 from gms.broker.store_config import StoreConfig
 from gms.record import Message, encode_batch
 
-SMALL = dict(commitlog_file_size_bytes=4096, cq_entries_per_file=100, flush_interval_ms=20,
-             retention_check_interval_ms=60_000)
+SMALL = {"commitlog_file_size_bytes": 4096, "cq_entries_per_file": 100, "flush_interval_ms": 20,
+         "retention_check_interval_ms": 60_000}
 
 
 def small_config(**overrides) -> StoreConfig:

@@ -35,7 +35,7 @@ def test_batch_across_topics_and_queues(store):
     msgs = [rec.Message("t" if i % 3 else "u", b"m%d" % i, queue_id=i % 2) for i in range(30)]
     result = store.append(rec.encode_batch(msgs))
     seen: dict[tuple[str, int], list[int]] = {}
-    for m, qo in zip(msgs, result.queue_offsets.tolist()):
+    for m, qo in zip(msgs, result.queue_offsets.tolist(), strict=True):
         seen.setdefault((m.topic, m.queue_id), []).append(qo)
     for offsets in seen.values():
         assert offsets == list(range(len(offsets)))  # per queue, in batch order, no gaps
