@@ -10,12 +10,14 @@ to another member; ``on_assigned`` runs there too. Delivery is at-least-once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from gms.client.encoder import RecordEncoder
@@ -99,6 +101,7 @@ class Consumer:
             heartbeat_interval_ms=heartbeat_interval_ms, local_offsets=local_offsets,
         )
         self._last_commit = time.monotonic()
+        self._background_commit: Future[None] | None = None
         self._closed = False
         try:
             self._runtime.run(self._membership.start())
@@ -126,7 +129,7 @@ class Consumer:
         self._check_open()
         self._handle_rebalance()
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
-            self._auto_commit(list(self._membership.states.values()))
+            self._commit_in_background()
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
         messages: list[ReceivedMessages] = []
         release = self._runtime.loop.call_soon_threadsafe
@@ -169,6 +172,29 @@ class Consumer:
         self._runtime.run(self._membership.commit({s.key: s.position for s in changed if s.position is not None}))
         for state in changed:
             state.committed = state.position
+
+    def _commit_in_background(self) -> None:
+        """The periodic auto commit: sent without waiting (one at a time), so a slow or hung
+        leader does not stall ``poll``; a failure is retried at the next interval."""
+        self._last_commit = time.monotonic()
+        if self._background_commit is not None and not self._background_commit.done():
+            return
+        offsets = {s.key: s.position for s in self._membership.states.values()
+                   if s.position is not None and s.position != s.committed}
+        if not offsets:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._membership.commit(offsets), self._runtime.loop)
+        future.add_done_callback(lambda done: self._committed_in_background(done, offsets))
+        self._background_commit = future
+
+    def _committed_in_background(self, done: Future[None], offsets: Mapping[TopicQueue, int]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            log.warning("auto commit failed: %r", None if done.cancelled() else done.exception())
+            return
+        for queue, offset in offsets.items():
+            state = self._membership.states.get(queue)
+            if state is not None:
+                state.committed = offset
 
     def _auto_commit(self, states: list[QueueState]) -> None:
         """Commit like :meth:`commit`; a failure is retried at the next auto commit."""

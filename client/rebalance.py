@@ -168,11 +168,22 @@ class Membership:
                 self._runtime.routes.invalidate()
                 await asyncio.sleep(HEARTBEAT_RETRY_MS / 1000)
 
+    def _schedule_fence(self) -> None:
+        """Fence one member expiry after the last answered heartbeat was sent (unless another
+        is answered before: it schedules again)."""
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+        assert self._last_beat_sent is not None
+        left_s = self._last_beat_sent + self._member_expiry_s - time.monotonic()
+        self._fence_timer = asyncio.get_running_loop().call_later(max(left_s, 0), self._fence_if_expired)
+
     def _fence_if_expired(self) -> None:
-        """After a member expiry without an answered heartbeat, give every queue up (lost).
-        Scheduled at that moment by every answered heartbeat."""
+        """After a member expiry without an answered heartbeat, give every queue up (lost)."""
         sent = self._last_beat_sent
-        if sent is None or time.monotonic() - sent < self._member_expiry_s:
+        if sent is None:
+            return
+        if time.monotonic() - sent < self._member_expiry_s:  # the loop's timers may fire early
+            self._schedule_fence()
             return
         lost = [q for q, s in self.states.items() if not s.revoked]
         if lost:
@@ -212,10 +223,7 @@ class Membership:
         self._last_beat_sent = sent
         self._member_expiry_s = frame.fields.get("member_expiry_ms", DEFAULT_MEMBER_EXPIRY_MS) / 1000
         if self._clustering:
-            if self._fence_timer is not None:
-                self._fence_timer.cancel()
-            self._fence_timer = asyncio.get_running_loop().call_later(
-                max(sent + self._member_expiry_s - time.monotonic(), 0), self._fence_if_expired)
+            self._schedule_fence()
         hint_ms = frame.fields.get("heartbeat_interval_ms")
         if hint_ms:
             chosen_ms = hint_ms if self._heartbeat_interval_ms is None else min(hint_ms, self._heartbeat_interval_ms)
