@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gms import __version__
-from gms.broker.group_handlers import _group_name, _queue_pairs
+from gms.broker.group_handlers import group_name_field, queue_rows
 from gms.broker.topics import TopicLimits
 from gms.errors import GroupNotEmptyError
 from gms.protocol.fields import field
@@ -65,10 +65,11 @@ class AdminHandlers:
         queues, and each offset is clamped to what consumers can read: [min offset, max offset]
         (the high watermark where the queue is replicated). All or nothing: every queue is
         checked (led here, exists) before any offset changes."""
-        group = _group_name(request.fields)
-        self._refuse_live_members(group, request.fields)
+        group = group_name_field(request.fields)
+        entries = queue_rows(request.fields, "offsets", 3)
+        self._refuse_live_members(group, request.fields, [(topic, queue_id) for topic, queue_id, _ in entries])
         stored = []
-        for topic, queue_id, offset in _queue_pairs(request.fields, "offsets", 3):
+        for topic, queue_id, offset in entries:
             low, high = self._readable(topic, queue_id)
             stored.append((topic, queue_id, min(max(offset, low), high)))
         offsets = self.broker.offsets
@@ -81,22 +82,25 @@ class AdminHandlers:
     async def delete_group(self, request: Frame) -> Response:
         """Delete every offset the group committed here (as leader or follower); followers
         that miss this request delete them from their next REPLICA_FETCH."""
-        group = _group_name(request.fields)
-        self._refuse_live_members(group, request.fields)
+        group = group_name_field(request.fields)
+        self._refuse_live_members(group, request.fields, None)
         queues = self.broker.offsets.delete_group(group)
         self.broker.offsets.persist()
         self.broker.offsets_changed(queues)
         return Response({"queues": [list(key) for key in queues]})
 
-    def _refuse_live_members(self, group: str, fields: Mapping[str, Any]) -> None:
-        """Members would commit over the change: refuse while any heartbeats here (``force``
-        skips this check; the Admin client checks every broker before it asks)."""
+    def _refuse_live_members(self, group: str, fields: Mapping[str, Any],
+                             queues: list[tuple[str, int]] | None) -> None:
+        """Members would commit over the change: refuse while any reads ``queues`` (all of the
+        group's queues when None) here, or heartbeats here if this broker coordinates the group.
+        ``force`` skips this check; the Admin client asks the group's coordinator first."""
         if field(fields, "force", bool, False):
             return
         known = self.broker.groups.group(group)
-        if known is not None and known.members:
-            raise GroupNotEmptyError(f"group {group!r} has live members on this broker:"
-                                     f" {', '.join(sorted(known.members))}")
+        live = set(known.members) if known is not None else set()
+        live |= self.broker.claims.readers(group, int(time.time() * 1000), queues)
+        if live:
+            raise GroupNotEmptyError(f"group {group!r} has live members: {', '.join(sorted(live))}")
 
     def _readable(self, topic: str, queue_id: int) -> tuple[int, int]:
         """The offsets consumers may read from on a queue this broker serves."""

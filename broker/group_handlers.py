@@ -28,14 +28,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _group_name(fields: Any) -> str:
+def group_name_field(fields: Any) -> str:
     group = field(fields, "group", str)
     if not group or len(group.encode()) > GROUP_NAME_BYTES_MAX:
         raise BadRequestError(f"group name must be 1..{GROUP_NAME_BYTES_MAX} bytes")
     return group
 
 
-def _queue_pairs(fields: Any, name: str, width: int) -> list[tuple]:
+def queue_rows(fields: Any, name: str, width: int) -> list[tuple]:
     columns = QUEUE_OFFSET_COLUMNS if width == 3 else QUEUE_COLUMNS
     return [tuple(topic_row(name, item, columns)) for item in field(fields, name, list)]
 
@@ -68,11 +68,11 @@ class GroupHandlers:
                                       fields={"coordinator": coordinator})
 
     async def find_coordinator(self, request: Frame) -> Response:
-        return Response({"coordinator": self.coordinator_of(_group_name(request.fields))})
+        return Response({"coordinator": self.coordinator_of(group_name_field(request.fields))})
 
     async def heartbeat(self, request: Frame) -> Response:
         fields = request.fields
-        group = _group_name(fields)
+        group = group_name_field(fields)
         self._coordinated_here(group)
         member = field(fields, "member", str)
         subscription = field(fields, "subscription", dict)
@@ -91,7 +91,7 @@ class GroupHandlers:
                 client_address=field(fields, "client", str, ""),
                 mode=field(fields, "mode", str, MODE_CLUSTERING),
                 subscription=subscription,
-                held=_queue_pairs(fields, "held", 2) if "held" in fields else [],
+                held=queue_rows(fields, "held", 2) if "held" in fields else [],
                 now_ms=_now_ms(),
             )
         except ValueError as err:
@@ -100,7 +100,7 @@ class GroupHandlers:
                          "member_expiry_ms": self.groups.member_expiry_ms})
 
     async def unregister(self, request: Frame) -> Response:
-        group = _group_name(request.fields)
+        group = group_name_field(request.fields)
         self._coordinated_here(group)
         self.groups.leave(group, field(request.fields, "member", str))
         return Response()
@@ -110,10 +110,10 @@ class GroupHandlers:
         its commit is refused while another member holds the queue (a zombie's late commit),
         and ``release`` lists the queues it hands over (their claims end)."""
         fields = request.fields
-        group = _group_name(fields)
+        group = group_name_field(fields)
         member = field(fields, "member", str, "")
-        entries = _queue_pairs(fields, "offsets", 3)
-        released = _queue_pairs(fields, "release", 2) if "release" in fields else []
+        entries = queue_rows(fields, "offsets", 3)
+        released = queue_rows(fields, "release", 2) if "release" in fields else []
         for topic, queue_id, offset in entries:
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
@@ -131,8 +131,8 @@ class GroupHandlers:
     async def fetch(self, request: Frame) -> Response:
         """Committed offsets; a member asking for its start position is refused (QUEUE_HELD)
         while another member still reads the queue, so it starts after that member's last commit."""
-        group = _group_name(request.fields)
-        queues = _queue_pairs(request.fields, "queues", 2)
+        group = group_name_field(request.fields)
+        queues = queue_rows(request.fields, "queues", 2)
         member = field(request.fields, "member", str, "")
         if member:
             now_ms = _now_ms()
@@ -144,7 +144,7 @@ class GroupHandlers:
     async def describe(self, request: Frame) -> Response:
         """Members (from the coordinator) and the offsets committed on this broker. A
         non-coordinator answers only ``offsets`` unless asked for ``members`` explicitly."""
-        name = _group_name(request.fields)
+        name = group_name_field(request.fields)
         want_members = field(request.fields, "members", bool, True)
         if want_members:
             self._coordinated_here(name)

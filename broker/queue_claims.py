@@ -54,6 +54,12 @@ class QueueClaims:
             if claim is not None and claim[0] == member:
                 del self._claims[key]
 
+    def readers(self, group: str, now_ms: int, queues: Iterable[tuple[str, int]] | None = None) -> set[str]:
+        """The members of ``group`` with a fresh claim here (on ``queues``, or on any queue)."""
+        wanted = None if queues is None else set(queues)
+        return {member for (g, topic, queue_id), (member, until_ms) in self._claims.items()
+                if g == group and until_ms >= now_ms and (wanted is None or (topic, queue_id) in wanted)}
+
     def prune(self, now_ms: int) -> None:
         """Forget lapsed claims."""
         for key, (_, until_ms) in list(self._claims.items()):

@@ -179,3 +179,16 @@ def test_a_fresh_claim_keeps_other_members_out_until_released_or_lapsed():
     claims.release("g", "b", [(TOPIC, 0)])
     claims.refresh("g", "b", TOPIC, 0, now_ms=6005)  # a long poll answered after the release
     claims.check("g", "a", TOPIC, 0, now_ms=6006)
+
+
+def test_readers_are_the_members_with_fresh_claims():
+    """What an admin reset or group delete on a queue's leader checks, wherever the coordinator is."""
+    claims = QueueClaims(hold_ms=1000)
+    claims.claim("g", "a", TOPIC, 0, now_ms=0)
+    claims.claim("g", "b", TOPIC, 1, now_ms=500)
+    claims.claim("other", "c", TOPIC, 2, now_ms=0)
+    assert claims.readers("g", now_ms=900) == {"a", "b"}
+    assert claims.readers("g", now_ms=900, queues=[(TOPIC, 1), (TOPIC, 2)]) == {"b"}
+    assert claims.readers("g", now_ms=1200) == {"b"}  # a's claim lapsed
+    claims.release("g", "b", [(TOPIC, 1)])
+    assert claims.readers("g", now_ms=1200) == set()

@@ -12,7 +12,10 @@ from datetime import UTC, datetime
 import pytest
 from test_cli_cluster import QUEUES, cluster, gms  # noqa: F401 - fixtures: one cluster per module
 
-from gms.client import Consumer, Producer
+from gms.client import Admin, Consumer, Producer
+from gms.errors import GroupNotEmptyError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
 
 PER_QUEUE = 5  # messages produced into every queue by the `filled` fixture
 
@@ -45,6 +48,18 @@ def plan(gms, group: str, topic: str, *args: str) -> dict[int, tuple[int | None,
     """queue → (committed, new) from the JSON answer of a reset."""
     answer = json.loads(reset(gms, group, topic, *args, "--json").stdout)
     return {q["queue_id"]: (q["committed"], q["new_offset"]) for q in answer["queues"]}
+
+
+def broker_request(address: str, code: int, fields: dict) -> None:
+    async def main() -> None:
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            await conn.request(code, fields)
+        finally:
+            conn.close()
+
+    run(main())
 
 
 def every(value) -> dict[int, object]:
@@ -112,6 +127,12 @@ def test_live_members_refuse_execute_and_delete_unless_forced(gms, cluster, fill
         assert "live member" in refused.stderr and "--force" in refused.stderr
         described = json.loads(gms("group", "describe", group, "--json").stdout)
         assert all(m["member"] in refused.stderr for m in described["members"])
+        # The queue's leader refuses on its own too (its queue is being read), wherever the
+        # group's coordinator is.
+        with Admin(nameserver=cluster.nameserver) as admin:
+            leader = next(s["broker"] for s in admin.topic_stats(topic) if s["queue_id"] == 0)
+        with pytest.raises(GroupNotEmptyError, match="live members"):
+            broker_request(leader, RequestCode.RESET_OFFSETS, {"group": group, "offsets": [[topic, 0, 0]]})
         dry = reset(gms, group, topic, "--to-earliest")  # a dry run is never refused, but it warns
         assert "warning" in dry.stderr and "--force" in dry.stderr
         assert plan(gms, group, topic, "--to-offset", "3", "--execute", "--force") == every((None, 3))
