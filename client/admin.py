@@ -135,7 +135,7 @@ class Admin:
         """BROKER_STATUS of every live broker; an unreachable one is ``{"address", "error"}``."""
         brokers = self.brokers()
         return [{"address": b, "error": str(a)} if isinstance(a, BaseException) else a
-                for b, a in zip(brokers, self._ask(brokers, RequestCode.BROKER_STATUS, errors=True))]
+                for b, a in zip(brokers, self._ask(brokers, RequestCode.BROKER_STATUS, errors=True), strict=True)]
 
     def cluster_status(self) -> dict[str, Any]:
         """The nameserver's CLUSTER_STATUS: etcd health, live nameservers and brokers."""

@@ -27,6 +27,7 @@ from gms.client.rebalance import Membership, StartFrom
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage, ReceivedMessages
 from gms.errors import BadTagExpressionError, GmsError
+from gms.log_throttle import Outage
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Consumer:
         )
         self._last_commit = time.monotonic()
         self._background_commit: Future[None] | None = None
+        # Auto commits run on the polling thread and in the background; one outage for both.
+        self._commit_outage = Outage(log, f"auto commit of group {group}")
         self._closed = False
         try:
             self._runtime.run(self._membership.start())
@@ -189,8 +192,9 @@ class Consumer:
 
     def _committed_in_background(self, done: Future[None], offsets: Mapping[TopicQueue, int]) -> None:
         if done.cancelled() or done.exception() is not None:
-            log.warning("auto commit failed: %r", None if done.cancelled() else done.exception())
+            self._commit_outage.failed(repr(None if done.cancelled() else done.exception()))
             return
+        self._commit_outage.recovered()
         for queue, offset in offsets.items():
             state = self._membership.states.get(queue)
             if state is not None:
@@ -201,7 +205,9 @@ class Consumer:
         try:
             self._commit(states)
         except GmsError as err:
-            log.warning("auto commit failed: %r", err)
+            self._commit_outage.failed(repr(err))
+        else:
+            self._commit_outage.recovered()
 
     def position(self, topic: str, queue_id: int) -> int | None:
         """The offset of the next message :meth:`poll` returns from the queue (None until known)."""

@@ -29,6 +29,7 @@ from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
 from gms.client.runtime import ClientRuntime
 from gms.errors import GmsError, NotCoordinatorError, ServiceUnavailableError
+from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Membership:
         self._last_beat_sent: float | None = None  # monotonic time of the last answered heartbeat
         self._fence_timer: asyncio.TimerHandle | None = None
         self._coordinator: str | None = None
+        self._beat_outage = Outage(log, f"heartbeat of {group}/{member}")
         self.states: dict[TopicQueue, QueueState] = {}
         self._events: list[RebalanceEvent] = []  # waiting for the polling thread
         self._events_lock = threading.Lock()
@@ -164,9 +166,11 @@ class Membership:
             try:
                 await self._bounded_heartbeat()
             except Exception as err:  # noqa: BLE001 - keep beating; the coordinator may come back
-                log.warning("heartbeat of %s/%s failed: %r", self._group, self._member, err)
+                self._beat_outage.failed(repr(err))
                 self._runtime.routes.invalidate()
                 await asyncio.sleep(HEARTBEAT_RETRY_MS / 1000)
+            else:
+                self._beat_outage.recovered()
 
     def _schedule_fence(self) -> None:
         """Fence one member expiry after the last answered heartbeat was sent (unless another

@@ -56,7 +56,7 @@ class _ListLike(Sequence[Any]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # type: ignore[assignment]  # equal to lists, so unhashable like them
 
@@ -121,7 +121,7 @@ class SendResults(_ListLike, Sequence[SendResult]):
     def __iter__(self) -> Iterator[SendResult]:
         prefix, topic, broker = self._prefix, self._topic, self._broker
         for queue_id, offset, phys in zip(self._queue_ids.tolist(), self._queue_offsets.tolist(),
-                                          self._phys_offsets.tolist()):
+                                          self._phys_offsets.tolist(), strict=True):
             yield SendResult(f"{prefix}{phys:016X}", topic, queue_id, offset, broker)
 
     def take(self, order: np.ndarray) -> SendResults:
@@ -242,7 +242,7 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
         """The first ``count`` messages and the rest, without making any message."""
         head: list[tuple[memoryview, np.ndarray, str]] = []
         tail: list[tuple[memoryview, np.ndarray, str]] = []
-        for (buf, starts, prefix), end in zip(self._parts, self._ends):
+        for (buf, starts, prefix), end in zip(self._parts, self._ends, strict=True):
             cut = min(max(count - (end - len(starts)), 0), len(starts))
             head.append((buf, starts[:cut], prefix))
             tail.append((buf, starts[cut:], prefix))
