@@ -3,6 +3,7 @@ fail with the tail of the process's log."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -27,3 +28,15 @@ def start_server(module: str, root: Path, name: str, *args: str) -> tuple[subpro
             sys.exit(f"{module} did not start: {log.read_text()[-2000:]}")
         time.sleep(0.05)
     return proc, int(port_file.read_text())
+
+
+def stop_servers(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) -> None:
+    """SIGTERM every server still running, then wait for each (SIGKILL after ``timeout_s``)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from gms.broker.groups import heartbeat_interval_ms
 from gms.client import Admin, Consumer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_procs import start_server
+from bench_procs import start_server, stop_servers
 
 TOPIC = "bench-rebalance"
 QUEUES = 12
@@ -134,14 +133,7 @@ def main() -> None:
             interval_s = heartbeat_interval_ms(args.member_expiry_ms) / 1000
             result = measure(nameserver, 3 if args.quick else 5, 1 if args.quick else 3, interval_s)
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_servers(procs)
     print(json.dumps({"heartbeat_interval_ms": heartbeat_interval_ms(args.member_expiry_ms),
                       "member_expiry_ms": args.member_expiry_ms, **result}))
 

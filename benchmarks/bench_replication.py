@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_procs import start_server
+from bench_procs import start_server, stop_servers
 
 from gms.errors import GmsError
 from gms.net import Connection, run
@@ -156,14 +156,7 @@ def main() -> None:
                 brokers[f"127.0.0.1:{port}"] = proc
             result = run(measure(nameserver, brokers, duration_s, 300 if args.quick else 2000))
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_servers(procs)
     print(json.dumps(result))
 
 
