@@ -106,6 +106,7 @@ def test_all_nameservers_down_keeps_cached_routes_and_says_so_once(cluster, topi
         loop.run(pool.close())
 
 
+@pytest.mark.slow
 def test_killed_broker_leaves_routes_and_producers_move_on(cluster, topic):
     victim = cluster.brokers[-1]
     with Producer(nameserver=cluster.nameserver, retries=5) as producer:

@@ -92,6 +92,7 @@ def wait_full_isr(cluster: HaCluster, topic: str, replicas: int = 3) -> None:
     wait_for(lambda: all(len(q.isr) == replicas for q in cluster.topic(topic).queues), REJOIN_TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_acks_all_loses_nothing_when_every_leader_is_killed_in_turn(ha_cluster):
     topic, queues = "ha-all", 3
     ha_cluster.create_topic(topic, queues)
@@ -281,6 +282,7 @@ def controller_of(cluster: HaCluster):
     raise AssertionError("no nameserver is the controller")
 
 
+@pytest.mark.slow
 def test_controller_killed_mid_failover_is_finished_by_the_next(ha_cluster_two_nameservers):
     cluster = ha_cluster_two_nameservers
     topics = ["ha-ctl-a", "ha-ctl-b"]

@@ -54,6 +54,7 @@ def etcd_of(nameserver: str) -> str:
     return run(ask_etcd_endpoints(nameserver, 3000))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_sends_resume_after_nameserver_restart(tmp_path, sig):
     config = tmp_path / "broker.toml"
