@@ -129,11 +129,11 @@ class MessageHandlers:
             if status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL) or remaining_s <= 0:
                 if group and member:
                     self.claims.refresh(group, member, topic, queue_id, _now_ms())
-                return Response(
-                    {"result": status.value, "next_offset": result.next_offset,
-                     "min_offset": result.min_offset, "max_offset": result.max_offset},
-                    body=result.records,
-                )
+                answer = {"result": status.value, "next_offset": result.next_offset,
+                          "min_offset": result.min_offset, "max_offset": result.max_offset}
+                if result.damaged:  # left out of the body; the consumer passes them
+                    answer["damaged"] = [list(d) for d in result.damaged]
+                return Response(answer, body=result.records)
             offset = result.next_offset
             if not await self.waiters.wait((topic, queue_id), remaining_s):
                 deadline = loop.time()  # timed out or stopping: answer after one last look

@@ -47,7 +47,7 @@ from gms.broker.store_config import StoreConfig
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
-from gms.record import OFF_STORE_TS, RecordCheck, check_record
+from gms.record import OFF_STORE_TS, RecordCheck, check_record, crc_mismatches
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -80,6 +80,9 @@ class GetResult(NamedTuple):
     min_offset: int
     max_offset: int
     records: list[memoryview]  # zero-copy views of stored records (send them as-is)
+    # (queue offset, commitlog offset) of records in the answered range whose CRC fails: left
+    # out of ``records`` (damage is never served as data), their offsets consumed all the same
+    damaged: tuple[tuple[int, int], ...] = ()
 
 
 class AppendResult(NamedTuple):
@@ -132,6 +135,7 @@ class MessageStore:
         self._last_store_ts_ms = 0
         self._last_checkpoint_ms = 0
         self.recovered_from_crash = False
+        self.recovered_damaged = 0  # damaged records (CRC mismatch, framing intact) the last recovery found
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -219,7 +223,7 @@ class MessageStore:
         for cq in self._queues.values():
             cq.truncate_to_phys(start)
         try:
-            end = recover(self._cl(), start, self._dispatch_recovered)
+            recovered = recover(self._cl(), start, self._dispatch_recovered)
         except _IndexGap as gap:
             log.warning("%s; rebuilding every consumeQueue from the whole commitlog", gap)
             for cq in self._queues.values():
@@ -227,12 +231,16 @@ class MessageStore:
             start = self._cl().min_offset
             self._rebuilding_all = True
             try:
-                end = recover(self._cl(), start, self._dispatch_recovered)
+                recovered = recover(self._cl(), start, self._dispatch_recovered)
             finally:
                 self._rebuilding_all = False
+        end = recovered.end
         for cq in self._queues.values():
             cq.truncate_to_phys(end)
-        log.info("recovered commitlog from %d to %d", start, end)
+        self.recovered_damaged = len(recovered.damaged)
+        log.log(logging.ERROR if recovered.damaged else logging.INFO,
+                "recovered commitlog from %d to %d; %d damaged record(s) kept as damaged",
+                start, end, len(recovered.damaged))
 
     # --- topics --------------------------------------------------------------------------------
     def create_topic(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
@@ -567,14 +575,23 @@ class MessageStore:
         take = min(max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1), max_msgs)
         next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1
         phys, sizes = entries["phys"][picked[:take]].astype(np.int64), sizes[:take]
-        if coalesce:
-            phys, sizes = _runs(phys, sizes)
         try:
-            records = self._views(commitlog, phys, sizes)
+            bad = self._damaged(commitlog, phys, sizes)
+            damaged: tuple[tuple[int, int], ...] = ()
+            if bad.size:
+                damaged = tuple(zip((offset + picked[bad]).tolist(), phys[bad].tolist(), strict=True))
+                log.error("%s/%d: damaged record(s) (CRC mismatch) at offsets %s, answered as damaged",
+                          topic, queue_id, [d[0] for d in damaged])
+                keep = np.ones(len(phys), bool)
+                keep[bad] = False
+                phys, sizes = phys[keep], sizes[keep]
+            if coalesce:
+                phys, sizes = _runs(phys, sizes)
+            records = self._views(commitlog, phys, sizes) if len(phys) else []
         except (MessageNotFound, ValueError):  # expired under our feet: the minimum moved
             lo = cq.offset_of_phys(commitlog.min_offset)
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
-        return GetResult(GetStatus.FOUND, next_offset, lo, hi, records)
+        return GetResult(GetStatus.FOUND, next_offset, lo, hi, records, damaged)
 
     def read_runs(self, topic: str, queue_id: int, offset: int, max_msgs: int,
                   max_bytes: int) -> tuple[int, list[memoryview], int, np.ndarray]:
@@ -593,6 +610,25 @@ class MessageStore:
         run_phys, run_sizes = _runs(entries["phys"][:take].astype(np.int64), sizes[:take])
         return (offset + take, self._views(commitlog, run_phys, run_sizes), int(run_sizes.sum()),
                 sizes[:take])
+
+    @staticmethod
+    def _damaged(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Indexes of the records at ``phys`` whose CRC fails (checked file by file)."""
+        files = commitlog.files
+        base0, fsize = files[0].base_offset, commitlog.file_size_bytes
+        if int(phys[0]) < base0:
+            raise MessageNotFound(int(phys[0]), "expired")
+        file_idx = (phys - base0) // fsize
+        first, last = int(file_idx[0]), int(file_idx[-1])
+        if first == last:
+            f = files[first]
+            return crc_mismatches(f.view, phys - f.base_offset, sizes)
+        bounds = np.flatnonzero(np.diff(file_idx)) + 1
+        found = []
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(phys)], strict=True):
+            f = files[int(file_idx[lo])]
+            found.append(crc_mismatches(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi]) + lo)
+        return np.concatenate(found)
 
     @staticmethod
     def _views(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
