@@ -267,14 +267,16 @@ class BrokerRegistration:
         if client is not None:
             client.close()
 
-    def update_isr(self, topic: str, queue_id: int, *, leader_epoch: int, isr: tuple[str, ...]) -> bool:
-        """Write a new ISR for a queue this broker leads (blocking etcd round trips; call it from
-        a thread). False when the queue's leader or epoch changed meanwhile: this broker's view
-        is stale and the watch will bring the new state."""
+    def update_isr(self, topic: str, queue_id: int, *, leader_epoch: int, isr: tuple[str, ...],
+                   based_on: tuple[str, ...]) -> bool:
+        """Write a new ISR for a queue this broker leads, computed from the ISR ``based_on``
+        (blocking etcd round trips; call it from a thread). False when the queue's leader, epoch
+        or ISR changed meanwhile: this broker's view is stale and the watch brings the new state."""
         if self._metadata is None:
             return False
         return self._metadata.update_isr(
             topic, queue_id, leader_id=self.info.broker_id, leader_epoch=leader_epoch, isr=list(isr),
+            based_on=list(based_on),
         )
 
     def _on_change(self, change: ViewChange) -> None:

@@ -1,5 +1,6 @@
 """The cluster controller: every nameserver runs one, one is elected, and it moves the leaders of
-queues whose leader broker is gone (rules in :mod:`gms.nameserver.failover`).
+queues whose leader broker is gone and takes gone brokers out of every ISR (rules in
+:mod:`gms.nameserver.failover`), so acks=-1 sends wait for no dead or paused broker past its lease.
 
 Why event-driven: a broker's death is its etcd key's deletion when its lease expires; the
 ClusterView's watch delivers that as BROKER_DOWN within milliseconds, and the controller acts

@@ -44,7 +44,8 @@ class Partition:
     leader_id: str | None = None
     leader_address: str | None = None
     leader_epoch: int = -1
-    isr: tuple[str, ...] = ()
+    isr: tuple[str, ...] = ()  # the ISR this broker acts on (as leader: once etcd took it)
+    stored_isr: tuple[str, ...] = ()  # the ISR etcd holds, as the watch last delivered it
     replicas: tuple[str, ...] = ()
     min_insync: int = 1
     followers: dict[str, FollowerProgress] = field(default_factory=dict)

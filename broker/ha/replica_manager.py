@@ -31,7 +31,7 @@ from gms.errors import (
 
 log = logging.getLogger(__name__)
 
-UpdateIsr = Callable[..., bool]  # (topic, queue_id, *, leader_epoch, isr) -> bool, blocking
+UpdateIsr = Callable[..., bool]  # (topic, queue_id, *, leader_epoch, isr, based_on) -> bool, blocking
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +40,9 @@ class ReplicationConfig:
     fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
     fetch_bytes_max: int = 8 << 20  # per fetch response, all queues together
     hw_checkpoint_interval_ms: int = 1_000
+    # Followers flush what they fetched before their next fetch acknowledges it (acks=-1 then
+    # means "on disk on every ISR member", with the leader's flush=sync).
+    fsync_before_ack: bool = False
 
 
 class ReplicaManager:
@@ -78,6 +81,7 @@ class ReplicaManager:
         for p in self.partitions.values():
             p.fail_waiters(NotLeaderError("the broker is stopping"))
         self.save_state()
+        self._state_file.close()
 
     # --- assignments ---------------------------------------------------------------------------
     def apply(self, assignments: Assignments) -> None:
@@ -113,6 +117,7 @@ class ReplicaManager:
         p.replicas, p.min_insync, p.leader_address = queue.replicas, min_insync, queue.leader_address
         if p.leader_epoch > queue.leader_epoch:
             return  # an older snapshot than what we already acted on
+        p.stored_isr = queue.isr
         if not changed:
             if role is Role.LEADER and not p.isr_update_pending:
                 self._set_isr(p, queue.isr)
@@ -143,6 +148,10 @@ class ReplicaManager:
     def _set_isr(self, p: Partition, isr: tuple[str, ...]) -> None:
         if isr == p.isr:
             return
+        for broker in set(p.isr) - set(isr):
+            # Forget what it fetched: it rejoins only after fetching again and catching up, so a
+            # paused broker the controller took out is not taken back on its old progress.
+            p.followers[broker] = FollowerProgress()
         p.isr = isr
         if len(isr) < p.min_insync:
             p.fail_waiters(NotEnoughReplicasError(
@@ -241,23 +250,27 @@ class ReplicaManager:
 
     def _propose_isr(self, p: Partition, isr: tuple[str, ...]) -> None:
         p.isr_update_pending = True
-        task = asyncio.get_running_loop().create_task(self._write_isr(p, p.leader_epoch, isr))
+        task = asyncio.get_running_loop().create_task(self._write_isr(p, p.leader_epoch, p.isr, isr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write_isr(self, p: Partition, epoch: int, isr: tuple[str, ...]) -> None:
+    async def _write_isr(self, p: Partition, epoch: int, base: tuple[str, ...], isr: tuple[str, ...]) -> None:
+        """Write ``isr`` (computed from ``base``), then act on what etcd holds: ours, or what the
+        watch delivered meanwhile (the controller may have taken a dead broker out)."""
         try:
-            ok = await asyncio.to_thread(self._update_isr, p.key[0], p.key[1], leader_epoch=epoch, isr=isr)
+            ok = await asyncio.to_thread(self._update_isr, p.key[0], p.key[1], leader_epoch=epoch, isr=isr,
+                                         based_on=base)
         except GmsError as err:
             log.warning("queue %s/%d: ISR update to %s failed: %s", *p.key, list(isr), err)
             ok = False
         finally:
             p.isr_update_pending = False
-        if ok and p.role is Role.LEADER and p.leader_epoch == epoch:
-            log.info("queue %s/%d: ISR %s -> %s", *p.key, list(p.isr), list(isr))
-            self._set_isr(p, isr)
-        elif not ok:
-            log.info("queue %s/%d: ISR update to %s refused (leader or epoch changed)", *p.key, list(isr))
+        if ok:
+            log.info("queue %s/%d: ISR %s -> %s", *p.key, list(base), list(isr))
+        else:
+            log.info("queue %s/%d: ISR update to %s refused (leader, epoch or ISR changed)", *p.key, list(isr))
+        if p.role is Role.LEADER and p.leader_epoch == epoch:
+            self._set_isr(p, isr if ok and p.stored_isr == base else p.stored_isr)
 
     async def _maintain(self) -> None:
         """Shrink ISRs of lagging followers; checkpoint high watermarks."""
@@ -274,18 +287,19 @@ class ReplicaManager:
             if now - last_checkpoint >= self.config.hw_checkpoint_interval_ms / 1000:
                 last_checkpoint = now
                 if self._hw_dirty:
-                    await asyncio.to_thread(self._state_file.save, *self._snapshot())
+                    await asyncio.wrap_future(self._state_file.save(*self._snapshot()))
 
     def hw_moved(self) -> None:
         """A follower's HW moved: include it in the next checkpoint."""
         self._hw_dirty = True
 
     def save_state(self) -> None:
-        self._state_file.save(*self._snapshot())
+        """Write the state now (epoch histories must be on disk before the queue moves on)."""
+        self._state_file.save(*self._snapshot()).result()
 
     def _snapshot(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
-        """Copies of the histories and HWs, taken on the event loop so that another thread can
-        write them while the loop goes on changing the originals."""
+        """Copies of the histories and HWs, taken on the event loop so that the state file's
+        writer thread can write them while the loop goes on changing the originals."""
         self._hw_dirty = False
         self._saved_hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
         return {k: EpochHistory(h.to_list()) for k, h in self._histories.items()}, dict(self._saved_hws)

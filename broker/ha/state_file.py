@@ -5,12 +5,16 @@ change only on leader changes and truncations and are written at once; high wate
 with every acknowledged batch and are checkpointed periodically (Kafka's
 replication-offset-checkpoint): a restarted replica starts from a watermark that may be a
 little low, never too high, and learns the current one from its leader.
+
+One writer: a single thread writes the snapshots in the order they were handed over, so an
+older snapshot never replaces a newer one (a checkpoint taken before a leader change but written
+after it would drop the new epoch-history entry).
 """
 
 from __future__ import annotations
 
 import json
-import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from gms.broker.atomic_file import write_atomically
@@ -23,7 +27,7 @@ QueueKey = tuple[str, int]
 class ReplicationStateFile:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gms-replication-state")
 
     def load(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
         """(epoch histories, high watermarks) per queue; empty when no file exists yet."""
@@ -42,7 +46,16 @@ class ReplicationStateFile:
                 hws[key] = int(state["hw"])
         return epochs, hws
 
-    def save(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> None:
+    def save(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> Future[None]:
+        """Queue a write of this snapshot (the caller hands it over: it must not change it); the
+        future resolves once it is on disk, after every snapshot handed over before it."""
+        return self._writer.submit(self._write, epochs, hws)
+
+    def close(self) -> None:
+        """Write what was handed over, then stop the writer."""
+        self._writer.shutdown(wait=True)
+
+    def _write(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> None:
         queues: dict[str, dict[str, dict[str, object]]] = {}
         for key in set(epochs) | set(hws):
             history = epochs.get(key)
@@ -50,6 +63,5 @@ class ReplicationStateFile:
                 "epochs": history.to_list() if history else [], "hw": hws.get(key, 0),
             }
         data = json.dumps({"v": STATE_VERSION, "queues": queues}, sort_keys=True).encode()
-        with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, data)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, data)

@@ -190,12 +190,16 @@ class ClusterMetadata:
         leader_id: str,
         leader_epoch: int,
         isr: Sequence[str],
+        based_on: Sequence[str] | None = None,
     ) -> bool:
         """The leader of a queue sets its ISR (kept in replica order). Compare-and-swap on the
         topic key: True once written (or already so), False if the queue's leader or
         leader_epoch is no longer the given one (or the topic/queue is gone) -- the caller was
-        deposed and must follow the metadata, not retry. Writes to other queues of the same
-        topic in between are retried over. ``isr`` must hold the leader and only replicas."""
+        deposed and must follow the metadata, not retry -- or if ``based_on`` (the ISR the
+        caller computed ``isr`` from) is given and no longer stored: someone else changed it
+        (the controller took a dead broker out), and writing ``isr`` would undo that. Writes to
+        other queues of the same topic in between are retried over. ``isr`` must hold the
+        leader and only replicas."""
         key = self.keys.topic(validate_name("topic", topic))
         wanted = set(isr)
         if leader_id not in wanted:
@@ -210,6 +214,8 @@ class ClusterMetadata:
             q = current.queues[queue_id]
             if q.leader != leader_id or q.leader_epoch != leader_epoch:
                 return False
+            if based_on is not None and set(q.isr) != set(based_on):
+                return set(q.isr) == wanted
             if not wanted <= set(q.replicas):
                 raise BadRequestError(
                     f"ISR {list(isr)} of {topic}/{queue_id} is not within replicas {list(q.replicas)}"

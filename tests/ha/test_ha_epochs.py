@@ -40,7 +40,8 @@ def test_truncate_forgets_epochs_starting_at_or_after_the_cut():
 def test_state_file_round_trip(tmp_path):
     f = ReplicationStateFile(tmp_path / "config" / "replication.json")
     assert f.load() == ({}, {})
-    f.save({("t", 0): EpochHistory([(0, 0), (1, 5)])}, {("t", 0): 4, ("t", 1): 9})
+    f.save({("t", 0): EpochHistory([(0, 0), (1, 5)])}, {("t", 0): 4, ("t", 1): 9}).result()
+    f.close()
     epochs, hws = f.load()
     assert epochs[("t", 0)].to_list() == [[0, 0], [1, 5]]
     assert hws == {("t", 0): 4, ("t", 1): 9}

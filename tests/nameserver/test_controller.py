@@ -86,9 +86,11 @@ def test_broker_lease_loss_moves_every_queue_it_led_within_ttl(h: Harness):
     # t/1: replicas (b1, b2, b0) -> the next in-sync replica leads; the dead one leaves the ISR
     assert t.queues[1] == QueueState(1, ("b1", "b2", "b0"), "b2", ("b2", "b0"), 1, c.epoch)
     assert u.queues[1] == QueueState(1, ("b1", "b2"), "b2", ("b2",), 1, c.epoch)
-    # queues whose leader lives are the leaders' business (ISR shrink by lag), not touched
-    assert [q.leader_epoch for q in t.queues] == [0, 1, 0]
-    assert t.queues[0].isr == ("b0", "b1", "b2") and u.queues[0].leader_epoch == 0
+    # queues whose leader lives keep it and its epoch; the dead broker leaves their ISR at once
+    # (in the same write), not after the leader's lag window
+    assert [q.leader_epoch for q in t.queues] == [0, 1, 0] and u.queues[0].leader_epoch == 0
+    assert [q.isr for q in t.queues] == [("b0", "b2"), ("b2", "b0"), ("b2", "b0")]
+    assert u.queues[0].isr == ("b0",) and t.queues[0].controller_epoch == c.epoch
 
 
 def test_queue_offline_until_an_isr_member_returns(h: Harness):
@@ -232,6 +234,11 @@ def test_update_isr_compare_and_swap(h: Harness):
         m.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b1"])
     with pytest.raises(BadRequestError, match="not within replicas"):
         m.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0", "b9"])
+    assert h.queue("t", 0).isr == ("b0", "b2")
+    # computed from an ISR no longer stored (the controller changed it meanwhile): refused
+    assert not m.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0", "b1", "b2"], based_on=["b0"])
+    assert m.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0", "b1", "b2"], based_on=["b2", "b0"])
+    assert m.update_isr("t", 0, leader_id="b0", leader_epoch=0, isr=["b0", "b2"], based_on=["b0", "b1", "b2"])
     assert h.queue("t", 0).isr == ("b0", "b2")
 
     # every queue's leader shrinks at once: unrelated concurrent writes are retried over

@@ -15,8 +15,11 @@ def step(q: QueueState, live: set[str], unclean: bool = False) -> QueueState:
     return next_queue_state(q, live, unclean=unclean, controller_epoch=9)
 
 
-def test_live_leader_is_left_alone_even_with_dead_followers():
-    assert step(Q, {"a"}) is Q
+def test_live_leader_keeps_leading_and_dead_followers_leave_the_isr():
+    assert step(Q, {"a", "b", "c"}) is Q
+    new = step(Q, {"a", "c"})  # b's lease expired (dead or paused): acks=-1 must not wait for it
+    assert (new.leader, new.isr, new.leader_epoch, new.controller_epoch) == ("a", ("a", "c"), 4, 9)
+    assert step(new, {"a", "b", "c"}) is new  # back: the leader takes it in once it caught up
 
 
 def test_first_live_isr_member_in_replica_order_leads_and_dead_ones_leave_the_isr():
