@@ -42,6 +42,9 @@ class BrokerConfig:
     replica_fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
     replica_fetch_bytes_max: int = 8 << 20
     hw_checkpoint_interval_ms: int = 1_000
+    # Followers flush fetched records before acknowledging them (their next fetch): acks=-1 with
+    # flush=sync then means "on disk on every ISR member" (docs/replication.md).
+    replica_fsync_before_ack: bool = False
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @property

@@ -5,7 +5,8 @@ Records are appended with the leader's queue offsets (``MessageStore.append_repl
 queue offsets agree across replicas while commitlog offsets differ. Before its first fetch in a
 new leader epoch a queue is truncated where its history diverges from the leader's
 (OFFSET_FOR_LEADER_EPOCH, Kafka KIP-101). The follower's fetch offset is its log end offset:
-that is how the leader learns what the follower has.
+that is how the leader learns what the follower has; with ``fsync_before_ack`` the follower
+flushes what it appended before that next fetch, so the leader's HW counts only records on disk.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ class LeaderFetcher:
         body = memoryview(frame.body)
         pos = 0
         history_changed = False
+        appended_end = 0  # commitlog end of this fetch's appends
         for (p, epoch, offset, offsets_seq), row in zip(sent, frame.fields["queues"], strict=True):
             status, hw, size, epochs, commits, crc = row[2], row[3], row[5], row[6], row[7], row[8]
             sizes = np.frombuffer(row[9], SIZES_DTYPE) if len(row) > 9 and row[9] else None
@@ -191,7 +193,7 @@ class LeaderFetcher:
                 self.store.restart_queue(*p.key, row[10])
                 continue
             if size and self.store.max_offset(*p.key) == offset:
-                self.store.append_replicated(chunk, crc, sizes)
+                appended_end = self.store.append_replicated(chunk, crc, sizes).end_phys_offset
             leo = self.store.max_offset(*p.key)
             for entry_epoch, start in epochs:
                 if start < leo:
@@ -204,6 +206,8 @@ class LeaderFetcher:
             p.offsets_seen = seen
         if history_changed:
             self.manager.save_state()
+        if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
+            await asyncio.wrap_future(self.store.durable_future(appended_end))
 
     def _pause(self, p: Partition, status: Any) -> None:
         log.info("queue %s/%d: leader %s refused the fetch (%s); waiting for new metadata",
