@@ -129,8 +129,11 @@ class MessageHandlers:
             if status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL) or remaining_s <= 0:
                 if group and member:
                     self.claims.refresh(group, member, topic, queue_id, _now_ms())
+                # crc_checked: every record in the body passed its CRC check here (the SDK
+                # then checks only the framing); damaged ones are listed, not sent.
                 answer = {"result": status.value, "next_offset": result.next_offset,
-                          "min_offset": result.min_offset, "max_offset": result.max_offset}
+                          "min_offset": result.min_offset, "max_offset": result.max_offset,
+                          "crc_checked": True}
                 if result.damaged:  # left out of the body; the consumer passes them
                     answer["damaged"] = [list(d) for d in result.damaged]
                 return Response(answer, body=result.records)

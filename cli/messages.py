@@ -18,7 +18,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
-from gms.client import Consumer, Producer, SendResult
+from gms.client import Consumer, DamagedRecord, Producer, SendResult
 from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
@@ -162,6 +162,7 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
         start_from=start_from, auto_commit=bool(group),
         # A group commits what poll returned: take no more than will be printed.
         max_poll_messages=1 if group and count else 1024,
+        on_damaged=lambda record: click.echo(_damaged_line(record, fmt)),
     )
     try:
         shown = _print_messages(consumer, fmt, count, follow)
@@ -189,4 +190,12 @@ def _print_messages(consumer: Consumer, fmt: str, count: int | None, follow: boo
 
 def _json_line(msg: Any) -> str:
     return json.dumps(message_dict(msg), sort_keys=True)
+
+
+def _damaged_line(record: DamagedRecord, fmt: str) -> str:
+    """A damaged record (CRC mismatch on the broker; passed, never shown as a message)."""
+    if fmt == "json":
+        return json.dumps({"damaged": True, **record._asdict()}, sort_keys=True)
+    return (f"{record.topic}/{record.queue_id}@{record.queue_offset}  DAMAGED (CRC mismatch on the broker, "
+            f"skipped) id={record.msg_id}")
 

@@ -13,10 +13,17 @@ from gms.client.consumer import Consumer
 from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
-from gms.client.structs import ReceivedMessage, ReceivedMessages, SendResult, SendResults
+from gms.client.structs import (
+    DamagedRecord,
+    DamagedRecordError,
+    ReceivedMessage,
+    ReceivedMessages,
+    SendResult,
+    SendResults,
+)
 
 __all__ = [
-    "Admin", "Consumer", "NameserverRoutes", "Producer", "ProducerRecord", "QueueRoute",
-    "ReceivedMessage", "ReceivedMessages", "RouteProvider", "SendResult", "SendResults", "StaticRoutes",
-    "TopicQueue",
+    "Admin", "Consumer", "DamagedRecord", "DamagedRecordError", "NameserverRoutes", "Producer",
+    "ProducerRecord", "QueueRoute", "ReceivedMessage", "ReceivedMessages", "RouteProvider",
+    "SendResult", "SendResults", "StaticRoutes", "TopicQueue",
 ]

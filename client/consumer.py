@@ -16,16 +16,18 @@ import os
 import socket
 import time
 import uuid
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from operator import attrgetter
 from pathlib import Path
 
 from gms.client.encoder import RecordEncoder
-from gms.client.fetcher import FetchBuffer, Fetcher, QueueState, TopicQueue
+from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.rebalance import Membership, StartFrom
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
-from gms.client.structs import ReceivedMessage, ReceivedMessages
+from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.errors import BadTagExpressionError, GmsError
 from gms.log_throttle import Outage
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
@@ -36,7 +38,10 @@ MODES = ("clustering", "broadcasting")
 LONG_POLL_MS = 5000
 ITER_POLL_MS = 1000
 
+DAMAGED_MODES = ("skip", "raise")
+
 RebalanceCallback = Callable[[list[TopicQueue]], None]
+DamagedCallback = Callable[[DamagedRecord], None]
 
 class Consumer:
     """Reads subscribed topics as a member of ``group``. Use from one thread.
@@ -48,7 +53,13 @@ class Consumer:
     on a host its own ``instance_name``).
 
     ``on_assigned(queues)`` / ``on_revoked(queues)`` run inside :meth:`poll` when queues are
-    given to / taken from this consumer (revoked queues may still be committed there)."""
+    given to / taken from this consumer (revoked queues may still be committed there).
+
+    A record the broker finds damaged (its CRC fails) is never delivered as a message. With
+    ``damaged="skip"`` (default) :meth:`poll` passes it: it is logged, counted
+    (:attr:`damaged_count`) and handed to ``on_damaged(record)``. With ``damaged="raise"``
+    :meth:`poll` first returns the messages before it, then raises :class:`DamagedRecordError`;
+    the record counts as consumed, so the poll after that goes on behind it."""
 
     def __init__(
         self,
@@ -69,6 +80,8 @@ class Consumer:
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         on_assigned: RebalanceCallback | None = None,
         on_revoked: RebalanceCallback | None = None,
+        on_damaged: DamagedCallback | None = None,
+        damaged: str = "skip",
         instance_name: str | None = None,
         offset_dir: Path | str = DEFAULT_OFFSET_DIR,
     ) -> None:
@@ -78,12 +91,18 @@ class Consumer:
             raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
         if not subscription:
             raise ValueError("subscribe to at least one topic")
+        if damaged not in DAMAGED_MODES:
+            raise ValueError(f"damaged must be one of {DAMAGED_MODES}, not {damaged!r}")
         filters = _parse_subscription(subscription)
         self._clustering = mode == "clustering"
         self._auto_commit_s = auto_commit_interval_ms / 1000 if auto_commit else None
         self._max_poll_messages = max_poll_messages
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
+        self._on_damaged = on_damaged
+        self._raise_on_damaged = damaged == "raise"
+        self._damaged_count = 0
+        self._pending_damaged: DamagedRecordError | None = None  # raised by the next poll
         self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         local_offsets = None if self._clustering else LocalOffsetStore(
             offset_dir, group, instance_name or socket.gethostname())
@@ -125,26 +144,62 @@ class Consumer:
         """The queues this consumer reads now (revoked ones excluded)."""
         return sorted(q for q, s in list(self._membership.states.items()) if not s.revoked)
 
+    @property
+    def damaged_count(self) -> int:
+        """Damaged records passed so far (never delivered as messages)."""
+        return self._damaged_count
+
     def poll(self, timeout_ms: float = ITER_POLL_MS) -> ReceivedMessages:
         """The next messages (up to ``max_poll_messages``), waiting up to ``timeout_ms`` for some.
 
         A sequence that makes each :class:`ReceivedMessage` when it is iterated or indexed."""
         self._check_open()
+        if self._pending_damaged is not None:
+            error, self._pending_damaged = self._pending_damaged, None
+            raise error
         self._handle_rebalance()
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
             self._commit_in_background()
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
         messages: list[ReceivedMessages] = []
         release = self._runtime.loop.call_soon_threadsafe
-        for chunk in chunks:
+        for index, chunk in enumerate(chunks):
             state = chunk.state
             if state.revoked:
                 continue  # taken away since it was fetched
+            if chunk.damaged and self._raise_on_damaged:
+                error = self._stop_at_damaged(chunk, chunks[index + 1:], messages)
+                if not sum(map(len, messages)):
+                    raise error
+                self._pending_damaged = error
+                break
+            self._passed_damaged(chunk.damaged)
             messages.append(chunk.messages)
             state.position = chunk.next_offset
             if chunk.holds_permit:
                 release(state.permits.release)
         return ReceivedMessages.concat(messages)
+
+    def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk],
+                         messages: list[ReceivedMessages]) -> DamagedRecordError:
+        """``damaged="raise"``: take the chunk's messages before its first damaged record, pass
+        that record, and put the rest back in line for the next poll."""
+        first, *rest = chunk.damaged
+        head, tail = chunk.messages.split(
+            bisect_left(chunk.messages, first.queue_offset, key=attrgetter("queue_offset")))
+        messages.append(head)
+        chunk.state.position = first.queue_offset + 1
+        self._buffer.put_back([Chunk(chunk.state, tail, chunk.next_offset, chunk.holds_permit, rest), *later])
+        self._passed_damaged([first])
+        return DamagedRecordError(first)
+
+    def _passed_damaged(self, records: Sequence[DamagedRecord]) -> None:
+        for record in records:
+            self._damaged_count += 1
+            log.warning("skipping damaged record %s/%d@%d (id %s): CRC mismatch on the broker",
+                        record.topic, record.queue_id, record.queue_offset, record.msg_id)
+            if self._on_damaged is not None:
+                self._on_damaged(record)
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while not self._closed:

@@ -15,7 +15,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,7 +24,7 @@ from isal.isal_zlib import crc32
 from gms.client.connections import msg_id_prefix
 from gms.client.routing import RouteProvider
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import ReceivedMessages
+from gms.client.structs import DamagedRecord, ReceivedMessages
 from gms.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -94,14 +94,17 @@ class QueueState:
 
 
 class Chunk:
-    __slots__ = ("holds_permit", "messages", "next_offset", "state")
+    """One PULL answer's messages and the damaged records the broker passed among them."""
+
+    __slots__ = ("damaged", "holds_permit", "messages", "next_offset", "state")
 
     def __init__(self, state: QueueState, messages: ReceivedMessages, next_offset: int,
-                 holds_permit: bool) -> None:
+                 holds_permit: bool, damaged: Sequence[DamagedRecord] = ()) -> None:
         self.state = state
         self.messages = messages
         self.next_offset = next_offset
         self.holds_permit = holds_permit
+        self.damaged = damaged  # in queue offset order, all below next_offset
 
 
 class FetchBuffer:
@@ -135,9 +138,19 @@ class FetchBuffer:
                     room -= len(chunk.messages)
                 else:  # split: the rest stays first in line and keeps the permit
                     head, chunk.messages = chunk.messages.split(room)
-                    taken.append(Chunk(chunk.state, head, head[-1].queue_offset + 1, False))
+                    cut = head[-1].queue_offset + 1
+                    damaged = chunk.damaged
+                    chunk.damaged = [d for d in damaged if d.queue_offset >= cut]
+                    taken.append(Chunk(chunk.state, head, cut, False,
+                                       [d for d in damaged if d.queue_offset < cut]))
                     room = 0
         return taken
+
+    def put_back(self, chunks: Sequence[Chunk]) -> None:
+        """Return taken ``chunks`` to the front of the line, in order."""
+        with self._ready:
+            self._chunks.extendleft(reversed(chunks))
+            self._ready.notify()
 
     def drop(self, is_dropped: Callable[[Chunk], bool]) -> None:
         with self._ready:
@@ -218,7 +231,8 @@ class Fetcher:
             try:
                 broker = await leader_of(routes, key)
                 frame = await pool.request(broker, RequestCode.PULL, fields, timeout_ms=timeout_ms)
-                messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter)
+                messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter,
+                                            verify_crc=not frame.fields.get("crc_checked", False))
             except OffsetIllegalError as err:
                 state.permits.release()
                 fields["offset"] = _clamp(fields["offset"], err.fields)
@@ -229,12 +243,14 @@ class Fetcher:
                 await self._back_off(f"pull from {key.topic}/{key.queue_id}", err)
                 continue
             next_offset = frame.fields["next_offset"]
+            damaged = [DamagedRecord(key.topic, key.queue_id, offset, f"{msg_id_prefix(broker)}{phys:016X}")
+                       for offset, phys in frame.fields.get("damaged", ())]
             if messages:
-                self._buffer.put(Chunk(state, messages, next_offset, True))
+                self._buffer.put(Chunk(state, messages, next_offset, True, damaged))
             else:
                 state.permits.release()
-                if next_offset != fields["offset"]:  # skipped unmatched or expired entries
-                    self._buffer.put(Chunk(state, ReceivedMessages(), next_offset, False))
+                if next_offset != fields["offset"]:  # skipped unmatched, expired or damaged entries
+                    self._buffer.put(Chunk(state, ReceivedMessages(), next_offset, False, damaged))
             fields["offset"] = next_offset
 
 
@@ -243,23 +259,27 @@ def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:
     return min(max(offset, low), high)
 
 
-def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filter: TagFilter) -> ReceivedMessages:
+def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filter: TagFilter, *,
+                     verify_crc: bool = True) -> ReceivedMessages:
     """Messages of a PULL response body, checked (length, magic, CRC) and exact-tag filtered.
 
     A producer batch is a run of equal-size records, so the body is read run by run with
     strided numpy views: per message only an ISA-L ``crc32`` call remains. Bodies whose sizes
-    vary record by record are walked by :func:`gms.record.scan_records`."""
+    vary record by record are walked by :func:`gms.record.scan_records`. ``verify_crc=False``
+    checks the framing only: the broker says it checked every record's CRC as it served it
+    (``crc_checked``), so the check is paid once per message, not twice."""
     if not body:
         return ReceivedMessages()
     body = memoryview(body)
     runs = _uniform_runs(body)
     if runs is None:
-        scan = scan_records(body)
+        scan = scan_records(body, verify_crc=verify_crc)
         if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
             raise CorruptRecord(scan.stop_pos, f"pull response holds {scan.stop.value} data")
         starts = np.array(scan.starts, np.int64)
     else:
-        starts = np.concatenate([_checked_run(body, *run) for run in runs])
+        read_run = _checked_run if verify_crc else _run_starts
+        starts = np.concatenate([read_run(body, *run) for run in runs])
     if tag_filter.tags is not None:  # the broker matched tag hashes; drop hash collisions
         starts = starts[_exact_tag_mask(np.frombuffer(body, np.uint8), starts, tag_filter.tags)]
     return ReceivedMessages([(body, starts, prefix)])
@@ -295,6 +315,11 @@ def _checked_run(body: memoryview, pos: int, size: int, count: int) -> np.ndarra
     bad = np.flatnonzero(computed != np.ndarray((count,), _HEAD, body, pos, (size,))["crc"])
     if len(bad):
         raise CorruptRecord(pos + int(bad[0]) * size, "pull response holds corrupt data (CRC mismatch)")
+    return _run_starts(body, pos, size, count)
+
+
+def _run_starts(body: memoryview, pos: int, size: int, count: int) -> np.ndarray:
+    """Start positions of a run of ``count`` records of ``size`` bytes at ``pos``."""
     return np.arange(pos, pos + count * size, size, dtype=np.int64)
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
     OFF_PHYS_OFFSET,
@@ -46,6 +47,26 @@ class SendResult(NamedTuple):
     queue_id: int
     queue_offset: int
     broker: str  # "host:port" of the broker that stored it
+
+
+class DamagedRecord(NamedTuple):
+    """A stored record whose CRC fails on the broker: its queue offset is passed, never served
+    as data (the consumer skips it, counts it and tells the application)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str  # broker address and commitlog offset, as for a message
+
+
+class DamagedRecordError(GmsError):
+    """Raised by ``Consumer.poll`` for a damaged record when the consumer was created with
+    ``damaged="raise"``; the record is passed, so the next poll goes on after it."""
+
+    def __init__(self, record: DamagedRecord) -> None:
+        super().__init__(f"damaged record (CRC mismatch on the broker) at {record.topic}/{record.queue_id}"
+                         f"@{record.queue_offset}, id {record.msg_id}")
+        self.record = record
 
 
 class _ListLike(Sequence[Any]):
