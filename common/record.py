@@ -450,22 +450,22 @@ def crc_mismatches(buf: bytes | memoryview, starts: np.ndarray, sizes: np.ndarra
     """Indexes of the records at ``starts`` (of ``sizes`` bytes) in ``buf`` whose CRC fails.
 
     One ISA-L ``crc32`` call per record, iterated in C: records that lie back to back with one
-    size (a producer batch) are rows of one strided numpy view, others are sliced one by one.
-    The stored CRCs come out with one gather."""
+    size (a producer batch) are the rows of one strided numpy view, their stored CRCs a column
+    of another; records whose sizes vary are sliced one by one."""
     n = len(starts)
     if n == 0:
         return np.empty(0, np.intp)
     arr = np.frombuffer(buf, np.uint8)
-    stored = gather_rows(arr, starts + OFF_CRC, _CRC_DTYPE.itemsize).view(_CRC_DTYPE).ravel()
     breaks = np.flatnonzero((sizes[1:] != sizes[:-1]) | (starts[1:] != starts[:-1] + sizes[:-1])) + 1
-    if (len(breaks) + 1) * _UNIFORM_RUN_RECORDS_MIN <= n:
-        computed = np.empty(n, np.uint32)
-        for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n], strict=True):
-            pos, size = int(starts[first]), int(sizes[first])
-            rows = np.ndarray((last - first, size - OFF_CRC_START), np.uint8, arr, pos + OFF_CRC_START, (size, 1))
-            computed[first:last] = np.fromiter(map(crc32, rows), np.uint32, last - first)
-    else:
+    if (len(breaks) + 1) * _UNIFORM_RUN_RECORDS_MIN > n:
+        stored = gather_rows(arr, starts + OFF_CRC, _CRC_DTYPE.itemsize).view(_CRC_DTYPE).ravel()
         mv = memoryview(buf)
         covered = map(slice, (starts + OFF_CRC_START).tolist(), (starts + sizes).tolist())
-        computed = np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, n)
-    return np.flatnonzero(computed != stored)
+        return np.flatnonzero(np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, n) != stored)
+    bad = []
+    for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n], strict=True):
+        pos, size, count = int(starts[first]), int(sizes[first]), last - first
+        rows = np.ndarray((count, size - OFF_CRC_START), np.uint8, arr, pos + OFF_CRC_START, (size, 1))
+        stored = np.ndarray((count,), _CRC_DTYPE, arr, pos + OFF_CRC, (size,))
+        bad.append(np.flatnonzero(np.fromiter(map(crc32, rows), np.uint32, count) != stored) + first)
+    return bad[0] if len(bad) == 1 else np.concatenate(bad)
