@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import sys
 from pathlib import Path
 
@@ -16,6 +17,22 @@ from gms.errors import GmsError
 log = logging.getLogger("gms.broker")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+NR_OPEN_PATH = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for an unlimited hard limit
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit and return it: each mapped file holds a
+    descriptor, and a default soft limit of 1,024 is met by a broker with a few hundred queues
+    (the store still refuses new files with a clear error short of the limit, see
+    ``gms.broker.mapped_file.check_fd_headroom``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = int(NR_OPEN_PATH.read_text()) if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
 
 
 @options_from_env("GMS_BROKER")
@@ -55,6 +72,7 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
         )
     except (ValueError, TypeError, OSError) as err:
         raise click.UsageError(str(err)) from err
+    log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
     from gms.broker.server import BrokerServer
     from gms.net import run
     from gms.net.serve import serve_until_signalled

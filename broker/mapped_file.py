@@ -3,21 +3,31 @@
 Files are named by their 20-digit starting offset (RocketMQ's MappedFile), so the file holding
 an offset is found by arithmetic. Writes go through the map; durability is ``os.fdatasync``, which
 releases the GIL (``mmap.flush`` would hold it for the whole msync).
+
+A mapped file costs one file descriptor, the one CPython's ``mmap`` keeps (a dup of the one it was
+made from, which is closed at once); a flush or a warm-up read opens the file for the moment it
+needs a descriptor. Before a file is created, :func:`check_fd_headroom` refuses with
+:class:`DescriptorLimitReached` while fewer than ``FD_HEADROOM`` descriptors would be left, so
+sockets, those short-lived opens and the checkpoint do not meet ``EMFILE``.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import resource
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from gms.store_errors import StoreIOError
+from gms.store_errors import DescriptorLimitReached, StoreIOError
 
 FILE_NAME_DIGITS = 20
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
+# Descriptors a new file must leave free: client and replica sockets, the short-lived opens of
+# flushes, directory syncs and atomically replaced config files.
+FD_HEADROOM = 64
 
 
 def file_name(base_offset: int) -> str:
@@ -35,6 +45,20 @@ def list_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def check_fd_headroom(path: Path) -> None:
+    """Refuse to create ``path`` while fewer than FD_HEADROOM descriptors are left below the
+    soft RLIMIT_NOFILE (the broker raises it to the hard limit at start)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:  # EMFILE itself: not even the listing could open a descriptor
+        in_use = soft
+    if in_use + FD_HEADROOM > soft:
+        raise DescriptorLimitReached(str(path), in_use, soft, FD_HEADROOM)
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -46,11 +70,10 @@ def fsync_dir(directory: Path) -> None:
 class MappedFile:
     """One mapped file; ``view`` and ``array`` are cached zero-copy windows on the map."""
 
-    def __init__(self, path: Path, base_offset: int, size_bytes: int, fd: int, mm: mmap.mmap) -> None:
+    def __init__(self, path: Path, base_offset: int, size_bytes: int, mm: mmap.mmap) -> None:
         self.path = path
         self.base_offset = base_offset
         self.size_bytes = size_bytes
-        self._fd = fd
         self._mm = mm
         self._view: memoryview | None = memoryview(mm)
         self._array: np.ndarray | None = None
@@ -60,19 +83,25 @@ class MappedFile:
     def create(cls, directory: Path, base_offset: int, size_bytes: int) -> MappedFile:
         """Create a new zero-filled file with its blocks allocated (no ENOSPC later on a page fault)."""
         path = directory / file_name(base_offset)
+        check_fd_headroom(path)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as err:
             raise StoreIOError(f"cannot create {path}: {err}") from err
+        mm = None
         try:
-            os.posix_fallocate(fd, 0, size_bytes)
-            mm = mmap.mmap(fd, size_bytes)
+            try:
+                os.posix_fallocate(fd, 0, size_bytes)
+                mm = mmap.mmap(fd, size_bytes)
+            finally:
+                os.close(fd)
             fsync_dir(directory)
         except OSError as err:
-            os.close(fd)
+            if mm is not None:
+                mm.close()
             path.unlink(missing_ok=True)
             raise StoreIOError(f"cannot allocate {size_bytes} bytes for {path}: {err}") from err
-        return cls(path, base_offset, size_bytes, fd, mm)
+        return cls(path, base_offset, size_bytes, mm)
 
     @classmethod
     def open(cls, path: Path, base_offset: int, size_bytes: int) -> MappedFile:
@@ -88,9 +117,10 @@ class MappedFile:
                 os.ftruncate(fd, size_bytes)  # a file cut short by a crash while being created
             mm = mmap.mmap(fd, size_bytes)
         except OSError as err:
-            os.close(fd)
             raise StoreIOError(f"cannot map {path}: {err}") from err
-        return cls(path, base_offset, size_bytes, fd, mm)
+        finally:
+            os.close(fd)
+        return cls(path, base_offset, size_bytes, mm)
 
     @property
     def end_offset(self) -> int:
@@ -113,8 +143,14 @@ class MappedFile:
         self._mm[pos: pos + len(data)] = data
 
     def flush(self) -> None:
+        """fdatasync through a descriptor opened for the call: the map's dirty pages belong to the
+        file, whichever descriptor syncs them (and the map keeps the file's error state)."""
         try:
-            os.fdatasync(self._fd)
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
         except OSError as err:
             raise StoreIOError(f"fdatasync of {self.path} failed: {err}") from err
 
@@ -124,13 +160,19 @@ class MappedFile:
         pre-dirtying a GiB of pages gets the writer throttled by dirty-page writeback.
         Gives up once ``stop()`` says the writer arrived."""
         scratch = bytearray(WARM_CHUNK_BYTES)
-        for pos in range(0, self.size_bytes, WARM_CHUNK_BYTES):
-            if self.closed or stop():
-                return
-            try:
-                os.preadv(self._fd, [scratch], pos)
-            except OSError:
-                return  # closed concurrently: warming is only an optimisation
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return  # deleted, or no descriptor to spare: warming is only an optimisation
+        try:
+            for pos in range(0, self.size_bytes, WARM_CHUNK_BYTES):
+                if self.closed or stop():
+                    return
+                os.preadv(fd, [scratch], pos)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
 
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end (recovery truncation) and make it durable."""
@@ -150,7 +192,6 @@ class MappedFile:
             self._mm.close()
         except BufferError:
             return False
-        os.close(self._fd)
         self.closed = True
         return True
 

@@ -350,8 +350,16 @@ class MessageStore:
             envelope["queue_id"] = queue_ids
             envelope["queue_offset"] = queue_offsets
             envelope["phys_offset"] = placement.phys
-            commitlog.write(buf, placement, envelope)
-            self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
+            commitlog.prepare(placement)  # create every file the batch needs: what can fail, fails here
+            self._reserve(groups, len(queue_ids))
+            try:
+                commitlog.write(buf, placement, envelope)
+                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
+            except BaseException:  # nothing was published: leave no trace for the next append or recovery
+                commitlog.rollback(placement)
+                for cq, idx, _ in groups:
+                    cq.erase(int(queue_offsets[idx][0]), _group_size(idx, len(queue_ids)))
+                raise
             commitlog.committed_pos = placement.end_offset
             self._last_store_ts_ms = store_ts_ms
         self._flush_service().appended(len(queue_ids))
@@ -439,21 +447,29 @@ class MessageStore:
         (A replica would instead take the leader's offsets after truncating its queues.)"""
         offsets = np.empty(n, np.int64)
         for cq, idx, _ in groups:
-            count = n if isinstance(idx, slice) else len(idx)
-            offsets[idx] = np.arange(cq.max_offset, cq.max_offset + count, dtype=np.int64)
+            offsets[idx] = np.arange(cq.max_offset, cq.max_offset + _group_size(idx, n), dtype=np.int64)
         return offsets
 
     @staticmethod
-    def _dispatch(groups: list[_QueueGroup], queue_offsets: np.ndarray, phys: np.ndarray,
+    def _reserve(groups: list[_QueueGroup], n: int) -> None:
+        for cq, idx, _ in groups:
+            cq.reserve(_group_size(idx, n))
+
+    @classmethod
+    def _dispatch(cls, groups: list[_QueueGroup], queue_offsets: np.ndarray, phys: np.ndarray,
                   sizes: np.ndarray, tag_hashes: np.ndarray) -> None:
-        """Write one consumeQueue entry per record; the entries of a queue go in with one copy."""
-        entries = np.empty(len(phys), CQ_DTYPE)
+        """Write one consumeQueue entry per record (the entries of a queue go in with one copy), then
+        publish every queue's new end: a batch is never seen half indexed."""
+        n = len(phys)
+        cls._reserve(groups, n)  # done already by an append; recovery's batches need it here
+        entries = np.empty(n, CQ_DTYPE)
         entries["phys"] = phys
         entries["size"] = sizes
         entries["tag_hash"] = tag_hashes
         for cq, idx, _ in groups:
-            part = entries[idx]
-            cq.append(int(queue_offsets[idx][0]), part)
+            cq.write(int(queue_offsets[idx][0]), entries[idx])
+        for cq, idx, _ in groups:
+            cq.publish(int(queue_offsets[idx][0]) + _group_size(idx, n))
 
     def _dispatch_recovered(self, parsed: ParsedRecords, phys: np.ndarray) -> None:
         """Rebuild index entries for records found by recovery, at the offsets they carry."""
@@ -753,6 +769,11 @@ class MessageStore:
             self.delete_expired()
         except StoreError as err:
             log.error("retention run failed: %s", err)
+
+
+def _group_size(indices: np.ndarray | slice, n: int) -> int:
+    """How many of a batch's ``n`` records a queue group holds (a slice: all of them)."""
+    return n if isinstance(indices, slice) else len(indices)
 
 
 def _runs(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

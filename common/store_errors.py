@@ -128,6 +128,18 @@ class StoreIOError(StoreError, ServerError):
     retriable = True
 
 
+class DescriptorLimitReached(StoreIOError):
+    """A new store file would leave too few file descriptors below RLIMIT_NOFILE (refused before
+    the process meets EMFILE; nothing of the request was stored)."""
+
+    def __init__(self, path: str, in_use: int, limit: int, headroom: int) -> None:
+        super().__init__(f"cannot create {path}: {in_use} file descriptors are open and the soft "
+                         f"RLIMIT_NOFILE is {limit}; {headroom} are kept free for connections and "
+                         "flushes (raise the limit, e.g. ulimit -n, or use fewer queues)")
+        self.in_use = in_use
+        self.limit = limit
+
+
 class StoreCorrupt(StoreError, ServerError):
     """Stored files contradict each other in a way recovery cannot repair."""
 

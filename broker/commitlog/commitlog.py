@@ -129,11 +129,15 @@ class CommitLog:
         return Placement(phys, runs, pos)
 
     # --- writing -------------------------------------------------------------------------------
-    def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
-        """Copy the batch as placed and patch the envelopes (``envelope``: ENVELOPE_DTYPE per record)."""
-        for run in placement.runs:  # allocate first: a full disk fails before any copy
+    def prepare(self, placement: Placement) -> None:
+        """Create the files the batch rolls into, before anything of it is written: a full disk or
+        a descriptor limit fails the append here, with nothing to undo."""
+        for run in placement.runs:
             if run.base > self.active.base_offset:
                 self._spare_file(run.base)
+
+    def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
+        """Copy the prepared batch as placed and patch the envelopes (ENVELOPE_DTYPE per record)."""
         env_bytes = envelope.view(np.uint8).reshape(len(envelope), ENVELOPE_BYTES)
         for base, i, k, src_start, src_end, phys in placement.runs:
             if base != self.active.base_offset:
@@ -144,6 +148,22 @@ class CommitLog:
             f.array[rel[:, None] + _ENVELOPE_COLUMNS] = env_bytes[i:k]
             self.write_pos = phys + src_end - src_start
         assert self.write_pos == placement.end_offset
+
+    def rollback(self, placement: Placement) -> None:
+        """Undo a write that failed before it was committed: zero whatever it may have copied from
+        ``committed_pos`` up to the placement's end (blank markers included) and give the files it
+        rolled into back to the spares, so no trace of the batch is left for recovery to find."""
+        start, end = self.committed_pos, placement.end_offset
+        for f in self.files:
+            lo, hi = max(start, f.base_offset), min(end, f.end_offset)
+            if lo < hi:
+                f.array[lo - f.base_offset: hi - f.base_offset] = 0
+        rolled = [f for f in self.files if f.base_offset > start]
+        if rolled:
+            self.files = self.files[: len(self.files) - len(rolled)]
+            with self._spare_lock:
+                self._spare.update((f.base_offset, f) for f in rolled)
+        self.write_pos = start
 
     def _roll(self, base: int) -> None:
         f = self.active

@@ -53,7 +53,10 @@ class ConsumeQueue:
         if not self.files:
             self.min_offset = self.max_offset = self._flushed_offset = 0
             return
-        last = self.files[-1]
+        newest = len(self.files) - 1  # files reserved by an append that then failed are empty
+        while newest > 0 and self.files[newest].array.view(CQ_DTYPE)["size"][0] <= 0:
+            newest -= 1
+        last = self.files[newest]
         sizes = last.array.view(CQ_DTYPE)["size"]
         unwritten = np.flatnonzero(sizes <= 0)
         used = int(unwritten[0]) if unwritten.size else self.entries_per_file
@@ -67,22 +70,40 @@ class ConsumeQueue:
             raise OffsetExpired(offset, self.min_offset)
         return files[index]
 
-    def append(self, start_offset: int, entries: np.ndarray) -> None:
-        """Write ``entries`` (CQ_DTYPE) at ``start_offset``, which must be the end of the queue."""
+    def reserve(self, count: int) -> None:
+        """Create the files that entries [max_offset, max_offset + count) go to. An append does this
+        for every queue of its batch before it writes anything: creating a file is what can fail."""
+        last = self.max_offset + count - 1
+        while count > 0 and (not self.files or last >= self.files[-1].end_offset // CQ_UNIT.size):
+            start = (self.files[-1].end_offset // CQ_UNIT.size if self.files
+                     else self.max_offset - self.max_offset % self.entries_per_file)
+            self._add_file(start)
+
+    def write(self, start_offset: int, entries: np.ndarray) -> None:
+        """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see
+        them once :meth:`publish` moves the end."""
         assert start_offset == self.max_offset, (start_offset, self.max_offset)
         raw = entries.view(np.uint8)
         offset, done = start_offset, 0
         while done < len(entries):
             slot = offset % self.entries_per_file
-            if not self.files or offset >= self.files[-1].end_offset // CQ_UNIT.size:
-                self._add_file(offset - slot)
-            f = self._file(offset, self.files)
             count = min(len(entries) - done, self.entries_per_file - slot)
-            f.array[slot * CQ_UNIT.size: (slot + count) * CQ_UNIT.size] = raw[done * CQ_UNIT.size:
-                                                                              (done + count) * CQ_UNIT.size]
+            self._file(offset, self.files).array[slot * CQ_UNIT.size: (slot + count) * CQ_UNIT.size] = \
+                raw[done * CQ_UNIT.size: (done + count) * CQ_UNIT.size]
             offset += count
             done += count
-        self.max_offset = offset
+
+    def publish(self, end_offset: int) -> None:
+        """The entries below ``end_offset`` are written: serve them."""
+        assert end_offset >= self.max_offset, (end_offset, self.max_offset)
+        self.max_offset = end_offset
+
+    def erase(self, start_offset: int, count: int) -> None:
+        """Undo a failed append from ``start_offset``: zero its entries (as never written)."""
+        self.max_offset = min(self.max_offset, start_offset)
+        present = min(count, self.files[-1].end_offset // CQ_UNIT.size - start_offset) if self.files else 0
+        if present > 0:
+            self.write(start_offset, np.zeros(present, CQ_DTYPE))
 
     def _add_file(self, offset: int) -> None:
         f = MappedFile.create(self.directory, offset * CQ_UNIT.size, self.file_size_bytes)
