@@ -116,8 +116,10 @@ def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
             if walked < len(body):  # a broken length field: nothing after it can be walked
                 broken.append(walked)
                 next_offset = _envelope(body, walked, offset)[0] + 1
-            if broken:
-                found = [_envelope(body, pos, offset) for pos in broken]
+            # The broker leaves records whose CRC fails on its disk out of the body and lists them.
+            found = [_envelope(body, pos, offset) for pos in broken] + [
+                (q, p) for q, p in frame.fields.get("damaged", ()) if q < rng.end]
+            if found:
                 report_bad(rng.topic, rng.queue_id, np.array([q for q, _ in found]), np.array([p for _, p in found]))
             in_range = records.headers["queue_offset"] < rng.end
             records = after_index_filters(records.take(in_range), options)

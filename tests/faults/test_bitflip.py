@@ -170,3 +170,25 @@ def test_torn_tail_is_still_truncated(cluster):
     crash_and_restart(cluster)
     got, _ = consume(cluster, SENT + 9)
     assert [b for _, b in got] == [body(i) for i in range(SENT - 1)] + [body(i) for i in range(SENT, SENT + 10)]
+
+
+def test_spark_live_read_reports_damaged_records(broker):
+    pytest.importorskip("pyspark")
+    from gms.spark_jobs.live_scan import read_live_range
+    from gms.spark_jobs.options import parse_options
+    from gms.spark_jobs.partitions import QueueRange
+    from gms.spark_jobs.schema import arrow_schema
+
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic(TOPIC, 1)
+    with Producer(brokers=broker.address) as producer:
+        producer.send_batch([ProducerRecord(TOPIC, body(i)) for i in range(200)])
+    flip_body_bit(VICTIM)(broker.store_dir / "store" / "commitlog")  # under the running broker's map
+    reported: list[tuple[int, int]] = []
+    options = parse_options({"brokers": broker.address, "topics": TOPIC})
+    batches = read_live_range(QueueRange(TOPIC, 0, 0, 200, broker.address), options, arrow_schema(options.columns),
+                              lambda topic, queue_id, offsets, phys: reported.extend(zip(offsets.tolist(),
+                                                                                         phys.tolist(), strict=True)))
+    offsets = [o for batch in batches for o in batch.column("queue_offset").to_pylist()]
+    assert offsets == [i for i in range(200) if i != VICTIM]
+    assert [q for q, _ in reported] == [VICTIM]
