@@ -55,7 +55,9 @@ def recover(commitlog: CommitLog, start_offset: int, dispatch: Dispatch) -> Reco
     if not files[0].base_offset <= start_offset < files[-1].end_offset:
         start_offset = files[0].base_offset
     f = commitlog.file_for(start_offset)
-    if check_record(f.view, start_offset - f.base_offset, f.size_bytes)[0] is RecordCheck.CORRUPT:
+    pos = start_offset - f.base_offset
+    if (check_record(f.view, pos, f.size_bytes)[0] is RecordCheck.CORRUPT
+            and not damaged_size(f.view, pos, f.size_bytes)):
         start_offset = f.base_offset  # the checkpoint does not point at a record: rescan the file
     index = files.index(f)
     pos = start_offset - f.base_offset

@@ -72,12 +72,12 @@ def test_recovery_keeps_consecutive_damaged_records_and_what_follows(store_dir):
         store.append(bodies(99, 1))
     (store_dir / CHECKPOINT_FILE).write_bytes(checkpoint)  # as a crash leaves them
     (store_dir / ABORT_FILE).write_bytes(b"")
-    for offset in (20, 21, 60):
+    for offset in (1, 20, 21, 60):  # 1: where recovery starts
         path, pos, size = record_at(store_dir, offset)
         flip(path, pos + size - 3)
     with MessageStore(store_dir, StoreConfig(**CONFIG)) as store:
-        assert store.recovered_from_crash and store.recovered_damaged == 3
+        assert store.recovered_from_crash and store.recovered_damaged == 4
         assert store.max_offset("t", 0) == 100
-        assert [d[0] for d in store.get("t", 0, 0, 1000).damaged] == [20, 21, 60]
-        assert served(store) == [b"m-%04d" % i for i in range(100) if i not in (20, 21, 60)]
+        assert [d[0] for d in store.get("t", 0, 0, 1000).damaged] == [1, 20, 21, 60]
+        assert served(store) == [b"m-%04d" % i for i in range(100) if i not in (1, 20, 21, 60)]
         assert store.append(bodies(1, 100)).queue_offsets.tolist() == [100]
