@@ -14,6 +14,13 @@ from typing import Any
 
 from gms.address import split_address
 from gms.broker.store_config import StoreConfig
+from gms.net.server import (
+    CONNECTIONS_MAX,
+    HEADER_TIMEOUT_MS,
+    IDLE_TIMEOUT_MS,
+    UNFINISHED_FRAMES_BYTES_MAX,
+    ServerConfig,
+)
 
 DEFAULT_PORT = 10911
 
@@ -45,11 +52,23 @@ class BrokerConfig:
     # Followers flush fetched records before acknowledging them (their next fetch): acks=-1 with
     # flush=sync then means "on disk on every ISR member" (docs/replication.md).
     replica_fsync_before_ack: bool = False
+    # Client connections (gms.net.server explains the defaults).
+    connections_max: int = CONNECTIONS_MAX
+    unfinished_frames_bytes_max: int = UNFINISHED_FRAMES_BYTES_MAX  # all connections together
+    idle_timeout_ms: int = IDLE_TIMEOUT_MS
+    header_timeout_ms: int = HEADER_TIMEOUT_MS
     store: StoreConfig = field(default_factory=StoreConfig)
 
     @property
     def host_port(self) -> tuple[str, int]:
         return split_address(self.listen, "listen address", port_zero_ok=True)
+
+    @property
+    def server_config(self) -> ServerConfig:
+        """The RPC server's limits."""
+        return ServerConfig(connections_max=self.connections_max,
+                            unfinished_frames_bytes_max=self.unfinished_frames_bytes_max,
+                            idle_timeout_ms=self.idle_timeout_ms, header_timeout_ms=self.header_timeout_ms)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

@@ -7,6 +7,7 @@ one batch, a pull answers with zero-copy views of the stored records.
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Callable
 
@@ -23,9 +24,20 @@ from gms.errors import (
     OffsetIllegalError,
 )
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
-from gms.protocol.frame import Buffer, Frame, Response
+from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, Buffer, Frame, Response
+from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
+
+_RECORD_SIZE = struct.Struct(">i")  # a record's first field: its total size
+# A send's answer holds a queue id (4 bytes) and two offsets (8 each) per record in its header:
+# even a request of the smallest records (a header and a one-byte topic) must fit the header
+# limit, or the broker would store a batch it cannot acknowledge. The rest of that header (keys,
+# bin lengths, the broker's address) takes far less than the slack.
+_RESULT_BYTES_PER_RECORD = 4 + 8 + 8
+_RESULT_HEADER_SLACK_BYTES = 64 * 1024
+assert (SEND_BODY_SIZE_MAX_BYTES // (RECORD_HEADER_SIZE + 1) * _RESULT_BYTES_PER_RECORD
+        + _RESULT_HEADER_SLACK_BYTES <= HEADER_SIZE_MAX_BYTES)
 
 PULL_MSGS_MAX = 4096
 PULL_BYTES_MAX = 16 << 20
@@ -58,14 +70,20 @@ class MessageHandlers:
         acks = field(request.fields, "acks", INT32, 1)
         if acks not in ACKS:
             raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
-        if not request.body:
+        body = request.body
+        if not body:
             raise MessageIllegalError("a send request needs at least one record in its body")
+        if len(body) > SEND_BODY_SIZE_MAX_BYTES and _RECORD_SIZE.unpack_from(body)[0] != len(body):
+            raise MessageIllegalError(
+                f"a send request of {len(body)} bytes holds several records and exceeds the limit of "
+                f"{SEND_BODY_SIZE_MAX_BYTES} bytes (SEND_BODY_SIZE_MAX_BYTES): nothing was stored; "
+                "split the batch")
         replicas = self.replicas
         if replicas is None:
-            result = self._append(request.body)
+            result = self._append(body)
             self.waiters.notify(result.touched_queues)  # replicated queues wake pulls on HW moves
         else:
-            result = self._append(request.body, lambda queues: replicas.check_produce(queues, acks))
+            result = self._append(body, lambda queues: replicas.check_produce(queues, acks))
             ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
         if self._flush_waiters is not None and acks != 0:

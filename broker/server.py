@@ -41,7 +41,7 @@ class BrokerServer:
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
-        self.rpc = RpcServer()
+        self.rpc = RpcServer(config=config.server_config)
         self.address = ""
         self.name = config.broker_name
         self.started_monotonic = time.monotonic()

@@ -3,7 +3,8 @@
 A batch is sent when it reaches ``batch_bytes`` or ``linger_ms`` after its first message,
 whichever comes first (Kafka's linger.ms / batch.size). Callers append from any thread under
 one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
-bounds the memory of unsent messages: appends block while it is reached.
+bounds the memory of unsent messages: appends block while it is reached. A batch over the
+broker's limit per send request goes out as several requests (``BatchBuilder.seal_requests``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from gms.client.encoder import BatchBuilder, RecordEncoder
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendResult
 
-SendFn = Callable[[QueueRoute, bytearray], Awaitable[Sequence[SendResult]]]
+# Sends one batch, sealed as one or more request bodies, to ``route``; results in order.
+SendFn = Callable[[QueueRoute, list[bytearray]], Awaitable[Sequence[SendResult]]]
 
 
 class _OpenBatch:
@@ -84,7 +86,7 @@ class Accumulator:
 
     async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
         try:
-            results = await self._send(route, batch.records.seal())
+            results = await self._send(route, batch.records.seal_requests())
         except BaseException as err:
             for future in batch.futures:
                 future.set_exception(err)

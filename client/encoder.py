@@ -16,8 +16,11 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from gms.errors import InvalidTopicError, MessageIllegalError
 from gms.naming import validate_topic_name
+from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record import (
     BORN_HOST_BYTES_MAX,
     HEADER,
@@ -38,6 +41,7 @@ from gms.store_errors import InvalidRecord, InvalidTopicName
 _SIZE_MAGIC_CRC = struct.Struct(">iII")
 _OFF_SHAPE = _SIZE_MAGIC_CRC.size
 assert _OFF_SHAPE == OFF_QUEUE_ID
+_PARTS_PER_RECORD = 3  # a batch holds each record as: size/magic/CRC, shape, body
 # Records travel in one frame; the broker refuses bigger ones anyway, so say it early.
 BODY_SIZE_MAX_BYTES = 4 * 1024 * 1024
 _CACHE_ENTRIES_MAX = 4096
@@ -153,3 +157,19 @@ class BatchBuilder:
     def seal(self) -> bytearray:
         """The request body: all records, each with its CRC."""
         return bytearray().join(self.parts)
+
+    def seal_requests(self, size_bytes_max: int = SEND_BODY_SIZE_MAX_BYTES) -> list[bytearray]:
+        """The records as request bodies of at most ``size_bytes_max`` bytes each (a bigger
+        record alone), in order: what the broker accepts in one send request."""
+        if self.size_bytes <= size_bytes_max:
+            return [self.seal()]
+        parts = self.parts
+        ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)).reshape(-1, _PARTS_PER_RECORD).sum(1))
+        bodies = []
+        first = 0  # the first record of the next body
+        while first < len(ends):
+            start_bytes = int(ends[first - 1]) if first else 0
+            stop = max(int(np.searchsorted(ends, start_bytes + size_bytes_max, "right")), first + 1)
+            bodies.append(bytearray().join(parts[first * _PARTS_PER_RECORD:stop * _PARTS_PER_RECORD]))
+            first = stop
+        return bodies

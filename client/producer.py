@@ -1,8 +1,10 @@
 """The producer: sync ``send``/``send_batch``, batched ``send_async``, ``send_oneway``.
 
 Every send goes through one async path (:meth:`_Sender.send`: one SEND_BATCH request for one
-target queue, retried with backoff on retriable errors). Queue choice: an explicit ``queue``,
-else a stable hash of ``key`` (same key → same queue → ordered), else round robin.
+target queue, retried with backoff on retriable errors). A batch over the broker's limit per
+request (``SEND_BODY_SIZE_MAX_BYTES``) goes out as several requests, one after the other. Queue
+choice: an explicit ``queue``, else a stable hash of ``key`` (same key → same queue → ordered),
+else round robin.
 """
 
 from __future__ import annotations
@@ -102,6 +104,14 @@ class _Sender:
             route = await self._reroute(route, body, movable)
         raise AssertionError("unreachable")
 
+    async def send_bodies(self, route: QueueRoute, bodies: list[bytearray], *, movable: bool = False,
+                          ) -> SendResults | list[SendResult]:
+        """Send one batch sealed as several request bodies (``BatchBuilder.seal_requests``) one
+        after the other, so that a retry never reorders them; the results of all, in order."""
+        if len(bodies) == 1:
+            return await self.send(route, bodies[0], movable=movable)
+        return _joined([await self.send(route, body, movable=movable) for body in bodies])
+
     async def _still_routed(self, route: QueueRoute) -> bool:
         self._runtime.routes.invalidate()
         try:
@@ -150,18 +160,24 @@ class _Group(NamedTuple):
     indexes: list[int]  # positions in the caller's input
 
 
-def _in_input_order(groups: list[_Group], answers: list[SendResults], count: int) -> Sequence[SendResult]:
-    """The results of several requests of one ``send_batch``, back in the caller's order."""
+def _joined(answers: Sequence[Sequence[SendResult]]) -> SendResults | list[SendResult]:
+    """The results of several requests as one sequence (lazy while all share topic and broker)."""
     first = answers[0]
-    if all(a.topic == first.topic and a.broker == first.broker for a in answers):
-        order = np.empty(count, np.intp)
-        order[np.concatenate([np.asarray(g.indexes, np.intp) for g in groups])] = np.arange(count)
-        return SendResults.concat(answers).take(order)
-    ordered: list[SendResult] = [None] * count  # type: ignore[list-item]
-    for group, results in zip(groups, answers, strict=True):
-        for index, result in zip(group.indexes, results, strict=True):
-            ordered[index] = result
-    return ordered
+    if isinstance(first, SendResults) and all(
+            isinstance(a, SendResults) and a.topic == first.topic and a.broker == first.broker for a in answers):
+        return SendResults.concat(cast(list[SendResults], answers))
+    return [result for answer in answers for result in answer]
+
+
+def _in_input_order(groups: list[_Group], answers: list[SendResults | list[SendResult]],
+                    count: int) -> Sequence[SendResult]:
+    """The results of several requests of one ``send_batch``, back in the caller's order."""
+    order = np.empty(count, np.intp)
+    order[np.concatenate([np.asarray(g.indexes, np.intp) for g in groups])] = np.arange(count)
+    joined = _joined(answers)
+    if isinstance(joined, SendResults):
+        return joined.take(order)
+    return [joined[i] for i in order.tolist()]
 
 
 class Producer:
@@ -197,7 +213,7 @@ class Producer:
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms)
         self._accumulator = Accumulator(
-            self._runtime.loop, self._encoder, self._sender.send,
+            self._runtime.loop, self._encoder, self._sender.send_bodies,
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
         self._round_robin = itertools.count()
@@ -294,17 +310,21 @@ class Producer:
             group.indexes.append(count - 1)
         if not groups:
             return []
-        answers = self._runtime.run(self._send_all(groups), self._call_timeout_ms)
+        bodies = {target: group.records.seal_requests() for target, group in groups.items()}
+        # Each group's requests go one after the other, each with its own retry schedule.
+        timeout_ms = self._call_timeout_ms * max(map(len, bodies.values()))
+        answers = self._runtime.run(self._send_all(bodies), timeout_ms)
         if not answers[0]:
             return [None] * count  # type: ignore[list-item]  # acks=0
         if len(answers) == 1:
             return answers[0]
-        return _in_input_order(list(groups.values()), cast(list[SendResults], answers), count)  # acks != 0
+        return _in_input_order(list(groups.values()), answers, count)  # acks != 0
 
-    async def _send_all(self, groups: dict[tuple[QueueRoute, bool], _Group]) -> list[SendResults | list[SendResult]]:
+    async def _send_all(self, bodies: dict[tuple[QueueRoute, bool], list[bytearray]],
+                        ) -> list[SendResults | list[SendResult]]:
         return list(await asyncio.gather(*(
-            self._sender.send(route, group.records.seal(), movable=movable)
-            for (route, movable), group in groups.items())))
+            self._sender.send_bodies(route, group_bodies, movable=movable)
+            for (route, movable), group_bodies in bodies.items())))
 
     def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                    properties: Mapping[str, str] | None = None, queue: int | None = None,

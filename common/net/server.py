@@ -7,11 +7,19 @@ handler finishes, matched by request id. Backpressure: reading pauses while too 
 requests (or request bytes) are in flight or while the transport's write buffer is above
 its high-water mark, so neither a flood of requests nor a client that does not read its
 responses can grow server memory without bound.
+
+Limits across connections (:class:`ServerConfig`): a maximum connection count, a server-wide
+budget for bytes held in partly received frames, and idle / slow-header timeouts. A
+connection refused by one of them gets an error response under id 0 before it is closed.
+Fairness: one connection starts at most ``dispatch_bytes_per_pass_max`` of request bodies per
+event-loop pass, so pipelined big batches take turns with other clients' requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from gms.errors import GmsError, ProtocolError
+from gms.log_throttle import RepeatFilter
 from gms.protocol.codes import Flag, RequestCode, Status
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import (
@@ -32,6 +41,9 @@ from gms.protocol.frame import (
 )
 
 log = logging.getLogger(__name__)
+# A flood of refused connections is logged once a minute, with a count.
+_refusals_log = logging.getLogger(f"{__name__}.refusals")
+_refusals_log.addFilter(RepeatFilter())
 
 Handler = Callable[[Frame], Awaitable[Response | None]]
 
@@ -39,10 +51,32 @@ Handler = Callable[[Frame], Awaitable[Response | None]]
 # frame boundary) carry this id; clients never use it for requests.
 CONNECTION_ERROR_ID = 0
 
+# Each connection costs a descriptor and, at worst, its in-flight and write-buffer bounds
+# (~20 MiB); a few hundred clients are expected, so this leaves ample headroom.
+CONNECTIONS_MAX = 4096
+# Every connection may be receiving a frame of up to FRAME_SIZE_MAX_BYTES, held whole: without
+# a shared budget n such connections pin n x 65 MiB. 256 MiB admits ~4 frames of the largest
+# size at once, or over a hundred SDK send requests (SEND_BODY_SIZE_MAX_BYTES each).
+UNFINISHED_FRAMES_BYTES_MAX = 256 * 1024 * 1024
+# Kafka's connections.max.idle.ms: clients keep pooled connections open between bursts; ten
+# minutes of silence with nothing running means the peer is gone or does not need us.
+IDLE_TIMEOUT_MS = 10 * 60 * 1000
+# A frame's prefix and header (at most 1 MiB) must arrive this soon after its first byte; a
+# peer trickling headers (slowloris) otherwise holds a connection and its buffer forever.
+HEADER_TIMEOUT_MS = 10_000
+# About what a send request of the largest allowed batch costs the broker (~10-30 ms of work):
+# one connection's pipelined requests get one such share per loop pass, others then run.
+DISPATCH_BYTES_PER_PASS_MAX = 1024 * 1024
+# A refused connection is answered, half-closed and drained this long before it is dropped:
+# closing a socket with unread input resets it, which can destroy the answer unread.
+REFUSED_LINGER_MS = 1000
+# The timeout sweep runs at a quarter of the shortest timeout, at most this far apart.
+SWEEP_INTERVAL_MAX_MS = 1000
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
-    """Per-connection limits; defaults suit a broker with a few hundred clients."""
+    """Connection limits; defaults suit a broker with a few hundred clients."""
 
     # Requests whose handlers are running; long polls count, so this must exceed the number
     # of concurrent pulls one client makes.
@@ -57,6 +91,18 @@ class ServerConfig:
     frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES
     # How long stop() lets running handlers finish before cancelling them.
     stop_grace_ms: int = 1000
+    # Server-wide limits (see the constants for why these values).
+    connections_max: int = CONNECTIONS_MAX
+    unfinished_frames_bytes_max: int = UNFINISHED_FRAMES_BYTES_MAX
+    idle_timeout_ms: int = IDLE_TIMEOUT_MS
+    header_timeout_ms: int = HEADER_TIMEOUT_MS
+    dispatch_bytes_per_pass_max: int = DISPATCH_BYTES_PER_PASS_MAX
+
+    def __post_init__(self) -> None:
+        limits = (self.connections_max, self.unfinished_frames_bytes_max, self.idle_timeout_ms,
+                  self.header_timeout_ms, self.dispatch_bytes_per_pass_max)
+        if min(limits) <= 0:
+            raise ValueError("connection limits and timeouts must be positive")
 
 
 async def _ping(request: Frame) -> Response:
@@ -77,6 +123,9 @@ class RpcServer:
         self._handlers: dict[int, Handler] = {RequestCode.PING: _ping, **(handlers or {})}
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        # Bytes the connections' decoders hold or expect for partly received frames.
+        self.unfinished_frames_bytes = 0
 
     def register(self, code: int, handler: Handler) -> None:
         """Add or replace the handler for ``code`` (also while serving)."""
@@ -88,6 +137,7 @@ class RpcServer:
         self._server = await loop.create_server(
             lambda: _ServerConnection(self), host, port, reuse_address=True
         )
+        self._sweeper = loop.create_task(self._sweep())
 
     @property
     def port(self) -> int:
@@ -110,6 +160,10 @@ class RpcServer:
             return
         server, self._server = self._server, None
         server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         connections = list(self._connections)
         for conn in connections:
             conn.stop_reading()
@@ -119,6 +173,18 @@ class RpcServer:
         for conn in connections:
             conn.close(abort=True)
         await server.wait_closed()
+
+    async def _sweep(self) -> None:
+        """Close connections that stay idle or leave a frame header unfinished too long."""
+        config = self.config
+        interval_ms = min(config.idle_timeout_ms, config.header_timeout_ms) / 4
+        interval_s = min(interval_ms, SWEEP_INTERVAL_MAX_MS) / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval_s)
+            now = loop.time()
+            for conn in list(self._connections):
+                conn.check_timeouts(now)
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -130,13 +196,24 @@ class _ServerConnection(asyncio.Protocol):
         self._handlers = server._handlers
         self._decoder = FrameDecoder(frame_size_max_bytes=self._config.frame_size_max_bytes)
         self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
         self._in_flight_bytes = 0
         self._write_paused = False
         self._reading = True
         self._stopped = False  # no more requests: closing, or the peer sent end of stream
+        self._refused = False  # answered with an error and being closed: input is discarded
+        self._linger: asyncio.TimerHandle | None = None
+        self._pass_scheduled = False  # this pass dispatched its share; the next pass goes on
         # Responses finished in one loop pass, written together by one send at its end.
         self._out: list[Buffer] = []
+        # This connection's share of the server's unfinished-frames budget.
+        self._reserved_bytes = 0
+        self._last_input = self._loop.time()
+        # When the header of frame number ``_header_frame`` began to arrive (None: no header
+        # is pending).
+        self._header_since: float | None = None
+        self._header_frame = -1
 
     # --- asyncio.Protocol callbacks ---------------------------------------------------------
 
@@ -149,13 +226,23 @@ class _ServerConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._server._connections.add(self)
+        connections = self._server._connections
+        connections.add(self)
+        if len(connections) > self._config.connections_max:
+            self._refuse(Status.SYSTEM_BUSY,
+                         f"the server has reached its maximum of {self._config.connections_max} "
+                         "connections (connections_max); retry later")
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._last_input = self._loop.time()
         self._decoder.feed(data)
         self._process()
 
     def eof_received(self) -> bool:
+        if self._refused:
+            return False  # the peer read the answer and closed: close now
         self._decoder.feed(b"")
         self._process()
         return True  # keep writing: running requests still get their responses
@@ -163,6 +250,9 @@ class _ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stopped = True
         self._server._connections.discard(self)
+        self._release_reservation()
+        if self._linger is not None:
+            self._linger.cancel()
         for task in self.tasks:
             task.cancel()
 
@@ -184,9 +274,21 @@ class _ServerConnection(asyncio.Protocol):
         )
 
     def _process(self) -> None:
-        """Dispatch decoded frames until the decoder needs data or backpressure applies."""
+        """Dispatch decoded frames until the decoder needs data, backpressure applies or this
+        loop pass has started its share of request bytes (a later pass goes on)."""
+        if self._refused:
+            return
+        if self._pass_scheduled:
+            self._account()
+            return
         decoder = self._decoder
+        share = self._config.dispatch_bytes_per_pass_max
+        dispatched = 0
         while not self._stopped and not self._blocked():
+            if dispatched >= share:
+                self._pass_scheduled = True
+                self._loop.call_soon(self._next_pass)
+                break
             try:
                 frame = decoder.next_frame()
             except ProtocolError as err:
@@ -200,16 +302,60 @@ class _ServerConnection(asyncio.Protocol):
             if frame is Event.CLOSED:
                 self._stopped = True
                 break
+            dispatched += len(frame.body)
             self._dispatch(frame)
         if self._stopped and not self.tasks:
             self.close()
+        self._account()
         self._update_reading()
+
+    def _next_pass(self) -> None:
+        self._pass_scheduled = False
+        self._process()
+
+    def _account(self) -> None:
+        """Update this connection's share of the unfinished-frames budget (refusing the
+        connection whose frame would overrun it) and the start of a pending header."""
+        decoder = self._decoder
+        reserved = 0 if self._stopped else decoder.reserved_bytes
+        grown = reserved - self._reserved_bytes
+        server = self._server
+        budget = self._config.unfinished_frames_bytes_max
+        if grown > 0 and server.unfinished_frames_bytes + grown > budget:
+            self._refuse(Status.SYSTEM_BUSY,
+                         f"a frame of {reserved} bytes does not fit the server's budget of {budget} "
+                         "bytes for partly received frames (unfinished_frames_bytes_max); retry later")
+            return
+        server.unfinished_frames_bytes += grown
+        self._reserved_bytes = reserved
+        if not decoder.header_pending:
+            self._header_since = None
+        elif self._header_since is None or self._header_frame != decoder.frames_decoded:
+            self._header_since = self._loop.time()
+            self._header_frame = decoder.frames_decoded
+
+    def _release_reservation(self) -> None:
+        self._server.unfinished_frames_bytes -= self._reserved_bytes
+        self._reserved_bytes = 0
+
+    def check_timeouts(self, now: float) -> None:
+        """Called by the server's sweep: refuse a slow header, close an idle connection."""
+        if self._refused:
+            return
+        config = self._config
+        if self._header_since is not None and now - self._header_since >= config.header_timeout_ms / 1000:
+            self._refuse(Status.TIMEOUT, f"a frame header did not arrive within {config.header_timeout_ms} "
+                                         "ms (header_timeout_ms)")
+        elif not self.tasks and now - self._last_input >= config.idle_timeout_ms / 1000:
+            log.info("closing connection from %s: idle for %d ms", self._peer(), config.idle_timeout_ms)
+            transport = self._transport
+            self.close(abort=transport is not None and transport.get_write_buffer_size() > 0)
 
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        reading = not self._stopped and not self._blocked()
+        reading = self._refused or (not self._stopped and not self._blocked())
         if reading != self._reading:
             self._reading = reading
             if reading:
@@ -281,7 +427,7 @@ class _ServerConnection(asyncio.Protocol):
         body: Body,
     ) -> None:
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._refused:
             return
         try:
             parts = encode_frame(
@@ -317,6 +463,23 @@ class _ServerConnection(asyncio.Protocol):
         log.warning("protocol error from %s: %s", self._peer(), err)
         request_id = CONNECTION_ERROR_ID if err.request_id is None else err.request_id
         self._write(0, request_id, err.status, str(err), EMPTY_FIELDS, b"")
+
+    def _refuse(self, status: Status, message: str) -> None:
+        """Answer ``message`` under id 0 and close: once the peer closes its side, or after
+        REFUSED_LINGER_MS; until then its input is read and dropped (see REFUSED_LINGER_MS)."""
+        _refusals_log.warning("refusing connection from %s: %s", self._peer(), message)
+        self._write(0, CONNECTION_ERROR_ID, status, message, EMPTY_FIELDS, b"")
+        self._flush()
+        self._refused = self._stopped = True
+        self._release_reservation()
+        self._header_since = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._update_reading()
+        self._linger = self._loop.call_later(REFUSED_LINGER_MS / 1000, functools.partial(self.close, abort=True))
 
     def _peer(self) -> object:
         return None if self._transport is None else self._transport.get_extra_info("peername")

@@ -102,11 +102,29 @@ class FrameDecoder:
         self._partial_size = 0  # that frame's total size once its prefix is known, else 0
         self._eof = False
         self._fatal: ProtocolError | None = None
+        self.frames_decoded = 0  # tells a receiver timing headers that a new frame has begun
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet handed out as frames."""
         return self._chunk_bytes + len(self._partial)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Memory this decoder holds or is committed to hold: what is buffered, or the declared
+        size of the frame being assembled once its prefix is in (it will be held whole)."""
+        return max(self._chunk_bytes + len(self._partial), self._partial_size)
+
+    @property
+    def header_pending(self) -> bool:
+        """Whether a frame has begun to arrive but its prefix and header are not complete yet
+        (a receiver times this: a peer that starts frames and never finishes their headers)."""
+        partial = self._partial
+        if not partial:
+            return False
+        if len(partial) < PREFIX_SIZE:
+            return True
+        return len(partial) < PREFIX_SIZE + PREFIX.unpack_from(partial)[1]
 
     def feed(self, data: Buffer) -> None:
         """Add received bytes; ``b""`` means the peer closed its side."""
@@ -214,8 +232,8 @@ class FrameDecoder:
         self._partial_size = 0
         return self._decode(frame)
 
-    @staticmethod
-    def _decode(frame: memoryview) -> Frame:
+    def _decode(self, frame: memoryview) -> Frame:
         header_end = PREFIX_SIZE + PREFIX.unpack_from(frame)[1]
+        self.frames_decoded += 1
         code, request_id, flags, status, error, fields = _parse_header(frame[PREFIX_SIZE:header_end])
         return Frame(code, request_id, flags, status, error, fields, frame[header_end:])

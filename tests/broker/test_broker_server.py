@@ -150,7 +150,9 @@ def test_unknown_topic_and_oversized_body_store_nothing(broker):
             await conn.request(C.SEND, {}, good + batch("missing", 1))
         big = encode_record(topic="orders", body=b"x" * (4 * 1024 * 1024 + 1))
         with pytest.raises(MessageIllegalError, match=r"4194304|body"):
-            await conn.request(C.SEND, {}, good + big)
+            await conn.request(C.SEND, {}, big)  # one record over the body limit
+        with pytest.raises(MessageIllegalError, match="SEND_BODY_SIZE_MAX_BYTES"):
+            await conn.request(C.SEND, {}, good + big)  # several records over the request limit
         assert (await conn.request(C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": 0})).fields["offset"] == 0
 
     call(broker, scenario)
