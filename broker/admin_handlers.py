@@ -75,7 +75,7 @@ class AdminHandlers:
         offsets = self.broker.offsets
         for topic, queue_id, offset in stored:
             offsets.commit(group, topic, queue_id, offset)
-        offsets.persist()
+        await offsets.persist_async()
         self.broker.offsets_changed([(topic, queue_id) for topic, queue_id, _ in stored])
         return Response({"offsets": [list(entry) for entry in stored]})
 
@@ -85,7 +85,7 @@ class AdminHandlers:
         group = group_name_field(request.fields)
         self._refuse_live_members(group, request.fields, None)
         queues = self.broker.offsets.delete_group(group)
-        self.broker.offsets.persist()
+        await self.broker.offsets.persist_async()
         self.broker.offsets_changed(queues)
         return Response({"queues": [list(key) for key in queues]})
 
@@ -118,6 +118,7 @@ class AdminHandlers:
             "version": __version__,
             "uptime_s": round(time.monotonic() - broker.started_monotonic, 3),
             "flush_mode": store.config.flush_mode,
+            "store_health": store.health.value,  # read_only: a flush failed, restart after checking the disk
             "commitlog_min_offset": stats.min_offset,
             "commitlog_max_offset": stats.max_offset,
             "flushed_offset": store.flushed_offset,

@@ -15,6 +15,7 @@ from gms.errors import (
     BadTagExpressionError,
     GroupNotFoundError,
     NotCoordinatorError,
+    QueueNotFoundError,
     TopicNotFoundError,
 )
 from gms.protocol.fields import QUEUE_COLUMNS, QUEUE_OFFSET_COLUMNS, field, topic_row
@@ -114,9 +115,14 @@ class GroupHandlers:
         member = field(fields, "member", str, "")
         entries = queue_rows(fields, "offsets", 3)
         released = queue_rows(fields, "release", 2) if "release" in fields else []
-        for topic, queue_id, offset in entries:
+        for topic, queue_id, offset in entries:  # unknown queues would grow the offsets without bound
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
+            queue_count = self.queue_count(topic)
+            if not queue_count:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            if not 0 <= queue_id < queue_count:
+                raise QueueNotFoundError(f"topic {topic!r} has no queue {queue_id} (it has {queue_count})")
         if member:
             now_ms = _now_ms()
             for topic, queue_id, _ in entries:

@@ -1,8 +1,10 @@
 """Committed consumer-group offsets, kept in memory and persisted to one JSON file.
 
-The file is rewritten atomically (temp file, fsync, rename) by :meth:`persist`,
-which the broker calls periodically and on shutdown; a crash loses at most the
-commits since the last persist, which consumers then see again (at-least-once).
+The file is rewritten atomically (temp file, fsync, rename, directory fsync): the broker takes a
+:meth:`snapshot` on its event loop and writes it in a worker thread (:meth:`persist_async`,
+periodically), and calls :meth:`persist` on shutdown. The offsets count as saved only once a
+write succeeded; a crash loses at most the commits since the last one, which consumers then see
+again (at-least-once).
 
 Replication: every commit gets a sequence number of this store's ``session`` (a random id per
 process), so a queue's leader can send a follower only the commits it has not seen yet
@@ -15,22 +17,34 @@ the deletes (down, or the leader restarted) drops what the leader no longer has.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import secrets
+import threading
 from pathlib import Path
+from typing import NamedTuple
+
+from gms.broker.atomic_file import write_atomically
 
 _FORMAT_VERSION = 1
 SESSION_BITS = 62  # a positive msgpack int; 0 means "no session seen yet" on the wire
 DELETED = -1  # the offset of a [group, offset] commit row whose group's offset was deleted
 
+Offsets = dict[str, dict[str, dict[int, int]]]  # group -> topic -> queue id -> next offset to consume
+
+
+class OffsetsSnapshot(NamedTuple):
+    version: int  # the store's change count when taken
+    offsets: Offsets
+
 
 class OffsetStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        # group -> topic -> queue id -> next offset to consume
-        self._offsets: dict[str, dict[str, dict[int, int]]] = {}
-        self._dirty = False
+        self._offsets: Offsets = {}
+        self._version = 0  # counts changes; the file holds those up to _written_version
+        self._written_version = 0
+        self._file_lock = threading.Lock()  # one writer of the file at a time
         self.session = secrets.randbits(SESSION_BITS) | 1
         self.seq = 0  # sequence number of the latest commit in this session
         # (topic, queue id) -> group -> seq of its latest commit (this session only)
@@ -60,7 +74,7 @@ class OffsetStore:
     def _changed(self, group: str, topic: str, queue_id: int) -> None:
         self.seq += 1
         self._commit_seqs.setdefault((topic, queue_id), {})[group] = self.seq
-        self._dirty = True
+        self._version += 1
 
     def _remove(self, group: str, topic: str, queue_id: int) -> None:
         """Forget one committed offset (and the group once it has none) and record it as a
@@ -120,22 +134,42 @@ class OffsetStore:
     def delete_topic(self, topic: str) -> None:
         for group, topics in list(self._offsets.items()):
             if topics.pop(topic, None) is not None:
-                self._dirty = True
+                self._version += 1
                 if not topics:
                     del self._offsets[group]
         for key in [k for k in self._commit_seqs if k[0] == topic]:
             del self._commit_seqs[key]
 
+    def snapshot(self) -> OffsetsSnapshot | None:
+        """(On the thread that commits.) A copy of the offsets to write, None if the file is
+        up to date."""
+        if self._version == self._written_version:
+            return None
+        return OffsetsSnapshot(self._version, {
+            group: {topic: dict(queues) for topic, queues in topics.items()}
+            for group, topics in self._offsets.items()})
+
+    def write(self, snapshot: OffsetsSnapshot) -> None:
+        """(Any thread.) Replace the file with ``snapshot`` unless a newer one was written; the
+        changes it holds count as saved only after the write and its fsyncs succeeded (a failure
+        raises, and the next persist tries again)."""
+        with self._file_lock:
+            if snapshot.version <= self._written_version:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"version": _FORMAT_VERSION, "offsets": snapshot.offsets}
+            write_atomically(self.path, json.dumps(payload, separators=(",", ":")).encode())
+            self._written_version = snapshot.version
+
     def persist(self) -> None:
-        """Write the offsets if anything changed since the last write."""
-        if not self._dirty:
-            return
-        self._dirty = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        payload = {"version": _FORMAT_VERSION, "offsets": self._offsets}
-        with open(tmp, "w") as out:
-            json.dump(payload, out, separators=(",", ":"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        """Write the offsets now if anything changed since the last write (shutdown, tests)."""
+        snapshot = self.snapshot()
+        if snapshot is not None:
+            self.write(snapshot)
+
+    async def persist_async(self) -> None:
+        """:meth:`persist` with the JSON encoding and the fsyncs in a worker thread, so the
+        event loop never stalls on them."""
+        snapshot = self.snapshot()
+        if snapshot is not None:
+            await asyncio.to_thread(self.write, snapshot)

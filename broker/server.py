@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from gms.address import advertised_address
 from gms.broker.admin_handlers import AdminHandlers
@@ -84,7 +85,7 @@ class BrokerServer:
         self._register_handlers()
         self.started_monotonic = time.monotonic()
         self._chores = [
-            asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist)),
+            asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist_async)),
             asyncio.create_task(self._every(1000, self._expire_members)),
         ]
         if self.config.nameserver:
@@ -196,11 +197,13 @@ class BrokerServer:
         if self.replicas is not None:
             self.replicas.wake_fetches(queues)
 
-    async def _every(self, interval_ms: int, chore) -> None:
+    async def _every(self, interval_ms: int, chore: Callable[[], Awaitable[None] | None]) -> None:
         while True:
             await asyncio.sleep(interval_ms / 1000)
             try:
-                chore()
+                done = chore()
+                if done is not None:
+                    await done
             except Exception:  # a failed chore must not stop the broker; it is retried next time
                 log.exception("periodic task %s failed", getattr(chore, "__name__", chore))
 
@@ -225,8 +228,10 @@ class BrokerServer:
         await asyncio.gather(*self._chores, return_exceptions=True)
         self.waiters.close()
         await self.rpc.stop()
-        self.offsets.persist()
-        self.store.close()
+        try:
+            await self.offsets.persist_async()
+        finally:  # the store still flushes and checkpoints when the offsets cannot be written
+            self.store.close()
 
 
 def broker_id_for(name: str) -> str:

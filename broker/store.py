@@ -44,6 +44,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, Offset
 from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets, save_min_offsets
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
+from gms.broker.store_health import StoreHealth, fsync_fault_file
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
@@ -56,6 +57,8 @@ from gms.store_errors import (
     StoreClosed,
     StoreCorrupt,
     StoreError,
+    StoreIOError,
+    StoreReadOnly,
     UnknownQueue,
 )
 
@@ -122,6 +125,11 @@ class MessageStore:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
         self._write_lock = threading.Lock()
+        # Held while index files are synced (checkpoint) and while they are closed or deleted
+        # (topic delete, queue truncation, retention), so a sync never meets a closed file.
+        # Order: _write_lock, then _index_lock, then _queues_lock.
+        self._index_lock = threading.Lock()
+        self._fsync_fault: Path | None = None  # tests only: see store_health.FSYNC_FAULT_ENV
         self._abort = AbortMarker(self.root)
         self._truncations = TruncationLog(self.root / "config" / "truncations.json")
         self._min_offsets_path = self.root / "config" / MIN_OFFSETS_FILE
@@ -170,6 +178,7 @@ class MessageStore:
         self._truncations.prune(commitlog.min_offset)
         self._abort.set()
         end = commitlog.committed_pos
+        self._fsync_fault = fsync_fault_file()
         self._flusher = FlushService(self.config, self._flush_all, lambda: commitlog.committed_pos, end)
         self._flusher.start()
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
@@ -177,14 +186,24 @@ class MessageStore:
         return self
 
     def close(self) -> None:
+        """Flush, checkpoint and remove the abort marker -- only if everything written is on disk:
+        after a failed flush the marker stays, and the next open recovers from the last
+        checkpoint written before the failure."""
         commitlog, flusher, housekeeper = self._commitlog, self._flusher, self._housekeeper
         if commitlog is None or flusher is None or housekeeper is None:
             return
         housekeeper.stop()
         with self._write_lock:
-            flusher.stop()
-            self._checkpoint_at(commitlog.committed_pos, int(time.time() * 1000))
-            self._abort.clear()
+            flushed = flusher.stop()
+            if flusher.failure is None and flushed == commitlog.committed_pos:
+                try:
+                    self._checkpoint_at(flushed, int(time.time() * 1000))
+                    self._abort.clear()
+                except (OSError, StoreIOError) as err:
+                    log.error("closed without a clean-shutdown marker, the next start recovers: %s", err)
+            else:
+                log.error("closed without a clean-shutdown marker after a failed flush (%d of %d bytes on "
+                          "disk): the next start recovers", flushed, commitlog.committed_pos)
             if self._warmer is not None:
                 self._warmer.shutdown(wait=True, cancel_futures=True)
             commitlog.close()
@@ -207,6 +226,16 @@ class MessageStore:
         if self._flusher is None:
             raise StoreClosed()
         return self._flusher
+
+    @property
+    def health(self) -> StoreHealth:
+        failed = self._flusher is not None and self._flusher.failure is not None
+        return StoreHealth.READ_ONLY if failed else StoreHealth.WRITABLE
+
+    def _check_writable(self) -> None:
+        failure = self._flush_service().failure
+        if failure is not None:
+            raise StoreReadOnly(failure.cause)
 
     def _clean_end_ok(self, end: int) -> bool:
         files = self._cl().files
@@ -257,10 +286,11 @@ class MessageStore:
         with self._write_lock:
             self._topics.delete(name)
             self._truncations.drop_topic(name)
-            with self._queues_lock:
-                for key in [k for k in self._queues if k[0] == name]:
-                    self._queues.pop(key).close()
-            shutil.rmtree(self._cq_root / name, ignore_errors=True)
+            with self._index_lock:
+                with self._queues_lock:
+                    for key in [k for k in self._queues if k[0] == name]:
+                        self._queues.pop(key).close()
+                shutil.rmtree(self._cq_root / name, ignore_errors=True)
             self._save_min_offsets()  # a topic created again under this name starts at 0
 
     def topics(self) -> dict[str, int]:
@@ -324,6 +354,7 @@ class MessageStore:
         buf = memoryview(records).cast("B")
         with self._write_lock:
             commitlog = self._cl()
+            self._check_writable()
             parsed = parse_batch(buf, self.config.body_size_max_bytes,
                                  self.config.verify_tag_hash and not replicated,
                                  verify_crc=not replicated, sizes=sizes)
@@ -394,12 +425,18 @@ class MessageStore:
         crash recovery: a marker is written first, and recovery never re-indexes what it covers."""
         with self._write_lock:
             commitlog = self._cl()
+            self._check_writable()
             cq = self._queue(topic, queue_id)
             if offset >= cq.max_offset:
                 return
             self._truncations.add((topic, queue_id), offset, commitlog.committed_pos)
-            cq.truncate(offset)
-            cq.flush()
+            with self._index_lock:
+                cq.truncate(offset)
+                try:
+                    cq.flush()
+                except StoreIOError as err:
+                    self._flush_service().fail(err)
+                    raise
 
     def restart_queue(self, topic: str, queue_id: int, offset: int) -> None:
         """Start a queue over, empty, at ``offset`` past its end: a follower whose leader no
@@ -411,7 +448,8 @@ class MessageStore:
             if offset <= cq.max_offset:
                 return
             self._truncations.add((topic, queue_id), 0, commitlog.committed_pos)
-            cq.reset(offset)
+            with self._index_lock:
+                cq.reset(offset)
             self._save_min_offsets()
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
@@ -530,20 +568,31 @@ class MessageStore:
         self._flush_service().add_listener(listener)
 
     def _flush_all(self) -> int:
+        """The flush thread's flush: the commitlog, and every ``checkpoint_interval_ms`` the
+        indexes and the checkpoint. A failed fsync raises StoreIOError (the flush service then
+        fails stop); a checkpoint file that cannot be written is logged, the previous one stays."""
         commitlog = self._cl()
         end = commitlog.committed_pos
-        commitlog.flush_range(self._flusher.flushed_offset if self._flusher else 0, end)
+        start = self._flusher.flushed_offset if self._flusher else 0
+        if self._fsync_fault is not None and end > start and self._fsync_fault.exists():
+            raise StoreIOError(f"fdatasync failed: injected while {self._fsync_fault} exists")
+        commitlog.flush_range(start, end)
         now_ms = int(time.time() * 1000)
         if now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
-            self._checkpoint_at(end, now_ms)
+            try:
+                self._checkpoint_at(end, now_ms)
+            except OSError as err:
+                self._last_checkpoint_ms = now_ms  # retried at the next interval, not every flush
+                log.error("checkpoint not written (the previous one stays valid): %s", err)
         return end
 
     def _checkpoint_at(self, end: int, now_ms: int) -> None:
         """Flush every index up to ``end`` (all entries below it are written) and record it."""
-        with self._queues_lock:
-            queues = list(self._queues.values())
-        for cq in queues:
-            cq.flush()
+        with self._index_lock:
+            with self._queues_lock:
+                queues = list(self._queues.values())
+            for cq in queues:
+                cq.flush()
         write_checkpoint(self.root, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
         self._checkpointed_offset = end
@@ -720,7 +769,7 @@ class MessageStore:
         keeps, then delete the commitlog files no queue needs any more (and, oldest first, more
         while the store is above its disk cap). Returns the number of commitlog files deleted."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        with self._write_lock:
+        with self._write_lock, self._index_lock:  # index files may be deleted
             commitlog = self._cl()
             with self._queues_lock:
                 queues = dict(self._queues)

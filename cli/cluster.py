@@ -20,7 +20,8 @@ def cluster(nameserver: str, as_json: bool) -> None:
     """Show nameservers, brokers (alive, address, topics, disk use) and etcd health.
 
     Exits with 1 and says why when etcd is unhealthy, no broker is registered, a registered
-    broker does not answer, a queue has no live leader or a queue's ISR is below its minimum."""
+    broker does not answer or its store went read-only (a failed disk flush), a queue has no live
+    leader or a queue's ISR is below its minimum."""
     with open_admin(nameserver) as admin:
         status = admin.cluster_status()
         brokers = {b["address"]: b for b in status["brokers"]}
@@ -30,11 +31,13 @@ def cluster(nameserver: str, as_json: bool) -> None:
         answer = answers.get(address, {"error": "not asked"})
         rows.append({**info, "alive": "error" not in answer, "topics": answer.get("topics"),
                      "disk_used_bytes": answer.get("disk_used_bytes"), "uptime_s": answer.get("uptime_s"),
-                     "error": answer.get("error")})
+                     "store_health": answer.get("store_health"), "error": answer.get("error")})
     etcd = status["etcd"]
     queues = status.get("queues") or {"without_leader": [], "under_min_isr": []}
     problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
         f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
+    problems += [f"broker {r['address']} store is {r['store_health']} (a disk flush failed: it refuses"
+                 " writes; check the disk and restart it)" for r in rows if r["store_health"] == "read_only"]
     problems += _queue_problems(queues)
     if not rows:
         problems.append("no broker is registered: start one with `gms-broker --nameserver ...`")
@@ -50,9 +53,10 @@ def cluster(nameserver: str, as_json: bool) -> None:
                     f"yes (epoch {controller.get('epoch')})" if n["address"] == controller.get("id") else "")
                    for n in status["nameservers"]]),
             table(f"brokers ({status['topics']} topics in the cluster)",
-                  ["broker", "address", "cluster", "alive", "topics", "disk used", "uptime"],
-                  [(r["broker_id"], r["address"], r["cluster"], "yes" if r["alive"] else "NO", r["topics"],
-                    size_text(r["disk_used_bytes"]), None if r["uptime_s"] is None else f"{r['uptime_s']:.0f} s")
+                  ["broker", "address", "cluster", "alive", "store", "topics", "disk used", "uptime"],
+                  [(r["broker_id"], r["address"], r["cluster"], "yes" if r["alive"] else "NO", r["store_health"],
+                    r["topics"], size_text(r["disk_used_bytes"]),
+                    None if r["uptime_s"] is None else f"{r['uptime_s']:.0f} s")
                    for r in rows]),
             table("etcd", ["endpoints", "healthy", "version / error"],
                   [(etcd["endpoints"], "yes" if etcd["healthy"] else "NO", etcd.get("version") or etcd.get("error"))]),

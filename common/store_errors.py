@@ -140,6 +140,19 @@ class DescriptorLimitReached(StoreIOError):
         self.limit = limit
 
 
+class StoreReadOnly(StoreError, ServerError):
+    """A flush failed earlier: the store takes no more writes until the broker restarts
+    (fail-stop; see ``gms.broker.store_health``). Retrying on this broker cannot help."""
+
+    retriable = False
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"the store is read-only since a disk flush failed ({cause}); sends not yet "
+                         "acknowledged may be lost: check the disk, then restart the broker (it recovers "
+                         "from its last checkpoint)")
+        self.cause = cause
+
+
 class StoreCorrupt(StoreError, ServerError):
     """Stored files contradict each other in a way recovery cannot repair."""
 

@@ -6,10 +6,17 @@ then tells each listener the new flushed offset once (an event loop waits for ma
 one wakeup per flush). Async: the thread flushes every ``flush_interval_ms`` when anything is
 dirty, and earlier once ``flush_every_messages`` were appended and at least ``flush_least_pages``
 pages are dirty.
+
+Fail-stop: the first failed data flush (:class:`StoreIOError`) fails every waiting future with
+:class:`StoreReadOnly`, and nothing is flushed again until restart (the kernel may have dropped
+the pages that failed, so a later fsync that succeeds proves nothing). A flush that could not
+start for want of a descriptor, and any other error, is logged and retried at the next
+interval: the thread never dies.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -18,11 +25,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from gms.broker.store_config import PAGE_SIZE_BYTES, StoreConfig
-from gms.store_errors import StoreClosed, StoreError
+from gms.store_errors import StoreClosed, StoreError, StoreIOError, StoreReadOnly
 
 log = logging.getLogger(__name__)
 
 FlushListener = Callable[[int, StoreError | None], None]  # (flushed offset, failure); flush thread
+# Errors of opening a file for its fdatasync: nothing was written or lost, so retry, never fail-stop.
+_COULD_NOT_START = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 
 class FlushService:
@@ -40,11 +49,16 @@ class FlushService:
         self._seq = itertools.count()
         self._unflushed_messages = 0
         self._stopping = False
-        self._failure: StoreError | None = None
+        self._failure: StoreReadOnly | None = None  # set once, by the first failed flush
         self._thread = threading.Thread(target=self._run, name="gms-flush", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def failure(self) -> StoreReadOnly | None:
+        """The fail-stop error once a flush failed, else None."""
+        return self._failure
 
     def add_listener(self, listener: FlushListener) -> None:
         """Call ``listener`` (in the flush thread, so it must only hand over) after every flush,
@@ -95,23 +109,34 @@ class FlushService:
 
     def _run(self) -> None:
         interval_s = self._config.flush_interval_ms / 1000
+        retry_later = False
         while True:
             with self._cond:
                 requested = self._config.flush_mode == "sync" and self._requested_offset > self.flushed_offset
-                if not self._stopping and not requested:
+                if not self._stopping and (retry_later or not requested):
                     self._cond.wait(interval_s)
                 stopping = self._stopping
             if stopping:
                 return
-            self.flush_now()
+            try:
+                self.flush_now()
+                retry_later = False
+            except Exception:  # async mode would never flush again: log, retry after an interval
+                log.exception("flush failed; retrying in %d ms", self._config.flush_interval_ms)
+                retry_later = True
 
     def flush_now(self) -> int:
-        """Flush and resolve the covered futures; also the final flush of ``stop``."""
+        """Flush and resolve the covered futures; also the final flush of ``stop``. After a
+        failed flush nothing is flushed any more (fail-stop)."""
+        if self._failure is not None:
+            return self.flushed_offset
         try:
             flushed = self._flush()
-        except StoreError as err:
-            log.error("flush failed: %s", err)
-            self._fail(err)
+        except StoreIOError as err:
+            cause = err.__cause__
+            if isinstance(cause, OSError) and cause.errno in _COULD_NOT_START:
+                raise
+            self.fail(err)
             return self.flushed_offset
         self.flushed_offset = flushed
         ready = []
@@ -130,24 +155,35 @@ class FlushService:
             except Exception:  # a listener bug must not stop the flush thread
                 log.exception("flush listener failed")
 
-    def _fail(self, err: StoreError) -> None:
+    def fail(self, err: StoreIOError) -> None:
+        """Fail-stop after a failed fsync (also of an index file, by the store): every waiting
+        future fails, and flushing, waiting and requesting flushes are refused from now on."""
         with self._cond:
-            self._failure = err
+            if self._failure is not None:
+                return
+            failure = self._failure = StoreReadOnly(str(err))
             self._requested_offset = self.flushed_offset  # nobody waits any more: no retry loop
             waiters, self._waiters = self._waiters, []
+        failure.__cause__ = err
+        log.error("%s", failure)
         for _, _, fut in waiters:
-            fut.set_exception(err)
-        self._tell_listeners(self.flushed_offset, err)
+            fut.set_exception(failure)
+        self._tell_listeners(self.flushed_offset, failure)
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Stop the thread after a final flush; returns the flushed offset."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join()
-        self.flush_now()
+        try:
+            self.flush_now()
+        except Exception:  # the waiters below must still hear; the caller sees the offset short
+            log.exception("final flush failed")
         with self._cond:
             waiters, self._waiters = self._waiters, []
         for _, _, fut in waiters:
             fut.set_exception(StoreClosed())
         self._tell_listeners(self.flushed_offset, StoreClosed())
+        return self.flushed_offset
