@@ -118,7 +118,7 @@ class AdminHandlers:
             "version": __version__,
             "uptime_s": round(time.monotonic() - broker.started_monotonic, 3),
             "flush_mode": store.config.flush_mode,
-            "store_health": store.health.value,  # read_only: a flush failed, restart after checking the disk
+            "store_health": store.health.value,  # writable, read_only (a flush failed) or disk_full
             "commitlog_min_offset": stats.min_offset,
             "commitlog_max_offset": stats.max_offset,
             "flushed_offset": store.flushed_offset,

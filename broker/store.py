@@ -44,7 +44,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, Offset
 from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets, save_min_offsets
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_health import StoreHealth, fsync_fault_file
+from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
@@ -130,6 +130,7 @@ class MessageStore:
         # Order: _write_lock, then _index_lock, then _queues_lock.
         self._index_lock = threading.Lock()
         self._fsync_fault: Path | None = None  # tests only: see store_health.FSYNC_FAULT_ENV
+        self._disk_full = False  # the last append's new files got no space (health DISK_FULL)
         self._abort = AbortMarker(self.root)
         self._truncations = TruncationLog(self.root / "config" / "truncations.json")
         self._min_offsets_path = self.root / "config" / MIN_OFFSETS_FILE
@@ -229,8 +230,9 @@ class MessageStore:
 
     @property
     def health(self) -> StoreHealth:
-        failed = self._flusher is not None and self._flusher.failure is not None
-        return StoreHealth.READ_ONLY if failed else StoreHealth.WRITABLE
+        if self._flusher is not None and self._flusher.failure is not None:
+            return StoreHealth.READ_ONLY
+        return StoreHealth.DISK_FULL if self._disk_full else StoreHealth.WRITABLE
 
     def _check_writable(self) -> None:
         failure = self._flush_service().failure
@@ -381,8 +383,13 @@ class MessageStore:
             envelope["queue_id"] = queue_ids
             envelope["queue_offset"] = queue_offsets
             envelope["phys_offset"] = placement.phys
-            commitlog.prepare(placement)  # create every file the batch needs: what can fail, fails here
-            self._reserve(groups, len(queue_ids))
+            try:
+                commitlog.prepare(placement)  # create every file the batch needs: what can fail, fails here
+                self._reserve(groups, len(queue_ids))
+            except StoreIOError as err:
+                self._disk_full = out_of_space(err)
+                raise
+            self._disk_full = False
             try:
                 commitlog.write(buf, placement, envelope)
                 self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])

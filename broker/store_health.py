@@ -10,6 +10,7 @@ start scans the commitlog from the last checkpoint.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 from pathlib import Path
 
@@ -17,6 +18,13 @@ from pathlib import Path
 class StoreHealth(enum.Enum):
     WRITABLE = "writable"
     READ_ONLY = "read_only"  # a flush failed: writes stop until a restart (which runs recovery)
+    DISK_FULL = "disk_full"  # the last append that needed a new file got no space (nothing lost)
+
+
+def out_of_space(err: BaseException) -> bool:
+    """True for a store error caused by a full disk or an exhausted quota."""
+    cause = err.__cause__
+    return isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 # Tests only: while the file this variable names exists, every data flush (commitlog fdatasync)

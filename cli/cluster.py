@@ -20,8 +20,8 @@ def cluster(nameserver: str, as_json: bool) -> None:
     """Show nameservers, brokers (alive, address, topics, disk use) and etcd health.
 
     Exits with 1 and says why when etcd is unhealthy, no broker is registered, a registered
-    broker does not answer or its store went read-only (a failed disk flush), a queue has no live
-    leader or a queue's ISR is below its minimum."""
+    broker does not answer or its store is read-only (a failed disk flush) or full, a queue has
+    no live leader or a queue's ISR is below its minimum."""
     with open_admin(nameserver) as admin:
         status = admin.cluster_status()
         brokers = {b["address"]: b for b in status["brokers"]}
@@ -36,8 +36,8 @@ def cluster(nameserver: str, as_json: bool) -> None:
     queues = status.get("queues") or {"without_leader": [], "under_min_isr": []}
     problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
         f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
-    problems += [f"broker {r['address']} store is {r['store_health']} (a disk flush failed: it refuses"
-                 " writes; check the disk and restart it)" for r in rows if r["store_health"] == "read_only"]
+    problems += [f"broker {r['address']} store is {r['store_health']}: {_STORE_TROUBLE[r['store_health']]}"
+                 for r in rows if r["store_health"] in _STORE_TROUBLE]
     problems += _queue_problems(queues)
     if not rows:
         problems.append("no broker is registered: start one with `gms-broker --nameserver ...`")
@@ -65,6 +65,10 @@ def cluster(nameserver: str, as_json: bool) -> None:
         raise click.ClickException("; ".join(problems))
 
 
+_STORE_TROUBLE = {  # BROKER_STATUS store_health values that need an operator
+    "read_only": "a disk flush failed, it refuses writes until restarted; check the disk first",
+    "disk_full": "no space for new store files, sends that need one fail; free space or shorten retention",
+}
 QUEUES_LISTED_MAX = 8  # a whole dead broker's queues would drown the message
 
 

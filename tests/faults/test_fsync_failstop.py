@@ -21,7 +21,7 @@ from gms.errors import ServerError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
 from gms.record import Message, encode_batch, encode_record, iter_records
-from gms.store_errors import StoreReadOnly
+from gms.store_errors import StoreIOError, StoreReadOnly
 
 RECORD = encode_record(topic="t", body=b"x" * 100)
 
@@ -240,3 +240,25 @@ def test_a_broker_whose_fsync_failed_refuses_sends_and_reports_it(broker_factory
     broker.restart()
     assert "did not stop cleanly" in broker.log_tail(20_000)
     call(after_restart)
+
+
+def test_an_append_that_gets_no_space_reports_disk_full_until_one_succeeds(tmp_path, monkeypatch):
+    """ENOSPC while creating a file refuses that append (nothing stored) and flags the store
+    disk_full; it is not fail-stop: the next append that finds space clears the flag."""
+    store = open_store(tmp_path / "store", flush_mode="sync")
+    real_fallocate = os.posix_fallocate
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        monkeypatch.setattr(os, "posix_fallocate", no_space)
+        with pytest.raises(StoreIOError):
+            store.append(RECORD)  # the queue's first consumeQueue file cannot be allocated
+        assert store.health is StoreHealth.DISK_FULL and store.max_offset("t", 0) == 0
+        monkeypatch.setattr(os, "posix_fallocate", real_fallocate)
+        end = store.append(RECORD).end_phys_offset
+        assert store.durable_future(end).result(5) == end
+        assert store.health is StoreHealth.WRITABLE and store.max_offset("t", 0) == 1
+    finally:
+        store.close()
