@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
@@ -168,6 +168,19 @@ class BrokerRegistration:
     def alive(self) -> bool:
         """True while this broker's lease is surely alive in etcd."""
         return self._registration is not None and self._registration.alive
+
+    def may_join_isr(self, broker_id: str) -> bool:
+        """Whether a leader here may take ``broker_id`` into an ISR: it is registered (its lease
+        is alive, as Kafka's KIP-841) and not catching up after an unclean restart (no I/O)."""
+        view = self._view
+        return view is not None and any(b.broker_id == broker_id and b.caught_up for b in view.brokers())
+
+    def mark_caught_up(self) -> None:
+        """This broker, started after an unclean stop, caught up with its leaders: publish that
+        it is electable again (blocking etcd round trip; call it from a thread)."""
+        self.info = replace(self.info, caught_up=True)
+        if self._registration is not None:
+            self._registration.update(self.info)
 
     def start(self) -> BrokerRegistration:
         """Find etcd through the nameservers, register, start following assignments.

@@ -97,6 +97,7 @@ class BrokerServer:
         self._led_queues = {}
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
+            caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
         )
 
         def on_assignments(assignments: Assignments) -> None:
@@ -150,6 +151,8 @@ class BrokerServer:
             update_isr=registration.update_isr,
             lease_alive=lambda: registration.alive,
             notify_readers=self.waiters.notify,
+            may_join_isr=registration.may_join_isr,
+            on_caught_up=None if registration.info.caught_up else registration.mark_caught_up,
         )
         self.replicas.start()
         partitions = self.replicas.partitions  # retention never expires records above a queue's HW

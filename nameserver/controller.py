@@ -181,12 +181,14 @@ class Controller:
         if fence is None:
             return
         epoch = fence.create_revision  # the fence and the stamped epoch are one candidacy
-        live = frozenset(b.broker_id for b in self._view.brokers())
+        brokers = self._view.brokers()
+        live = frozenset(b.broker_id for b in brokers)
+        catching_up = frozenset(b.broker_id for b in brokers if not b.caught_up)
         try:
             seen = self._view.topic(name)
         except TopicNotFoundError:
             return  # deleted meanwhile
-        if reassign_leaders(seen, live, controller_epoch=epoch) is seen:
+        if reassign_leaders(seen, live, controller_epoch=epoch, catching_up=catching_up) is seen:
             return  # the common case (ISR changes, healthy topics): no etcd round trip
         read: list[TopicMetadata] = []
 
@@ -194,7 +196,7 @@ class Controller:
             read[:] = [stored]
             if self._before_write is not None:
                 self._before_write(name)
-            return reassign_leaders(stored, live, controller_epoch=epoch)
+            return reassign_leaders(stored, live, controller_epoch=epoch, catching_up=catching_up)
 
         written = self._metadata.update_queues(name, change, fence=fence)
         if written is not None:  # (the topic may have grown meanwhile: compare the queues both have)

@@ -201,6 +201,7 @@ class LeaderFetcher:
             if min(hw, leo) > p.hw:
                 p.hw = min(hw, leo)
                 self.manager.hw_moved()
+            p.caught_up = p.caught_up or leo >= hw
             # From seq 0 of the leader's session the commits name every group it has on the queue.
             self.manager.offsets.apply_replicated(*p.key, commits, complete=new_session or offsets_seq == 0)
             p.offsets_seen = seen
@@ -208,6 +209,7 @@ class LeaderFetcher:
             self.manager.save_state()
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
             await asyncio.wrap_future(self.store.durable_future(appended_end))
+        self.manager.check_caught_up()
 
     def _pause(self, p: Partition, status: Any) -> None:
         log.info("queue %s/%d: leader %s refused the fetch (%s); waiting for new metadata",

@@ -51,6 +51,8 @@ class Partition:
     followers: dict[str, FollowerProgress] = field(default_factory=dict)
     # Follower side: the queue must be truncated (OFFSET_FOR_LEADER_EPOCH) before fetching.
     needs_truncation: bool = False
+    # Follower side: its log end reached the leader's HW in this leader epoch.
+    caught_up: bool = False
     # Follower side: the leader refused (epochs differ, not the leader): retry after this
     # monotonic time, when one of the two has learnt the new metadata.
     fetch_paused_until: float = 0.0

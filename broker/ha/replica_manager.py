@@ -48,7 +48,12 @@ class ReplicationConfig:
 class ReplicaManager:
     def __init__(self, store: MessageStore, offsets: OffsetStore, broker_id: str, config: ReplicationConfig,
                  state_file: ReplicationStateFile, *, update_isr: UpdateIsr,
-                 lease_alive: Callable[[], bool], notify_readers: Callable[[Iterable[QueueKey]], None]) -> None:
+                 lease_alive: Callable[[], bool], notify_readers: Callable[[Iterable[QueueKey]], None],
+                 may_join_isr: Callable[[str], bool], on_caught_up: Callable[[], None] | None = None) -> None:
+        """``may_join_isr(broker_id)``: whether a caught-up replica may be taken into an ISR (it is
+        registered, not catching up after an unclean restart). ``on_caught_up`` (blocking, run in
+        a thread), after an unclean restart: called once every queue followed here reached its
+        leader's high watermark, to make this broker electable again (KIP-966)."""
         self.store = store
         self.offsets = offsets  # committed consumer-group offsets, replicated with the queues
         self.broker_id = broker_id
@@ -57,6 +62,8 @@ class ReplicaManager:
         self._update_isr = update_isr
         self._lease_alive = lease_alive
         self._notify_readers = notify_readers
+        self._may_join_isr = may_join_isr
+        self._on_caught_up = on_caught_up
         self.partitions: dict[QueueKey, Partition] = {}
         self._histories, self._saved_hws = state_file.load()
         self._hw_dirty = False
@@ -101,6 +108,7 @@ class ReplicaManager:
         if gone:
             self.save_state()
         self.fetchers.rebalance()
+        self.check_caught_up()
 
     def _partition(self, key: QueueKey) -> Partition:
         p = self.partitions.get(key)
@@ -125,6 +133,7 @@ class ReplicaManager:
         previous = p.role
         p.role, p.leader_id, p.leader_epoch, p.isr = role, queue.leader_id, queue.leader_epoch, queue.isr
         p.fetch_paused_until = 0.0
+        p.caught_up = False
         if previous is Role.LEADER and role is not Role.LEADER:
             p.fail_waiters(NotLeaderError(f"queue {p.key[0]}/{p.key[1]}: leadership moved",
                                           fields=_leader_fields(p)))
@@ -244,7 +253,7 @@ class ReplicaManager:
         """A follower fetched: maybe move the HW, maybe take a caught-up replica back in."""
         self._advance(p, leo)
         if not p.isr_update_pending:
-            rejoining = p.rejoining(time.monotonic(), self.lag_max_s)
+            rejoining = tuple(b for b in p.rejoining(time.monotonic(), self.lag_max_s) if self._may_join_isr(b))
             if rejoining:
                 self._propose_isr(p, tuple(b for b in p.replicas if b in p.isr or b in rejoining))
 
@@ -271,6 +280,26 @@ class ReplicaManager:
             log.info("queue %s/%d: ISR update to %s refused (leader, epoch or ISR changed)", *p.key, list(isr))
         if p.role is Role.LEADER and p.leader_epoch == epoch:
             self._set_isr(p, isr if ok and p.stored_isr == base else p.stored_isr)
+
+    def check_caught_up(self) -> None:
+        """After an unclean restart: once every followed queue reached its leader's HW, publish
+        that this broker is electable again (retried at the next check if etcd fails)."""
+        callback = self._on_caught_up
+        if callback is None or any(p.role is Role.FOLLOWER and not p.caught_up for p in self.partitions.values()):
+            return
+        self._on_caught_up = None
+        task = asyncio.get_running_loop().create_task(self._publish_caught_up(callback))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_caught_up(self, callback: Callable[[], None]) -> None:
+        try:
+            await asyncio.to_thread(callback)
+        except GmsError as err:
+            log.warning("could not publish that this broker caught up: %s; retrying", err)
+            self._on_caught_up = callback
+            return
+        log.info("caught up with every leader after the unclean restart: electable again")
 
     async def _maintain(self) -> None:
         """Shrink ISRs of lagging followers; checkpoint high watermarks."""

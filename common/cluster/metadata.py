@@ -69,13 +69,22 @@ class BrokerRegistration:
 
     def __init__(self, client: EtcdClient, keys: Keys, info: BrokerInfo, ttl_s: int) -> None:
         self.info = info
-        key, value = keys.broker(info.broker_id), info.to_json()
-        self._keeper = LeaseKeeper(
-            client,
-            ttl_s,
-            lambda lease_id: client.put(key, value, lease_id=lease_id),
-            name=f"broker-{info.broker_id}",
-        )
+        self._client = client
+        self._key = keys.broker(info.broker_id)
+        self._keeper = LeaseKeeper(client, ttl_s, self._put, name=f"broker-{info.broker_id}")
+
+    def _put(self, lease_id: int) -> None:
+        self._client.put(self._key, self.info.to_json(), lease_id=lease_id)
+
+    def update(self, info: BrokerInfo) -> None:
+        """Publish new info for the same broker under the same lease (a re-granted lease gets it
+        too). Blocking; raises the etcd layer's errors."""
+        if info.broker_id != self.info.broker_id:
+            raise ValueError(f"broker {self.info.broker_id} cannot publish info of {info.broker_id}")
+        self.info = info
+        lease_id = self._keeper.lease_id
+        if lease_id:  # else the lease is being re-granted, which publishes ``info``
+            self._put(lease_id)
 
     @property
     def lease_id(self) -> int:

@@ -58,6 +58,10 @@ class BrokerInfo:
     address: str  # host:port clients connect to
     cluster: str = DEFAULT_CLUSTER
     capacity_bytes: int = 0  # store disk capacity; 0 = not reported
+    # False while a broker that restarted after an unclean stop (it may have lost records it had
+    # acknowledged but not flushed) has not caught up with its leaders: the controller keeps it
+    # out of every ISR and elects it only when no other in-sync replica is alive (KIP-966).
+    caught_up: bool = True
 
     def __post_init__(self) -> None:
         validate_name("broker", self.broker_id, BadRequestError)
@@ -70,7 +74,8 @@ class BrokerInfo:
     @classmethod
     def from_json(cls, raw: bytes) -> BrokerInfo:
         d = _loads(raw)
-        return cls(d["broker_id"], d["address"], d["cluster"], int(d["capacity_bytes"]))
+        return cls(d["broker_id"], d["address"], d["cluster"], int(d["capacity_bytes"]),
+                   bool(d.get("caught_up", True)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,8 @@ def test_a_checkpoint_in_flight_never_overwrites_a_newer_epoch_history(tmp_path,
     async def main() -> None:
         manager = ReplicaManager(
             OneQueueStore(), None, "b0", ReplicationConfig(hw_checkpoint_interval_ms=20), state,  # type: ignore[arg-type]
-            update_isr=lambda *a, **k: True, lease_alive=lambda: True, notify_readers=lambda keys: None)
+            update_isr=lambda *a, **k: True, lease_alive=lambda: True, notify_readers=lambda keys: None,
+            may_join_isr=lambda broker_id: True)
         manager.start()
         try:
             manager.apply(leading(0))  # epoch 0 starts at 5; the HW moves to 5: a checkpoint is due

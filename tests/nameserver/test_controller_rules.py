@@ -39,6 +39,23 @@ def test_no_live_isr_member_goes_offline_keeping_the_isr_then_the_first_back_lea
     assert (back.leader, back.isr, back.leader_epoch) == ("a", ("a",), 6)
 
 
+def test_a_broker_catching_up_after_an_unclean_restart_leaves_the_isr_and_leads_only_as_last_resort():
+    def catching(q: QueueState, live: set[str], behind: set[str]) -> QueueState:
+        return next_queue_state(q, live, unclean=False, controller_epoch=9, catching_up=behind)
+
+    everyone = {"a", "b", "c"}
+    new = catching(Q, everyone, {"b"})  # a follower restarted uncleanly: out of the ISR
+    assert (new.leader, new.isr, new.leader_epoch) == ("a", ("a", "c"), 4)
+    new = catching(Q, everyone, {"a"})  # the leader restarted uncleanly within its lease: moves
+    assert (new.leader, new.isr, new.leader_epoch) == ("b", ("b", "c"), 5)
+    alone = QueueState(0, ("a", "b", "c"), "a", ("a",), leader_epoch=4)
+    assert catching(alone, everyone, {"a"}) is alone  # nobody has more than it: it keeps leading
+    led_by_c = QueueState(0, ("a", "b", "c"), "c", ("a", "b", "c"), leader_epoch=4)
+    new = catching(led_by_c, {"a", "b"}, {"a", "b"})  # c died; everyone left is catching up
+    assert (new.leader, new.isr, new.leader_epoch) == ("a", ("a",), 5)
+    assert catching(new, everyone, set()) is new  # caught up: the leader takes them back
+
+
 def test_unclean_election_picks_the_first_live_replica():
     q = QueueState(0, ("a", "b", "c"), "a", ("a",), leader_epoch=4)
     new = step(q, {"c", "b"}, unclean=True)
