@@ -17,6 +17,7 @@ written and indexed.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import shutil
 import struct
@@ -42,6 +43,7 @@ from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets, save_min_offsets
+from gms.broker.mapped_file import MappedFile
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
@@ -684,41 +686,34 @@ class MessageStore:
                 sizes[:take])
 
     @staticmethod
-    def _damaged(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Indexes of the records at ``phys`` whose CRC fails (checked file by file)."""
+    def _file_runs(commitlog: CommitLog, phys: np.ndarray) -> list[tuple[MappedFile, int, int]]:
+        """The commitlog files the records at ``phys`` lie in: (file, lo, hi) for each run of
+        records ``phys[lo:hi]`` in one file (one run unless the records cross a file end)."""
         files = commitlog.files
         base0, fsize = files[0].base_offset, commitlog.file_size_bytes
         if int(phys[0]) < base0:
             raise MessageNotFound(int(phys[0]), "expired")
         file_idx = (phys - base0) // fsize
-        first, last = int(file_idx[0]), int(file_idx[-1])
-        if first == last:
-            f = files[first]
-            return crc_mismatches(f.view, phys - f.base_offset, sizes)
-        bounds = np.flatnonzero(np.diff(file_idx)) + 1
-        found = []
-        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(phys)], strict=True):
-            f = files[int(file_idx[lo])]
-            found.append(crc_mismatches(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi]) + lo)
-        return np.concatenate(found)
+        if file_idx[0] == file_idx[-1]:
+            return [(files[int(file_idx[0])], 0, len(phys))]
+        cuts = [0, *(np.flatnonzero(np.diff(file_idx)) + 1).tolist(), len(phys)]
+        return [(files[int(file_idx[lo])], lo, hi) for lo, hi in itertools.pairwise(cuts)]
 
-    @staticmethod
-    def _views(commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
-        files = commitlog.files
-        base0, fsize = files[0].base_offset, commitlog.file_size_bytes
-        if int(phys[0]) < base0:
-            raise MessageNotFound(int(phys[0]), "expired")
-        file_idx = (phys - base0) // fsize
-        first, last = int(file_idx[0]), int(file_idx[-1])
-        if first == last:
-            f = files[first]
-            view, starts = f.view, (phys - f.base_offset).tolist()
-            return [view[s: s + n] for s, n in zip(starts, sizes.tolist(), strict=True)]
-        out = []
-        for fi, p, n in zip(file_idx.tolist(), phys.tolist(), sizes.tolist(), strict=True):
-            f = files[fi]
-            out.append(f.view[p - f.base_offset: p - f.base_offset + n])
-        return out
+    @classmethod
+    def _damaged(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Indexes of the records at ``phys`` whose CRC fails (checked file by file)."""
+        return np.concatenate([crc_mismatches(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi]) + lo
+                               for f, lo, hi in cls._file_runs(commitlog, phys)])
+
+    @classmethod
+    def _views(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+        """Zero-copy views of the records at ``phys``."""
+        views: list[memoryview] = []
+        for f, lo, hi in cls._file_runs(commitlog, phys):
+            view = f.view
+            starts = (phys[lo:hi] - f.base_offset).tolist()
+            views += [view[s: s + n] for s, n in zip(starts, sizes[lo:hi].tolist(), strict=True)]
+        return views
 
     def read_at(self, phys_offset: int) -> memoryview:
         """The stored record starting at ``phys_offset`` (message lookup by id)."""
