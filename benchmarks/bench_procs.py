@@ -40,3 +40,22 @@ def stop_servers(procs: list[subprocess.Popen[bytes]], timeout_s: float = 15) ->
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def start_cluster(root: Path, procs: list[subprocess.Popen[bytes]], broker_toml: str,
+                  brokers: int = 3) -> tuple[str, dict[str, subprocess.Popen[bytes]]]:
+    """A nameserver (embedded etcd) and ``brokers`` brokers configured by ``broker_toml``; every
+    process is appended to ``procs`` as it starts (stop them with :func:`stop_servers`).
+    Returns the nameserver address and the brokers by address."""
+    ns, ns_port = start_server("gms.nameserver", root, "ns", "--data-dir", str(root / "ns"))
+    procs.append(ns)
+    nameserver = f"127.0.0.1:{ns_port}"
+    by_address: dict[str, subprocess.Popen[bytes]] = {}
+    for i in range(brokers):
+        config = root / f"b{i}.toml"
+        config.write_text(broker_toml)
+        proc, port = start_server("gms.broker", root, f"b{i}", "--store-dir", str(root / f"b{i}"),
+                                  "--nameserver", nameserver, "--config", str(config))
+        procs.append(proc)
+        by_address[f"127.0.0.1:{port}"] = proc
+    return nameserver, by_address

@@ -30,7 +30,7 @@ from gms.broker.groups import heartbeat_interval_ms
 from gms.client import Admin, Consumer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_procs import start_server, stop_servers
+from bench_procs import start_cluster, stop_servers
 
 TOPIC = "bench-rebalance"
 QUEUES = 12
@@ -120,16 +120,8 @@ def main() -> None:
         root = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            ns, ns_port = start_server("gms.nameserver", root, "ns", "--data-dir", str(root / "ns"))
-            procs.append(ns)
-            nameserver = f"127.0.0.1:{ns_port}"
-            for i in range(3):
-                config = root / f"b{i}.toml"
-                config.write_text(f"[broker]\nmember_expiry_ms = {args.member_expiry_ms}\n"
-                                  "[store]\ncommitlog_file_size_bytes = 67108864\n")
-                proc, _ = start_server("gms.broker", root, f"b{i}", "--store-dir", str(root / f"b{i}"),
-                                       "--nameserver", nameserver, "--config", str(config))
-                procs.append(proc)
+            nameserver, _ = start_cluster(root, procs, f"[broker]\nmember_expiry_ms = {args.member_expiry_ms}\n"
+                                                       "[store]\ncommitlog_file_size_bytes = 67108864\n")
             interval_s = heartbeat_interval_ms(args.member_expiry_ms) / 1000
             result = measure(nameserver, 3 if args.quick else 5, 1 if args.quick else 3, interval_s)
         finally:

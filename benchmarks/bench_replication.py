@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_procs import start_server, stop_servers
+from bench_procs import start_cluster, stop_servers
 
 from gms.errors import GmsError
 from gms.net import Connection, run
@@ -142,18 +142,8 @@ def main() -> None:
         root = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            ns, ns_port = start_server("gms.nameserver", root, "ns", "--data-dir", str(root / "ns"))
-            procs.append(ns)
-            nameserver = f"127.0.0.1:{ns_port}"
-            brokers: dict[str, subprocess.Popen[bytes]] = {}
-            for i in range(3):
-                config = root / f"b{i}.toml"
-                config.write_text(f"[broker]\nlease_ttl_s = {args.lease_ttl_s}\n"
-                                  "[store]\ncommitlog_file_size_bytes = 268435456\n")
-                proc, port = start_server("gms.broker", root, f"b{i}", "--store-dir", str(root / f"b{i}"),
-                                          "--nameserver", nameserver, "--config", str(config))
-                procs.append(proc)
-                brokers[f"127.0.0.1:{port}"] = proc
+            nameserver, brokers = start_cluster(root, procs, f"[broker]\nlease_ttl_s = {args.lease_ttl_s}\n"
+                                                             "[store]\ncommitlog_file_size_bytes = 268435456\n")
             result = run(measure(nameserver, brokers, duration_s, 300 if args.quick else 2000))
         finally:
             stop_servers(procs)
