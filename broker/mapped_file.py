@@ -78,6 +78,7 @@ class MappedFile:
         self._view: memoryview | None = memoryview(mm)
         self._array: np.ndarray | None = None
         self.closed = False
+        self.deleted = False  # unlinked; the map may outlive the name while a reader holds it
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, size_bytes: int) -> MappedFile:
@@ -152,6 +153,8 @@ class MappedFile:
             finally:
                 os.close(fd)
         except OSError as err:
+            if isinstance(err, FileNotFoundError) and self.deleted:
+                return  # deleted under a flush (retention, truncation): nothing of it must last
             raise StoreIOError(f"fdatasync of {self.path} failed: {err}") from err
 
     def warm(self, stop: Callable[[], bool] = lambda: False) -> None:
@@ -185,10 +188,10 @@ class MappedFile:
         if self.closed:
             return True
         self._array = None
-        if self._view is not None:
-            self._view.release()
-            self._view = None
         try:
+            if self._view is not None:
+                self._view.release()
+                self._view = None
             self._mm.close()
         except BufferError:
             return False
@@ -196,8 +199,8 @@ class MappedFile:
         return True
 
     def delete(self) -> bool:
-        """Close and unlink; False (file kept) while readers still hold views."""
-        if not self.try_close():
-            return False
+        """Unlink and close; False while a reader still holds a view: the map (and the blocks,
+        which Linux frees with the last mapping) then lives on until ``try_close`` succeeds."""
+        self.deleted = True
         self.path.unlink(missing_ok=True)
-        return True
+        return self.try_close()

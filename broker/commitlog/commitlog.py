@@ -9,7 +9,6 @@ take the next record is closed with a blank marker (RocketMQ's END_FILE_MIN_BLAN
 
 from __future__ import annotations
 
-import itertools
 import struct
 import threading
 from collections.abc import Callable
@@ -19,7 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gms.broker.mapped_file import MappedFile, list_files
+from gms.broker.mapped_file import MappedFile
+from gms.broker.segment_list import SegmentList
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
 from gms.store_errors import MessageNotFound
 
@@ -50,42 +50,42 @@ class Placement(NamedTuple):
 
 class CommitLog:
     def __init__(self, directory: Path, file_size_bytes: int, warmer: Executor | None) -> None:
-        self.directory = directory
+        """Map the existing files (creating the first one if there is none: then ``had_data`` is
+        False); the end is declared next, by :meth:`set_end` or recovery's :meth:`truncate`."""
         self.file_size_bytes = file_size_bytes
         self._warmer = warmer
-        self.files: list[MappedFile] = []  # replaced, never mutated: readers take a snapshot
+        self._segments = SegmentList.load(directory, file_size_bytes)
+        self.had_data = bool(self._segments.files)
+        if not self.had_data:
+            self._segments.append(self._segments.create(0))
         self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
         self._spare_lock = threading.Lock()
         self.write_pos = 0  # where the next record goes (writer-private until committed)
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
 
-    # --- opening -------------------------------------------------------------------------------
     def load(self) -> bool:
-        """Map the existing files (creating the first one if there is none); False if there was none."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.files = [MappedFile.open(path, base, self.file_size_bytes) for base, path in list_files(self.directory)]
-        for prev, cur in itertools.pairwise(self.files):
-            if cur.base_offset != prev.end_offset:  # a hole: keep only the newest contiguous run
-                self.files = self.files[self.files.index(cur):]
-        if self.files:
-            return True
-        self.files = [MappedFile.create(self.directory, 0, self.file_size_bytes)]
-        return False
+        """``had_data``: the files are mapped by the constructor (kept for MessageStore.open)."""
+        return self.had_data
 
     def set_end(self, end_offset: int) -> None:
         """Declare where the data ends (from the checkpoint or recovery); later files are removed."""
-        keep = [f for f in self.files if f.base_offset <= end_offset]
-        if keep and end_offset == keep[-1].end_offset:
-            keep.append(self._create_file(end_offset))
-        for f in self.files[len(keep):]:
-            f.delete()
-        self.files = keep or [self._create_file(end_offset - end_offset % self.file_size_bytes)]
+        segments = self._segments
+        segments.delete_from(end_offset + 1)  # the files that start after the end
+        if not segments.files:
+            segments.append(segments.create(end_offset - end_offset % self.file_size_bytes))
+        elif end_offset == segments.files[-1].end_offset:
+            segments.append(segments.create(end_offset))
         self.write_pos = self.committed_pos = end_offset
         if self._warmer is not None:
             self._warmer.submit(self.active.warm)
         self._prepare_next()
 
     # --- geometry ------------------------------------------------------------------------------
+    @property
+    def files(self) -> list[MappedFile]:
+        """The files in offset order; replaced, never mutated: readers take a snapshot."""
+        return self._segments.files
+
     @property
     def min_offset(self) -> int:
         return self.files[0].base_offset
@@ -96,11 +96,11 @@ class CommitLog:
 
     def file_for(self, phys_offset: int, files: list[MappedFile] | None = None) -> MappedFile:
         files = self.files if files is None else files
-        index = (phys_offset - files[0].base_offset) // self.file_size_bytes
-        if phys_offset < files[0].base_offset or index >= len(files):
+        f = self._segments.file_for(phys_offset, files)
+        if f is None:
             raise MessageNotFound(phys_offset, f"outside the commitlog [{files[0].base_offset}, "
                                                f"{self.committed_pos})")
-        return files[index]
+        return f
 
     def place(self, starts: np.ndarray, sizes: np.ndarray) -> Placement:
         """Where each record of a batch will land; pure (no file is touched)."""
@@ -158,9 +158,8 @@ class CommitLog:
             lo, hi = max(start, f.base_offset), min(end, f.end_offset)
             if lo < hi:
                 f.array[lo - f.base_offset: hi - f.base_offset] = 0
-        rolled = [f for f in self.files if f.base_offset > start]
+        rolled = self._segments.take_from(start + 1)  # the files the batch rolled into
         if rolled:
-            self.files = self.files[: len(self.files) - len(rolled)]
             with self._spare_lock:
                 self._spare.update((f.base_offset, f) for f in rolled)
         self.write_pos = start
@@ -169,19 +168,16 @@ class CommitLog:
         f = self.active
         left = f.end_offset - self.write_pos
         _BLANK.pack_into(f.view, self.write_pos - f.base_offset, left, BLANK_MAGIC)
-        self.files = [*self.files, self._spare_file(base)]
+        self._segments.append(self._spare_file(base))
         with self._spare_lock:
             self._spare.pop(base, None)
         self.write_pos = base
         self._prepare_next()
 
-    def _create_file(self, base: int) -> MappedFile:
-        return MappedFile.create(self.directory, base, self.file_size_bytes)
-
     def _spare_file(self, base: int) -> MappedFile:
         with self._spare_lock:
             if base not in self._spare:
-                self._spare[base] = self._create_file(base)
+                self._spare[base] = self._segments.create(base)
             return self._spare[base]
 
     def _prepare_next(self) -> None:
@@ -216,21 +212,14 @@ class CommitLog:
         self.set_end(end_offset)
 
     def delete_oldest(self, should_delete: Callable[[MappedFile], bool]) -> int:
-        """Delete files from the oldest while ``should_delete`` says so, never the active one and
-        never one a reader still holds; returns the number deleted."""
-        deleted = 0
-        while len(self.files) > 1 and should_delete(self.files[0]):
-            victim = self.files[0]
-            self.files = self.files[1:]
-            if not victim.try_close():
-                self.files = [victim, *self.files]
-                break
-            victim.path.unlink(missing_ok=True)
-            deleted += 1
-        return deleted
+        """Delete files from the oldest while ``should_delete`` says so, never the active one; a
+        file a reader still holds goes all the same (closed once released). Returns the number
+        deleted."""
+        return self._segments.delete_oldest(should_delete)
 
     def close(self) -> None:
         with self._spare_lock:
             spares, self._spare = list(self._spare.values()), {}
-        for f in [*self.files, *spares]:
+        for f in spares:
             f.try_close()
+        self._segments.close()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gms.broker.mapped_file import MappedFile, list_files
+from gms.broker.mapped_file import MappedFile
+from gms.broker.segment_list import SegmentList
 from gms.store_errors import StoreError
 
 CQ_UNIT = struct.Struct(">qiq")
@@ -36,39 +37,42 @@ class OffsetExpired(StoreError):
 
 class ConsumeQueue:
     def __init__(self, directory: Path, entries_per_file: int) -> None:
-        self.directory = directory
+        """Map the queue's files and find its minimum and end."""
         self.entries_per_file = entries_per_file
         self.file_size_bytes = entries_per_file * CQ_UNIT.size
-        self.files: list[MappedFile] = []  # replaced, never mutated: readers take a snapshot
+        self._segments = SegmentList.load(directory, self.file_size_bytes)
         self.min_offset = 0
         self.max_offset = 0  # the next offset to be written; published after the entries are
-        self._flushed_offset = 0
+        files = self.files
+        if files:
+            newest = len(files) - 1  # files reserved by an append that then failed are empty
+            while newest > 0 and files[newest].array.view(CQ_DTYPE)["size"][0] <= 0:
+                newest -= 1
+            last = files[newest]
+            unwritten = np.flatnonzero(last.array.view(CQ_DTYPE)["size"] <= 0)
+            used = int(unwritten[0]) if unwritten.size else self.entries_per_file
+            self.max_offset = last.base_offset // CQ_UNIT.size + used
+            first_sizes = files[0].array.view(CQ_DTYPE)["size"]
+            self.min_offset = files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
+        self._flushed_offset = self.max_offset
 
     def load(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.files = [MappedFile.open(p, base, self.file_size_bytes) for base, p in list_files(self.directory)]
-        for prev, cur in zip(self.files, self.files[1:], strict=False):
-            if cur.base_offset != prev.end_offset:  # a hole (deleted by hand): keep the newest run
-                self.files = self.files[self.files.index(cur):]
-        if not self.files:
-            self.min_offset = self.max_offset = self._flushed_offset = 0
-            return
-        newest = len(self.files) - 1  # files reserved by an append that then failed are empty
-        while newest > 0 and self.files[newest].array.view(CQ_DTYPE)["size"][0] <= 0:
-            newest -= 1
-        last = self.files[newest]
-        sizes = last.array.view(CQ_DTYPE)["size"]
-        unwritten = np.flatnonzero(sizes <= 0)
-        used = int(unwritten[0]) if unwritten.size else self.entries_per_file
-        self.max_offset = self._flushed_offset = last.base_offset // CQ_UNIT.size + used
-        first_sizes = self.files[0].array.view(CQ_DTYPE)["size"]
-        self.min_offset = self.files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
+        """Nothing left to do: the constructor loads (kept for MessageStore._queue_for)."""
+
+    @property
+    def directory(self) -> Path:
+        return self._segments.directory
+
+    @property
+    def files(self) -> list[MappedFile]:
+        """The files in offset order; replaced, never mutated: readers take a snapshot."""
+        return self._segments.files
 
     def _file(self, offset: int, files: list[MappedFile]) -> MappedFile:
-        index = (offset - files[0].base_offset // CQ_UNIT.size) // self.entries_per_file
-        if index < 0:  # a reader that took the minimum before retention moved it and dropped files
+        f = self._segments.file_for(offset * CQ_UNIT.size, files)
+        if f is None:  # a reader that took the minimum before retention moved it and dropped files
             raise OffsetExpired(offset, self.min_offset)
-        return files[index]
+        return f
 
     def reserve(self, count: int) -> None:
         """Create the files that entries [max_offset, max_offset + count) go to. An append does this
@@ -106,8 +110,7 @@ class ConsumeQueue:
             self.write(start_offset, np.zeros(present, CQ_DTYPE))
 
     def _add_file(self, offset: int) -> None:
-        f = MappedFile.create(self.directory, offset * CQ_UNIT.size, self.file_size_bytes)
-        self.files = [*self.files, f]
+        self._segments.append(self._segments.create(offset * CQ_UNIT.size))
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) as a CQ_DTYPE array; the caller keeps within [min, max)."""
@@ -125,7 +128,9 @@ class ConsumeQueue:
         return np.concatenate(parts) if parts else np.empty(0, CQ_DTYPE)
 
     def flush(self) -> None:
-        """fdatasync the files written since the last flush."""
+        """fdatasync the files written since the last flush (and close the deleted files readers
+        have released: this runs at every checkpoint)."""
+        self._segments.close_released()
         end = self.max_offset
         if end == self._flushed_offset:
             return
@@ -143,10 +148,8 @@ class ConsumeQueue:
         offset = max(offset, self.min_offset)
         if offset >= self.max_offset:
             return
-        keep = [f for f in self.files if f.base_offset // CQ_UNIT.size < offset]
-        for f in self.files[len(keep):]:
-            f.delete()
-        self.files = keep
+        self._segments.delete_from(offset * CQ_UNIT.size)
+        keep = self.files
         if keep:
             keep[-1].zero_from((offset % self.entries_per_file) * CQ_UNIT.size if offset < keep[-1].end_offset
                                // CQ_UNIT.size else keep[-1].size_bytes)
@@ -157,9 +160,7 @@ class ConsumeQueue:
     def reset(self, offset: int) -> None:
         """Drop every entry and restart the queue empty at ``offset`` (index rebuild from a
         commitlog whose older files have expired)."""
-        for f in self.files:
-            f.delete()
-        self.files = []
+        self._segments.delete_from(0)
         self.min_offset = self.max_offset = self._flushed_offset = offset
 
     def offset_of_phys(self, phys: int) -> int:
@@ -183,20 +184,14 @@ class ConsumeQueue:
 
     def advance_min(self, offset: int) -> bool:
         """Retention: entries below ``offset`` (at most the end) are no longer served; files wholly
-        below the minimum are deleted (never the last one, nor one a reader still holds: retried
-        on the next call). True if the minimum moved."""
+        below the minimum are deleted (never the last one; one a reader still holds is closed
+        once released). True if the minimum moved."""
         offset = min(offset, self.max_offset)
         moved = offset > self.min_offset
         if moved:
             self.min_offset = offset
-        while len(self.files) > 1 and self.files[1].base_offset // CQ_UNIT.size <= self.min_offset:
-            victim = self.files[0]
-            if not victim.try_close():
-                break
-            self.files = self.files[1:]
-            victim.path.unlink(missing_ok=True)
+        self._segments.delete_oldest(lambda f: f.end_offset // CQ_UNIT.size <= self.min_offset)
         return moved
 
     def close(self) -> None:
-        for f in self.files:
-            f.try_close()
+        self._segments.close()

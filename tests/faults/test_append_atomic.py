@@ -16,7 +16,6 @@ import pytest
 
 from gms import record as rec
 from gms.broker.checkpoint import ABORT_FILE
-from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
@@ -159,10 +158,10 @@ def test_failed_commitlog_file_creation_stores_nothing(tmp_path, monkeypatch):
         acked(store, batch((b"a0", 0)))
         committed = store._commitlog.committed_pos
 
-        def no_file(commitlog: CommitLog, base: int) -> None:
+        def no_file(base: int) -> None:
             raise StoreIOError("cannot create a commitlog file: [Errno 28] No space left on device")
 
-        monkeypatch.setattr(CommitLog, "_create_file", no_file)
+        monkeypatch.setattr(store._commitlog._segments, "create", no_file)
         with pytest.raises(StoreIOError, match="No space"):
             store.append(batch(*[(b"y" * 1500, q % 2) for q in range(3)]))
         assert (store.max_offset("t", 0), store.max_offset("t", 1)) == (1, 0)

@@ -188,7 +188,7 @@ def test_topic_admin(store_dir):
         assert store.topics() == {"b": 1}
 
 
-def test_views_keep_a_file_from_being_unmapped(store_dir):
+def test_a_file_a_reader_holds_is_deleted_at_once_and_closed_once_released(store_dir):
     store = MessageStore(store_dir, small_config(checkpoint_interval_ms=1)).open()
     store.create_topic("t", 4)
     for i in range(10):
@@ -198,12 +198,12 @@ def test_views_keep_a_file_from_being_unmapped(store_dir):
     before = bytes(held)
     first = store._commitlog.files[0]
     assert not first.try_close()  # a reader holds a view: the map stays
-    assert bytes(held) == before
-    assert store.delete_expired(now_ms=int(time.time() * 1000) + 10**12) >= 0
-    assert bytes(held) == before  # still readable: retention skipped the held file
-    assert store._commitlog.files[0] is first
+    assert store.delete_expired(now_ms=int(time.time() * 1000) + 10**12) >= 2  # the held file and the next
+    assert first not in store._commitlog.files and not first.path.exists()
+    assert not first.closed and bytes(held) == before  # still mapped: the view stays readable
     del held
-    assert store.delete_expired(now_ms=int(time.time() * 1000) + 10**12) >= 1
+    store.delete_expired()
+    assert first.closed
     store.close()
 
 

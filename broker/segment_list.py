@@ -1,0 +1,114 @@
+"""The ordered, contiguous mapped files of one directory (RocketMQ's MappedFileQueue): the
+commitlog is one, every consumeQueue is one.
+
+``files`` is replaced, never mutated: a reader takes it once and indexes that snapshot by
+arithmetic while the writer adds files and retention deletes them.
+
+A file deleted while a reader still holds a view into its map (a response waiting in the send
+buffer of a client that stopped reading) is taken out of the list and unlinked at once -- Linux
+frees its blocks when the last mapping goes -- and kept in ``closing`` until a later
+:meth:`SegmentList.close_released` finds it released. One slow reader never holds up the
+deletion of the files after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from gms.broker.mapped_file import MappedFile, list_files
+
+log = logging.getLogger(__name__)
+
+
+class SegmentList:
+    def __init__(self, directory: Path, file_size_bytes: int, files: list[MappedFile]) -> None:
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.files = files  # replaced, never mutated: readers take a snapshot
+        self.closing: list[MappedFile] = []  # deleted (unlinked) but still mapped by a reader
+
+    @classmethod
+    def load(cls, directory: Path, file_size_bytes: int) -> SegmentList:
+        """Map the files of ``directory`` (created if missing). After a hole (files deleted by
+        hand) only the newest contiguous run is mapped; the older files are left on disk."""
+        directory.mkdir(parents=True, exist_ok=True)
+        found = list_files(directory)
+        first = 0
+        for i, ((prev, _), (cur, _)) in enumerate(itertools.pairwise(found), 1):
+            if cur != prev + file_size_bytes:
+                first = i
+        if first:
+            log.warning("%s: files missing before %s; the %d older file(s) are ignored",
+                        directory, found[first][1].name, first)
+        files: list[MappedFile] = []
+        try:
+            for base, path in found[first:]:
+                files.append(MappedFile.open(path, base, file_size_bytes))
+        except BaseException:
+            for f in files:
+                f.try_close()
+            raise
+        return cls(directory, file_size_bytes, files)
+
+    def file_for(self, offset: int, files: list[MappedFile] | None = None) -> MappedFile | None:
+        """The file of ``files`` (default: the current list) holding byte ``offset``; None if
+        no file does."""
+        files = self.files if files is None else files
+        if not files or offset < files[0].base_offset:
+            return None
+        index = (offset - files[0].base_offset) // self.file_size_bytes
+        return files[index] if index < len(files) else None
+
+    def create(self, base_offset: int) -> MappedFile:
+        """A new file of this list's directory and size (not in the list yet: see :meth:`append`)."""
+        return MappedFile.create(self.directory, base_offset, self.file_size_bytes)
+
+    def append(self, f: MappedFile) -> None:
+        assert not self.files or f.base_offset == self.files[-1].end_offset, (f.path, self.files[-1].path)
+        self.files = [*self.files, f]
+
+    def take_from(self, base_offset: int) -> list[MappedFile]:
+        """Remove the files starting at or after ``base_offset`` from the list and return them."""
+        keep = [f for f in self.files if f.base_offset < base_offset]
+        taken = self.files[len(keep):]
+        if taken:
+            self.files = keep
+        return taken
+
+    def delete_from(self, base_offset: int) -> None:
+        """Delete the files starting at or after ``base_offset`` (all of them for 0)."""
+        for f in self.take_from(base_offset):
+            self._retire(f)
+        self.close_released()
+
+    def delete_oldest(self, should_delete: Callable[[MappedFile], bool], keep: int = 1) -> int:
+        """Delete files from the oldest while ``should_delete`` says so, always keeping the newest
+        ``keep``; returns the number deleted. A file a reader holds goes from the list and the
+        disk all the same and is closed once released."""
+        self.close_released()
+        deleted = 0
+        while len(self.files) > keep and should_delete(self.files[0]):
+            victim = self.files[0]
+            self.files = self.files[1:]
+            self._retire(victim)
+            deleted += 1
+        return deleted
+
+    def _retire(self, f: MappedFile) -> None:
+        if not f.delete():
+            log.info("%s deleted while a reader holds it: closed once released", f.path)
+            self.closing = [*self.closing, f]
+
+    def close_released(self) -> None:
+        """Close the deleted files no reader holds any more."""
+        if self.closing:
+            self.closing = [f for f in self.closing if not f.try_close()]
+
+    def close(self) -> None:
+        """Unmap every file no reader holds (a held one stays mapped until the process ends)."""
+        for f in self.files:
+            f.try_close()
+        self.close_released()
