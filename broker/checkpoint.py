@@ -7,11 +7,14 @@ every consumeQueue entry were flushed; recovery after a crash scans from there.
 from __future__ import annotations
 
 import json
+import logging
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gms.broker.atomic_file import write_atomically
-from gms.store_errors import StoreCorrupt
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
@@ -26,17 +29,29 @@ class Checkpoint:
 
 
 def read_checkpoint(root: Path) -> Checkpoint | None:
+    """The last checkpoint; None if there is none or it is damaged (its CRC fails): the store then
+    recovers from its oldest commitlog file, as if it had never checkpointed."""
     path = root / CHECKPOINT_FILE
     if not path.exists():
         return None
     try:
-        return Checkpoint(**json.loads(path.read_bytes()))
-    except (ValueError, TypeError) as err:
-        raise StoreCorrupt(f"unreadable checkpoint {path}: {err}") from err
+        fields = json.loads(path.read_bytes())
+        crc = fields.pop("crc32")
+        if crc != _crc(fields):
+            raise ValueError("CRC mismatch")
+        return Checkpoint(**fields)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        log.error("checkpoint %s is damaged (%s): recovering from the oldest commitlog file", path, err)
+        return None
 
 
 def write_checkpoint(root: Path, checkpoint: Checkpoint) -> None:
-    write_atomically(root / CHECKPOINT_FILE, json.dumps(asdict(checkpoint)).encode())
+    fields = asdict(checkpoint)
+    write_atomically(root / CHECKPOINT_FILE, json.dumps({**fields, "crc32": _crc(fields)}).encode())
+
+
+def _crc(fields: dict) -> int:
+    return zlib.crc32(json.dumps(fields, sort_keys=True).encode())
 
 
 class AbortMarker:

@@ -50,14 +50,23 @@ from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
 from gms.broker.store_layout import check_layout
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
-from gms.record import OFF_STORE_TS, RecordCheck, check_record, crc_mismatches
+from gms.record import (
+    HEADER_SIZE,
+    MAGIC_V1,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_STORE_TS,
+    RecordCheck,
+    check_record,
+    crc_mismatches,
+    gather_rows,
+)
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
     MessageNotFound,
     MessageTooLarge,
     StoreClosed,
-    StoreCorrupt,
     StoreError,
     StoreIOError,
     StoreReadOnly,
@@ -68,7 +77,13 @@ log = logging.getLogger(__name__)
 
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 GET_BYTES_MAX_DEFAULT = 4 << 20
-_STORE_TS = struct.Struct(">q")
+_STORE_TS = _I64 = struct.Struct(">q")
+LOST_ENTRY_SIZE = 1  # a consumeQueue entry for a record recovery could not find: answered as damaged
+_STORED_HEAD = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("crc32", ">u4"), ("queue_id", ">i4"),
+                         ("queue_offset", ">i8"), ("phys_offset", ">i8")])  # the bytes outside the CRC but one
+_HEAD_STRUCT = struct.Struct(">iI")
+_ENVELOPE_HEAD_STRUCT = struct.Struct(">iqq")
+GAP_RECORDS_MAX = 1024  # a queue offset further ahead than this is a flipped bit, not lost records
 
 
 class GetStatus(enum.Enum):
@@ -159,7 +174,7 @@ class MessageStore:
             self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
         commitlog = self._commitlog = CommitLog(
             self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
-        had_data = commitlog.load()
+        had_data = commitlog.had_data
         self._load_queues()
         checkpoint = read_checkpoint(self.root)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
@@ -321,7 +336,6 @@ class MessageStore:
                 cq = self._queues.get((topic, queue_id))
                 if cq is None:
                     cq = ConsumeQueue(self._cq_root / topic / str(queue_id), self.config.cq_entries_per_file)
-                    cq.load()
                     self._queues[(topic, queue_id)] = cq
         return cq
 
@@ -368,6 +382,9 @@ class MessageStore:
                                               f"{self.config.commitlog_file_size_bytes} bytes")
             if not replicated:  # the leader checked; a limit changed since must not stall replication
                 self._check_message_sizes(parsed, sizes, len(buf))
+                if (parsed.headers["phys_offset"] | parsed.headers["store_ts_ms"]).any():
+                    # recovery knows a finished append by the envelope it patches in: it must not be forged
+                    raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
@@ -546,18 +563,56 @@ class MessageStore:
                                        parsed.topic_index[keep])
                 queue_ids, phys, queue_offsets = queue_ids[keep], phys[keep], queue_offsets[keep]
                 groups = self._group_by_queue(parsed, queue_ids)
-        for cq, idx, _ in groups:
+        sizes, tag_hashes = parsed.sizes, parsed.headers["tag_hash"]
+        consistent = []
+        for group in groups:
+            cq, idx, key = group
             offs = queue_offsets[idx]
-            if len(offs) > 1 and (np.diff(offs) != 1).any():
-                raise StoreCorrupt(f"queue {cq.directory}: commitlog records skip queue offsets")
-            if int(offs[0]) != cq.max_offset:
-                if self._rebuilding_all and not cq.files and int(offs[0]) > cq.max_offset:
-                    cq.reset(int(offs[0]))  # older entries expired with their commitlog files
-                else:
-                    raise _IndexGap(f"queue {cq.directory}: records carry offset {int(offs[0])}, "
-                                    f"the index ends at {cq.max_offset}")
-        self._dispatch(groups, queue_offsets, phys, parsed.sizes, parsed.headers["tag_hash"])
+            first = int(offs[0])
+            continues = len(offs) == 1 or bool((np.diff(offs) == 1).all())
+            if self._rebuilding_all and not cq.files and first > cq.max_offset:
+                cq.reset(first)  # older entries expired with their commitlog files
+            if continues and first != cq.max_offset and not self._rebuilding_all:
+                # the index, not the records, is off: rebuild it all
+                raise _IndexGap(f"queue {cq.directory}: records carry offset {first}, "
+                                f"the index ends at {cq.max_offset}")
+            if continues and first == cq.max_offset:
+                consistent.append(group)
+            else:  # damaged envelopes: never a reason to refuse to start
+                self._index_reconciled(cq, key, offs, phys[idx], sizes[idx], tag_hashes[idx])
+        if consistent:
+            self._dispatch(consistent, queue_offsets, phys, sizes, tag_hashes)
         self._last_store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
+
+    def _index_reconciled(self, cq: ConsumeQueue, key: tuple[str, int], carried: np.ndarray, phys: np.ndarray,
+                          sizes: np.ndarray, tag_hashes: np.ndarray) -> None:
+        """Index a queue's recovered records whose queue offsets do not continue it (a bit flipped
+        in an envelope, or records lost in a damaged stretch): offsets are reconciled, damaged
+        envelopes rewritten, missing records answered as damaged. See :func:`reconcile_offsets`."""
+        plan = reconcile_offsets(carried, cq.max_offset)
+        commitlog = self._cl()
+        entries: list[tuple[int, int, int]] = []
+        for k, offset in enumerate(plan.offsets.tolist()):
+            if offset < 0:
+                log.error("%s/%d: record at commitlog offset %d carries queue offset %d, which "
+                          "does not fit the queue: not indexed", *key, int(phys[k]), int(carried[k]))
+                continue
+            lost = offset - (cq.max_offset + len(entries))
+            if lost:
+                log.error("%s/%d: %d record(s) before offset %d lost in damaged commitlog data: "
+                          "answered as damaged", *key, lost, offset)
+                entries += [(int(phys[k]), LOST_ENTRY_SIZE, 0)] * lost
+            if offset != int(carried[k]):
+                log.error("%s/%d: record at commitlog offset %d carried queue offset %d: repaired to %d",
+                          *key, int(phys[k]), int(carried[k]), offset)
+                f = commitlog.file_for(int(phys[k]))
+                _I64.pack_into(f.view, int(phys[k]) - f.base_offset + OFF_QUEUE_OFFSET, offset)
+            entries.append((int(phys[k]), int(sizes[k]), int(tag_hashes[k])))
+        if entries:
+            start = cq.max_offset
+            cq.reserve(len(entries))
+            cq.write(start, np.array(entries, CQ_DTYPE))
+            cq.publish(start + len(entries))
 
     # --- durability ----------------------------------------------------------------------------
     @property
@@ -651,6 +706,7 @@ class MessageStore:
         phys, sizes = entries["phys"][picked[:take]].astype(np.int64), sizes[:take]
         try:
             bad = self._damaged(commitlog, phys, sizes)
+            self._repair_headers(commitlog, phys, sizes, offset + picked[:take], queue_id, bad)
             damaged: tuple[tuple[int, int], ...] = ()
             if bad.size:
                 damaged = tuple(zip((offset + picked[bad]).tolist(), phys[bad].tolist(), strict=True))
@@ -701,9 +757,34 @@ class MessageStore:
 
     @classmethod
     def _damaged(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Indexes of the records at ``phys`` whose CRC fails (checked file by file)."""
+        """Indexes of the records at ``phys`` whose CRC fails (checked file by file), and of the
+        entries for records recovery found lost."""
+        lost = sizes < HEADER_SIZE
+        if lost.any():
+            present = np.flatnonzero(~lost)
+            bad = cls._damaged(commitlog, phys[present], sizes[present]) if present.size else present
+            return np.union1d(present[bad], np.flatnonzero(lost))
         return np.concatenate([crc_mismatches(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi]) + lo
                                for f, lo, hi in cls._file_runs(commitlog, phys)])
+
+    @classmethod
+    def _repair_headers(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
+                        queue_id: int, damaged: np.ndarray) -> None:
+        """Length, magic and envelope lie outside the CRC: a bit flipped there would hand consumers
+        an undecodable record or a wrong position. The consumeQueue entry that led here knows
+        them all; rewrite any that disagree in a record whose CRC holds (damaged ones aside)."""
+        for f, lo, hi in cls._file_runs(commitlog, phys):
+            rows = gather_rows(f.array, phys[lo:hi] - f.base_offset, _STORED_HEAD.itemsize)
+            head = rows.view(_STORED_HEAD).ravel()
+            wrong = np.flatnonzero((head["total_size"] != sizes[lo:hi]) | (head["magic"] != MAGIC_V1)
+                                   | (head["queue_id"] != queue_id) | (head["queue_offset"] != offsets[lo:hi])
+                                   | (head["phys_offset"] != phys[lo:hi]))
+            for i in np.setdiff1d(wrong + lo, damaged).tolist():
+                pos = int(phys[i]) - f.base_offset
+                log.error("record at commitlog offset %d had a damaged header %s: repaired from its index entry",
+                          int(phys[i]), head[i - lo])
+                _HEAD_STRUCT.pack_into(f.view, pos, int(sizes[i]), MAGIC_V1)
+                _ENVELOPE_HEAD_STRUCT.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, int(offsets[i]), int(phys[i]))
 
     @classmethod
     def _views(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
@@ -820,6 +901,34 @@ class MessageStore:
             self.delete_expired()
         except StoreError as err:
             log.error("retention run failed: %s", err)
+
+
+class Reconciled(NamedTuple):
+    offsets: np.ndarray  # the queue offset each record is indexed at; -1: not indexed
+
+
+def reconcile_offsets(carried: np.ndarray, expected: int) -> Reconciled:
+    """Queue offsets for a queue's records found by recovery, in commitlog order, when the offsets
+    they carry do not simply continue the queue from ``expected``. A record is taken at its carried
+    offset when that continues the queue; one whose successor continues the queue as if it had had
+    the expected offset has a flipped offset (taken at the expected one); one ahead of the queue
+    (by at most GAP_RECORDS_MAX) whose successor follows it marks records lost before it; anything
+    else (an offset behind the queue: a record that a flipped queue id sent here) is not indexed,
+    unless it is the last one, which is taken at the expected offset rather than lost."""
+    out = np.full(len(carried), -1, np.int64)
+    values = carried.tolist()
+    for k, c in enumerate(values):
+        nxt = values[k + 1] if k + 1 < len(values) else None
+        if c == expected or nxt == expected + 1:
+            out[k] = expected
+        elif expected < c <= expected + GAP_RECORDS_MAX and nxt in (None, c + 1):
+            out[k] = c
+        elif nxt is None:
+            out[k] = expected
+        else:
+            continue
+        expected = int(out[k]) + 1
+    return Reconciled(out)
 
 
 def _group_size(indices: np.ndarray | slice, n: int) -> int:

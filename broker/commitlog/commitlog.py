@@ -63,10 +63,6 @@ class CommitLog:
         self.write_pos = 0  # where the next record goes (writer-private until committed)
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
 
-    def load(self) -> bool:
-        """``had_data``: the files are mapped by the constructor (kept for MessageStore.open)."""
-        return self.had_data
-
     def set_end(self, end_offset: int) -> None:
         """Declare where the data ends (from the checkpoint or recovery); later files are removed."""
         segments = self._segments

@@ -56,9 +56,6 @@ class ConsumeQueue:
             self.min_offset = files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
         self._flushed_offset = self.max_offset
 
-    def load(self) -> None:
-        """Nothing left to do: the constructor loads (kept for MessageStore._queue_for)."""
-
     @property
     def directory(self) -> Path:
         return self._segments.directory
