@@ -114,8 +114,8 @@ class MappedFile:
             actual = os.fstat(fd).st_size
             if actual > size_bytes:  # never cut a file down: that would drop data
                 raise OSError(f"it is {actual} bytes, more than the {size_bytes} configured")
-            if actual < size_bytes:
-                os.ftruncate(fd, size_bytes)  # a file cut short by a crash while being created
+            if actual < size_bytes:  # cut short by a crash while being created: allocate (no SIGBUS on a full disk)
+                os.posix_fallocate(fd, 0, size_bytes)
             mm = mmap.mmap(fd, size_bytes)
         except OSError as err:
             raise StoreIOError(f"cannot map {path}: {err}") from err

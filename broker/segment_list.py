@@ -35,7 +35,13 @@ class SegmentList:
         """Map the files of ``directory`` (created if missing). After a hole (files deleted by
         hand) only the newest contiguous run is mapped; the older files are left on disk."""
         directory.mkdir(parents=True, exist_ok=True)
-        found = list_files(directory)
+        found = []
+        for base, path in list_files(directory):
+            if path.stat().st_size == 0:  # a crash between creating it and allocating it: nothing in it
+                log.warning("%s: removing the empty file %s left by a crash", directory, path.name)
+                path.unlink()
+            else:
+                found.append((base, path))
         first = 0
         for i, ((prev, _), (cur, _)) in enumerate(itertools.pairwise(found), 1):
             if cur != prev + file_size_bytes:

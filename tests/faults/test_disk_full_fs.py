@@ -389,9 +389,6 @@ def test_a_full_filesystem_refuses_sends_keeps_every_acked_message_and_recovers(
         broker.kill()
 
 
-@pytest.mark.xfail(strict=True, raises=(pytest.fail.Exception, AssertionError), reason=(
-    "MappedFile.open extends a file cut short by a crash with ftruncate (sparse); on a full disk the "
-    "first page fault in it kills the broker with SIGBUS (on tmpfs ConsumeQueue.__init__ reading it at start)"))
 def test_a_store_file_cut_short_by_a_crash_does_not_kill_the_broker_on_a_full_disk(small_fs, tmp_path):
     """A crash between creating a store file and allocating its blocks leaves it short (here:
     empty). On restart on a full disk the broker must not die of SIGBUS on that file."""
