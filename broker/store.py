@@ -292,7 +292,10 @@ class MessageStore:
 
     # --- topics --------------------------------------------------------------------------------
     def create_topic(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
-        self._topics.create(name, queue_count, limits)
+        """A new incarnation of ``name``: records of a deleted earlier one (still in the commitlog)
+        are never indexed under it, even by a crash recovery or an index rebuild."""
+        with self._write_lock:
+            self._topics.create(name, queue_count, limits, created_at_offset=self._cl().committed_pos)
 
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""
@@ -539,8 +542,9 @@ class MessageStore:
         """Rebuild index entries for records found by recovery, at the offsets they carry."""
         queue_ids = parsed.headers["queue_id"].astype(np.int64)
         counts = np.array([self._topics.get(t) or 0 for t in parsed.topics], np.int64)
-        known = (queue_ids >= 0) & (queue_ids < counts[parsed.topic_index])
-        if not known.all():  # records of deleted topics or queues: nothing to index
+        born = np.array([self._topics.created_at_offset(t) for t in parsed.topics], np.int64)
+        known = (queue_ids >= 0) & (queue_ids < counts[parsed.topic_index]) & (phys >= born[parsed.topic_index])
+        if not known.all():  # records of deleted topics (or earlier incarnations) or queues: nothing to index
             keep = np.flatnonzero(known)
             if not keep.size:
                 return

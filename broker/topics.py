@@ -51,6 +51,9 @@ class TopicLimits:
 class _Topic:
     queue_count: int
     limits: TopicLimits
+    # The commitlog end when this incarnation of the topic was created: records of the name below
+    # it belong to an incarnation deleted since, and recovery never indexes them under this one.
+    created_at_offset: int = 0
 
 
 class TopicTable:
@@ -65,7 +68,8 @@ class TopicTable:
             return
         try:
             doc = json.loads(self._path.read_bytes())
-            topics = {validate_topic_name(name): _Topic(int(spec.pop("queue_count")), TopicLimits(**spec))
+            topics = {validate_topic_name(name): _Topic(int(spec.pop("queue_count")), created_at_offset=int(
+                          spec.pop("created_at_offset", 0)), limits=TopicLimits(**spec))
                       for name, spec in doc["topics"].items()}
         except (ValueError, KeyError, TypeError, InvalidTopicError) as err:
             raise StoreCorrupt(f"unreadable topic table {self._path}: {err}") from err
@@ -73,7 +77,7 @@ class TopicTable:
 
     def _save(self, topics: dict[str, _Topic]) -> None:
         doc = {"version": TOPICS_FORMAT_VERSION,
-               "topics": {name: {"queue_count": t.queue_count,
+               "topics": {name: {"queue_count": t.queue_count, "created_at_offset": t.created_at_offset,
                                  **{k: v for k, v in asdict(t.limits).items() if v is not None}}
                           for name, t in sorted(topics.items())}}
         write_atomically(self._path, json.dumps(doc, indent=1).encode())
@@ -84,13 +88,14 @@ class TopicTable:
         if not isinstance(queue_count, int) or not 1 <= queue_count <= QUEUE_COUNT_MAX:
             raise InvalidQueueCount(queue_count, QUEUE_COUNT_MAX)
 
-    def create(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
+    def create(self, name: str, queue_count: int, limits: TopicLimits | None = None,
+               created_at_offset: int = 0) -> None:
         validate_topic_name(name)
         self._check_count(queue_count)
         with self._lock:
             if name in self._topics:
                 raise TopicExists(name)
-            self._save({**self._topics, name: _Topic(queue_count, limits or TopicLimits())})
+            self._save({**self._topics, name: _Topic(queue_count, limits or TopicLimits(), created_at_offset)})
 
     def update(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Change the queue count and/or the limits; saved only if something changed."""
@@ -98,8 +103,8 @@ class TopicTable:
             self._check_count(queue_count)
         with self._lock:
             current = self._entry(name)
-            updated = _Topic(current.queue_count if queue_count is None else queue_count,
-                             current.limits if limits is None else limits)
+            updated = replace(current, queue_count=current.queue_count if queue_count is None else queue_count,
+                              limits=current.limits if limits is None else limits)
             if updated != current:
                 self._save({**self._topics, name: updated})
 
@@ -123,6 +128,11 @@ class TopicTable:
     def get(self, name: str) -> int | None:
         topic = self._topics.get(name)
         return None if topic is None else topic.queue_count
+
+    def created_at_offset(self, name: str) -> int:
+        """0 for a topic unknown here (its records are not indexed anyway)."""
+        topic = self._topics.get(name)
+        return 0 if topic is None else topic.created_at_offset
 
     def snapshot(self) -> dict[str, int]:
         return {name: t.queue_count for name, t in self._topics.items()}
