@@ -153,8 +153,8 @@ def test_standalone_broker_takes_settings_itself(tmp_path):
     finally:
         broker.stop()
     topics = json.loads((tmp_path / "solo" / "store" / "config" / "topics.json").read_text())
-    assert topics["topics"]["solo"] == {"queue_count": 1, "retention_ms": SHORT_RETENTION_MS,
-                                        "message_size_bytes_max": 300}
+    assert topics["topics"]["solo"] == {"queue_count": 1, "created_at_offset": 0,
+                                        "retention_ms": SHORT_RETENTION_MS, "message_size_bytes_max": 300}
 
 
 def gms(cluster: LocalCluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
