@@ -35,7 +35,7 @@ STORE_CONFIG = StoreConfig(flush_interval_ms=1000)
 
 def write_store(root: Path, messages: int) -> None:
     """Append ``messages`` 100-byte records round-robin over the queues (one encoded batch reused)."""
-    store = MessageStore(root, STORE_CONFIG).open()
+    store = MessageStore.open(root, STORE_CONFIG)
     store.create_topic(TOPIC, QUEUES)
     body = b"x" * BODY_BYTES
     batch = encode_batch([Message(TOPIC, body, tag=TAGS[i % len(TAGS)], keys=(f"k{i % 97}",),

@@ -84,7 +84,7 @@ def bench_recover(root: Path, config: StoreConfig) -> float:
     (root / "abort").write_bytes(b"")
     shutil.rmtree(root / "consumequeue")
     start = time.perf_counter()
-    store = MessageStore(root, config).open()
+    store = MessageStore.open(root, config)
     elapsed = time.perf_counter() - start
     size = store._commitlog.committed_pos - store._commitlog.min_offset
     store.close()

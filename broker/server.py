@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.store = MessageStore(config.store_dir / "store", config.store)
+        self.store = MessageStore.open(config.store_dir / "store", config.store)
         self.offsets = OffsetStore(config.store_dir / "store" / "config" / "consumer_offsets.json")
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
@@ -71,7 +71,6 @@ class BrokerServer:
         return brokers[coordinator_index(group, len(brokers))].address if brokers else self.address
 
     async def start(self) -> None:
-        self.store.open()
         if self.store.recovered_from_crash:
             log.warning("the last run did not stop cleanly; the store was recovered")
         host, port = self.config.host_port

@@ -134,6 +134,9 @@ class _QueueGroup(NamedTuple):
 
 
 class MessageStore:
+    """Open with :meth:`open` (or the constructor, which opens: recovery runs, the flush and
+    retention threads start); :meth:`close` once, or use it as a context manager."""
+
     def __init__(self, root_dir: str | Path, config: StoreConfig | None = None) -> None:
         self.root = Path(root_dir)
         self.config = config or StoreConfig()
@@ -146,32 +149,22 @@ class MessageStore:
         # (topic delete, queue truncation, retention), so a sync never meets a closed file.
         # Order: _write_lock, then _index_lock, then _queues_lock.
         self._index_lock = threading.Lock()
-        self._fsync_fault: Path | None = None  # tests only: see store_health.FSYNC_FAULT_ENV
         self._disk_full = False  # the last append's new files got no space (health DISK_FULL)
         self._abort = AbortMarker(self.root)
         self._truncations = TruncationLog(self.root / "config" / "truncations.json")
         self._min_offsets_path = self.root / "config" / MIN_OFFSETS_FILE
         # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
         self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
-        self._checkpointed_offset = 0  # cq_safe_offset of the last checkpoint: recovery starts there
-        self._warmer: ThreadPoolExecutor | None = None
-        self._commitlog: CommitLog | None = None
-        self._flusher: FlushService | None = None
-        self._housekeeper: Housekeeper | None = None
         self._last_store_ts_ms = 0
         self._last_checkpoint_ms = 0
-        self.recovered_from_crash = False
-        self.recovered_damaged = 0  # damaged records (CRC mismatch, framing intact) the last recovery found
+        self.recovered_damaged = 0  # damaged stretches the last recovery found
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
-
-    # --- lifecycle -----------------------------------------------------------------------------
-    def open(self) -> MessageStore:
+        self._closed = False
         self.root.mkdir(parents=True, exist_ok=True)
         check_layout(self.root / "config", self.config)
         self._topics.load()
         self._truncations.load()
-        if self.config.warm_next_file:
-            self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm")
+        self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm") if self.config.warm_next_file else None
         commitlog = self._commitlog = CommitLog(
             self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
         had_data = commitlog.had_data
@@ -188,6 +181,7 @@ class MessageStore:
             self._last_store_ts_ms = clean.store_ts_ms
         # A new store did not crash.
         self.recovered_from_crash = clean is None and (had_data or self._abort.found())
+        # cq_safe_offset of the last checkpoint: crash recovery would start there
         self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
         saved_minimums = load_min_offsets(self._min_offsets_path)
         for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
@@ -196,21 +190,25 @@ class MessageStore:
         self._truncations.prune(commitlog.min_offset)
         self._abort.set()
         end = commitlog.committed_pos
-        self._fsync_fault = fsync_fault_file()
+        self._fsync_fault = fsync_fault_file()  # tests only: see store_health.FSYNC_FAULT_ENV
         self._flusher = FlushService(self.config, self._flush_all, lambda: commitlog.committed_pos, end)
         self._flusher.start()
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
         self._housekeeper.start()
-        return self
+
+    @classmethod
+    def open(cls, root_dir: str | Path, config: StoreConfig | None = None) -> MessageStore:
+        """The store under ``root_dir``, open: recovered if the last run did not close it."""
+        return cls(root_dir, config)
 
     def close(self) -> None:
         """Flush, checkpoint and remove the abort marker -- only if everything written is on disk:
         after a failed flush the marker stays, and the next open recovers from the last
         checkpoint written before the failure."""
-        commitlog, flusher, housekeeper = self._commitlog, self._flusher, self._housekeeper
-        if commitlog is None or flusher is None or housekeeper is None:
+        if self._closed:
             return
-        housekeeper.stop()
+        commitlog, flusher = self._commitlog, self._flusher
+        self._housekeeper.stop()
         with self._write_lock:
             flushed = flusher.stop()
             if flusher.failure is None and flushed == commitlog.committed_pos:
@@ -227,27 +225,27 @@ class MessageStore:
             commitlog.close()
             for cq in self._queues.values():
                 cq.close()
-            self._commitlog = None
+            self._closed = True
 
     def __enter__(self) -> MessageStore:
-        return self.open()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _cl(self) -> CommitLog:
-        if self._commitlog is None:
+        if self._closed:
             raise StoreClosed()
         return self._commitlog
 
     def _flush_service(self) -> FlushService:
-        if self._flusher is None:
+        if self._closed:
             raise StoreClosed()
         return self._flusher
 
     @property
     def health(self) -> StoreHealth:
-        if self._flusher is not None and self._flusher.failure is not None:
+        if self._flusher.failure is not None:
             return StoreHealth.READ_ONLY
         return StoreHealth.DISK_FULL if self._disk_full else StoreHealth.WRITABLE
 
@@ -621,7 +619,7 @@ class MessageStore:
     # --- durability ----------------------------------------------------------------------------
     @property
     def flushed_offset(self) -> int:
-        return self._flusher.flushed_offset if self._flusher else 0
+        return self._flusher.flushed_offset
 
     def durable_future(self, phys_offset: int) -> Future:
         """Resolved once the commitlog is flushed up to ``phys_offset`` (an AppendResult end)."""
@@ -641,7 +639,7 @@ class MessageStore:
         fails stop); a checkpoint file that cannot be written is logged, the previous one stays."""
         commitlog = self._cl()
         end = commitlog.committed_pos
-        start = self._flusher.flushed_offset if self._flusher else 0
+        start = self._flusher.flushed_offset
         if self._fsync_fault is not None and end > start and self._fsync_fault.exists():
             raise StoreIOError(f"fdatasync failed: injected while {self._fsync_fault} exists")
         commitlog.flush_range(start, end)

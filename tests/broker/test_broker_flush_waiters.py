@@ -16,7 +16,7 @@ RECORD = encode_record(topic="t", body=b"x" * 100)
 
 def open_store(tmp_path, **overrides) -> MessageStore:
     config = StoreConfig(commitlog_file_size_bytes=1 << 20, warm_next_file=False, **overrides)
-    store = MessageStore(tmp_path / "store", config).open()
+    store = MessageStore.open(tmp_path / "store", config)
     store.create_topic("t", 1)
     return store
 

@@ -27,7 +27,7 @@ CONFIG = {"commitlog_file_size_bytes": 4096, "cq_entries_per_file": 4, "flush_mo
 
 
 def open_store(root: Path) -> MessageStore:
-    store = MessageStore(root, StoreConfig(**CONFIG)).open()
+    store = MessageStore.open(root, StoreConfig(**CONFIG))
     if "t" not in store.topics():
         store.create_topic("t", 2)
     return store
@@ -183,8 +183,8 @@ from gms.broker.store_config import StoreConfig
 from gms.record import Message, encode_batch
 from gms.store_errors import StoreError
 
-store = MessageStore(sys.argv[1], StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=4,
-                                                flush_mode="sync", warm_next_file=False)).open()
+store = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=4,
+                                                flush_mode="sync", warm_next_file=False))
 store.create_topic("t", 8)
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 100, hard))

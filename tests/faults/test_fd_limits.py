@@ -68,9 +68,9 @@ def test_broker_raises_its_soft_descriptor_limit_to_the_hard_one(tmp_path):
 
 
 def test_store_refuses_new_files_before_the_descriptors_run_out(tmp_path):
-    store = MessageStore(tmp_path / "store", StoreConfig(cq_entries_per_file=CQ_FILE_ENTRIES,
+    store = MessageStore.open(tmp_path / "store", StoreConfig(cq_entries_per_file=CQ_FILE_ENTRIES,
                                                          commitlog_file_size_bytes=1 << 20,
-                                                         warm_next_file=False)).open()
+                                                         warm_next_file=False))
     store.create_topic("t", 256)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = descriptors() + FD_HEADROOM + 20

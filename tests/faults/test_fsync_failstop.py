@@ -36,7 +36,7 @@ def fault_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def open_store(root: Path, **overrides) -> MessageStore:
     config = StoreConfig(commitlog_file_size_bytes=1 << 20, cq_entries_per_file=1000, warm_next_file=False,
                          **overrides)
-    store = MessageStore(root, config).open()
+    store = MessageStore.open(root, config)
     if "t" not in store.topics():
         store.create_topic("t", 2)
     return store

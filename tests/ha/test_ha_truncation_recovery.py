@@ -35,7 +35,7 @@ CRASHING_WRITER = textwrap.dedent("""
     from gms.broker.store_config import StoreConfig
     from gms.record import Message, encode_batch
     root, config = sys.argv[1], StoreConfig(**eval(sys.argv[2]))
-    store = MessageStore(root, config).open()
+    store = MessageStore.open(root, config)
     store.create_topic("t", 2)
     rec = lambda q, names: encode_batch([Message(topic="t", body=n.encode(), queue_id=q) for n in names])
     store.append(rec(0, ["a0", "a1", "a2", "a3", "a4"]))

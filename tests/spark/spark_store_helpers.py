@@ -46,7 +46,7 @@ def order(i: int) -> Message:
 
 def write_store(root: Path) -> list[Message]:
     """orders: 1200 messages in 4 queues, 12 appends; many: 1 message in each of 40 queues."""
-    store = MessageStore(root, store_config()).open()
+    store = MessageStore.open(root, store_config())
     store.create_topic("orders", 4)
     store.create_topic("empty", 2)
     store.create_topic("many", MANY_QUEUES)

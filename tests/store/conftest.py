@@ -17,7 +17,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(store_dir: Path):
-    s = MessageStore(store_dir, small_config()).open()
+    s = MessageStore.open(store_dir, small_config())
     s.create_topic("t", 4)
     yield s
     s.close()

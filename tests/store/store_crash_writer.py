@@ -9,8 +9,8 @@ from gms.record import Message, encode_batch
 
 def main() -> None:
     root = sys.argv[1]
-    store = MessageStore(root, StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=100,
-                                           flush_mode="sync")).open()
+    store = MessageStore.open(root, StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=100,
+                                           flush_mode="sync"))
     if "t" not in store.topics():
         store.create_topic("t", 2)
     i = 0

@@ -189,7 +189,7 @@ def test_topic_admin(store_dir):
 
 
 def test_a_file_a_reader_holds_is_deleted_at_once_and_closed_once_released(store_dir):
-    store = MessageStore(store_dir, small_config(checkpoint_interval_ms=1)).open()
+    store = MessageStore.open(store_dir, small_config(checkpoint_interval_ms=1))
     store.create_topic("t", 4)
     for i in range(10):
         end = store.append(batch(n=10, start=10 * i)).end_phys_offset

@@ -88,7 +88,7 @@ def test_topic_name_too_long_on_the_wire(store):
 @pytest.mark.parametrize("mutate", ["crc", "magic", "truncated", "trailing", "lengths"])
 @AROUND
 def test_corrupt_batch(store_dir, mutate, around):
-    store = MessageStore(store_dir, small_config(commitlog_file_size_bytes=1 << 20)).open()
+    store = MessageStore.open(store_dir, small_config(commitlog_file_size_bytes=1 << 20))
     store.create_topic("t", 4)
     buf = bytearray(batch(n=sum(around)))
     if mutate == "crc":
@@ -129,6 +129,8 @@ def test_bad_topic_admin(store):
 
 
 def test_closed_store(store_dir):
-    store = MessageStore(store_dir, small_config())
+    store = MessageStore.open(store_dir, small_config())
+    store.close()
+    store.close()  # closing twice is harmless
     with pytest.raises(StoreClosed):
         store.append(batch())

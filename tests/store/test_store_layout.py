@@ -17,7 +17,7 @@ def test_reopening_with_another_file_size_is_refused_and_keeps_the_data(tmp_path
     for other in (StoreConfig(commitlog_file_size_bytes=32 * 1024, cq_entries_per_file=100),
                   StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=50)):
         with pytest.raises(StoreLayoutMismatch, match="created with"):
-            MessageStore(tmp_path, other).open()
+            MessageStore.open(tmp_path, other)
     with MessageStore(tmp_path, SMALL) as store:
         assert store.max_offset("t", 0) == 1
         assert bytes(store.get("t", 0, 0).records[0][-4:]) == b"kept"

@@ -228,9 +228,9 @@ from gms.broker.store_config import StoreConfig
 from gms.broker.topics import TopicLimits
 from gms.record import Message, encode_batch
 
-store = MessageStore(sys.argv[1], StoreConfig(commitlog_file_size_bytes=4096, cq_entries_per_file=100,
+store = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=4096, cq_entries_per_file=100,
                                               flush_interval_ms=20, checkpoint_interval_ms=1,
-                                              retention_check_interval_ms=60_000)).open()
+                                              retention_check_interval_ms=60_000))
 store.create_topic("short", 1, TopicLimits(retention_ms=3_600_000))
 store.create_topic("long", 1)
 for topic in ("short", "short", "long", "short"):
