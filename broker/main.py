@@ -77,7 +77,11 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
     from gms.net import run
     from gms.net.serve import serve_until_signalled
 
-    server = BrokerServer(config)
+    try:
+        server = BrokerServer(config)  # opens the store: recovery runs here
+    except (OSError, GmsError) as err:
+        log.error("cannot start: %s", err)
+        sys.exit(1)
     sys.exit(run(serve_until_signalled(
         server, "broker", log, port_file=port_file,
         start_error=lambda err: f"cannot start: {err}" if isinstance(err, (OSError, GmsError)) else None,
