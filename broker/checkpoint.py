@@ -16,8 +16,6 @@ from gms.broker.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint"
-ABORT_FILE = "abort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +26,9 @@ class Checkpoint:
     written_ms: int
 
 
-def read_checkpoint(root: Path) -> Checkpoint | None:
+def read_checkpoint(path: Path) -> Checkpoint | None:
     """The last checkpoint; None if there is none or it is damaged (its CRC fails): the store then
     recovers from its oldest commitlog file, as if it had never checkpointed."""
-    path = root / CHECKPOINT_FILE
     if not path.exists():
         return None
     try:
@@ -45,9 +42,9 @@ def read_checkpoint(root: Path) -> Checkpoint | None:
         return None
 
 
-def write_checkpoint(root: Path, checkpoint: Checkpoint) -> None:
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     fields = asdict(checkpoint)
-    write_atomically(root / CHECKPOINT_FILE, json.dumps({**fields, "crc32": _crc(fields)}).encode())
+    write_atomically(path, json.dumps({**fields, "crc32": _crc(fields)}).encode())
 
 
 def _crc(fields: dict) -> int:
@@ -57,8 +54,8 @@ def _crc(fields: dict) -> int:
 class AbortMarker:
     """Exists while the store is open; found on open, it means the last run did not close."""
 
-    def __init__(self, root: Path) -> None:
-        self.path = root / ABORT_FILE
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
     def found(self) -> bool:
         return self.path.exists()

@@ -26,6 +26,7 @@ from gms.broker.offsets import OffsetStore
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
+from gms.broker.store_paths import StorePaths
 from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
 from gms.net import RpcServer
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.store = MessageStore.open(config.store_dir / "store", config.store)
-        self.offsets = OffsetStore(config.store_dir / "store" / "config" / "consumer_offsets.json")
+        paths = StorePaths.of_broker(config.store_dir)
+        self.store = MessageStore.open(paths.root, config.store)
+        self.offsets = OffsetStore(paths.consumer_offsets)
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
@@ -146,7 +148,7 @@ class BrokerServer:
                               fetch_bytes_max=config.replica_fetch_bytes_max,
                               hw_checkpoint_interval_ms=config.hw_checkpoint_interval_ms,
                               fsync_before_ack=config.replica_fsync_before_ack),
-            ReplicationStateFile(config.store_dir / "store" / "config" / "replication.json"),
+            ReplicationStateFile(self.store.paths.replication_state),
             update_isr=registration.update_isr,
             lease_alive=lambda: registration.alive,
             notify_readers=self.waiters.notify,

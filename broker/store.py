@@ -42,12 +42,13 @@ from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
-from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets, save_min_offsets
+from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.mapped_file import MappedFile
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
 from gms.broker.store_layout import check_layout
+from gms.broker.store_paths import StorePaths
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
 from gms.record import (
@@ -139,9 +140,9 @@ class MessageStore:
 
     def __init__(self, root_dir: str | Path, config: StoreConfig | None = None) -> None:
         self.root = Path(root_dir)
+        self.paths = paths = StorePaths(self.root)
         self.config = config or StoreConfig()
-        self._topics = TopicTable(self.root / "config")
-        self._cq_root = self.root / "consumequeue"
+        self._topics = TopicTable(paths.topics)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -150,9 +151,8 @@ class MessageStore:
         # Order: _write_lock, then _index_lock, then _queues_lock.
         self._index_lock = threading.Lock()
         self._disk_full = False  # the last append's new files got no space (health DISK_FULL)
-        self._abort = AbortMarker(self.root)
-        self._truncations = TruncationLog(self.root / "config" / "truncations.json")
-        self._min_offsets_path = self.root / "config" / MIN_OFFSETS_FILE
+        self._abort = AbortMarker(paths.abort)
+        self._truncations = TruncationLog(paths.truncations)
         # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
         self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
         self._last_store_ts_ms = 0
@@ -161,15 +161,15 @@ class MessageStore:
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
         self._closed = False
         self.root.mkdir(parents=True, exist_ok=True)
-        check_layout(self.root / "config", self.config)
+        check_layout(paths.layout, self.config)
         self._topics.load()
         self._truncations.load()
         self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm") if self.config.warm_next_file else None
         commitlog = self._commitlog = CommitLog(
-            self.root / "commitlog", self.config.commitlog_file_size_bytes, self._warmer)
+            paths.commitlog, self.config.commitlog_file_size_bytes, self._warmer)
         had_data = commitlog.had_data
         self._load_queues()
-        checkpoint = read_checkpoint(self.root)
+        checkpoint = read_checkpoint(paths.checkpoint)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
         if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
             log.warning("checkpoint does not match the commitlog end; recovering")
@@ -183,7 +183,7 @@ class MessageStore:
         self.recovered_from_crash = clean is None and (had_data or self._abort.found())
         # cq_safe_offset of the last checkpoint: crash recovery would start there
         self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
-        saved_minimums = load_min_offsets(self._min_offsets_path)
+        saved_minimums = load_min_offsets(paths.min_offsets)
         for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(commitlog.min_offset)
             cq.advance_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
@@ -310,7 +310,7 @@ class MessageStore:
                 with self._queues_lock:
                     for key in [k for k in self._queues if k[0] == name]:
                         self._queues.pop(key).close()
-                shutil.rmtree(self._cq_root / name, ignore_errors=True)
+                shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
             self._save_min_offsets()  # a topic created again under this name starts at 0
 
     def topics(self) -> dict[str, int]:
@@ -318,7 +318,7 @@ class MessageStore:
 
     def _load_queues(self) -> None:
         for topic in self._topics.snapshot():
-            topic_dir = self._cq_root / topic
+            topic_dir = self.paths.consumequeue / topic
             if topic_dir.is_dir():
                 for qdir in topic_dir.iterdir():
                     if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX:
@@ -336,7 +336,7 @@ class MessageStore:
             with self._queues_lock:
                 cq = self._queues.get((topic, queue_id))
                 if cq is None:
-                    cq = ConsumeQueue(self._cq_root / topic / str(queue_id), self.config.cq_entries_per_file)
+                    cq = ConsumeQueue(self.paths.queue_dir(topic, queue_id), self.config.cq_entries_per_file)
                     self._queues[(topic, queue_id)] = cq
         return cq
 
@@ -659,7 +659,7 @@ class MessageStore:
                 queues = list(self._queues.values())
             for cq in queues:
                 cq.flush()
-        write_checkpoint(self.root, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
+        write_checkpoint(self.paths.checkpoint, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
         self._checkpointed_offset = end
 
@@ -896,7 +896,7 @@ class MessageStore:
     def _save_min_offsets(self) -> None:
         with self._queues_lock:
             minimums = {key: cq.min_offset for key, cq in self._queues.items()}
-        save_min_offsets(self._min_offsets_path, minimums)
+        save_min_offsets(self.paths.min_offsets, minimums)
 
     def _housekeeping(self) -> None:
         try:

@@ -15,33 +15,31 @@ from gms.broker.atomic_file import write_atomically
 from gms.broker.store_config import StoreConfig
 from gms.store_errors import StoreLayoutMismatch
 
-LAYOUT_FILE = "layout.json"
 LAYOUT_VERSION = 1
 _FIELDS = ("commitlog_file_size_bytes", "cq_entries_per_file")
 
 
-def read_layout(config_dir: Path) -> dict[str, int] | None:
-    """The geometry an existing store was created with; None for a new store."""
-    path = config_dir / LAYOUT_FILE
+def read_layout(path: Path) -> dict[str, int] | None:
+    """The geometry an existing store was created with (``StorePaths.layout``); None for a new store."""
     if not path.exists():
         return None
     recorded = json.loads(path.read_bytes())
     return {name: recorded.get(name) for name in _FIELDS}
 
 
-def check_layout(config_dir: Path, config: StoreConfig) -> None:
+def check_layout(path: Path, config: StoreConfig) -> None:
     """Record the geometry of a new store, or check that ``config`` matches an existing one."""
     wanted = {name: getattr(config, name) for name in _FIELDS}
-    recorded = read_layout(config_dir)
+    recorded = read_layout(path)
     if recorded is None:
-        config_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(config_dir / LAYOUT_FILE, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
         return
     wrong = {name: recorded.get(name) for name in _FIELDS if recorded.get(name) != wanted[name]}
     if wrong:
         settings = ", ".join(f"{name} = {value}" for name, value in wrong.items())
         raise StoreLayoutMismatch(
-            f"the store in {config_dir.parent} was created with {settings}; configure the same "
+            f"the store in {path.parent.parent} was created with {settings}; configure the same "
             "(gms-broker --commitlog-file-size / --cq-file-entries, or the [store] table) — these cannot change"
             " under existing data"
         )

@@ -21,7 +21,6 @@ from gms.naming import validate_topic_name
 from gms.store_errors import InvalidQueueCount, StoreCorrupt, TopicExists, UnknownTopic
 
 QUEUE_COUNT_MAX = 1024  # per topic; each queue is a directory of index files
-TOPICS_FILE = "topics.json"
 TOPICS_FORMAT_VERSION = 1
 
 
@@ -57,8 +56,8 @@ class _Topic:
 
 
 class TopicTable:
-    def __init__(self, config_dir: Path) -> None:
-        self._path = config_dir / TOPICS_FILE
+    def __init__(self, path: Path) -> None:
+        self._path = path
         self._lock = threading.Lock()
         self._topics: dict[str, _Topic] = {}
 

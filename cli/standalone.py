@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from gms.broker.store_layout import read_layout
+from gms.broker.store_paths import StorePaths
 from gms.cluster.errors import EmbeddedEtcdError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
 
@@ -29,7 +30,6 @@ CHILD_START_TIMEOUT_S = 30.0
 CHILD_STOP_TIMEOUT_S = 15.0  # the broker flushes and checkpoints; well within this
 SUPERVISE_POLL_S = 0.2  # how soon an unexpected child exit is noticed
 LOG_TAIL_BYTES = 2000
-BROKER_STORE_CONFIG_DIR = Path("broker", "store", "config")  # under the data dir: the store's layout.json
 
 
 class StandaloneError(Exception):
@@ -170,7 +170,7 @@ def run_standalone(
 def _store_args(data_dir: Path, commitlog_file_size_bytes: int | None) -> list[str]:
     """The broker's store geometry: the one an existing store was created with (so a restart
     needs no flags), else ``--commitlog-file-size`` or the broker's defaults."""
-    layout = read_layout(data_dir / BROKER_STORE_CONFIG_DIR)
+    layout = read_layout(StorePaths.of_broker(data_dir / "broker").layout)
     if layout is None:
         return ["--commitlog-file-size", str(commitlog_file_size_bytes)] if commitlog_file_size_bytes else []
     stored_size = layout["commitlog_file_size_bytes"]

@@ -18,17 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT
-from gms.broker.consumequeue.min_offsets import MIN_OFFSETS_FILE, load_min_offsets
+from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.mapped_file import list_files
-from gms.broker.topics import TOPICS_FILE
+from gms.broker.store_paths import StorePaths
 from gms.naming import validate_topic_name
-
-# Directory names under a store root, as MessageStore lays them out (store.py spells them inline).
-COMMITLOG_DIR = "commitlog"
-CONSUMEQUEUE_DIR = "consumequeue"
-CONFIG_DIR = "config"
-CONSUMER_OFFSETS_FILE = "consumer_offsets.json"
-BROKER_STORE_SUBDIR = "store"  # gms-broker --store-dir DIR keeps its store in DIR/store
 
 
 class StoreLayoutError(ValueError):
@@ -37,16 +30,15 @@ class StoreLayoutError(ValueError):
 
 def store_root(path: str | Path) -> Path:
     """The store root for ``path``: a store root itself or a broker's ``--store-dir``."""
-    path = Path(path)
-    for candidate in (path, path / BROKER_STORE_SUBDIR):
-        if (candidate / COMMITLOG_DIR).is_dir() or (candidate / CONFIG_DIR / TOPICS_FILE).is_file():
-            return candidate
-    raise StoreLayoutError(f"{path} holds no gms store (no {COMMITLOG_DIR}/ or {CONFIG_DIR}/{TOPICS_FILE})")
+    for candidate in (StorePaths(Path(path)), StorePaths.of_broker(path)):
+        if candidate.commitlog.is_dir() or candidate.topics.is_file():
+            return candidate.root
+    raise StoreLayoutError(f"{path} holds no gms store (no commitlog/ or config/topics.json)")
 
 
 def read_topics(root: Path) -> dict[str, int]:
     """Topic name -> queue count from ``config/topics.json`` (empty if there is none yet)."""
-    path = root / CONFIG_DIR / TOPICS_FILE
+    path = StorePaths(root).topics
     if not path.exists():
         return {}
     try:
@@ -58,7 +50,7 @@ def read_topics(root: Path) -> dict[str, int]:
 
 def read_consumer_offsets(root: Path) -> dict[str, dict[str, dict[int, int]]]:
     """group -> topic -> queue id -> committed offset (the broker persists it periodically)."""
-    path = root / CONFIG_DIR / CONSUMER_OFFSETS_FILE
+    path = StorePaths(root).consumer_offsets
     if not path.exists():
         return {}
     doc = json.loads(path.read_text())
@@ -127,8 +119,9 @@ class QueueIndex:
 def queue_index(root: Path, topic: str, queue_id: int) -> QueueIndex:
     """A queue's index, starting where the broker serves it: per-topic retention may have moved
     the minimum past entries still on disk (``config/min_offsets.json``)."""
-    index = QueueIndex(root / CONSUMEQUEUE_DIR / topic / str(queue_id))
-    saved = load_min_offsets(root / CONFIG_DIR / MIN_OFFSETS_FILE).get((topic, queue_id), 0)
+    paths = StorePaths(root)
+    index = QueueIndex(paths.queue_dir(topic, queue_id))
+    saved = load_min_offsets(paths.min_offsets).get((topic, queue_id), 0)
     index.min_offset = max(index.min_offset, min(saved, index.max_offset))
     return index
 
@@ -137,7 +130,7 @@ class CommitLogFiles:
     """The commitlog's files mapped read-only on first use; all have the same size."""
 
     def __init__(self, root: Path) -> None:
-        self._dir = root / COMMITLOG_DIR
+        self._dir = StorePaths(root).commitlog
         self._maps: dict[int, np.ndarray | None] = {}
         self._paths: dict[int, Path] = {}
         self.file_size_bytes = 0

@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
 VERSION = 1
-MIN_OFFSETS_FILE = "min_offsets.json"  # under the store's config/
 
 
 def load_min_offsets(path: Path) -> dict[QueueKey, int]:

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from gms.broker import store as store_module
-from gms.broker.checkpoint import ABORT_FILE, read_checkpoint
+from gms.broker.checkpoint import read_checkpoint
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_health import FSYNC_FAULT_ENV, StoreHealth
+from gms.broker.store_paths import ABORT_FILE, StorePaths
 from gms.errors import ServerError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
@@ -54,7 +55,7 @@ def test_failed_fsync_fails_waiters_and_stops_writes_until_restart(tmp_path, fau
     store = open_store(root, flush_mode="sync", checkpoint_interval_ms=0)
     acked = store.append(RECORD).end_phys_offset
     assert store.durable_future(acked).result(5) == acked
-    checkpointed = read_checkpoint(root).commitlog_flushed_offset
+    checkpointed = read_checkpoint(StorePaths(root).checkpoint).commitlog_flushed_offset
     assert checkpointed == acked and store.health is StoreHealth.WRITABLE
 
     fault_file.touch()
@@ -68,7 +69,7 @@ def test_failed_fsync_fails_waiters_and_stops_writes_until_restart(tmp_path, fau
     with pytest.raises(StoreReadOnly):
         store.durable_future(lost).result(5)
     store.close()
-    assert read_checkpoint(root).commitlog_flushed_offset == checkpointed
+    assert read_checkpoint(StorePaths(root).checkpoint).commitlog_flushed_offset == checkpointed
     assert (root / ABORT_FILE).exists(), "no clean-shutdown marker over unflushed data"
 
     store = open_store(root, flush_mode="sync")
@@ -84,15 +85,15 @@ def test_async_mode_never_advances_the_checkpoint_after_a_failed_fsync(tmp_path,
     store = open_store(root, flush_mode="async", flush_interval_ms=10, checkpoint_interval_ms=0)
     try:
         first = store.append(RECORD).end_phys_offset
-        wait_for(lambda: read_checkpoint(root) is not None
-                 and read_checkpoint(root).commitlog_flushed_offset == first)
+        wait_for(lambda: read_checkpoint(StorePaths(root).checkpoint) is not None
+                 and read_checkpoint(StorePaths(root).checkpoint).commitlog_flushed_offset == first)
         fault_file.touch()
         store.append(RECORD)
         wait_for(lambda: store.health is StoreHealth.READ_ONLY)
         fault_file.unlink()
         time.sleep(0.1)  # ten more intervals: none of them may flush or checkpoint
         assert store.flushed_offset == first
-        assert read_checkpoint(root).commitlog_flushed_offset == first
+        assert read_checkpoint(StorePaths(root).checkpoint).commitlog_flushed_offset == first
     finally:
         store.close()
     assert (root / ABORT_FILE).exists()
@@ -104,7 +105,7 @@ def test_close_after_a_failed_final_flush_writes_no_clean_marker(tmp_path, fault
     store.append(RECORD)
     fault_file.touch()
     store.close()
-    checkpoint = read_checkpoint(root)
+    checkpoint = read_checkpoint(StorePaths(root).checkpoint)
     assert checkpoint is None or checkpoint.commitlog_flushed_offset == 0
     assert (root / ABORT_FILE).exists()
     fault_file.unlink()
@@ -136,7 +137,7 @@ def test_an_error_in_the_flush_loop_does_not_stop_flushing(tmp_path, monkeypatch
         assert failures
         second = store.append(RECORD).end_phys_offset
         wait_for(lambda: store.flushed_offset == second)
-        wait_for(lambda: read_checkpoint(root).commitlog_flushed_offset == second)
+        wait_for(lambda: read_checkpoint(StorePaths(root).checkpoint).commitlog_flushed_offset == second)
         assert store.health is StoreHealth.WRITABLE
     finally:
         store.close()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gms.broker.checkpoint import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
+from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.record import (
     OFF_PHYS_OFFSET,
     OFF_QUEUE_ID,

@@ -9,9 +9,9 @@ import time
 import uuid
 from pathlib import Path
 
-from gms.broker.checkpoint import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
+from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.client import Admin, Consumer, Producer
 from gms.record import Message, decode_record, encode_batch
 
