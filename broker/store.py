@@ -418,7 +418,7 @@ class MessageStore:
                 for cq, idx, _ in groups:
                     cq.erase(int(queue_offsets[idx][0]), _group_size(idx, len(queue_ids)))
                 raise
-            commitlog.committed_pos = placement.end_offset
+            commitlog.commit(placement.end_offset)
             self._last_store_ts_ms = store_ts_ms
         self._flush_service().appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,

@@ -145,6 +145,12 @@ class CommitLog:
             self.write_pos = phys + src_end - src_start
         assert self.write_pos == placement.end_offset
 
+    def commit(self, end_offset: int) -> None:
+        """The batch written up to ``end_offset`` is indexed: readers and the flusher may have it.
+        The committed end only moves forward (set_end, at open, is the one way to place it)."""
+        assert self.committed_pos <= end_offset == self.write_pos, (self.committed_pos, end_offset, self.write_pos)
+        self.committed_pos = end_offset
+
     def rollback(self, placement: Placement) -> None:
         """Undo a write that failed before it was committed: zero whatever it may have copied from
         ``committed_pos`` up to the placement's end (blank markers included) and give the files it
