@@ -37,7 +37,7 @@ from gms.broker.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from gms.broker.commitlog.batch import ParsedRecords, parse_batch
+from gms.broker.commitlog.batch import ParsedRecords, parse_batch, parse_records
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
@@ -114,6 +114,21 @@ class AppendResult(NamedTuple):
     touched_queues: list[tuple[str, int]]  # the (topic, queue id) pairs the batch appended to
 
 
+class ReplicaRead(NamedTuple):
+    """A follower's fetch read of one queue (:meth:`MessageStore.read_runs`)."""
+
+    next_offset: int
+    views: list[memoryview]  # the intact records, adjacent ones in one view
+    size: int  # their bytes
+    sizes: np.ndarray  # int64, each intact record's size, in offset order
+    damaged: np.ndarray  # int64 queue offsets of the range held damaged (or lost): not in ``views``
+
+
+class RepairOutcome(enum.Enum):
+    REPAIRED = "repaired"  # the damaged copy was rewritten from the given one
+    INTACT = "intact"  # the stored copy was not damaged: nothing written
+
+
 class ReplicaGap(StoreError):
     """Replicated records do not continue their queue (the follower must truncate or refetch)."""
 
@@ -159,6 +174,10 @@ class MessageStore:
         self._last_checkpoint_ms = 0
         self.recovered_damaged = 0  # damaged stretches the last recovery found
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
+        # Queue offsets of records found damaged (by recovery or a read), for a follower to ask
+        # its leader's copy of (lost entries are not in it: nothing can repair them in place).
+        self._known_damaged: dict[tuple[str, int], set[int]] = {}
+        self._known_damaged_lock = threading.Lock()
         self._closed = False
         self.root.mkdir(parents=True, exist_ok=True)
         check_layout(paths.layout, self.config)
@@ -284,6 +303,8 @@ class MessageStore:
         for cq in self._queues.values():
             cq.truncate_to_phys(end)
         self.recovered_damaged = len(recovered.damaged)
+        for phys in recovered.damaged:
+            self._note_damaged_at(phys)
         log.log(logging.ERROR if recovered.damaged else logging.INFO,
                 "recovered commitlog from %d to %d; %d damaged record(s) kept as damaged",
                 start, end, len(recovered.damaged))
@@ -712,6 +733,7 @@ class MessageStore:
             damaged: tuple[tuple[int, int], ...] = ()
             if bad.size:
                 damaged = tuple(zip((offset + picked[bad]).tolist(), phys[bad].tolist(), strict=True))
+                self._note_damaged(topic, queue_id, offset + picked[bad], sizes[bad])
                 log.error("%s/%d: damaged record(s) (CRC mismatch) at offsets %s, answered as damaged",
                           topic, queue_id, [d[0] for d in damaged])
                 keep = np.ones(len(phys), bool)
@@ -725,23 +747,142 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
         return GetResult(GetStatus.FOUND, next_offset, lo, hi, records, damaged)
 
-    def read_runs(self, topic: str, queue_id: int, offset: int, max_msgs: int,
-                  max_bytes: int) -> tuple[int, list[memoryview], int, np.ndarray]:
+    def read_runs(self, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int) -> ReplicaRead:
         """Records of a queue from ``offset`` (at least one if any, about ``max_bytes``) as few
         views as possible: adjacent records share one view. For followers' fetches, where a
-        view per record would cost a Python object per message. Returns (next offset, views,
-        bytes, each record's size as int64), the sizes from the consumeQueue entries."""
+        view per record would cost a Python object per message. Damaged records (CRC) and lost
+        entries of the range are listed by offset instead of sent: a follower never stores
+        damage as data."""
         commitlog = self._cl()
         cq = self._queue(topic, queue_id)
         window = min(cq.max_offset - offset, max_msgs)
         if window <= 0 or offset < cq.min_offset:
-            return offset, [], 0, np.empty(0, np.int64)
+            return ReplicaRead(offset, [], 0, np.empty(0, np.int64), np.empty(0, np.int64))
         entries = cq.read(offset, window)
         sizes = entries["size"].astype(np.int64)
         take = max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1)
-        run_phys, run_sizes = _runs(entries["phys"][:take].astype(np.int64), sizes[:take])
-        return (offset + take, self._views(commitlog, run_phys, run_sizes), int(run_sizes.sum()),
-                sizes[:take])
+        phys, sizes = entries["phys"][:take].astype(np.int64), sizes[:take]
+        offsets = np.arange(offset, offset + take, dtype=np.int64)
+        bad = self._damaged(commitlog, phys, sizes)
+        self._repair_headers(commitlog, phys, sizes, offsets, queue_id, bad)
+        if bad.size:
+            self._note_damaged(topic, queue_id, offsets[bad], sizes[bad])
+            keep = np.ones(take, bool)
+            keep[bad] = False
+            phys, sizes = phys[keep], sizes[keep]
+        run_phys, run_sizes = _runs(phys, sizes) if len(phys) else (phys, sizes)
+        views = self._views(commitlog, run_phys, run_sizes) if len(phys) else []
+        return ReplicaRead(offset + take, views, int(run_sizes.sum()), sizes, offsets[bad])
+
+    # --- damaged records between replicas -------------------------------------------------------
+    def _note_damaged(self, topic: str, queue_id: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        found = offsets[sizes != LOST_ENTRY_SIZE].tolist()
+        if found:
+            with self._known_damaged_lock:
+                self._known_damaged.setdefault((topic, queue_id), set()).update(found)
+
+    def _note_damaged_at(self, phys: int) -> None:
+        """Note the damaged record recovery indexed at ``phys`` (if its envelope says where)."""
+        try:
+            f = self._cl().file_for(phys)
+            parsed = parse_records(f.array, [phys - f.base_offset])
+            topic, header = parsed.topics[0], parsed.headers[0]
+            cq = self._queue(topic, int(header["queue_id"]))
+            offset = int(header["queue_offset"])
+            if cq.min_offset <= offset < cq.max_offset and int(cq.read(offset, 1)["phys"][0]) == phys:
+                self._note_damaged(topic, int(header["queue_id"]), np.array([offset]), np.array([0]))
+        except (StoreError, ValueError, UnicodeDecodeError):
+            pass  # not indexed, or its header is unreadable: a read notes what it finds
+
+    def damaged_records(self, topic: str, queue_id: int) -> list[int]:
+        """Queue offsets of records found damaged here (by recovery or a read), ascending: what a
+        follower asks its leader's intact copies of. Lost entries are not listed."""
+        with self._known_damaged_lock:
+            return sorted(self._known_damaged.get((topic, queue_id), ()))
+
+    def forget_damaged(self, topic: str, queue_id: int, offsets: list[int]) -> None:
+        """Stop listing these offsets (no intact copy can be had): they stay damaged."""
+        with self._known_damaged_lock:
+            self._known_damaged.get((topic, queue_id), set()).difference_update(offsets)
+
+    def append_lost(self, topic: str, queue_id: int, offset: int, count: int) -> None:
+        """Continue a replicated queue at ``offset`` with ``count`` lost entries: records its
+        leader holds damaged, answered as damaged here too, so both keep the same offsets."""
+        with self._write_lock:
+            commitlog = self._cl()
+            self._check_writable()
+            cq = self._queue(topic, queue_id)
+            if offset != cq.max_offset:
+                raise ReplicaGap(f"{topic}/{queue_id}: lost entries from {offset}, the queue ends at {cq.max_offset}")
+            entries = np.zeros(count, CQ_DTYPE)
+            entries["phys"] = commitlog.committed_pos  # where the next record goes: the index stays sorted
+            entries["size"] = LOST_ENTRY_SIZE
+            cq.reserve(count)
+            cq.write(offset, entries)
+            cq.publish(offset + count)
+
+    def append_replicated_run(self, topic: str, queue_id: int, offset: int, records: bytes | bytearray | memoryview,
+                              crc32: int, sizes: np.ndarray, damaged: list[int] | np.ndarray) -> int:
+        """A fetch of one queue from ``offset``: ``records`` (of ``sizes``, their ``crc32`` as a
+        whole) interleaved by offset with ``damaged`` offsets the leader sent as such, which
+        become lost entries. Returns the commitlog end after the last record appended (0: none)."""
+        if chunk_crc32(records) != crc32:
+            raise CorruptRecord(0, f"replicated chunk of {len(records)} bytes does not match the leader's CRC")
+        buf = memoryview(records).cast("B")
+        sizes = np.asarray(sizes, np.int64)
+        ends = np.cumsum(sizes)
+        done = byte = end_phys = 0  # records appended, their bytes
+        position = offset
+        for lost in [*sorted(int(d) for d in damaged), None]:
+            count = (len(sizes) - done) if lost is None else lost - position
+            if count < 0 or count > len(sizes) - done:
+                raise ReplicaGap(f"{topic}/{queue_id}: damaged offset {lost} does not fit the fetch from {offset}")
+            if count:
+                stop = int(ends[done + count - 1])
+                end_phys = self._append(buf[byte:stop], None, replicated=True,
+                                        sizes=sizes[done: done + count]).end_phys_offset
+                done, byte, position = done + count, stop, position + count
+            if lost is not None:
+                self.append_lost(topic, queue_id, lost, 1)
+                position += 1
+        return end_phys
+
+    def repair_record(self, topic: str, queue_id: int, offset: int,
+                      record: bytes | bytearray | memoryview) -> RepairOutcome:
+        """Rewrite this store's damaged copy of ``topic/queue_id@offset`` in place from an intact
+        copy (its leader's): only that record is taken -- its CRC must hold (:class:`CorruptRecord`)
+        and its size, topic and tag hash match the index entry (:class:`InvalidRecord`). The
+        envelope gets this store's queue and commitlog offsets and keeps the copy's store time.
+        A lost entry has no bytes here to rewrite (:class:`InvalidRecord`). Durable on return."""
+        buf = memoryview(record).cast("B")
+        with self._write_lock:
+            commitlog = self._cl()
+            self._check_writable()
+            cq = self._queue(topic, queue_id)
+            if not cq.min_offset <= offset < cq.max_offset:
+                raise InvalidRecord("offset", f"{topic}/{queue_id}@{offset} is outside the queue "
+                                              f"[{cq.min_offset}, {cq.max_offset})")
+            entry = cq.read(offset, 1)[0]
+            phys, size = int(entry["phys"]), int(entry["size"])
+            if size == LOST_ENTRY_SIZE:
+                raise InvalidRecord("offset", f"{topic}/{queue_id}@{offset} is a lost entry: no room in the "
+                                              "commitlog to rewrite it")
+            if len(buf) != size:
+                raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
+            parsed = parse_batch(buf, self.config.body_size_max_bytes)
+            if parsed.topics != [topic] or int(parsed.headers["tag_hash"][0]) != int(entry["tag_hash"]):
+                raise InvalidRecord("record", f"not {topic}/{queue_id}@{offset} (topic {parsed.topics[0]}, "
+                                              f"tag hash {int(parsed.headers['tag_hash'][0])})")
+            outcome = RepairOutcome.INTACT
+            if self._damaged(commitlog, np.array([phys]), np.array([size])).size:
+                f = commitlog.file_for(phys)
+                pos = phys - f.base_offset
+                f.array[pos: pos + size] = np.frombuffer(buf, np.uint8)
+                _ENVELOPE_HEAD_STRUCT.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, offset, phys)
+                f.flush()  # the flush thread only syncs what is new
+                outcome = RepairOutcome.REPAIRED
+        self.forget_damaged(topic, queue_id, [offset])
+        return outcome
 
     @staticmethod
     def _file_runs(commitlog: CommitLog, phys: np.ndarray) -> list[tuple[MappedFile, int, int]]:

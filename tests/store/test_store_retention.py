@@ -289,9 +289,10 @@ def test_a_follower_restarts_a_queue_its_leader_expired(tmp_path):
         fill(follower, "t", 1)
         follower.restart_queue("t", 0, 100)
         assert follower.min_offset("t", 0) == follower.max_offset("t", 0) == 100
-        _, views, _, sizes = leader.read_runs("t", 0, 100, 1000, 1 << 20)
+        read = leader.read_runs("t", 0, 100, 1000, 1 << 20)
+        views, sizes = read.views, read.sizes
         chunk = b"".join(bytes(v) for v in views)
-        del views
+        del views, read
         follower.append_replicated(chunk, crc32(chunk), sizes)
         assert served(follower, "t") == list(range(100, 120))
     (tmp_path / "follower" / "checkpoint").unlink()  # recover by scanning every commitlog file
