@@ -833,18 +833,20 @@ class MessageStore:
         ends = np.cumsum(sizes)
         done = byte = end_phys = 0  # records appended, their bytes
         position = offset
-        for lost in [*sorted(int(d) for d in damaged), None]:
-            count = (len(sizes) - done) if lost is None else lost - position
+        for first, count_lost in [*_consecutive_runs(sorted(int(d) for d in damaged)), (None, 0)]:
+            count = (len(sizes) - done) if first is None else first - position
             if count < 0 or count > len(sizes) - done:
-                raise ReplicaGap(f"{topic}/{queue_id}: damaged offset {lost} does not fit the fetch from {offset}")
+                raise ReplicaGap(f"{topic}/{queue_id}: damaged offset {first} does not fit the fetch from {offset}")
             if count:
                 stop = int(ends[done + count - 1])
                 end_phys = self._append(buf[byte:stop], None, replicated=True,
                                         sizes=sizes[done: done + count]).end_phys_offset
                 done, byte, position = done + count, stop, position + count
-            if lost is not None:
-                self.append_lost(topic, queue_id, lost, 1)
-                position += 1
+            if first is not None:
+                log.error("queue %s/%d: offsets %d..%d are damaged on the leader: indexed as damaged here",
+                          topic, queue_id, first, first + count_lost - 1)
+                self.append_lost(topic, queue_id, first, count_lost)
+                position += count_lost
         return end_phys
 
     def repair_record(self, topic: str, queue_id: int, offset: int,
@@ -1072,6 +1074,17 @@ def reconcile_offsets(carried: np.ndarray, expected: int) -> Reconciled:
             continue
         expected = int(out[k]) + 1
     return Reconciled(out)
+
+
+def _consecutive_runs(values: list[int]) -> list[tuple[int, int]]:
+    """(first, count) of each run of consecutive integers in sorted ``values``."""
+    runs: list[tuple[int, int]] = []
+    for v in values:
+        if runs and v == runs[-1][0] + runs[-1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((v, 1))
+    return runs
 
 
 def _group_size(indices: np.ndarray | slice, n: int) -> int:
