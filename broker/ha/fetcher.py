@@ -7,6 +7,13 @@ new leader epoch a queue is truncated where its history diverges from the leader
 (OFFSET_FOR_LEADER_EPOCH, Kafka KIP-101). The follower's fetch offset is its log end offset:
 that is how the leader learns what the follower has; with ``fsync_before_ack`` the follower
 flushes what it appended before that next fetch, so the leader's HW counts only records on disk.
+
+Damage travels as such, never as data: records the leader holds damaged come as a list of queue
+offsets beside the records, and the follower indexes them as damaged (lost entries), keeping its
+offsets the leader's. Records damaged in the follower's own copy (a bit flipped on its disk,
+found by its recovery or a read: ``MessageStore.damaged_records``) ride along in the next fetch
+as a "repair" list: the leader sends its copies of those it holds intact, and the follower
+rewrites its own in place (``MessageStore.repair_record``); the others stay damaged, logged.
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from isal.isal_zlib import crc32
 
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
+from gms.broker.store import RepairOutcome
 from gms.errors import GmsError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status
+from gms.store_errors import CorruptRecord, StoreError, StoreIOError, StoreReadOnly
 
 if TYPE_CHECKING:
     from gms.broker.ha.replica_manager import ReplicaManager
@@ -30,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
+REPAIR_OFFSETS_MAX = 256  # damaged records one fetch asks the leader to send again
 REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
 SIZES_DTYPE = np.dtype(">i4")  # record sizes in a REPLICA_FETCH response row, as bytes
 
@@ -162,12 +173,17 @@ class LeaderFetcher:
         session = self._offsets_session
         sent = [(p, p.leader_epoch, self.store.max_offset(*p.key),
                  p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
-        frame = await conn.request(RequestCode.REPLICA_FETCH, {
+        repairs = self._repairs_to_ask(sent)
+        request: dict[str, Any] = {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
             "queues": [[*p.key, offset, epoch, p.history.latest_epoch, offsets_seq]
                        for p, epoch, offset, offsets_seq in sent],
-        }, timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
+        }
+        if repairs:
+            request["repair"] = [[*p.key, epoch, offsets] for p, epoch, offsets in repairs]
+        frame = await conn.request(RequestCode.REPLICA_FETCH, request,
+                                   timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
         self._offsets_session = frame.fields["offsets_session"]
         new_session = self._offsets_session != session
         seen = (self._offsets_session, frame.fields["offsets_seq"])
@@ -192,7 +208,11 @@ class LeaderFetcher:
                             " restarting the queue there", *p.key, offset, self.address, row[10])
                 self.store.restart_queue(*p.key, row[10])
                 continue
-            if size and self.store.max_offset(*p.key) == offset:
+            damaged = row[11] if len(row) > 11 else []
+            if damaged and self.store.max_offset(*p.key) == offset:
+                appended_end = self.store.append_replicated_run(
+                    *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged)
+            elif size and self.store.max_offset(*p.key) == offset:
                 appended_end = self.store.append_replicated(chunk, crc, sizes).end_phys_offset
             leo = self.store.max_offset(*p.key)
             for entry_epoch, start in epochs:
@@ -205,11 +225,65 @@ class LeaderFetcher:
             # From seq 0 of the leader's session the commits name every group it has on the queue.
             self.manager.offsets.apply_replicated(*p.key, commits, complete=new_session or offsets_seq == 0)
             p.offsets_seen = seen
+        if repairs:
+            self._apply_repairs(repairs, frame.fields.get("repaired", []), body[pos:])
         if history_changed:
             self.manager.save_state()
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
             await asyncio.wrap_future(self.store.durable_future(appended_end))
         self.manager.check_caught_up()
+
+    def _repairs_to_ask(self, sent: list[tuple[Partition, int, int, int]]) -> list[tuple[Partition, int, list[int]]]:
+        """(partition, leader epoch, offsets) of the damaged records this replica holds below its
+        fetch offset, to ask the leader for along with this fetch (at most REPAIR_OFFSETS_MAX)."""
+        repairs = []
+        room = REPAIR_OFFSETS_MAX
+        for p, epoch, offset, _ in sent:
+            if room <= 0:
+                break
+            damaged = [o for o in self.store.damaged_records(*p.key) if o < offset][:room]
+            if damaged:
+                repairs.append((p, epoch, damaged))
+                room -= len(damaged)
+        return repairs
+
+    def _apply_repairs(self, asked: list[tuple[Partition, int, list[int]]], rows: list[Any], body: memoryview) -> None:
+        """Rewrite this replica's damaged records with the leader's intact copies; forget those the
+        leader cannot supply (damaged there too, expired, or of another size: they stay damaged)."""
+        if len(rows) != len(asked):  # a leader that does not know "repair": ask again after an upgrade
+            return
+        pos = 0
+        for (p, epoch, _), row in zip(asked, rows, strict=True):
+            status, found = row[2], row[3]
+            records = []
+            for offset, size, crc in found:
+                records.append((offset, body[pos: pos + size], crc))
+                pos += size
+            if status or not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
+                continue  # asked again with a later fetch
+            gave_up: list[int] = []  # offsets the leader left out (its budget) are asked again
+            for offset, view, crc in records:
+                if not view:
+                    log.error("queue %s/%d: offset %d is damaged here and the leader %s has no intact copy:"
+                              " it stays damaged", *p.key, offset, self.address)
+                    gave_up.append(offset)
+                    continue
+                if crc32(view) != crc:  # spoilt on the way: the fetch fails, asked again after a backoff
+                    raise CorruptRecord(0, f"repaired record {p.key[0]}/{p.key[1]}@{offset} does not match"
+                                           " the leader's CRC")
+                try:
+                    outcome = self.store.repair_record(*p.key, offset, view)
+                except (StoreReadOnly, StoreIOError):
+                    raise  # the store stopped taking writes: nothing is given up
+                except StoreError as err:  # not that record (size, CRC, topic), a lost entry, expired
+                    log.error("queue %s/%d: offset %d is damaged here; the leader's copy cannot repair it (%s):"
+                              " it stays damaged", *p.key, offset, err)
+                    gave_up.append(offset)
+                    continue
+                log.info("queue %s/%d: offset %d %s from leader %s", *p.key, offset,
+                         "repaired" if outcome is RepairOutcome.REPAIRED else "was intact", self.address)
+            if gave_up:
+                self.store.forget_damaged(*p.key, gave_up)
 
     def _pause(self, p: Partition, status: Any) -> None:
         log.info("queue %s/%d: leader %s refused the fetch (%s); waiting for new metadata",

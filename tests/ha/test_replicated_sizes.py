@@ -31,9 +31,10 @@ def stores(tmp_path):
 
 
 def fetched(leader: MessageStore) -> tuple[bytes, np.ndarray]:
-    next_offset, views, size, sizes = leader.read_runs("t", 0, 0, 1000, 1 << 20)
-    assert next_offset == COUNT and len(sizes) == COUNT and int(sizes.sum()) == size
-    return b"".join(views), sizes
+    read = leader.read_runs("t", 0, 0, 1000, 1 << 20)
+    assert read.next_offset == COUNT and len(read.sizes) == COUNT and int(read.sizes.sum()) == read.size
+    assert not len(read.damaged)
+    return b"".join(read.views), read.sizes
 
 
 def test_announced_sizes_store_what_the_leader_has(stores):
