@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
@@ -30,6 +30,9 @@ from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
 
 _RECORD_SIZE = struct.Struct(">i")  # a record's first field: its total size
+_I32 = struct.Struct(">i")  # QUEUE_ID_ARRAY's item
+_I64 = struct.Struct(">q")  # OFFSET_ARRAY's item
+assert _I32.size == QUEUE_ID_ARRAY.itemsize and _I64.size == OFFSET_ARRAY.itemsize
 # A send's answer holds a queue id (4 bytes) and two offsets (8 each) per record in its header:
 # even a request of the smallest records (a header and a one-byte topic) must fit the header
 # limit, or the broker would store a batch it cannot acknowledge. The rest of that header (keys,
@@ -66,7 +69,10 @@ class MessageHandlers:
 
     # -- send -----------------------------------------------------------------------
 
-    async def send(self, request: Frame) -> Response | None:
+    def send(self, request: Frame) -> Response | Awaitable[Response | None] | None:
+        """Store the batch and answer at once, or (sync flush, acks=-1) return what waits for the
+        flush and the replicas (the server runs it as a task): a direct handler, see
+        :data:`gms.net.server.DirectHandler`."""
         acks = field(request.fields, "acks", INT32, 1)
         if acks not in ACKS:
             raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
@@ -79,25 +85,39 @@ class MessageHandlers:
                 f"{SEND_BODY_SIZE_MAX_BYTES} bytes (SEND_BODY_SIZE_MAX_BYTES): nothing was stored; "
                 "split the batch")
         replicas = self.replicas
+        ends = None
         if replicas is None:
             result = self._append(body)
             self.waiters.notify(result.touched_queues)  # replicated queues wake pulls on HW moves
         else:
             result = self._append(body, lambda queues: replicas.check_produce(queues, acks))
-            ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
+            if acks == -1:
+                ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
-        if self._flush_waiters is not None and acks != 0:
-            await self._flush_waiters.wait(result.end_phys_offset)
-        if replicas is not None and acks == -1:
-            await replicas.wait_replicated(ends, self.config.send_timeout_ms)
-        if request.is_oneway:
-            return None
-        return Response({
-            "queue_ids": int_array(result.queue_ids, QUEUE_ID_ARRAY),
-            "queue_offsets": int_array(result.queue_offsets, OFFSET_ARRAY),
-            "phys_offsets": int_array(result.phys_offsets, OFFSET_ARRAY),
-            "broker": self.advertised_address,
-        })
+        wait_flush = self._flush_waiters is not None and acks != 0
+        if wait_flush or ends is not None:
+            return self._send_waits(request, result, wait_flush, ends)
+        return None if request.is_oneway else self._send_response(result)
+
+    async def _send_waits(self, request: Frame, result: AppendResult, wait_flush: bool,
+                          ends: dict[tuple[str, int], int] | None) -> Response | None:
+        if wait_flush:
+            await self._flush_waiters.wait(result.end_phys_offset)  # type: ignore[union-attr]
+        if ends is not None:
+            await self.replicas.wait_replicated(ends, self.config.send_timeout_ms)  # type: ignore[union-attr]
+        return None if request.is_oneway else self._send_response(result)
+
+    def _send_response(self, result: AppendResult) -> Response:
+        if len(result.queue_ids) == 1:  # a single send: no numpy conversions
+            queue_ids = _I32.pack(int(result.queue_ids[0]))
+            queue_offsets = _I64.pack(int(result.queue_offsets[0]))
+            phys_offsets = _I64.pack(int(result.phys_offsets[0]))
+        else:
+            queue_ids = int_array(result.queue_ids, QUEUE_ID_ARRAY)
+            queue_offsets = int_array(result.queue_offsets, OFFSET_ARRAY)
+            phys_offsets = int_array(result.phys_offsets, OFFSET_ARRAY)
+        return Response({"queue_ids": queue_ids, "queue_offsets": queue_offsets, "phys_offsets": phys_offsets,
+                         "broker": self.advertised_address})
 
     def _append(self, body: Buffer,
                 admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 ACKS_VALUES = (0, 1, -1)
 _TOTAL_SIZE = struct.Struct(">i")
 _QUEUE_ID = struct.Struct(">i")
+_I64 = struct.Struct(">q")  # an offset of a send's answer
 
 
 class ProducerRecord(NamedTuple):
@@ -151,6 +152,16 @@ def _results(topic: str, fields: Mapping[str, Any]) -> SendResults:
     return SendResults(topic, broker, msg_id_prefix(broker), np.frombuffer(fields["queue_ids"], ">i4"),
                        np.frombuffer(fields["queue_offsets"], ">i8"),
                        np.frombuffer(fields["phys_offsets"], ">i8"))
+
+
+def _one_result(topic: str, fields: Mapping[str, Any]) -> SendResult:
+    """The result of a one-record send, without the arrays of :func:`_results` (same values)."""
+    phys_offsets = fields["phys_offsets"]
+    if len(phys_offsets) != _I64.size:
+        return _results(topic, fields)[0]
+    broker = fields["broker"]
+    return SendResult(f"{msg_id_prefix(broker)}{_I64.unpack(phys_offsets)[0]:016X}", topic,
+                      _QUEUE_ID.unpack(fields["queue_ids"])[0], _I64.unpack(fields["queue_offsets"])[0], broker)
 
 
 class _Group(NamedTuple):
@@ -269,7 +280,7 @@ class Producer:
                                              timeout_ms=self._request_timeout_ms)
                     finally:
                         self._blocking.release(route.broker, conn)
-                    return _results(route.topic, frame.fields)[0]
+                    return _one_result(route.topic, frame.fields)
             except GmsError as err:
                 first_error = err  # retried with backoff on the I/O loop, if retriable
         send = self._sender.send(route, records, movable=queue is None and key is None,

@@ -25,12 +25,16 @@ from gms.errors import (
 from gms.net.client import CONNECT_TIMEOUT_MS, REQUEST_ID_LIMIT
 from gms.net.server import CONNECTION_ERROR_ID
 from gms.protocol.decoder import Event, FrameDecoder
-from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
+from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Buffer, Frame, encode_frame
 
 # One read: a send acknowledgement is a few hundred bytes, a batch's a few KiB per 1,000.
 _RECV_SIZE_BYTES = 256 * 1024
 # Buffers one sendmsg takes; POSIX guarantees IOV_MAX >= 16. More are joined first.
 _SEND_BUFFERS_MAX = 16
+
+
+def _nbytes(part: Buffer) -> int:
+    return part.nbytes if type(part) is memoryview else len(part)
 
 
 class BlockingConnection:
@@ -43,6 +47,7 @@ class BlockingConnection:
         self._frame_size_max_bytes = frame_size_max_bytes
         self._decoder = FrameDecoder(frame_size_max_bytes=frame_size_max_bytes)
         self._last_id = CONNECTION_ERROR_ID
+        self._timeout_s = sock.gettimeout()
         self.closed = False
 
     @classmethod
@@ -67,11 +72,14 @@ class BlockingConnection:
         parts = encode_frame(code, request_id, fields=fields, body=body,
                              frame_size_max_bytes=self._frame_size_max_bytes)
         try:
-            self._sock.settimeout(timeout_ms / 1000)
+            timeout_s = timeout_ms / 1000
+            if timeout_s != self._timeout_s:  # two fcntl calls each time: only when it changes
+                self._sock.settimeout(timeout_s)
+                self._timeout_s = timeout_s
             if len(parts) > _SEND_BUFFERS_MAX:
                 parts = [b"".join(parts)]
             sent = self._sock.sendmsg(parts)
-            if sent < sum(memoryview(part).nbytes for part in parts):  # socket buffer full
+            if sent < sum(map(_nbytes, parts)):  # socket buffer full
                 self._sock.sendall(memoryview(b"".join(parts))[sent:])
             response = self._read_response(request_id)
         except TimeoutError as err:
