@@ -8,7 +8,7 @@ new leader epoch a queue is truncated where its history diverges from the leader
 that is how the leader learns what the follower has; with ``fsync_before_ack`` the follower
 flushes what it appended before that next fetch, so the leader's HW counts only records on disk.
 
-Damage travels as such, never as data: records the leader holds damaged come as a list of queue
+Damage travels as such, never as data: records the leader holds damaged come as runs of queue
 offsets beside the records, and the follower indexes them as damaged (lost entries), keeping its
 offsets the leader's. Records damaged in the follower's own copy (a bit flipped on its disk,
 found by its recovery or a read: ``MessageStore.damaged_records``) ride along in the next fetch
@@ -43,6 +43,23 @@ RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
 REPAIR_OFFSETS_MAX = 256  # damaged records one fetch asks the leader to send again
 REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
 SIZES_DTYPE = np.dtype(">i4")  # record sizes in a REPLICA_FETCH response row, as bytes
+
+
+def offset_runs(offsets: np.ndarray) -> list[list[int]]:
+    """[[first, count], ...] of the runs of consecutive values in ascending ``offsets``."""
+    if not len(offsets):
+        return []
+    breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+    firsts = np.concatenate(([0], breaks))
+    counts = np.diff(np.concatenate((firsts, [len(offsets)])))
+    return [[int(offsets[i]), int(n)] for i, n in zip(firsts.tolist(), counts.tolist(), strict=True)]
+
+
+def run_offsets(runs: list[list[int]]) -> np.ndarray:
+    """The offsets of [[first, count], ...] runs (what :func:`offset_runs` encodes)."""
+    if not runs:
+        return np.empty(0, np.int64)
+    return np.concatenate([np.arange(first, first + count, dtype=np.int64) for first, count in runs])
 
 
 class FetcherPool:
@@ -208,8 +225,8 @@ class LeaderFetcher:
                             " restarting the queue there", *p.key, offset, self.address, row[10])
                 self.store.restart_queue(*p.key, row[10])
                 continue
-            damaged = row[11] if len(row) > 11 else []
-            if damaged and self.store.max_offset(*p.key) == offset:
+            damaged = run_offsets(row[11]) if len(row) > 11 else ()
+            if len(damaged) and self.store.max_offset(*p.key) == offset:
                 appended_end = self.store.append_replicated_run(
                     *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged)
             elif size and self.store.max_offset(*p.key) == offset:

@@ -34,10 +34,12 @@ REPLICA_FETCH (200), one request for every queue a follower follows from this br
     the queue (retention moves it; optional): a follower whose fetch offset is below it missed
     records that expired on the leader and starts its queue over there (Kafka's log start offset).
     damaged = the queue offsets of the answered range that the leader holds damaged (a record
-    whose CRC fails, or a lost entry: see MessageStore.read_runs), in offset order (optional):
-    they are not in the body (nor in size, crc, sizes); the answered range is the records and
-    these together, from fetch_offset on. The follower indexes them as damaged (lost entries,
-    so its queue offsets stay the leader's) and never stores the damaged bytes as data.
+    whose CRC fails, or a lost entry: see MessageStore.read_runs) as [[first, count], ...] runs
+    of consecutive offsets, in offset order (optional; a damaged stretch of the commitlog is one
+    run, however many entries it cost): they are not in the body (nor in size, crc, sizes); the
+    answered range is the records and these together, from fetch_offset on. The follower
+    indexes them as damaged (lost entries, so its queue offsets stay the leader's) and never
+    stores the damaged bytes as data.
     repaired: one row per "repair" row, status as for "queues"; each asked offset with the size
     of the leader's record and zlib.crc32 of its bytes, size 0 when the leader has no intact
     copy (damaged too, or outside its queue). The records follow the queues' records in the
@@ -56,7 +58,7 @@ from typing import Any, NamedTuple
 
 from isal.isal_zlib import crc32  # zlib's CRC-32 values, several times faster
 
-from gms.broker.ha.fetcher import SIZES_DTYPE
+from gms.broker.ha.fetcher import SIZES_DTYPE, offset_runs
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.store import GetStatus
@@ -205,7 +207,7 @@ class LeaderHandlers:
                 for view in read.views:
                     crc = crc32(view, crc)
                 sizes = read.sizes.astype(SIZES_DTYPE).tobytes()
-                damaged = read.damaged.tolist()
+                damaged = offset_runs(read.damaged)
             epochs = [[e.epoch, e.start_offset] for e in p.history.entries
                       if e.epoch > last_epoch and e.start_offset < next_offset]
             commits = self.manager.offsets.changed_since(topic, queue_id, offsets_seq)
