@@ -167,3 +167,28 @@ def test_follower_repairs_its_damaged_copy_from_the_leader_after_a_restart(clust
     repaired, original = (record_at(b, 17) for b in (follower, leader))
     copies = [path.read_bytes()[pos: pos + size] for path, pos, size in (repaired, original)]
     assert copies[0][OFF_STORE_TS:] == copies[1][OFF_STORE_TS:]  # the producer bytes and store time
+
+
+@pytest.mark.slow
+def test_a_record_damaged_on_both_stays_damaged_and_replication_goes_on(cluster):
+    cluster.create_topic(TOPIC, 1)
+    queue = cluster.topic(TOPIC).queues[0]
+    leader = cluster.broker_by_id(queue.leader)
+    follower = next(b for b in cluster.brokers if b is not leader)
+    send(cluster, leader, 0, 20)
+    wait_for(lambda: max_offset(follower) == 20, 10)
+    flip_body(follower, 12)
+    flip_body(leader, 12)
+    follower.kill()
+    follower.restart()
+    wait_for(lambda: "offset 12 is damaged here and the leader" in follower.log_tail(1_000_000), 20)
+    send(cluster, leader, 20, 5)
+    wait_for(lambda: max_offset(follower) == 25, 20)
+    log_text = follower.log_tail(1_000_000)
+    assert log_text.count("offset 12 is damaged here") == 1  # given up on, not asked again
+
+    cluster.stop()
+    for broker in (leader, follower):
+        served, damaged, end = read_stopped(broker)
+        assert (end, damaged) == (25, [12]), broker.store_dir
+        assert served == expected(25, without=(12,))
