@@ -24,7 +24,7 @@ from isal.isal_zlib import crc32
 from gms.client.connections import msg_id_prefix
 from gms.client.routing import RouteProvider
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import DamagedRecord, ReceivedMessages
+from gms.client.structs import DamagedRecord, MessageBatch, ReceivedMessages
 from gms.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -39,9 +39,10 @@ from gms.record import (
     HEADER_SIZE,
     MAGIC_V1,
     OFF_CRC_START,
-    OFFSETS,
+    FieldOffsets,
     RecordCheck,
     gather_rows,
+    read_field_offsets,
     scan_records,
 )
 from gms.store_errors import CorruptRecord
@@ -57,8 +58,6 @@ UNIFORM_RUN_RECORDS_MIN = 16
 
 _SIZE_MAGIC = struct.Struct(">iI")  # total_size, magic: the start of every record
 _HEAD = np.dtype([("size", ">i4"), ("magic", ">u4"), ("crc", ">u4")])  # the first 12 bytes (gms.record)
-_OFF_TOPIC_LEN = OFFSETS["topic_len"]
-_OFF_TAG_LEN = OFFSETS["tag_len"]
 
 
 class TopicQueue(NamedTuple):
@@ -280,9 +279,13 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
     else:
         read_run = _checked_run if verify_crc else _run_starts
         starts = np.concatenate([read_run(body, *run) for run in runs])
+    offsets = read_field_offsets(body, starts)
     if tag_filter.tags is not None:  # the broker matched tag hashes; drop hash collisions
-        starts = starts[_exact_tag_mask(np.frombuffer(body, np.uint8), starts, tag_filter.tags)]
-    return ReceivedMessages([(body, starts, prefix)])
+        keep = _exact_tag_mask(np.frombuffer(body, np.uint8), offsets, tag_filter.tags)
+        if not keep.all():
+            starts = starts[keep]
+            offsets = FieldOffsets(*(column[keep] for column in offsets))
+    return ReceivedMessages([MessageBatch(body, starts, prefix, offsets)])
 
 
 def _uniform_runs(body: memoryview) -> list[tuple[int, int, int]] | None:
@@ -323,12 +326,11 @@ def _run_starts(body: memoryview, pos: int, size: int, count: int) -> np.ndarray
     return np.arange(pos, pos + count * size, size, dtype=np.int64)
 
 
-def _exact_tag_mask(arr: np.ndarray, starts: np.ndarray, tags: frozenset[str]) -> np.ndarray:
-    """Which records at ``starts`` carry exactly one of ``tags`` (compared as bytes, vectorised)."""
-    topic_len = arr[starts + _OFF_TOPIC_LEN].astype(np.int64)
-    tag_len = arr[starts + _OFF_TAG_LEN]
-    tag_at = starts + HEADER_SIZE + topic_len
-    keep = np.zeros(len(starts), bool)
+def _exact_tag_mask(arr: np.ndarray, offsets: FieldOffsets, tags: frozenset[str]) -> np.ndarray:
+    """Which records carry exactly one of ``tags`` (compared as bytes, vectorised)."""
+    tag_len = offsets.headers["tag_len"]
+    tag_at = offsets.tag_at
+    keep = np.zeros(len(tag_at), bool)
     for tag in tags:
         raw = np.frombuffer(tag.encode(), np.uint8)
         same_len = np.flatnonzero(tag_len == len(raw))

@@ -8,11 +8,13 @@ decoded from the record on access (the layout is :mod:`gms.record`'s), never eag
 
 from __future__ import annotations
 
+import collections
 import struct
 from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
-from typing import Any, NamedTuple, overload
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -20,14 +22,18 @@ from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
     OFF_PHYS_OFFSET,
-    OFF_QUEUE_ID,
-    OFF_QUEUE_OFFSET,
     OFF_STORE_TS,
     OFFSETS,
+    UNDECODABLE,
+    FieldOffsets,
     Record,
+    bytes_column,
     decode_keys,
     decode_properties,
     decode_record,
+    keys_column,
+    read_field_offsets,
+    text_column,
 )
 
 _I32 = struct.Struct(">i")
@@ -154,86 +160,111 @@ class SendResults(_ListLike, Sequence[SendResult]):
         return f"SendResults({len(self)} results of {self._topic!r} on {self._broker})"
 
 
-class ReceivedMessage:
-    """One consumed message: a read-only view of a stored record in a fetched buffer."""
+def _field(index: int, doc: str) -> Any:
+    """A read-only attribute that is item ``index`` of the tuple (a C descriptor, as namedtuple's)."""
+    getter = getattr(collections, "_tuplegetter", None)
+    return getter(index, doc) if getter is not None else property(itemgetter(index), doc=doc)
 
-    __slots__ = ("_buf", "_msg_id_prefix", "_pos")
 
-    def __init__(self, buf: memoryview, pos: int, msg_id_prefix: str) -> None:
-        self._buf = buf
-        self._pos = pos
-        self._msg_id_prefix = msg_id_prefix  # hex of broker host and port, see :func:`msg_id_prefix`
+class ReceivedMessage(tuple[Any, ...]):
+    """One consumed message.
+
+    Messages are made by the thousand, so a message is a tuple made in C (see
+    :class:`MessageBatch`) holding what nearly every consumer reads — topic, tag, keys, body,
+    queue id and offset — read through C descriptors; the other fields (born host,
+    properties, timestamps, message id) are decoded from the stored record on access.
+    ``ReceivedMessage(buf, pos, msg_id_prefix)`` is the message of the record at ``pos``."""
+
+    __slots__ = ()
+
+    # Items: topic, tag, keys, body, queue_id, queue_offset, index in the batch, MessageBatch.
+    if TYPE_CHECKING:
+        @property
+        def topic(self) -> str: ...
+
+        @property
+        def tag(self) -> str | None: ...
+
+        @property
+        def keys(self) -> tuple[str, ...]: ...
+
+        @property
+        def body(self) -> bytes: ...
+
+        @property
+        def queue_id(self) -> int: ...
+
+        @property
+        def queue_offset(self) -> int: ...
+    else:
+        topic = _field(0, "The topic the message was sent to.")
+        tag = _field(1, "The message's tag, None without one.")
+        keys = _field(2, "The message's keys (a tuple of str).")
+        body = _field(3, "The message's body (bytes).")
+        queue_id = _field(4, "The queue of the topic that stores the message.")
+        queue_offset = _field(5, "The message's offset in its queue.")
+
+    def __new__(cls, buf: bytes | memoryview, pos: int, msg_id_prefix: str) -> ReceivedMessage:
+        return MessageBatch(memoryview(buf), np.array([pos], np.int64), msg_id_prefix)[0]
+
+    @property
+    def _pos(self) -> int:
+        """Where the message's record starts in its batch's buffer."""
+        return int(self[7].starts[self[6]])
 
     def _variable(self, index: int) -> memoryview:
         """Field ``index`` of the variable part: 0 topic, 1 tag, 2 born host, 3 keys, 4 props, 5 body."""
-        body_len, *lengths = _LENGTHS.unpack_from(self._buf, self._pos + _OFF_LENGTHS)
-        lengths.append(body_len)
-        start = self._pos + HEADER_SIZE + sum(lengths[:index])
-        return self._buf[start: start + lengths[index]]
+        return _variable(self[7].buf, self._pos, index)
 
-    @property
-    def topic(self) -> str:
-        return bytes(self._variable(0)).decode()
-
-    @property
-    def queue_id(self) -> int:
-        return _I32.unpack_from(self._buf, self._pos + OFF_QUEUE_ID)[0]
-
-    @property
-    def queue_offset(self) -> int:
-        return _I64.unpack_from(self._buf, self._pos + OFF_QUEUE_OFFSET)[0]
+    def _unpack(self, fmt: struct.Struct, offset: int) -> int:
+        return cast(int, fmt.unpack_from(self[7].buf, self._pos + offset)[0])
 
     @property
     def phys_offset(self) -> int:
-        return _I64.unpack_from(self._buf, self._pos + OFF_PHYS_OFFSET)[0]
-
-    @property
-    def tag(self) -> str | None:
-        return bytes(self._variable(1)).decode() or None
+        return self._unpack(_I64, OFF_PHYS_OFFSET)
 
     @property
     def born_host(self) -> str:
         return bytes(self._variable(2)).decode()
 
     @property
-    def keys(self) -> tuple[str, ...]:
-        return decode_keys(self._variable(3))
-
-    @property
     def properties(self) -> Mapping[str, str]:
         return decode_properties(self._variable(4))
 
     @property
-    def body(self) -> bytes:
-        return bytes(self._variable(5))
-
-    @property
     def born_timestamp_ms(self) -> int:
-        return _I64.unpack_from(self._buf, self._pos + _OFF_BORN_TS)[0]
+        return self._unpack(_I64, _OFF_BORN_TS)
 
     @property
     def store_timestamp_ms(self) -> int:
-        return _I64.unpack_from(self._buf, self._pos + OFF_STORE_TS)[0]
+        return self._unpack(_I64, OFF_STORE_TS)
 
     @property
     def reconsume_times(self) -> int:
-        return _I32.unpack_from(self._buf, self._pos + _OFF_RECONSUME)[0]
+        return self._unpack(_I32, _OFF_RECONSUME)
 
     @property
     def msg_id(self) -> str:
-        return f"{self._msg_id_prefix}{self.phys_offset:016X}"
+        return f"{self[7].prefix}{self.phys_offset:016X}"
 
     def record(self) -> Record:
         """Every field of the stored record, decoded at once."""
-        return decode_record(self._buf, self._pos, verify_crc=False)
+        return decode_record(self[7].buf, self._pos, verify_crc=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReceivedMessage):
             return NotImplemented
         return self.msg_id == other.msg_id
 
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __hash__(self) -> int:
         return hash(self.msg_id)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy.copy: the same items (not a pickle: the buffer is not)
+        return tuple.__new__, (type(self), tuple(self))
 
     def __repr__(self) -> str:
         return (f"ReceivedMessage(topic={self.topic!r}, queue_id={self.queue_id}, "
@@ -241,19 +272,147 @@ class ReceivedMessage:
                 f"body={len(self._variable(5))} bytes)")
 
 
-class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
-    """Consumed messages in order, as record positions in fetched buffers, made on access.
+class _UndecodableMessage(ReceivedMessage):
+    """A message whose topic, tag or keys are not valid utf-8: they are decoded on access, which
+    raises UnicodeDecodeError for the broken one (the others read as usual)."""
 
-    Each part is one fetched buffer with the start positions (int64 array) of its messages;
-    iterating makes one :class:`ReceivedMessage` per message in C-level ``map``, and ``len``,
-    splitting and joining never touch a message. Compares equal to, and concatenates with, lists.
+    __slots__ = ()
+
+    if not TYPE_CHECKING:
+        @property
+        def topic(self) -> str:
+            return bytes(self._variable(0)).decode()
+
+        @property
+        def tag(self) -> str | None:
+            return bytes(self._variable(1)).decode() or None
+
+        @property
+        def keys(self) -> tuple[str, ...]:
+            return decode_keys(self._variable(3))
+
+
+def _variable(buf: memoryview, pos: int, index: int) -> memoryview:
+    """Field ``index`` of the variable part of the record at ``pos``: 0 topic, 1 tag, 2 born
+    host, 3 keys, 4 props, 5 body."""
+    body_len, *lengths = _LENGTHS.unpack_from(buf, pos + _OFF_LENGTHS)
+    lengths.append(body_len)
+    start = pos + HEADER_SIZE + sum(lengths[:index])
+    return buf[start: start + lengths[index]]
+
+
+class _Same(NamedTuple):
+    """A column whose every row holds ``value``."""
+
+    value: Any
+
+
+Column = Sequence[Any] | _Same
+_new_tuple = tuple.__new__
+
+
+class MessageBatch(Sequence[ReceivedMessage]):
+    """The messages of one fetched buffer (a PULL response): the records at ``starts``.
+
+    The first time a message is asked for, the fields every message carries are decoded for the
+    whole batch at once, column by column, without a Python call per message: topics and tags
+    once per distinct value (checked byte for byte against every record, numpy-vectorised),
+    bodies copied out of a strided numpy view as bytes, keys split by C-level ``map``; a
+    message is then one ``tuple.__new__`` of its row, iterated in C."""
+
+    __slots__ = ("_columns", "buf", "prefix", "starts")
+
+    def __init__(self, buf: memoryview, starts: np.ndarray, prefix: str,
+                 offsets: FieldOffsets | None = None) -> None:
+        """``offsets`` are the checked field offsets of the records (read here if not given:
+        CorruptRecord if a header is inconsistent)."""
+        self.buf = buf
+        self.starts = starts
+        self.prefix = prefix  # hex of broker host and port, see :func:`gms.client.connections.msg_id_prefix`
+        self._columns: list[Column] | FieldOffsets = (
+            offsets if offsets is not None else read_field_offsets(buf, starts))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def columns(self) -> list[Column]:
+        """The rows of the messages, column by column: topic, tag, keys, body, queue id, queue
+        offset, index in the batch, batch, and the class of each message."""
+        columns = self._columns
+        if isinstance(columns, list):
+            return columns
+        buf, headers = self.buf, columns.headers
+        topics = text_column(buf, columns.topic_at, headers["topic_len"])
+        tags = text_column(buf, columns.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
+        keys = keys_column(buf, columns.keys_at, headers["keys_len"])
+        bodies = bytes_column(buf, columns.body_at, headers["body_len"])
+        queue_ids = headers["queue_id"]
+        texts = [_same(topics), _same(tags), _same(keys)]
+        undecodable = any(c.value is UNDECODABLE if type(c) is _Same else UNDECODABLE in c for c in texts)
+        made: list[Column] = [
+            *texts, bodies,
+            _Same(int(queue_ids[0])) if (queue_ids == queue_ids[0]).all() else queue_ids.tolist(),
+            _int_column(headers["queue_offset"]), range(len(self.starts)), _Same(self),
+            [_UndecodableMessage if UNDECODABLE in row else ReceivedMessage
+             for row in zip(topics, tags, keys, strict=True)] if undecodable else _Same(ReceivedMessage),
+        ]
+        self._columns = made
+        return made
+
+    def iterate(self, start: int = 0, stop: int | None = None) -> Iterator[ReceivedMessage]:
+        """Messages ``start`` to ``stop``, made one by one in C."""
+        stop = len(self) if stop is None else stop
+        whole = start == 0 and stop == len(self)
+        cols = [repeat(c.value, stop - start) if type(c) is _Same else c if whole else c[start:stop]
+                for c in self.columns()]
+        return map(_new_tuple, cols[-1], zip(*cols[:-1], strict=True))
+
+    @overload
+    def __getitem__(self, index: int) -> ReceivedMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ReceivedMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> ReceivedMessage | list[ReceivedMessage]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            return list(self.iterate(start, stop))[::step] if step > 0 else [self[i] for i in range(start, stop, step)]
+        index = range(len(self))[index]
+        *row, cls = [c.value if type(c) is _Same else c[index] for c in self.columns()]
+        return cast(ReceivedMessage, _new_tuple(cls, row))
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        return self.iterate()
+
+
+def _int_column(values: np.ndarray) -> Sequence[int]:
+    """``values`` as Python ints: a range when they count up by one (queue offsets do)."""
+    first = int(values[0])
+    if int(values[-1]) - first == len(values) - 1 and (np.diff(values) == 1).all():
+        return range(first, first + len(values))
+    return cast(list[int], values.tolist())
+
+
+def _same(column: list[Any]) -> Column:
+    """``column`` as :class:`_Same` when one object fills it (as text columns of one value are)."""
+    first = column[0]
+    return _Same(first) if column.count(first) == len(column) else column
+
+
+class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
+    """Consumed messages in order, as ranges of :class:`MessageBatch` es, made on access.
+
+    Iterating makes each :class:`ReceivedMessage` in C; ``len``, splitting and joining never
+    touch a message. Compares equal to, and concatenates with, lists.
     """
 
     __slots__ = ("_ends", "_parts")
 
-    def __init__(self, parts: Sequence[tuple[memoryview, np.ndarray, str]] = ()) -> None:
-        self._parts = [part for part in parts if len(part[1])]
-        self._ends = list(accumulate(len(starts) for _, starts, _ in self._parts))
+    def __init__(self, parts: Sequence[MessageBatch | tuple[MessageBatch, int, int]] = ()) -> None:
+        """``parts``: whole batches, or (batch, start, stop) ranges of them."""
+        ranges = [(p, 0, len(p)) if isinstance(p, MessageBatch) else p for p in parts]
+        self._parts = [r for r in ranges if r[2] > r[1]]
+        self._ends = list(accumulate(stop - start for _, start, stop in self._parts))
 
     @classmethod
     def concat(cls, sequences: Sequence[ReceivedMessages]) -> ReceivedMessages:
@@ -261,12 +420,12 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
 
     def split(self, count: int) -> tuple[ReceivedMessages, ReceivedMessages]:
         """The first ``count`` messages and the rest, without making any message."""
-        head: list[tuple[memoryview, np.ndarray, str]] = []
-        tail: list[tuple[memoryview, np.ndarray, str]] = []
-        for (buf, starts, prefix), end in zip(self._parts, self._ends, strict=True):
-            cut = min(max(count - (end - len(starts)), 0), len(starts))
-            head.append((buf, starts[:cut], prefix))
-            tail.append((buf, starts[cut:], prefix))
+        head: list[tuple[MessageBatch, int, int]] = []
+        tail: list[tuple[MessageBatch, int, int]] = []
+        for (batch, start, stop), end in zip(self._parts, self._ends, strict=True):
+            cut = start + min(max(count - (end - (stop - start)), 0), stop - start)
+            head.append((batch, start, cut))
+            tail.append((batch, cut, stop))
         return ReceivedMessages(head), ReceivedMessages(tail)
 
     def __len__(self) -> int:
@@ -286,12 +445,14 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
             raise IndexError("message index out of range")
         index %= size
         part = bisect_right(self._ends, index)
-        buf, starts, prefix = self._parts[part]
-        return ReceivedMessage(buf, int(starts[index - self._ends[part] + len(starts)]), prefix)
+        batch, start, stop = self._parts[part]
+        return batch[start + index - (self._ends[part] - (stop - start))]
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
-        return chain.from_iterable(map(ReceivedMessage, repeat(buf), starts.tolist(), repeat(prefix))
-                                   for buf, starts, prefix in self._parts)
+        if len(self._parts) == 1:
+            batch, start, stop = self._parts[0]
+            return batch.iterate(start, stop)
+        return chain.from_iterable(batch.iterate(start, stop) for batch, start, stop in self._parts)
 
     def __repr__(self) -> str:
         return f"ReceivedMessages({len(self)} messages)"
