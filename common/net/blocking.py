@@ -12,6 +12,8 @@ I/O differs. Not thread-safe: a caller borrows it for one request (see
 from __future__ import annotations
 
 import socket
+import struct
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,27 +29,43 @@ from gms.net.server import CONNECTION_ERROR_ID
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Buffer, Frame, encode_frame
 
-# One read: a send acknowledgement is a few hundred bytes, a batch's a few KiB per 1,000.
-_RECV_SIZE_BYTES = 256 * 1024
+# One read: a send acknowledgement is a few hundred bytes, a batch's a few KiB per 1,000. Reads go
+# into one buffer kept per connection and only what arrived is copied out: a fresh bytes of 128 KiB or more
+# per recv() costs an mmap, an mremap and a munmap (glibc maps blocks that large).
+_RECV_SIZE_BYTES = 64 * 1024
 # Buffers one sendmsg takes; POSIX guarantees IOV_MAX >= 16. More are joined first.
 _SEND_BUFFERS_MAX = 16
+# SO_RCVTIMEO / SO_SNDTIMEO take a struct timeval; 0 would mean "no timeout".
+_TIMEVAL = struct.Struct("@ll")
+_TIMEOUT_US_MIN = 1
 
 
 def _nbytes(part: Buffer) -> int:
     return part.nbytes if type(part) is memoryview else len(part)
 
 
+def _timeval(timeout_s: float) -> bytes:
+    timeout_us = max(round(timeout_s * 1e6), _TIMEOUT_US_MIN)
+    return _TIMEVAL.pack(*divmod(timeout_us, 1_000_000))
+
+
 class BlockingConnection:
-    """A TCP connection to a gms server used by one thread at a time. Create with :meth:`open`."""
+    """A TCP connection to a gms server used by one thread at a time. Create with :meth:`open`.
+
+    The socket is in blocking mode with kernel timeouts (SO_RCVTIMEO, SO_SNDTIMEO): a Python
+    socket timeout would add a poll() before every send and every receive."""
 
     def __init__(self, sock: socket.socket, address: tuple[str, int], *,
                  frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES) -> None:
         self.address = address
         self._sock = sock
+        sock.settimeout(None)
         self._frame_size_max_bytes = frame_size_max_bytes
         self._decoder = FrameDecoder(frame_size_max_bytes=frame_size_max_bytes)
         self._last_id = CONNECTION_ERROR_ID
-        self._timeout_s = sock.gettimeout()
+        self._timeout_s: float | None = None  # the kernel timeouts set on the socket
+        self._recv_buffer = bytearray(_RECV_SIZE_BYTES)
+        self._recv_view = memoryview(self._recv_buffer)
         self.closed = False
 
     @classmethod
@@ -60,6 +78,13 @@ class BlockingConnection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(sock, (host, port))
 
+    def _set_timeout(self, timeout_s: float) -> None:
+        if timeout_s != self._timeout_s:  # two setsockopt calls: only when it changes
+            timeval = _timeval(timeout_s)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+            self._timeout_s = timeout_s
+
     def request(self, code: int, fields: Mapping[str, Any] | None = None, body: Body = b"", *,
                 timeout_ms: float) -> Frame:
         """Send a request and wait for its response; non-success statuses raise.
@@ -71,18 +96,17 @@ class BlockingConnection:
         self._last_id = request_id = self._last_id % (REQUEST_ID_LIMIT - 1) + 1
         parts = encode_frame(code, request_id, fields=fields, body=body,
                              frame_size_max_bytes=self._frame_size_max_bytes)
+        timeout_s = timeout_ms / 1000
         try:
-            timeout_s = timeout_ms / 1000
-            if timeout_s != self._timeout_s:  # two fcntl calls each time: only when it changes
-                self._sock.settimeout(timeout_s)
-                self._timeout_s = timeout_s
+            self._set_timeout(timeout_s)
+            deadline = time.monotonic() + timeout_s
             if len(parts) > _SEND_BUFFERS_MAX:
                 parts = [b"".join(parts)]
             sent = self._sock.sendmsg(parts)
             if sent < sum(map(_nbytes, parts)):  # socket buffer full
                 self._sock.sendall(memoryview(b"".join(parts))[sent:])
-            response = self._read_response(request_id)
-        except TimeoutError as err:
+            response = self._read_response(request_id, deadline)
+        except (TimeoutError, BlockingIOError) as err:  # a kernel timeout fails with EAGAIN
             self.close()
             raise RequestTimeoutError(f"no response from {self._peer()} within {timeout_ms} ms") from err
         except OSError as err:
@@ -95,8 +119,9 @@ class BlockingConnection:
             raise error_for_status(response.status, response.error, response.fields)
         return response
 
-    def _read_response(self, request_id: int) -> Frame:
+    def _read_response(self, request_id: int, deadline: float) -> Frame:
         decoder = self._decoder
+        first = True
         while True:
             try:
                 frame = decoder.next_frame()
@@ -111,7 +136,14 @@ class BlockingConnection:
                     f"response {frame.request_id} from {self._peer()} does not answer request {request_id}")
             if frame is Event.CLOSED:
                 raise ConnectionClosedError(f"connection closed by {self._peer()}")
-            decoder.feed(self._sock.recv(_RECV_SIZE_BYTES))
+            if not first:  # a response in pieces: the whole request keeps to its timeout
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise TimeoutError("the response did not arrive in time")
+                self._set_timeout(remaining_s)
+            first = False
+            received = self._sock.recv_into(self._recv_buffer)
+            decoder.feed(bytes(self._recv_view[:received]))  # b"" (end of stream) when nothing came
 
     def close(self) -> None:
         self.closed = True
