@@ -225,32 +225,77 @@ class Fetcher:
         timeout_ms = self._long_poll_ms + self._runtime.request_timeout_ms
         pool = self._runtime.pool
         routes = self._runtime.routes
-        while True:
-            await state.permits.acquire()
-            try:
-                broker = await leader_of(routes, key)
-                frame = await pool.request(broker, RequestCode.PULL, fields, timeout_ms=timeout_ms)
-                messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter,
-                                            verify_crc=not frame.fields.get("crc_checked", False))
-            except OffsetIllegalError as err:
-                state.permits.release()
-                fields["offset"] = _clamp(fields["offset"], err.fields)
-                log.warning("%s: %s; continuing at offset %d", key, err, fields["offset"])
-                continue
-            except (GmsError, CorruptRecord) as err:
-                state.permits.release()
-                await self._back_off(f"pull from {key.topic}/{key.queue_id}", err)
-                continue
-            next_offset = frame.fields["next_offset"]
-            damaged = [DamagedRecord(key.topic, key.queue_id, offset, f"{msg_id_prefix(broker)}{phys:016X}")
-                       for offset, phys in frame.fields.get("damaged", ())]
-            if messages:
-                self._buffer.put(Chunk(state, messages, next_offset, True, damaged))
-            else:
-                state.permits.release()
-                if next_offset != fields["offset"]:  # skipped unmatched, expired or damaged entries
-                    self._buffer.put(Chunk(state, ReceivedMessages(), next_offset, False, damaged))
-            fields["offset"] = next_offset
+        ahead: _ReadAhead | None = None
+        step = 0  # the offsets the last two answers each advanced by, when they agree; else 0
+        last_advanced = 0
+        try:
+            while True:
+                await state.permits.acquire()
+                offset = fields["offset"]
+                try:
+                    if ahead is not None and ahead.offset == offset:
+                        broker, pending = ahead.broker, ahead.task
+                    else:
+                        broker = await leader_of(routes, key)
+                        pending = asyncio.ensure_future(
+                            pool.request(broker, RequestCode.PULL, fields, timeout_ms=timeout_ms))
+                    if ahead is not None and ahead.task is not pending:
+                        ahead.drop()
+                    ahead = None
+                    if step:  # ask for the answer after this one now: it is there, at offset + step
+                        ahead = _ReadAhead(offset + step, broker, asyncio.ensure_future(pool.request(
+                            broker, RequestCode.PULL, {**fields, "offset": offset + step}, timeout_ms=timeout_ms)))
+                    frame = await pending
+                    messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter,
+                                                verify_crc=not frame.fields.get("crc_checked", False))
+                except OffsetIllegalError as err:
+                    state.permits.release()
+                    step = 0
+                    fields["offset"] = _clamp(fields["offset"], err.fields)
+                    log.warning("%s: %s; continuing at offset %d", key, err, fields["offset"])
+                    continue
+                except (GmsError, CorruptRecord) as err:
+                    state.permits.release()
+                    step = 0
+                    await self._back_off(f"pull from {key.topic}/{key.queue_id}", err)
+                    continue
+                next_offset = frame.fields["next_offset"]
+                damaged = [DamagedRecord(key.topic, key.queue_id, offset, f"{msg_id_prefix(broker)}{phys:016X}")
+                           for offset, phys in frame.fields.get("damaged", ())]
+                if messages:
+                    self._buffer.put(Chunk(state, messages, next_offset, True, damaged))
+                else:
+                    state.permits.release()
+                    if next_offset != fields["offset"]:  # skipped unmatched, expired or damaged entries
+                        self._buffer.put(Chunk(state, ReceivedMessages(), next_offset, False, damaged))
+                # Read ahead only while answers come full (more is stored than one answer holds)
+                # and alike: then the next answer most likely ends where this one's step says.
+                advanced = next_offset - offset
+                full = bool(messages) and next_offset + advanced < frame.fields.get("max_offset", 0)
+                step = advanced if full and advanced == last_advanced else 0
+                last_advanced = advanced if full else 0
+                fields["offset"] = next_offset
+        finally:
+            if ahead is not None:
+                ahead.drop()
+
+
+class _ReadAhead(NamedTuple):
+    """A PULL sent before its turn, for the answer that most likely follows the awaited one."""
+
+    offset: int
+    broker: str
+    task: asyncio.Future[Any]
+
+    def drop(self) -> None:
+        """Forget it (the awaited answer ended elsewhere): cancel it or swallow what it got."""
+        self.task.cancel()
+        self.task.add_done_callback(_swallow)
+
+
+def _swallow(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:
