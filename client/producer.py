@@ -30,6 +30,7 @@ from gms.client.structs import SendResult, SendResults
 from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
+from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 
 log = logging.getLogger(__name__)
@@ -271,22 +272,29 @@ class Producer:
         records = batch.seal()
         first_error = None
         if self._acks:
-            # The calling thread's own connection: no hand-off to the I/O thread and back.
-            try:
-                conn = self._blocking.acquire(route.broker)
-                if conn is not None:
-                    try:
-                        frame = conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
-                                             timeout_ms=self._request_timeout_ms)
-                    finally:
-                        self._blocking.release(route.broker, conn)
-                    return _one_result(route.topic, frame.fields)
-            except GmsError as err:
-                first_error = err  # retried with backoff on the I/O loop, if retriable
+            frame, first_error = self._send_blocking(route, records)
+            if frame is not None:
+                return _one_result(route.topic, frame.fields)
         send = self._sender.send(route, records, movable=queue is None and key is None,
                                  first_error=first_error)
         sent = self._runtime.run(send, self._call_timeout_ms)
         return sent[0] if sent else None  # type: ignore[return-value]
+
+    def _send_blocking(self, route: QueueRoute, records: bytearray) -> tuple[Frame | None, GmsError | None]:
+        """The first attempt of a send on the calling thread's own connection: no hand-off to the
+        I/O thread and back. (answer, None), or (None, the error to retry on the I/O loop), or
+        (None, None) when every blocking connection is lent out (then the I/O loop sends)."""
+        try:
+            conn = self._blocking.acquire(route.broker)
+            if conn is None:
+                return None, None
+            try:
+                return conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
+                                    timeout_ms=self._request_timeout_ms), None
+            finally:
+                self._blocking.release(route.broker, conn)
+        except GmsError as err:
+            return None, err  # retried with backoff on the I/O loop, if retriable
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.
@@ -322,6 +330,14 @@ class Producer:
         if not groups:
             return []
         bodies = {target: group.records.seal_requests() for target, group in groups.items()}
+        if len(bodies) == 1 and self._acks:  # one request (the usual batch): sent from this thread
+            ((route, movable), (request_body, *more)), = bodies.items()
+            if not more:
+                frame, first_error = self._send_blocking(route, request_body)
+                if frame is not None:
+                    return _results(route.topic, frame.fields)
+                send = self._sender.send(route, request_body, movable=movable, first_error=first_error)
+                return self._runtime.run(send, self._call_timeout_ms)
         # Each group's requests go one after the other, each with its own retry schedule.
         timeout_ms = self._call_timeout_ms * max(map(len, bodies.values()))
         answers = self._runtime.run(self._send_all(bodies), timeout_ms)
