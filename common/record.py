@@ -587,6 +587,8 @@ def bytes_column(buf: bytes | memoryview, at: np.ndarray, lengths: np.ndarray) -
             return [b""] * n
         stride = int(at[1] - at[0]) if n > 1 else width
         return np.ndarray((n,), f"V{width}", arr, int(at[0]), (stride,)).tolist()
+    if (lengths == width).all():  # one size, not evenly stepped: gathered, then as above
+        return [b""] * n if width == 0 else gather_rows(arr, at, width).view(f"V{width}").ravel().tolist()
     distinct, inverse = np.unique(lengths, return_inverse=True)
     if len(distinct) * 8 > n:
         mv = memoryview(buf)
@@ -683,11 +685,14 @@ def keys_column(buf: bytes | memoryview, at: np.ndarray, lengths: np.ndarray) ->
     present = np.flatnonzero(lengths)
     if len(present) == 0:
         return [()] * n
-    raw = bytes_column(buf, np.asarray(at, np.int64)[present], lengths[present])
-    try:
-        keys: list[tuple[str, ...] | Undecodable] = list(map(tuple, map(str.split, map(bytes.decode, raw),
-                                                                      repeat(KEY_SEPARATOR))))
-    except UnicodeDecodeError:
+    joined = _decoded_joined(np.frombuffer(buf, np.uint8), np.asarray(at, np.int64)[present], lengths[present])
+    keys: list[tuple[str, ...] | Undecodable]
+    if joined is not None and not (joined[1] == ord(KEY_SEPARATOR)).any():  # one key each
+        keys = list(zip(joined[0]))
+    elif joined is not None:
+        keys = list(map(tuple, map(str.split, joined[0], repeat(KEY_SEPARATOR))))
+    else:  # some are not utf-8 (or every joiner occurs in them): one by one
+        raw = bytes_column(buf, np.asarray(at, np.int64)[present], lengths[present])
         keys = [decode_keys(r) if _is_utf8(r) else UNDECODABLE for r in raw]
     if len(present) == n:
         return keys
@@ -695,6 +700,38 @@ def keys_column(buf: bytes | memoryview, at: np.ndarray, lengths: np.ndarray) ->
     for index, value in zip(present.tolist(), keys, strict=True):
         out[index] = value
     return out
+
+
+# Bytes that may stand between fields joined for one decode (ascii: never inside a utf-8
+# sequence), tried in turn until one occurs in none of the fields.
+_JOINERS = b"\n\x00\x1f\x1e"
+
+
+def _decoded_joined(arr: np.ndarray, at: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray] | None:
+    """The utf-8 text of every field (``lengths`` bytes at ``at``) with one ``decode`` and one
+    ``split``, and the bytes decoded: the fields are gathered into one buffer (numpy), a joiner
+    byte after each. A concatenation with ascii between the fields is valid utf-8 exactly when
+    every field is. None when some field is not utf-8 or holds every joiner."""
+    n = len(at)
+    if n == 0:
+        return [], arr[:0]
+    spans = lengths + 1
+    ends = np.cumsum(spans)
+    positions = np.repeat(at - (ends - spans), spans) + np.arange(int(ends[-1]))
+    np.minimum(positions, len(arr) - 1, out=positions)  # the last joiner may lie past the buffer
+    joined = arr[positions]
+    for joiner in _JOINERS:
+        joined[ends - 1] = joiner
+        if np.count_nonzero(joined == joiner) == n:
+            break
+    else:
+        return None
+    try:
+        texts = joined.tobytes().decode().split(chr(joiner))
+    except UnicodeDecodeError:
+        return None
+    texts.pop()  # what follows the last joiner: nothing
+    return texts, joined
 
 
 def _is_utf8(raw: bytes) -> bool:

@@ -46,7 +46,7 @@ def _filled(sizes: st.SearchStrategy[int], alphabet: str = "abc") -> st.SearchSt
 
 
 topics = st.one_of(st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.%-", min_size=1,
-                           max_size=127), _filled(st.just(127)))
+                           max_size=127).filter(lambda t: t not in (".", "..")), _filled(st.just(127)))
 tags = st.one_of(st.none(), st.sampled_from(["A", "B", "tag-1", "ü", "长"]),
                  st.text(max_size=80).filter(lambda t: len(t.encode()) <= 255), _filled(st.integers(250, 255)))
 keys = st.one_of(st.lists(st.text(min_size=1, max_size=20).filter(lambda k: KEY_SEPARATOR not in k), max_size=4),
@@ -367,3 +367,17 @@ def test_encode_keys_round_trip_through_the_reader() -> None:
     (message,) = decode_pull_body(memoryview(buf), PREFIX, MATCH_ALL)
     assert message.keys == ("a", "b\tc", "ü") and encode_keys(message.keys) == b"a b\tc \xc3\xbc"
     assert OFF_CRC == 8
+
+
+@pytest.mark.parametrize("keys_of", [
+    lambda i: [f"k{i}"],  # one key each: no split
+    lambda i: [f"k{i}", "x\ny", "\x00"],  # several, holding the first joiners
+    lambda i: ["a\n\x00\x1f\x1e" + str(i)] if i % 3 else [],  # every joiner, some without keys
+])
+def test_keys_of_a_batch(keys_of) -> None:
+    records = [_encode("t", b"b", None, keys_of(i)) for i in range(50)]
+    buf, starts = _stored(records)
+    messages = list(decode_pull_body(memoryview(buf), PREFIX, MATCH_ALL))
+    assert [m.keys for m in messages] == [tuple(keys_of(i)) for i in range(50)]
+    for message, pos in zip(messages, starts, strict=True):
+        _assert_same(message, buf, pos)
