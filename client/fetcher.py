@@ -311,7 +311,8 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
     strided numpy views: per message only an ISA-L ``crc32`` call remains. Bodies whose sizes
     vary record by record are walked by :func:`gms.record.scan_records`. ``verify_crc=False``
     checks the framing only: the broker says it checked every record's CRC as it served it
-    (``crc_checked``), so the check is paid once per message, not twice."""
+    (``crc_checked``), so the check is paid once per message, not twice. Every header is
+    checked as :func:`gms.record.decode_record` checks it (CorruptRecord otherwise)."""
     if not body:
         return ReceivedMessages()
     body = memoryview(body)

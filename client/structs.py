@@ -1,9 +1,10 @@
 """Public values of the SDK: what a send returns and what a consumer receives.
 
 A consumer may hand out a million messages a second, so what ``poll`` returns is
-:class:`ReceivedMessages`: record positions in the fetched response buffers, making a
-:class:`ReceivedMessage` (a three-slot view) only for the message asked for; its fields are
-decoded from the record on access (the layout is :mod:`gms.record`'s), never eagerly.
+:class:`ReceivedMessages`: ranges of :class:`MessageBatch` es (one per fetched response), whose
+common fields are decoded for the whole response at once, column by column, when a message is
+first asked for; a :class:`ReceivedMessage` is a tuple made in C from its row, and its rarer
+fields are decoded from the record on access (the layout is :mod:`gms.record`'s).
 """
 
 from __future__ import annotations
