@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 GET_BYTES_MAX_DEFAULT = 4 << 20
 _STORE_TS = _I64 = struct.Struct(">q")
+REPLICA_CHECK_TTL_S = 1.0  # records checked for one follower's fetch are not checked again for others this long
 LOST_ENTRY_SIZE = 1  # a consumeQueue entry for a record recovery could not find: answered as damaged
 _STORED_HEAD = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("crc32", ">u4"), ("queue_id", ">i4"),
                          ("queue_offset", ">i8"), ("phys_offset", ">i8")])  # the bytes outside the CRC but one
@@ -178,6 +179,8 @@ class MessageStore:
         # its leader's copy of (lost entries are not in it: nothing can repair them in place).
         self._known_damaged: dict[tuple[str, int], set[int]] = {}
         self._known_damaged_lock = threading.Lock()
+        # (topic, queue id) -> (first, end offset, monotonic time) of the range read_runs checked last
+        self._replica_checked: dict[tuple[str, int], tuple[int, int, float]] = {}
         self._closed = False
         self.root.mkdir(parents=True, exist_ok=True)
         check_layout(paths.layout, self.config)
@@ -478,6 +481,9 @@ class MessageStore:
             if offset >= cq.max_offset:
                 return
             self._truncations.add((topic, queue_id), offset, commitlog.committed_pos)
+            with self._known_damaged_lock:  # records found damaged past the cut are gone
+                found = self._known_damaged.get((topic, queue_id), set())
+                found.difference_update([o for o in found if o >= offset])
             with self._index_lock:
                 cq.truncate(offset)
                 try:
@@ -752,7 +758,9 @@ class MessageStore:
         views as possible: adjacent records share one view. For followers' fetches, where a
         view per record would cost a Python object per message. Damaged records (CRC) and lost
         entries of the range are listed by offset instead of sent: a follower never stores
-        damage as data."""
+        damage as data. CRCs are not checked past the flushed offset (bytes never read back from
+        the disk), nor again within REPLICA_CHECK_TTL_S in the range checked last (the other
+        followers' fetches of the same records)."""
         commitlog = self._cl()
         cq = self._queue(topic, queue_id)
         window = min(cq.max_offset - offset, max_msgs)
@@ -763,8 +771,21 @@ class MessageStore:
         take = max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1)
         phys, sizes = entries["phys"][:take].astype(np.int64), sizes[:take]
         offsets = np.arange(offset, offset + take, dtype=np.int64)
-        bad = self._damaged(commitlog, phys, sizes)
-        self._repair_headers(commitlog, phys, sizes, offsets, queue_id, bad)
+        # CRCs are checked where damage can be; lost entries always (that costs nothing). Not past
+        # the flushed offset: those bytes are what the append wrote (and checked), never read back
+        # from the disk -- what a caught-up follower fetches. Nor the range another follower's
+        # fetch checked a moment ago: a record costs one CRC check, not one per follower.
+        key, now = (topic, queue_id), time.monotonic()
+        lo, hi, checked_at = self._replica_checked.get(key, (0, 0, 0.0))
+        skip = min(hi - offset, take) if lo <= offset < hi and now - checked_at < REPLICA_CHECK_TTL_S else 0
+        stop = max(int(np.searchsorted(phys, self.flushed_offset)), skip)  # phys grows along a queue
+        bad = np.flatnonzero(sizes < HEADER_SIZE)
+        if skip < stop:
+            check = slice(skip, stop)
+            found = self._damaged(commitlog, phys[check], sizes[check])
+            self._repair_headers(commitlog, phys[check], sizes[check], offsets[check], queue_id, found)
+            bad = np.union1d(bad, found + skip)
+            self._replica_checked[key] = (offset + skip, offset + stop, now)
         if bad.size:
             self._note_damaged(topic, queue_id, offsets[bad], sizes[bad])
             keep = np.ones(take, bool)
@@ -814,10 +835,19 @@ class MessageStore:
             cq = self._queue(topic, queue_id)
             if offset != cq.max_offset:
                 raise ReplicaGap(f"{topic}/{queue_id}: lost entries from {offset}, the queue ends at {cq.max_offset}")
+            # At the queue's previous record (or, in an empty queue, where the next record goes):
+            # the index stays sorted, and a checkpoint at the commitlog's end keeps these entries
+            # (recovery cuts the index at entries pointing at or past where it starts scanning).
+            previous = cq.max_offset - 1
             entries = np.zeros(count, CQ_DTYPE)
-            entries["phys"] = commitlog.committed_pos  # where the next record goes: the index stays sorted
+            entries["phys"] = (int(cq.read(previous, 1)["phys"][0]) if previous >= cq.min_offset
+                               else commitlog.committed_pos)
             entries["size"] = LOST_ENTRY_SIZE
-            cq.reserve(count)
+            try:
+                cq.reserve(count)
+            except StoreIOError as err:
+                self._disk_full = out_of_space(err)
+                raise
             cq.write(offset, entries)
             cq.publish(offset + count)
 
@@ -881,8 +911,14 @@ class MessageStore:
                 pos = phys - f.base_offset
                 f.array[pos: pos + size] = np.frombuffer(buf, np.uint8)
                 _ENVELOPE_HEAD_STRUCT.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, offset, phys)
-                f.flush()  # the flush thread only syncs what is new
+                try:
+                    f.flush()  # the flush thread only syncs what is new
+                except StoreIOError as err:
+                    self._flush_service().fail(err)
+                    raise
                 outcome = RepairOutcome.REPAIRED
+                log.warning("%s/%d@%d: damaged record at commitlog offset %d rewritten from an intact copy",
+                            topic, queue_id, offset, phys)
         self.forget_damaged(topic, queue_id, [offset])
         return outcome
 

@@ -225,7 +225,7 @@ class LeaderFetcher:
                             " restarting the queue there", *p.key, offset, self.address, row[10])
                 self.store.restart_queue(*p.key, row[10])
                 continue
-            damaged = run_offsets(row[11]) if len(row) > 11 else ()
+            damaged = run_offsets(row[11] if len(row) > 11 else [])
             if len(damaged) and self.store.max_offset(*p.key) == offset:
                 appended_end = self.store.append_replicated_run(
                     *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged)

@@ -37,7 +37,9 @@ def pair(tmp_path: Path):
 
 def flip(store: MessageStore, offset: int, delta: int = -1) -> int:
     """Flip a bit in the record at queue ``offset`` through its file (``delta`` from its start,
-    negative from its end; the store's shared map sees it at once); returns its commitlog offset."""
+    negative from its end; the store's shared map sees it at once) once it is flushed (a fetch
+    read checks only what may have been read back from the disk); returns its commitlog offset."""
+    store.durable_future(store.stats().max_offset).result(10)
     view = store.get("t", 0, offset, 1).records[0]
     record = decode_record(bytes(view))
     phys, size = record.phys_offset, record.total_size
@@ -274,3 +276,30 @@ def test_repair_of_a_damaged_store_time_keeps_the_leaders(pair):
 
 HEADER_TOPIC = 76  # the topic's first byte (the fixed header's size)
 assert LOST_ENTRY_SIZE == 1
+
+
+def test_lost_entries_at_the_end_survive_a_crash_after_a_checkpoint(pair, caplog):
+    """A checkpoint right after lost entries (the commitlog's end) keeps them: recovery, which
+    cuts the index at entries pointing where it starts scanning, neither drops them nor has to
+    rebuild every index to find them again."""
+    leader, follower = pair
+    leader.append(batch(n=10))
+    flip(leader, 8)
+    flip(leader, 9)
+    replicate(leader, follower)  # 8 and 9 end the fetch: lost entries at the end of the follower's queue
+    follower.close()  # its checkpoint: the commitlog's end, past every record
+    checkpoint = (follower.root / CHECKPOINT_FILE).read_bytes()
+    follower = MessageStore.open(follower.root, config())
+    try:
+        leader.append(batch(n=2, start=10))
+        replicate(leader, follower)
+        follower.close()
+        (follower.root / CHECKPOINT_FILE).write_bytes(checkpoint)  # a crash after that checkpoint
+        (follower.root / ABORT_FILE).write_bytes(b"")
+        with caplog.at_level("WARNING"):
+            follower = MessageStore.open(follower.root, config())
+        assert "rebuilding every consumeQueue" not in caplog.text
+        assert follower.max_offset("t", 0) == 12 and damaged_offsets(follower) == [8, 9]
+        assert sorted(bodies(follower)) == [*range(8), 10, 11]
+    finally:
+        follower.close()
