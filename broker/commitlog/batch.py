@@ -27,7 +27,8 @@ from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidReco
 
 VECTORISE_RECORDS_MIN = 16  # from this many records a batch is checked with numpy
 _NAMES_CACHED_MAX = 4096  # distinct topic names / tags whose checks are remembered
-_TOPIC_LEN, _TAG_LEN, _TAG_HASH, _BODY_LEN = 12, 13, 9, 11  # indexes in a header tuple
+# indexes in a header tuple (gms.record.HEADER)
+_QUEUE_ID, _PHYS, _STORE_TS, _TAG_HASH, _BODY_LEN, _TOPIC_LEN, _TAG_LEN = 3, 5, 6, 9, 11, 12, 13
 
 
 class ParsedRecords(NamedTuple):
@@ -129,6 +130,37 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
     return parsed
 
 
+class OneRecord(NamedTuple):
+    """What an append needs of a single record (:func:`parse_one`)."""
+
+    topic: str
+    queue_id: int
+    size: int
+    tag_hash: int
+    stamped: bool  # its phys_offset or store_ts_ms is set: only the broker may set them
+
+
+def parse_one(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool = True) -> OneRecord:
+    """``parse_batch`` of a buffer holding exactly one record (a single send): the same checks
+    with ``struct`` alone, no numpy call (whose fixed costs would be most of a single send)."""
+    fields = validate_header(buf, 0, verify_crc=True)
+    if fields[0] != len(buf):
+        raise CorruptRecord(0, f"one record of {fields[0]} bytes in a buffer of {len(buf)}")
+    _check_body_lengths(fields[_BODY_LEN], fields[_BODY_LEN], body_size_max_bytes)
+    topic_end = HEADER_SIZE + fields[_TOPIC_LEN]
+    topic = _decode_topic(bytes(buf[HEADER_SIZE:topic_end]), 0)
+    if verify_tag_hash:
+        _check_tag_hash(bytes(buf[topic_end: topic_end + fields[_TAG_LEN]]), fields[_TAG_HASH], 0)
+    return OneRecord(topic, fields[_QUEUE_ID], fields[0], fields[_TAG_HASH], bool(fields[_PHYS] | fields[_STORE_TS]))
+
+
+def _decode_topic(raw: bytes, pos: int) -> str:
+    try:
+        return _topic_name(raw)
+    except UnicodeDecodeError as err:
+        raise CorruptRecord(pos, f"topic is not utf-8: {err}") from err
+
+
 def _starts_from_sizes(sizes: np.ndarray, buf_len: int) -> np.ndarray:
     """Record starts from announced sizes: each at least a header long (so every start has a
     whole header to read), together exactly the buffer."""
@@ -152,10 +184,7 @@ def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,
     topic_index = []
     for pos, f in zip(starts, fields, strict=True):
         topic_end = pos + HEADER_SIZE + f[_TOPIC_LEN]
-        try:
-            topic = _topic_name(bytes(buf[pos + HEADER_SIZE: topic_end]))
-        except UnicodeDecodeError as err:
-            raise CorruptRecord(pos, f"topic is not utf-8: {err}") from err
+        topic = _decode_topic(bytes(buf[pos + HEADER_SIZE: topic_end]), pos)
         topic_index.append(topics.setdefault(topic, len(topics)))
         if verify_tag_hash:
             _check_tag_hash(bytes(buf[topic_end: topic_end + f[_TAG_LEN]]), f[_TAG_HASH], pos)

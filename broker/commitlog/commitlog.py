@@ -29,6 +29,8 @@ ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_
                            ("store_ts_ms", ">i8")])
 assert ENVELOPE_DTYPE.itemsize == ENVELOPE_BYTES == 28
 _ENVELOPE_COLUMNS = np.arange(OFF_QUEUE_ID, OFF_CRC_START, dtype=np.int64)
+_ENVELOPE = struct.Struct(">iqqq")  # ENVELOPE_DTYPE, for one record
+assert _ENVELOPE.size == ENVELOPE_BYTES
 
 
 class Run(NamedTuple):
@@ -151,11 +153,25 @@ class CommitLog:
         assert self.committed_pos <= end_offset == self.write_pos, (self.committed_pos, end_offset, self.write_pos)
         self.committed_pos = end_offset
 
-    def rollback(self, placement: Placement) -> None:
+    def place_one(self, size: int) -> int | None:
+        """Where a single record of ``size`` bytes goes if it fits the active file (None: it
+        rolls, :meth:`place` places it)."""
+        pos = self.write_pos
+        return pos if pos + size <= self.active.end_offset - BLANK_MARKER_SIZE else None
+
+    def write_one(self, buf: memoryview, phys: int, queue_id: int, queue_offset: int, store_ts_ms: int) -> None:
+        """``write`` of one record placed by :meth:`place_one`, its envelope packed with struct."""
+        f = self.active
+        pos = phys - f.base_offset
+        f.write(pos, buf)
+        _ENVELOPE.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, queue_offset, phys, store_ts_ms)
+        self.write_pos = phys + len(buf)
+
+    def rollback(self, end_offset: int) -> None:
         """Undo a write that failed before it was committed: zero whatever it may have copied from
-        ``committed_pos`` up to the placement's end (blank markers included) and give the files it
+        ``committed_pos`` up to ``end_offset`` (blank markers included) and give the files it
         rolled into back to the spares, so no trace of the batch is left for recovery to find."""
-        start, end = self.committed_pos, placement.end_offset
+        start, end = self.committed_pos, end_offset
         for f in self.files:
             lo, hi = max(start, f.base_offset), min(end, f.end_offset)
             if lo < hi:

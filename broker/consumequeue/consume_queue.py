@@ -94,6 +94,12 @@ class ConsumeQueue:
             offset += count
             done += count
 
+    def write_one(self, offset: int, phys: int, size: int, tag_hash: int) -> None:
+        """:meth:`write` of one entry."""
+        assert offset == self.max_offset, (offset, self.max_offset)
+        CQ_UNIT.pack_into(self._file(offset, self.files).view, offset % self.entries_per_file * CQ_UNIT.size,
+                          phys, size, tag_hash)
+
     def publish(self, end_offset: int) -> None:
         """The entries below ``end_offset`` are written: serve them."""
         assert end_offset >= self.max_offset, (end_offset, self.max_offset)

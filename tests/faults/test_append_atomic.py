@@ -151,6 +151,34 @@ def test_error_while_indexing_rolls_the_batch_back(tmp_path, monkeypatch):
         assert [queue_bodies(recovered, q) for q in (0, 1)] == expected
 
 
+def test_single_record_append_that_fails_leaves_no_trace(tmp_path, monkeypatch):
+    """The single-send path (no numpy) rolls back like a batch: an error after the copy leaves
+    neither bytes nor an entry, and the next send gets the same offset."""
+    root = tmp_path / "store"
+    store = open_store(root)
+    try:
+        acked(store, batch((b"a0", 0)))
+        committed = store._commitlog.committed_pos
+
+        def write_one(cq: ConsumeQueue, *args: int) -> None:
+            raise MemoryError("injected")
+
+        monkeypatch.setattr(ConsumeQueue, "write_one", write_one)
+        with pytest.raises(MemoryError):
+            store.append(batch((b"lost", 0)))
+        assert store.max_offset("t", 0) == 1
+        assert_no_trace(store, committed)
+        monkeypatch.undo()
+        result = store.append(batch((b"a1", 0)))
+        assert result.queue_offsets.tolist() == [1]
+        store.durable_future(result.end_phys_offset).result(5)
+        crashed = crash_copy(root, tmp_path / "crashed")
+    finally:
+        store.close()
+    with MessageStore(crashed, StoreConfig(**CONFIG)) as recovered:
+        assert queue_bodies(recovered, 0) == [b"a0", b"a1"]
+
+
 def test_failed_commitlog_file_creation_stores_nothing(tmp_path, monkeypatch):
     root = tmp_path / "store"
     store = open_store(root)
