@@ -13,6 +13,7 @@ sockets, those short-lived opens and the checkpoint do not meet ``EMFILE``.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import resource
@@ -65,6 +66,9 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+ZERO_CHUNK_BYTES = 1 << 20  # recovery truncation checks (and zeroes) the tail this much at a time
 
 
 class MappedFile:
@@ -178,10 +182,42 @@ class MappedFile:
             os.close(fd)
 
     def zero_from(self, pos: int) -> None:
-        """Erase everything from ``pos`` to the end (recovery truncation) and make it durable."""
-        if pos < self.size_bytes:
-            self.array[pos:] = 0
-        self.flush()
+        """Erase everything from ``pos`` to the end (recovery truncation) and make it durable.
+        Only what holds data is written: the stretches the filesystem reports as data
+        (``SEEK_DATA``; allocated, never written blocks are holes to it), and of those only the
+        chunks that are not zeros already -- a preallocated 1 GiB file is not rewritten whole."""
+        array, dirty = self.array, False
+        for lo, hi in self._data_stretches(pos):
+            for start in range(lo, hi, ZERO_CHUNK_BYTES):
+                chunk = array[start: min(start + ZERO_CHUNK_BYTES, hi)]
+                if chunk.any():
+                    chunk[:] = 0
+                    dirty = True
+        if dirty:
+            self.flush()
+
+    def _data_stretches(self, pos: int) -> list[tuple[int, int]]:
+        """[lo, hi) stretches from ``pos`` on that may hold data (all of it where the filesystem
+        cannot tell)."""
+        stretches = []
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return [(pos, self.size_bytes)] if pos < self.size_bytes else []
+        try:
+            while pos < self.size_bytes:
+                try:
+                    lo = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as err:
+                    if err.errno == errno.ENXIO:  # nothing but holes from pos on
+                        break
+                    return [*stretches, (pos, self.size_bytes)]
+                hi = min(os.lseek(fd, lo, os.SEEK_HOLE), self.size_bytes)
+                stretches.append((lo, hi))
+                pos = hi
+        finally:
+            os.close(fd)
+        return stretches
 
     def try_close(self) -> bool:
         """Unmap and close unless a reader still holds a view into the map (then retry later)."""

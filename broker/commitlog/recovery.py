@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 SCAN_CHUNK_RECORDS = 65_536  # bounds the per-chunk lists and arrays during a scan
 SEARCH_CHUNK_BYTES = 4 << 20  # the anchor search copies the file this much at a time
+ZERO_STRETCH_MAX_BYTES = 1 << 20  # zeros longer than this, records after them: not damage but the end
 _SIZE_MAGIC = struct.Struct(">iI")
 _I64 = struct.Struct(">q")
 _MAGICS = (struct.pack(">I", MAGIC_V1), struct.pack(">I", BLANK_MAGIC))
@@ -107,7 +108,7 @@ class _Scanner:
                     return f.end_offset
                 index, pos = index + 1, 0
                 continue
-            anchor = self._next_anchor(index, pos)
+            anchor = self._next_anchor(index, pos, zeros=stop is RecordCheck.EMPTY)
             if anchor is None:  # the end of the data, or a torn tail
                 if stop is not RecordCheck.EMPTY:
                     log.warning("commitlog %s: %s record at offset %d and nothing intact after it: "
@@ -144,10 +145,17 @@ class _Scanner:
                 stop = check_record(view, stop_pos, f.size_bytes)[0]
             return stop, stop_pos
 
-    def _next_anchor(self, index: int, pos: int) -> _Anchor | None:
-        """The first anchor after ``pos`` in file ``index`` or in a later file."""
+    def _next_anchor(self, index: int, pos: int, zeros: bool) -> _Anchor | None:
+        """The first anchor after ``pos`` in file ``index`` or in a later file. After ``zeros``
+        (where every scan of a crashed store ends) only ZERO_STRETCH_MAX_BYTES further on and the
+        start of each later file are looked at: lost writes are pages, not the rest of a file."""
         for i in range(index, len(self.files)):
-            found = _find_anchor(self.files[i], pos + 1 if i == index else 0)
+            f = self.files[i]
+            if zeros and i > index:
+                found = 0 if _is_anchor(f, 0) else None
+            else:
+                start = pos + 1 if i == index else 0
+                found = _find_anchor(f, start, start + ZERO_STRETCH_MAX_BYTES if zeros else f.size_bytes)
             if found is not None:
                 return _Anchor(i, found)
         return None
@@ -196,10 +204,10 @@ def _is_anchor(f: MappedFile, pos: int) -> bool:
             and _I64.unpack_from(f.view, pos + OFF_STORE_TS)[0] > 0)
 
 
-def _find_anchor(f: MappedFile, start: int) -> int | None:
-    """The first anchor at or after ``start`` in ``f``: a search for the magic numbers (a
-    damage path, so a copy of the file a few MiB at a time is fine)."""
-    view, size = f.view, f.size_bytes
+def _find_anchor(f: MappedFile, start: int, end: int) -> int | None:
+    """The first anchor in ``[start, end)`` of ``f``: a search for the magic numbers (a damage
+    path, so a copy of the file a few MiB at a time is fine)."""
+    view, size = f.view, min(end, f.size_bytes)
     overlap = len(_MAGICS[0]) - 1
     lo = start
     while lo < size:

@@ -165,6 +165,18 @@ def test_zeroed_page_mid_log_loses_only_the_records_on_it(store_dir):
         assert served(store) == expected(100, skip=(30, 31, 32, 33, 34, 35))
 
 
+def test_zeroed_records_mid_log_from_a_record_boundary(store_dir):
+    """Zeros where records were (a lost write of whole records): the scan meets what looks like
+    the end of the data, yet records follow within a page's reach."""
+    path = commitlog_file(store_dir)
+    positions = starts(path)
+    patch(path, positions[30], bytes(positions[35] - positions[30]))
+    with open_store(store_dir) as store:
+        assert store.max_offset("t", 0) == 100
+        assert [d[0] for d in store.get("t", 0, 0, 1000).damaged] == [30, 31, 32, 33, 34]
+        assert served(store) == expected(100, skip=(30, 31, 32, 33, 34))
+
+
 @pytest.mark.parametrize(("field", "bit"), [(OFF_PHYS_OFFSET + 7, 0x04), (OFF_PHYS_OFFSET, 0x80),
                                             (OFF_STORE_TS, 0x80), (OFF_QUEUE_OFFSET + 7, 0x02),
                                             (OFF_QUEUE_OFFSET + 2, 0x01)])
