@@ -199,7 +199,7 @@ class MappedFile:
     def _data_stretches(self, pos: int) -> list[tuple[int, int]]:
         """[lo, hi) stretches from ``pos`` on that may hold data (all of it where the filesystem
         cannot tell)."""
-        stretches = []
+        stretches: list[tuple[int, int]] = []
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:

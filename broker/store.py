@@ -934,7 +934,8 @@ class MessageStore:
                       record: bytes | bytearray | memoryview) -> RepairOutcome:
         """Rewrite this store's damaged copy of ``topic/queue_id@offset`` in place from an intact
         copy (its leader's): only that record is taken -- its CRC must hold (:class:`CorruptRecord`)
-        and its size, topic and tag hash match the index entry (:class:`InvalidRecord`). The
+        and its size, topic and tag hash match the index entry (:class:`InvalidRecord`; the entry's
+        tag hash, taken from the damaged bytes by recovery, is rewritten from the copy's). The
         envelope gets this store's queue and commitlog offsets and keeps the copy's store time.
         A lost entry has no bytes here to rewrite (:class:`InvalidRecord`). Durable on return."""
         buf = memoryview(record).cast("B")
@@ -953,16 +954,20 @@ class MessageStore:
             if len(buf) != size:
                 raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
             parsed = parse_batch(buf, self.config.body_size_max_bytes)
-            if parsed.topics != [topic] or int(parsed.headers["tag_hash"][0]) != int(entry["tag_hash"]):
+            copy_hash = int(parsed.headers["tag_hash"][0])
+            damaged = bool(self._damaged(commitlog, np.array([phys]), np.array([size])).size)
+            if parsed.topics != [topic] or (copy_hash != int(entry["tag_hash"]) and not damaged):
                 raise InvalidRecord("record", f"not {topic}/{queue_id}@{offset} (topic {parsed.topics[0]}, "
-                                              f"tag hash {int(parsed.headers['tag_hash'][0])})")
+                                              f"tag hash {copy_hash})")
             outcome = RepairOutcome.INTACT
-            if self._damaged(commitlog, np.array([phys]), np.array([size])).size:
+            if damaged:
                 f = commitlog.file_for(phys)
                 pos = phys - f.base_offset
                 f.array[pos: pos + size] = np.frombuffer(buf, np.uint8)
                 _ENVELOPE_HEAD_STRUCT.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, offset, phys)
                 try:
+                    if copy_hash != int(entry["tag_hash"]):  # the flip was in the tag hash recovery indexed
+                        cq.set_tag_hash(offset, copy_hash)
                     f.flush()  # the flush thread only syncs what is new
                 except StoreIOError as err:
                     self._flush_service().fail(err)

@@ -25,6 +25,9 @@ from gms.store_errors import StoreError
 CQ_UNIT = struct.Struct(">qiq")
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
+_TAG_HASH = struct.Struct(">q")
+_TAG_HASH_AT = 12  # after the commitlog offset and the size
+assert CQ_UNIT.size == _TAG_HASH_AT + _TAG_HASH.size
 
 
 class OffsetExpired(StoreError):
@@ -99,6 +102,12 @@ class ConsumeQueue:
         assert offset == self.max_offset, (offset, self.max_offset)
         CQ_UNIT.pack_into(self._file(offset, self.files).view, offset % self.entries_per_file * CQ_UNIT.size,
                           phys, size, tag_hash)
+
+    def set_tag_hash(self, offset: int, tag_hash: int) -> None:
+        """Rewrite the tag hash of a written entry (a repaired record's) and make it durable."""
+        f = self._file(offset, self.files)
+        _TAG_HASH.pack_into(f.view, offset % self.entries_per_file * CQ_UNIT.size + _TAG_HASH_AT, tag_hash)
+        f.flush()
 
     def publish(self, end_offset: int) -> None:
         """The entries below ``end_offset`` are written: serve them."""

@@ -14,7 +14,7 @@ from store_helpers import batch, small_config
 
 from gms.broker.store import LOST_ENTRY_SIZE, GetStatus, MessageStore, RepairOutcome, ReplicaGap
 from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
-from gms.record import OFF_CRC_START, OFF_STORE_TS, decode_record, seal_crc
+from gms.record import OFF_CRC_START, OFF_STORE_TS, OFF_TAG_HASH, decode_record, seal_crc
 from gms.store_errors import CorruptRecord, InvalidRecord
 
 FILE_SIZE = 1 << 20
@@ -225,6 +225,32 @@ def test_repair_survives_a_crash(pair):
         follower = MessageStore.open(follower.root, config())
         assert follower.recovered_damaged == 0 and damaged_offsets(follower) == []
         assert sorted(bodies(follower)) == list(range(11))
+    finally:
+        follower.close()
+
+
+def test_repair_of_a_flipped_tag_hash_indexed_by_recovery(pair):
+    """A flip in the tag hash (CRC-covered) then a crash: recovery indexes the damaged record with
+    the flipped hash; the leader's copy repairs the record and the index entry's hash."""
+    leader, follower = pair
+    leader.append(batch(n=1, tag="a"))
+    replicate(leader, follower)
+    follower.close()
+    checkpoint = (follower.root / CHECKPOINT_FILE).read_bytes()
+    follower = MessageStore.open(follower.root, config())
+    try:
+        leader.append(batch(n=5, start=1, tag="a"))
+        replicate(leader, follower)
+        flip(follower, 3, delta=OFF_TAG_HASH + 7)
+        follower.close()
+        (follower.root / CHECKPOINT_FILE).write_bytes(checkpoint)
+        (follower.root / ABORT_FILE).write_bytes(b"")
+        follower = MessageStore.open(follower.root, config())
+        assert follower.damaged_records("t", 0) == [3]
+        copy = bytes(leader.get("t", 0, 3, 1).records[0])
+        assert follower.repair_record("t", 0, 3, copy) is RepairOutcome.REPAIRED
+        tagged = follower.get("t", 0, 0, 100, tag_hashes=frozenset([decode_record(copy).tag_hash]))
+        assert [decode_record(v).queue_offset for v in tagged.records] == list(range(6))
     finally:
         follower.close()
 
