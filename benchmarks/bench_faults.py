@@ -180,7 +180,7 @@ class Ledger:
         msg_id = body_id(body)
         # The client-side CRC check of the served record, on the buffer the SDK fetched (the
         # SDK trusts a broker that says it checked): damage served as data is caught here.
-        crc_ok = check_record(message._buf, message._pos)[0] is RecordCheck.OK
+        crc_ok = check_record(message.raw_record)[0] is RecordCheck.OK
         with self.lock:
             if not crc_ok or msg_id is None or self.sent.get(msg_id) != body:
                 self.corrupt_served += 1

@@ -23,14 +23,15 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
 from gms.client.runtime import ClientRuntime
-from gms.errors import GmsError, NotCoordinatorError, ServiceUnavailableError
+from gms.errors import GmsError, NotCoordinatorError, ServiceUnavailableError, TopicNotFoundError
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
+from gms.protocol.frame import Frame
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ StartFrom = str | int  # "last", "first" or a timestamp in ms
 NO_COMMITTED_OFFSET = -1
 HEARTBEAT_RETRY_MS = 200
 DEFAULT_MEMBER_EXPIRY_MS = 30_000  # until the coordinator said its own
+TOPIC_LAG_S = 5.0  # a coordinator may learn of a new topic this much after the nameserver
+TOPIC_LAG_RETRY_S = 0.1
 
 
 class RebalanceEvent(NamedTuple):
@@ -214,13 +217,8 @@ class Membership:
             "held": [[q.topic, q.queue_id] for q in self.states],
         }
         sent = time.monotonic()
-        pool = self._runtime.pool
         try:
-            try:
-                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
-            except NotCoordinatorError as err:
-                self._coordinator = err.fields.get("coordinator") or None
-                frame = await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+            frame = await self._beat(fields)
         except (GmsError, asyncio.CancelledError):
             self._coordinator = None
             raise
@@ -235,6 +233,24 @@ class Membership:
         assigned = {TopicQueue(topic, q) for topic, queue_ids in frame.fields["assignment"].items()
                     for q in queue_ids}
         self._apply(assigned)
+
+    async def _beat(self, fields: dict[str, Any]) -> Frame:
+        """One heartbeat to the coordinator. The routes named every subscribed topic, so a
+        coordinator that does not know one yet has not heard of its creation: asked again for
+        up to TOPIC_LAG_S."""
+        pool = self._runtime.pool
+        deadline = time.monotonic() + TOPIC_LAG_S
+        while True:
+            try:
+                try:
+                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+                except NotCoordinatorError as err:
+                    self._coordinator = err.fields.get("coordinator") or None
+                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+            except TopicNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(TOPIC_LAG_RETRY_S)
 
     async def _find_coordinator(self) -> str:
         """The group's coordinator, asking the known brokers (then the live ones) if unknown."""

@@ -213,6 +213,13 @@ class ReceivedMessage(tuple[Any, ...]):
         """Where the message's record starts in its batch's buffer."""
         return int(self[7].starts[self[6]])
 
+    @property
+    def raw_record(self) -> memoryview:
+        """The stored record as it came over the wire (format v1: ``gms.record``), for tools that
+        check or copy it whole."""
+        pos = self._pos
+        return self[7].buf[pos: pos + _I32.unpack_from(self[7].buf, pos)[0]]
+
     def _variable(self, index: int) -> memoryview:
         """Field ``index`` of the variable part: 0 topic, 1 tag, 2 born host, 3 keys, 4 props, 5 body."""
         return _variable(self[7].buf, self._pos, index)

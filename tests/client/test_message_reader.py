@@ -381,3 +381,14 @@ def test_keys_of_a_batch(keys_of) -> None:
     assert [m.keys for m in messages] == [tuple(keys_of(i)) for i in range(50)]
     for message, pos in zip(messages, starts, strict=True):
         _assert_same(message, buf, pos)
+
+
+@SETTINGS
+@given(batches())
+def test_raw_record_is_the_stored_record(raws: list[bytes]) -> None:
+    buf = b"".join(raws)
+    starts = [0]
+    for raw in raws[:-1]:
+        starts.append(starts[-1] + len(raw))
+    for start, raw in zip(starts, raws, strict=True):
+        assert bytes(ReceivedMessage(buf, start, PREFIX).raw_record) == raw
