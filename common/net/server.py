@@ -439,18 +439,11 @@ class _ServerConnection(asyncio.Protocol):
         self._process()
 
     async def _run(self, handler: Handler, frame: Frame) -> None:
-        try:
-            response = await handler(frame)
-        except GmsError as err:
-            self._failed(frame, err)
-        except Exception as err:  # a handler bug must not take the connection down
-            log.exception("handler for request code %d failed", frame.code)
-            self._crashed(frame, err)
-        else:
-            self._answer(frame, response)
+        await self._finish(_called(handler, frame), frame)
 
     async def _finish(self, pending: Awaitable[Response | None], frame: Frame) -> None:
-        """The rest of a direct handler that has to wait."""
+        """Await a handler's answer (a task handler's, or the rest of a direct one that has to
+        wait) and send it, or the error it raised."""
         try:
             response = await pending
         except GmsError as err:
@@ -570,3 +563,9 @@ class _ServerConnection(asyncio.Protocol):
                 self._transport.abort()
             else:
                 self._transport.close()
+
+
+async def _called(handler: Handler, frame: Frame) -> Response | None:
+    """``handler(frame)`` called inside the awaited coroutine, so that whatever it raises is
+    answered like an error of its awaitable."""
+    return await handler(frame)
