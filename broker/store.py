@@ -59,8 +59,8 @@ from gms.record import (
     OFF_STORE_TS,
     RecordCheck,
     check_record,
-    crc_mismatches,
-    gather_rows,
+    check_stored,
+    record_views,
 )
 from gms.store_errors import (
     CorruptRecord,
@@ -785,8 +785,8 @@ class MessageStore:
         next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1
         phys, sizes = entries["phys"][picked[:take]].astype(np.int64), sizes[:take]
         try:
-            bad = self._damaged(commitlog, phys, sizes)
-            self._repair_headers(commitlog, phys, sizes, offset + picked[:take], queue_id, bad)
+            runs = self._file_runs(commitlog, phys) if len(phys) else []
+            bad = self._checked(runs, phys, sizes, offset + picked[:take], queue_id)
             damaged: tuple[tuple[int, int], ...] = ()
             if bad.size:
                 damaged = tuple(zip((offset + picked[bad]).tolist(), phys[bad].tolist(), strict=True))
@@ -796,9 +796,11 @@ class MessageStore:
                 keep = np.ones(len(phys), bool)
                 keep[bad] = False
                 phys, sizes = phys[keep], sizes[keep]
-            if coalesce:
+                runs = self._file_runs(commitlog, phys) if len(phys) else []
+            if coalesce and len(phys):
                 phys, sizes = _runs(phys, sizes)
-            records = self._views(commitlog, phys, sizes) if len(phys) else []
+                runs = self._file_runs(commitlog, phys)
+            records = self._views(runs, phys, sizes)
         except (MessageNotFound, ValueError):  # expired under our feet: the minimum moved
             lo = cq.offset_of_phys(commitlog.min_offset)
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
@@ -833,8 +835,8 @@ class MessageStore:
         bad = np.flatnonzero(sizes < HEADER_SIZE)
         if skip < stop:
             check = slice(skip, stop)
-            found = self._damaged(commitlog, phys[check], sizes[check])
-            self._repair_headers(commitlog, phys[check], sizes[check], offsets[check], queue_id, found)
+            found = self._checked(self._file_runs(commitlog, phys[check]), phys[check], sizes[check],
+                                  offsets[check], queue_id)
             bad = np.union1d(bad, found + skip)
             self._replica_checked[key] = (offset + skip, offset + stop, now)
         if bad.size:
@@ -843,7 +845,7 @@ class MessageStore:
             keep[bad] = False
             phys, sizes = phys[keep], sizes[keep]
         run_phys, run_sizes = _runs(phys, sizes) if len(phys) else (phys, sizes)
-        views = self._views(commitlog, run_phys, run_sizes) if len(phys) else []
+        views = self._views(self._file_runs(commitlog, run_phys), run_phys, run_sizes) if len(phys) else []
         return ReplicaRead(offset + take, views, int(run_sizes.sum()), sizes, offsets[bad])
 
     # --- damaged records between replicas -------------------------------------------------------
@@ -955,7 +957,8 @@ class MessageStore:
                 raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
             parsed = parse_batch(buf, self.config.body_size_max_bytes)
             copy_hash = int(parsed.headers["tag_hash"][0])
-            damaged = bool(self._damaged(commitlog, np.array([phys]), np.array([size])).size)
+            damaged = bool(self._checked(self._file_runs(commitlog, np.array([phys])), np.array([phys]),
+                                         np.array([size]), np.array([offset]), queue_id).size)
             if parsed.topics != [topic] or (copy_hash != int(entry["tag_hash"]) and not damaged):
                 raise InvalidRecord("record", f"not {topic}/{queue_id}@{offset} (topic {parsed.topics[0]}, "
                                               f"tag hash {copy_hash})")
@@ -986,51 +989,43 @@ class MessageStore:
         base0, fsize = files[0].base_offset, commitlog.file_size_bytes
         if int(phys[0]) < base0:
             raise MessageNotFound(int(phys[0]), "expired")
-        file_idx = (phys - base0) // fsize
+        # A lost entry may point at the end of the last file (nothing is read for it).
+        file_idx = np.minimum((phys - base0) // fsize, len(files) - 1)
         if file_idx[0] == file_idx[-1]:
             return [(files[int(file_idx[0])], 0, len(phys))]
         cuts = [0, *(np.flatnonzero(np.diff(file_idx)) + 1).tolist(), len(phys)]
         return [(files[int(file_idx[lo])], lo, hi) for lo, hi in itertools.pairwise(cuts)]
 
-    @classmethod
-    def _damaged(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """Indexes of the records at ``phys`` whose CRC fails (checked file by file), and of the
-        entries for records recovery found lost."""
-        lost = sizes < HEADER_SIZE
-        if lost.any():
-            present = np.flatnonzero(~lost)
-            bad = cls._damaged(commitlog, phys[present], sizes[present]) if present.size else present
-            return np.union1d(present[bad], np.flatnonzero(lost))
-        return np.concatenate([crc_mismatches(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi]) + lo
-                               for f, lo, hi in cls._file_runs(commitlog, phys)])
-
-    @classmethod
-    def _repair_headers(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
-                        queue_id: int, damaged: np.ndarray) -> None:
-        """Length, magic and envelope lie outside the CRC: a bit flipped there would hand consumers
-        an undecodable record or a wrong position. The consumeQueue entry that led here knows
-        them all; rewrite any that disagree in a record whose CRC holds (damaged ones aside)."""
-        for f, lo, hi in cls._file_runs(commitlog, phys):
-            rows = gather_rows(f.array, phys[lo:hi] - f.base_offset, _STORED_HEAD.itemsize)
-            head = rows.view(_STORED_HEAD).ravel()
-            wrong = np.flatnonzero((head["total_size"] != sizes[lo:hi]) | (head["magic"] != MAGIC_V1)
-                                   | (head["queue_id"] != queue_id) | (head["queue_offset"] != offsets[lo:hi])
-                                   | (head["phys_offset"] != phys[lo:hi]))
-            for i in np.setdiff1d(wrong + lo, damaged).tolist():
+    @staticmethod
+    def _checked(runs: list[tuple[MappedFile, int, int]], phys: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
+                 queue_id: int) -> np.ndarray:
+        """Indexes of the records at ``phys`` (in the file ``runs``) whose CRC fails, and of the
+        entries for records recovery found lost. Length, magic and envelope lie outside the CRC: a
+        bit flipped there would hand consumers an undecodable record or a wrong position. The
+        consumeQueue entry that led here knows them all; any that disagree in a record whose CRC
+        holds are rewritten."""
+        damaged = []
+        for f, lo, hi in runs:
+            check = check_stored(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi], f.base_offset, queue_id,
+                                 offsets[lo:hi])
+            damaged.append(check.damaged + lo)
+            for i in (check.misplaced + lo).tolist():
                 pos = int(phys[i]) - f.base_offset
                 log.error("record at commitlog offset %d had a damaged header %s: repaired from its index entry",
-                          int(phys[i]), head[i - lo])
+                          int(phys[i]), np.frombuffer(f.view, _STORED_HEAD, 1, pos)[0])
                 _HEAD_STRUCT.pack_into(f.view, pos, int(sizes[i]), MAGIC_V1)
                 _ENVELOPE_HEAD_STRUCT.pack_into(f.view, pos + OFF_QUEUE_ID, queue_id, int(offsets[i]), int(phys[i]))
+        return damaged[0] if len(damaged) == 1 else np.concatenate(damaged) if damaged else np.empty(0, np.intp)
 
-    @classmethod
-    def _views(cls, commitlog: CommitLog, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
-        """Zero-copy views of the records at ``phys``."""
+    @staticmethod
+    def _views(runs: list[tuple[MappedFile, int, int]], phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+        """Zero-copy views of the records at ``phys`` (in the file ``runs``)."""
+        if len(runs) == 1:
+            f = runs[0][0]
+            return record_views(f.view, phys - f.base_offset, sizes)
         views: list[memoryview] = []
-        for f, lo, hi in cls._file_runs(commitlog, phys):
-            view = f.view
-            starts = (phys[lo:hi] - f.base_offset).tolist()
-            views += [view[s: s + n] for s, n in zip(starts, sizes[lo:hi].tolist(), strict=True)]
+        for f, lo, hi in runs:
+            views += record_views(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi])
         return views
 
     def read_at(self, phys_offset: int) -> memoryview:

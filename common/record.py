@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from operator import add
 from typing import NamedTuple
 
 import numpy as np
@@ -47,6 +46,7 @@ import xxhash
 from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
 from numpy.lib.stride_tricks import as_strided
 
+from gms import _recordcheck
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.store_errors import CorruptRecord, InvalidRecord
 
@@ -100,6 +100,8 @@ assert HEADER_SIZE == 76, HEADER_SIZE
 assert (OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET) == (4, 8, 12, 16)
 assert (OFF_PHYS_OFFSET, OFF_STORE_TS, OFF_CRC_START, OFF_TAG_HASH) == (24, 32, 40, 52)
 assert OFFSETS["body_len"] == 64 and OFFSETS["topic_len"] == 68 and OFFSETS["props_len"] == 74
+assert _recordcheck.LAYOUT == (OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_PHYS_OFFSET, OFF_CRC_START,
+                               HEADER_SIZE, MAGIC_V1), "gms._recordcheck was built for another record layout"
 
 # The same fixed part as a numpy dtype, for reading the headers of a whole batch at once.
 HEADER_DTYPE = np.dtype([(name, ">" + ("u" if c in "IBH" else "i") + str(struct.calcsize(c)))
@@ -107,7 +109,6 @@ HEADER_DTYPE = np.dtype([(name, ">" + ("u" if c in "IBH" else "i") + str(struct.
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 
 _SIZE_MAGIC = struct.Struct(">iI")
-_SIZE_MAGIC_CRC = struct.Struct(">iII")
 _BROKER_FIELDS = struct.Struct(">iqqq")  # queue_id .. store_ts_ms
 assert _BROKER_FIELDS.size == OFF_CRC_START - OFF_QUEUE_ID
 
@@ -375,40 +376,19 @@ class ScanResult(NamedTuple):
 
 def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
                  max_records: int = 1 << 62, *, verify_crc: bool = True) -> ScanResult:
-    """Walk records from ``pos`` checking length, magic and CRC: the per-record Python loop of the
-    append and recovery paths (the rest of a large batch is checked with numpy).
+    """Walk records from ``pos`` checking length, magic and CRC: the record walk of the append and
+    recovery paths and of a consumer's check, in C (one call, the GIL released).
 
     Stops at the first position that is not a valid record, at ``end`` or after ``max_records``.
-    The stored CRCs come out of the same unpack as the length, and the computed ones from one
-    zlib call per record iterated in C, so the check costs no numpy call (cheap for one record).
     """
     mv = memoryview(buf)
     end = len(mv) if end is None else end
-    unpack = _SIZE_MAGIC_CRC.unpack_from
-    starts: list[int] = []
-    stored: list[int] = []
-    add_start, add_stored = starts.append, stored.append
+    starts, pos, crc_failed = _recordcheck.walk(mv, pos, end, max_records, verify_crc)
+    if crc_failed:
+        return ScanResult(starts, pos, RecordCheck.CORRUPT)
     stop = RecordCheck.OK
-    limit = end - _SIZE_MAGIC_CRC.size  # a valid record is far longer: closer positions go to check_record
-    for _ in repeat(None, max_records):
-        if pos > limit:
-            if pos < end:
-                stop = check_record(mv, pos, end)[0]
-            break
-        size, magic, crc = unpack(mv, pos)
-        if magic != MAGIC_V1 or size < HEADER_SIZE or size > end - pos:
-            stop = check_record(mv, pos, end)[0]
-            break
-        add_start(pos)
-        add_stored(crc)
-        pos += size
-    if not verify_crc:  # the caller checked the bytes as a whole (replicated chunks)
-        return ScanResult(starts, pos, stop)
-    covered = map(slice, map(add, starts, repeat(OFF_CRC_START)), [*starts[1:], pos])
-    computed = list(map(crc32, map(mv.__getitem__, covered)))
-    if computed != stored:
-        first = next(i for i, (a, b) in enumerate(zip(computed, stored, strict=True)) if a != b)
-        return ScanResult(starts[:first], starts[first], RecordCheck.CORRUPT)
+    if pos < end and len(starts) < max_records:
+        stop = check_record(mv, pos, end)[0]
     return ScanResult(starts, pos, stop)
 
 
@@ -440,35 +420,26 @@ def header_errors(headers: np.ndarray) -> np.ndarray:
             | (expected != total))
 
 
-# Below this many records per equal-size run on average, strided numpy views cost more than
-# slicing the records one by one.
-_UNIFORM_RUN_RECORDS_MIN = 8
-_CRC_DTYPE = np.dtype(">u4")
+class StoredCheck(NamedTuple):
+    damaged: np.ndarray  # indexes of records whose CRC fails, or of lost entries
+    misplaced: np.ndarray  # indexes of intact records whose length, magic or envelope disagree with their entries
 
 
-def crc_mismatches(buf: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Indexes of the records at ``starts`` (of ``sizes`` bytes) in ``buf`` whose CRC fails.
+def check_stored(buf: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray, base_offset: int,
+                 queue_id: int, queue_offsets: np.ndarray) -> StoredCheck:
+    """Check records of one queue at ``starts`` of ``buf`` (a commitlog file at ``base_offset``)
+    against their index entries (``sizes``, ``queue_offsets``): the CRC, and the fields outside it.
+    Entries below a header's size are lost ones (nothing is read). One C call for all of them: a
+    Python call per record costs more than the CRC of 100 bytes."""
+    damaged, misplaced = _recordcheck.check_stored(
+        buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes, np.int64), base_offset,
+        queue_id, np.ascontiguousarray(queue_offsets, np.int64))
+    return StoredCheck(np.array(damaged, np.intp), np.array(misplaced, np.intp))
 
-    One ISA-L ``crc32`` call per record, iterated in C: records that lie back to back with one
-    size (a producer batch) are the rows of one strided numpy view, their stored CRCs a column
-    of another; records whose sizes vary are sliced one by one."""
-    n = len(starts)
-    if n == 0:
-        return np.empty(0, np.intp)
-    arr = np.frombuffer(buf, np.uint8)
-    breaks = np.flatnonzero((sizes[1:] != sizes[:-1]) | (starts[1:] != starts[:-1] + sizes[:-1])) + 1
-    if (len(breaks) + 1) * _UNIFORM_RUN_RECORDS_MIN > n:
-        stored = gather_rows(arr, starts + OFF_CRC, _CRC_DTYPE.itemsize).view(_CRC_DTYPE).ravel()
-        mv = memoryview(buf)
-        covered = map(slice, (starts + OFF_CRC_START).tolist(), (starts + sizes).tolist())
-        return np.flatnonzero(np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, n) != stored)
-    bad = []
-    for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n], strict=True):
-        pos, size, count = int(starts[first]), int(sizes[first]), last - first
-        rows = np.ndarray((count, size - OFF_CRC_START), np.uint8, arr, pos + OFF_CRC_START, (size, 1))
-        stored = np.ndarray((count,), _CRC_DTYPE, arr, pos + OFF_CRC, (size,))
-        bad.append(np.flatnonzero(np.fromiter(map(crc32, rows), np.uint32, count) != stored) + first)
-    return bad[0] if len(bad) == 1 else np.concatenate(bad)
+
+def record_views(view: memoryview, starts: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+    """``view[s:s + n]`` for every start and size: zero-copy records, sliced in C."""
+    return _recordcheck.slices(view, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes, np.int64))
 
 
 # --- columnar readers: the fields of many records at once (a PULL response, a scan) ----------

@@ -1,0 +1,13 @@
+import numpy as np
+from typing_extensions import Buffer
+
+_Int64s = np.ndarray | Buffer  # contiguous int64
+
+KERNEL: str  # the CRC kernel: "clmul" (x86-64 with PCLMULQDQ) or "table" (slicing-by-8)
+LAYOUT: tuple[int, int, int, int, int, int, int, int]
+
+def check_stored(buf: Buffer, starts: _Int64s, sizes: _Int64s, base_offset: int, queue_id: int,
+                 queue_offsets: _Int64s, /) -> tuple[list[int], list[int]]: ...
+def walk(buf: Buffer, pos: int, end: int, max_records: int, verify_crc: bool, /) -> tuple[list[int], int, bool]: ...
+def slices(view: memoryview, starts: _Int64s, sizes: _Int64s, /) -> list[memoryview]: ...
+def crc32(data: Buffer, /) -> int: ...

@@ -1,0 +1,5 @@
+"""The C part of gms (everything else is configured in pyproject.toml)."""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("gms._recordcheck", ["common/_recordcheck.c"], extra_compile_args=["-O3"])])

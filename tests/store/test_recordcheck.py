@@ -1,0 +1,138 @@
+"""gms._recordcheck (the C record walk, CRC and envelope checks, views) against plain-Python
+references: zlib for the CRC, a struct-based walk and check written the obvious way."""
+
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gms import _recordcheck
+from gms import record as rec
+
+
+@given(st.binary(max_size=3000), st.integers(0, 15))
+def test_crc32_is_zlibs(data, skip):
+    view = memoryview(data)[min(skip, len(data)):]
+    assert _recordcheck.crc32(view) == zlib.crc32(view)
+
+
+def test_both_crc_kernels_agree_with_zlib():
+    """The folding kernel (x86-64 with PCLMULQDQ) and the table kernel every machine has: every
+    length across the folding thresholds (16-byte blocks, 64-byte start) and alignment."""
+    probe = (
+        "import os, sys, zlib\n"
+        "from gms import _recordcheck as r\n"
+        "data = os.urandom(5000)\n"
+        "for n in [*range(300), 1000, 4095, 4096, 4097]:\n"
+        "    for skip in range(8):\n"
+        "        view = memoryview(data)[skip: skip + n]\n"
+        "        assert r.crc32(view) == zlib.crc32(view), (n, skip)\n"
+        "print(r.KERNEL)\n"
+    )
+    kernels = set()
+    for kernel in ("", "table"):
+        env = {**os.environ, "GMS_CRC_KERNEL": kernel}
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        kernels.add(out.stdout.strip())
+    assert "table" in kernels
+
+
+def _stored(messages: list[tuple[int, bytes]], base_offset: int = 0, queue_id: int = 0) -> tuple[bytearray, list[int]]:
+    """Records as a store writes them (envelope stamped), back to back; and their starts."""
+    buf, starts = bytearray(), []
+    for i, (pad, body) in enumerate(messages):
+        raw = bytearray(rec.encode_record(topic="t", body=body, tag="x" * pad))
+        rec.write_broker_fields(raw, 0, queue_id, i, base_offset + len(buf), 1)
+        starts.append(len(buf))
+        buf += raw
+    return buf, starts
+
+
+def _reference_walk(buf: bytes, pos: int, end: int, max_records: int, verify_crc: bool):
+    starts = []
+    while len(starts) < max_records and end - pos >= 12:
+        size, magic, crc = struct.unpack_from(">iII", buf, pos)
+        if magic != rec.MAGIC_V1 or size < rec.HEADER_SIZE or size > end - pos:
+            break
+        if verify_crc and zlib.crc32(buf[pos + rec.OFF_CRC_START: pos + size]) != crc:
+            return starts, pos, True
+        starts.append(pos)
+        pos += size
+    return starts, pos, False
+
+
+records = st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=300)), min_size=1, max_size=12)
+flips = st.lists(st.integers(0, 1 << 20), max_size=3)
+
+
+@settings(max_examples=300)
+@given(records, flips, st.integers(1, 20), st.booleans(), st.integers(0, 200))
+def test_walk_matches_reference(messages, flip_at, max_records, verify_crc, cut):
+    buf, _ = _stored(messages)
+    for at in flip_at:
+        buf[at % len(buf)] ^= 1 << (at % 8)
+    end = max(len(buf) - cut, 0)
+    data = bytes(buf)
+    assert _recordcheck.walk(data, 0, end, max_records, verify_crc) == _reference_walk(
+        data, 0, end, max_records, verify_crc)
+
+
+@settings(max_examples=300)
+@given(records, flips, st.integers(0, 3), st.integers(0, 1 << 40))
+def test_check_stored_matches_reference(messages, flip_at, lost_every, base_offset):
+    queue_id = 5
+    buf, starts = _stored(messages, base_offset, queue_id)
+    for at in flip_at:
+        buf[at % len(buf)] ^= 1 << (at % 8)
+    sizes = [len(rec.encode_record(topic="t", body=body, tag="x" * pad)) for pad, body in messages]
+    if lost_every:
+        sizes = [1 if i % (lost_every + 1) == lost_every else s for i, s in enumerate(sizes)]
+    offsets = list(range(len(messages)))
+    damaged, misplaced = [], []
+    for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+        if size < rec.HEADER_SIZE:
+            damaged.append(i)
+            continue
+        total, magic, crc, qid, qoff, phys = struct.unpack_from(">iIIiqq", buf, start)
+        if zlib.crc32(buf[start + rec.OFF_CRC_START: start + size]) != crc:
+            damaged.append(i)
+        elif (total, magic, qid, qoff, phys) != (size, rec.MAGIC_V1, queue_id, offsets[i], base_offset + start):
+            misplaced.append(i)
+    got = rec.check_stored(bytes(buf), np.array(starts), np.array(sizes), base_offset, queue_id, np.array(offsets))
+    assert (got.damaged.tolist(), got.misplaced.tolist()) == (damaged, misplaced)
+
+
+def test_slices_are_the_records():
+    buf, starts = _stored([(1, b"a"), (2, b"bb" * 50), (0, b"")])
+    sizes = np.diff([*starts, len(buf)])
+    view = memoryview(bytes(buf))
+    views = rec.record_views(view, np.array(starts), sizes)
+    assert [bytes(v) for v in views] == [bytes(view[s: s + n]) for s, n in zip(starts, sizes, strict=True)]
+    assert all(v.obj is view.obj for v in views)  # zero-copy: the records keep the buffer alive
+
+
+@pytest.mark.parametrize("starts, sizes", [([-1], [100]), ([0], [10_000]), ([50], [200])])
+def test_records_outside_the_buffer_are_refused(starts, sizes):
+    buf = bytes(200)
+    with pytest.raises(ValueError, match="not inside"):
+        _recordcheck.check_stored(buf, np.array(starts), np.array(sizes), 0, 0, np.zeros(1, np.int64))
+
+
+def test_bad_arguments_raise_not_crash():
+    buf = bytes(200)
+    with pytest.raises(TypeError, match="int64"):
+        _recordcheck.check_stored(buf, np.zeros(1, np.int32), np.array([80]), 0, 0, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="differ in length"):
+        _recordcheck.check_stored(buf, np.zeros(2, np.int64), np.array([80]), 0, 0, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="differ in length"):
+        _recordcheck.slices(memoryview(buf), np.zeros(2, np.int64), np.array([80]))
+    with pytest.raises(ValueError, match="not a range"):
+        _recordcheck.walk(buf, 10, 300, 5, True)
+    with pytest.raises(TypeError):
+        _recordcheck.slices(buf, np.zeros(1, np.int64), np.ones(1, np.int64))  # a view, not bytes
