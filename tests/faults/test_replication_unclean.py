@@ -52,7 +52,10 @@ def test_leader_restarted_uncleanly_within_its_lease_hands_over_and_rejoins_once
     info = registered(cluster, old.leader)
     assert info is not None and info.caught_up
     new_leader = cluster.broker_by_id(moved.leader)
-    assert request(new_leader.address, RequestCode.QUERY_MAX_OFFSET, {"topic": topic, "queue_id": 0})["offset"] == 10
+    # The acknowledged records are all there; the new leader's high watermark reaches them once
+    # its ISR (the rejoined broker too) has fetched them.
+    wait_for(lambda: request(new_leader.address, RequestCode.QUERY_MAX_OFFSET,
+                             {"topic": topic, "queue_id": 0})["offset"] == 10, 10)
 
 
 def test_clean_restart_stays_electable(cluster):
