@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import threading
 import time
 from collections import deque
@@ -19,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from isal.isal_zlib import crc32
 
 from gms.client.connections import msg_id_prefix
 from gms.client.routing import RouteProvider
@@ -36,9 +34,6 @@ from gms.errors import (
 )
 from gms.protocol.codes import RequestCode
 from gms.record import (
-    HEADER_SIZE,
-    MAGIC_V1,
-    OFF_CRC_START,
     FieldOffsets,
     RecordCheck,
     gather_rows,
@@ -52,12 +47,6 @@ log = logging.getLogger(__name__)
 
 PREFETCH_CHUNKS = 4
 FETCH_ERROR_BACKOFF_MS = 200
-# A run of equal-size records shorter than this (not ending the body) means sizes vary, where
-# one numpy read per run would cost more than walking the records one by one.
-UNIFORM_RUN_RECORDS_MIN = 16
-
-_SIZE_MAGIC = struct.Struct(">iI")  # total_size, magic: the start of every record
-_HEAD = np.dtype([("size", ">i4"), ("magic", ">u4"), ("crc", ">u4")])  # the first 12 bytes (gms.record)
 
 
 class TopicQueue(NamedTuple):
@@ -307,24 +296,17 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
                      verify_crc: bool = True) -> ReceivedMessages:
     """Messages of a PULL response body, checked (length, magic, CRC) and exact-tag filtered.
 
-    A producer batch is a run of equal-size records, so the body is read run by run with
-    strided numpy views: per message only an ISA-L ``crc32`` call remains. Bodies whose sizes
-    vary record by record are walked by :func:`gms.record.scan_records`. ``verify_crc=False``
+    The records are walked in one C call (:func:`gms.record.scan_records`). ``verify_crc=False``
     checks the framing only: the broker says it checked every record's CRC as it served it
     (``crc_checked``), so the check is paid once per message, not twice. Every header is
     checked as :func:`gms.record.decode_record` checks it (CorruptRecord otherwise)."""
     if not body:
         return ReceivedMessages()
     body = memoryview(body)
-    runs = _uniform_runs(body)
-    if runs is None:
-        scan = scan_records(body, verify_crc=verify_crc)
-        if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
-            raise CorruptRecord(scan.stop_pos, f"pull response holds {scan.stop.value} data")
-        starts = np.array(scan.starts, np.int64)
-    else:
-        read_run = _checked_run if verify_crc else _run_starts
-        starts = np.concatenate([read_run(body, *run) for run in runs])
+    scan = scan_records(body, verify_crc=verify_crc)
+    if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
+        raise CorruptRecord(scan.stop_pos, f"pull response holds {scan.stop.value} data")
+    starts = scan.starts
     offsets = read_field_offsets(body, starts)
     if tag_filter.tags is not None:  # the broker matched tag hashes; drop hash collisions
         keep = _exact_tag_mask(np.frombuffer(body, np.uint8), offsets, tag_filter.tags)
@@ -332,44 +314,6 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
             starts = starts[keep]
             offsets = FieldOffsets(*(column[keep] for column in offsets))
     return ReceivedMessages([MessageBatch(body, starts, prefix, offsets)])
-
-
-def _uniform_runs(body: memoryview) -> list[tuple[int, int, int]] | None:
-    """``body`` as runs of equal-size records, (position, record size, count) each, found with
-    one strided read of the record heads per run; None when sizes vary record by record."""
-    end = len(body)
-    runs = []
-    pos = 0
-    while pos < end:
-        if end - pos < _HEAD.itemsize:
-            return None
-        size, magic = _SIZE_MAGIC.unpack_from(body, pos)
-        if magic != MAGIC_V1 or size < HEADER_SIZE or size > end - pos:
-            return None
-        heads = np.ndarray(((end - pos) // size,), _HEAD, body, pos, (size,))
-        bad = np.flatnonzero((heads["size"] != size) | (heads["magic"] != MAGIC_V1))
-        count = int(bad[0]) if len(bad) else len(heads)
-        if count < UNIFORM_RUN_RECORDS_MIN and pos + count * size != end:
-            return None
-        runs.append((pos, size, count))
-        pos += count * size
-    return runs
-
-
-def _checked_run(body: memoryview, pos: int, size: int, count: int) -> np.ndarray:
-    """Start positions of a run of ``count`` records of ``size`` bytes at ``pos`` whose CRCs all
-    match; CorruptRecord at the first that does not."""
-    covered = np.ndarray((count, size - OFF_CRC_START), np.uint8, body, pos + OFF_CRC_START, (size, 1))
-    computed = np.fromiter(map(crc32, covered), np.uint32, count)
-    bad = np.flatnonzero(computed != np.ndarray((count,), _HEAD, body, pos, (size,))["crc"])
-    if len(bad):
-        raise CorruptRecord(pos + int(bad[0]) * size, "pull response holds corrupt data (CRC mismatch)")
-    return _run_starts(body, pos, size, count)
-
-
-def _run_starts(body: memoryview, pos: int, size: int, count: int) -> np.ndarray:
-    """Start positions of a run of ``count`` records of ``size`` bytes at ``pos``."""
-    return np.arange(pos, pos + count * size, size, dtype=np.int64)
 
 
 def _exact_tag_mask(arr: np.ndarray, offsets: FieldOffsets, tags: frozenset[str]) -> np.ndarray:

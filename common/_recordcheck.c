@@ -170,10 +170,10 @@ static void check_stored_records(const uint8_t *base, const int64_t *starts, con
         const uint8_t *p = base + starts[i];
         if (!crc_holds(p, sizes[i]))
             found[i] = STORED_DAMAGED;
-        else if ((int32_t)load_be32(p) != sizes[i] || load_be32(p + OFF_MAGIC) != MAGIC_V1
+        else if (offsets != NULL && ((int32_t)load_be32(p) != sizes[i] || load_be32(p + OFF_MAGIC) != MAGIC_V1
                  || (int32_t)load_be32(p + OFF_QUEUE_ID) != queue_id
                  || (int64_t)load_be64(p + OFF_QUEUE_OFFSET) != offsets[i]
-                 || (int64_t)load_be64(p + OFF_PHYS_OFFSET) != base_offset + starts[i])
+                 || (int64_t)load_be64(p + OFF_PHYS_OFFSET) != base_offset + starts[i]))
             found[i] = STORED_MISPLACED;
         else
             found[i] = STORED_OK;
@@ -192,6 +192,56 @@ static PyObject *indexes_of(const uint8_t *found, Py_ssize_t n, uint8_t what) {
     return out;
 }
 
+/* check_stored_records over Python buffers: starts and sizes, and queue_offsets unless it is
+ * NULL (then only CRCs are checked). Returns the found flags (PyMem) and sets *n, or NULL. */
+static uint8_t *check_buffers(Py_buffer *buf, PyObject *starts_obj, PyObject *sizes_obj, PyObject *offsets_obj,
+                              int64_t base_offset, int32_t queue_id, Py_ssize_t *n_out) {
+    Py_buffer starts_view, sizes_view, offsets_view = {0};
+    uint8_t *found = NULL;
+    Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
+    if (n < 0) return NULL;
+    Py_ssize_t n_sizes = get_int64s(sizes_obj, &sizes_view, "sizes");
+    if (n_sizes < 0) goto release_starts;
+    Py_ssize_t n_offsets = offsets_obj ? get_int64s(offsets_obj, &offsets_view, "queue_offsets") : n;
+    if (n_offsets < 0) goto release_sizes;
+    if (n_sizes != n || n_offsets != n) {
+        PyErr_SetString(PyExc_ValueError, "starts, sizes and queue_offsets differ in length");
+        goto release_offsets;
+    }
+    const int64_t *starts = starts_view.buf, *sizes = sizes_view.buf;
+    const int64_t *offsets = offsets_obj ? offsets_view.buf : NULL;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (sizes[i] < HEADER_SIZE) continue;
+        if (starts[i] < 0 || sizes[i] > (int64_t)buf->len - starts[i]) {
+            PyErr_Format(PyExc_ValueError, "record %zd ([%lld, +%lld)) is not inside the %zd-byte buffer", i,
+                         (long long)starts[i], (long long)sizes[i], buf->len);
+            goto release_offsets;
+        }
+        total += sizes[i];
+    }
+    found = PyMem_Malloc(n ? (size_t)n : 1);
+    if (found == NULL) {
+        PyErr_NoMemory();
+        goto release_offsets;
+    }
+    if (total >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, found);
+        Py_END_ALLOW_THREADS
+    } else {
+        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, found);
+    }
+    *n_out = n;
+release_offsets:
+    if (offsets_obj) PyBuffer_Release(&offsets_view);
+release_sizes:
+    PyBuffer_Release(&sizes_view);
+release_starts:
+    PyBuffer_Release(&starts_view);
+    return found;
+}
+
 PyDoc_STRVAR(check_stored_doc,
 "check_stored(buf, starts, sizes, base_offset, queue_id, queue_offsets) -> (damaged, misplaced)\n\n"
 "Check the records of one queue at starts[i] of buf (a commitlog file at base_offset) against\n"
@@ -207,66 +257,52 @@ static PyObject *check_stored(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOLiO:check_stored", &buf_obj, &starts_obj, &sizes_obj, &base_offset,
                           &queue_id, &offsets_obj))
         return NULL;
-    Py_buffer buf, starts_view, sizes_view, offsets_view;
-    PyObject *result = NULL;
-    uint8_t *found = NULL;
+    Py_buffer buf;
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
-    Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
-    if (n < 0) goto release_buf;
-    Py_ssize_t n_sizes = get_int64s(sizes_obj, &sizes_view, "sizes");
-    if (n_sizes < 0) goto release_starts;
-    Py_ssize_t n_offsets = get_int64s(offsets_obj, &offsets_view, "queue_offsets");
-    if (n_offsets < 0) goto release_sizes;
-    if (n_sizes != n || n_offsets != n) {
-        PyErr_SetString(PyExc_ValueError, "starts, sizes and queue_offsets differ in length");
-        goto release_offsets;
+    Py_ssize_t n = 0;
+    PyObject *result = NULL;
+    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, offsets_obj, base_offset, queue_id, &n);
+    if (found != NULL) {
+        PyObject *damaged = indexes_of(found, n, STORED_DAMAGED);
+        PyObject *misplaced = damaged ? indexes_of(found, n, STORED_MISPLACED) : NULL;
+        if (misplaced != NULL) result = PyTuple_Pack(2, damaged, misplaced);
+        Py_XDECREF(damaged);
+        Py_XDECREF(misplaced);
+        PyMem_Free(found);
     }
-    const int64_t *starts = starts_view.buf, *sizes = sizes_view.buf, *offsets = offsets_view.buf;
-    int64_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (sizes[i] < HEADER_SIZE) continue;
-        if (starts[i] < 0 || sizes[i] > (int64_t)buf.len - starts[i]) {
-            PyErr_Format(PyExc_ValueError, "record %zd ([%lld, +%lld)) is not inside the %zd-byte buffer", i,
-                         (long long)starts[i], (long long)sizes[i], buf.len);
-            goto release_offsets;
-        }
-        total += sizes[i];
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+PyDoc_STRVAR(crc_mismatches_doc,
+"crc_mismatches(buf, starts, sizes) -> list[int]\n\n"
+"Indexes i of the records at starts[i] (sizes[i] bytes) of buf whose stored CRC does not match\n"
+"their bytes (a size below a header's counts as a mismatch; nothing is read for it). starts and\n"
+"sizes: contiguous int64 arrays of one length.");
+
+static PyObject *crc_mismatches(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *starts_obj, *sizes_obj;
+    if (!PyArg_ParseTuple(args, "OOO:crc_mismatches", &buf_obj, &starts_obj, &sizes_obj)) return NULL;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = 0;
+    PyObject *result = NULL;
+    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, NULL, 0, 0, &n);
+    if (found != NULL) {
+        result = indexes_of(found, n, STORED_DAMAGED);
+        PyMem_Free(found);
     }
-    found = PyMem_Malloc(n ? (size_t)n : 1);
-    if (found == NULL) {
-        PyErr_NoMemory();
-        goto release_offsets;
-    }
-    if (total >= RELEASE_GIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        check_stored_records(buf.buf, starts, sizes, offsets, n, base_offset, queue_id, found);
-        Py_END_ALLOW_THREADS
-    } else {
-        check_stored_records(buf.buf, starts, sizes, offsets, n, base_offset, queue_id, found);
-    }
-    PyObject *damaged = indexes_of(found, n, STORED_DAMAGED);
-    PyObject *misplaced = damaged ? indexes_of(found, n, STORED_MISPLACED) : NULL;
-    if (misplaced != NULL) result = PyTuple_Pack(2, damaged, misplaced);
-    Py_XDECREF(damaged);
-    Py_XDECREF(misplaced);
-    PyMem_Free(found);
-release_offsets:
-    PyBuffer_Release(&offsets_view);
-release_sizes:
-    PyBuffer_Release(&sizes_view);
-release_starts:
-    PyBuffer_Release(&starts_view);
-release_buf:
     PyBuffer_Release(&buf);
     return result;
 }
 
 PyDoc_STRVAR(walk_doc,
-"walk(buf, pos, end, max_records, verify_crc) -> (starts, stop_pos, crc_failed)\n\n"
+"walk(buf, pos, end, max_records, verify_crc) -> (starts: bytes, stop_pos, crc_failed)\n\n"
 "Walk consecutive records of buf from pos while their length and magic are plausible (at least\n"
 "a header, inside [pos, end)) and, if verify_crc, their CRC holds; at most max_records.\n"
-"starts lists the positions of the records passed, stop_pos is where the walk stopped and\n"
-"crc_failed whether it stopped at a record whose CRC fails (any other stop the caller examines).");
+"starts holds the positions of the records passed (native int64s), stop_pos is where the walk\n"
+"stopped and crc_failed whether it stopped at a record whose CRC fails (any other stop the\n"
+"caller examines).");
 
 static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *buf_obj;
@@ -316,12 +352,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    starts = PyList_New(count);
-    for (Py_ssize_t i = 0; starts != NULL && i < count; i++) {
-        PyObject *start = PyLong_FromLongLong(found[i]);
-        if (start == NULL) Py_CLEAR(starts);
-        else PyList_SET_ITEM(starts, i, start);
-    }
+    starts = PyBytes_FromStringAndSize((const char *)found, count * (Py_ssize_t)sizeof(int64_t));
     PyMem_RawFree(found);
     if (starts == NULL) goto done;
     result = Py_BuildValue("(OnO)", starts, stop, crc_failed ? Py_True : Py_False);
@@ -379,6 +410,7 @@ static PyObject *crc32(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"check_stored", check_stored, METH_VARARGS, check_stored_doc},
+    {"crc_mismatches", crc_mismatches, METH_VARARGS, crc_mismatches_doc},
     {"walk", walk, METH_VARARGS, walk_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
     {"crc32", crc32, METH_O, crc32_doc},

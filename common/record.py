@@ -369,7 +369,7 @@ def filter_exact_tags(records: Iterable[memoryview], tags: frozenset[str] | None
 
 
 class ScanResult(NamedTuple):
-    starts: list[int]  # positions of consecutive records whose length, magic and CRC are good
+    starts: np.ndarray  # int64 positions of consecutive records whose length, magic and CRC are good
     stop_pos: int  # where the scan stopped
     stop: RecordCheck  # why: OK = max_records reached or end of buffer; otherwise what is at stop_pos
 
@@ -383,7 +383,8 @@ def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
     """
     mv = memoryview(buf)
     end = len(mv) if end is None else end
-    starts, pos, crc_failed = _recordcheck.walk(mv, pos, end, max_records, verify_crc)
+    raw_starts, pos, crc_failed = _recordcheck.walk(mv, pos, end, max_records, verify_crc)
+    starts = np.frombuffer(raw_starts, np.int64)
     if crc_failed:
         return ScanResult(starts, pos, RecordCheck.CORRUPT)
     stop = RecordCheck.OK
@@ -418,6 +419,13 @@ def header_errors(headers: np.ndarray) -> np.ndarray:
     return ((headers["magic"] != MAGIC_V1) | (headers["body_len"] < 0) | (headers["topic_len"] < 1)
             | (headers["topic_len"] > TOPIC_NAME_BYTES_MAX) | (headers["reserved"] != 0)
             | (expected != total))
+
+
+def crc_mismatches(buf: bytes | memoryview | np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Indexes of the records at ``starts`` (of ``sizes`` bytes) in ``buf`` whose CRC fails, in
+    one C call (see :func:`check_stored`, which also checks the fields outside the CRC)."""
+    return np.array(_recordcheck.crc_mismatches(buf, np.ascontiguousarray(starts, np.int64),
+                                                np.ascontiguousarray(sizes, np.int64)), np.intp)
 
 
 class StoredCheck(NamedTuple):

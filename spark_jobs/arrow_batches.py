@@ -15,22 +15,20 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on small records
 from numpy.lib.stride_tricks import as_strided
 
 from gms.record import (
     HEADER_SIZE,
     KEY_SEPARATOR,
-    OFF_CRC_START,
     PROP_NAME_VALUE_SEPARATOR,
     PROP_SEPARATOR,
+    crc_mismatches,
     header_errors,
     read_headers,
 )
 
 MS_TO_US = 1000
 PADDED_GATHER_WASTE_MAX = 4  # gather padded rows while they hold at most 4x the field bytes
-CRC_RECORDS_PER_SIZE_MIN = 64  # fewer records per distinct size: CRC them slice by slice
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 _VARIABLE_FIELDS = ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len", "body_len")
 
@@ -72,29 +70,12 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         bad |= headers["phys_offset"] != phys
     good = np.flatnonzero(~bad)
     if good.size:
-        crc_bad = headers["crc32"][good] != _crc32s(arr, starts[good], sizes[good])
+        crc_bad = crc_mismatches(arr, starts[good], sizes[good])
         bad[good[crc_bad]] = True
-        good = good[~crc_bad]
+        good = np.delete(good, crc_bad)
     if len(good) == len(starts):  # the usual case: no copy of the (strided) headers
         return Records(arr, starts, headers), bad
     return Records(arr, starts[good], headers[good]), bad
-
-
-def _crc32s(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The CRC of every record: one ISA-L call per record. Records of equal size are read as
-    rows of one strided view (no slice object per record) while there are few distinct sizes."""
-    distinct = np.unique(sizes)
-    computed = np.empty(len(starts), np.uint32)
-    if len(distinct) * CRC_RECORDS_PER_SIZE_MIN > len(starts):
-        mv = arr.data
-        covered = map(slice, (starts + OFF_CRC_START).tolist(), (starts + sizes).tolist())
-        computed[:] = np.fromiter(map(crc32, map(mv.__getitem__, covered)), np.uint32, len(starts))
-        return computed
-    for size in distinct.tolist():
-        same = np.flatnonzero(sizes == size)
-        rows = _rows(arr, starts[same] + OFF_CRC_START, size - OFF_CRC_START)
-        computed[same] = np.fromiter(map(crc32, rows), np.uint32, len(same))
-    return computed
 
 
 def _field_start(headers: np.ndarray, starts: np.ndarray, field: str) -> np.ndarray:

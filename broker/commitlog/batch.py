@@ -111,8 +111,8 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
         if scan.stop is not RecordCheck.OK or scan.stop_pos != len(buf):
             raise CorruptRecord(scan.stop_pos, f"{scan.stop.value} record in the batch")
         if len(scan.starts) < VECTORISE_RECORDS_MIN:
-            return _parse_few(buf, scan.starts, body_size_max_bytes, verify_tag_hash)
-        starts_arr = np.array(scan.starts, np.int64)
+            return _parse_few(buf, scan.starts.tolist(), body_size_max_bytes, verify_tag_hash)
+        starts_arr = scan.starts
     arr = np.frombuffer(buf, np.uint8)
     headers = read_headers(arr, starts_arr)
     bad = np.flatnonzero(header_errors(headers))

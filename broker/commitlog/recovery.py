@@ -124,7 +124,7 @@ class _Scanner:
         while True:
             scan = scan_records(view, pos, f.size_bytes, SCAN_CHUNK_RECORDS)
             stop, stop_pos = scan.stop, scan.stop_pos
-            if scan.starts:
+            if len(scan.starts):
                 parsed = parse_records(arr, scan.starts)
                 bad = np.flatnonzero(header_errors(parsed.headers)
                                      | envelope_errors(parsed.headers, parsed.starts + f.base_offset))

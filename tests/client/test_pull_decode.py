@@ -1,4 +1,4 @@
-"""Decoding PULL bodies into lazy message sequences: uniform runs, mixed sizes, CRCs, tags."""
+"""Decoding PULL bodies into lazy message sequences: producer batches, mixed sizes, CRCs, tags."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from gms.client.fetcher import UNIFORM_RUN_RECORDS_MIN, decode_pull_body
+from gms.client.fetcher import decode_pull_body
 from gms.client.structs import ReceivedMessages
 from gms.record import OFF_QUEUE_OFFSET, Message, encode_batch, encode_record
 from gms.store_errors import CorruptRecord
@@ -31,7 +31,7 @@ def _batch(count: int, body_size: int, tag: str | None = "A", topic: str = "t") 
 @pytest.mark.parametrize("runs", [
     [(300, 100)],  # one producer batch
     [(40, 100), (30, 7), (2, 50)],  # several batches; a short run may end the body
-    [(3, 10), (40, 20)],  # a short run in the middle: walked record by record
+    [(3, 10), (40, 20)],  # a short run in the middle
     [(1, n) for n in range(1, 40)],  # every size different
 ])
 def test_every_record_is_found_in_order(runs):
@@ -42,7 +42,7 @@ def test_every_record_is_found_in_order(runs):
     assert [m.queue_offset for m in got] == list(range(len(expected)))
 
 
-@pytest.mark.parametrize("sizes", [[100] * 50, [100] * (UNIFORM_RUN_RECORDS_MIN - 1) + [80] * 20, list(range(1, 30))])
+@pytest.mark.parametrize("sizes", [[100] * 50, [100] * 15 + [80] * 20, list(range(1, 30))])
 def test_a_flipped_body_byte_is_a_crc_error(sizes):
     body = _stored(b"".join(_batch(1, size) for size in sizes))
     body[-1] ^= 0xFF  # last byte of the last record's body

@@ -55,16 +55,16 @@ def _stored(messages: list[tuple[int, bytes]], base_offset: int = 0, queue_id: i
 
 
 def _reference_walk(buf: bytes, pos: int, end: int, max_records: int, verify_crc: bool):
-    starts = []
+    starts: list[int] = []
     while len(starts) < max_records and end - pos >= 12:
         size, magic, crc = struct.unpack_from(">iII", buf, pos)
         if magic != rec.MAGIC_V1 or size < rec.HEADER_SIZE or size > end - pos:
             break
         if verify_crc and zlib.crc32(buf[pos + rec.OFF_CRC_START: pos + size]) != crc:
-            return starts, pos, True
+            return np.array(starts, np.int64).tobytes(), pos, True
         starts.append(pos)
         pos += size
-    return starts, pos, False
+    return np.array(starts, np.int64).tobytes(), pos, False
 
 
 records = st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=300)), min_size=1, max_size=12)
@@ -81,6 +81,19 @@ def test_walk_matches_reference(messages, flip_at, max_records, verify_crc, cut)
     data = bytes(buf)
     assert _recordcheck.walk(data, 0, end, max_records, verify_crc) == _reference_walk(
         data, 0, end, max_records, verify_crc)
+
+
+@settings(max_examples=200)
+@given(records, st.integers(0, 1 << 20), st.lists(st.integers(0, 30), min_size=1))
+def test_crc_mismatches_matches_zlib(messages, flip_at, picks):
+    buf, starts = _stored(messages)
+    buf[flip_at % len(buf)] ^= 1 << (flip_at % 8)
+    sizes = np.diff([*starts, len(buf)])
+    chosen = [p % len(starts) for p in picks]  # any order, repeats, records far apart
+    expected = [i for i, k in enumerate(chosen) if zlib.crc32(buf[starts[k] + rec.OFF_CRC_START: starts[k] + sizes[k]])
+                != struct.unpack_from(">I", buf, starts[k] + rec.OFF_CRC)[0]]
+    got = rec.crc_mismatches(bytes(buf), np.array(starts)[chosen], sizes[chosen])
+    assert got.tolist() == expected
 
 
 @settings(max_examples=300)

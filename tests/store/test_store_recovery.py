@@ -53,8 +53,8 @@ def last_record(store_dir: Path) -> tuple[Path, int, int]:
     for path in reversed(files):
         data = path.read_bytes()
         scan = rec.scan_records(data, 0, len(data))
-        if scan.starts:
-            pos = scan.starts[-1]
+        if len(scan.starts):
+            pos = int(scan.starts[-1])
             return path, pos, rec.check_record(data, pos)[1]
     raise AssertionError("no records")
 
