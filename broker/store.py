@@ -37,7 +37,7 @@ from gms.broker.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from gms.broker.commitlog.batch import ParsedRecords, parse_batch, parse_one, parse_records
+from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover

@@ -14,7 +14,7 @@ import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from gms.client.encoder import BatchBuilder, RecordEncoder
+from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendResult
 

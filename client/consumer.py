@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from operator import attrgetter
 from pathlib import Path
 
-from gms.client.encoder import RecordEncoder
+from gms.record.builder import RecordEncoder
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.rebalance import Membership, StartFrom

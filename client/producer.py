@@ -23,7 +23,7 @@ import xxhash
 
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
-from gms.client.encoder import BatchBuilder, RecordEncoder
+from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendResult, SendResults

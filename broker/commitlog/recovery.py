@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gms.broker.commitlog.batch import ParsedRecords, parse_records
+from gms.record.batch import ParsedRecords, parse_records
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.mapped_file import MappedFile
 from gms.record import (

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gms.client import Admin, Producer, ProducerRecord
-from gms.client.encoder import BatchBuilder, RecordEncoder
+from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.errors import ConnectionClosedError, MessageIllegalError, ServerBusyError
 from gms.net import Connection, run
 from gms.net.server import CONNECTION_ERROR_ID
@@ -130,7 +130,7 @@ STALL_REQUESTS_MAX = 5
 BIG_PRODUCER = textwrap.dedent("""
     import sys
     from gms.client import Producer, ProducerRecord
-    from gms.client.encoder import BatchBuilder
+    from gms.record.builder import BatchBuilder
     seal_requests = BatchBuilder.seal_requests
     def announce(batch, *args):
         print("sending", flush=True)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gms import _recordcheck
+from gms.record import _recordcheck
 from gms import record as rec
 
 
@@ -27,7 +27,7 @@ def test_both_crc_kernels_agree_with_zlib():
     length across the folding thresholds (16-byte blocks, 64-byte start) and alignment."""
     probe = (
         "import os, sys, zlib\n"
-        "from gms import _recordcheck as r\n"
+        "from gms.record import _recordcheck as r\n"
         "data = os.urandom(5000)\n"
         "for n in [*range(300), 1000, 4095, 4096, 4097]:\n"
         "    for skip in range(8):\n"

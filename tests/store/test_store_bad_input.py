@@ -6,7 +6,7 @@ import pytest
 from store_helpers import batch, small_config
 
 from gms import record as rec
-from gms.broker.commitlog.batch import VECTORISE_RECORDS_MIN
+from gms.record.batch import VECTORISE_RECORDS_MIN
 from gms.broker.store import MessageStore
 from gms.store_errors import (
     BodyTooLarge,

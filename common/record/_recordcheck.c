@@ -418,7 +418,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "gms._recordcheck",
+    PyModuleDef_HEAD_INIT, "gms.record._recordcheck",
     "Checks of many stored records in one call (record walk, CRC and envelope, views), in C.", -1, methods,
 };
 

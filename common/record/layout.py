@@ -1,0 +1,125 @@
+"""Record format v1: the one layout shared by producer, broker store, consumer and Spark.
+
+Big-endian. The first 40 bytes are the envelope the broker owns (it may rewrite them without
+touching the checksum); bytes from 40 on are written by the producer and covered by the CRC,
+like Kafka's v2 batch keeps base offset and leader epoch outside its CRC::
+
+    off size field
+    0   4   total_size      i32  whole record including this field
+    4   4   magic           u32  MAGIC_V1 (BLANK_MAGIC marks end-of-file filler)
+    8   4   crc32           u32  crc32 of bytes [40, total_size)
+    12  4   queue_id        i32  broker may rewrite
+    16  8   queue_offset    i64  broker-assigned
+    24  8   phys_offset     i64  broker-assigned (commitlog offset of this record)
+    32  8   store_ts_ms     i64  broker-assigned
+    --- CRC-covered, written by the producer ---
+    40  4   flags           i32
+    44  8   born_ts_ms      i64
+    52  8   tag_hash        i64  xxhash64(tag utf-8) as signed int64; 0 = no tag
+    60  4   reconsume_times i32
+    64  4   body_len        i32
+    68  1   topic_len       u8   1..127
+    69  1   tag_len         u8
+    70  1   born_host_len   u8
+    71  1   reserved        u8   0
+    72  2   keys_len        u16  keys, utf-8, separated by KEY_SEPARATOR
+    74  2   props_len       u16  properties, utf-8 "k\\x01v\\x02k\\x01v\\x02"
+    76  ... topic, tag, born_host, keys, properties, body
+
+A commitlog file ends with a blank marker (total_size = bytes left in the file, BLANK_MAGIC);
+a record is placed in a file only if it leaves at least BLANK_MARKER_SIZE bytes after it.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from itertools import accumulate
+
+import numpy as np
+import xxhash
+
+MAGIC_V1 = 0x474D5301  # "GMS\x01"
+BLANK_MAGIC = 0x474D53FF  # "GMS\xff": filler up to the end of a commitlog file
+BLANK_MARKER_SIZE = 8  # total_size + magic; RocketMQ's END_FILE_MIN_BLANK_LENGTH
+
+KEY_SEPARATOR = " "
+PROP_NAME_VALUE_SEPARATOR = "\x01"
+PROP_SEPARATOR = "\x02"
+
+# (name, struct code): the fixed part, in order. Offsets are derived, never typed by hand.
+_FIELDS: tuple[tuple[str, str], ...] = (
+    ("total_size", "i"),
+    ("magic", "I"),
+    ("crc32", "I"),
+    ("queue_id", "i"),
+    ("queue_offset", "q"),
+    ("phys_offset", "q"),
+    ("store_ts_ms", "q"),
+    ("flags", "i"),
+    ("born_ts_ms", "q"),
+    ("tag_hash", "q"),
+    ("reconsume_times", "i"),
+    ("body_len", "i"),
+    ("topic_len", "B"),
+    ("tag_len", "B"),
+    ("born_host_len", "B"),
+    ("reserved", "B"),
+    ("keys_len", "H"),
+    ("props_len", "H"),
+)
+HEADER = struct.Struct(">" + "".join(code for _, code in _FIELDS))
+HEADER_SIZE = HEADER.size
+OFFSETS: dict[str, int] = dict(
+    # accumulate(initial=0) yields one more (the end) than there are fields: not strict.
+    zip((name for name, _ in _FIELDS), accumulate((struct.calcsize(">" + c) for _, c in _FIELDS), initial=0),
+        strict=False)
+)
+OFF_MAGIC = OFFSETS["magic"]
+OFF_CRC = OFFSETS["crc32"]
+OFF_QUEUE_ID = OFFSETS["queue_id"]
+OFF_QUEUE_OFFSET = OFFSETS["queue_offset"]
+OFF_PHYS_OFFSET = OFFSETS["phys_offset"]
+OFF_STORE_TS = OFFSETS["store_ts_ms"]
+OFF_CRC_START = OFFSETS["flags"]  # the CRC covers [OFF_CRC_START, total_size)
+OFF_TAG_HASH = OFFSETS["tag_hash"]
+OFF_VARIABLE = HEADER_SIZE
+
+assert HEADER_SIZE == 76, HEADER_SIZE
+assert (OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET) == (4, 8, 12, 16)
+assert (OFF_PHYS_OFFSET, OFF_STORE_TS, OFF_CRC_START, OFF_TAG_HASH) == (24, 32, 40, 52)
+assert OFFSETS["body_len"] == 64 and OFFSETS["topic_len"] == 68 and OFFSETS["props_len"] == 74
+
+# The same fixed part as a numpy dtype, for reading the headers of a whole batch at once.
+HEADER_DTYPE = np.dtype([(name, ">" + ("u" if c in "IBH" else "i") + str(struct.calcsize(c)))
+                         for name, c in ((n, c) for n, c in _FIELDS)])
+assert HEADER_DTYPE.itemsize == HEADER_SIZE
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_BROKER_FIELDS = struct.Struct(">iqqq")  # queue_id .. store_ts_ms
+assert _BROKER_FIELDS.size == OFF_CRC_START - OFF_QUEUE_ID
+
+TAG_BYTES_MAX = 255
+BORN_HOST_BYTES_MAX = 255
+KEYS_BYTES_MAX = 0xFFFF
+PROPS_BYTES_MAX = 0xFFFF
+RECORD_BYTES_MAX = 0x7FFFFFFF
+NO_TAG_HASH = 0
+
+
+class RecordCheck(enum.Enum):
+    """What lies at a position of a commitlog file (RocketMQ's checkMessageAndReturnSize)."""
+
+    OK = "ok"  # a valid record
+    BLANK = "blank"  # end-of-file filler: the rest of the file holds no record
+    EMPTY = "empty"  # zeros: nothing was ever written here
+    TRUNCATED = "truncated"  # a record header promises more bytes than there are
+    CORRUPT = "corrupt"  # bad magic, impossible length or CRC mismatch
+
+
+def tag_hash(tag: str | None) -> int:
+    """xxhash64 of the tag's utf-8 bytes as a signed int64 (the consumeQueue column); 0 = no tag."""
+    if not tag:
+        return NO_TAG_HASH
+    h = xxhash.xxh64_intdigest(tag.encode())
+    return h - (1 << 64) if h >= (1 << 63) else h
