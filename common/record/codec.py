@@ -1,6 +1,6 @@
 """The reference codec: one record at a time, every field checked (producers of tests and tools,
 the decoder of the CLI and of message lookups). The fast paths in builder, checks, columns and batch
-must agree with it (tests/record/)."""
+must agree with it (tests/store/test_record_paths.py and the tests it names)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from isal.isal_zlib import crc32  # zlib's CRC-32 (same values), ~6x faster on s
 
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
 from gms.record.layout import (
-    _BROKER_FIELDS,
-    _SIZE_MAGIC,
     BLANK_MAGIC,
     BLANK_MARKER_SIZE,
     BORN_HOST_BYTES_MAX,
@@ -38,6 +36,10 @@ from gms.record.layout import (
     tag_hash,
 )
 from gms.store_errors import CorruptRecord, InvalidRecord
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_BROKER_FIELDS = struct.Struct(">iqqq")  # queue_id .. store_ts_ms
+assert _BROKER_FIELDS.size == OFF_CRC_START - OFF_QUEUE_ID
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,9 +95,6 @@ HEADER_DTYPE = np.dtype([(name, ">" + ("u" if c in "IBH" else "i") + str(struct.
                          for name, c in ((n, c) for n, c in _FIELDS)])
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 
-_SIZE_MAGIC = struct.Struct(">iI")
-_BROKER_FIELDS = struct.Struct(">iqqq")  # queue_id .. store_ts_ms
-assert _BROKER_FIELDS.size == OFF_CRC_START - OFF_QUEUE_ID
 
 TAG_BYTES_MAX = 255
 BORN_HOST_BYTES_MAX = 255
