@@ -37,7 +37,6 @@ from gms.broker.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
@@ -62,6 +61,7 @@ from gms.record import (
     check_stored,
     record_views,
 )
+from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,

@@ -14,9 +14,9 @@ import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendResult
+from gms.record.builder import BatchBuilder, RecordEncoder
 
 # Sends one batch, sealed as one or more request bodies, to ``route``; results in order.
 SendFn = Callable[[QueueRoute, list[bytearray]], Awaitable[Sequence[SendResult]]]

@@ -22,7 +22,6 @@ from concurrent.futures import Future
 from operator import attrgetter
 from pathlib import Path
 
-from gms.record.builder import RecordEncoder
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.rebalance import Membership, StartFrom
@@ -30,6 +29,7 @@ from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.errors import BadTagExpressionError, GmsError
 from gms.log_throttle import Outage
+from gms.record.builder import RecordEncoder
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ import xxhash
 
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
-from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendResult, SendResults
@@ -32,6 +31,7 @@ from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
+from gms.record.builder import BatchBuilder, RecordEncoder
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gms.record.batch import ParsedRecords, parse_records
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.mapped_file import MappedFile
 from gms.record import (
@@ -44,6 +43,7 @@ from gms.record import (
     header_errors,
     scan_records,
 )
+from gms.record.batch import ParsedRecords, parse_records
 from gms.store_errors import CorruptRecord, InvalidTopicName
 
 log = logging.getLogger(__name__)

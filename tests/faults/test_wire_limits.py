@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from gms.client import Admin, Producer, ProducerRecord
-from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.errors import ConnectionClosedError, MessageIllegalError, ServerBusyError
 from gms.net import Connection, run
 from gms.net.server import CONNECTION_ERROR_ID
@@ -23,6 +22,7 @@ from gms.protocol.codes import Status
 from gms.protocol.decoder import FrameDecoder
 from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES, Frame, encode_frame
 from gms.record import iter_records
+from gms.record.builder import BatchBuilder, RecordEncoder
 
 MIB = 1024 * 1024
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gms.record import _recordcheck
 from gms import record as rec
+from gms.record import _recordcheck
 
 
 @given(st.binary(max_size=3000), st.integers(0, 15))

@@ -6,8 +6,8 @@ import pytest
 from store_helpers import batch, small_config
 
 from gms import record as rec
-from gms.record.batch import VECTORISE_RECORDS_MIN
 from gms.broker.store import MessageStore
+from gms.record.batch import VECTORISE_RECORDS_MIN
 from gms.store_errors import (
     BodyTooLarge,
     CorruptRecord,
