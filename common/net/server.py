@@ -229,7 +229,10 @@ class _ServerConnection(asyncio.Protocol):
         self._processing = False
         # This connection's share of the server's unfinished-frames budget.
         self._reserved_bytes = 0
-        self._last_input = self._loop.time()
+        # The last time a request arrived or the last running one finished: idleness counts from
+        # the later (a long poll's answer is activity, or the sweep could close the connection
+        # between that answer and the client's next request).
+        self._last_active = self._loop.time()
         # When the header of frame number ``_header_frame`` began to arrive (None: no header
         # is pending).
         self._header_since: float | None = None
@@ -256,7 +259,7 @@ class _ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        self._last_input = self._loop.time()
+        self._last_active = self._loop.time()
         self._decoder.feed(data)
         self._process()
 
@@ -375,7 +378,7 @@ class _ServerConnection(asyncio.Protocol):
         if self._header_since is not None and now - self._header_since >= config.header_timeout_ms / 1000:
             self._refuse(Status.TIMEOUT, f"a frame header did not arrive within {config.header_timeout_ms} "
                                          "ms (header_timeout_ms)")
-        elif not self.tasks and now - self._last_input >= config.idle_timeout_ms / 1000:
+        elif not self.tasks and now - self._last_active >= config.idle_timeout_ms / 1000:
             log.info("closing connection from %s: idle for %d ms", self._peer(), config.idle_timeout_ms)
             transport = self._transport
             self.close(abort=transport is not None and transport.get_write_buffer_size() > 0)
@@ -436,6 +439,8 @@ class _ServerConnection(asyncio.Protocol):
     def _finished(self, task: asyncio.Task[None], size: int) -> None:
         self.tasks.discard(task)
         self._in_flight_bytes -= size
+        if not self.tasks:
+            self._last_active = self._loop.time()
         self._process()
 
     async def _run(self, handler: Handler, frame: Frame) -> None:
