@@ -160,9 +160,13 @@ class Membership:
 
     async def _beat_forever(self) -> None:
         assert self._wake is not None
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the cancellation
+        # stop() sends when the wake-up lands at the same moment, and this loop then beat on
+        # forever (a closing consumer kept its queues and its close() never returned).
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -201,7 +205,8 @@ class Membership:
     async def _bounded_heartbeat(self) -> None:
         """A heartbeat (routes, coordinator and beat together) within half the member expiry: a
         later answer is no use — better try again, or fence."""
-        await asyncio.wait_for(self.heartbeat(), self._member_expiry_s / 2)
+        async with asyncio.timeout(self._member_expiry_s / 2):
+            await self.heartbeat()
 
     async def heartbeat(self) -> None:
         assert self._beat_lock is not None

@@ -122,8 +122,9 @@ class LeaderFetcher:
             if not partitions:
                 paused = [p.fetch_paused_until for p in self._partitions if self._mine(p)]
                 timeout = max(min(paused) - now, 0.01) if paused else None
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                try:  # asyncio.timeout: 3.11's wait_for can swallow a cancellation (see client/rebalance.py)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
                 continue
