@@ -9,6 +9,7 @@ message, its copy byte-equal to the leader's outside the envelope."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,19 @@ def send(cluster: HaCluster, leader: BrokerProcess, start: int, count: int) -> N
 
 def max_offset(broker: BrokerProcess) -> int:
     return request(broker.address, RequestCode.TOPIC_STATS, {"topic": TOPIC})["queues"][0]["max_offset"]
+
+
+def wait_in_sync_on_disk(broker: BrokerProcess, end: int) -> None:
+    """Wait until the broker holds TOPIC/0 up to ``end`` and its saved replication state names the
+    queue's epoch and that high watermark: a broker killed before that restarts without an epoch
+    history and refetches the queue from 0 (KIP-101), and the damage this test planted is gone."""
+    path = broker.store_dir / "store" / "config" / "replication.json"
+
+    def saved() -> bool:
+        state = json.loads(path.read_bytes())["queues"].get(TOPIC, {}).get("0", {})
+        return bool(state.get("epochs")) and state.get("hw") == end
+
+    wait_for(lambda: max_offset(broker) == end and saved(), 10)
 
 
 def record_at(broker: BrokerProcess, queue_offset: int) -> tuple[Path, int, int]:
@@ -151,7 +165,7 @@ def test_follower_repairs_its_damaged_copy_from_the_leader_after_a_restart(clust
     follower = next(b for b in cluster.brokers if b is not leader)
     follower_id = broker_id_for(follower.address)
     send(cluster, leader, 0, 30)
-    wait_for(lambda: max_offset(follower) == 30, 10)
+    wait_in_sync_on_disk(follower, 30)
     flip_body(follower, 17)
     follower.kill()
     follower.restart()  # recovery finds 17 damaged; the follower asks the leader for it again
@@ -176,7 +190,7 @@ def test_a_record_damaged_on_both_stays_damaged_and_replication_goes_on(cluster)
     leader = cluster.broker_by_id(queue.leader)
     follower = next(b for b in cluster.brokers if b is not leader)
     send(cluster, leader, 0, 20)
-    wait_for(lambda: max_offset(follower) == 20, 10)
+    wait_in_sync_on_disk(follower, 20)
     flip_body(follower, 12)
     flip_body(leader, 12)
     follower.kill()
