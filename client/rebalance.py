@@ -150,9 +150,10 @@ class Membership:
         try:
             if self._clustering:
                 await self._send_commits({}, list(self.states))
-            if self._coordinator is not None:
-                await self._runtime.pool.request(self._coordinator, RequestCode.UNREGISTER_CONSUMER,
-                                                 {"group": self._group, "member": self._member})
+            # Found again if a heartbeat failed or was cancelled by stop(): a member that does not
+            # say it leaves keeps its queues from the others until it expires (30 s by default).
+            await self._runtime.pool.request(await self._find_coordinator(), RequestCode.UNREGISTER_CONSUMER,
+                                             {"group": self._group, "member": self._member})
         except GmsError as err:
             log.info("%s/%s: leaving the group: %r", self._group, self._member, err)
 
@@ -205,8 +206,12 @@ class Membership:
     async def _bounded_heartbeat(self) -> None:
         """A heartbeat (routes, coordinator and beat together) within half the member expiry: a
         later answer is no use — better try again, or fence."""
-        async with asyncio.timeout(self._member_expiry_s / 2):
-            await self.heartbeat()
+        try:
+            async with asyncio.timeout(self._member_expiry_s / 2):
+                await self.heartbeat()
+        except TimeoutError:
+            self._coordinator = None  # it did not answer in time: found again for the next beat
+            raise
 
     async def heartbeat(self) -> None:
         assert self._beat_lock is not None
@@ -224,7 +229,7 @@ class Membership:
         sent = time.monotonic()
         try:
             frame = await self._beat(fields)
-        except (GmsError, asyncio.CancelledError):
+        except GmsError:  # not when cancelled (stop): the coordinator is still the one to leave
             self._coordinator = None
             raise
         self._last_beat_sent = sent
