@@ -6,7 +6,6 @@ import threading
 import time
 import uuid
 
-import pytest
 from client_helpers import QUEUES, consume
 
 from gms.client import Admin, Consumer, Producer
