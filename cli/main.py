@@ -15,6 +15,7 @@ import click
 from gms import __version__
 from gms.cli.cluster import cluster, msg
 from gms.cli.group import group
+from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
 from gms.cli.messages import produce, tail
 from gms.cli.topic import topic
 from gms.client.routing import NameserversUnavailableError
@@ -22,7 +23,6 @@ from gms.envvars import options_from_env
 from gms.errors import GmsError, ServiceUnavailableError
 from gms.log_throttle import RepeatFilter
 
-EXIT_INTERRUPTED = 130
 # `gms spark` comes from the Spark jobs package when it is there; imported only when used,
 # so the rest of the CLI never needs pyspark.
 SPARK_COMMAND = "spark"
@@ -46,7 +46,7 @@ class GmsGroup(click.Group):
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
+            ctx.exit(INTERRUPTED_EXIT_CODE)
 
     # --- `gms spark`, mounted lazily ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import concurrent.futures
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import IO, Any
 import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
 from gms.client import Consumer, DamagedRecord, Producer, SendResult
@@ -164,19 +166,22 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
         max_poll_messages=1 if group and count else 1024,
         on_damaged=lambda record: click.echo(_damaged_line(record, fmt)),
     )
-    try:
-        shown = _print_messages(consumer, fmt, count, follow)
-    finally:
-        consumer.close()
+    with stop_requested() as stop:
+        try:
+            shown = _print_messages(consumer, fmt, count, follow, stop)
+        finally:
+            consumer.close()
+    if stop.is_set():
+        raise click.exceptions.Exit(INTERRUPTED_EXIT_CODE)
     if fmt == "text" and not follow and count is None and shown == 0:
         click.echo(f"no messages in {topic}" + ("" if tag_expression == "*" else f" matching {tag_expression!r}"),
                    err=True)
 
 
-def _print_messages(consumer: Consumer, fmt: str, count: int | None, follow: bool) -> int:
+def _print_messages(consumer: Consumer, fmt: str, count: int | None, follow: bool, stop: threading.Event) -> int:
     shown = 0
     last_seen = time.monotonic()
-    while count is None or shown < count:
+    while (count is None or shown < count) and not stop.is_set():
         messages = consumer.poll(POLL_MS)
         if messages:
             last_seen = time.monotonic()
