@@ -39,6 +39,7 @@ StartFrom = str | int  # "last", "first" or a timestamp in ms
 NO_COMMITTED_OFFSET = -1
 HEARTBEAT_RETRY_MS = 200
 DEFAULT_MEMBER_EXPIRY_MS = 30_000  # until the coordinator said its own
+LEAVE_TIMEOUT_S = 5.0  # close() waits this long at most to say it leaves
 TOPIC_LAG_S = 5.0  # a coordinator may learn of a new topic this much after the nameserver
 TOPIC_LAG_RETRY_S = 0.1
 
@@ -146,16 +147,21 @@ class Membership:
             await self._fetcher.stop(state)
 
     async def unregister(self) -> None:
-        """Release every queue and leave the group (best effort: the coordinator may be gone)."""
+        """Release every queue and leave the group (best effort, within LEAVE_TIMEOUT_S: the
+        coordinator may be gone, and then expires the member by itself)."""
         try:
-            if self._clustering:
-                await self._send_commits({}, list(self.states))
-            # Found again if a heartbeat failed or was cancelled by stop(): a member that does not
-            # say it leaves keeps its queues from the others until it expires (30 s by default).
-            await self._runtime.pool.request(await self._find_coordinator(), RequestCode.UNREGISTER_CONSUMER,
-                                             {"group": self._group, "member": self._member})
-        except GmsError as err:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await self._leave()
+        except (GmsError, TimeoutError) as err:
             log.info("%s/%s: leaving the group: %r", self._group, self._member, err)
+
+    async def _leave(self) -> None:
+        if self._clustering:
+            await self._send_commits({}, list(self.states))
+        # Found again if a heartbeat failed or was cancelled by stop(): a member that does not
+        # say it leaves keeps its queues from the others until it expires (30 s by default).
+        await self._runtime.pool.request(await self._find_coordinator(), RequestCode.UNREGISTER_CONSUMER,
+                                         {"group": self._group, "member": self._member})
 
     # --- heartbeats ------------------------------------------------------------------------------
 
