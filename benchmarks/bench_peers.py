@@ -16,6 +16,11 @@ Workloads (each system gets exactly these):
   ``len(message.body)``; Redis: ``XREAD COUNT 1000``; NATS: a pull consumer's ``fetch(1000)``).
   Count and bytes are checked.
 - W2: the same with 200,000 messages of 1 KiB.
+- gms also produces W1 and W2 with ``send_async`` (one call per message, the producer batches and
+  pipelines; then ``flush()``), compared with the peers' fastest produce (``ratio_w1_produce_async_…``),
+  and ``w2_produce_async_pct_of_tcp_ceiling`` = that 1 KiB rate in MB/s over the loopback TCP
+  ceiling between two Python processes measured in the same run (``tcp_ceiling_mb_per_s``).
+- The gms consumer reads every message's topic, tag, keys and body (the peers have a payload).
 - W3: 20,000 single sends of 100 bytes, one at a time, each waiting for its acknowledgement, after
   1,000 unmeasured warm-up sends: p50 / p99 / p99.9 latency.
 
@@ -49,8 +54,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-FULL = {"n100": 1_000_000, "n1k": 200_000, "nlat": 20_000}
-QUICK = {"n100": 20_000, "n1k": 5_000, "nlat": 2_000}
+FULL = {"n100": 1_000_000, "n1k": 200_000, "nlat": 20_000, "tcp_bytes": 1 << 30}
+QUICK = {"n100": 20_000, "n1k": 5_000, "nlat": 2_000, "tcp_bytes": 64 << 20}
 PIPE = 1000  # messages per send_batch / pipeline / publish window, and per read
 WARMUP_SENDS = 1000
 PHASE_TIMEOUT_S = 600
@@ -60,6 +65,10 @@ TOPIC_SETTLE_S = 0.5  # a new topic reaches the broker through etcd: keep that o
 PEERS = ("redis", "nats")
 # Figures where a smaller value is better (the ratio's sense flips).
 LATENCIES = ("w3_p50_us", "w3_p99_us", "w3_p999_us")
+# gms figures compared with another figure of the peers: send_async against the peers' fastest
+# produce (NATS's is its own async publishing).
+PEER_FIGURE = {"w1_produce_async_msgs_per_s": "w1_produce_msgs_per_s",
+               "w2_produce_async_msgs_per_s": "w2_produce_msgs_per_s"}
 
 
 # --- measuring -------------------------------------------------------------------------------------
@@ -233,11 +242,14 @@ def gms_rep(nameserver: str, broker_pid: int, rep: int, sizes: dict[str, int],
                     while got < n:
                         dl.check()
                         messages = consumer.poll(timeout_ms=5000)
-                        for message in messages:
+                        for message in messages:  # every field a consumer routes on, and the body
+                            if message.topic != topic or message.tag is not None or message.keys:
+                                raise AssertionError(f"unexpected message {message!r}")
                             nbytes += len(message.body)
                         got += len(messages)
                 assert got == n and nbytes == n * size, (got, nbytes)
                 figures.update(throughput_figures(wl, n, produce, consume))
+                figures.update(async_produce_figures(producer, admin, broker_pid, wl, rep, size, n))
             if "W3" in workloads:
                 topic = f"bench-w3-{rep}"
                 admin.create_topic(topic, queues=1)
@@ -247,6 +259,71 @@ def gms_rep(nameserver: str, broker_pid: int, rep: int, sizes: dict[str, int],
     finally:
         admin.close()
     return figures
+
+
+def async_produce_figures(producer: Any, admin: Any, broker_pid: int, wl: str, rep: int, size: int,
+                          n: int) -> dict[str, float]:
+    """W1/W2 produced again with ``send_async`` (the producer batches and pipelines), then
+    ``flush()``: every future resolved. Into a topic of its own; not read back."""
+    topic = f"bench-{wl}async-{rep}"
+    admin.create_topic(topic, queues=1)
+    time.sleep(TOPIC_SETTLE_S)
+    payload = os.urandom(size)
+    send_async = producer.send_async
+    dl = Deadline(PHASE_TIMEOUT_S, f"gms {wl} send_async")
+    with Phase(broker_pid) as produce:
+        futures = []
+        for i in range(n):
+            if not i & 0xFFFF:
+                dl.check()
+            futures.append(send_async(topic, payload))
+        producer.flush()
+    failed = sum(1 for f in futures if f.exception() is not None)
+    assert failed == 0, f"{failed} async sends failed"
+    return {f"{wl}_produce_async_msgs_per_s": n / produce.seconds,
+            f"{wl}_produce_async_mb_per_s": n * size / produce.seconds / 1e6,
+            f"{wl}_produce_async_cpu_client_pct": produce.client_pct,
+            f"{wl}_produce_async_cpu_server_pct": produce.server_pct}
+
+
+TCP_CEILING_BYTES = 1 << 30
+TCP_CHUNK_BYTES = 64 * 1024
+
+
+def tcp_sink(port: int, total: int) -> None:
+    """Child process of :func:`tcp_ceiling_mb_per_s`: receive ``total`` bytes, answer one."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        buf = bytearray(1 << 20)
+        got = 0
+        while got < total:
+            k = sock.recv_into(buf)
+            if not k:
+                break
+            got += k
+        sock.sendall(b"K")
+
+
+def tcp_ceiling_mb_per_s(total: int) -> float:
+    """Loopback TCP between two Python processes: ``sendall`` of 64 KiB chunks into a process
+    that only receives them (the most any Python client/server pair can move)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        sink = subprocess.Popen([sys.executable, __file__, "--tcp-sink", str(port), "--tcp-bytes", str(total)])
+        try:
+            server.settimeout(START_TIMEOUT_S)
+            conn, _ = server.accept()
+            with conn:
+                chunk = memoryview(os.urandom(TCP_CHUNK_BYTES))
+                t0 = time.perf_counter()
+                for _ in range(total // TCP_CHUNK_BYTES):
+                    conn.sendall(chunk)
+                conn.settimeout(PHASE_TIMEOUT_S)
+                if conn.recv(1) != b"K":
+                    raise RuntimeError("the TCP sink did not receive everything")
+                seconds = time.perf_counter() - t0
+        finally:
+            sink.wait(STOP_TIMEOUT_S)
+    return total // TCP_CHUNK_BYTES * TCP_CHUNK_BYTES / seconds / 1e6
 
 
 # --- peers (each runs in a child process: a Python that has its client) ---------------------------
@@ -429,7 +506,8 @@ def ratios(gms: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, A
     for key, value in gms.items():
         if key.endswith("_runs") or key.endswith("_pct") or not isinstance(value, (int, float)):
             continue
-        have = {name: figures[key] for name, figures in peers.items() if key in figures}
+        peer_key = PEER_FIGURE.get(key, key)
+        have = {name: figures[peer_key] for name, figures in peers.items() if peer_key in figures}
         if not have:
             continue
         pick = min if key in LATENCIES else max
@@ -453,7 +531,12 @@ def main() -> None:
     ap.add_argument("--peer-child", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
+    ap.add_argument("--tcp-sink", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tcp-bytes", type=int, default=TCP_CEILING_BYTES, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tcp_sink:  # inside the receiving child of the TCP ceiling
+        tcp_sink(args.tcp_sink, args.tcp_bytes)
+        return
     sizes = QUICK if args.quick else FULL
     workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
 
@@ -486,11 +569,15 @@ def main() -> None:
         with gms_standalone(root / "gms") as (nameserver, broker_pid):
             for rep in range(args.reps):  # the systems in turn, rep by rep
                 gms_reps.append(gms_rep(nameserver, broker_pid, rep, sizes, workloads))
+                gms_reps[-1]["tcp_ceiling_mb_per_s"] = tcp_ceiling_mb_per_s(sizes["tcp_bytes"])
                 log(f"gms rep {rep}: {json.dumps({k: round(v) for k, v in gms_reps[-1].items()})}")
                 for peer, python in peer_pythons.items():
                     peer_reps[peer].append(run_peer_rep(peer, python, rep, args, root))
                     log(f"{peer} rep {rep}: {json.dumps(peer_reps[peer][-1])}")
     gms = median_figures(gms_reps)
+    if "w2_produce_async_mb_per_s" in gms:
+        gms["w2_produce_async_pct_of_tcp_ceiling"] = round(
+            100 * gms["w2_produce_async_mb_per_s"] / gms["tcp_ceiling_mb_per_s"], 1)
     peers = {peer: median_figures(reps) for peer, reps in peer_reps.items()}
     result: dict[str, Any] = {"bench": "peers", "quick": args.quick, "reps": args.reps, **sizes, **gms}
     for peer, figures in peers.items():

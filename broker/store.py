@@ -173,7 +173,8 @@ class MessageStore:
         # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
         self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
         self._last_store_ts_ms = 0
-        self._last_checkpoint_ms = 0
+        # The first checkpoint comes one interval after opening, like every later one.
+        self._last_checkpoint_ms = int(time.time() * 1000)
         self.recovered_damaged = 0  # damaged stretches the last recovery found
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
         # Queue offsets of records found damaged (by recovery or a read), for a follower to ask

@@ -329,6 +329,13 @@ class Messages:
         assert sorted(self.acked) == list(range(len(self.acked)))  # no offset skipped or reused
 
 
+def take_the_rest(small_fs, path: Path) -> None:
+    """Allocate every byte still free to ``path`` (none may be left: fallocate of 0 fails)."""
+    with open(path, "wb") as f:
+        if small_fs.free_bytes():
+            os.posix_fallocate(f.fileno(), 0, small_fs.free_bytes())
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[layout.refused for layout in LAYOUTS])
 def test_a_full_filesystem_refuses_sends_keeps_every_acked_message_and_recovers(small_fs, tmp_path, layout):
     filler = small_fs.path / "filler"
@@ -348,8 +355,7 @@ def test_a_full_filesystem_refuses_sends_keeps_every_acked_message_and_recovers(
         assert len(messages.acked) > 1000, f"refused after {len(messages.acked)} messages: {refused}"
         # Now the last bytes too: small writes (checkpoint, offsets, abort marker) fail as well.
         last_bytes = small_fs.path / "last-bytes"
-        with open(last_bytes, "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, small_fs.free_bytes())
+        take_the_rest(small_fs, last_bytes)
         probe = small_fs.path / "probe"
         with pytest.raises(OSError):
             probe.write_bytes(b"x" * 4096)
@@ -402,8 +408,7 @@ def test_a_store_file_cut_short_by_a_crash_does_not_kill_the_broker_on_a_full_di
         messages = Messages(broker, layout.body_bytes)
         for batch in (BATCH, 1):
             refused = str(messages.send_until_refused(batch))
-        with open(small_fs.path / "last-bytes", "wb") as f:
-            os.posix_fallocate(f.fileno(), 0, small_fs.free_bytes())
+        take_the_rest(small_fs, small_fs.path / "last-bytes")
         broker.kill()
         # The consumeQueue file the refused send wanted, as a crash right after its open(O_CREAT) leaves it.
         queue_dir = small_fs.path / "broker" / "store" / "consumequeue" / TOPIC / "0"

@@ -112,7 +112,8 @@ def expected(count: int, without: tuple[int, ...] = ()) -> dict[int, bytes]:
 
 @pytest.fixture
 def cluster(tmp_path):
-    # One checkpoint at start, then none: a SIGKILLed broker's recovery scans all it stored.
+    # No checkpoint while running (the first would come an hour after start): a SIGKILLed
+    # broker's recovery scans all it stored.
     config = tmp_path / "store.toml"
     config.write_text(BROKER_TOML + "\n[store]\ncheckpoint_interval_ms = 3600000\n")
     cluster = HaCluster(tmp_path, broker_args=("--config", str(config))).start(nameservers=1, brokers=3)
