@@ -3,7 +3,6 @@ as text lines or JSON lines."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import sys
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
-from gms.client import Consumer, DamagedRecord, Producer, SendResult
+from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult
 from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
@@ -60,7 +59,7 @@ def produce(topic: str, messages: tuple[str, ...], file: Path | None, tag: str |
     if messages and file is not None:
         raise click.UsageError("give messages as arguments or --file, not both")
     keys = (key,) if key else ()
-    results: list[concurrent.futures.Future[SendResult]] = []
+    results: list[SendFuture] = []
     with Producer(nameserver=nameserver) as producer:
         try:
             for body in _bodies(messages, file):
@@ -100,7 +99,7 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
             yield line
 
 
-def _report(topic: str, futures: list[concurrent.futures.Future[SendResult]], as_json: bool) -> None:
+def _report(topic: str, futures: list[SendFuture], as_json: bool) -> None:
     sent: list[SendResult] = []
     errors: list[BaseException] = []
     for future in futures:

@@ -18,6 +18,7 @@ from gms.client.structs import (
     DamagedRecordError,
     ReceivedMessage,
     ReceivedMessages,
+    SendFuture,
     SendResult,
     SendResults,
 )
@@ -25,5 +26,5 @@ from gms.client.structs import (
 __all__ = [
     "Admin", "Consumer", "DamagedRecord", "DamagedRecordError", "NameserverRoutes", "Producer",
     "ProducerRecord", "QueueRoute", "ReceivedMessage", "ReceivedMessages", "RouteProvider",
-    "SendResult", "SendResults", "StaticRoutes", "TopicQueue",
+    "SendFuture", "SendResult", "SendResults", "StaticRoutes", "TopicQueue",
 ]

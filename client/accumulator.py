@@ -15,7 +15,8 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from gms.client.routing import QueueRoute
-from gms.client.structs import SendResult
+from gms.client.structs import SendFuture, SendResult
+from gms.errors import ProtocolError
 from gms.record.builder import BatchBuilder, RecordEncoder
 
 # Sends one batch, sealed as one or more request bodies, to ``route``; results in order.
@@ -23,11 +24,12 @@ SendFn = Callable[[QueueRoute, list[bytearray]], Awaitable[Sequence[SendResult]]
 
 
 class _OpenBatch:
-    __slots__ = ("futures", "records")
+    __slots__ = ("future", "records")
 
     def __init__(self, queue_id: int) -> None:
         self.records = BatchBuilder(queue_id)
-        self.futures: list[concurrent.futures.Future[SendResult | None]] = []
+        # One Future for the batch: each message's SendFuture reads its result out of it.
+        self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
 
 
 class Accumulator:
@@ -46,8 +48,7 @@ class Accumulator:
         self._in_flight: set[asyncio.Task[None]] = set()
 
     def append(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
-               properties: Mapping[str, str] | None) -> concurrent.futures.Future[SendResult | None]:
-        future: concurrent.futures.Future[SendResult | None] = concurrent.futures.Future()
+               properties: Mapping[str, str] | None) -> SendFuture:
         with self._lock:
             while self._buffered_bytes >= self._buffer_bytes_max:
                 self._space.wait()
@@ -55,19 +56,19 @@ class Accumulator:
             is_new = batch is None
             if batch is None:
                 batch = _OpenBatch(route.queue_id)
-            size = self._encoder.add(batch.records, route.topic, body, tag, keys, properties)
+            records = batch.records
+            size = self._encoder.add(records, route.topic, body, tag, keys, properties)
             if is_new:
                 self._open[route] = batch
-            batch.futures.append(future)
             self._buffered_bytes += size
-            is_full = batch.records.size_bytes >= self._batch_bytes
+            is_full = records.size_bytes >= self._batch_bytes
             if is_full:
                 del self._open[route]
         if is_full:
             self._loop.call_soon_threadsafe(self._dispatch, route, batch)
         elif is_new:
             self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
-        return future
+        return SendFuture(batch.future, records.count - 1)
 
     def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
         self._loop.call_later(self._linger_s, self._linger_expired, route, batch)
@@ -88,17 +89,15 @@ class Accumulator:
         try:
             results = await self._send(route, batch.records.seal_requests())
         except BaseException as err:
-            for future in batch.futures:
-                future.set_exception(err)
+            batch.future.set_exception(err)
             if not isinstance(err, Exception):
                 raise
         else:
-            if results:
-                for future, result in zip(batch.futures, results, strict=True):
-                    future.set_result(result)
-            else:  # acks=0: nothing to report but "written"
-                for future in batch.futures:
-                    future.set_result(None)
+            if results and len(results) != batch.records.count:
+                batch.future.set_exception(ProtocolError(
+                    f"{len(results)} results for a batch of {batch.records.count} messages", must_close=False))
+            else:
+                batch.future.set_result(results)  # acks=0: none, each message's result is None
         finally:
             with self._lock:
                 self._buffered_bytes -= batch.records.size_bytes

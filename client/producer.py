@@ -10,7 +10,6 @@ else round robin.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
 import socket
@@ -25,7 +24,7 @@ from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
-from gms.client.structs import SendResult, SendResults
+from gms.client.structs import SendFuture, SendResult, SendResults
 from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
@@ -356,19 +355,18 @@ class Producer:
     def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                    properties: Mapping[str, str] | None = None, queue: int | None = None,
                    key: str | bytes | None = None,
-                   callback: Callable[[concurrent.futures.Future[SendResult]], None] | None = None,
-                   ) -> concurrent.futures.Future[SendResult]:
-        """Queue a message for a batched send; the future resolves when the broker answers.
+                   callback: Callable[[SendFuture], object] | None = None) -> SendFuture:
+        """Queue a message for a batched send; the returned :class:`SendFuture` resolves when
+        the broker answers its batch (``flush()`` waits for every one).
 
         ``callback(future)`` runs on the I/O thread once the future is done: keep it short.
         Bad input raises here; send failures are set on the future.
         """
         route = self._route(topic, queue, key)
         future = self._accumulator.append(route, body, tag, keys, properties)
-        # Typed for acks != 0; with acks=0 the future resolves to None.
         if callback is not None:
-            future.add_done_callback(callback)  # type: ignore[arg-type]
-        return future  # type: ignore[return-value]
+            future.add_done_callback(callback)
+        return future
 
     def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                     properties: Mapping[str, str] | None = None, queue: int | None = None,

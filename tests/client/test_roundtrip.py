@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from client_helpers import QUEUES, consume
 
-from gms.client import Consumer, Producer, ProducerRecord
+from gms.client import Admin, Consumer, Producer, ProducerRecord
+from gms.errors import GmsError
 from gms.msgid import decode_msg_id
 
 
@@ -70,6 +72,33 @@ def test_send_async_batches_and_calls_back(broker, topic):
         assert done.wait(10)
     assert sorted(f.result().queue_offset for f in futures) == list(range(1000))
     assert sorted(seen) == list(range(1000))
+
+
+def test_send_async_failure_reaches_every_message_of_the_batch(broker_factory):
+    broker = broker_factory()
+    with Admin([broker.address]) as admin:
+        admin.create_topic("t", queues=1)
+    with Producer([broker.address], retries=0, request_timeout_ms=2000) as producer:
+        producer.send("t", b"route")  # routes known; then the broker goes away
+        broker.stop()
+        called = []
+        futures = [producer.send_async("t", b"m%d" % i, queue=0, callback=called.append) for i in range(50)]
+        producer.flush()
+        for future in futures:
+            assert future.done() and not future.cancelled() and not future.running()
+            assert isinstance(future.exception(), GmsError)
+            with pytest.raises(GmsError):
+                future.result()
+        assert called == futures  # each callback got its own message's future
+
+
+def test_send_async_without_acks_resolves_to_none(broker, topic):
+    with Producer([broker.address], acks=0) as producer:
+        futures = [producer.send_async(topic, b"fire", queue=3) for _ in range(20)]
+        producer.flush()
+        assert [f.result(10) for f in futures] == [None] * 20
+        producer_sync = producer.send(topic, b"sync", queue=3)  # acks=0: nothing to report
+    assert producer_sync is None
 
 
 def test_oneway_is_stored(broker, admin, topic):
