@@ -107,8 +107,9 @@ static uint32_t crc32_clmul_blocks(uint32_t crc, const uint8_t *p, size_t n) {
 static int have_clmul;
 #endif
 
-static uint32_t crc32_of(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
+/* zlib's crc32(data, value): the CRC of data continued from value (0: a fresh CRC). */
+static uint32_t crc32_continue(uint32_t value, const uint8_t *p, size_t n) {
+    uint32_t c = ~value;
 #ifdef HAVE_CLMUL_KERNEL
     if (have_clmul && n >= 64) {
         size_t blocks = n & ~(size_t)15;
@@ -118,6 +119,10 @@ static uint32_t crc32_of(const uint8_t *p, size_t n) {
     }
 #endif
     return ~crc32_table_update(c, p, n);
+}
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) {
+    return crc32_continue(0, p, n);
 }
 
 static inline uint32_t load_be32(const uint8_t *p) {
@@ -408,7 +413,52 @@ static PyObject *crc32(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+PyDoc_STRVAR(add_record_doc,
+"add_record(parts, total_size, shape_crc, shape, body) -> None\n\n"
+"Append one record to a producer batch's buffer list: its first 12 bytes (total size, magic,\n"
+"CRC = zlib.crc32(body, shape_crc)), then shape and body themselves (no copy).");
+
+static PyObject *add_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "add_record takes exactly 5 arguments");
+        return NULL;
+    }
+    PyObject *parts = args[0], *shape = args[3], *body = args[4];
+    if (!PyList_Check(parts)) {
+        PyErr_SetString(PyExc_TypeError, "parts must be a list");
+        return NULL;
+    }
+    long total = PyLong_AsLong(args[1]);
+    if (total == -1 && PyErr_Occurred()) return NULL;
+    unsigned long shape_crc = PyLong_AsUnsignedLong(args[2]);
+    if (shape_crc == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (total < 0 || total > INT32_MAX || shape_crc > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "total_size or shape_crc out of range");
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(body, &data, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t crc = crc32_continue((uint32_t)shape_crc, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    uint8_t head[12];
+    uint32_t words[3] = {(uint32_t)total, MAGIC_V1, crc};
+    for (int i = 0; i < 3; i++) {
+        head[4 * i] = (uint8_t)(words[i] >> 24);
+        head[4 * i + 1] = (uint8_t)(words[i] >> 16);
+        head[4 * i + 2] = (uint8_t)(words[i] >> 8);
+        head[4 * i + 3] = (uint8_t)words[i];
+    }
+    PyObject *first = PyBytes_FromStringAndSize((const char *)head, sizeof head);
+    if (first == NULL) return NULL;
+    int failed = PyList_Append(parts, first) < 0 || PyList_Append(parts, shape) < 0
+                 || PyList_Append(parts, body) < 0;
+    Py_DECREF(first);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"add_record", (PyCFunction)(void (*)(void))add_record, METH_FASTCALL, add_record_doc},
     {"check_stored", check_stored, METH_VARARGS, check_stored_doc},
     {"crc_mismatches", crc_mismatches, METH_VARARGS, crc_mismatches_doc},
     {"walk", walk, METH_VARARGS, walk_doc},
