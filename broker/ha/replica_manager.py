@@ -282,15 +282,27 @@ class ReplicaManager:
             self._set_isr(p, isr if ok and p.stored_isr == base else p.stored_isr)
 
     def check_caught_up(self) -> None:
-        """After an unclean restart: once every followed queue reached its leader's HW, publish
-        that this broker is electable again (retried at the next check if etcd fails)."""
+        """After an unclean restart: once every followed queue reached its leader's HW and no
+        queue led here still has a caught-up ISR member to hand over to, publish that this
+        broker is electable again (retried at the next check if etcd fails)."""
         callback = self._on_caught_up
-        if callback is None or any(p.role is Role.FOLLOWER and not p.caught_up for p in self.partitions.values()):
+        if callback is None or not all(self._settled(p) for p in self.partitions.values()):
             return
         self._on_caught_up = None
         task = asyncio.get_running_loop().create_task(self._publish_caught_up(callback))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _settled(self, p: Partition) -> bool:
+        """Whether ``p`` no longer holds this broker back from being electable. A queue it still
+        leads from before the restart is not settled while another ISR member is registered and
+        caught up: the controller hands such a queue over (KIP-966), and publishing "caught up"
+        first would make it keep a leader that may have lost acknowledged records."""
+        if p.role is Role.FOLLOWER:
+            return p.caught_up
+        if p.role is Role.LEADER:
+            return not any(self._may_join_isr(b) for b in p.isr if b != self.broker_id)
+        return True
 
     async def _publish_caught_up(self, callback: Callable[[], None]) -> None:
         try:
