@@ -229,6 +229,22 @@ class FencedLeaderEpochError(GmsError):
     status = Status.FENCED_LEADER_EPOCH
 
 
+# --- security -----------------------------------------------------------------------------------
+
+
+class UnauthenticatedError(GmsError):
+    """The connection has no identity yet (authenticate first) or its credentials were refused."""
+
+    status = Status.UNAUTHENTICATED
+
+
+class ForbiddenError(GmsError):
+    """The authenticated identity may not do this; ``fields`` name the ``principal``, the
+    ``resource`` (``topic:orders``, ``group:billing``, ``cluster``) and the ``operation``."""
+
+    status = Status.FORBIDDEN
+
+
 _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
     cls.status: cls
     for cls in (
@@ -257,6 +273,8 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         NotEnoughReplicasError,
         FlushTimeoutError,
         FencedLeaderEpochError,
+        UnauthenticatedError,
+        ForbiddenError,
     )
 }
 assert set(_ERROR_FOR_STATUS) == set(Status) - {Status.SUCCESS}, "one error class per status"

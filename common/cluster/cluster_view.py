@@ -20,6 +20,7 @@ from gms.cluster.metadata import DEFAULT_PREFIX, Keys
 from gms.cluster.model import BrokerInfo, TopicMetadata
 from gms.errors import TopicNotFoundError
 from gms.log_throttle import Outage
+from gms.security.users import User
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ClusterView:
         self._brokers: dict[str, BrokerInfo] = {}
         self._topics: dict[str, TopicMetadata] = {}
         self._routes: dict[str, TopicRoute] = {}
+        self._users: dict[str, User] = {}
         self._revision = 0
         self._healthy = False
         self._generation = 0  # bumps per (re)sync; events from older watches are dropped
@@ -117,6 +119,10 @@ class ClusterView:
 
     def brokers(self) -> list[BrokerInfo]:
         return sorted(self._brokers.values(), key=lambda b: b.broker_id)
+
+    def user(self, name: str) -> User | None:
+        """The user (or broker identity) of ``name``, None if unknown."""
+        return self._users.get(name)
 
     def subscribe(self, callback: ChangeCallback) -> None:
         """``callback`` runs on the watch or sync thread; it must be quick and not block."""
@@ -174,11 +180,13 @@ class ClusterView:
             generation = self._generation
             brokers: dict[str, BrokerInfo] = {}
             topics: dict[str, TopicMetadata] = {}
+            users: dict[str, User] = {}
             for kv in snapshot.kvs:
-                self._decode_into(kv, brokers, topics)
+                if not self._user_change(kv, False, users):
+                    self._decode_into(kv, brokers, topics)
             changes = _diff(self._brokers, brokers, ChangeKind.BROKER_UP, ChangeKind.BROKER_DOWN)
             changes += _diff(self._topics, topics, ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED)
-            self._brokers, self._topics = brokers, topics
+            self._brokers, self._topics, self._users = brokers, topics, users
             self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
             self._revision = snapshot.revision
         self._emit(changes)
@@ -207,11 +215,12 @@ class ClusterView:
         with self._lock:
             if generation != self._generation:
                 return
-            brokers, topics = dict(self._brokers), dict(self._topics)
+            brokers, topics, users = dict(self._brokers), dict(self._topics), dict(self._users)
             changes = []
             for event in response.events:
-                changes.append(self._apply(event.kv, event.deleted, brokers, topics))
-            self._brokers, self._topics = brokers, topics
+                if not self._user_change(event.kv, event.deleted, users):
+                    changes.append(self._apply(event.kv, event.deleted, brokers, topics))
+            self._brokers, self._topics, self._users = brokers, topics, users
             self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
             self._revision = response.revision
         self._emit([c for c in changes if c is not None])
@@ -235,6 +244,22 @@ class ClusterView:
         else:
             return None  # election keys and other subtrees are not the view's business
         return self._decode_into(kv, brokers, topics)
+
+    def _user_change(self, kv: KeyValue, deleted: bool, users: dict[str, User]) -> bool:
+        """Apply ``kv`` to ``users`` if it is a user's key (whether it was)."""
+        key = kv.key.decode()
+        if not key.startswith(self._keys.users):
+            return False
+        name = key[len(self._keys.users):]
+        if deleted:
+            users.pop(name, None)
+            return True
+        try:
+            users[name] = User.from_json(kv.value)
+        except (ValueError, KeyError, TypeError) as err:
+            users.pop(name, None)
+            log.error("cluster view: skipping undecodable user %s: %s", name, err)
+        return True
 
     def _decode_into(
         self, kv: KeyValue, brokers: dict[str, BrokerInfo], topics: dict[str, TopicMetadata]

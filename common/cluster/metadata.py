@@ -3,6 +3,8 @@
 Keys (all under ``prefix``, default ``/gms/``; see docs/etcd-layout.md):
 
     brokers/<broker_id>   BrokerInfo JSON, attached to the broker's lease
+    security/users/<name> a user's role and salted SCRAM verifier (gms.security.users.User);
+                          ``broker:<broker_id>`` is a broker's own identity, on its lease
     topics/<topic>        TopicMetadata JSON: settings and every queue's placement/partition state
 
 A topic and all of its queues are one value, so creating, growing or deleting a topic is one
@@ -37,6 +39,7 @@ from gms.cluster.model import (
     validate_name,
 )
 from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.security.users import User, check_user_name
 
 DEFAULT_PREFIX = "/gms/"
 DEFAULT_BROKER_TTL_S = 10
@@ -56,6 +59,10 @@ class Keys:
         self.brokers = prefix + "brokers/"
         self.topics = prefix + "topics/"
         self.election = prefix + "election/"
+        self.users = prefix + "security/users/"
+
+    def user(self, name: str) -> str:
+        return self.users + name
 
     def broker(self, broker_id: str) -> str:
         return self.brokers + broker_id
@@ -67,13 +74,19 @@ class Keys:
 class BrokerRegistration:
     """A broker's key under its lease; ``close()`` deregisters at once (clean stop)."""
 
-    def __init__(self, client: EtcdClient, keys: Keys, info: BrokerInfo, ttl_s: int) -> None:
+    def __init__(self, client: EtcdClient, keys: Keys, info: BrokerInfo, ttl_s: int,
+                 identity: User | None = None) -> None:
+        """``identity``: the broker's own credential (secured clusters), kept under the same lease."""
         self.info = info
         self._client = client
         self._key = keys.broker(info.broker_id)
+        self._identity = identity
+        self._identity_key = keys.user(identity.name) if identity is not None else ""
         self._keeper = LeaseKeeper(client, ttl_s, self._put, name=f"broker-{info.broker_id}")
 
     def _put(self, lease_id: int) -> None:
+        if self._identity is not None:  # first: peers may check it as soon as the broker shows up
+            self._client.put(self._identity_key, self._identity.to_json(), lease_id=lease_id)
         self._client.put(self._key, self.info.to_json(), lease_id=lease_id)
 
     def update(self, info: BrokerInfo) -> None:
@@ -112,10 +125,25 @@ class ClusterMetadata:
         self.keys = Keys(prefix)
 
     # -- brokers ---------------------------------------------------------------------------
-    def register_broker(self, info: BrokerInfo, ttl_s: int = DEFAULT_BROKER_TTL_S) -> BrokerRegistration:
+    def register_broker(self, info: BrokerInfo, ttl_s: int = DEFAULT_BROKER_TTL_S,
+                        identity: User | None = None) -> BrokerRegistration:
         """Register under a fresh lease kept alive by a daemon thread. Re-registering the same
         broker id replaces the old entry (a restarted broker need not wait out its old lease)."""
-        return BrokerRegistration(self.client, self.keys, info, ttl_s).start()
+        return BrokerRegistration(self.client, self.keys, info, ttl_s, identity).start()
+
+    # -- users -----------------------------------------------------------------------------
+    def put_user(self, user: User) -> None:
+        """Create a user or replace its role and credential."""
+        self.client.put(self.keys.user(check_user_name(user.name)), user.to_json())
+
+    def delete_user(self, name: str) -> bool:
+        """False if there was no such user."""
+        return self.client.delete(self.keys.user(check_user_name(name)))
+
+    def list_users(self) -> list[User]:
+        """The users an operator created (not the brokers' own identities)."""
+        users = (User.from_json(kv.value) for kv in self.client.get_prefix(self.keys.users).kvs)
+        return sorted((u for u in users if u.role != "replica"), key=lambda u: u.name)
 
     def live_brokers(self) -> list[BrokerInfo]:
         return [BrokerInfo.from_json(kv.value) for kv in self._broker_kvs()]

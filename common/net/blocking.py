@@ -12,6 +12,7 @@ I/O differs. Not thread-safe: a caller borrows it for one request (see
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Mapping
@@ -24,10 +25,12 @@ from gms.errors import (
     ServiceUnavailableError,
     error_for_status,
 )
-from gms.net.client import CONNECT_TIMEOUT_MS, REQUEST_ID_LIMIT
+from gms.net.client import CONNECT_TIMEOUT_MS, REQUEST_ID_LIMIT, tls_hint
 from gms.net.server import CONNECTION_ERROR_ID
+from gms.protocol.codes import RequestCode
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Buffer, Frame, encode_frame
+from gms.security.client import PLAINTEXT, ClientSecurity
 
 # One read: a send acknowledgement is a few hundred bytes, a batch's a few KiB per 1,000. Reads go
 # into one buffer kept per connection and only what arrived is copied out: a fresh bytes of 128 KiB or more
@@ -66,17 +69,38 @@ class BlockingConnection:
         self._timeout_s: float | None = None  # the kernel timeouts set on the socket
         self._recv_buffer = bytearray(_RECV_SIZE_BYTES)
         self._recv_view = memoryview(self._recv_buffer)
+        self._tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg() on a TLS socket
         self.closed = False
 
     @classmethod
-    def open(cls, host: str, port: int, timeout_ms: float = CONNECT_TIMEOUT_MS) -> BlockingConnection:
-        """Connect to ``host:port``; raise :class:`ServiceUnavailableError` if that fails."""
+    def open(cls, host: str, port: int, timeout_ms: float = CONNECT_TIMEOUT_MS, *,
+             security: ClientSecurity = PLAINTEXT) -> BlockingConnection:
+        """Connect to ``host:port`` (TLS and authentication as ``security`` says); raise
+        :class:`ServiceUnavailableError` if that fails, :class:`UnauthenticatedError` if the
+        credentials are refused."""
+        sock: socket.socket | None = None
         try:
             sock = socket.create_connection((host, port), timeout=timeout_ms / 1000)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            context = security.ssl_context
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=host)
         except OSError as err:
-            raise ServiceUnavailableError(f"cannot connect to {host}:{port}: {err!r}") from err
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(sock, (host, port))
+            if sock is not None:
+                sock.close()
+            raise ServiceUnavailableError(f"cannot connect to {host}:{port}{tls_hint(err)}: {err!r}") from err
+        conn = cls(sock, (host, port))
+        exchange = security.exchange()
+        if exchange is not None:
+            try:
+                first = conn.request(RequestCode.AUTHENTICATE, None, exchange.first(), timeout_ms=timeout_ms)
+                final = conn.request(RequestCode.AUTHENTICATE, None, exchange.final(bytes(first.body)),
+                                     timeout_ms=timeout_ms)
+                exchange.verify(bytes(final.body))
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def _set_timeout(self, timeout_s: float) -> None:
         if timeout_s != self._timeout_s:  # two setsockopt calls: only when it changes
@@ -100,13 +124,14 @@ class BlockingConnection:
         try:
             self._set_timeout(timeout_s)
             deadline = time.monotonic() + timeout_s
-            if len(parts) > _SEND_BUFFERS_MAX:
+            if len(parts) > _SEND_BUFFERS_MAX or self._tls:
                 parts = [b"".join(parts)]
-            sent = self._sock.sendmsg(parts)
+            sent = self._sock.sendmsg(parts) if not self._tls else self._sock.send(parts[0])
             if sent < sum(map(_nbytes, parts)):  # socket buffer full
                 self._sock.sendall(memoryview(b"".join(parts))[sent:])
             response = self._read_response(request_id, deadline)
-        except (TimeoutError, BlockingIOError) as err:  # a kernel timeout fails with EAGAIN
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError) as err:
+            # A kernel timeout fails with EAGAIN (under TLS: the SSL layer's "want read/write").
             self.close()
             raise RequestTimeoutError(f"no response from {self._peer()} within {timeout_ms} ms") from err
         except OSError as err:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -22,15 +23,25 @@ from gms.errors import (
     error_for_status,
 )
 from gms.net.server import CONNECTION_ERROR_ID
-from gms.protocol.codes import Flag
+from gms.protocol.codes import Flag, RequestCode
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
+from gms.security.client import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_MS = 3000
 REQUEST_TIMEOUT_MS = 30_000
 REQUEST_ID_LIMIT = 2**32  # ids wrap here; far more than can be pending at once
+
+
+def tls_hint(err: BaseException) -> str:
+    """What to check when a TLS handshake failed (nothing for other failures)."""
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return " (its TLS certificate is not trusted: give the CA that issued it, GMS_TLS_CA / --tls-ca)"
+    if isinstance(err, ssl.SSLError):
+        return " (TLS handshake failed: does the server speak TLS, and do both sides trust each other?)"
+    return ""
 
 
 class Connection(asyncio.Protocol):
@@ -64,19 +75,34 @@ class Connection(asyncio.Protocol):
         *,
         request_timeout_ms: float | None = REQUEST_TIMEOUT_MS,
         frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES,
+        security: ClientSecurity = PLAINTEXT,
     ) -> Connection:
-        """Connect to ``host:port``; raise :class:`ServiceUnavailableError` if that fails."""
+        """Connect to ``host:port`` (TLS and authentication as ``security`` says); raise
+        :class:`ServiceUnavailableError` if that fails, :class:`UnauthenticatedError` if the
+        credentials are refused."""
         loop = asyncio.get_running_loop()
         conn = cls(
             (host, port),
             request_timeout_ms=request_timeout_ms,
             frame_size_max_bytes=frame_size_max_bytes,
         )
+        context = security.ssl_context
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                await loop.create_connection(lambda: conn, host, port)
+                await loop.create_connection(lambda: conn, host, port, ssl=context,
+                                             server_hostname=host if context is not None else None)
         except (OSError, TimeoutError) as err:
-            raise ServiceUnavailableError(f"cannot connect to {host}:{port}: {err!r}") from err
+            raise ServiceUnavailableError(f"cannot connect to {host}:{port}{tls_hint(err)}: {err!r}") from err
+        exchange = security.exchange()
+        if exchange is not None:
+            try:
+                first = await conn.request(RequestCode.AUTHENTICATE, None, exchange.first(), timeout_ms=timeout_ms)
+                final = await conn.request(RequestCode.AUTHENTICATE, None, exchange.final(bytes(first.body)),
+                                           timeout_ms=timeout_ms)
+                exchange.verify(bytes(final.body))
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     @property

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from gms.errors import GmsError, ProtocolError
+from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
 from gms.protocol.codes import Flag, RequestCode, Status
 from gms.protocol.decoder import Event, FrameDecoder
@@ -40,6 +40,10 @@ from gms.protocol.frame import (
     Response,
     encode_frame,
 )
+from gms.security.gate import ServerSecurity, audit
+from gms.security.scram import ScramServerExchange
+from gms.security.tls import peer_common_name
+from gms.security.users import Principal
 
 log = logging.getLogger(__name__)
 # A flood of refused connections is logged once a minute, with a count.
@@ -126,8 +130,10 @@ class RpcServer:
         handlers: Mapping[int, Handler | DirectHandler] | None = None,
         *,
         config: ServerConfig | None = None,
+        security: ServerSecurity | None = None,
     ) -> None:
         self.config = config or ServerConfig()
+        self.security = security or ServerSecurity()
         self._handlers: dict[int, Handler] = {}
         self._direct_handlers: dict[int, DirectHandler] = {RequestCode.PING: _ping}
         for code, handler in (handlers or {}).items():
@@ -152,7 +158,7 @@ class RpcServer:
         """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), host, port, reuse_address=True
+            lambda: _ServerConnection(self), host, port, reuse_address=True, ssl=self.security.tls
         )
         self._sweeper = loop.create_task(self._sweep())
 
@@ -237,6 +243,10 @@ class _ServerConnection(asyncio.Protocol):
         # is pending).
         self._header_since: float | None = None
         self._header_frame = -1
+        # Security: the identity once authenticated, and an authentication under way.
+        self._security = server.security if server.security.users is not None else None
+        self.principal: Principal | None = None
+        self._exchange: ScramServerExchange | None = None
 
     # --- asyncio.Protocol callbacks ---------------------------------------------------------
 
@@ -249,6 +259,9 @@ class _ServerConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._security is not None:
+            self.principal = self._security.principal_for_certificate(
+                peer_common_name(transport.get_extra_info("ssl_object")))
         connections = self._server._connections
         connections.add(self)
         if len(connections) > self._config.connections_max:
@@ -404,6 +417,8 @@ class _ServerConnection(asyncio.Protocol):
         if frame.is_response:
             self._reply(frame, Status.BAD_REQUEST, "a response frame was sent to a server")
             return
+        if self._security is not None and not self._admitted(frame, self._security):
+            return
         direct = self._direct_handlers.get(frame.code)
         if direct is not None:
             self._run_direct(direct, frame)
@@ -413,6 +428,56 @@ class _ServerConnection(asyncio.Protocol):
             self._reply(frame, Status.UNKNOWN_CODE, f"unknown request code {frame.code}")
             return
         self._start_task(self._run(handler, frame), frame)
+
+    def _admitted(self, frame: Frame, security: ServerSecurity) -> bool:
+        """Whether ``frame`` may go on to its handler: authenticated (or PING) and authorised;
+        otherwise it has been answered (AUTHENTICATE is answered here)."""
+        code = frame.code
+        if code == RequestCode.AUTHENTICATE:
+            self._authenticate(frame, security)
+            return False
+        principal = self.principal
+        if principal is None:
+            if code == RequestCode.PING:
+                return True
+            audit.warning("refused request code %d from %s: not authenticated", code, self._peer())
+            self._reply(frame, Status.UNAUTHENTICATED,
+                        "authenticate first: give the client a user and password (GMS_USER, GMS_PASSWORD; "
+                        "--user/--password) or a client certificate")
+            return False
+        if security.authorize is not None:
+            try:
+                security.authorize(principal, frame)
+            except GmsError as err:
+                audit.warning("refused request code %d from %s (%s): %s", code, principal, self._peer(), err)
+                self._failed(frame, err)
+                return False
+        return True
+
+    def _authenticate(self, frame: Frame, security: ServerSecurity) -> None:
+        """One SCRAM step; a failure is answered and the connection closed (no retries on it)."""
+        if self.principal is not None:
+            self._reply(frame, Status.BAD_REQUEST, "this connection is already authenticated")
+            return
+        users = cast(Callable[[str], Any], security.users)
+        if self._exchange is None:
+            self._exchange = ScramServerExchange(lambda name: (u := users(name)) and u.credential)
+        exchange = self._exchange
+        try:
+            answer, done = exchange.step(bytes(frame.body))
+            user = users(exchange.username) if done and exchange.username is not None else None
+            if done and user is None:
+                raise UnauthenticatedError("authentication failed: the user was deleted meanwhile")
+        except UnauthenticatedError as err:
+            audit.warning("authentication from %s failed: %s", self._peer(), err)
+            self._failed(frame, err)
+            self.close()
+            return
+        if user is not None:
+            self.principal = Principal(user.name, user.role)
+            self._exchange = None
+            audit.info("%s authenticated as %s", self._peer(), self.principal)
+        self._answer(frame, Response(body=answer))
 
     def _run_direct(self, handler: DirectHandler, frame: Frame) -> None:
         try:

@@ -15,6 +15,7 @@ class RequestCode(IntEnum):
 
     # 1-9: connection level, answered by every gms server.
     PING = 1
+    AUTHENTICATE = 2  # one SASL step (SCRAM-SHA-256); the connection's identity once it succeeds
 
     # 10-29: producing and consuming messages (broker).
     SEND = 10
@@ -95,6 +96,10 @@ class Status(IntEnum):
     NOT_ENOUGH_REPLICAS = 81
     FLUSH_TIMEOUT = 82
     FENCED_LEADER_EPOCH = 83
+
+    # 100-119: security.
+    UNAUTHENTICATED = 100  # no identity yet, or the credentials were refused
+    FORBIDDEN = 101  # the identity lacks the permission (``fields``: resource, operation)
 
 
 class Flag(IntFlag):

@@ -1,0 +1,1 @@
+"""Transport security, identities and permissions."""
