@@ -1,5 +1,12 @@
 """Topic administration, broker status, and the group offsets an operator sets or deletes
-(``gms group reset-offsets`` / ``gms group delete``)."""
+(``gms group reset-offsets`` / ``gms group delete``).
+
+CREATE_TOPIC, UPDATE_TOPIC and DELETE_TOPIC are a standalone broker's own. A broker in a
+cluster (started with ``--nameserver``) refuses them: its topics follow the queue assignments
+the nameservers write to etcd, and a topic created, changed or deleted on one replica alone
+would disagree with the routes (a direct DELETE_TOPIC wiped a replica the nameserver kept
+routing to). Group offsets (RESET_OFFSETS, DELETE_GROUP) stay broker requests in both modes.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gms import __version__
 from gms.broker.group_handlers import group_name_field, queue_rows
 from gms.broker.topics import TopicLimits
-from gms.errors import GroupNotEmptyError
+from gms.errors import BadRequestError, GroupNotEmptyError
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.store_errors import UnknownTopic
@@ -24,7 +31,16 @@ class AdminHandlers:
         self.broker = broker
         self.store = broker.store
 
+    def _refuse_in_cluster(self, what: str, topic: object) -> None:
+        nameserver = self.broker.config.nameserver
+        if nameserver:
+            raise BadRequestError(
+                f"cannot {what} topic {topic!r} on broker {self.broker.address}: this broker is in a cluster,"
+                f" whose topics are created, updated and deleted through its nameserver: `gms topic {what}"
+                f" {topic} --nameserver {nameserver}` (or Admin(nameserver=...))")
+
     async def create_topic(self, request: Frame) -> Response:
+        self._refuse_in_cluster("create", request.fields.get("topic"))
         queues = field(request.fields, "queues", int, self.broker.config.default_queue_count)
         limits = TopicLimits().merged(field(request.fields, "settings", dict, {}))
         self.store.create_topic(field(request.fields, "topic", str), queues, limits)
@@ -32,12 +48,14 @@ class AdminHandlers:
 
     async def update_topic(self, request: Frame) -> Response:
         """Grow the queue count and/or change the settings named (a standalone broker's topics)."""
+        self._refuse_in_cluster("update", request.fields.get("topic"))
         topic, settings = field(request.fields, "topic", str), field(request.fields, "settings", dict, {})
         limits = self.store.topic_limits(topic).merged(settings) if settings else None
         self.store.update_topic(topic, field(request.fields, "queues", int, None), limits)
         return Response()
 
     async def delete_topic(self, request: Frame) -> Response:
+        self._refuse_in_cluster("delete", request.fields.get("topic"))
         topic = field(request.fields, "topic", str)
         self.store.delete_topic(topic)
         self.broker.offsets.delete_topic(topic)

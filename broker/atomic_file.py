@@ -1,4 +1,5 @@
-"""Durable whole-file replacement: write a temp file, fsync it, rename over, fsync the directory."""
+"""Durable whole-file replacement: write a temp file (0600), fsync it, rename over, fsync the
+directory."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import os
 from pathlib import Path
 
 from gms.broker.mapped_file import fsync_dir
+from gms.private_files import open_private
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gms.private_files import open_private
 from gms.store_errors import DescriptorLimitReached, StoreIOError
 
 FILE_NAME_DIGITS = 20
@@ -86,11 +87,12 @@ class MappedFile:
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, size_bytes: int) -> MappedFile:
-        """Create a new zero-filled file with its blocks allocated (no ENOSPC later on a page fault)."""
+        """Create a new zero-filled file (0600) with its blocks allocated (no ENOSPC later on a page
+        fault)."""
         path = directory / file_name(base_offset)
         check_fd_headroom(path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_private(path, os.O_RDWR | os.O_EXCL)
         except OSError as err:
             raise StoreIOError(f"cannot create {path}: {err}") from err
         mm = None

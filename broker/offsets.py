@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gms.broker.atomic_file import write_atomically
+from gms.private_files import make_private_dir
 
 _FORMAT_VERSION = 1
 SESSION_BITS = 62  # a positive msgpack int; 0 means "no session seen yet" on the wire
@@ -156,7 +157,7 @@ class OffsetStore:
         with self._file_lock:
             if snapshot.version <= self._written_version:
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.path.parent)
             payload = {"version": _FORMAT_VERSION, "offsets": snapshot.offsets}
             write_atomically(self.path, json.dumps(payload, separators=(",", ":")).encode())
             self._written_version = snapshot.version

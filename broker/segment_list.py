@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gms.broker.mapped_file import MappedFile, list_files
+from gms.private_files import make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class SegmentList:
     def load(cls, directory: Path, file_size_bytes: int) -> SegmentList:
         """Map the files of ``directory`` (created if missing). After a hole (files deleted by
         hand) only the newest contiguous run is mapped; the older files are left on disk."""
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(directory)
         found = []
         for base, path in list_files(directory):
             if path.stat().st_size == 0:  # a crash between creating it and allocating it: nothing in it

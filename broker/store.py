@@ -50,6 +50,7 @@ from gms.broker.store_layout import check_layout
 from gms.broker.store_paths import StorePaths
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
+from gms.private_files import make_private_dir, tighten_tree
 from gms.record import (
     HEADER_SIZE,
     MAGIC_V1,
@@ -184,7 +185,10 @@ class MessageStore:
         # (topic, queue id) -> (first, end offset, monotonic time) of the range read_runs checked last
         self._replica_checked: dict[tuple[str, int], tuple[int, int, float]] = {}
         self._closed = False
-        self.root.mkdir(parents=True, exist_ok=True)
+        # Messages, offsets and replication state are the owner's only: files 0600 in 0700
+        # directories (a store written by an older version is tightened, with a warning).
+        make_private_dir(self.root)
+        tighten_tree(self.root)
         check_layout(paths.layout, self.config)
         self._topics.load()
         self._truncations.load()

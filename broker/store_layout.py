@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gms.broker.atomic_file import write_atomically
 from gms.broker.store_config import StoreConfig
+from gms.private_files import make_private_dir
 from gms.store_errors import StoreLayoutMismatch
 
 LAYOUT_VERSION = 1
@@ -32,7 +33,7 @@ def check_layout(path: Path, config: StoreConfig) -> None:
     wanted = {name: getattr(config, name) for name in _FIELDS}
     recorded = read_layout(path)
     if recorded is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)
         write_atomically(path, json.dumps({"version": LAYOUT_VERSION, **wanted}, indent=1).encode())
         return
     wrong = {name: recorded.get(name) for name in _FIELDS if recorded.get(name) != wanted[name]}

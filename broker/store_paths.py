@@ -12,7 +12,8 @@
         checkpoint                             where crash recovery starts
         abort                                  exists while the store is open (an unclean stop leaves it)
 
-Readers of a store (Spark jobs, ``gms standalone``) take the same names from here.
+Readers of a store (Spark jobs, ``gms standalone``) take the same names from here. Every file is
+created 0600 and every directory 0700 (``gms.private_files``): only the broker's user reads them.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 from gms.broker.atomic_file import write_atomically
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
+from gms.private_files import make_private_dir
 from gms.store_errors import InvalidQueueCount, StoreCorrupt, TopicExists, UnknownTopic
 
 QUEUE_COUNT_MAX = 1024  # per topic; each queue is a directory of index files
@@ -62,7 +63,7 @@ class TopicTable:
         self._topics: dict[str, _Topic] = {}
 
     def load(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self._path.parent)
         if not self._path.exists():
             return
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.atomic_file import write_atomically
+from gms.private_files import make_private_dir
 
 QueueKey = tuple[str, int]
 VERSION = 1
@@ -76,5 +77,5 @@ class TruncationLog:
         queues: dict[str, dict[str, list[list[int]]]] = {}
         for (topic, q), marks in self._markers.items():
             queues.setdefault(topic, {})[str(q)] = [list(m) for m in marks]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)
         write_atomically(self.path, json.dumps({"v": VERSION, "queues": queues}, sort_keys=True).encode())

@@ -6,6 +6,9 @@ terminal does not race our orderly stop) and, on Linux, gets SIGKILL from the ke
 thread that started it dies (PR_SET_PDEATHSIG), so a SIGKILLed parent never leaves etcd behind.
 Start it from a long-lived thread (the main thread): the death signal follows the *thread*.
 
+Everything under ``data_dir`` is private to the nameserver's user (files 0600, directories 0700;
+a data dir left looser by an older version is tightened at start).
+
 Ports are remembered in ``<data_dir>/ports.json`` and reused on every restart: brokers hold the
 client endpoint they were handed, and etcd's membership data holds the peer URL. A remembered
 port that another process holds is an error (after a short wait for a previous etcd to exit),
@@ -33,6 +36,7 @@ from types import TracebackType
 
 from gms.address import WILDCARD_HOSTS, advertised_address, join_address, split_address
 from gms.cluster.errors import EmbeddedEtcdError
+from gms.private_files import make_private_dir, open_private, tighten_tree, write_private
 
 START_TIMEOUT_S = 20.0  # a cold etcd on a slow disk takes ~1 s; 20 s is "it is not coming"
 STOP_TIMEOUT_S = 10.0  # etcd flushes its WAL on SIGTERM well within this
@@ -170,7 +174,10 @@ class EmbeddedEtcd:
         if self._proc is not None:
             raise EmbeddedEtcdError("embedded etcd already started")
         binary = find_etcd_binary()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # etcd keeps its own files 0600 in 0700 directories; ours (ports, log) are private too,
+        # and a data dir made by an older version is tightened.
+        make_private_dir(self.data_dir)
+        tighten_tree(self.data_dir)
         self._choose_ports()
         peer_url = f"http://{PEER_HOST}:{self._peer_port}"
         args = [
@@ -187,7 +194,7 @@ class EmbeddedEtcd:
             "--auto-compaction-mode=periodic",
             "--auto-compaction-retention=1h",
         ]
-        with open(self.log_path, "ab") as log:
+        with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             self._proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
@@ -220,7 +227,8 @@ class EmbeddedEtcd:
                     f" holding it, or delete {self.ports_file} to let etcd pick new ports (brokers"
                     " then re-ask the nameservers for etcd's address)"
                 )
-        self.ports_file.write_text(json.dumps({"client_port": self._client_port, "peer_port": self._peer_port}))
+        ports = {"client_port": self._client_port, "peer_port": self._peer_port}
+        write_private(self.ports_file, json.dumps(ports).encode())
 
     def _wait_healthy(self) -> None:
         assert self._proc is not None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gms.broker.atomic_file import write_atomically
 from gms.broker.ha.epochs import EpochHistory
+from gms.private_files import make_private_dir
 
 STATE_VERSION = 1
 QueueKey = tuple[str, int]
@@ -63,5 +64,5 @@ class ReplicationStateFile:
                 "epochs": history.to_list() if history else [], "hw": hws.get(key, 0),
             }
         data = json.dumps({"v": STATE_VERSION, "queues": queues}, sort_keys=True).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)
         write_atomically(self.path, data)
