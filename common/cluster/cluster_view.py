@@ -20,6 +20,7 @@ from gms.cluster.metadata import DEFAULT_PREFIX, Keys
 from gms.cluster.model import BrokerInfo, TopicMetadata
 from gms.errors import TopicNotFoundError
 from gms.log_throttle import Outage
+from gms.security.acl import AclRule, AclTable
 from gms.security.users import User
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class ClusterView:
         self._topics: dict[str, TopicMetadata] = {}
         self._routes: dict[str, TopicRoute] = {}
         self._users: dict[str, User] = {}
+        self._acl_rules: dict[str, AclRule] = {}  # by the id in the key
+        self._acls = AclTable.EMPTY  # rebuilt from _acl_rules when one changes
         self._revision = 0
         self._healthy = False
         self._generation = 0  # bumps per (re)sync; events from older watches are dropped
@@ -123,6 +126,10 @@ class ClusterView:
     def user(self, name: str) -> User | None:
         """The user (or broker identity) of ``name``, None if unknown."""
         return self._users.get(name)
+
+    def acls(self) -> AclTable:
+        """The access rules as of the last etcd change seen (an immutable snapshot)."""
+        return self._acls
 
     def subscribe(self, callback: ChangeCallback) -> None:
         """``callback`` runs on the watch or sync thread; it must be quick and not block."""
@@ -181,12 +188,15 @@ class ClusterView:
             brokers: dict[str, BrokerInfo] = {}
             topics: dict[str, TopicMetadata] = {}
             users: dict[str, User] = {}
+            acl_rules: dict[str, AclRule] = {}
             for kv in snapshot.kvs:
-                if not self._user_change(kv, False, users):
+                if not self._user_change(kv, False, users) and not self._acl_change(kv, False, acl_rules):
                     self._decode_into(kv, brokers, topics)
             changes = _diff(self._brokers, brokers, ChangeKind.BROKER_UP, ChangeKind.BROKER_DOWN)
             changes += _diff(self._topics, topics, ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED)
             self._brokers, self._topics, self._users = brokers, topics, users
+            if acl_rules != self._acl_rules:
+                self._acl_rules, self._acls = acl_rules, AclTable(acl_rules.values())
             self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
             self._revision = snapshot.revision
         self._emit(changes)
@@ -216,11 +226,19 @@ class ClusterView:
             if generation != self._generation:
                 return
             brokers, topics, users = dict(self._brokers), dict(self._topics), dict(self._users)
+            acl_rules = dict(self._acl_rules)
+            acls_touched = False
             changes = []
             for event in response.events:
-                if not self._user_change(event.kv, event.deleted, users):
+                if self._user_change(event.kv, event.deleted, users):
+                    continue
+                if self._acl_change(event.kv, event.deleted, acl_rules):
+                    acls_touched = True
+                else:
                     changes.append(self._apply(event.kv, event.deleted, brokers, topics))
             self._brokers, self._topics, self._users = brokers, topics, users
+            if acls_touched:
+                self._acl_rules, self._acls = acl_rules, AclTable(acl_rules.values())
             self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
             self._revision = response.revision
         self._emit([c for c in changes if c is not None])
@@ -259,6 +277,22 @@ class ClusterView:
         except (ValueError, KeyError, TypeError) as err:
             users.pop(name, None)
             log.error("cluster view: skipping undecodable user %s: %s", name, err)
+        return True
+
+    def _acl_change(self, kv: KeyValue, deleted: bool, rules: dict[str, AclRule]) -> bool:
+        """Apply ``kv`` to ``rules`` if it is an access rule's key (whether it was)."""
+        key = kv.key.decode()
+        if not key.startswith(self._keys.acls):
+            return False
+        rule_id = key[len(self._keys.acls):]
+        if deleted:
+            rules.pop(rule_id, None)
+            return True
+        try:
+            rules[rule_id] = AclRule.from_json(kv.value)
+        except (ValueError, KeyError, TypeError) as err:
+            rules.pop(rule_id, None)
+            log.error("cluster view: skipping undecodable ACL rule %s: %s", rule_id, err)
         return True
 
     def _decode_into(

@@ -5,6 +5,7 @@ Keys (all under ``prefix``, default ``/gms/``; see docs/etcd-layout.md):
     brokers/<broker_id>   BrokerInfo JSON, attached to the broker's lease
     security/users/<name> a user's role and salted SCRAM verifier (gms.security.users.User);
                           ``broker:<broker_id>`` is a broker's own identity, on its lease
+    security/acls/<id>    one access rule (gms.security.acl.AclRule JSON) under its ``rule_id``
     topics/<topic>        TopicMetadata JSON: settings and every queue's placement/partition state
 
 A topic and all of its queues are one value, so creating, growing or deleting a topic is one
@@ -39,6 +40,7 @@ from gms.cluster.model import (
     validate_name,
 )
 from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.security.acl import AclRule
 from gms.security.users import User, check_user_name
 
 DEFAULT_PREFIX = "/gms/"
@@ -60,9 +62,13 @@ class Keys:
         self.topics = prefix + "topics/"
         self.election = prefix + "election/"
         self.users = prefix + "security/users/"
+        self.acls = prefix + "security/acls/"
 
     def user(self, name: str) -> str:
         return self.users + name
+
+    def acl(self, rule_id: str) -> str:
+        return self.acls + rule_id
 
     def broker(self, broker_id: str) -> str:
         return self.brokers + broker_id
@@ -144,6 +150,21 @@ class ClusterMetadata:
         """The users an operator created (not the brokers' own identities)."""
         users = (User.from_json(kv.value) for kv in self.client.get_prefix(self.keys.users).kvs)
         return sorted((u for u in users if u.role != "replica"), key=lambda u: u.name)
+
+    # -- ACLs ------------------------------------------------------------------------------
+    def put_acl(self, rule: AclRule) -> bool:
+        """Add ``rule``; False if it was already there (a rule's key is its ``rule_id``)."""
+        key = self.keys.acl(rule.rule_id)
+        return self.client.txn([KeyMissing(key)], [Put(key, rule.to_json())])
+
+    def delete_acl(self, rule: AclRule) -> bool:
+        """Remove ``rule``; False if it was not there."""
+        return self.client.delete(self.keys.acl(rule.rule_id))
+
+    def list_acls(self) -> list[AclRule]:
+        """Every rule, in listing order (``AclRule.sort_key``, as ``AclTable.rules()``)."""
+        rules = (AclRule.from_json(kv.value) for kv in self.client.get_prefix(self.keys.acls).kvs)
+        return sorted(rules, key=lambda r: r.sort_key)
 
     def live_brokers(self) -> list[BrokerInfo]:
         return [BrokerInfo.from_json(kv.value) for kv in self._broker_kvs()]
