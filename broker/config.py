@@ -1,7 +1,8 @@
 """Broker settings: defaults, a TOML file, then command-line overrides.
 
-The TOML file holds a ``[broker]`` table with the fields of :class:`BrokerConfig`
-and a ``[store]`` table with the fields of the store's ``StoreConfig``.
+The TOML file holds a ``[broker]`` table with the fields of :class:`BrokerConfig`, a
+``[store]`` table with the fields of the store's ``StoreConfig`` and a ``[security]`` table with
+those of :class:`gms.security.config.SecurityConfig`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gms.net.server import (
     UNFINISHED_FRAMES_BYTES_MAX,
     ServerConfig,
 )
+from gms.security.config import SecurityConfig
 
 DEFAULT_PORT = 10911
 
@@ -58,6 +60,12 @@ class BrokerConfig:
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
     header_timeout_ms: int = HEADER_TIMEOUT_MS
     store: StoreConfig = field(default_factory=StoreConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def __post_init__(self) -> None:
+        if self.security.authentication and not self.nameserver:
+            raise ValueError("authentication needs a cluster: users live in etcd; start the broker with"
+                             " --nameserver (`gms standalone --secure` runs one)")
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -79,21 +87,27 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     return cls(**values)
 
 
-def load_config(path: Path | None, overrides: dict[str, Any], store_overrides: dict[str, Any]) -> BrokerConfig:
+def load_config(path: Path | None, overrides: dict[str, Any], store_overrides: dict[str, Any],
+                security_overrides: dict[str, Any] | None = None) -> BrokerConfig:
     """Defaults < TOML file < overrides (``None`` values in overrides are ignored)."""
     broker_values: dict[str, Any] = {}
     store_values: dict[str, Any] = {}
+    security_values: dict[str, Any] = {}
     if path is not None:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-        extra = sorted(set(data) - {"broker", "store"})
+        extra = sorted(set(data) - {"broker", "store", "security"})
         if extra:
-            raise ValueError(f"{path}: unknown table(s) {', '.join(extra)}; use [broker] and [store]")
+            raise ValueError(f"{path}: unknown table(s) {', '.join(extra)}; use [broker], [store] and [security]")
         broker_values.update(data.get("broker", {}))
         store_values.update(data.get("store", {}))
+        security_values.update(data.get("security", {}))
     broker_values.update({k: v for k, v in overrides.items() if v is not None})
     store_values.update({k: v for k, v in store_overrides.items() if v is not None})
+    security_values.update({k: v for k, v in (security_overrides or {}).items() if v is not None})
     if "store_dir" in broker_values:
         broker_values["store_dir"] = Path(broker_values["store_dir"])
     store = _build(StoreConfig, store_values, f"{path or 'options'} [store]")
-    return _build(BrokerConfig, {**broker_values, "store": store}, f"{path or 'options'} [broker]")
+    security = _build(SecurityConfig, security_values, f"{path or 'options'} [security]")
+    return _build(BrokerConfig, {**broker_values, "store": store, "security": security},
+                  f"{path or 'options'} [broker]")

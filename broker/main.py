@@ -13,6 +13,7 @@ from gms import __version__
 from gms.broker.config import DEFAULT_PORT, load_config
 from gms.envvars import options_from_env
 from gms.errors import GmsError
+from gms.security.options import pop_security_values, security_options
 
 log = logging.getLogger("gms.broker")
 
@@ -59,16 +60,19 @@ def raise_fd_limit() -> int:
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@security_options
 def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
          retention_hours, **broker_overrides) -> None:
     """Run a gms broker: the commitlog store and the send/pull/group server."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    security = pop_security_values(broker_overrides)
     try:
         config = load_config(
             config_path,
             broker_overrides,
             {"flush_mode": flush_mode, "commitlog_file_size_bytes": commitlog_file_size_bytes,
              "cq_entries_per_file": cq_entries_per_file, "retention_hours": retention_hours},
+            security,
         )
     except (ValueError, TypeError, OSError) as err:
         raise click.UsageError(str(err)) from err

@@ -11,6 +11,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 
+from gms.broker.access import BrokerAccess
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.ha.replica_manager import ReplicaManager
@@ -26,6 +27,7 @@ from gms.errors import (
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
 from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, Buffer, Frame, Response
 from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
+from gms.record.batch import parse_one
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
 
@@ -56,8 +58,11 @@ class MessageHandlers:
         waiters: PullWaiters,
         claims: QueueClaims,
         advertised_address: str,
+        access: BrokerAccess | None = None,
     ) -> None:
+        """``access``: who may publish to and read which topic (None: authentication is off)."""
         self.config = config
+        self.access = access
         self.store = store
         self.waiters = waiters
         # Cluster mode: who leads which queue, high watermarks, acks=-1 (None when standalone).
@@ -86,11 +91,16 @@ class MessageHandlers:
                 "split the batch")
         replicas = self.replicas
         ends = None
+        may_publish = self.access.check_topics("publish") if self.access is not None else None
         if replicas is None:
-            result = self._append(body)
+            result = self._append(body, may_publish)
             self.waiters.notify(result.touched_queues)  # replicated queues wake pulls on HW moves
         else:
-            result = self._append(body, lambda queues: replicas.check_produce(queues, acks))
+            def admit(queues: list[tuple[str, int]]) -> None:
+                if may_publish is not None:
+                    may_publish(queues)
+                replicas.check_produce(queues, acks)
+            result = self._append(body, admit)
             if acks == -1:
                 ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
@@ -198,7 +208,10 @@ class MessageHandlers:
 
     async def view_message(self, request: Frame) -> Response:
         phys_offset = field(request.fields, "phys_offset", int)
-        return Response(body=self.store.read_at(phys_offset))
+        record = self.store.read_at(phys_offset)
+        if self.access is not None:
+            self.access.check_topic(parse_one(record, len(record), verify_tag_hash=False).topic, "subscribe")
+        return Response(body=record)
 
 
 def _now_ms() -> int:

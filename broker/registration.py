@@ -33,6 +33,9 @@ from gms.errors import GmsError, ServiceUnavailableError
 from gms.log_throttle import Outage
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
+from gms.security.acl import AclTable
+from gms.security.client import PLAINTEXT, ClientSecurity
+from gms.security.users import User
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +98,11 @@ def assignments_for(
     return result
 
 
-async def ask_etcd_endpoints(nameserver: str, timeout_ms: float) -> tuple[str, str]:
+async def ask_etcd_endpoints(nameserver: str, timeout_ms: float,
+                             security: ClientSecurity = PLAINTEXT) -> tuple[str, str]:
     """REGISTER_BROKER on one nameserver -> (etcd endpoints, metadata prefix)."""
     host, port = parse_endpoints(nameserver)[0]
-    conn = await Connection.open(host, port, timeout_ms, request_timeout_ms=timeout_ms)
+    conn = await Connection.open(host, port, timeout_ms, request_timeout_ms=timeout_ms, security=security)
     try:
         fields = (await conn.request(RequestCode.REGISTER_BROKER, {})).fields
     finally:
@@ -128,10 +132,16 @@ class BrokerRegistration:
         ttl_s: int = DEFAULT_BROKER_TTL_S,
         start_timeout_s: float = START_TIMEOUT_S,
         rediscover_after_s: float | None = None,
+        security: ClientSecurity = PLAINTEXT,
+        identity: User | None = None,
     ) -> None:
+        """``security``: how to reach the nameservers (TLS, the broker credential); ``identity``:
+        this broker's own replica credential, registered under its lease (secured clusters)."""
         self.nameservers = [f"{h}:{p}" for h, p in parse_endpoints(nameservers)]
         self.info = info
         self._on_assignment = on_assignment
+        self._security = security
+        self._identity = identity
         self._ttl_s = ttl_s
         self._start_timeout_s = start_timeout_s
         # Default: a third of the TTL, so a moved etcd is found while the lease still holds.
@@ -157,6 +167,16 @@ class BrokerRegistration:
         """The registered brokers, sorted by id (from the watch-fed view; no I/O)."""
         view = self._view
         return [] if view is None else view.brokers()
+
+    def user(self, name: str) -> User | None:
+        """A user or broker identity from the watch-fed view (None: unknown, or not started)."""
+        view = self._view
+        return None if view is None else view.user(name)
+
+    def acls(self) -> AclTable:
+        """The ACL rules from the watch-fed view (none before start)."""
+        view = self._view
+        return AclTable.empty() if view is None else view.acls()
 
     def queue_count(self, topic: str) -> int:
         """``topic``'s queue count over the whole cluster; 0 if it does not exist (no I/O)."""
@@ -193,7 +213,7 @@ class BrokerRegistration:
         self._client = EtcdClient(etcd)
         try:
             self._metadata = ClusterMetadata(self._client, prefix)
-            self._registration = self._metadata.register_broker(self.info, self._ttl_s)
+            self._registration = self._metadata.register_broker(self.info, self._ttl_s, self._identity)
             self._view = ClusterView(self._client, prefix)
             self._view.subscribe(self._on_change)
             self._view.start()
@@ -213,7 +233,7 @@ class BrokerRegistration:
         while True:
             for nameserver in self.nameservers:
                 try:
-                    return run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS))
+                    return run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS, self._security))
                 except (GmsError, ValueError) as err:
                     errors[nameserver] = str(err)
             if time.monotonic() >= deadline:
@@ -245,7 +265,7 @@ class BrokerRegistration:
     def _rediscover(self) -> None:
         for nameserver in self.nameservers:
             try:
-                etcd, prefix = run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS))
+                etcd, prefix = run(ask_etcd_endpoints(nameserver, NAMESERVER_TIMEOUT_MS, self._security))
             except (GmsError, ValueError) as err:
                 self._rediscover_outage.failed(f"etcd {self.etcd_endpoints} does not answer; nameserver {nameserver}"
                                                f" neither: {err}")

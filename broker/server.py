@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
 from gms.address import advertised_address
+from gms.broker.access import BrokerAccess
 from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
 from gms.broker.group_handlers import GroupHandlers
@@ -31,6 +33,11 @@ from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
+from gms.security.acl import AclTable
+from gms.security.authorizer import Authorizer
+from gms.security.client import ClientSecurity
+from gms.security.scram import Credential
+from gms.security.users import User, replica_user
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +51,12 @@ class BrokerServer:
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
-        self.rpc = RpcServer(config=config.server_config)
+        security = config.security
+        # With authentication on, what each principal may ask (users and ACLs from etcd's view).
+        self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
+                       if security.authentication else None)
+        self.rpc = RpcServer(config=config.server_config, security=security.server_security(
+            self._user, self.access.authorize if self.access is not None else None))
         self.address = ""
         self.name = config.broker_name
         self.started_monotonic = time.monotonic()
@@ -59,6 +71,12 @@ class BrokerServer:
     @property
     def port(self) -> int:
         return self.rpc.port
+
+    def _user(self, name: str) -> User | None:
+        return self.registration.user(name) if self.registration is not None else None
+
+    def _acls(self) -> AclTable:
+        return self.registration.acls() if self.registration is not None else AclTable.empty()
 
     def _queue_count(self, topic: str) -> int:
         """``topic``'s queues over the cluster (a standalone broker: its own)."""
@@ -105,12 +123,22 @@ class BrokerServer:
             # Called on the etcd watch thread: hand the change to the event loop.
             loop.call_soon_threadsafe(self._apply_assignments, assignments)
 
+        security = self.config.security
+        # Secured: this broker's own replica identity, its password only in this process's memory;
+        # leaders let only it fetch as this broker.
+        identity, replica_password = None, ""
+        if security.authentication:
+            replica_password = secrets.token_urlsafe(24)
+            identity = User(replica_user(info.broker_id), "replica", Credential.for_password(replica_password))
         registration = self.registration = BrokerRegistration(
             self.config.nameserver, info, on_assignments,
             ttl_s=self.config.lease_ttl_s,
             start_timeout_s=self.config.register_timeout_s,
+            security=security.outgoing(),
+            identity=identity,
         )
-        self._start_replication(info.broker_id, registration)
+        self._start_replication(info.broker_id, registration,
+                                security.outgoing(identity.name if identity else "", replica_password))
         try:
             await asyncio.to_thread(self.registration.start)
         except Exception:
@@ -139,7 +167,8 @@ class BrokerServer:
         if self.replicas is not None:
             self.replicas.apply(assignments)
 
-    def _start_replication(self, broker_id: str, registration: BrokerRegistration) -> None:
+    def _start_replication(self, broker_id: str, registration: BrokerRegistration,
+                           security: ClientSecurity) -> None:
         config = self.config
         self.replicas = ReplicaManager(
             self.store, self.offsets, broker_id,
@@ -147,7 +176,8 @@ class BrokerServer:
                               fetch_wait_ms=config.replica_fetch_wait_ms,
                               fetch_bytes_max=config.replica_fetch_bytes_max,
                               hw_checkpoint_interval_ms=config.hw_checkpoint_interval_ms,
-                              fsync_before_ack=config.replica_fsync_before_ack),
+                              fsync_before_ack=config.replica_fsync_before_ack,
+                              security=security),
             ReplicationStateFile(self.store.paths.replication_state),
             update_isr=registration.update_isr,
             lease_alive=lambda: registration.alive,
@@ -166,7 +196,7 @@ class BrokerServer:
 
     def _register_handlers(self) -> None:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
-                                                    self.address)
+                                                    self.address, self.access)
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)

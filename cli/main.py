@@ -17,11 +17,22 @@ from gms.cli.cluster import cluster, msg
 from gms.cli.group import group
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
 from gms.cli.messages import produce, tail
+from gms.cli.security import acl, user
 from gms.cli.topic import topic
 from gms.client.routing import NameserversUnavailableError
 from gms.envvars import options_from_env
 from gms.errors import GmsError, ServiceUnavailableError
 from gms.log_throttle import RepeatFilter
+from gms.security.client import (
+    ENV_PASSWORD,
+    ENV_TLS,
+    ENV_TLS_CA,
+    ENV_TLS_CERT,
+    ENV_TLS_KEY,
+    ENV_USER,
+    ClientSecurity,
+)
+from gms.security.tls import TlsFiles
 
 # `gms spark` comes from the Spark jobs package when it is there; imported only when used,
 # so the rest of the CLI never needs pyspark.
@@ -73,14 +84,35 @@ def _spark_available() -> bool:
         return False
 
 
+_PEM = click.Path(dir_okay=False, exists=True)
+
+
 @click.group(cls=GmsGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="gms")
-def cli() -> None:
+@click.option("--tls/--no-tls", default=None, envvar=ENV_TLS, show_envvar=True,
+              help="Connect with TLS (implied by --tls-ca / --tls-cert); without --tls-ca, the system's trusted CAs.")
+@click.option("--tls-ca", type=_PEM, envvar=ENV_TLS_CA, show_envvar=True,
+              help="PEM CA bundle the servers' certificates are checked against.")
+@click.option("--tls-cert", type=_PEM, envvar=ENV_TLS_CERT, show_envvar=True,
+              help="PEM client certificate, for clusters that demand one (mutual TLS).")
+@click.option("--tls-key", type=_PEM, envvar=ENV_TLS_KEY, show_envvar=True, help="PEM key of --tls-cert.")
+@click.option("--user", "-u", envvar=ENV_USER, show_envvar=True, help="User to authenticate as (SCRAM-SHA-256).")
+@click.option("--password", envvar=ENV_PASSWORD, show_envvar=True,
+              help="Password of --user (prefer the variable: flags show in the process list).")
+@click.pass_context
+def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+        user: str | None, password: str | None) -> None:
     """gms: topics, messages, consumer groups and the cluster, from the command line.
 
     Start a one-machine cluster with `gms standalone`, then in another terminal:
     `gms topic create orders`, `echo hello | gms produce orders`, `gms tail orders`.
     """
+    files = TlsFiles(tls_ca or "", tls_cert or "", tls_key or "")
+    use_tls = bool(tls_ca or tls_cert) if tls is None else tls
+    try:
+        ctx.obj = ClientSecurity(files if use_tls else None, user or "", password or "")
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
 
 
 @options_from_env("GMS_STANDALONE")
@@ -98,14 +130,17 @@ def cli() -> None:
               show_default=True)
 @click.option("--commitlog-file-size", type=click.IntRange(4096), default=None,
               help="Bytes per commitlog file for a new store (default 1 GiB, preallocated); a store keeps its size.")
+@click.option("--secure", is_flag=True,
+              help="TLS with a development CA, authentication and ACLs, an 'admin' super user (files in the data dir;"
+                   " prints how to point clients at it).")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
-               log_level: str, commitlog_file_size: int | None) -> None:
+               log_level: str, commitlog_file_size: int | None, secure: bool) -> None:
     """Run embedded etcd + a nameserver + a broker in the foreground (Ctrl-C stops all)."""
     from gms.cli.standalone import run_standalone
 
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
                           log_level=log_level, commitlog_file_size_bytes=commitlog_file_size,
-                          echo=click.echo)
+                          secure=secure, echo=click.echo)
     sys.exit(code)
 
 
@@ -115,6 +150,8 @@ cli.add_command(tail)
 cli.add_command(group)
 cli.add_command(cluster)
 cli.add_command(msg)
+cli.add_command(user)
+cli.add_command(acl)
 
 
 def _log_to_stderr() -> None:

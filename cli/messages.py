@@ -16,6 +16,7 @@ from typing import IO, Any
 import click
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
@@ -60,7 +61,7 @@ def produce(topic: str, messages: tuple[str, ...], file: Path | None, tag: str |
         raise click.UsageError("give messages as arguments or --file, not both")
     keys = (key,) if key else ()
     results: list[SendFuture] = []
-    with Producer(nameserver=nameserver) as producer:
+    with Producer(nameserver=nameserver, security=client_security()) as producer:
         try:
             for body in _bodies(messages, file):
                 results.append(producer.send_async(topic, body, tag=tag, keys=keys, properties=properties or None,
@@ -164,6 +165,7 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
         # A group commits what poll returned: take no more than will be printed.
         max_poll_messages=1 if group and count else 1024,
         on_damaged=lambda record: click.echo(_damaged_line(record, fmt)),
+        security=client_security(),
     )
     with stop_requested() as stop:
         try:

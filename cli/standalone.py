@@ -9,6 +9,7 @@ the supervisor itself dies (PR_SET_PDEATHSIG), so nothing outlives it.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from types import FrameType
 
 from gms.broker.store_layout import read_layout
 from gms.broker.store_paths import StorePaths
+from gms.cli.standalone_security import secure_setup
 from gms.cluster.errors import EmbeddedEtcdError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
 
@@ -39,7 +41,9 @@ class StandaloneError(Exception):
 class _Child:
     """One server child process (``python -m gms.<module>``) that reports its port in a file."""
 
-    def __init__(self, name: str, module: str, args: list[str], run_dir: Path) -> None:
+    def __init__(self, name: str, module: str, args: list[str], run_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
+        """``env``: variables added to this process's for the child (secrets: never in argv)."""
         self.name = name
         self.log_path = run_dir / f"{name}.log"
         self.port_file = run_dir / f"{name}.port"
@@ -53,6 +57,7 @@ class _Child:
                 process_group=0,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
                 close_fds=True,
+                env={**os.environ, **env} if env else None,
             )
 
     def wait_port(self, timeout_s: float) -> int:
@@ -101,12 +106,14 @@ def run_standalone(
     etcd_port: int = 0,
     log_level: str = "info",
     commitlog_file_size_bytes: int | None = None,
+    secure: bool = False,
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the three parts until SIGINT/SIGTERM (a second one kills at once); return the exit
     code: 0 after a clean stop, 1 if a part failed to start or died. Call from the main thread
     (it installs signal handlers and the children's death signal follows the calling thread).
-    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports."""
+    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. ``secure``: TLS with a
+    development CA, authentication and ACLs, an ``admin`` super user (see :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
     run_dir = data_dir / "logs"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,12 +133,15 @@ def run_standalone(
     try:
         store_args = _store_args(data_dir, commitlog_file_size_bytes)
         etcd.start()
+        secured = secure_setup(data_dir, host, etcd) if secure else None
+        security_args, nameserver_env, broker_env = secured.server_args() if secured else ([], {}, {})
         nameserver = _Child(
             "nameserver",
             "gms.nameserver",
             ["--listen", f"{host}:{nameserver_port}", "--etcd", etcd.endpoint,
-             "--data-dir", str(data_dir / "nameserver"), "--log-level", log_level],
+             "--data-dir", str(data_dir / "nameserver"), "--log-level", log_level, *security_args],
             run_dir,
+            nameserver_env,
         )
         children.append(nameserver)
         nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
@@ -139,8 +149,9 @@ def run_standalone(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, "--log-level", log_level, *store_args],
+             "--nameserver", nameserver_address, "--log-level", log_level, *store_args, *security_args],
             run_dir,
+            broker_env,
         )
         children.append(broker)
         broker_address = f"{host}:{broker.wait_port(CHILD_START_TIMEOUT_S)}"
@@ -150,6 +161,7 @@ def run_standalone(
             f"  broker      {broker_address}\n"
             f"  etcd        {etcd.endpoint}\n"
             f"  data        {data_dir}  (logs in {run_dir})"
+            + (f"\n{secured.describe()}" if secured else "")
         )
         code = _supervise(children, stop, echo)
     except (StandaloneError, EmbeddedEtcdError) as err:

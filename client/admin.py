@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,10 @@ from gms.errors import (
 )
 from gms.msgid import decode_msg_id
 from gms.protocol.codes import RequestCode
+from gms.security.acl import AclRule
+from gms.security.client import ClientSecurity
+from gms.security.scram import Credential
+from gms.security.users import check_user_name
 
 DEFAULT_QUEUE_COUNT = 8
 
@@ -38,9 +43,10 @@ class Admin:
 
     def __init__(self, brokers: Sequence[str] | str | None = None, *,
                  nameserver: Sequence[str] | str | None = None,
-                 request_timeout_ms: float = REQUEST_TIMEOUT_MS) -> None:
+                 request_timeout_ms: float = REQUEST_TIMEOUT_MS, security: ClientSecurity | None = None) -> None:
+        """``security``: TLS and user (None: from ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD``)."""
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                      name="gms-admin")
+                                      name="gms-admin", security=security)
         routes = self._runtime.routes
         self._nameserver = routes if isinstance(routes, NameserverRoutes) else None
 
@@ -51,7 +57,8 @@ class Admin:
         return self._runtime.run(self._runtime.routes.live_brokers())
 
     def _ask_nameserver(self, code: int, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        assert self._nameserver is not None
+        if self._nameserver is None:
+            raise ValueError("this needs a nameserver; this Admin was given brokers")
         return dict(self._runtime.run(self._nameserver.request(code, fields)).fields)
 
     def _ask(self, brokers: Sequence[str], code: int, fields: Mapping[str, Any] | None = None,
@@ -301,6 +308,35 @@ class Admin:
         brokers = self.brokers()
         answers = self._ask(brokers, RequestCode.DELETE_GROUP, {"group": group, "force": force})
         return {b: [(str(t), int(q)) for t, q in a["queues"]] for b, a in zip(brokers, answers, strict=True)}
+
+    # --- users and ACLs (super users; the nameserver stores them in etcd) ----------------------
+
+    def put_user(self, name: str, password: str, *, role: str = "normal") -> None:
+        """Create ``name`` or replace its password and role. Only a salted SCRAM verifier computed
+        here leaves this process, never the password."""
+        check_user_name(name)
+        credential = Credential.for_password(password)
+        self._ask_nameserver(RequestCode.USER_PUT, {"name": name, "role": role,
+                                                    "credential": credential.to_json()})
+
+    def delete_user(self, name: str) -> bool:
+        """False if there was no such user. Its open connections stay authenticated until closed."""
+        return bool(self._ask_nameserver(RequestCode.USER_DELETE, {"name": name})["deleted"])
+
+    def users(self) -> list[dict[str, str]]:
+        """Every user's ``name`` and ``role`` (brokers' own identities not included)."""
+        return list(self._ask_nameserver(RequestCode.USER_LIST)["users"])
+
+    def add_acl(self, rule: AclRule) -> bool:
+        """False if the same rule was there already; in force on every broker within a second."""
+        return bool(self._ask_nameserver(RequestCode.ACL_ADD, {"acl": dataclasses.asdict(rule)})["added"])
+
+    def remove_acl(self, rule: AclRule) -> bool:
+        """False if there was no such rule."""
+        return bool(self._ask_nameserver(RequestCode.ACL_REMOVE, {"acl": dataclasses.asdict(rule)})["removed"])
+
+    def acls(self) -> list[AclRule]:
+        return [AclRule(**fields) for fields in self._ask_nameserver(RequestCode.ACL_LIST)["acls"]]
 
     def view_message(self, msg_id: str) -> ReceivedMessage:
         """The message a message id points at (asks the broker the id names)."""

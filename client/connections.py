@@ -16,6 +16,7 @@ from gms.msgid import encode_msg_id
 from gms.net import Connection
 from gms.net.blocking import BlockingConnection
 from gms.protocol.frame import Body, Frame
+from gms.security.client import PLAINTEXT, ClientSecurity
 
 CONNECT_TIMEOUT_MS = 3000
 # Idle blocking connections kept per broker; callers beyond this use the event loop's.
@@ -45,8 +46,10 @@ def msg_id(prefix: str, phys_offset: int) -> str:
 class ConnectionPool:
     """Connections by broker address; all methods run on the client's event loop."""
 
-    def __init__(self, *, request_timeout_ms: float, connect_timeout_ms: float = CONNECT_TIMEOUT_MS) -> None:
+    def __init__(self, *, request_timeout_ms: float, connect_timeout_ms: float = CONNECT_TIMEOUT_MS,
+                 security: ClientSecurity = PLAINTEXT) -> None:
         self._request_timeout_ms = request_timeout_ms
+        self._security = security
         self._connect_timeout_ms = connect_timeout_ms
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
@@ -67,7 +70,7 @@ class ConnectionPool:
         try:
             host, port = parse_address(address)
             conn = await Connection.open(host, port, self._connect_timeout_ms,
-                                         request_timeout_ms=self._request_timeout_ms)
+                                         request_timeout_ms=self._request_timeout_ms, security=self._security)
         except BaseException as err:
             future.set_exception(err)
             future.exception()  # mark retrieved: waiters re-raise it themselves
@@ -105,8 +108,9 @@ class BlockingPool:
     through the event loop). Thread-safe."""
 
     def __init__(self, *, connect_timeout_ms: float = CONNECT_TIMEOUT_MS,
-                 connections_max: int = BLOCKING_CONNECTIONS_MAX) -> None:
+                 connections_max: int = BLOCKING_CONNECTIONS_MAX, security: ClientSecurity = PLAINTEXT) -> None:
         self._connect_timeout_ms = connect_timeout_ms
+        self._security = security
         self._connections_max = connections_max
         self._lock = threading.Lock()
         self._idle: dict[str, list[BlockingConnection]] = {}
@@ -125,7 +129,7 @@ class BlockingPool:
             self._open_count[address] = self._open_count.get(address, 0) + 1
         try:
             host, port = parse_address(address)
-            return BlockingConnection.open(host, port, self._connect_timeout_ms)
+            return BlockingConnection.open(host, port, self._connect_timeout_ms, security=self._security)
         except BaseException:
             self._forget(address)
             raise

@@ -30,6 +30,7 @@ from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessag
 from gms.errors import BadTagExpressionError, GmsError
 from gms.log_throttle import Outage
 from gms.record.builder import RecordEncoder
+from gms.security.client import ClientSecurity
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class Consumer:
         damaged: str = "skip",
         instance_name: str | None = None,
         offset_dir: Path | str = DEFAULT_OFFSET_DIR,
+        security: ClientSecurity | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -107,7 +109,7 @@ class Consumer:
         local_offsets = None if self._clustering else LocalOffsetStore(
             offset_dir, group, instance_name or socket.gethostname())
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                      name="gms-consumer")
+                                      name="gms-consumer", security=security)
         self._buffer = FetchBuffer()
         self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,

@@ -31,6 +31,7 @@ from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 from gms.record.builder import BatchBuilder, RecordEncoder
+from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +211,17 @@ class Producer:
         retry_backoff_ms: float = 100,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         born_host: str | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
-        None means this machine's host name, looked up once here."""
+        None means this machine's host name, looked up once here. ``security``: TLS and user
+        (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
             raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                      name="gms-producer")
+                                      name="gms-producer", security=security)
         self._encoder = RecordEncoder(socket.gethostname() if born_host is None else born_host)
         self._faults = BrokerFaults()
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
@@ -230,7 +233,7 @@ class Producer:
         self._round_robin = itertools.count()
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms
-        self._blocking = BlockingPool()
+        self._blocking = BlockingPool(security=self._runtime.security)
         # A sync call waits for the whole retry schedule, never forever.
         self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from gms.client.connections import ConnectionPool
 from gms.client.routing import NameserverRoutes, RouteProvider, StaticRoutes
 from gms.net import LoopThread
+from gms.security.client import ClientSecurity
 
 T = TypeVar("T")
 
@@ -21,14 +22,18 @@ CLOSE_TIMEOUT_MS = 5000
 
 class ClientRuntime:
     def __init__(self, brokers: Sequence[str] | str | None, *, nameserver: Sequence[str] | str | None = None,
-                 request_timeout_ms: float = REQUEST_TIMEOUT_MS, name: str = "gms-client") -> None:
-        """Routes come from ``nameserver`` ("host:port[,host:port]") or a fixed ``brokers`` list."""
+                 request_timeout_ms: float = REQUEST_TIMEOUT_MS, name: str = "gms-client",
+                 security: ClientSecurity | None = None) -> None:
+        """Routes come from ``nameserver`` ("host:port[,host:port]") or a fixed ``brokers`` list;
+        ``security`` (TLS, user) applies to every connection (None: from ``GMS_TLS_*``,
+        ``GMS_USER`` and ``GMS_PASSWORD``, plaintext when none is set)."""
         if (brokers is None) == (nameserver is None):
             raise ValueError("give either brokers=[...] or nameserver='host:port[,...]', not both")
         if isinstance(brokers, str):
             brokers = [b for b in brokers.split(",") if b]
         self.request_timeout_ms = request_timeout_ms
-        self.pool = ConnectionPool(request_timeout_ms=request_timeout_ms)
+        self.security = ClientSecurity.from_env() if security is None else security
+        self.pool = ConnectionPool(request_timeout_ms=request_timeout_ms, security=self.security)
         self.routes: RouteProvider = (
             NameserverRoutes(nameserver, self.pool) if nameserver is not None
             else StaticRoutes(list(brokers or ()), self.pool))

@@ -20,6 +20,8 @@ from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
 from gms.net.serve import serve_until_signalled
+from gms.security.config import SecurityConfig
+from gms.security.options import pop_security_values, security_options
 
 log = logging.getLogger("gms.nameserver")
 
@@ -39,11 +41,13 @@ DEFAULT_DATA_DIR = Path("gms-data/nameserver")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@security_options
 def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_address: str,
-         port_file: Path | None, log_level: str) -> None:
+         port_file: Path | None, log_level: str, **security_flags: object) -> None:
     """Run a gms nameserver: topic routes and cluster metadata, backed by etcd."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
+        security = SecurityConfig(**pop_security_values(security_flags))
         etcd_host, etcd_advertise_host = etcd_hosts(split_listen(listen)[0], advertised_address)
         if etcd_endpoints:
             parse_endpoints(etcd_endpoints)
@@ -61,7 +65,7 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
             sys.exit(1)
         log.info("embedded etcd on %s (data in %s)", embedded.endpoint, embedded.data_dir)
         etcd_endpoints = embedded.endpoint
-    server = NameServer(etcd_endpoints, listen, advertised=advertised_address)
+    server = NameServer(etcd_endpoints, listen, advertised=advertised_address, security=security)
     try:
         code = run(serve_until_signalled(
             server, "nameserver", log, port_file=port_file, start_error=_start_error,

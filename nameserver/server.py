@@ -29,11 +29,17 @@ from gms.cluster.lease import LeaseKeeper
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
 from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
+from gms.nameserver.access import NameserverAccess
 from gms.nameserver.controller import Controller
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
+from gms.security.acl import AclRule, AclTable
+from gms.security.authorizer import Authorizer
+from gms.security.config import SecurityConfig
+from gms.security.scram import Credential
+from gms.security.users import USER_ROLES, User
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,10 @@ def settings_fields(topic: TopicMetadata) -> dict[str, Any]:
     return {"replication_factor": topic.replication_factor, "settings": asdict(topic.settings)}
 
 
+def acl_fields(rule: AclRule) -> dict[str, Any]:
+    return asdict(rule)
+
+
 def broker_fields(info: BrokerInfo) -> dict[str, Any]:
     return {
         "broker_id": info.broker_id,
@@ -111,8 +121,10 @@ class NameServer:
         advertised: str = "",
         prefix: str = DEFAULT_PREFIX,
         ttl_s: int = NAMESERVER_TTL_S,
+        security: SecurityConfig | None = None,
     ) -> None:
         parse_endpoints(etcd_endpoints)  # ValueError names a bad endpoint before anything starts
+        self.security = security = security or SecurityConfig()
         self.etcd_endpoints = etcd_endpoints
         self._host, self._port = split_listen(listen)
         self._advertised = advertised
@@ -133,7 +145,15 @@ class NameServer:
                 RequestCode.CREATE_TOPIC: self._create_topic,
                 RequestCode.UPDATE_TOPIC: self._update_topic,
                 RequestCode.DELETE_TOPIC: self._delete_topic,
-            }
+                RequestCode.USER_PUT: self._put_user,
+                RequestCode.USER_DELETE: self._delete_user,
+                RequestCode.USER_LIST: self._list_users,
+                RequestCode.ACL_ADD: self._add_acl,
+                RequestCode.ACL_REMOVE: self._remove_acl,
+                RequestCode.ACL_LIST: self._list_acls,
+            },
+            security=security.server_security(self._user, self._access().authorize if security.authentication
+                                              else None),
         )
         # GET_ROUTE is the hot path: the response fields are built once per route object.
         self._route_cache: dict[str, tuple[TopicRoute, dict[str, Any]]] = {}
@@ -145,6 +165,15 @@ class NameServer:
     @property
     def port(self) -> int:
         return self._rpc.port
+
+    def _access(self) -> NameserverAccess:
+        return NameserverAccess(Authorizer(self._acls if self.security.acl else None, self.security.super_users))
+
+    def _acls(self) -> AclTable:
+        return self._view.acls() if self._view is not None else AclTable.empty()
+
+    def _user(self, name: str) -> User | None:
+        return self._view.user(name) if self._view is not None else None
 
     @property
     def view(self) -> ClusterView:
@@ -341,6 +370,66 @@ class NameServer:
         await self._write(f"delete topic {name}", lambda: metadata.delete_topic(name))
         await self._until_view(lambda: name not in self._topic_names())
         return Response()
+
+    # -- users and ACLs (super users only: see gms.nameserver.access) -----------------------
+    async def _put_user(self, request: Frame) -> Response:
+        """Create or update a user; the client sends the SCRAM verifier, never the password."""
+        fields = request.fields
+        role = field(fields, "role", str, "normal")
+        if role not in USER_ROLES:
+            raise BadRequestError(f"role must be one of {', '.join(USER_ROLES)}, not {role!r}")
+        try:
+            user = User(field(fields, "name", str), role, Credential.from_json(field(fields, "credential", dict)))
+        except (KeyError, ValueError, TypeError) as err:
+            raise BadRequestError(f"bad user credential: {err}") from err
+        metadata = self._require_metadata()
+        await self._write(f"save user {user.name}", lambda: self._checked(metadata.put_user, user))
+        await self._until_view(lambda: self.view.user(user.name) == user)
+        return Response()
+
+    async def _delete_user(self, request: Frame) -> Response:
+        name = field(request.fields, "name", str)
+        metadata = self._require_metadata()
+        existed = await self._write(f"delete user {name}", lambda: self._checked(metadata.delete_user, name))
+        await self._until_view(lambda: self.view.user(name) is None)
+        return Response({"deleted": bool(existed)})
+
+    async def _list_users(self, request: Frame) -> Response:
+        metadata = self._require_metadata()
+        users = await self._write("list users", metadata.list_users)
+        return Response({"users": [{"name": u.name, "role": u.role} for u in users]})
+
+    async def _add_acl(self, request: Frame) -> Response:
+        rule = self._rule(request)
+        metadata = self._require_metadata()
+        added = await self._write(f"add ACL {rule.describe()}", lambda: metadata.put_acl(rule))
+        await self._until_view(lambda: rule in self.view.acls().rules())
+        return Response({"added": bool(added)})
+
+    async def _remove_acl(self, request: Frame) -> Response:
+        rule = self._rule(request)
+        metadata = self._require_metadata()
+        removed = await self._write(f"remove ACL {rule.describe()}", lambda: metadata.delete_acl(rule))
+        await self._until_view(lambda: rule not in self.view.acls().rules())
+        return Response({"removed": bool(removed)})
+
+    async def _list_acls(self, request: Frame) -> Response:
+        return Response({"acls": [acl_fields(rule) for rule in self.view.acls().rules()]})
+
+    @staticmethod
+    def _rule(request: Frame) -> AclRule:
+        try:
+            return AclRule(**field(request.fields, "acl", dict))
+        except (TypeError, ValueError) as err:
+            raise BadRequestError(f"bad ACL: {err}") from err
+
+    @staticmethod
+    def _checked(fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)``, its ValueError (a bad name) as the client's BAD_REQUEST."""
+        try:
+            return fn(arg)
+        except ValueError as err:
+            raise BadRequestError(str(err)) from err
 
     def _require_metadata(self) -> ClusterMetadata:
         if self._metadata is None:

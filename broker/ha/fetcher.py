@@ -148,7 +148,7 @@ class LeaderFetcher:
     async def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
             host, port = self.address.rsplit(":", 1)
-            self._conn = await Connection.open(host.strip("[]"), int(port))
+            self._conn = await Connection.open(host.strip("[]"), int(port), security=self.manager.config.security)
         return self._conn
 
     def _close(self) -> None:

@@ -28,6 +28,7 @@ from gms.errors import (
     NotLeaderError,
     RequestTimeoutError,
 )
+from gms.security.client import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class ReplicationConfig:
     # Followers flush what they fetched before their next fetch acknowledges it (acks=-1 then
     # means "on disk on every ISR member", with the leader's flush=sync).
     fsync_before_ack: bool = False
+    # How followers connect to leaders: TLS, and this broker's own replica identity.
+    security: ClientSecurity = PLAINTEXT
 
 
 class ReplicaManager:

@@ -40,7 +40,7 @@ from gms.protocol.frame import (
     Response,
     encode_frame,
 )
-from gms.security.gate import ServerSecurity, audit
+from gms.security.gate import ServerSecurity, audit, current_principal
 from gms.security.scram import ScramServerExchange
 from gms.security.tls import peer_common_name
 from gms.security.users import Principal
@@ -246,6 +246,7 @@ class _ServerConnection(asyncio.Protocol):
         # Security: the identity once authenticated, and an authentication under way.
         self._security = server.security if server.security.users is not None else None
         self.principal: Principal | None = None
+        self._by_certificate = False
         self._exchange: ScramServerExchange | None = None
 
     # --- asyncio.Protocol callbacks ---------------------------------------------------------
@@ -262,6 +263,7 @@ class _ServerConnection(asyncio.Protocol):
         if self._security is not None:
             self.principal = self._security.principal_for_certificate(
                 peer_common_name(transport.get_extra_info("ssl_object")))
+            self._by_certificate = self.principal is not None  # SCRAM may still name another user
         connections = self._server._connections
         connections.add(self)
         if len(connections) > self._config.connections_max:
@@ -452,11 +454,12 @@ class _ServerConnection(asyncio.Protocol):
                 audit.warning("refused request code %d from %s (%s): %s", code, principal, self._peer(), err)
                 self._failed(frame, err)
                 return False
+        current_principal.set(principal)
         return True
 
     def _authenticate(self, frame: Frame, security: ServerSecurity) -> None:
         """One SCRAM step; a failure is answered and the connection closed (no retries on it)."""
-        if self.principal is not None:
+        if self.principal is not None and not self._by_certificate:
             self._reply(frame, Status.BAD_REQUEST, "this connection is already authenticated")
             return
         users = cast(Callable[[str], Any], security.users)
@@ -475,6 +478,7 @@ class _ServerConnection(asyncio.Protocol):
             return
         if user is not None:
             self.principal = Principal(user.name, user.role)
+            self._by_certificate = False
             self._exchange = None
             audit.info("%s authenticated as %s", self._peer(), self.principal)
         self._answer(frame, Response(body=answer))

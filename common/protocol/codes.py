@@ -51,6 +51,14 @@ class RequestCode(IntEnum):
     GET_BROKER_LIST = 103
     CLUSTER_STATUS = 104
 
+    # 120-139: security administration on the nameserver (super users only).
+    USER_PUT = 120  # create a user or replace its role and credential (a SCRAM verifier, never a password)
+    USER_DELETE = 121
+    USER_LIST = 122
+    ACL_ADD = 123
+    ACL_REMOVE = 124
+    ACL_LIST = 125
+
     # 200-219: replication between brokers.
     REPLICA_FETCH = 200
     LEADER_AND_ISR = 201

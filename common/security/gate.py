@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from gms.errors import ForbiddenError
@@ -21,6 +22,10 @@ from gms.security.users import Principal, User
 audit = logging.getLogger("gms.audit")
 
 Authorize = Callable[[Principal, Frame], None]
+
+# The principal of the request a handler is running for (None: authentication is off). Handlers
+# that learn the resources only while working (the topics of a send batch) check them against it.
+current_principal: ContextVar[Principal | None] = ContextVar("current_principal", default=None)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""What each broker request needs, checked before its handler runs (when authentication is on).
+
+The map from request code to (resource, operation) is the broker's access policy:
+
+========================================  ==========================================
+SEND, SEND_BATCH                          publish on every topic in the batch (checked
+                                          as the store admits the batch: nothing is
+                                          stored when one topic is refused)
+PULL                                      subscribe on the topic (and on the group)
+QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
+VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
+HEARTBEAT                                 subscribe on the group and every topic
+COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on topics)
+GET_CONSUMER_GROUP_MEMBERS, FIND_COORD.   describe on the group
+DELETE_GROUP                              admin on the group
+CREATE/UPDATE/DELETE_TOPIC                admin on the topic
+TOPIC_LIST, BROKER_STATUS                 describe on the cluster
+REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH    the replica principal of the very broker named
+                                          in ``replica`` (a broker's own identity); nobody else
+========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gms.broker.group_handlers import group_name_field, queue_rows
+from gms.errors import BadRequestError
+from gms.protocol.codes import RequestCode
+from gms.protocol.fields import field
+from gms.protocol.frame import Frame
+from gms.security.authorizer import CLUSTER, Authorizer
+from gms.security.gate import current_principal, forbidden
+from gms.security.users import Principal
+
+Check = tuple[str, str, str]  # (resource type, name, operation)
+REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEADER_EPOCH})
+
+
+def _topic(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
+    return lambda fields: [("topic", field(fields, "topic", str), operation)]
+
+
+def _group(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
+    return lambda fields: [("group", group_name_field(fields), operation)]
+
+
+def _cluster(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
+    return lambda fields: [("cluster", CLUSTER, operation)]
+
+
+def _pull(fields: Mapping[str, Any]) -> list[Check]:
+    checks = [("topic", field(fields, "topic", str), "subscribe")]
+    if field(fields, "group", str, ""):
+        checks.append(("group", group_name_field(fields), "subscribe"))
+    return checks
+
+
+def _heartbeat(fields: Mapping[str, Any]) -> list[Check]:
+    subscription = field(fields, "subscription", dict)
+    if not all(isinstance(topic, str) for topic in subscription):
+        raise BadRequestError("subscription must map topic names to tag expressions")
+    return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "subscribe") for t in subscription)]
+
+
+def _group_queues(rows: str, width: int) -> Callable[[Mapping[str, Any]], list[Check]]:
+    def checks(fields: Mapping[str, Any]) -> list[Check]:
+        topics = {row[0] for row in queue_rows(fields, rows, width)} if rows in fields else set()
+        return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "describe") for t in sorted(topics))]
+    return checks
+
+
+POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
+    RequestCode.PULL: _pull,
+    RequestCode.QUERY_MIN_OFFSET: _topic("describe"),
+    RequestCode.QUERY_MAX_OFFSET: _topic("describe"),
+    RequestCode.QUERY_OFFSET_BY_TIME: _topic("describe"),
+    RequestCode.TOPIC_STATS: _topic("describe"),
+    RequestCode.HEARTBEAT: _heartbeat,
+    RequestCode.UNREGISTER_CONSUMER: _group("subscribe"),
+    RequestCode.COMMIT_OFFSET: _group_queues("offsets", 3),
+    RequestCode.FETCH_OFFSET: _group_queues("queues", 2),
+    RequestCode.RESET_OFFSETS: _group_queues("offsets", 3),
+    RequestCode.GET_CONSUMER_GROUP_MEMBERS: _group("describe"),
+    RequestCode.FIND_COORDINATOR: _group("describe"),
+    RequestCode.DELETE_GROUP: _group("admin"),
+    RequestCode.CREATE_TOPIC: _topic("admin"),
+    RequestCode.UPDATE_TOPIC: _topic("admin"),
+    RequestCode.DELETE_TOPIC: _topic("admin"),
+    RequestCode.TOPIC_LIST: _cluster("describe"),
+    RequestCode.BROKER_STATUS: _cluster("describe"),
+}
+# Checked by their handlers, which know the topics only once the records are parsed or read.
+IN_HANDLER = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.VIEW_MESSAGE_BY_ID})
+
+
+class BrokerAccess:
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
+
+    def authorize(self, principal: Principal, frame: Frame) -> None:
+        """The listener's hook: raise ForbiddenError unless ``principal`` may make ``frame``."""
+        code = frame.code
+        if code in REPLICA_CODES or principal.role == "replica":
+            self._check_replica(principal, frame)
+            return
+        policy = POLICY.get(code)
+        if policy is not None:
+            for resource_type, name, operation in policy(frame.fields):
+                self.authorizer.check(principal, resource_type, name, operation)
+        elif code not in IN_HANDLER and not self.authorizer.is_super(principal):
+            raise forbidden(principal, f"request code {code}", "send", "only super users may make it")
+
+    @staticmethod
+    def _check_replica(principal: Principal, frame: Frame) -> None:
+        claimed = frame.fields.get("replica")
+        if frame.code not in REPLICA_CODES:
+            raise forbidden(principal, f"request code {frame.code}", "send", "a broker's replica identity may only"
+                            " fetch as that broker")
+        if principal.broker_id is None or (frame.code == RequestCode.REPLICA_FETCH and claimed != principal.broker_id):
+            raise forbidden(principal, f"replica {claimed}", "fetch as",
+                            "only that broker's own identity may fetch as a replica")
+
+    def check_topics(self, operation: str) -> Callable[[list[tuple[str, int]]], None]:
+        """A store ``admit`` hook refusing a batch with a topic the current principal may not
+        ``operation`` (the principal of the request being handled)."""
+        principal = current_principal.get()
+        authorizer = self.authorizer
+
+        def admit(queues: list[tuple[str, int]]) -> None:
+            if principal is None:
+                return
+            for topic in {topic for topic, _ in queues}:
+                authorizer.check(principal, "topic", topic, operation)
+        return admit
+
+    def check_topic(self, topic: str, operation: str) -> None:
+        principal = current_principal.get()
+        if principal is not None:
+            self.authorizer.check(principal, "topic", topic, operation)

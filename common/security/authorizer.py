@@ -1,0 +1,47 @@
+"""Who may do what to which resource: roles first, then the ACLs.
+
+- ``super`` users (by role, or named in ``super_users``) may do everything.
+- ``broker`` and ``replica`` principals are services: they may make only their own requests
+  (registration, replica fetches), which the servers check by request code, never a client's.
+- ``normal`` users: with ACLs off, publish, subscribe and describe anything, administer nothing;
+  with ACLs on, exactly what the rules allow (deny beats allow; no matching rule: denied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gms.security.acl import AclTable
+from gms.security.gate import forbidden
+from gms.security.users import Principal
+
+CLUSTER = "cluster"  # the one cluster resource's name (ACL rules on it have the pattern "*")
+
+
+class Authorizer:
+    def __init__(self, acls: Callable[[], AclTable] | None, super_users: tuple[str, ...] = ()) -> None:
+        """``acls`` gives the current rules (the watch-fed view); None: ACLs are off."""
+        self._acls = acls
+        self._super_users = frozenset(super_users)
+
+    def is_super(self, principal: Principal) -> bool:
+        return principal.role == "super" or (principal.role == "normal" and principal.name in self._super_users)
+
+    def allowed(self, principal: Principal, resource_type: str, name: str, operation: str) -> bool:
+        if self.is_super(principal):
+            return True
+        if principal.role != "normal":
+            return False
+        if self._acls is None:
+            return operation != "admin"
+        return self._acls().decide(principal.name, resource_type, name, operation) is True
+
+    def check(self, principal: Principal, resource_type: str, name: str, operation: str) -> None:
+        """Raise ForbiddenError unless ``principal`` may ``operation`` the resource."""
+        if not self.allowed(principal, resource_type, name, operation):
+            raise forbidden(principal, "the cluster" if resource_type == CLUSTER else f"{resource_type} {name}",
+                            operation)
+
+    def check_super(self, principal: Principal, what: str) -> None:
+        if not self.is_super(principal):
+            raise forbidden(principal, "the cluster", what, "only super users may")

@@ -1,0 +1,170 @@
+"""Security end to end on real processes: TLS on every listener, SCRAM users, ACLs from etcd,
+replica fetches only by the broker they name (the scenario of the security issue)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from processes import wait_until
+from secured_cluster import SecuredCluster
+
+from gms.client import Consumer, Producer
+from gms.errors import ForbiddenError, GmsError, ServiceUnavailableError, UnauthenticatedError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
+from gms.security.acl import AclRule
+from gms.security.client import ClientSecurity
+from gms.security.devca import ensure_dev_pki
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = SecuredCluster(tmp_path_factory.mktemp("secured")).start(brokers=2)
+    yield cluster
+    cluster.stop()
+
+
+def producer(cluster: SecuredCluster, user: str = "", password: str | None = None, **kwargs) -> Producer:
+    return Producer(nameserver=cluster.nameserver, security=cluster.security(user, password), retries=0, **kwargs)
+
+
+def grant(cluster: SecuredCluster, *rules: AclRule) -> None:
+    with cluster.admin() as admin:
+        for rule in rules:
+            admin.add_acl(rule)
+
+
+def revoke(cluster: SecuredCluster, *rules: AclRule) -> None:
+    with cluster.admin() as admin:
+        for rule in rules:
+            admin.remove_acl(rule)
+
+
+def test_clients_without_valid_credentials_are_refused(cluster):
+    with cluster.admin() as admin:
+        admin.create_topic("sec-auth", queues=2)
+    for user, password in (("", None), ("alice", "wrong"), ("nobody", "whatever")):
+        with producer(cluster, user, password) as p, pytest.raises(UnauthenticatedError):
+            p.send("sec-auth", b"x")
+    with producer(cluster, "admin") as p:  # the servers kept serving
+        assert p.send("sec-auth", b"ok").queue_offset >= 0
+
+
+def test_plaintext_or_untrusted_clients_fail_cleanly(cluster, tmp_path):
+    plaintext = Producer(nameserver=cluster.nameserver, security=ClientSecurity(None, "admin", "admin-pw"), retries=0,
+                         request_timeout_ms=3000)
+    with plaintext, pytest.raises(GmsError):
+        plaintext.send("sec-auth", b"x")
+    other_ca = ensure_dev_pki(tmp_path / "other").ca_cert
+    with Producer(nameserver=cluster.nameserver, security=cluster.security("admin", ca=other_ca), retries=0) as p:
+        with pytest.raises(ServiceUnavailableError, match="certificate"):
+            p.send("sec-auth", b"x")
+    with producer(cluster, "admin") as p:
+        p.send("sec-auth", b"still serving")
+
+
+def test_publish_needs_an_acl_and_a_grant_applies_within_a_second(cluster):
+    with cluster.admin() as admin:
+        admin.create_topic("sec-pub", queues=2)
+    rule = AclRule("alice", "topic", "sec-pub", "publish")
+    with producer(cluster, "alice") as p:
+        with pytest.raises(ForbiddenError, match="publish") as refused:
+            p.send("sec-pub", b"x")
+        assert "sec-pub" in str(refused.value)
+        grant(cluster, rule)
+        granted = time.monotonic()
+        wait_until(lambda: _sends(p, "sec-pub"), 1.0)
+        assert time.monotonic() - granted < 1.0
+        revoke(cluster, rule)
+        wait_until(lambda: not _sends(p, "sec-pub"), 1.0)
+
+
+def _sends(p: Producer, topic: str) -> bool:
+    try:
+        p.send(topic, b"probe")
+        return True
+    except ForbiddenError:
+        return False
+
+
+def test_a_batch_with_one_forbidden_topic_stores_nothing(cluster):
+    with cluster.admin() as admin:
+        admin.create_topic("sec-batch-ok", queues=1)
+        admin.create_topic("sec-batch-no", queues=1)
+    grant(cluster, AclRule("alice", "topic", "sec-batch-ok", "publish"))
+    with producer(cluster, "alice", linger_ms=50) as p:
+        ok = p.send_async("sec-batch-ok", b"a")
+        no = p.send_async("sec-batch-no", b"b")
+        p.flush()
+        with pytest.raises(ForbiddenError):
+            no.result(10)
+        ok.result(10)
+    with cluster.admin() as admin:
+        assert [q["max_offset"] for q in admin.topic_stats("sec-batch-no")] == [0]
+
+
+def test_prefix_acls_and_deny_beats_allow(cluster):
+    with cluster.admin() as admin:
+        for topic in ("sec-pfx.a", "sec-pfx.secret"):
+            admin.create_topic(topic, queues=1)
+    grant(cluster, AclRule("bob", "topic", "sec-pfx.", "publish", pattern_type="prefix"),
+          AclRule("bob", "topic", "sec-pfx.secret", "publish", permission="deny"))
+    with producer(cluster, "bob") as p:
+        p.send("sec-pfx.a", b"allowed by prefix")
+        with pytest.raises(ForbiddenError):
+            p.send("sec-pfx.secret", b"denied")
+
+
+def test_consumers_need_subscribe_on_topic_and_group(cluster):
+    with cluster.admin() as admin:
+        admin.create_topic("sec-sub", queues=2)
+    with producer(cluster, "admin") as p:
+        for i in range(10):
+            p.send("sec-sub", b"m%d" % i)
+
+    def consume(group: str) -> list[bytes]:
+        consumer = Consumer(nameserver=cluster.nameserver, group=group, subscription={"sec-sub": "*"},
+                            start_from="first", security=cluster.security("bob"), request_timeout_ms=5000)
+        try:
+            got: list[bytes] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 10 and time.monotonic() < deadline:
+                got += [bytes(m.body) for m in consumer.poll(timeout_ms=500)]
+            return got
+        finally:
+            consumer.close()
+
+    with pytest.raises(ForbiddenError):
+        consume("sec-group")
+    grant(cluster, AclRule("bob", "topic", "sec-sub", "subscribe"))
+    with pytest.raises(ForbiddenError, match="group"):
+        consume("sec-group")
+    grant(cluster, AclRule("bob", "group", "sec-group", "subscribe"))
+    assert sorted(consume("sec-group")) == sorted(b"m%d" % i for i in range(10))
+
+
+def test_replica_fetch_only_by_the_broker_it_names(cluster):
+    """A forged REPLICA_FETCH under a follower's name — from a super user or the broker
+    credential — is refused, so it cannot move the high watermark; real followers replicate."""
+    with cluster.admin() as admin:
+        route = admin.create_topic("sec-repl", queues=1, replicas=2)
+    queue = route["queues"][0]
+    leader = queue["leader"]
+    follower = next(r for r in queue["replicas"] if r != leader)
+    follower_id = follower.replace(":", "_")
+    with producer(cluster, "admin", acks=-1) as p:
+        p.send("sec-repl", b"replicated")  # acks=-1: the follower, authenticated as itself, fetched it
+    host, port = leader.rsplit(":", 1)
+    fetch = {"replica": follower_id, "wait_ms": 0, "queues": [["sec-repl", 0, 10, 0]]}
+    for user in ("admin", "svc-broker", "alice"):
+        async def forge(user: str = user) -> None:
+            conn = await Connection.open(host, int(port), security=cluster.security(user))
+            try:
+                await conn.request(RequestCode.REPLICA_FETCH, fetch)
+            finally:
+                conn.close()
+        with pytest.raises(ForbiddenError, match="replica"):
+            run(forge())
