@@ -28,7 +28,14 @@ from typing import Any, NamedTuple
 from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
 from gms.client.runtime import ClientRuntime
-from gms.errors import GmsError, NotCoordinatorError, ServiceUnavailableError, TopicNotFoundError
+from gms.errors import (
+    ForbiddenError,
+    GmsError,
+    NotCoordinatorError,
+    ServiceUnavailableError,
+    TopicNotFoundError,
+    UnauthenticatedError,
+)
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
 from gms.protocol.frame import Frame
@@ -278,6 +285,8 @@ class Membership:
         for broker in candidates:
             try:
                 frame = await self._runtime.pool.request(broker, RequestCode.FIND_COORDINATOR, {"group": self._group})
+            except (ForbiddenError, UnauthenticatedError):
+                raise  # every broker answers the same: the user needs a grant, not another broker
             except GmsError as err:
                 failures.append(f"{broker}: {err}")
                 continue

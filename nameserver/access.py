@@ -2,7 +2,9 @@
 
 =============================================  ===========================================
 GET_ROUTE                                      describe on the topic
-TOPIC_LIST, GET_BROKER_LIST, CLUSTER_STATUS    describe on the cluster
+GET_BROKER_LIST                                any authenticated user (clients find group
+                                               coordinators through it; routes name brokers too)
+TOPIC_LIST, CLUSTER_STATUS                     describe on the cluster
 CREATE/UPDATE/DELETE_TOPIC                     admin on the topic
 REGISTER_BROKER (answers etcd's endpoints)     a ``broker`` credential or a super user
 USER_* and ACL_*                               super users only
@@ -35,7 +37,7 @@ def _cluster_describe(fields: Mapping[str, Any]) -> list[Check]:
 POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
     RequestCode.GET_ROUTE: _topic("describe"),
     RequestCode.TOPIC_LIST: _cluster_describe,
-    RequestCode.GET_BROKER_LIST: _cluster_describe,
+    RequestCode.GET_BROKER_LIST: lambda fields: [],
     RequestCode.CLUSTER_STATUS: _cluster_describe,
     RequestCode.CREATE_TOPIC: _topic("admin"),
     RequestCode.UPDATE_TOPIC: _topic("admin"),

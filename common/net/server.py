@@ -438,10 +438,10 @@ class _ServerConnection(asyncio.Protocol):
         if code == RequestCode.AUTHENTICATE:
             self._authenticate(frame, security)
             return False
+        if code == RequestCode.PING:  # liveness and round trips: anyone, authenticated or not
+            return True
         principal = self.principal
         if principal is None:
-            if code == RequestCode.PING:
-                return True
             audit.warning("refused request code %d from %s: not authenticated", code, self._peer())
             self._reply(frame, Status.UNAUTHENTICATED,
                         "authenticate first: give the client a user and password (GMS_USER, GMS_PASSWORD; "
