@@ -25,8 +25,10 @@ ROLES = {"admin": "super", "alice": "normal", "bob": "normal", "svc-broker": "br
 
 
 class SecuredCluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, broker_toml: str = "") -> None:
+        """``broker_toml``: a ``--config`` file for every broker (e.g. a short lease for failovers)."""
         self.root = root
+        self.broker_toml = broker_toml
         self.pki: DevPki = ensure_dev_pki(root / "pki")
         self.etcd = EmbeddedEtcd(root / "etcd")
         self.nameservers: list[NameserverProcess] = []
@@ -55,8 +57,13 @@ class SecuredCluster:
         return self
 
     def add_broker(self) -> BrokerProcess:
+        config: list[str] = []
+        if self.broker_toml:
+            path = self.root / f"broker{len(self.brokers)}.toml"
+            path.write_text(self.broker_toml)
+            config = ["--config", str(path)]
         broker = BrokerProcess(self.root / f"broker{len(self.brokers)}", [
-            "--nameserver", self.nameserver, "--commitlog-file-size", str(COMMITLOG_FILE_SIZE_BYTES),
+            "--nameserver", self.nameserver, "--commitlog-file-size", str(COMMITLOG_FILE_SIZE_BYTES), *config,
             *self.server_args(), "--user", "svc-broker", "--password", PASSWORDS["svc-broker"]])
         self.brokers.append(broker)
         return broker.start()

@@ -74,9 +74,9 @@ def test_plaintext_or_untrusted_clients_fail_cleanly(cluster, tmp_path):
     with plaintext, pytest.raises(GmsError):
         plaintext.send("sec-auth", b"x")
     other_ca = ensure_dev_pki(tmp_path / "other").ca_cert
-    with Producer(nameserver=cluster.nameserver, security=cluster.security("admin", ca=other_ca), retries=0) as p:
-        with pytest.raises(ServiceUnavailableError, match="certificate"):
-            p.send("sec-auth", b"x")
+    untrusting = Producer(nameserver=cluster.nameserver, security=cluster.security("admin", ca=other_ca), retries=0)
+    with untrusting, pytest.raises(ServiceUnavailableError, match="certificate"):
+        untrusting.send("sec-auth", b"x")
     with producer(cluster, "admin") as p:
         p.send("sec-auth", b"still serving")
 

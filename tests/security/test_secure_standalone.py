@@ -1,0 +1,102 @@
+"""`gms standalone --secure` end to end through the `gms` command: its banner tells clients what
+to export, anonymous clients are refused, the admin manages users and ACLs, a user gets exactly
+what it was granted, and the generated secrets are private files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+START_TIMEOUT_S = 60
+
+
+def gms(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GMS_")}
+    return subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args], env={**clean, **(env or {})},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    data = tmp_path_factory.mktemp("secure") / "data"
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "gms.cli", "standalone", "--secure", "--data-dir", str(data),
+                             "--nameserver-port", "0", "--broker-port", "0", "--commitlog-file-size", str(32 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    banner = ""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    assert proc.stdout is not None
+    while "clients" not in banner and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        banner += line
+    try:
+        nameserver = re.search(r"nameserver\s+(\S+)", banner)
+        ca = re.search(r"GMS_TLS_CA=(\S+)", banner)
+        password_file = re.search(r"GMS_PASSWORD=\$\(cat (\S+)\)", banner)
+        assert nameserver and ca and password_file, banner
+        admin_env = {"GMS_NAMESERVER": nameserver.group(1), "GMS_TLS_CA": ca.group(1), "GMS_USER": "admin",
+                     "GMS_PASSWORD": Path(password_file.group(1)).read_text().strip()}
+        yield data, admin_env
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+
+
+def test_anonymous_and_plaintext_clients_are_refused(secure):
+    _, admin = secure
+    anonymous = gms("topic", "list", env={"GMS_NAMESERVER": admin["GMS_NAMESERVER"], "GMS_TLS_CA": admin["GMS_TLS_CA"]})
+    assert anonymous.returncode == 1 and "authenticate" in anonymous.stderr, anonymous.stderr
+    plaintext = gms("topic", "list", env={"GMS_NAMESERVER": admin["GMS_NAMESERVER"], "GMS_USER": "admin",
+                                          "GMS_PASSWORD": admin["GMS_PASSWORD"]})
+    assert plaintext.returncode == 1, plaintext.stdout
+
+
+def test_admin_manages_users_and_acls_and_a_user_gets_what_it_is_granted(secure):
+    _, admin = secure
+    assert gms("topic", "create", "orders", "--queues", "2", env=admin).returncode == 0
+    added = gms("user", "add", "alice", "--new-password", "alice-pw", env=admin)
+    assert added.returncode == 0, added.stderr
+    users = json.loads(gms("user", "list", "--json", env=admin).stdout)
+    assert {"name": "alice", "role": "normal"} in users and {"name": "admin", "role": "super"} in users
+    alice = {**admin, "GMS_USER": "alice", "GMS_PASSWORD": "alice-pw"}
+
+    refused = gms("produce", "orders", "hello", env=alice)
+    assert refused.returncode == 1 and "ForbiddenError" in refused.stderr, refused.stderr
+    assert gms("acl", "add", "-p", "alice", "--topic", "orders", "-o", "publish", env=admin).returncode == 0
+    rules = json.loads(gms("acl", "list", "--json", env=admin).stdout)
+    assert {"principal": "alice", "resource_type": "topic", "pattern": "orders", "operation": "publish",
+            "pattern_type": "literal", "permission": "allow"} in rules
+    sent = gms("produce", "orders", "hello", env=alice)
+    assert sent.returncode == 0, sent.stderr
+    tail = gms("tail", "orders", "--count", "1", env=alice)
+    assert tail.returncode == 1 and "ForbiddenError" in tail.stderr, tail.stderr  # no subscribe grant
+    assert gms("acl", "add", "-p", "alice", "--topic", "orders", "-o", "subscribe", env=admin).returncode == 0
+    # `gms tail` without --group reads as a broadcasting group named gms-tail-<pid>-<random>
+    assert gms("acl", "add", "-p", "alice", "--group", "gms-tail-", "--prefix", "-o", "subscribe",
+               env=admin).returncode == 0
+    tail = gms("tail", "orders", "--count", "1", env=alice)
+    assert tail.returncode == 0 and "hello" in tail.stdout, tail.stderr
+
+    not_super = gms("user", "add", "mallory", "--role", "super", "--new-password", "x", env=alice)
+    assert not_super.returncode == 1 and "super" in not_super.stderr
+    assert gms("user", "delete", "alice", env=admin).returncode == 0
+    gone = gms("topic", "list", env=alice)
+    assert gone.returncode == 1 and "authenticat" in gone.stderr
+
+
+def test_secrets_and_certificates_are_private(secure):
+    data, _ = secure
+    for directory in (data / "secrets", data / "tls"):
+        assert directory.stat().st_mode & 0o777 == 0o700
+        for path in directory.iterdir():
+            assert path.stat().st_mode & 0o777 == 0o600, path
