@@ -159,3 +159,66 @@ def test_a_verified_client_certificate_authenticates_as_its_common_name(arun: Ru
             await server.stop()
 
     arun(main())
+
+
+@pytest.fixture(scope="module")
+def expired_pki(tmp_path_factory):
+    """Certificates that expired a moment ago (the same CA shape as the good ones)."""
+    import time
+    pki = ensure_dev_pki(tmp_path_factory.mktemp("expired"), valid_days=0)
+    time.sleep(1.1)  # not_valid_after is now, to the second
+    return pki
+
+
+def test_an_expired_server_certificate_is_refused(arun: Runner, expired_pki):
+    async def main() -> None:
+        server = secured_server(expired_pki)
+        await server.start("127.0.0.1", 0)
+        try:
+            with pytest.raises(ServiceUnavailableError, match="expired"):
+                await Connection.open("127.0.0.1", server.port,
+                                      security=client_security(expired_pki, "alice", "s3cret"))
+        finally:
+            await server.stop()
+
+    arun(main())
+
+
+def test_an_expired_or_foreign_client_certificate_is_refused(arun: Runner, pki, expired_pki, tmp_path):
+    """Mutual TLS: a client certificate that expired, or that another CA signed, gets no connection."""
+    foreign = ensure_dev_pki(tmp_path / "foreign")
+
+    async def main() -> None:
+        server = secured_server(pki, cert_users=True)
+        await server.start("127.0.0.1", 0)
+        try:
+            for bad in (expired_pki, foreign):
+                tls = TlsFiles(str(pki.ca_cert), str(bad.client_cert), str(bad.client_key))
+                with pytest.raises((ServiceUnavailableError, ConnectionClosedError, UnauthenticatedError)):
+                    conn = await Connection.open("127.0.0.1", server.port,
+                                                 security=ClientSecurity(tls, "alice", "s3cret"))
+                    await conn.request(RequestCode.TOPIC_LIST, timeout_ms=3000)
+            good = await Connection.open("127.0.0.1", server.port, security=client_security(pki, cert=True))
+            assert (await good.request(RequestCode.TOPIC_LIST)).fields["ok"]  # the certificate's CN: admin
+            good.close()
+        finally:
+            await server.stop()
+
+    arun(main())
+
+
+def test_scram_on_a_certificate_authenticated_connection_names_the_user(arun: Runner, pki):
+    """A broker presents its certificate and then authenticates as its own identity: SCRAM on a
+    connection a client certificate already authenticated replaces that identity."""
+    async def main() -> None:
+        server = secured_server(pki, cert_users=True)
+        await server.start("127.0.0.1", 0)
+        try:
+            root = await Connection.open("127.0.0.1", server.port, security=client_security(pki, "root", "r00t",
+                                                                                               cert=True))
+            assert (await root.request(RequestCode.CREATE_TOPIC)).fields["ok"]  # super, not the CN's normal user
+            root.close()
+        finally:
+            await server.stop()
+
+    arun(main())
