@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
-from gms.cluster.etcd_client import EtcdClient, parse_endpoints
+from gms.cluster.etcd_client import EtcdAuth, EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
 from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
@@ -134,14 +134,17 @@ class BrokerRegistration:
         rediscover_after_s: float | None = None,
         security: ClientSecurity = PLAINTEXT,
         identity: User | None = None,
+        etcd_auth: EtcdAuth | None = None,
     ) -> None:
         """``security``: how to reach the nameservers (TLS, the broker credential); ``identity``:
-        this broker's own replica credential, registered under its lease (secured clusters)."""
+        this broker's own replica credential, registered under its lease (secured clusters);
+        ``etcd_auth``: how to reach a secured etcd."""
         self.nameservers = [f"{h}:{p}" for h, p in parse_endpoints(nameservers)]
         self.info = info
         self._on_assignment = on_assignment
         self._security = security
         self._identity = identity
+        self._etcd_auth = etcd_auth
         self._ttl_s = ttl_s
         self._start_timeout_s = start_timeout_s
         # Default: a third of the TTL, so a moved etcd is found while the lease still holds.
@@ -210,7 +213,7 @@ class BrokerRegistration:
         fails, with nothing left running."""
         etcd, prefix = self._discover_etcd()
         self.etcd_endpoints, self._prefix = etcd, prefix
-        self._client = EtcdClient(etcd)
+        self._client = EtcdClient(etcd, auth=self._etcd_auth)
         try:
             self._metadata = ClusterMetadata(self._client, prefix)
             self._registration = self._metadata.register_broker(self.info, self._ttl_s, self._identity)

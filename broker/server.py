@@ -136,6 +136,7 @@ class BrokerServer:
             start_timeout_s=self.config.register_timeout_s,
             security=security.outgoing(),
             identity=identity,
+            etcd_auth=security.etcd_auth(),
         )
         self._start_replication(info.broker_id, registration,
                                 security.outgoing(identity.name if identity else "", replica_password))

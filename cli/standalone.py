@@ -21,8 +21,8 @@ from types import FrameType
 
 from gms.broker.store_layout import read_layout
 from gms.broker.store_paths import StorePaths
-from gms.cli.standalone_security import secure_setup
-from gms.cluster.errors import EmbeddedEtcdError
+from gms.cli.standalone_security import prepare_secure
+from gms.cluster.errors import ClusterError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
 
 DEFAULT_DATA_DIR = Path("gms-data")
@@ -128,12 +128,15 @@ def run_standalone(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     etcd_host, etcd_advertise_host = etcd_hosts(host)
-    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=etcd_host, advertise_host=etcd_advertise_host)
+    secured = prepare_secure(data_dir, host) if secure else None
+    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=etcd_host, advertise_host=etcd_advertise_host,
+                        tls=secured.etcd_tls if secured else None, auth=secured.etcd_auth if secured else None)
     code = 0
     try:
         store_args = _store_args(data_dir, commitlog_file_size_bytes)
         etcd.start()
-        secured = secure_setup(data_dir, host, etcd) if secure else None
+        if secured is not None:
+            secured.create_users(etcd)
         security_args, nameserver_env, broker_env = secured.server_args() if secured else ([], {}, {})
         nameserver = _Child(
             "nameserver",
@@ -164,7 +167,7 @@ def run_standalone(
             + (f"\n{secured.describe()}" if secured else "")
         )
         code = _supervise(children, stop, echo)
-    except (StandaloneError, EmbeddedEtcdError) as err:
+    except (StandaloneError, ClusterError) as err:
         echo(f"gms standalone: {err}")
         code = 1
     finally:

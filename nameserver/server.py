@@ -187,7 +187,8 @@ class NameServer:
         Raises :class:`EtcdUnavailable` if etcd does not answer and ``OSError`` if the
         listen address cannot be bound; nothing is left running then."""
         self._loop = asyncio.get_running_loop()
-        self._client = EtcdClient(self.etcd_endpoints, timeout_s=ETCD_REQUEST_TIMEOUT_S)
+        self._client = EtcdClient(self.etcd_endpoints, timeout_s=ETCD_REQUEST_TIMEOUT_S,
+                                  auth=self.security.etcd_auth())
         self._metadata = ClusterMetadata(self._client, self._keys.prefix)
         self._view = ClusterView(self._client, self._keys.prefix)
         self._view.subscribe(self._on_view_change)

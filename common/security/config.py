@@ -21,6 +21,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gms.cluster.etcd_client import EtcdAuth
 from gms.security.client import ClientSecurity
 from gms.security.gate import Authorize, ServerSecurity
 from gms.security.tls import TlsFiles
@@ -79,6 +80,12 @@ class SecurityConfig:
             return ServerSecurity(tls=self.listener_context())
         return ServerSecurity(tls=self.listener_context(), users=users, authorize=authorize,
                               cert_users=self.tls_client_auth)
+
+    def etcd_auth(self) -> EtcdAuth | None:
+        """How to reach etcd (None: plaintext, no etcd user)."""
+        if not (self.etcd_user or self.etcd_ca):
+            return None
+        return EtcdAuth(self.etcd_user, self.etcd_password, self.etcd_ca)
 
     def outgoing(self, user: str = "", password: str = "") -> ClientSecurity:
         """How this server connects to its peers: TLS as it serves (presenting its own certificate

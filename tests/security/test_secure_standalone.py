@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gms.cluster.errors import ClusterError
+from gms.cluster.etcd_client import EtcdAuth, EtcdClient
+
 pytestmark = pytest.mark.timeout(180)
 START_TIMEOUT_S = 60
 
@@ -46,6 +49,9 @@ def secure(tmp_path_factory):
         assert nameserver and ca and password_file, banner
         admin_env = {"GMS_NAMESERVER": nameserver.group(1), "GMS_TLS_CA": ca.group(1), "GMS_USER": "admin",
                      "GMS_PASSWORD": Path(password_file.group(1)).read_text().strip()}
+        etcd = re.search(r"etcd\s+(\S+)", banner)
+        assert etcd, banner
+        admin_env["etcd"] = etcd.group(1)
         yield data, admin_env
     finally:
         proc.send_signal(signal.SIGINT)
@@ -53,7 +59,12 @@ def secure(tmp_path_factory):
 
 
 def test_anonymous_and_plaintext_clients_are_refused(secure):
-    _, admin = secure
+    data, admin = secure
+    admin = dict(admin)
+    etcd = admin.pop("etcd")
+    for auth in (None, EtcdAuth(ca=str(data / "tls" / "ca.pem"))):  # plaintext; TLS without etcd credentials
+        with pytest.raises(ClusterError), EtcdClient(etcd, auth=auth, timeout_s=3) as client:
+            client.get("/gms/brokers/")
     anonymous = gms("topic", "list", env={"GMS_NAMESERVER": admin["GMS_NAMESERVER"], "GMS_TLS_CA": admin["GMS_TLS_CA"]})
     assert anonymous.returncode == 1 and "authenticate" in anonymous.stderr, anonymous.stderr
     plaintext = gms("topic", "list", env={"GMS_NAMESERVER": admin["GMS_NAMESERVER"], "GMS_USER": "admin",
@@ -63,6 +74,7 @@ def test_anonymous_and_plaintext_clients_are_refused(secure):
 
 def test_admin_manages_users_and_acls_and_a_user_gets_what_it_is_granted(secure):
     _, admin = secure
+    admin = {k: v for k, v in admin.items() if k != "etcd"}
     assert gms("topic", "create", "orders", "--queues", "2", env=admin).returncode == 0
     added = gms("user", "add", "alice", "--new-password", "alice-pw", env=admin)
     assert added.returncode == 0, added.stderr
