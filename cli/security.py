@@ -11,8 +11,11 @@ import click
 from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import print_json, show, table
+from gms.cluster.etcd_client import EtcdAuth, EtcdClient
+from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata
 from gms.security.acl import OPERATIONS, WILDCARD, AclRule
-from gms.security.users import USER_ROLES
+from gms.security.scram import Credential
+from gms.security.users import USER_ROLES, User
 
 
 @click.group()
@@ -28,13 +31,27 @@ def user() -> None:
               envvar="GMS_NEW_PASSWORD", show_envvar=True,
               help="The user's password (prompted for when not given; never sent, only its SCRAM verifier).")
 @nameserver_option
-def user_add(name: str, role: str, new_password: str, nameserver: str) -> None:
+@click.option("--etcd", envvar="GMS_ETCD", show_envvar=True,
+              help="Write the user straight into this etcd (host:port[,...]) instead of asking a nameserver: how the"
+                   " first super user of a cluster is made. Whoever holds etcd's credentials is trusted.")
+@click.option("--etcd-user", envvar="GMS_ETCD_USER", show_envvar=True, help="etcd user, when etcd has authentication.")
+@click.option("--etcd-password", envvar="GMS_ETCD_PASSWORD", show_envvar=True, help="Password of --etcd-user.")
+@click.option("--etcd-ca", type=click.Path(dir_okay=False, exists=True), envvar="GMS_ETCD_CA", show_envvar=True,
+              help="CA of etcd's certificate (TLS to etcd).")
+@click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="The cluster's etcd key prefix (--etcd).")
+def user_add(name: str, role: str, new_password: str, nameserver: str, etcd: str | None, etcd_user: str | None,
+             etcd_password: str | None, etcd_ca: str | None, prefix: str) -> None:
     """Create user NAME, or replace its password and role."""
-    with open_admin(nameserver) as admin:
-        try:
-            admin.put_user(name, new_password, role=role)
-        except ValueError as err:
-            raise click.BadParameter(str(err)) from err
+    try:
+        if etcd:
+            auth = EtcdAuth(etcd_user or "", etcd_password or "", etcd_ca or "")
+            with EtcdClient(etcd, auth=auth) as client:
+                ClusterMetadata(client, prefix).put_user(User(name, role, Credential.for_password(new_password)))
+        else:
+            with open_admin(nameserver) as admin:
+                admin.put_user(name, new_password, role=role)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
     click.echo(f"user {name} ({role}) saved")
 
 

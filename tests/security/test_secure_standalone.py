@@ -112,3 +112,19 @@ def test_secrets_and_certificates_are_private(secure):
         assert directory.stat().st_mode & 0o777 == 0o700
         for path in directory.iterdir():
             assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_the_first_super_user_can_be_written_straight_into_etcd(secure):
+    data, env = secure
+    admin = {k: v for k, v in env.items() if k != "etcd"}
+    etcd_password = (data / "secrets" / "etcd-gms.password").read_text().strip()
+    anonymous_etcd = gms("user", "add", "ops", "--role", "super", "--new-password", "ops-pw", "--etcd", env["etcd"],
+                         "--etcd-ca", str(data / "tls" / "ca.pem"))
+    assert anonymous_etcd.returncode == 1, anonymous_etcd.stderr
+    added = gms("user", "add", "ops", "--role", "super", "--new-password", "ops-pw", "--etcd", env["etcd"],
+                "--etcd-user", "gms", "--etcd-ca", str(data / "tls" / "ca.pem"),
+                env={"GMS_ETCD_PASSWORD": etcd_password})
+    assert added.returncode == 0, added.stderr
+    ops = {**admin, "GMS_USER": "ops", "GMS_PASSWORD": "ops-pw"}
+    listed = gms("user", "list", "--json", env=ops)
+    assert listed.returncode == 0 and {"name": "ops", "role": "super"} in json.loads(listed.stdout), listed.stderr
