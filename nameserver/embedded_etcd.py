@@ -13,6 +13,14 @@ Ports are remembered in ``<data_dir>/ports.json`` and reused on every restart: b
 client endpoint they were handed, and etcd's membership data holds the peer URL. A remembered
 port that another process holds is an error (after a short wait for a previous etcd to exit),
 not a silent move: the message names the process-free fix.
+
+Security: with ``tls`` clients reach etcd over TLS (https client URLs with the given certificate;
+the peer URL stays plaintext on loopback, as no peer ever connects). With ``auth`` etcd gets a
+``root`` user (every permission, used only here to set things up) and a gms user whose role
+``gms`` may read and write the keys under the gms prefix and nothing else; then authentication
+is switched on. That set-up runs on every start and is idempotent: on a data dir where auth is on
+from an earlier run it logs in as root and puts the gms user, password and role back to what is
+configured. :attr:`EmbeddedEtcd.client_auth` is what clients connect with.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import sysconfig
@@ -31,12 +40,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from gms.address import WILDCARD_HOSTS, advertised_address, join_address, split_address
-from gms.cluster.errors import EmbeddedEtcdError
+from gms.cluster.errors import ClusterError, EmbeddedEtcdError
+from gms.cluster.etcd_client import EtcdAuth, EtcdClient
 from gms.private_files import make_private_dir, open_private, tighten_tree, write_private
+from gms.security.tls import TlsFiles
 
 START_TIMEOUT_S = 20.0  # a cold etcd on a slow disk takes ~1 s; 20 s is "it is not coming"
 STOP_TIMEOUT_S = 10.0  # etcd flushes its WAL on SIGTERM well within this
@@ -52,6 +64,32 @@ PORT_FREE_WAIT_S = 5.0
 # stays on loopback and never changes with the client interface.
 PEER_HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
+# etcd insists on these names for its all-powerful user and role.
+ROOT_USER = "root"
+ROOT_ROLE = "root"
+# The role that carries the gms user's permission on the gms prefix.
+GMS_ROLE = "gms"
+AUTH_SETUP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class EmbeddedEtcdAuth:
+    """etcd users of the embedded etcd: ``root`` with ``root_password``, and ``user`` with
+    ``password``, allowed to read and write the keys under ``prefix`` only (role ``gms``).
+    Passwords stay out of ``repr``."""
+
+    root_password: str = field(repr=False)
+    user: str = "gms"
+    password: str = field(default="", repr=False)
+    prefix: str = "/gms/"
+
+    def __post_init__(self) -> None:
+        if not self.root_password or not self.password:
+            raise ValueError("etcd authentication needs a root password and a password for the gms user")
+        if not self.user or self.user == ROOT_USER:
+            raise ValueError(f"the gms etcd user needs a name other than {ROOT_USER!r}")
+        if not self.prefix:
+            raise ValueError("the gms etcd user needs a key prefix to be confined to")
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -126,6 +164,11 @@ class EmbeddedEtcd:
     ``advertise_host`` (default: ``host``; required to be concrete when ``host`` is a
     wildcard, as etcd publishes it). Port 0 picks a free port the first time and the one
     remembered in ``data_dir`` after that; an explicit port wins and is remembered.
+
+    ``tls`` serves clients over TLS with ``tls.cert``/``tls.key``; ``tls.ca`` is required, as
+    it is what clients (and the health check) verify etcd with. ``auth`` sets up users and turns
+    authentication on (module docstring). ``auth_token_ttl_s`` (0: etcd's default, 300 s) is how
+    long an unused auth token lives.
     """
 
     def __init__(
@@ -138,10 +181,20 @@ class EmbeddedEtcd:
         advertise_host: str = "",
         name: str = "gms-embedded",
         start_timeout_s: float = START_TIMEOUT_S,
+        tls: TlsFiles | None = None,
+        auth: EmbeddedEtcdAuth | None = None,
+        auth_token_ttl_s: int = 0,
     ) -> None:
         advertise_host = advertise_host or host
         if advertise_host in WILDCARD_HOSTS:
             raise ValueError(f"etcd cannot advertise the wildcard address {advertise_host!r}; name this host")
+        if tls is not None and not (tls.cert and tls.ca):
+            raise ValueError("etcd's TLS needs a certificate and key, and the CA file clients verify them with")
+        if auth_token_ttl_s < 0:
+            raise ValueError("the etcd auth token TTL cannot be negative")
+        self.tls = tls
+        self.auth = auth
+        self.auth_token_ttl_s = auth_token_ttl_s
         self.data_dir = Path(data_dir)
         self.host = host
         self.advertise_host = advertise_host
@@ -157,6 +210,19 @@ class EmbeddedEtcd:
         if self._proc is None:
             raise EmbeddedEtcdError("embedded etcd is not running")
         return join_address(self.advertise_host, self._client_port)
+
+    @property
+    def client_auth(self) -> EtcdAuth:
+        """What gms clients connect with: the gms user (if ``auth``) and the CA (if ``tls``)."""
+        return EtcdAuth(
+            user=self.auth.user if self.auth else "",
+            password=self.auth.password if self.auth else "",
+            ca=self.tls.ca if self.tls else "",
+        )
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def ports_file(self) -> Path:
@@ -184,8 +250,8 @@ class EmbeddedEtcd:
             str(binary),
             f"--name={self.name}",
             f"--data-dir={self.data_dir / 'member-data'}",
-            f"--listen-client-urls=http://{join_address(self.host, self._client_port)}",
-            f"--advertise-client-urls=http://{self.endpoint_for(self.advertise_host)}",
+            f"--listen-client-urls={self.scheme}://{join_address(self.host, self._client_port)}",
+            f"--advertise-client-urls={self.scheme}://{self.endpoint_for(self.advertise_host)}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster={self.name}={peer_url}",
@@ -194,6 +260,10 @@ class EmbeddedEtcd:
             "--auto-compaction-mode=periodic",
             "--auto-compaction-retention=1h",
         ]
+        if self.tls is not None:
+            args += [f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}"]
+        if self.auth_token_ttl_s:
+            args.append(f"--auth-token-ttl={self.auth_token_ttl_s}")
         with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             self._proc = subprocess.Popen(
                 args,
@@ -206,6 +276,8 @@ class EmbeddedEtcd:
             )
         try:
             self._wait_healthy()
+            if self.auth is not None:
+                self._set_up_auth(self.auth)
         except BaseException:
             self.stop()
             raise
@@ -230,10 +302,39 @@ class EmbeddedEtcd:
         ports = {"client_port": self._client_port, "peer_port": self._peer_port}
         write_private(self.ports_file, json.dumps(ports).encode())
 
+    def _set_up_auth(self, auth: EmbeddedEtcdAuth) -> None:
+        """Users, role and auth on, as root (module docstring). Over TLS this connects by the
+        advertised name, which etcd's certificate names; else by the local address."""
+        host = self.advertise_host if self.tls else self._local_host()
+        root = EtcdAuth(user=ROOT_USER, password=auth.root_password, ca=self.tls.ca if self.tls else "")
+        try:
+            with EtcdClient(self.endpoint_for(host), timeout_s=AUTH_SETUP_TIMEOUT_S, auth=root) as client:
+                client.ensure_user(ROOT_USER, auth.root_password, [ROOT_ROLE])
+                client.ensure_role(GMS_ROLE, auth.prefix)
+                client.ensure_user(auth.user, auth.password, [GMS_ROLE])
+                client.enable_auth()
+        except ClusterError as err:
+            raise EmbeddedEtcdError(
+                f"could not set up authentication in the etcd of {self.data_dir}: {err}. If its"
+                " authentication was switched on by an earlier run, give the root password of that run"
+            ) from err
+
+    def _local_host(self) -> str:
+        return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        """Verifies the chain against ``tls.ca`` but not the name: the health check asks our own
+        child on a local address its certificate need not name."""
+        if self.tls is None:
+            return None
+        context = self.tls.client_context()
+        context.check_hostname = False
+        return context
+
     def _wait_healthy(self) -> None:
         assert self._proc is not None
-        local_host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
-        url = f"http://{self.endpoint_for(local_host)}/health"
+        url = f"{self.scheme}://{self.endpoint_for(self._local_host())}/health"
+        context = self._health_context()
         deadline = time.monotonic() + self.start_timeout_s
         last_error = "no answer yet"
         while time.monotonic() < deadline:
@@ -243,11 +344,17 @@ class EmbeddedEtcd:
                     f" log tail:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=HEALTH_REQUEST_TIMEOUT_S) as resp:
+                with urllib.request.urlopen(url, timeout=HEALTH_REQUEST_TIMEOUT_S, context=context) as resp:
                     if json.loads(resp.read()).get("health") == "true":
                         break
                     last_error = "reported unhealthy"
             except (OSError, urllib.error.URLError, ValueError) as err:
+                cause = err.reason if isinstance(err, urllib.error.URLError) else err
+                if self.tls is not None and isinstance(cause, ssl.SSLCertVerificationError):
+                    raise EmbeddedEtcdError(
+                        f"etcd's certificate {self.tls.cert} does not verify against the CA {self.tls.ca}:"
+                        f" {err}; give the CA that signed it"
+                    ) from err
                 last_error = str(err)
             time.sleep(HEALTH_POLL_S)
         else:

@@ -26,6 +26,12 @@ class EtcdError(ClusterError):
     """etcd answered with an error that retrying will not fix (bad request, internal error)."""
 
 
+class EtcdAuthFailed(ClusterError):
+    """etcd refused this client: no or wrong user/password, no permission on the keys, or a TLS
+    handshake that failed (CA, certificate). Retrying will not help until the configuration
+    changes; the message says what to check."""
+
+
 class EtcdCompacted(ClusterError):
     """A watch asked for a revision etcd has compacted away; the caller must re-read."""
 

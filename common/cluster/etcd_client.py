@@ -1,29 +1,48 @@
 """A small etcd API over `pyetcd` (etcd-sdk-python), in the style of aetcd.
 
 Why an adapter: the rest of the nameserver sees plain result types and gms errors, never protobuf
-messages, gRPC status codes or pyetcd exceptions; every call funnels through ``_translated``,
+messages, gRPC status codes or pyetcd exceptions; every call funnels through ``EtcdClient._call``,
 the one place that maps failures. Several endpoints (``host:port,host:port``) fail over: a
 failed endpoint is skipped for ``ENDPOINT_RETRY_S`` and the caller's retry goes to the next.
+
+Security (:class:`EtcdAuth`): TLS to etcd verified against a CA file, and etcd's user/password
+authentication. etcd answers a password with a token that expires once unused for
+``--auth-token-ttl`` (300 s by default) and that a password change revokes; a call refused for
+its token re-authenticates once and is retried (a refused request was not applied), so a client
+idle for hours just works. pyetcd's own ``user=``/``password=`` are not used: they authenticate
+once in its constructor, never again, and send the token as gRPC call credentials, which gRPC
+refuses on a plaintext channel; the token travels as plain ``token`` metadata here.
+
+Watches run one gRPC stream each (:class:`_WatchStream`) instead of on pyetcd's shared watcher:
+its stream keeps the token of the moment it was opened, so once that token expires every new
+watch on it is refused, and it takes a refused watch (etcd answers created + canceled, echoing
+watch id 0) for a created one, handing it the callback of watch 0. An established watch keeps
+delivering after its token expires (etcd checks the token when the watch is created).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import grpc
 import pyetcd
-from pyetcd import events as etcd_events
+from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 from pyetcd import transactions as etcd_txn
 from pyetcd import utils as etcd_utils
-from pyetcd.watch import WatchResponse
+from pyetcd.etcdrpc import kv_pb2
 
 from gms.address import split_address
-from gms.cluster.errors import EtcdCompacted, EtcdError, EtcdUnavailable
+from gms.cluster.errors import EtcdAuthFailed, EtcdCompacted, EtcdError, EtcdUnavailable
+
+log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 5.0
 # pyetcd's default parks a failed endpoint for 300 s, which would outlast any etcd restart.
@@ -41,9 +60,54 @@ _GRPC_OPTIONS = [
 _UNAVAILABLE_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
+# etcd's answers (rpctypes) that a fresh token may cure: the token expired or was revoked (a
+# password change), the auth store changed since it was issued, or none was sent because auth
+# was off when this client last looked. A watch refused for its token says "permission denied".
+_TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old", "user name is empty")
+_AUTH_NOT_ENABLED = "authentication is not enabled"
+_BAD_PASSWORD = "invalid user ID or password"
+_NO_USER = "user name is empty"
+_ALREADY_EXISTS = "already exists"
+_PERMISSION_DENIED = "permission denied"
+# What gRPC says when a TLS handshake fails for etcd's certificate (CA, signature, host name).
+_TLS_REFUSED_MARKS = ("certificate", "peer name", "ssl_error_ssl", "tsi_protocol_failure")
+# A connection closed while being set up: what a plaintext client meets at a TLS port and a
+# TLS client at a plaintext one, but also what an etcd that stops at that moment does.
+_SOCKET_CLOSED = "socket closed"
+_READWRITE = etcdrpc.Permission.READWRITE
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAuth:
+    """How a client proves who it is to etcd and checks that it talks to the right etcd.
+
+    An empty ``user`` means no authentication (fine while etcd has auth off). With ``ca`` set
+    the connection is TLS, and etcd's certificate must be signed by that CA (PEM file) and name
+    the endpoint's host; ``cert`` + ``key`` add a client certificate for an etcd run with
+    ``--client-cert-auth``. Without ``ca`` the connection is plaintext. The password stays out
+    of ``repr``.
+    """
+
+    user: str = ""
+    password: str = field(default="", repr=False)
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.password and not self.user:
+            raise ValueError("an etcd password needs its etcd user name")
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("an etcd client certificate needs its key and a key its certificate")
+        if self.cert and not self.ca:
+            raise ValueError("an etcd client certificate needs TLS: give the CA file of etcd's certificate too")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,33 +187,173 @@ Op = Put | Delete
 WatchCallback = Callable[[WatchBatch | Exception], None]
 
 
-def _translate(err: BaseException) -> Exception:
-    if isinstance(err, etcd_exc.RevisionCompactedError):
-        return EtcdCompacted(err.compacted_revision)
-    if isinstance(
-        err,
-        etcd_exc.ConnectionFailedError
-        | etcd_exc.ConnectionTimeoutError
-        | etcd_exc.NoServerAvailableError
-        | etcd_exc.WatchTimedOut,
-    ):
-        return EtcdUnavailable(f"etcd unavailable: {err}")
-    if isinstance(err, grpc.RpcError) and err.code() in _UNAVAILABLE_CODES:
-        return EtcdUnavailable(f"etcd unavailable: {err.code().name}")
+class _WatchRefused(etcd_exc.Etcd3Exception):
+    """etcd answered a watch request with created + canceled (no permission, or a bad token)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason or "watch canceled at creation")
+        self.reason = reason
+
+
+def _rpc_error(err: BaseException) -> grpc.RpcError | None:
+    """The gRPC error behind ``err``: pyetcd raises its own exceptions from inside the handler
+    of the gRPC one, which so becomes their ``__context__``."""
     if isinstance(err, grpc.RpcError):
-        return EtcdError(f"etcd error {err.code().name}: {err.details()}")
-    return EtcdError(f"etcd error: {err!r}")
+        return err
+    return err.__context__ if isinstance(err.__context__, grpc.RpcError) else None
 
 
-def _translated(fn: Callable[P, R]) -> Callable[P, R]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+def _details(rpc: grpc.RpcError) -> str:
+    return str(rpc.details() or "")
+
+
+def _why(err: BaseException) -> str:
+    """The server's one-line reason for ``err``."""
+    rpc = _rpc_error(err)
+    return _details(rpc) if rpc is not None else str(err)
+
+
+def _token_rejected(err: BaseException) -> bool:
+    """Whether a fresh token may get ``err``'s request through."""
+    if isinstance(err, _WatchRefused):
+        return _PERMISSION_DENIED in err.reason.lower()
+    rpc = _rpc_error(err)
+    return rpc is not None and any(mark in _details(rpc) for mark in _TOKEN_REJECTED)
+
+
+def _channel_credentials(auth: EtcdAuth) -> grpc.ChannelCredentials | None:
+    if not auth.tls:
+        return None
+    pem: dict[str, bytes | None] = {}
+    for what, path in (("CA", auth.ca), ("certificate", auth.cert), ("key", auth.key)):
         try:
-            return fn(*args, **kwargs)
-        except (etcd_exc.Etcd3Exception, grpc.RpcError) as err:
-            raise _translate(err) from err
+            pem[what] = Path(path).read_bytes() if path else None
+        except OSError as err:
+            raise EtcdAuthFailed(f"cannot read the etcd TLS {what} file {path}: {err.strerror}") from err
+    return grpc.ssl_channel_credentials(pem["CA"], pem["key"], pem["certificate"])
 
-    return wrapper
+
+class _Etcd3Client(pyetcd.MultiEndpointEtcd3Client):
+    """pyetcd's client plus etcd's Auth service, which it has no methods for."""
+
+    def authenticate(self, user: str, password: str) -> str:
+        """A fresh token for ``user``; ``""`` when etcd has authentication off."""
+        try:
+            request = etcdrpc.AuthenticateRequest(name=user, password=password)
+            return str(self.authstub.Authenticate(request, self.timeout).token)
+        except grpc.RpcError as err:
+            if _AUTH_NOT_ENABLED in _details(err):
+                return ""
+            self._manage_grpc_errors(err)  # parks a dead endpoint, raises
+            raise
+
+    def watch(
+        self,
+        request: object,
+        on_batch: Callable[[WatchBatch], None],
+        on_end: Callable[[BaseException | None], None],
+        timeout_s: float,
+    ) -> _WatchStream:
+        """A created watch on its own stream, with this client's token."""
+        stream = _WatchStream(self.channel, request, self.metadata, on_batch, on_end)
+        try:
+            stream.wait_created(timeout_s)
+        except grpc.RpcError as err:
+            self._manage_grpc_errors(err)  # parks a dead endpoint, raises
+            raise
+        return stream
+
+    def auth_call(self, method: str, request: object) -> Any:
+        """One Auth service RPC with this client's token. Refusals stay gRPC errors (their
+        details say what is wrong); a dead endpoint is parked as for any other call."""
+        try:
+            return getattr(self.authstub, method)(request, self.timeout, metadata=self.metadata)
+        except grpc.RpcError as err:
+            if err.code() in _UNAVAILABLE_CODES:
+                self._manage_grpc_errors(err)
+            raise
+
+
+class _WatchStream:
+    """One etcd watch on its own gRPC stream (see the module docstring for why not pyetcd's).
+
+    ``wait_created`` raises when etcd refuses the watch; after that each change goes to
+    ``on_batch`` and, unless cancelled, the end of the stream to ``on_end`` once. The request
+    side is half-closed right after the create request: etcd keeps the watch running."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        request: object,
+        metadata: tuple[tuple[str, str], ...] | None,
+        on_batch: Callable[[WatchBatch], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        self._on_batch = on_batch
+        self._on_end = on_end
+        self._created = threading.Event()
+        self._create_error: BaseException | None = None
+        self._cancelled = False
+        self.ended = False
+        self._call = etcdrpc.WatchStub(channel).Watch(iter([request]), metadata=metadata)
+        threading.Thread(target=self._run, name="gms-etcd-watch", daemon=True).start()
+
+    def wait_created(self, timeout_s: float) -> None:
+        if not self._created.wait(timeout_s):
+            self.cancel()
+            raise etcd_exc.WatchTimedOut()
+        if self._create_error is not None:
+            raise self._create_error
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def _run(self) -> None:
+        ended: BaseException | None = None
+        try:
+            for resp in self._call:
+                if not self._created.is_set():
+                    if resp.canceled:
+                        compacted = resp.compact_revision
+                        refusal = _WatchRefused(resp.cancel_reason)
+                        self._fail_creation(etcd_exc.RevisionCompactedError(compacted) if compacted else refusal)
+                        return
+                    self._created.set()
+                elif resp.compact_revision:
+                    ended = etcd_exc.RevisionCompactedError(resp.compact_revision)
+                    break
+                elif resp.canceled:
+                    ended = _WatchRefused(resp.cancel_reason)
+                    break
+                if resp.events or not resp.created:
+                    events = [WatchEvent(_kv(ev.kv), ev.type == kv_pb2.Event.DELETE) for ev in resp.events]
+                    self._deliver(self._on_batch, WatchBatch(events, resp.header.revision))
+        except grpc.RpcError as err:
+            ended = err
+        except Exception as err:  # a bug here must still end the watch visibly
+            log.exception("etcd watch stream failed")
+            ended = err
+        if not self._created.is_set():
+            self._fail_creation(ended or etcd_exc.ConnectionFailedError())
+            return
+        self._call.cancel()
+        self.ended = True
+        if not self._cancelled:
+            self._deliver(self._on_end, ended)
+
+    def _fail_creation(self, err: BaseException) -> None:
+        self.ended = True
+        self._create_error = err
+        self._call.cancel()
+        self._created.set()
+
+    @staticmethod
+    def _deliver(callback: Callable[[Any], None], arg: object) -> None:
+        try:
+            callback(arg)
+        except Exception:
+            log.exception("etcd watch callback failed")
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -178,27 +382,56 @@ def _prefix_end(prefix: str) -> bytes:
     return etcd_utils.prefix_range_end(prefix.encode())
 
 
+def _etcd_call(fn: Callable[Concatenate[EtcdClient, P], R]) -> Callable[Concatenate[EtcdClient, P], R]:
+    @functools.wraps(fn)
+    def wrapper(self: EtcdClient, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._call(lambda: fn(self, *args, **kwargs))
+
+    return wrapper
+
+
 class EtcdClient:
-    """Synchronous etcd client; thread-safe as far as gRPC channels are (calls may interleave)."""
+    """Synchronous etcd client; thread-safe as far as gRPC channels are (calls may interleave).
+
+    ``auth`` (default: none) gives TLS and the etcd user; the client authenticates on its first
+    call and again whenever etcd refuses its token (see the module docstring)."""
 
     def __init__(
-        self, endpoints: str | Sequence[str], *, timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        auth: EtcdAuth | None = None,
     ) -> None:
         self._timeout_s = timeout_s
+        self.auth = auth or EtcdAuth()
+        self._channel_credentials = _channel_credentials(self.auth)
+        # None: not authenticated yet; "": etcd had authentication off when we asked.
+        self._token: str | None = None
+        self._auth_lock = threading.Lock()
+        self._watches: dict[int, _WatchStream] = {}
+        self._watch_ids = itertools.count(1)
+        self._watch_lock = threading.Lock()
         self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
         self._client = self._connect(self.endpoints)
 
-    def _connect(self, endpoints: list[str]) -> pyetcd.MultiEndpointEtcd3Client:
+    def _connect(self, endpoints: list[str]) -> _Etcd3Client:
+        secure = self._channel_credentials is not None
         eps = [
-            pyetcd.Endpoint(h, p, secure=False, time_retry=ENDPOINT_RETRY_S, opts=_GRPC_OPTIONS)
+            pyetcd.Endpoint(
+                h, p, secure=secure, creds=self._channel_credentials, time_retry=ENDPOINT_RETRY_S, opts=_GRPC_OPTIONS
+            )
             for h, p in parse_endpoints(endpoints)
         ]
-        return pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=self._timeout_s, failover=True)
+        client = _Etcd3Client(endpoints=eps, timeout=self._timeout_s, failover=True)
+        client.metadata = (("token", self._token),) if self._token else None
+        return client
 
     def reconnect(self, endpoints: str | Sequence[str]) -> None:
-        """Talk to ``endpoints`` from now on (etcd moved). Leases, keys and the users of this
-        client carry on; watches on the old endpoints end (their callback gets an error), so
-        watchers re-watch here. The old connection closes once calls in flight have timed out."""
+        """Talk to ``endpoints`` from now on (etcd moved), with the same credentials. Leases,
+        keys and the users of this client carry on; watches on the old endpoints end (their
+        callback gets an error), so watchers re-watch here. The old connection closes once
+        calls in flight have timed out."""
         self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
         old, self._client = self._client, self._connect(self.endpoints)
         closer = threading.Timer(self._timeout_s, old.close)
@@ -214,31 +447,132 @@ class EtcdClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- the one way in: authentication, one retry with a fresh token, error translation ---
+    def _call(self, attempt: Callable[[], R]) -> R:
+        try:
+            if self.auth.user and self._token is None:
+                self._authenticate(stale=None)
+            token = self._token
+            try:
+                return attempt()
+            except (etcd_exc.Etcd3Exception, grpc.RpcError) as err:
+                if not (self.auth.user and _token_rejected(err)):
+                    raise
+                log.debug("etcd refused the token of user %s (%s); authenticating again", self.auth.user, _why(err))
+            # etcd refuses a request for its token before applying it: the retry is safe.
+            self._authenticate(stale=token)
+            return attempt()
+        except (etcd_exc.Etcd3Exception, grpc.RpcError) as err:
+            raise self._translate(err) from err
+
+    def _authenticate(self, stale: str | None) -> None:
+        """Get a new token unless another thread already replaced ``stale``."""
+        with self._auth_lock:
+            if self._token != stale:
+                return
+            client = self._client
+            token = client.authenticate(self.auth.user, self.auth.password)
+            self._token = token
+            client.metadata = (("token", token),) if token else None
+            if token:
+                log.debug("etcd: authenticated as %s", self.auth.user)
+            else:
+                log.debug("etcd has authentication off: calls go without a token")
+
+    def _translate(self, err: BaseException) -> Exception:
+        if isinstance(err, etcd_exc.RevisionCompactedError):
+            return EtcdCompacted(err.compacted_revision)
+        if isinstance(err, _WatchRefused):
+            if _PERMISSION_DENIED in err.reason.lower():
+                return EtcdAuthFailed(self._denied_message(f"watch refused: {err.reason}"))
+            return EtcdError(f"etcd refused the watch: {err.reason}")
+        rpc = _rpc_error(err)
+        if rpc is None:
+            if isinstance(
+                err,
+                etcd_exc.ConnectionFailedError
+                | etcd_exc.ConnectionTimeoutError
+                | etcd_exc.NoServerAvailableError
+                | etcd_exc.WatchTimedOut,
+            ):
+                return EtcdUnavailable(f"etcd unavailable: {str(err) or type(err).__name__}")
+            return EtcdError(f"etcd error: {err!r}")
+        code, details = rpc.code(), _details(rpc)
+        if _BAD_PASSWORD in details:
+            return EtcdAuthFailed(
+                f"etcd refused user {self.auth.user!r}: wrong user name or password ({details});"
+                " check the etcd user and password gms is configured with"
+            )
+        if code == grpc.StatusCode.PERMISSION_DENIED or _NO_USER in details:
+            return EtcdAuthFailed(self._denied_message(details))
+        if any(mark in details for mark in _TOKEN_REJECTED):
+            return EtcdAuthFailed(
+                f"etcd refused the token it just gave user {self.auth.user!r} ({details});"
+                " check the etcd user and password and etcd's --auth-token settings"
+            )
+        if code in _UNAVAILABLE_CODES:
+            lowered = details.lower()
+            if self.auth.tls and any(mark in lowered for mark in _TLS_REFUSED_MARKS):
+                return EtcdAuthFailed(
+                    f"TLS with etcd at {','.join(self.endpoints)} failed ({details}): check that the etcd"
+                    f" CA file {self.auth.ca} is the CA that signed etcd's certificate and that the"
+                    " certificate names the host of the endpoint"
+                )
+            return EtcdUnavailable(f"etcd unavailable: {code.name}: {details}{self._closed_hint(lowered)}")
+        return EtcdError(f"etcd error {code.name}: {details}")
+
+    def _closed_hint(self, details: str) -> str:
+        """Why etcd may have closed a connection being set up (``details`` lower case)."""
+        if _SOCKET_CLOSED not in details:
+            return ""
+        if self.auth.tls and "handshake" in details:
+            return (
+                "; etcd closed the connection in the TLS handshake, as an etcd that serves plaintext does:"
+                " if its client URLs are http, not https, leave out the etcd CA file"
+            )
+        if not self.auth.tls and "failed to connect" in details:
+            return (
+                "; etcd closed the connection at once, as an etcd that serves TLS does to a plaintext"
+                " client: if its client URLs are https, configure the etcd CA file"
+            )
+        return ""
+
+    def _denied_message(self, details: str) -> str:
+        if not self.auth.user:
+            return (
+                f"etcd refused access ({details}): it has authentication on and this client has no"
+                " etcd user; configure the etcd user and password"
+            )
+        return (
+            f"etcd denied user {self.auth.user!r} access ({details}): check that the user's etcd role"
+            " grants read-write permission on the gms key prefix"
+        )
+
     # -- key/value -------------------------------------------------------------------------
-    @_translated
+    @_etcd_call
     def get(self, key: str) -> KeyValue | None:
         resp = self._client.get_response(key)
         return _kv(resp.kvs[0]) if resp.kvs else None
 
-    @_translated
+    @_etcd_call
     def get_prefix(self, prefix: str) -> Snapshot:
         resp = self._client.get_prefix_response(prefix)
         return Snapshot([_kv(kv) for kv in resp.kvs], resp.header.revision)
 
-    @_translated
+    @_etcd_call
     def put(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
         """Returns the revision of the write."""
         return int(self._client.put(key, value, lease=lease_id or None).header.revision)
 
-    @_translated
+    @_etcd_call
     def delete(self, key: str) -> bool:
         return bool(self._client.delete(key))
 
-    @_translated
+    @_etcd_call
     def delete_prefix(self, prefix: str) -> int:
         return int(self._client.delete_prefix(prefix).deleted)
 
-    @_translated
+    @_etcd_call
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> bool:
@@ -265,51 +599,113 @@ class EtcdClient:
         return etcd_txn.Delete(op.key)
 
     # -- leases ----------------------------------------------------------------------------
-    @_translated
+    @_etcd_call
     def grant_lease(self, ttl_s: int) -> int:
         return int(self._client.lease(ttl_s).id)
 
-    @_translated
+    @_etcd_call
     def refresh_lease(self, lease_id: int) -> int:
         """One keep-alive; returns the renewed TTL in seconds, 0 if the lease is gone."""
         responses = list(self._client.refresh_lease(lease_id))
         return int(responses[0].TTL) if responses else 0
 
-    @_translated
+    @_etcd_call
     def revoke_lease(self, lease_id: int) -> None:
         self._client.revoke_lease(lease_id)
 
     # -- watches ---------------------------------------------------------------------------
-    @_translated
     def watch_prefix(self, prefix: str, start_revision: int, callback: WatchCallback) -> int:
-        """Call ``callback`` from pyetcd's watch thread with each batch of changes at or after
+        """Call ``callback`` from the watch's thread with each batch of changes at or after
         ``start_revision``, or once with an exception when the watch ends (etcd gone, stream
-        closed, revision compacted). Never call back into the watch API from the callback."""
-
-        def on_response(resp: WatchResponse | Exception | None) -> None:
-            if isinstance(resp, WatchResponse):
-                events = [
-                    WatchEvent(_kv(ev._event.kv), isinstance(ev, etcd_events.DeleteEvent))
-                    for ev in resp.events
-                ]
-                callback(WatchBatch(events, resp.header.revision))
-            elif resp is None:
-                callback(EtcdUnavailable("etcd watch stream closed"))
-            else:
-                callback(_translate(resp))
-
-        return int(
-            self._client.add_watch_callback(
-                prefix, on_response, range_end=_prefix_end(prefix), start_revision=start_revision
+        closed, revision compacted, this client closed). Never call back into the watch API from
+        the callback. Raises :class:`EtcdCompacted` if ``start_revision`` is compacted already."""
+        watch_id = next(self._watch_ids)
+        request = etcdrpc.WatchRequest(
+            create_request=etcdrpc.WatchCreateRequest(
+                key=prefix.encode(), range_end=_prefix_end(prefix), start_revision=start_revision
             )
         )
 
-    @_translated
+        def on_end(err: BaseException | None) -> None:
+            with self._watch_lock:
+                self._watches.pop(watch_id, None)
+            callback(EtcdUnavailable("etcd watch stream closed") if err is None else self._translate(err))
+
+        stream = self._call(lambda: self._client.watch(request, callback, on_end, self._timeout_s))
+        with self._watch_lock:
+            if not stream.ended:  # else on_end has run or will find nothing to drop
+                self._watches[watch_id] = stream
+        return watch_id
+
     def cancel_watch(self, watch_id: int) -> None:
-        self._client.cancel_watch(watch_id)
+        with self._watch_lock:
+            stream = self._watches.pop(watch_id, None)
+        if stream is not None:
+            stream.cancel()
 
     # -- maintenance -----------------------------------------------------------------------
-    @_translated
+    @_etcd_call
     def status(self) -> EtcdStatus:
         status = self._client.status()
         return EtcdStatus(status.version, status.db_size, status.raft_index, status.raft_term)
+
+    # -- authentication set-up (as etcd's root user once auth is on) ------------------------
+    @_etcd_call
+    def ensure_user(self, name: str, password: str, roles: Sequence[str]) -> None:
+        """Make ``name`` exist with exactly this password and these roles (idempotent; the
+        password is changed only if it does not work, which revokes the user's tokens)."""
+        client = self._client
+        try:
+            client.auth_call("UserAdd", etcdrpc.AuthUserAddRequest(name=name, password=password))
+        except grpc.RpcError as err:
+            if _ALREADY_EXISTS not in _details(err):
+                raise
+            if not self._password_works(name, password):
+                change = etcdrpc.AuthUserChangePasswordRequest(name=name, password=password)
+                client.auth_call("UserChangePassword", change)
+        current = set(client.auth_call("UserGet", etcdrpc.AuthUserGetRequest(name=name)).roles)
+        for role in current - set(roles):
+            client.auth_call("UserRevokeRole", etcdrpc.AuthUserRevokeRoleRequest(name=name, role=role))
+        for role in sorted(set(roles) - current):
+            client.auth_call("UserGrantRole", etcdrpc.AuthUserGrantRoleRequest(user=name, role=role))
+
+    def _password_works(self, name: str, password: str) -> bool:
+        """Whether etcd accepts the password; False while auth is off (nothing to check then)."""
+        try:
+            return bool(self._client.authenticate(name, password))
+        except grpc.RpcError as err:
+            if _BAD_PASSWORD in _details(err):
+                return False
+            raise
+
+    @_etcd_call
+    def ensure_role(self, name: str, prefix: str) -> None:
+        """Make role ``name`` exist with read-write permission on exactly the keys under
+        ``prefix`` (as ``etcdctl role grant-permission --prefix``); other permissions go."""
+        if not prefix:
+            raise ValueError("a role's key prefix must not be empty")
+        client = self._client
+        try:
+            client.auth_call("RoleAdd", etcdrpc.AuthRoleAddRequest(name=name))
+        except grpc.RpcError as err:
+            if _ALREADY_EXISTS not in _details(err):
+                raise
+        wanted = (_READWRITE, prefix.encode(), _prefix_end(prefix))
+        granted = False
+        for perm in client.auth_call("RoleGet", etcdrpc.AuthRoleGetRequest(role=name)).perm:
+            if (perm.permType, perm.key, perm.range_end) == wanted:
+                granted = True
+                continue
+            revoke = etcdrpc.AuthRoleRevokePermissionRequest(
+                role=name, key=perm.key.decode(), range_end=perm.range_end.decode()
+            )
+            client.auth_call("RoleRevokePermission", revoke)
+        if not granted:
+            perm = etcdrpc.Permission(permType=_READWRITE, key=wanted[1], range_end=wanted[2])
+            client.auth_call("RoleGrantPermission", etcdrpc.AuthRoleGrantPermissionRequest(name=name, perm=perm))
+
+    @_etcd_call
+    def enable_auth(self) -> None:
+        """Turn authentication on (idempotent); etcd needs a ``root`` user with the ``root``
+        role first. From then on every client needs a user."""
+        self._client.auth_call("AuthEnable", etcdrpc.AuthEnableRequest())
