@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from gms import __version__
-from gms.cluster.errors import EmbeddedEtcdError, EtcdUnavailable
+from gms.cluster.errors import EmbeddedEtcdError, EtcdAuthFailed, EtcdUnavailable
 from gms.cluster.etcd_client import parse_endpoints
 from gms.envvars import options_from_env
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
@@ -79,6 +79,8 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
 
 
 def _start_error(err: BaseException) -> str | None:
+    if isinstance(err, EtcdAuthFailed):
+        return f"etcd refused this nameserver ({err}): check --etcd-user, --etcd-password and --etcd-ca"
     if isinstance(err, EtcdUnavailable):
         return (f"cannot reach etcd ({err}): start etcd there, fix --etcd, or omit --etcd"
                 " to run an embedded etcd")
