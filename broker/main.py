@@ -43,7 +43,8 @@ def raise_fd_limit() -> int:
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the commitlog and queues live (default ./gms-data/broker).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="TOML file with [broker] and [store] tables; flags and GMS_BROKER_* variables override it.")
+              help="TOML file with [broker], [store] and [security] tables; flags and GMS_BROKER_* variables"
+                   " override it.")
 @click.option("--name", "broker_name", help="Broker name (default: the advertised address).")
 @click.option("--advertised-address", help="host:port clients should use to reach this broker.")
 @click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")

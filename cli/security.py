@@ -26,7 +26,8 @@ def user() -> None:
 @user.command("add")
 @click.argument("name")
 @click.option("--role", type=click.Choice(USER_ROLES), default="normal", show_default=True,
-              help="super: everything; normal: what ACLs allow; broker: a broker's registration credential.")
+              help="super: everything; normal: what ACLs allow (without ACLs: publish, subscribe, describe);"
+                   " broker: a broker's registration credential.")
 @click.option("--new-password", prompt="Password for the user", hide_input=True, confirmation_prompt=True,
               envvar="GMS_NEW_PASSWORD", show_envvar=True,
               help="The user's password (prompted for when not given; never sent, only its SCRAM verifier).")
@@ -114,10 +115,10 @@ def acl() -> None:
     """Add, remove and list ACL rules (enforced by servers started with --acl; deny by default)."""
 
 
-@acl.command("add")
+@acl.command("add", short_help="Add an allow or deny rule.")
 @_rule_options
 def acl_add(nameserver: str, **rule: object) -> None:
-    """Add a rule, e.g. `gms acl add -p alice --topic orders -o publish`."""
+    """Add a rule: `gms acl add -p alice --topic orders -o publish` lets alice send to orders."""
     added = _rule(**rule)  # type: ignore[arg-type]
     with open_admin(nameserver) as admin:
         new = admin.add_acl(added)

@@ -240,7 +240,7 @@ class UnauthenticatedError(GmsError):
 
 class ForbiddenError(GmsError):
     """The authenticated identity may not do this; ``fields`` name the ``principal``, the
-    ``resource`` (``topic:orders``, ``group:billing``, ``cluster``) and the ``operation``."""
+    ``resource`` (``topic orders``, ``group billing``, ``the cluster``) and the ``operation``."""
 
     status = Status.FORBIDDEN
 

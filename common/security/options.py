@@ -24,7 +24,8 @@ _OPTIONS = (
     click.option("--acl/--no-acl", default=None,
                  help="Authorise with ACLs (`gms acl`), deny by default; needs --authentication."),
     click.option("--super-users", help="Comma-separated user names that may do everything."),
-    click.option("--user", help="This server's own user for the connections it opens (brokers: role broker)."),
+    click.option("--user", help="The user a broker registers with the nameservers as (role broker); unused by"
+                                " nameservers."),
     click.option("--password", help="Password of --user (prefer the environment variable to the flag)."),
     click.option("--etcd-user", help="etcd user, when etcd has authentication on."),
     click.option("--etcd-password", help="Password of --etcd-user (prefer the environment variable)."),

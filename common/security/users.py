@@ -2,7 +2,7 @@
 
 Roles (RocketMQ ACL 2.0 has super and normal users; Kafka has ``super.users``):
 
-- ``super``: may do everything, including managing users, topics and (later) ACLs.
+- ``super``: may do everything, including managing users, topics and ACLs.
 - ``normal``: a client: produce, consume, describe (per-resource ACLs narrow this).
 - ``broker``: the service credential brokers are configured with: registering with the
   nameservers and learning the etcd endpoints, nothing else.
@@ -61,7 +61,7 @@ class User:
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
-            raise ValueError(f"role {self.role!r} is not one of {', '.join(USER_ROLES)}")
+            raise ValueError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
 
     def to_json(self) -> bytes:
         return json.dumps({"name": self.name, "role": self.role, "scram": self.credential.to_json()}).encode()
