@@ -23,6 +23,7 @@ from gms.security.scram import Credential
 ROLES = ("super", "normal", "broker", "replica")
 USER_ROLES = ("super", "normal", "broker")  # the ones an operator gives
 REPLICA_PREFIX = "broker:"
+USER_VERSION = 1  # "v" in the stored JSON
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 
@@ -64,9 +65,12 @@ class User:
             raise ValueError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
 
     def to_json(self) -> bytes:
-        return json.dumps({"name": self.name, "role": self.role, "scram": self.credential.to_json()}).encode()
+        value = {"v": USER_VERSION, "name": self.name, "role": self.role, "scram": self.credential.to_json()}
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> User:
         data: dict[str, Any] = json.loads(raw)
+        if data.get("v", USER_VERSION) != USER_VERSION:
+            raise ValueError(f"user value version {data.get('v')!r} is not {USER_VERSION}: written by a newer gms")
         return cls(str(data["name"]), str(data["role"]), Credential.from_json(data["scram"]))
