@@ -13,14 +13,13 @@ etcd has authentication on).
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, EmbeddedEtcdAuth
-from gms.private_files import make_private_dir, write_private
+from gms.private_files import kept_secret
 from gms.security.devca import DEFAULT_HOSTS, DevPki, ensure_dev_pki
 from gms.security.scram import Credential
 from gms.security.tls import TlsFiles
@@ -81,18 +80,7 @@ def prepare_secure(data_dir: Path, host: str) -> SecuredStandalone:
     hosts = list(DEFAULT_HOSTS) + ([host] if host not in WILDCARD_HOSTS and host not in DEFAULT_HOSTS else [])
     pki = ensure_dev_pki(data_dir / "tls", hosts=hosts, client_name=ADMIN_USER)
     secrets_dir = data_dir / "secrets"
-    make_private_dir(secrets_dir)
-    passwords = {name: _password(secrets_dir / f"{name}.password")
+    passwords = {name: kept_secret(secrets_dir / f"{name}.password")
                  for name in ("admin", "broker", "etcd-root", "etcd-gms")}
     return SecuredStandalone(pki, secrets_dir, passwords)
 
-
-def _password(path: Path) -> str:
-    """The password kept in ``path``, made (and kept, 0600) the first time."""
-    if path.is_file():
-        kept = path.read_text().strip()
-        if kept:
-            return kept
-    password = secrets.token_urlsafe(18)
-    write_private(path, password.encode() + b"\n")
-    return password

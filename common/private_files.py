@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -55,6 +56,18 @@ def write_private(path: Path, data: bytes) -> None:
     fd = open_private(path, os.O_WRONLY | os.O_TRUNC)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
+
+
+def kept_secret(path: Path) -> str:
+    """The random password kept in ``path``, made (0600, in a 0700 directory) the first time."""
+    if path.is_file():
+        kept = path.read_text().strip()
+        if kept:
+            return kept
+    make_private_dir(path.parent)
+    password = secrets.token_urlsafe(18)
+    write_private(path, password.encode() + b"\n")
+    return password
 
 
 def tighten_tree(root: Path) -> int:

@@ -6,6 +6,7 @@ With ``--etcd`` it uses that etcd cluster; without, it runs an embedded etcd chi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -15,13 +16,16 @@ import click
 from gms import __version__
 from gms.cluster.errors import EmbeddedEtcdError, EtcdAuthFailed, EtcdUnavailable
 from gms.cluster.etcd_client import parse_endpoints
+from gms.cluster.metadata import DEFAULT_PREFIX
 from gms.envvars import options_from_env
-from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, EmbeddedEtcdAuth, etcd_hosts
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
 from gms.net.serve import serve_until_signalled
+from gms.private_files import kept_secret
 from gms.security.config import SecurityConfig
 from gms.security.options import pop_security_values, security_options
+from gms.security.tls import TlsFiles
 
 log = logging.getLogger("gms.nameserver")
 
@@ -55,9 +59,16 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
         raise click.UsageError(str(err)) from err
     embedded: EmbeddedEtcd | None = None
     if not etcd_endpoints:
+        try:
+            etcd_tls, etcd_auth = embedded_etcd_security(security, data_dir)
+        except ValueError as err:
+            raise click.UsageError(str(err)) from err
+        if etcd_tls is not None:  # this nameserver reaches its own etcd as brokers do: trusting tls_ca
+            security = dataclasses.replace(security, etcd_ca=security.etcd_ca or security.tls_ca)
         # Started from the main thread: the child's death signal follows this thread.
         # etcd serves where the nameserver does, so brokers on other hosts can reach it.
-        embedded = EmbeddedEtcd(data_dir / "etcd", host=etcd_host, advertise_host=etcd_advertise_host)
+        embedded = EmbeddedEtcd(data_dir / "etcd", host=etcd_host, advertise_host=etcd_advertise_host,
+                                tls=etcd_tls, auth=etcd_auth)
         try:
             embedded.start()
         except EmbeddedEtcdError as err:
@@ -76,6 +87,25 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
             embedded.stop()
             log.info("embedded etcd stopped")
     sys.exit(code)
+
+
+def embedded_etcd_security(security: SecurityConfig, data_dir: Path) -> tuple[TlsFiles | None,
+                                                                             EmbeddedEtcdAuth | None]:
+    """A secured nameserver secures the etcd it embeds the same way: TLS with its own certificate,
+    authentication as its etcd user (brokers are given the same ``--etcd-user`` / ``--etcd-password``
+    / ``--etcd-ca``), etcd's root password generated into the data dir."""
+    if not security.enabled:
+        return None, None
+    if not security.etcd_user:
+        raise ValueError("a secured nameserver secures its embedded etcd too: give --etcd-user and --etcd-password"
+                         " (brokers reach etcd with the same), or point --etcd at an etcd secured by other means")
+    tls = None
+    if security.tls:
+        if not security.tls_ca:
+            raise ValueError("the embedded etcd serves TLS with --tls-cert; give --tls-ca, which clients check it with")
+        tls = TlsFiles(security.tls_ca, security.tls_cert, security.tls_key)
+    root_password = kept_secret(data_dir / "secrets" / "etcd-root.password")
+    return tls, EmbeddedEtcdAuth(root_password, security.etcd_user, security.etcd_password, DEFAULT_PREFIX)
 
 
 def _start_error(err: BaseException) -> str | None:
