@@ -177,3 +177,43 @@ def test_replica_fetch_only_by_the_broker_it_names(cluster):
     for user in ("admin", "svc-broker", "alice"):
         with pytest.raises(ForbiddenError, match="replica"):
             request_as(cluster, user, leader, RequestCode.REPLICA_FETCH, fetch)
+
+
+def test_a_forged_fetch_does_not_move_the_high_watermark(cluster):
+    """The issue's attack: with the follower stalled, a fetch in its name claiming it has the new
+    record would advance the HW (and acknowledge acks=-1 sends). Refused, the HW stays put until
+    the real follower fetches."""
+    with cluster.admin() as admin:
+        queue = admin.create_topic("sec-hw", queues=1, replicas=2)["queues"][0]
+    leader, epoch = queue["leader"], queue["leader_epoch"]
+    follower = next(b for b in cluster.brokers if b.address != leader)
+    with producer(cluster, "admin") as p:
+        p.send("sec-hw", b"before")
+        wait_until(lambda: _high_watermark(cluster, leader) == 1, 10)
+        follower.pause()
+        try:
+            p.send("sec-hw", b"not yet replicated")  # acks=1: stored on the leader only
+            forged = {"replica": follower.address.replace(":", "_"), "wait_ms": 0,
+                      "queues": [["sec-hw", 0, 2, epoch, epoch]]}
+            with pytest.raises(ForbiddenError, match="replica"):
+                request_as(cluster, "admin", leader, RequestCode.REPLICA_FETCH, forged)
+            assert _high_watermark(cluster, leader) == 1
+        finally:
+            follower.resume()
+    wait_until(lambda: _high_watermark(cluster, leader) == 2, 10)  # the real follower moves it
+    leader_process = next(b for b in cluster.brokers if b.address == leader)
+    assert "refused request code 200" in leader_process.log_tail(100_000)  # the audit line
+
+
+def _high_watermark(cluster: SecuredCluster, leader: str) -> int:
+    host, port = leader.rsplit(":", 1)
+
+    async def ask() -> int:
+        conn = await Connection.open(host, int(port), security=cluster.security("admin"))
+        try:
+            return int((await conn.request(RequestCode.QUERY_MAX_OFFSET, {"topic": "sec-hw", "queue_id": 0})).fields[
+                "offset"])
+        finally:
+            conn.close()
+            await conn.wait_closed()
+    return run(ask())
