@@ -451,7 +451,6 @@ class _ServerConnection(asyncio.Protocol):
             try:
                 security.authorize(principal, frame)
             except GmsError as err:
-                audit.warning("refused request code %d from %s (%s): %s", code, principal, self._peer(), err)
                 self._failed(frame, err)
                 return False
         current_principal.set(principal)
@@ -535,6 +534,8 @@ class _ServerConnection(asyncio.Protocol):
             self._reply(frame, Status.SUCCESS, "", response.fields, response.body)
 
     def _failed(self, frame: Frame, err: GmsError) -> None:
+        if err.status == Status.FORBIDDEN:  # refused by the gate or, knowing the resource, by a handler
+            audit.warning("refused request code %d from %s (%s): %s", frame.code, self.principal, self._peer(), err)
         if frame.is_oneway:
             log.warning("oneway request code %d failed: %s", frame.code, err)
         self._reply(frame, err.status, str(err), err.fields)

@@ -117,6 +117,8 @@ def test_a_batch_with_one_forbidden_topic_stores_nothing(cluster):
             + encode_record(topic="sec-batch-no", body=b"b", queue_id=no_queue))
     with pytest.raises(ForbiddenError, match="publish topic sec-batch-no"):
         request_as(cluster, "alice", leader, RequestCode.SEND_BATCH, {"acks": 1}, body)
+    leader_log = next(b for b in cluster.brokers if b.address == leader).log_tail(100_000)
+    assert "refused request code 11 from normal:alice" in leader_log  # the audit line, from the handler
     with cluster.admin() as admin:
         assert {q["max_offset"] for q in admin.topic_stats("sec-batch-ok")} == {0}
         assert {q["max_offset"] for q in admin.topic_stats("sec-batch-no")} == {0}
