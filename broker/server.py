@@ -20,6 +20,7 @@ from gms.broker.config import BrokerConfig
 from gms.broker.group_handlers import GroupHandlers
 from gms.broker.groups import GroupCoordinator, coordinator_index
 from gms.broker.ha.leader_handlers import LeaderHandlers
+from gms.broker.ha.partition import Role
 from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.long_poll import PullWaiters
@@ -29,10 +30,12 @@ from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
 from gms.broker.store_paths import StorePaths
+from gms.broker.timers import TimerService
 from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
+from gms.record.layout import TIMER_FLAGS
 from gms.security.acl import AclTable
 from gms.security.authorizer import Authorizer
 from gms.security.client import ClientSecurity
@@ -51,6 +54,10 @@ class BrokerServer:
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
+        # Scheduled messages of the local queues; delivered where this broker leads.
+        self.timers = TimerService(self.store, self.store.paths.timers, may_fire=self._leads,
+                                   append=self._append_timer_copies)
+        self.store.set_timer_listener(self.timers)
         security = config.security
         # With authentication on, what each principal may ask (users and ACLs from etcd's view).
         self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
@@ -103,6 +110,8 @@ class BrokerServer:
         self.name = self.config.broker_name or self.address
         self._register_handlers()
         self.started_monotonic = time.monotonic()
+        self.store.set_expiry_limit(self._expiry_limit)
+        self.timers.start()
         self._chores = [
             asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist_async)),
             asyncio.create_task(self._every(1000, self._expire_members)),
@@ -148,6 +157,34 @@ class BrokerServer:
             raise
         log.info("registered with the cluster through %s as %s", self.config.nameserver, info.broker_id)
 
+    def _expiry_limit(self, topic: str, queue_id: int) -> int | None:
+        """Retention never passes a queue's high watermark (records not yet committed), nor its
+        oldest scheduled message still to deliver."""
+        limits = []
+        if self.replicas is not None and (p := self.replicas.partitions.get((topic, queue_id))) is not None:
+            limits.append(p.hw)
+        if (low := self.timers.low(topic, queue_id)) is not None:
+            limits.append(low)
+        return min(limits) if limits else None
+
+    def _leads(self, key: tuple[str, int]) -> bool:
+        """Whether this broker serves sends to the queue now (the one to deliver its scheduled messages)."""
+        if self.replicas is None:
+            return not self.config.nameserver
+        partition = self.replicas.partitions.get(key)
+        return partition is not None and partition.role is Role.LEADER
+
+    def _append_timer_copies(self, records: bytes, key: tuple[str, int]) -> None:
+        """Store delivered copies of scheduled messages as a send would (acks=1)."""
+        replicas = self.replicas
+        if replicas is None:
+            result = self.store.append(records, allowed_flags=TIMER_FLAGS)
+            self.waiters.notify(result.touched_queues)
+        else:
+            result = self.store.append(records, lambda queues: replicas.check_produce(queues, 1),
+                                       allowed_flags=TIMER_FLAGS)
+            replicas.on_appended(result.touched_queues)
+
     def _apply_assignments(self, assignments: Assignments) -> None:
         """Create or grow local topics for the queues the cluster placed here; drop removed ones."""
         local = self.store.topics()
@@ -167,6 +204,7 @@ class BrokerServer:
         self._led_queues = {t: sorted(a.leader_queue_ids) for t, a in assignments.items()}
         if self.replicas is not None:
             self.replicas.apply(assignments)
+        self.timers.leadership_changed()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
                            security: ClientSecurity) -> None:
@@ -187,8 +225,6 @@ class BrokerServer:
             on_caught_up=None if registration.info.caught_up else registration.mark_caught_up,
         )
         self.replicas.start()
-        partitions = self.replicas.partitions  # retention never expires records above a queue's HW
-        self.store.set_expiry_limit(lambda topic, queue_id: p.hw if (p := partitions.get((topic, queue_id))) else None)
         if self._messages is not None:
             self._messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)
@@ -258,6 +294,7 @@ class BrokerServer:
             self.registration = None
         if self.replicas is not None:
             await self.replicas.stop()
+        await self.timers.stop()
         for task in self._chores:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)

@@ -23,10 +23,10 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several times faster
@@ -63,6 +63,7 @@ from gms.record import (
     record_views,
 )
 from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
+from gms.record.layout import HIDDEN_TAG_HASH, OFFSETS, PRODUCER_FLAGS, TIMER_FLAGS
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -76,6 +77,8 @@ from gms.store_errors import (
 )
 
 log = logging.getLogger(__name__)
+
+OFF_FLAGS = OFFSETS["flags"]
 
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 GET_BYTES_MAX_DEFAULT = 4 << 20
@@ -107,6 +110,34 @@ class GetResult(NamedTuple):
     # (queue offset, commitlog offset) of records in the answered range whose CRC fails: left
     # out of ``records`` (damage is never served as data), their offsets consumed all the same
     damaged: tuple[tuple[int, int], ...] = ()
+
+
+class TimerRecord(NamedTuple):
+    """A stored record the timer service follows: scheduled, a delivered copy or a cancel."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phys: int
+    flags: int  # its TIMER_FLAGS
+
+
+class TimerListener(Protocol):
+    """What the broker's timer service hears from the store (on the writing thread)."""
+
+    def appended(self, records: list[TimerRecord]) -> None:
+        """Records with timer flags were stored (client, replicated or the timer's own)."""
+
+    def truncated(self, topic: str, queue_id: int) -> None:
+        """A queue was cut back or restarted: what the timer knows of it may be gone."""
+
+
+class _NoTimers:
+    def appended(self, records: list[TimerRecord]) -> None:
+        pass
+
+    def truncated(self, topic: str, queue_id: int) -> None:
+        pass
 
 
 class AppendResult(NamedTuple):
@@ -173,6 +204,8 @@ class MessageStore:
         self._truncations = TruncationLog(paths.truncations)
         # (topic, queue id) -> the offset retention must not pass (None: the queue's end)
         self._expiry_limit: Callable[[str, int], int | None] = lambda topic, queue_id: None
+        # Told of every appended record with timer flags (the broker's timer service).
+        self._timers: TimerListener = _NoTimers()
         self._last_store_ts_ms = 0
         # The first checkpoint comes one interval after opening, like every later one.
         self._last_checkpoint_ms = int(time.time() * 1000)
@@ -372,13 +405,15 @@ class MessageStore:
 
     # --- append --------------------------------------------------------------------------------
     def append(self, records: bytes | bytearray | memoryview,
-               admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
+               admit: Callable[[list[tuple[str, int]]], None] | None = None, *,
+               allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
         """Validate, place, copy and index a batch of encoded records, all or nothing.
 
         ``admit(queues)``, when given, sees the (topic, queue id) pairs of the batch before
         anything is written and may refuse the batch by raising (a replica that does not lead a
-        queue, too few in-sync replicas)."""
-        return self._append(records, admit, replicated=False)
+        queue, too few in-sync replicas). ``allowed_flags``: the record flags the batch may carry
+        (producers: FLAG_SCHEDULED; the broker's timer writes the others)."""
+        return self._append(records, admit, replicated=False, allowed_flags=allowed_flags)
 
     def append_replicated(self, records: bytes | bytearray | memoryview, crc32: int,
                           sizes: np.ndarray | None = None) -> AppendResult:
@@ -399,10 +434,10 @@ class MessageStore:
 
     def _append(self, records: bytes | bytearray | memoryview,
                 admit: Callable[[list[tuple[str, int]]], None] | None, *, replicated: bool,
-                sizes: np.ndarray | None = None) -> AppendResult:
+                sizes: np.ndarray | None = None, allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
         buf = memoryview(records).cast("B")
         if not replicated and len(buf) >= 4 and _I32.unpack_from(buf)[0] == len(buf):
-            done = self._append_one(buf, admit)  # a single send: no numpy
+            done = self._append_one(buf, admit, allowed_flags)  # a single send: no numpy
             if done is not None:
                 return done
         with self._write_lock:
@@ -420,6 +455,8 @@ class MessageStore:
                 if (parsed.headers["phys_offset"] | parsed.headers["store_ts_ms"]).any():
                     # recovery knows a finished append by the envelope it patches in: it must not be forged
                     raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
+                if (parsed.headers["flags"] & ~allowed_flags).any():
+                    raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
@@ -446,7 +483,7 @@ class MessageStore:
             self._disk_full = False
             try:
                 commitlog.write(buf, placement, envelope)
-                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.headers["tag_hash"])
+                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes)
             except BaseException:  # nothing was published: leave no trace for the next append or recovery
                 commitlog.rollback(placement.end_offset)
                 for cq, idx, _ in groups:
@@ -454,12 +491,15 @@ class MessageStore:
                 raise
             commitlog.commit(placement.end_offset)
             self._last_store_ts_ms = store_ts_ms
+            timer_flags = parsed.headers["flags"] & TIMER_FLAGS
+            if timer_flags.any():
+                self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
         self._flush_service().appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups])
 
     def _append_one(self, buf: memoryview, admit: Callable[[list[tuple[str, int]]], None] | None,
-                    ) -> AppendResult | None:
+                    allowed_flags: int) -> AppendResult | None:
         """:meth:`_append` of a single record with struct instead of numpy: the same checks and
         steps (numpy's fixed costs were most of a single send). None if it does not fit the
         active file: the general path rolls."""
@@ -476,6 +516,8 @@ class MessageStore:
                 raise MessageTooLarge(topic, size, limit)
             if record.stamped:
                 raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
+            if record.flags & ~allowed_flags:
+                raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
             cq = self._queue(topic, queue_id)
             if admit is not None:
                 admit([(topic, queue_id)])
@@ -500,6 +542,8 @@ class MessageStore:
                 raise
             commitlog.commit(phys + size)
             self._last_store_ts_ms = store_ts_ms
+            if record.flags & TIMER_FLAGS:
+                self._timers.appended([TimerRecord(topic, queue_id, queue_offset, phys, record.flags & TIMER_FLAGS)])
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)])
@@ -547,6 +591,7 @@ class MessageStore:
                 except StoreIOError as err:
                     self._flush_service().fail(err)
                     raise
+        self._timers.truncated(topic, queue_id)
 
     def restart_queue(self, topic: str, queue_id: int, offset: int) -> None:
         """Start a queue over, empty, at ``offset`` past its end: a follower whose leader no
@@ -561,6 +606,7 @@ class MessageStore:
             with self._index_lock:
                 cq.reset(offset)
             self._save_min_offsets()
+        self._timers.truncated(topic, queue_id)
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
         """Split a batch by (topic, queue); unknown topics and queue ids raise here."""
@@ -648,7 +694,7 @@ class MessageStore:
                                        parsed.topic_index[keep])
                 queue_ids, phys, queue_offsets = queue_ids[keep], phys[keep], queue_offsets[keep]
                 groups = self._group_by_queue(parsed, queue_ids)
-        sizes, tag_hashes = parsed.sizes, parsed.headers["tag_hash"]
+        sizes, tag_hashes = parsed.sizes, parsed.index_tag_hashes
         consistent = []
         for group in groups:
             cq, idx, key = group
@@ -780,7 +826,10 @@ class MessageStore:
             lo = cq.min_offset
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, max(hi, lo), [])
         if tag_hashes is None:
-            picked = np.arange(window)
+            visible = entries["tag_hash"] != HIDDEN_TAG_HASH  # scheduled messages not yet due, cancels
+            picked = np.arange(window) if visible.all() else np.flatnonzero(visible)
+            if not picked.size:
+                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
         else:
             picked = np.flatnonzero(np.isin(entries["tag_hash"], np.fromiter(tag_hashes, np.int64)))
             if not picked.size:
@@ -961,7 +1010,7 @@ class MessageStore:
             if len(buf) != size:
                 raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
             parsed = parse_batch(buf, self.config.body_size_max_bytes)
-            copy_hash = int(parsed.headers["tag_hash"][0])
+            copy_hash = int(parsed.index_tag_hashes[0])
             damaged = bool(self._checked(self._file_runs(commitlog, np.array([phys])), np.array([phys]),
                                          np.array([size]), np.array([offset]), queue_id).size)
             if parsed.topics != [topic] or (copy_hash != int(entry["tag_hash"]) and not damaged):
@@ -1078,6 +1127,38 @@ class MessageStore:
                 + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
 
     # --- retention -----------------------------------------------------------------------------
+    def set_timer_listener(self, listener: TimerListener) -> None:
+        """``listener`` hears of each appended record carrying timer flags (client, replicated or
+        the timer's own appends) once it is stored, and of truncated queues."""
+        self._timers = listener
+
+    def _tell_timers(self, parsed: ParsedRecords, queue_ids: np.ndarray, queue_offsets: np.ndarray,
+                     phys: np.ndarray, timer_flags: np.ndarray) -> None:
+        self._timers.appended([
+            TimerRecord(parsed.topics[int(parsed.topic_index[i])], int(queue_ids[i]), int(queue_offsets[i]),
+                        int(phys[i]), int(timer_flags[i]))
+            for i in np.flatnonzero(timer_flags).tolist()])
+
+    def timer_records(self, topic: str, queue_id: int, start: int, chunk: int = 65_536) -> Iterator[TimerRecord]:
+        """The records with timer flags in a queue from offset ``start`` to its end (a restart's
+        rescan): the flags of every record are read from the commitlog, vectorised per file."""
+        cq = self._queue(topic, queue_id)
+        offset = max(start, cq.min_offset)
+        while offset < cq.max_offset:
+            entries = cq.read(offset, min(chunk, cq.max_offset - offset))
+            real = np.flatnonzero(entries["size"] >= HEADER_SIZE)  # lost entries have no record
+            phys = entries["phys"][real].astype(np.int64)
+            flags = np.zeros(len(phys), np.int64)
+            if len(phys):
+                for f, lo, hi in self._file_runs(self._cl(), phys):
+                    at = phys[lo:hi] - f.base_offset + OFF_FLAGS
+                    arr = f.array
+                    flags[lo:hi] = (arr[at].astype(np.int64) << 24 | arr[at + 1].astype(np.int64) << 16
+                                    | arr[at + 2].astype(np.int64) << 8 | arr[at + 3].astype(np.int64))
+            for k in np.flatnonzero(flags & TIMER_FLAGS).tolist():
+                yield TimerRecord(topic, queue_id, offset + int(real[k]), int(phys[k]), int(flags[k]) & TIMER_FLAGS)
+            offset += len(entries)
+
     def set_expiry_limit(self, limit: Callable[[str, int], int | None]) -> None:
         """``limit(topic, queue_id)``: the offset retention never moves that queue's minimum past
         (a replicated queue's high watermark: records not yet committed do not expire, as Kafka

@@ -75,6 +75,11 @@ class StorePaths:
         return self.config / "replication.json"
 
     @property
+    def timers(self) -> Path:
+        """Per queue, where a restart rescans for undelivered scheduled messages (broker.timers)."""
+        return self.config / "timers.json"
+
+    @property
     def checkpoint(self) -> Path:
         return self.root / CHECKPOINT_FILE
 

@@ -10,6 +10,7 @@ else round robin.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import logging
 import socket
@@ -22,6 +23,7 @@ import xxhash
 
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
+from gms.client.delivery import deliver_at_ms
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
@@ -31,6 +33,7 @@ from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 from gms.record.builder import BatchBuilder, RecordEncoder
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -266,11 +269,21 @@ class Producer:
 
     def send(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
              properties: Mapping[str, str] | None = None, queue: int | None = None,
-             key: str | bytes | None = None) -> SendResult:
-        """Send one message and wait until the broker acknowledges it (per ``acks``)."""
+             key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
+             delay_ms: int | None = None, delay_level: int | None = None) -> SendResult:
+        """Send one message and wait until the broker acknowledges it (per ``acks``).
+
+        ``deliver_at`` (a datetime or epoch ms), ``delay_ms`` or ``delay_level`` (RocketMQ's
+        1..18) schedule it: stored and acknowledged now, delivered to consumers at that time
+        (docs/scheduled-messages.md)."""
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
-        self._encoder.add(batch, topic, body, tag, keys, properties)
+        at = deliver_at_ms(deliver_at, delay_ms, delay_level)
+        if at is None:
+            self._encoder.add(batch, topic, body, tag, keys, properties)
+        else:
+            self._encoder.add(batch, topic, body, tag, keys, {**(properties or {}), DELIVER_AT_PROPERTY: str(at)},
+                              FLAG_SCHEDULED)
         records = batch.seal()
         first_error = None
         if self._acks:

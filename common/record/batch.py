@@ -23,12 +23,13 @@ from gms.record import (
     tag_hash,
     validate_header,
 )
+from gms.record.layout import index_tag_hash, index_tag_hashes
 from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidRecord
 
 VECTORISE_RECORDS_MIN = 16  # from this many records a batch is checked with numpy
 _NAMES_CACHED_MAX = 4096  # distinct topic names / tags whose checks are remembered
 # indexes in a header tuple (gms.record.HEADER)
-_QUEUE_ID, _PHYS, _STORE_TS, _TAG_HASH, _BODY_LEN, _TOPIC_LEN, _TAG_LEN = 3, 5, 6, 9, 11, 12, 13
+_QUEUE_ID, _PHYS, _STORE_TS, _FLAGS, _TAG_HASH, _BODY_LEN, _TOPIC_LEN, _TAG_LEN = 3, 5, 6, 7, 9, 11, 12, 13
 
 
 class ParsedRecords(NamedTuple):
@@ -40,6 +41,11 @@ class ParsedRecords(NamedTuple):
     @property
     def sizes(self) -> np.ndarray:
         return self.headers["total_size"].astype(np.int64)
+
+    @property
+    def index_tag_hashes(self) -> np.ndarray:
+        """The consumeQueue tag hash column (hidden records: HIDDEN_TAG_HASH)."""
+        return index_tag_hashes(self.headers)
 
 
 def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
@@ -136,8 +142,9 @@ class OneRecord(NamedTuple):
     topic: str
     queue_id: int
     size: int
-    tag_hash: int
+    tag_hash: int  # as indexed: HIDDEN_TAG_HASH for a hidden record
     stamped: bool  # its phys_offset or store_ts_ms is set: only the broker may set them
+    flags: int
 
 
 def parse_one(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool = True) -> OneRecord:
@@ -151,7 +158,9 @@ def parse_one(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool =
     topic = _decode_topic(bytes(buf[HEADER_SIZE:topic_end]), 0)
     if verify_tag_hash:
         _check_tag_hash(bytes(buf[topic_end: topic_end + fields[_TAG_LEN]]), fields[_TAG_HASH], 0)
-    return OneRecord(topic, fields[_QUEUE_ID], fields[0], fields[_TAG_HASH], bool(fields[_PHYS] | fields[_STORE_TS]))
+    flags = fields[_FLAGS]
+    return OneRecord(topic, fields[_QUEUE_ID], fields[0], index_tag_hash(flags, fields[_TAG_HASH]),
+                     bool(fields[_PHYS] | fields[_STORE_TS]), flags)
 
 
 def _decode_topic(raw: bytes, pos: int) -> str:

@@ -103,6 +103,36 @@ PROPS_BYTES_MAX = 0xFFFF
 RECORD_BYTES_MAX = 0x7FFFFFFF
 NO_TAG_HASH = 0
 
+# Record flags (the CRC-covered ``flags`` field). Scheduled messages (docs/scheduled-messages.md)
+# are stored in their queue at once but hidden from consumers; at their time the broker appends a
+# visible copy. Producers may set FLAG_SCHEDULED only; the broker writes the other two.
+FLAG_SCHEDULED = 0x1  # deliver at the time in property DELIVER_AT_PROPERTY: hidden until then
+FLAG_TIMER_COPY = 0x2  # the delivered copy of the scheduled message ORIGIN_PROPERTY names
+FLAG_TIMER_CANCEL = 0x4  # hidden: the scheduled message ORIGIN_PROPERTY names is cancelled
+HIDDEN_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_CANCEL
+TIMER_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_COPY | FLAG_TIMER_CANCEL
+PRODUCER_FLAGS = FLAG_SCHEDULED
+DELIVER_AT_PROPERTY = "__DELIVER_AT_MS"
+ORIGIN_PROPERTY = "__TIMER_ORIGIN"  # the queue offset of the scheduled message
+# The consumeQueue tag hash of a hidden record: consumers skip these entries without reading the
+# commitlog. Chosen outside what tag_hash() gives in practice (a collision would hide a message
+# with that one tag hash: probability 2**-64 per distinct tag).
+HIDDEN_TAG_HASH = -0x7FFF_FFFF_FFFF_FFF1
+
+
+def index_tag_hashes(headers: np.ndarray) -> np.ndarray:
+    """The consumeQueue tag hash column of records: their tag hash, HIDDEN_TAG_HASH for hidden ones."""
+    hashes = headers["tag_hash"]
+    hidden = (headers["flags"] & HIDDEN_FLAGS) != 0
+    if not hidden.any():
+        return hashes
+    return np.where(hidden, np.int64(HIDDEN_TAG_HASH), hashes.astype(np.int64))
+
+
+def index_tag_hash(flags: int, record_tag_hash: int) -> int:
+    """:func:`index_tag_hashes` of one record."""
+    return HIDDEN_TAG_HASH if flags & HIDDEN_FLAGS else record_tag_hash
+
 
 class RecordCheck(enum.Enum):
     """What lies at a position of a commitlog file (RocketMQ's checkMessageAndReturnSize)."""

@@ -1,0 +1,271 @@
+"""Scheduled messages: hidden in their queue until their time, then delivered as a visible copy.
+
+A producer sends a record with ``FLAG_SCHEDULED`` and its delivery time in the property
+``__DELIVER_AT_MS``. The store appends it to its queue like any message (acknowledged per the
+flush and acks mode, replicated to the queue's followers) but indexes it as hidden, so consumers
+skip it. At its time the queue's leader appends a copy without the flag (``FLAG_TIMER_COPY``,
+property ``__TIMER_ORIGIN`` = the scheduled record's queue offset): that copy is what consumers
+receive. Both live in the same queue, so scheduled messages are as durable as the queue and
+follow its leadership.
+
+Every replica of a queue follows its scheduled records (the store tells :class:`TimerService`
+of each append, the replicated ones included) and forgets those whose copy, or cancel, it sees;
+only the leader fires. What is pending survives restarts without a timer log: a checkpoint
+keeps, per queue, the lowest offset with an undelivered scheduled record, and a restart rescans
+the queue from there (the rescan sees copies too, so nothing delivered before a crash is
+delivered again, unless the copy itself was lost in it). Retention never passes that offset.
+At-least-once: a leader that dies after appending a copy its followers have not fetched leaves
+a new leader to fire the message again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gms.broker.atomic_file import write_atomically
+from gms.broker.store import MessageStore, TimerRecord
+from gms.errors import GmsError
+from gms.record import decode_record, encode_record
+from gms.record.layout import (
+    DELIVER_AT_PROPERTY,
+    FLAG_SCHEDULED,
+    FLAG_TIMER_CANCEL,
+    FLAG_TIMER_COPY,
+    ORIGIN_PROPERTY,
+)
+from gms.store_errors import StoreError
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+CHECKPOINT_INTERVAL_S = 1.0
+IDLE_RECHECK_S = 1.0  # how often due messages of queues this broker does not lead are looked at again
+FIRE_BATCH_MAX = 1000  # copies per append
+RETRY_BACKOFF_S = 0.5
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TimerService:
+    """Follows the scheduled records of every local queue and fires those this broker leads.
+
+    ``may_fire(key)``: whether this broker leads the queue now. ``append(records, key)``: store
+    the copies as a send would (leadership checked, replicas and waiting pulls told); raises a
+    GmsError when it cannot. All methods run on the broker's event loop (the store's appends do).
+    """
+
+    def __init__(self, store: MessageStore, checkpoint_path: Path, *, may_fire: Callable[[QueueKey], bool],
+                 append: Callable[[bytes, QueueKey], None]) -> None:
+        self.store = store
+        self._checkpoint_path = checkpoint_path
+        self._may_fire = may_fire
+        self._append = append
+        self._pending: dict[QueueKey, dict[int, tuple[int, int]]] = {}  # queue -> {offset: (deliver at ms, phys)}
+        self._heap: list[tuple[int, str, int, int]] = []  # (deliver at, topic, queue id, offset), lazily pruned
+        self._scanned: dict[QueueKey, int] = {}  # where the last rescan of a queue ended
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._saved: dict[str, int] = {}
+
+    # --- what is pending -------------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        return sum(len(p) for p in self._pending.values())
+
+    def low(self, topic: str, queue_id: int) -> int | None:
+        """The queue's lowest offset holding an undelivered scheduled record (None: none)."""
+        pending = self._pending.get((topic, queue_id))
+        return min(pending) if pending else None
+
+    def deliver_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """When the scheduled record at ``offset`` fires (None: not pending)."""
+        found = self._pending.get((topic, queue_id), {}).get(offset)
+        return None if found is None else found[0]
+
+    def appended(self, records: list[TimerRecord]) -> None:
+        """The store's listener: follow new scheduled records, forget delivered or cancelled ones."""
+        earliest = self._heap[0][0] if self._heap else None
+        for record in records:
+            self._follow(record)
+        if self._heap and (earliest is None or self._heap[0][0] < earliest):
+            self._wake.set()
+
+    def truncated(self, topic: str, queue_id: int) -> None:
+        """A follower's queue was cut back: what is pending there is recomputed from the checkpoint."""
+        key = (topic, queue_id)
+        low = self._checkpoint_low(key)
+        self._pending.pop(key, None)
+        self._rescan(key, low)
+        self._wake.set()
+
+    def _follow(self, record: TimerRecord) -> None:
+        key = (record.topic, record.queue_id)
+        try:
+            stored = decode_record(self.store.read_at(record.phys), verify_crc=False)
+        except (StoreError, ValueError) as err:
+            log.error("%s/%d@%d: cannot read a timer record: %s", *key, record.queue_offset, err)
+            return
+        if record.flags & FLAG_SCHEDULED:
+            try:
+                at = int(stored.properties[DELIVER_AT_PROPERTY])
+            except (KeyError, ValueError):
+                log.error("%s/%d@%d: scheduled record without a valid %s; delivering it now",
+                          *key, record.queue_offset, DELIVER_AT_PROPERTY)
+                at = 0
+            self._pending.setdefault(key, {})[record.queue_offset] = (at, record.phys)
+            heapq.heappush(self._heap, (at, record.topic, record.queue_id, record.queue_offset))
+        elif record.flags & (FLAG_TIMER_COPY | FLAG_TIMER_CANCEL):
+            try:
+                origin = int(stored.properties[ORIGIN_PROPERTY])
+            except (KeyError, ValueError):
+                return
+            pending = self._pending.get(key)
+            if pending is not None:
+                pending.pop(origin, None)
+
+    # --- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Rescan every queue from its checkpoint, then fire what comes due."""
+        saved = self._load_checkpoint()
+        for topic, count in self.store.topics().items():
+            for queue_id in range(count):
+                key = (topic, queue_id)
+                self._rescan(key, saved.get(_name(key), 0))
+        if self._pending:
+            log.info("%d scheduled message(s) pending", self.pending_count)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoints())
+
+    async def stop(self) -> None:
+        for task in (self._task, self._checkpoint_task):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in (self._task, self._checkpoint_task) if t is not None),
+                             return_exceptions=True)
+        self._save_checkpoint()
+
+    def leadership_changed(self) -> None:
+        """Queues may have come to this broker: look at what is due."""
+        self._wake.set()
+
+    def _rescan(self, key: QueueKey, start: int) -> None:
+        try:
+            records = list(self.store.timer_records(*key, start))
+        except (StoreError, ValueError) as err:
+            log.error("%s/%d: cannot rescan for scheduled messages: %s", *key, err)
+            return
+        for record in records:
+            self._follow(record)
+
+    # --- firing -------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            waiting = self._fire_due()
+            delay = IDLE_RECHECK_S if waiting else None
+            if self._heap and not waiting:
+                delay = max(self._heap[0][0] - now_ms(), 0) / 1000
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    def _fire_due(self) -> bool:
+        """Append copies of what is due on queues this broker leads; True if something due waits
+        (a queue led elsewhere, or an append that failed)."""
+        due: dict[QueueKey, dict[int, None]] = {}  # ordered sets: a rescan may have pushed an entry twice
+        now = now_ms()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, topic, queue_id, offset = heapq.heappop(heap)
+            found = self._pending.get((topic, queue_id), {}).get(offset)
+            if found is not None and found[0] == at:
+                due.setdefault((topic, queue_id), {})[offset] = None
+        waiting = False
+        for key, offset_set in due.items():
+            offsets = list(offset_set)
+            held = offsets if not self._may_fire(key) else self._fire(key, offsets)
+            for offset in held:
+                heapq.heappush(heap, (self._pending[key][offset][0], *key, offset))
+            waiting = waiting or bool(held)
+        return waiting
+
+    def _fire(self, key: QueueKey, offsets: list[int]) -> list[int]:
+        """Append the copies of ``offsets``; the ones not delivered come back."""
+        for start in range(0, len(offsets), FIRE_BATCH_MAX):
+            chunk = offsets[start:start + FIRE_BATCH_MAX]
+            try:
+                copies = b"".join(self._copy(key, offset) for offset in chunk)
+                self._append(copies, key)
+            except (GmsError, StoreError, ValueError) as err:
+                log.warning("%s/%d: cannot deliver %d scheduled message(s) yet: %s", *key, len(chunk), err)
+                return offsets[start:]
+        return []
+
+    def _copy(self, key: QueueKey, offset: int) -> bytes:
+        """The visible copy of the scheduled record at ``offset``."""
+        original = decode_record(self.store.read_at(self._pending[key][offset][1]), verify_crc=True)
+        properties = {**original.properties, ORIGIN_PROPERTY: str(offset)}
+        return encode_record(topic=original.topic, body=original.body, tag=original.tag, keys=original.keys,
+                             properties=properties, queue_id=key[1], flags=FLAG_TIMER_COPY,
+                             born_host=original.born_host, born_ts_ms=original.born_ts_ms,
+                             reconsume_times=original.reconsume_times)
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def _checkpoint_low(self, key: QueueKey) -> int:
+        return self._saved.get(_name(key), 0)
+
+    def _current_checkpoint(self) -> dict[str, int]:
+        """Per queue: its lowest pending offset, else its end (nothing below needs a rescan)."""
+        lows: dict[str, int] = {}
+        for topic, count in self.store.topics().items():
+            for queue_id in range(count):
+                low = self.low(topic, queue_id)
+                try:
+                    lows[_name((topic, queue_id))] = low if low is not None else self.store.max_offset(topic, queue_id)
+                except StoreError:
+                    continue
+        return lows
+
+    async def _checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_INTERVAL_S)
+            try:
+                self._save_checkpoint()
+            except OSError as err:
+                log.warning("cannot save the timer checkpoint: %s", err)
+
+    def _save_checkpoint(self) -> None:
+        lows = self._current_checkpoint()
+        if lows != self._saved:
+            write_atomically(self._checkpoint_path, json.dumps(lows, sort_keys=True).encode())
+            self._saved = lows
+
+    def _load_checkpoint(self) -> dict[str, int]:
+        try:
+            self._saved = {str(k): int(v) for k, v in json.loads(self._checkpoint_path.read_bytes()).items()}
+        except FileNotFoundError:
+            self._saved = {}
+        except (OSError, ValueError, AttributeError) as err:
+            log.warning("timer checkpoint %s unreadable (%s): rescanning every queue", self._checkpoint_path, err)
+            self._saved = {}
+        return self._saved
+
+
+def _name(key: QueueKey) -> str:
+    return f"{key[0]}/{key[1]}"
+
