@@ -19,6 +19,7 @@ import pyarrow as pa
 from gms.address import split_address
 from gms.msgid import encode_msg_id
 from gms.record import OFF_STORE_TS
+from gms.record.layout import HIDDEN_TAG_HASH
 from gms.spark_jobs.arrow_batches import check_records, to_batch
 from gms.spark_jobs.options import BATCH_BYTES_MAX, EARLIEST, LATEST, OptionError, ReadOptions, resolve_offset
 from gms.spark_jobs.partitions import BadRecordSink, QueueRange, QueueSpan, after_index_filters
@@ -126,6 +127,10 @@ def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
         if wanted is not None:
             hit = np.isin(entries["tag_hash"], wanted)
             entries, offsets = entries[hit], offsets[hit]
+        else:  # scheduled messages not yet delivered (their delivered copies are read instead)
+            visible = entries["tag_hash"] != HIDDEN_TAG_HASH
+            if not visible.all():
+                entries, offsets = entries[visible], offsets[visible]
         phys = entries["phys"].astype(np.int64)
         sizes = entries["size"].astype(np.int64)
         bases = commitlog.file_base(phys)

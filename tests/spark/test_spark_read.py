@@ -7,9 +7,12 @@ import shutil
 
 import pytest
 from pyspark.sql import functions as F
-from spark_store_helpers import MANY_QUEUES, ORDERS
+from spark_store_helpers import MANY_QUEUES, ORDERS, store_config
 
+from gms.broker.store import MessageStore
 from gms.msgid import decode_msg_id
+from gms.record import encode_record
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED
 
 BROKER_ADDRESS = "10.9.8.7:10911"
 
@@ -105,3 +108,16 @@ def test_corrupt_record_is_skipped_and_counted_or_fails(spark, store, tmp_path):
     assert spark.gms_corrupt.value == before + 1
     with pytest.raises(Exception, match="corrupt record"):
         gms(spark, topics="orders", onCorrupt="fail").load(str(copy)).count()
+
+
+def test_scheduled_messages_not_yet_delivered_are_not_read(spark, tmp_path):
+    """A scheduled message is hidden in its queue until the broker appends its delivered copy:
+    a store read sees what consumers see."""
+    root = tmp_path / "sched"
+    store = MessageStore.open(root, store_config())
+    store.create_topic("sched", 1)
+    store.append(encode_record(topic="sched", body=b"visible"))
+    store.append(encode_record(topic="sched", body=b"hidden", flags=FLAG_SCHEDULED,
+                               properties={DELIVER_AT_PROPERTY: "9999999999999"}))
+    store.close()
+    assert [bytes(r.body) for r in gms(spark, topics="sched").load(str(root)).collect()] == [b"visible"]
