@@ -9,6 +9,7 @@ SEND, SEND_BATCH                          publish on every topic in the batch (c
 PULL                                      subscribe on the topic (and on the group)
 QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
+CANCEL_SCHEDULED                          publish on the message's topic
 HEARTBEAT                                 subscribe on the group and every topic
 COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on topics)
 GET_CONSUMER_GROUP_MEMBERS, FIND_COORD.   describe on the group
@@ -92,7 +93,8 @@ POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
     RequestCode.BROKER_STATUS: _cluster("describe"),
 }
 # Checked by their handlers, which know the topics only once the records are parsed or read.
-IN_HANDLER = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.VIEW_MESSAGE_BY_ID})
+IN_HANDLER = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.VIEW_MESSAGE_BY_ID,
+                        RequestCode.CANCEL_SCHEDULED})
 
 
 class BrokerAccess:

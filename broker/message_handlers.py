@@ -18,16 +18,20 @@ from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.long_poll import PullWaiters
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.store import AppendResult, GetStatus, MessageStore
+from gms.broker.timers import TimerService
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
     MessageIllegalError,
     OffsetIllegalError,
+    ServiceUnavailableError,
 )
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
 from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, Buffer, Frame, Response
 from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
+from gms.record import decode_record
 from gms.record.batch import parse_one
+from gms.record.layout import FLAG_SCHEDULED
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
 
@@ -67,6 +71,7 @@ class MessageHandlers:
         self.waiters = waiters
         # Cluster mode: who leads which queue, high watermarks, acks=-1 (None when standalone).
         self.replicas: ReplicaManager | None = None
+        self.timers: TimerService | None = None  # scheduled messages (set by the server)
         self.claims = claims  # which member of a group reads each queue (clustering pulls)
         self.advertised_address = advertised_address
         self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
@@ -205,6 +210,18 @@ class MessageHandlers:
         topic, queue_id = _queue_fields(request)
         timestamp_ms = field(request.fields, "timestamp_ms", int)
         return Response({"offset": self.store.offset_for_timestamp(topic, queue_id, timestamp_ms)})
+
+    async def cancel_scheduled(self, request: Frame) -> Response:
+        """Recall a scheduled message before its time (RocketMQ 5's recall), by its position."""
+        record = decode_record(self.store.read_at(field(request.fields, "phys_offset", int)), verify_crc=True)
+        if self.access is not None:
+            self.access.check_topic(record.topic, "publish")
+        if not record.flags & FLAG_SCHEDULED:
+            raise BadRequestError(f"{record.topic}/{record.queue_id}@{record.queue_offset} is not a scheduled message")
+        if self.timers is None:
+            raise ServiceUnavailableError("the broker is starting: retry")
+        self.timers.cancel(record.topic, record.queue_id, record.queue_offset)
+        return Response({"topic": record.topic, "queue_id": record.queue_id, "queue_offset": record.queue_offset})
 
     async def view_message(self, request: Frame) -> Response:
         phys_offset = field(request.fields, "phys_offset", int)

@@ -234,6 +234,7 @@ class BrokerServer:
     def _register_handlers(self) -> None:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
                                                     self.address, self.access)
+        messages.timers = self.timers
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
@@ -245,6 +246,7 @@ class BrokerServer:
             RequestCode.QUERY_MAX_OFFSET: messages.query_max_offset,
             RequestCode.QUERY_OFFSET_BY_TIME: messages.query_offset_by_time,
             RequestCode.VIEW_MESSAGE_BY_ID: messages.view_message,
+            RequestCode.CANCEL_SCHEDULED: messages.cancel_scheduled,
             RequestCode.HEARTBEAT: groups.heartbeat,
             RequestCode.UNREGISTER_CONSUMER: groups.unregister,
             RequestCode.COMMIT_OFFSET: groups.commit,

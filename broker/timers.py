@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gms.broker.atomic_file import write_atomically
 from gms.broker.store import MessageStore, TimerRecord
-from gms.errors import GmsError
+from gms.errors import GmsError, MessageNotFoundError
 from gms.record import decode_record, encode_record
 from gms.record.layout import (
     DELIVER_AT_PROPERTY,
@@ -154,6 +154,16 @@ class TimerService:
         await asyncio.gather(*(t for t in (self._task, self._checkpoint_task) if t is not None),
                              return_exceptions=True)
         self._save_checkpoint()
+
+    def cancel(self, topic: str, queue_id: int, offset: int) -> None:
+        """Cancel the pending scheduled message at ``offset``: a hidden cancel record is appended
+        to its queue (replicated like the rest); MessageNotFoundError if it is not pending."""
+        key = (topic, queue_id)
+        if self.deliver_at(topic, queue_id, offset) is None:
+            raise MessageNotFoundError(f"{topic}/{queue_id}@{offset} is not a scheduled message still to deliver"
+                                       " (delivered or cancelled already)")
+        self._append(encode_record(topic=topic, body=b"\0", queue_id=queue_id, flags=FLAG_TIMER_CANCEL,
+                                   properties={ORIGIN_PROPERTY: str(offset)}), key)
 
     def leadership_changed(self) -> None:
         """Queues may have come to this broker: look at what is due."""

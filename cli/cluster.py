@@ -11,6 +11,7 @@ from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
 from gms.errors import MessageNotFoundError
 from gms.msgid import decode_msg_id
+from gms.record.layout import DELIVER_AT_PROPERTY, ORIGIN_PROPERTY
 
 
 @click.command()
@@ -96,6 +97,31 @@ def msg() -> None:
     """Look at single messages."""
 
 
+@msg.command(name="cancel")
+@click.argument("msg_id")
+@nameserver_option
+def cancel_message(msg_id: str, nameserver: str) -> None:
+    """Recall the scheduled message MSG_ID before its time (`gms produce --delay` prints ids)."""
+    try:
+        decode_msg_id(msg_id)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="MSG_ID") from err
+    with open_admin(nameserver) as admin:
+        admin.cancel_scheduled(msg_id)
+    click.echo(f"cancelled {msg_id}: it will not be delivered")
+
+
+def _delivery_rows(properties: dict[str, str]) -> list[tuple[str, str]]:
+    """When a scheduled message is (or was) delivered."""
+    at = properties.get(DELIVER_AT_PROPERTY)
+    if at is None or not at.lstrip("-").isdigit():
+        return []
+    origin = properties.get(ORIGIN_PROPERTY)
+    what = (f"delivered copy of the scheduled message at offset {origin}" if origin is not None
+            else "scheduled: consumers receive a copy then (`gms msg cancel` recalls it before)")
+    return [("deliver at", f"{time_text(int(at))} ({what})")]
+
+
 @msg.command(name="show")
 @click.argument("msg_id")
 @nameserver_option
@@ -121,6 +147,7 @@ def show_message(msg_id: str, nameserver: str, as_json: bool) -> None:
             ("properties", ", ".join(f"{k}={v}" for k, v in record["properties"].items())),
             ("born", f"{time_text(record['born_timestamp_ms'])} from {record['born_host'] or '-'}"),
             ("stored", time_text(record["store_timestamp_ms"])),
+            *_delivery_rows(record["properties"]),
             ("body", f"{len(found.body)} bytes")]
     show(table(None, ["field", "value"], rows))
     click.echo(body_text(found.body))

@@ -3,6 +3,7 @@ as text lines or JSON lines."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -53,19 +54,30 @@ def _parse_property(ctx: click.Context, param: click.Parameter, values: tuple[st
 @click.option("--property", "-p", "properties", multiple=True, callback=_parse_property, metavar="K=V",
               help="A message property (repeatable).")
 @nameserver_option
+@click.option("--delay", "delay_s", type=click.FloatRange(min=0),
+              help="Deliver to consumers this many seconds from now (stored at once; up to 7 days).")
+@click.option("--deliver-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+              help="Deliver to consumers at this local time (stored at once; up to 7 days ahead).")
 @json_option
 def produce(topic: str, messages: tuple[str, ...], file: Path | None, tag: str | None, key: str | None,
-            properties: dict[str, str], nameserver: str, as_json: bool) -> None:
+            properties: dict[str, str], nameserver: str, delay_s: float | None, deliver_at: datetime.datetime | None,
+            as_json: bool) -> None:
     """Send MESSAGES to TOPIC; without any, send each line of --file or of stdin (empty lines skipped)."""
     if messages and file is not None:
         raise click.UsageError("give messages as arguments or --file, not both")
+    if delay_s is not None and deliver_at is not None:
+        raise click.UsageError("give --delay or --deliver-at, not both")
     keys = (key,) if key else ()
     results: list[SendFuture] = []
+    delay_ms = round(delay_s * 1000) if delay_s is not None else None
     with Producer(nameserver=nameserver, security=client_security()) as producer:
         try:
             for body in _bodies(messages, file):
-                results.append(producer.send_async(topic, body, tag=tag, keys=keys, properties=properties or None,
-                                                   key=key))
+                try:
+                    results.append(producer.send_async(topic, body, tag=tag, keys=keys, properties=properties or None,
+                                                       key=key, delay_ms=delay_ms, deliver_at=deliver_at))
+                except ValueError as err:
+                    raise click.BadParameter(str(err)) from err
         finally:
             producer.flush()
     _report(topic, results, as_json)

@@ -48,7 +48,7 @@ class Accumulator:
         self._in_flight: set[asyncio.Task[None]] = set()
 
     def append(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
-               properties: Mapping[str, str] | None) -> SendFuture:
+               properties: Mapping[str, str] | None, flags: int = 0) -> SendFuture:
         with self._lock:
             while self._buffered_bytes >= self._buffer_bytes_max:
                 self._space.wait()
@@ -57,7 +57,7 @@ class Accumulator:
             if batch is None:
                 batch = _OpenBatch(route.queue_id)
             records = batch.records
-            size = self._encoder.add(records, route.topic, body, tag, keys, properties)
+            size = self._encoder.add(records, route.topic, body, tag, keys, properties, flags)
             if is_new:
                 self._open[route] = batch
             self._buffered_bytes += size

@@ -338,6 +338,13 @@ class Admin:
     def acls(self) -> list[AclRule]:
         return [AclRule(**fields) for fields in self._ask_nameserver(RequestCode.ACL_LIST)["acls"]]
 
+    def cancel_scheduled(self, msg_id: str) -> None:
+        """Recall the scheduled message ``msg_id`` before its time (the id ``send`` returned).
+        MessageNotFoundError if it was delivered or cancelled already."""
+        located = decode_msg_id(msg_id)
+        self._runtime.run(self._runtime.pool.request(
+            located.address, RequestCode.CANCEL_SCHEDULED, {"phys_offset": located.phys_offset}))
+
     def view_message(self, msg_id: str) -> ReceivedMessage:
         """The message a message id points at (asks the broker the id names)."""
         located = decode_msg_id(msg_id)

@@ -278,12 +278,7 @@ class Producer:
         (docs/scheduled-messages.md)."""
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
-        at = deliver_at_ms(deliver_at, delay_ms, delay_level)
-        if at is None:
-            self._encoder.add(batch, topic, body, tag, keys, properties)
-        else:
-            self._encoder.add(batch, topic, body, tag, keys, {**(properties or {}), DELIVER_AT_PROPERTY: str(at)},
-                              FLAG_SCHEDULED)
+        self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level))
         records = batch.seal()
         first_error = None
         if self._acks:
@@ -371,15 +366,19 @@ class Producer:
     def send_async(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                    properties: Mapping[str, str] | None = None, queue: int | None = None,
                    key: str | bytes | None = None,
-                   callback: Callable[[SendFuture], object] | None = None) -> SendFuture:
+                   callback: Callable[[SendFuture], object] | None = None, *,
+                   deliver_at: datetime.datetime | int | None = None, delay_ms: int | None = None,
+                   delay_level: int | None = None) -> SendFuture:
         """Queue a message for a batched send; the returned :class:`SendFuture` resolves when
         the broker answers its batch (``flush()`` waits for every one).
 
         ``callback(future)`` runs on the I/O thread once the future is done: keep it short.
-        Bad input raises here; send failures are set on the future.
+        Bad input raises here; send failures are set on the future. ``deliver_at``, ``delay_ms``,
+        ``delay_level``: as for :meth:`send`.
         """
         route = self._route(topic, queue, key)
-        future = self._accumulator.append(route, body, tag, keys, properties)
+        future = self._accumulator.append(route, body, tag, keys,
+                                          *_scheduled(properties, deliver_at, delay_ms, delay_level))
         if callback is not None:
             future.add_done_callback(callback)
         return future
@@ -413,3 +412,12 @@ class Producer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _scheduled(properties: Mapping[str, str] | None, deliver_at: datetime.datetime | int | None,
+               delay_ms: int | None, delay_level: int | None) -> tuple[Mapping[str, str] | None, int]:
+    """(properties, flags) of a message, scheduled when a delivery time in the future is given."""
+    at = deliver_at_ms(deliver_at, delay_ms, delay_level)
+    if at is None:
+        return properties, 0
+    return {**(properties or {}), DELIVER_AT_PROPERTY: str(at)}, FLAG_SCHEDULED

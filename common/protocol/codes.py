@@ -25,6 +25,7 @@ class RequestCode(IntEnum):
     QUERY_MAX_OFFSET = 14
     QUERY_OFFSET_BY_TIME = 15
     VIEW_MESSAGE_BY_ID = 16
+    CANCEL_SCHEDULED = 17  # recall a scheduled message before its time (by its message id)
 
     # 30-49: consumer groups (broker).
     COMMIT_OFFSET = 30

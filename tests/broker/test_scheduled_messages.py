@@ -10,7 +10,7 @@ import pytest
 
 from gms.client import Admin, Consumer, Producer
 from gms.client.delivery import DELAY_LEVELS_S, deliver_at_ms
-from gms.errors import GmsError
+from gms.errors import BadRequestError, GmsError, MessageNotFoundError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import encode_record
@@ -91,3 +91,23 @@ def test_producers_cannot_forge_timer_records(broker):
 
     with pytest.raises(GmsError, match="flags"):
         run(send())
+
+
+def test_a_cancelled_message_stays_cancelled_across_sigkill(broker):
+    with Admin([broker.address]) as admin:
+        admin.create_topic("sched-cancel", queues=1)
+        with Producer([broker.address]) as producer:
+            cancelled = producer.send("sched-cancel", b"cancelled", delay_ms=2000)
+            producer.send("sched-cancel", b"kept", delay_ms=2000)
+            plain = producer.send("sched-cancel", b"plain")
+        admin.cancel_scheduled(cancelled.msg_id)
+        with pytest.raises(MessageNotFoundError):
+            admin.cancel_scheduled(cancelled.msg_id)  # once only
+        with pytest.raises(BadRequestError):
+            admin.cancel_scheduled(plain.msg_id)  # not a scheduled message
+    broker.kill()
+    broker.restart()
+    got = read_all(broker, "sched-cancel", 3, 4.0)
+    assert sorted(b for _, b, _ in got) == [b"kept", b"plain"]
+    with Admin([broker.address]) as admin, pytest.raises(MessageNotFoundError):
+        admin.cancel_scheduled(cancelled.msg_id)  # delivered or cancelled: too late either way

@@ -102,3 +102,19 @@ def test_tail_survives_a_broker_blip_with_one_warning_on_stderr(env, cluster, to
     warnings = [line for line in stderr.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1, stderr
     assert "Traceback" not in stderr
+
+
+def test_scheduled_messages_from_the_command_line(env, topic):
+    """`gms produce --delay` stores now and delivers later; `gms msg show` says when; `gms msg
+    cancel` recalls one before its time, and says so when it is too late."""
+    started = time.monotonic()
+    kept = json.loads(gms(env, "produce", topic, "kept", "--delay", "5", "--json").stdout)["results"][0]
+    recalled = json.loads(gms(env, "produce", topic, "recalled", "--delay", "5", "--json").stdout)["results"][0]
+    shown = gms(env, "msg", "show", kept["msg_id"]).stdout
+    assert "deliver at" in shown and "scheduled" in shown
+    assert "cancelled" in gms(env, "msg", "cancel", recalled["msg_id"]).stdout
+    assert "not a scheduled message still to deliver" in gms(env, "msg", "cancel", recalled["msg_id"], ok=False).stderr
+    assert "kept" not in gms(env, "tail", topic).stdout  # nothing visible yet
+    time.sleep(max(0.0, 5.5 - (time.monotonic() - started)))
+    tail = gms(env, "tail", topic, "--format", "json").stdout
+    assert [json.loads(line)["body"] for line in tail.splitlines()] == ["kept"]
