@@ -63,7 +63,8 @@ from gms.record import (
     record_views,
 )
 from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
-from gms.record.layout import HIDDEN_TAG_HASH, OFFSETS, PRODUCER_FLAGS, TIMER_FLAGS
+from gms.record.codec import decode_record
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, HIDDEN_TAG_HASH, OFFSETS, PRODUCER_FLAGS, TIMER_FLAGS
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -457,6 +458,9 @@ class MessageStore:
                     raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
                 if (parsed.headers["flags"] & ~allowed_flags).any():
                     raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
+                scheduled = np.flatnonzero(parsed.headers["flags"] & FLAG_SCHEDULED)
+                if scheduled.size:
+                    self._check_delivery_times(buf, parsed.starts[scheduled].tolist())
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
@@ -518,6 +522,8 @@ class MessageStore:
                 raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
             if record.flags & ~allowed_flags:
                 raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
+            if record.flags & FLAG_SCHEDULED:
+                self._check_delivery_times(buf, [0])
             cq = self._queue(topic, queue_id)
             if admit is not None:
                 admit([(topic, queue_id)])
@@ -547,6 +553,18 @@ class MessageStore:
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)])
+
+    def _check_delivery_times(self, buf: memoryview, starts: list[int]) -> None:
+        """Scheduled records carry a delivery time no further ahead than schedule_max_delay_ms."""
+        latest = int(time.time() * 1000) + self.config.schedule_max_delay_ms
+        for start in starts:
+            raw = decode_record(buf, start, verify_crc=False).properties.get(DELIVER_AT_PROPERTY, "")
+            if not raw.lstrip("-").isdigit():
+                raise InvalidRecord(DELIVER_AT_PROPERTY, f"a scheduled message needs its delivery time in epoch ms,"
+                                                         f" not {raw!r}")
+            if int(raw) > latest:
+                raise InvalidRecord(DELIVER_AT_PROPERTY, f"delivery more than {self.config.schedule_max_delay_ms} ms"
+                                                         " ahead (schedule_max_delay_ms)")
 
     def _check_message_sizes(self, parsed: ParsedRecords, sizes: np.ndarray, batch_bytes: int) -> None:
         """Each record against its topic's ``message_size_bytes_max``: nothing when the whole batch

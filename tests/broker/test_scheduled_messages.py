@@ -14,7 +14,7 @@ from gms.errors import BadRequestError, GmsError, MessageNotFoundError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import encode_record
-from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_TIMER_COPY, ORIGIN_PROPERTY
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, FLAG_TIMER_COPY, ORIGIN_PROPERTY
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,3 +111,23 @@ def test_a_cancelled_message_stays_cancelled_across_sigkill(broker):
     assert sorted(b for _, b, _ in got) == [b"kept", b"plain"]
     with Admin([broker.address]) as admin, pytest.raises(MessageNotFoundError):
         admin.cancel_scheduled(cancelled.msg_id)  # delivered or cancelled: too late either way
+
+
+def test_a_delivery_time_too_far_ahead_or_missing_is_refused(broker):
+    with Admin([broker.address]) as admin:
+        admin.create_topic("sched-limits", queues=1)
+    too_far = str(int(time.time() * 1000) + 8 * 86_400_000)
+    host, port = broker.address.rsplit(":", 1)
+    for properties in ({DELIVER_AT_PROPERTY: too_far}, {}, {DELIVER_AT_PROPERTY: "soon"}):
+        record = encode_record(topic="sched-limits", body=b"x", flags=FLAG_SCHEDULED, properties=properties)
+
+        async def send(body: bytes = record) -> None:
+            conn = await Connection.open(host, int(port))
+            try:
+                await conn.request(RequestCode.SEND_BATCH, {"acks": 1}, body)
+            finally:
+                conn.close()
+                await conn.wait_closed()
+
+        with pytest.raises(GmsError, match=DELIVER_AT_PROPERTY):
+            run(send())
