@@ -1100,6 +1100,13 @@ class MessageStore:
             views += record_views(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi])
         return views
 
+    def read_entry(self, topic: str, queue_id: int, offset: int) -> memoryview:
+        """The stored record at a queue offset, hidden ones included (the timer's own reads)."""
+        cq = self._queue(topic, queue_id)
+        if not cq.min_offset <= offset < cq.max_offset:
+            raise MessageNotFound(offset, f"outside {topic}/{queue_id} [{cq.min_offset}, {cq.max_offset})")
+        return self.read_at(int(cq.read(offset, 1)["phys"][0]))
+
     def read_at(self, phys_offset: int) -> memoryview:
         """The stored record starting at ``phys_offset`` (message lookup by id)."""
         commitlog = self._cl()

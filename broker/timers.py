@@ -25,6 +25,7 @@ import heapq
 import json
 import logging
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from gms.store_errors import StoreError
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+OFFSET_BITS = 40  # a wheel entry packs (queue index << OFFSET_BITS | queue offset) in one int64
 CHECKPOINT_INTERVAL_S = 1.0
 IDLE_RECHECK_S = 1.0  # how often due messages of queues this broker does not lead are looked at again
 FIRE_BATCH_MAX = 1000  # copies per append
@@ -68,8 +70,18 @@ class TimerService:
         self._checkpoint_path = checkpoint_path
         self._may_fire = may_fire
         self._append = append
-        self._pending: dict[QueueKey, dict[int, tuple[int, int]]] = {}  # queue -> {offset: (deliver at ms, phys)}
-        self._heap: list[tuple[int, str, int, int]] = []  # (deliver at, topic, queue id, offset), lazily pruned
+        # What is pending, compactly (a million pending messages cost ~100 bytes each): per queue
+        # {offset: deliver at ms}, and a wheel of one-second slots, each an array of packed
+        # (queue index, offset) entries, pruned lazily (a delivered or cancelled entry is skipped).
+        self._pending: dict[QueueKey, dict[int, int]] = {}
+        self._keys: list[QueueKey] = []
+        self._key_index: dict[QueueKey, int] = {}
+        self._wheel: dict[int, array[int]] = {}
+        self._slots: list[int] = []  # heap of the wheel's slot seconds
+        # Entries of the seconds that came due, as a heap of (deliver at ms, packed entry).
+        self._near: list[tuple[int, int]] = []
+        self._near_second = -1
+        self._sleeping_until = 1 << 62  # when the firing loop wakes next by itself (ms)
         self._scanned: dict[QueueKey, int] = {}  # where the last rescan of a queue ended
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -89,16 +101,15 @@ class TimerService:
 
     def deliver_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """When the scheduled record at ``offset`` fires (None: not pending)."""
-        found = self._pending.get((topic, queue_id), {}).get(offset)
-        return None if found is None else found[0]
+        return self._pending.get((topic, queue_id), {}).get(offset)
 
     def appended(self, records: list[TimerRecord]) -> None:
         """The store's listener: follow new scheduled records, forget delivered or cancelled ones."""
-        earliest = self._heap[0][0] if self._heap else None
         for record in records:
             self._follow(record)
-        if self._heap and (earliest is None or self._heap[0][0] < earliest):
-            self._wake.set()
+        soonest = self._soonest()
+        if soonest is not None and soonest < self._sleeping_until:
+            self._wake.set()  # due sooner than what the firing loop waits for
 
     def truncated(self, topic: str, queue_id: int) -> None:
         """A follower's queue was cut back: what is pending there is recomputed from the checkpoint."""
@@ -122,8 +133,8 @@ class TimerService:
                 log.error("%s/%d@%d: scheduled record without a valid %s; delivering it now",
                           *key, record.queue_offset, DELIVER_AT_PROPERTY)
                 at = 0
-            self._pending.setdefault(key, {})[record.queue_offset] = (at, record.phys)
-            heapq.heappush(self._heap, (at, record.topic, record.queue_id, record.queue_offset))
+            self._pending.setdefault(key, {})[record.queue_offset] = at
+            self._schedule(key, record.queue_offset, at)
         elif record.flags & (FLAG_TIMER_COPY | FLAG_TIMER_CANCEL):
             try:
                 origin = int(stored.properties[ORIGIN_PROPERTY])
@@ -132,6 +143,22 @@ class TimerService:
             pending = self._pending.get(key)
             if pending is not None:
                 pending.pop(origin, None)
+
+    def _schedule(self, key: QueueKey, offset: int, at: int) -> None:
+        index = self._key_index.get(key)
+        if index is None:
+            index = self._key_index[key] = len(self._keys)
+            self._keys.append(key)
+        packed = index << OFFSET_BITS | offset
+        second = at // 1000
+        if second <= self._near_second:
+            heapq.heappush(self._near, (at, packed))
+            return
+        slot = self._wheel.get(second)
+        if slot is None:
+            slot = self._wheel[second] = array("q")
+            heapq.heappush(self._slots, second)
+        slot.append(packed)
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -183,35 +210,50 @@ class TimerService:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
-            waiting = self._fire_due()
-            delay = IDLE_RECHECK_S if waiting else None
-            if self._heap and not waiting:
-                delay = max(self._heap[0][0] - now_ms(), 0) / 1000
+            next_due = self._fire_due()
+            self._sleeping_until = next_due if next_due is not None else 1 << 62
+            delay = None if next_due is None else max(next_due - now_ms(), 0) / 1000
             try:
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
             except TimeoutError:
                 pass
 
-    def _fire_due(self) -> bool:
-        """Append copies of what is due on queues this broker leads; True if something due waits
-        (a queue led elsewhere, or an append that failed)."""
-        due: dict[QueueKey, dict[int, None]] = {}  # ordered sets: a rescan may have pushed an entry twice
+    def _soonest(self) -> int | None:
+        """When the next pending entry is due (to the second for those still in the wheel)."""
+        candidates = [self._near[0][0]] if self._near else []
+        if self._slots:
+            candidates.append(self._slots[0] * 1000)
+        return min(candidates) if candidates else None
+
+    def _fire_due(self) -> int | None:
+        """Append copies of what is due on queues this broker leads (those it cannot deliver now,
+        on a queue led elsewhere or after a failed append, are looked at again a little later);
+        when the next one is due."""
         now = now_ms()
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            at, topic, queue_id, offset = heapq.heappop(heap)
-            found = self._pending.get((topic, queue_id), {}).get(offset)
-            if found is not None and found[0] == at:
-                due.setdefault((topic, queue_id), {})[offset] = None
-        waiting = False
+        mask = (1 << OFFSET_BITS) - 1
+        near = self._near
+        while self._slots and self._slots[0] <= now // 1000:  # slots come due: into the near heap
+            second = heapq.heappop(self._slots)
+            for packed in self._wheel.pop(second):
+                key = self._keys[packed >> OFFSET_BITS]
+                at = self._pending.get(key, {}).get(packed & mask)
+                if at is not None:
+                    heapq.heappush(near, (at, packed))
+        self._near_second = max(self._near_second, now // 1000)
+        due: dict[QueueKey, dict[int, None]] = {}  # ordered sets: a rescan may have scheduled one twice
+        while near and near[0][0] <= now:
+            packed = heapq.heappop(near)[1]
+            key, offset = self._keys[packed >> OFFSET_BITS], packed & mask
+            if offset in self._pending.get(key, {}):  # not delivered or cancelled meanwhile
+                due.setdefault(key, {})[offset] = None
+        retry_at = now + int(IDLE_RECHECK_S * 1000)
         for key, offset_set in due.items():
             offsets = list(offset_set)
             held = offsets if not self._may_fire(key) else self._fire(key, offsets)
             for offset in held:
-                heapq.heappush(heap, (self._pending[key][offset][0], *key, offset))
-            waiting = waiting or bool(held)
-        return waiting
+                heapq.heappush(near, (retry_at, self._key_index[key] << OFFSET_BITS | offset))
+        return self._soonest()
 
     def _fire(self, key: QueueKey, offsets: list[int]) -> list[int]:
         """Append the copies of ``offsets``; the ones not delivered come back."""
@@ -227,7 +269,7 @@ class TimerService:
 
     def _copy(self, key: QueueKey, offset: int) -> bytes:
         """The visible copy of the scheduled record at ``offset``."""
-        original = decode_record(self.store.read_at(self._pending[key][offset][1]), verify_crc=True)
+        original = decode_record(self.store.read_entry(*key, offset), verify_crc=True)
         properties = {**original.properties, ORIGIN_PROPERTY: str(offset)}
         return encode_record(topic=original.topic, body=original.body, tag=original.tag, keys=original.keys,
                              properties=properties, queue_id=key[1], flags=FLAG_TIMER_COPY,

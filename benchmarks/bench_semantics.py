@@ -1,0 +1,127 @@
+"""RocketMQ messaging semantics through the public path: scheduled messages, so far.
+
+``gms standalone`` on free ports, the SDK through the nameserver:
+
+- **Timer lateness** (``timer_fire_late_p50_ms``, ``timer_fire_late_p99_ms``; targets ≤ 20 and
+  ≤ 100 ms at 10 k scheduled messages per second): a producer schedules messages at a steady
+  ``--rate`` (``send_async`` with ``deliver_at``), each due ``LEAD_MS`` after it is sent; a
+  consumer group reads them; lateness = when the consumer got the message − its delivery time
+  (what a user sees: the broker's firing, the copy's append and the pull).
+- **Pending timers in memory** (``timers_pending_1m_rss_mb``, target ≤ 200 MB): the broker's
+  resident set after ``pending`` messages scheduled an hour ahead (scaled to a million), its
+  growth over the idle broker (``timers_pending_rss_growth_mb``) and the part of that growth that
+  is not the mapped store files holding the messages themselves (``timers_pending_anon_growth_mb``).
+
+Pop consumption, FIFO groups and retries are not built yet: their keys are printed as null.
+
+    python benchmarks/bench_semantics.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_peers import gms_standalone, pct
+
+LEAD_MS = 1000  # how far ahead each timed message is scheduled
+TOPIC_SETTLE_S = 0.5
+QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000}
+FULL = {"timed": 100_000, "rate": 10_000, "pending": 1_000_000}
+NOT_BUILT = ("pop_msgs_per_s", "fifo_groups_msgs_per_s", "retry_redeliver_late_p99_ms")
+
+
+def log(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A resident-set figure of ``pid`` in MiB (VmRSS; RssAnon: the heap, without mapped files)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def timer_lateness(nameserver: str, timed: int, rate: int) -> dict[str, float]:
+    from gms.client import Admin, Consumer, Producer
+    from gms.record.layout import DELIVER_AT_PROPERTY
+
+    with Admin(nameserver=nameserver) as admin:
+        admin.create_topic("bench-timers", queues=4)
+    time.sleep(TOPIC_SETTLE_S)
+    consumer = Consumer(nameserver=nameserver, group="bench-timers", subscription={"bench-timers": "*"},
+                        start_from="last")
+    late: list[int] = []
+    try:
+        consumer.poll(timeout_ms=500)  # joined: the group reads from here on
+        with Producer(nameserver=nameserver, linger_ms=2) as producer:
+            started = time.monotonic()
+            for i in range(timed):
+                ahead = started + i / rate - time.monotonic()
+                if ahead > 0.002:
+                    time.sleep(ahead)
+                producer.send_async("bench-timers", b"t", deliver_at=int(time.time() * 1000) + LEAD_MS)
+                if len(late) < timed and not i % 500:
+                    late += _lateness(consumer.poll(timeout_ms=0), DELIVER_AT_PROPERTY)
+            producer.flush()
+        deadline = time.monotonic() + LEAD_MS / 1000 + 30
+        while len(late) < timed and time.monotonic() < deadline:
+            late += _lateness(consumer.poll(timeout_ms=200), DELIVER_AT_PROPERTY)
+    finally:
+        consumer.close()
+    if len(late) != timed:
+        raise RuntimeError(f"{len(late)} of {timed} scheduled messages arrived")
+    late.sort()
+    return {"timer_fire_late_p50_ms": pct(late, 50), "timer_fire_late_p99_ms": pct(late, 99),
+            "timer_fire_late_max_ms": late[-1], "timer_rate_per_s": rate, "timed_messages": timed}
+
+
+def _lateness(messages: object, prop: str) -> list[int]:
+    now = int(time.time() * 1000)
+    return [now - int(m.properties[prop]) for m in messages]  # type: ignore[attr-defined]
+
+
+def pending_memory(nameserver: str, broker_pid: int, pending: int) -> dict[str, float]:
+    from gms.client import Admin, Producer
+
+    with Admin(nameserver=nameserver) as admin:
+        admin.create_topic("bench-pending", queues=4)
+    time.sleep(TOPIC_SETTLE_S)
+    idle, idle_anon = rss_mb(broker_pid), rss_mb(broker_pid, "RssAnon")
+    at = int(time.time() * 1000) + 3_600_000
+    with Producer(nameserver=nameserver, linger_ms=5) as producer:
+        for i in range(pending):
+            producer.send_async("bench-pending", b"p", deliver_at=at + i % 60_000)
+        producer.flush()
+    time.sleep(1.0)
+    full, full_anon = rss_mb(broker_pid), rss_mb(broker_pid, "RssAnon")
+    scaled = idle + (full - idle) * 1_000_000 / pending
+    return {"timers_pending": pending, "timers_pending_rss_mb": round(full, 1),
+            "timers_pending_rss_growth_mb": round(full - idle, 1), "timers_pending_1m_rss_mb": round(scaled, 1),
+            "timers_pending_anon_growth_mb": round(full_anon - idle_anon, 1),  # without the mapped store files
+            "broker_idle_rss_mb": round(idle, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer messages (well under two minutes)")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    figures: dict[str, object] = {"bench": "semantics", "quick": args.quick}
+    with tempfile.TemporaryDirectory() as root, gms_standalone(Path(root)) as (nameserver, broker_pid):
+        log(f"timer lateness: {sizes['timed']} messages at {sizes['rate']}/s, each due {LEAD_MS} ms later")
+        figures.update(timer_lateness(nameserver, sizes["timed"], sizes["rate"]))
+        log(f"pending timers: {sizes['pending']} scheduled an hour ahead")
+        figures.update(pending_memory(nameserver, broker_pid, sizes["pending"]))
+    figures.update(dict.fromkeys(NOT_BUILT))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
