@@ -24,11 +24,14 @@ from pathlib import Path
 
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
+from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
+from gms.client.retries import MAX_RECONSUME_TIMES, RETRY_DELAYS_MS, ensure_topic, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.errors import BadTagExpressionError, GmsError
 from gms.log_throttle import Outage
+from gms.naming import retry_topic
 from gms.record.builder import RecordEncoder
 from gms.security.client import ClientSecurity
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
@@ -86,6 +89,8 @@ class Consumer:
         instance_name: str | None = None,
         offset_dir: Path | str = DEFAULT_OFFSET_DIR,
         security: ClientSecurity | None = None,
+        max_reconsume_times: int = MAX_RECONSUME_TIMES,
+        retry_delays_ms: Sequence[int] = RETRY_DELAYS_MS,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -95,8 +100,16 @@ class Consumer:
             raise ValueError("subscribe to at least one topic")
         if damaged not in DAMAGED_MODES:
             raise ValueError(f"damaged must be one of {DAMAGED_MODES}, not {damaged!r}")
+        if max_reconsume_times < 0 or not retry_delays_ms or min(retry_delays_ms) < 0:
+            raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
         filters = _parse_subscription(subscription)
         self._clustering = mode == "clustering"
+        self._group = group
+        self._max_reconsume_times = max_reconsume_times
+        self._retry_delays_ms = tuple(retry_delays_ms)
+        self._retry_producer: Producer | None = None
+        self._make_retry_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
+                                                     request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
         self._auto_commit_s = auto_commit_interval_ms / 1000 if auto_commit else None
         self._max_poll_messages = max_poll_messages
         self._on_assigned = on_assigned
@@ -110,6 +123,13 @@ class Consumer:
             offset_dir, group, instance_name or socket.gethostname())
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-consumer", security=security)
+        if self._clustering:  # the group's own retry topic: nacked messages come back through it
+            try:
+                self._runtime.run(ensure_topic(self._runtime, retry_topic(group)))
+            except BaseException:
+                self._runtime.close()
+                raise
+            filters[retry_topic(group)] = parse_tag_expression("*")
         self._buffer = FetchBuffer()
         self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,
@@ -206,6 +226,27 @@ class Consumer:
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while not self._closed:
             yield from self.poll(ITER_POLL_MS)
+
+    # --- failed messages -----------------------------------------------------------------------
+
+    def nack(self, message: ReceivedMessage, *, delay_ms: int | None = None, reason: str = "") -> str:
+        """The application failed ``message``: redeliver it to this group after ``delay_ms`` (by
+        default the group's backoff for its attempt: 10 s, 30 s, 1 m ...), with
+        ``reconsume_times`` one higher; after ``max_reconsume_times`` failures it goes to the
+        group's dead-letter topic with ``reason`` instead. Returns the topic it went to. The
+        message itself counts as consumed (its offset is committed as usual): the copy is stored
+        (acknowledged) before this returns. Clustering groups only."""
+        self._check_open()
+        if not self._clustering:
+            raise ValueError("nack needs a clustering consumer group (broadcasting consumers have no retry topic)")
+        topic, send = retry_plan(message, self._group, delay_ms=delay_ms, reason=reason,
+                                 delays_ms=self._retry_delays_ms, max_reconsume_times=self._max_reconsume_times)
+        if topic != retry_topic(self._group):
+            self._runtime.run(ensure_topic(self._runtime, topic))
+        if self._retry_producer is None:
+            self._retry_producer = self._make_retry_producer()
+        self._retry_producer.send(topic, bytes(message.body), **send)
+        return topic
 
     # --- offsets ---------------------------------------------------------------------------------
 
@@ -350,6 +391,8 @@ class Consumer:
         finally:
             self._closed = True
             self._runtime.close()
+            if self._retry_producer is not None:
+                self._retry_producer.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -270,15 +270,17 @@ class Producer:
     def send(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
              properties: Mapping[str, str] | None = None, queue: int | None = None,
              key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
-             delay_ms: int | None = None, delay_level: int | None = None) -> SendResult:
+             delay_ms: int | None = None, delay_level: int | None = None, reconsume_times: int = 0) -> SendResult:
         """Send one message and wait until the broker acknowledges it (per ``acks``).
 
         ``deliver_at`` (a datetime or epoch ms), ``delay_ms`` or ``delay_level`` (RocketMQ's
         1..18) schedule it: stored and acknowledged now, delivered to consumers at that time
-        (docs/scheduled-messages.md)."""
+        (docs/scheduled-messages.md). ``reconsume_times``: how often it was consumed and failed
+        (set by consumer retries)."""
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
-        self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level))
+        self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level),
+                          reconsume_times)
         records = batch.seal()
         first_error = None
         if self._acks:

@@ -85,7 +85,7 @@ class RecordEncoder:
 
     def add(self, batch: BatchBuilder, topic: str, body: bytes | bytearray | memoryview,
             tag: str | None = None, keys: Sequence[str] = (),
-            properties: Mapping[str, str] | None = None, flags: int = 0) -> int:
+            properties: Mapping[str, str] | None = None, flags: int = 0, reconsume_times: int = 0) -> int:
         """Append one record to ``batch``; returns its size. Raises a typed error for bad input.
         ``flags``: record flags (FLAG_SCHEDULED; such a record carries properties)."""
         if type(body) is not bytes and not isinstance(body, (bytes, bytearray, memoryview)):
@@ -94,8 +94,9 @@ class RecordEncoder:
         if body_len > self.body_size_max_bytes:
             raise MessageIllegalError(
                 f"body of {body_len} bytes exceeds the limit of {self.body_size_max_bytes}")
-        if keys or properties or flags:
-            shape, shape_crc, total = self._shape(batch, topic, body_len, tag, keys, properties, flags)
+        if keys or properties or flags or reconsume_times:
+            shape, shape_crc, total = self._shape(batch, topic, body_len, tag, keys, properties, flags,
+                                                  reconsume_times)
         else:
             found = batch.shapes.get((topic, tag, body_len))
             if found is None:
@@ -109,7 +110,8 @@ class RecordEncoder:
         return total
 
     def _shape(self, batch: BatchBuilder, topic: str, body_len: int, tag: str | None,
-               keys: Sequence[str], properties: Mapping[str, str] | None, flags: int = 0) -> tuple[bytes, int, int]:
+               keys: Sequence[str], properties: Mapping[str, str] | None, flags: int = 0,
+               reconsume_times: int = 0) -> tuple[bytes, int, int]:
         """Header bytes from the queue id on plus the variable fields before the body, the CRC
         of their covered part, and the record's total size."""
         topic_raw = self.topic(topic)
@@ -131,7 +133,8 @@ class RecordEncoder:
         host_raw = self._host_raw
         total = (HEADER_SIZE + len(topic_raw) + len(tag_raw) + len(host_raw) + len(keys_raw)
                  + len(props_raw) + body_len)
-        header = HEADER.pack(total, MAGIC_V1, 0, batch.queue_id, 0, 0, 0, flags, batch.born_ts_ms, hashed, 0,
+        header = HEADER.pack(total, MAGIC_V1, 0, batch.queue_id, 0, 0, 0, flags, batch.born_ts_ms, hashed,
+                             reconsume_times,
                              body_len, len(topic_raw), len(tag_raw), len(host_raw), 0,
                              len(keys_raw), len(props_raw))
         shape = b"".join((header[_OFF_SHAPE:], topic_raw, tag_raw, host_raw, keys_raw, props_raw))

@@ -5,12 +5,15 @@
   (registration, replica fetches), which the servers check by request code, never a client's.
 - ``normal`` users: with ACLs off, publish, subscribe and describe anything, administer nothing;
   with ACLs on, exactly what the rules allow (deny beats allow; no matching rule: denied).
+- A consumer group's retry and dead-letter topics (``%RETRY%<group>``, ``%DLQ%<group>``) are the
+  group's: publishing to, reading or describing them needs subscribe on the group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from gms.naming import group_of_topic
 from gms.security.acl import AclTable
 from gms.security.gate import forbidden
 from gms.security.users import Principal
@@ -32,6 +35,8 @@ class Authorizer:
             return True
         if principal.role != "normal":
             return False
+        if resource_type == "topic" and operation != "admin" and (group := group_of_topic(name)) is not None:
+            resource_type, name, operation = "group", group, "subscribe"
         if self._acls is None:
             return operation != "admin"
         return self._acls().decide(principal.name, resource_type, name, operation) is True

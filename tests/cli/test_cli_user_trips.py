@@ -118,3 +118,35 @@ def test_scheduled_messages_from_the_command_line(env, topic):
     time.sleep(max(0.0, 5.5 - (time.monotonic() - started)))
     tail = gms(env, "tail", topic, "--format", "json").stdout
     assert [json.loads(line)["body"] for line in tail.splitlines()] == ["kept"]
+
+
+def test_dead_letters_are_listed_shown_and_resent(cluster, env, topic):
+    from gms.client import Consumer
+    from gms.client.retries import origin_topic
+
+    sent = json.loads(gms(env, "produce", topic, "poison", "--json").stdout)["results"][0]
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    consumer = Consumer(nameserver=cluster.nameserver, group=group, subscription={topic: "*"}, start_from="first",
+                        max_reconsume_times=0)
+    try:
+        message = _first(consumer)
+        assert consumer.nack(message, reason="cannot parse").startswith("%DLQ%")
+        letters = json.loads(gms(env, "dlq", "list", group, "--json").stdout)
+        assert [(d["topic"], d["reason"], d["original_msg_id"], d["body"]) for d in letters] == \
+            [(topic, "cannot parse", sent["msg_id"], "poison")]
+        assert "cannot parse" in gms(env, "dlq", "show", group, letters[0]["msg_id"]).stdout
+        assert "not a dead letter" in gms(env, "dlq", "show", group, sent["msg_id"], ok=False).stderr
+        gms(env, "dlq", "resend", group, letters[0]["msg_id"])
+        again = _first(consumer)
+        assert (bytes(again.body), origin_topic(again), again.reconsume_times) == (b"poison", topic, 0)
+    finally:
+        consumer.close()
+    assert json.loads(gms(env, "dlq", "list", "never-failed", "--json").stdout) == []
+
+
+def _first(consumer):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for message in consumer.poll(timeout_ms=200):
+            return message
+    raise AssertionError("nothing arrived")

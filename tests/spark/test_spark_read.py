@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from pyspark.sql import functions as F
@@ -118,6 +119,6 @@ def test_scheduled_messages_not_yet_delivered_are_not_read(spark, tmp_path):
     store.create_topic("sched", 1)
     store.append(encode_record(topic="sched", body=b"visible"))
     store.append(encode_record(topic="sched", body=b"hidden", flags=FLAG_SCHEDULED,
-                               properties={DELIVER_AT_PROPERTY: "9999999999999"}))
+                               properties={DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 3_600_000)}))
     store.close()
     assert [bytes(r.body) for r in gms(spark, topics="sched").load(str(root)).collect()] == [b"visible"]

@@ -1,0 +1,77 @@
+"""Consumer retries and dead letters (RocketMQ's ``%RETRY%<group>`` / ``%DLQ%<group>``).
+
+A clustering consumer group reads its own retry topic besides its subscription. A message the
+application fails (``Consumer.nack``) is sent there as a scheduled message — a copy with
+``reconsume_times`` one higher and the original topic and message id in properties — so it comes
+back to a member of the same group after a backoff (RocketMQ's schedule: 10 s, 30 s, 1 m, 2 m …
+2 h); other groups never see it. After ``max_reconsume_times`` failures it goes to the group's
+dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gms.client.routing import NameserverRoutes
+from gms.client.runtime import ClientRuntime
+from gms.client.structs import ReceivedMessage
+from gms.errors import TopicAlreadyExistsError, TopicNotFoundError
+from gms.naming import dlq_topic, retry_topic
+from gms.protocol.codes import RequestCode
+
+# RocketMQ's delay levels 3..18, the schedule of its consumer retries.
+RETRY_DELAYS_MS: tuple[int, ...] = tuple(s * 1000 for s in (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+MAX_RECONSUME_TIMES = 16
+REPLICAS_MAX = 3  # a group's retry and dead-letter topics are replicated on up to this many brokers
+
+ORIGIN_TOPIC_PROPERTY = "__RETRY_TOPIC"  # the topic the failed message was first sent to
+ORIGIN_MSG_ID_PROPERTY = "__RETRY_MSG_ID"  # its message id there
+DLQ_REASON_PROPERTY = "__DLQ_REASON"  # why the last attempt failed (what nack was given)
+
+
+def origin_topic(message: ReceivedMessage) -> str:
+    """The topic a message was sent to, also for a redelivered one (read from its retry topic)."""
+    return message.properties.get(ORIGIN_TOPIC_PROPERTY, message.topic)
+
+
+async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
+    """Create a group's retry or dead-letter topic unless it exists (1 queue)."""
+    routes = runtime.routes
+    if isinstance(routes, NameserverRoutes):
+        try:
+            await routes.request(RequestCode.GET_ROUTE, {"topic": topic})
+            return
+        except TopicNotFoundError:
+            pass
+        replicas = max(1, min(REPLICAS_MAX, len(await routes.live_brokers())))
+        try:
+            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1, "replicas": replicas})
+        except TopicAlreadyExistsError:
+            pass
+        return
+    first = routes.brokers[0]  # a fixed list of standalone brokers: the first one holds it
+    if topic in (await runtime.pool.request(first, RequestCode.TOPIC_LIST)).fields["topics"]:
+        return
+    try:
+        await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1})
+    except TopicAlreadyExistsError:
+        pass
+
+
+def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, reason: str,
+               delays_ms: Sequence[int], max_reconsume_times: int) -> tuple[str, dict[str, Any]]:
+    """(topic, send keyword arguments) of the copy a failed ``message`` becomes: the group's retry
+    topic after its backoff, or its dead-letter topic once it failed ``max_reconsume_times`` times."""
+    attempts = message.reconsume_times + 1
+    properties: Mapping[str, str] = message.properties
+    kept = {k: v for k, v in properties.items() if not k.startswith("__") or k in (ORIGIN_TOPIC_PROPERTY,
+                                                                                    ORIGIN_MSG_ID_PROPERTY)}
+    kept.setdefault(ORIGIN_TOPIC_PROPERTY, message.topic)
+    kept.setdefault(ORIGIN_MSG_ID_PROPERTY, message.msg_id)
+    send: dict[str, Any] = {"tag": message.tag, "keys": message.keys, "reconsume_times": attempts}
+    if attempts > max_reconsume_times:
+        return dlq_topic(group), {**send, "properties": {**kept, DLQ_REASON_PROPERTY: reason or "nack"}}
+    delay = delay_ms if delay_ms is not None else delays_ms[min(attempts, len(delays_ms)) - 1]
+    return retry_topic(group), {**send, "properties": kept, "delay_ms": max(delay, 0)}
