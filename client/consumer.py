@@ -31,7 +31,7 @@ from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.errors import BadTagExpressionError, GmsError
 from gms.log_throttle import Outage
-from gms.naming import retry_topic
+from gms.naming import group_of_topic, retry_topic
 from gms.record.builder import RecordEncoder
 from gms.security.client import ClientSecurity
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
@@ -163,8 +163,10 @@ class Consumer:
         self._membership.wake()
 
     def assignment(self) -> list[TopicQueue]:
-        """The queues this consumer reads now (revoked ones excluded)."""
-        return sorted(q for q, s in list(self._membership.states.items()) if not s.revoked)
+        """The queues of the subscribed topics this consumer reads now (revoked ones excluded; the
+        group's retry queue, which one member reads besides, is not listed)."""
+        return sorted(q for q, s in list(self._membership.states.items())
+                      if not s.revoked and group_of_topic(q.topic) is None)
 
     @property
     def damaged_count(self) -> int:
@@ -365,17 +367,18 @@ class Consumer:
     def _handle_rebalance(self) -> None:
         """Run the assignments and revocations the heartbeats brought, in order."""
         for event in self._membership.take_events():
+            subscribed = [q for q in event.queues if group_of_topic(q.topic) is None]  # as assignment()
             if event.assigned:
-                if self._on_assigned is not None:
-                    self._on_assigned(list(event.queues))
+                if self._on_assigned is not None and subscribed:
+                    self._on_assigned(subscribed)
                 continue
             self._buffer.drop(lambda chunk: chunk.state.revoked)
             if not event.lost:
                 states = [s for q in event.queues if (s := self._membership.states.get(q)) is not None]
                 if self._auto_commit_s is not None:
                     self._auto_commit(states)
-            if self._on_revoked is not None:
-                self._on_revoked(list(event.queues))
+            if self._on_revoked is not None and subscribed:
+                self._on_revoked(subscribed)
             self._runtime.run(self._membership.release(event.queues))
 
     def close(self) -> None:
