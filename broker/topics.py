@@ -19,7 +19,7 @@ from gms.broker.atomic_file import write_atomically
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.private_files import make_private_dir
-from gms.store_errors import InvalidQueueCount, StoreCorrupt, TopicExists, UnknownTopic
+from gms.store_errors import InvalidQueueCount, StoreCorrupt, StoreIOError, TopicExists, UnknownTopic
 
 QUEUE_COUNT_MAX = 1024  # per topic; each queue is a directory of index files
 TOPICS_FORMAT_VERSION = 1
@@ -80,7 +80,10 @@ class TopicTable:
                "topics": {name: {"queue_count": t.queue_count, "created_at_offset": t.created_at_offset,
                                  **{k: v for k, v in asdict(t.limits).items() if v is not None}}
                           for name, t in sorted(topics.items())}}
-        write_atomically(self._path, json.dumps(doc, indent=1).encode())
+        try:
+            write_atomically(self._path, json.dumps(doc, indent=1).encode())
+        except OSError as err:  # a full disk: a clear, retriable error, and the table unchanged
+            raise StoreIOError(f"cannot save the topic table {self._path}: {err}") from err
         self._topics = topics
 
     @staticmethod

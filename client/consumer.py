@@ -29,7 +29,7 @@ from gms.client.rebalance import Membership, StartFrom
 from gms.client.retries import MAX_RECONSUME_TIMES, RETRY_DELAYS_MS, ensure_topic, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
-from gms.errors import BadTagExpressionError, GmsError
+from gms.errors import BadTagExpressionError, ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage
 from gms.naming import group_of_topic, retry_topic
 from gms.record.builder import RecordEncoder
@@ -126,10 +126,16 @@ class Consumer:
         if self._clustering:  # the group's own retry topic: nacked messages come back through it
             try:
                 self._runtime.run(ensure_topic(self._runtime, retry_topic(group)))
+                filters[retry_topic(group)] = parse_tag_expression("*")
+            except (ForbiddenError, UnauthenticatedError):
+                self._runtime.close()
+                raise
+            except GmsError as err:  # reading still works; nack says so again when it is needed
+                log.warning("group %s: cannot create its retry topic %s (%s); nacked messages will not come back"
+                            " to this consumer", group, retry_topic(group), err)
             except BaseException:
                 self._runtime.close()
                 raise
-            filters[retry_topic(group)] = parse_tag_expression("*")
         self._buffer = FetchBuffer()
         self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,
