@@ -237,6 +237,20 @@ class Consumer:
 
     # --- failed messages -----------------------------------------------------------------------
 
+    def listen(self, listener: Callable[[ReceivedMessage], object], *,
+               stop: Callable[[], bool] = lambda: False) -> None:
+        """Hand every message to ``listener`` until ``stop()`` is true (checked between polls) or
+        the consumer is closed. A listener that raises fails its message: :meth:`nack` with the
+        exception as the reason (RocketMQ's RECONSUME_LATER), and the next message follows."""
+        while not self._closed and not stop():
+            for message in self.poll(ITER_POLL_MS):
+                try:
+                    listener(message)
+                except Exception as err:  # noqa: BLE001 - the application's failure, handed to nack
+                    log.debug("listener failed %s: %r", message.msg_id, err)
+                    self.nack(message, reason=f"{type(err).__name__}: {err}")
+
+
     def nack(self, message: ReceivedMessage, *, delay_ms: int | None = None, reason: str = "") -> str:
         """The application failed ``message``: redeliver it to this group after ``delay_ms`` (by
         default the group's backoff for its attempt: 10 s, 30 s, 1 m ...), with

@@ -64,3 +64,26 @@ def test_nacked_messages_come_back_then_go_to_the_dead_letter_topic(broker):
     assert bytes(letter.body) == b"job" and letter.reconsume_times == 3
     assert letter.properties[DLQ_REASON_PROPERTY] == "attempt 2 failed"
     assert letter.properties[ORIGIN_MSG_ID_PROPERTY] == sent.msg_id
+
+
+def test_a_listener_that_raises_gets_the_message_again(broker):
+    with Admin([broker.address]) as admin:
+        admin.create_topic("listened", queues=1)
+    with Producer([broker.address]) as producer:
+        producer.send("listened", b"flaky")
+        producer.send("listened", b"fine")
+    consumer = Consumer([broker.address], group="listener", subscription={"listened": "*"}, start_from="first",
+                        retry_delays_ms=(200,))
+    seen: list[tuple[bytes, int]] = []
+
+    def handle(message) -> None:
+        seen.append((bytes(message.body), message.reconsume_times))
+        if message.body == b"flaky" and message.reconsume_times == 0:
+            raise RuntimeError("downstream timeout")
+
+    deadline = time.monotonic() + 10
+    try:
+        consumer.listen(handle, stop=lambda: len(seen) >= 3 or time.monotonic() > deadline)
+    finally:
+        consumer.close()
+    assert seen == [(b"flaky", 0), (b"fine", 0), (b"flaky", 1)]
