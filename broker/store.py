@@ -1166,11 +1166,21 @@ class MessageStore:
 
     def timer_records(self, topic: str, queue_id: int, start: int, chunk: int = 65_536) -> Iterator[TimerRecord]:
         """The records with timer flags in a queue from offset ``start`` to its end (a restart's
-        rescan): the flags of every record are read from the commitlog, vectorised per file."""
+        rescan): up to the first hidden entry only the index is read; from there the flags of
+        every record, from the commitlog, vectorised per file."""
         cq = self._queue(topic, queue_id)
         offset = max(start, cq.min_offset)
+        seen_hidden = False  # copies matter only after a scheduled record: until one, the index alone is read
         while offset < cq.max_offset:
             entries = cq.read(offset, min(chunk, cq.max_offset - offset))
+            if not seen_hidden:
+                hidden = np.flatnonzero(entries["tag_hash"] == HIDDEN_TAG_HASH)
+                if not hidden.size:
+                    offset += len(entries)
+                    continue
+                seen_hidden = True
+                skip = int(hidden[0])
+                entries, offset = entries[skip:], offset + skip
             real = np.flatnonzero(entries["size"] >= HEADER_SIZE)  # lost entries have no record
             phys = entries["phys"][real].astype(np.int64)
             flags = np.zeros(len(phys), np.int64)
