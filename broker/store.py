@@ -132,12 +132,18 @@ class TimerListener(Protocol):
     def truncated(self, topic: str, queue_id: int) -> None:
         """A queue was cut back or restarted: what the timer knows of it may be gone."""
 
+    def deleted(self, topic: str) -> None:
+        """A topic was deleted, records and all."""
+
 
 class _NoTimers:
     def appended(self, records: list[TimerRecord]) -> None:
         pass
 
     def truncated(self, topic: str, queue_id: int) -> None:
+        pass
+
+    def deleted(self, topic: str) -> None:
         pass
 
 
@@ -376,6 +382,7 @@ class MessageStore:
                         self._queues.pop(key).close()
                 shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
             self._save_min_offsets()  # a topic created again under this name starts at 0
+        self._timers.deleted(name)
 
     def topics(self) -> dict[str, int]:
         return self._topics.snapshot()

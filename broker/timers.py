@@ -82,7 +82,6 @@ class TimerService:
         self._near: list[tuple[int, int]] = []
         self._near_second = -1
         self._sleeping_until = 1 << 62  # when the firing loop wakes next by itself (ms)
-        self._scanned: dict[QueueKey, int] = {}  # where the last rescan of a queue ended
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
@@ -118,6 +117,11 @@ class TimerService:
         self._pending.pop(key, None)
         self._rescan(key, low)
         self._wake.set()
+
+    def deleted(self, topic: str) -> None:
+        """The topic was deleted: its scheduled messages went with it."""
+        for key in [k for k in self._pending if k[0] == topic]:
+            del self._pending[key]
 
     def _follow(self, record: TimerRecord) -> None:
         key = (record.topic, record.queue_id)

@@ -131,3 +131,14 @@ def test_a_delivery_time_too_far_ahead_or_missing_is_refused(broker):
 
         with pytest.raises(GmsError, match=DELIVER_AT_PROPERTY):
             run(send())
+
+
+def test_deleting_a_topic_drops_its_scheduled_messages(broker):
+    with Admin([broker.address]) as admin:
+        admin.create_topic("sched-gone", queues=1)
+        with Producer([broker.address]) as producer:
+            producer.send("sched-gone", b"never", delay_ms=800)
+        admin.delete_topic("sched-gone")
+        admin.create_topic("sched-gone", queues=1)  # a new topic of the same name starts empty
+    assert read_all(broker, "sched-gone", 1, 2.0) == []
+    assert "cannot deliver" not in broker.log_tail(20_000)

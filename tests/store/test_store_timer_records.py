@@ -31,6 +31,9 @@ class Heard:
     def truncated(self, topic: str, queue_id: int) -> None:
         pass
 
+    def deleted(self, topic: str) -> None:
+        pass
+
 
 def scheduled(body: bytes, in_ms: int = 60_000) -> bytes:
     return encode_record(topic="t", body=body, flags=FLAG_SCHEDULED,
