@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 MODES = ("clustering", "broadcasting")
 LONG_POLL_MS = 5000
 ITER_POLL_MS = 1000
+FIFO_RETRY_DELAY_MS = 1000  # a FIFO queue waits this long after a failure (RocketMQ's suspend time)
 
 DAMAGED_MODES = ("skip", "raise")
 
@@ -91,6 +93,7 @@ class Consumer:
         security: ClientSecurity | None = None,
         max_reconsume_times: int = MAX_RECONSUME_TIMES,
         retry_delays_ms: Sequence[int] = RETRY_DELAYS_MS,
+        fifo: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -104,6 +107,12 @@ class Consumer:
             raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
         filters = _parse_subscription(subscription)
         self._clustering = mode == "clustering"
+        if fifo and not self._clustering:
+            raise ValueError("fifo needs a clustering consumer group")
+        self._fifo = fifo
+        # FIFO: queues held back after a failure (until when, from which offset), failures so far.
+        self._held: dict[TopicQueue, tuple[float, int]] = {}
+        self._fifo_attempts: dict[tuple[str, int, int], int] = {}
         self._group = group
         self._max_reconsume_times = max_reconsume_times
         self._retry_delays_ms = tuple(retry_delays_ms)
@@ -188,8 +197,11 @@ class Consumer:
             error, self._pending_damaged = self._pending_damaged, None
             raise error
         self._handle_rebalance()
+        self._release_held()
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
             self._commit_in_background()
+        if self._held:  # wake when a held FIFO queue may be read again
+            timeout_ms = min(timeout_ms, max(0.0, min(u for u, _ in self._held.values()) - time.monotonic()) * 1000)
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
         messages: list[ReceivedMessages] = []
         release = self._runtime.loop.call_soon_threadsafe
@@ -241,9 +253,12 @@ class Consumer:
                stop: Callable[[], bool] = lambda: False) -> None:
         """Hand every message to ``listener`` until ``stop()`` is true (checked between polls) or
         the consumer is closed. A listener that raises fails its message: :meth:`nack` with the
-        exception as the reason (RocketMQ's RECONSUME_LATER), and the next message follows."""
+        exception as the reason (RocketMQ's RECONSUME_LATER), and the next message follows (FIFO:
+        the next one of another queue; its own queue waits for the failed one)."""
         while not self._closed and not stop():
             for message in self.poll(ITER_POLL_MS):
+                if self.held(message):
+                    continue
                 try:
                     listener(message)
                 except Exception as err:  # noqa: BLE001 - the application's failure, handed to nack
@@ -261,14 +276,56 @@ class Consumer:
         self._check_open()
         if not self._clustering:
             raise ValueError("nack needs a clustering consumer group (broadcasting consumers have no retry topic)")
+        if self._fifo:
+            return self._hold(message, delay_ms, reason)
         topic, send = retry_plan(message, self._group, delay_ms=delay_ms, reason=reason,
                                  delays_ms=self._retry_delays_ms, max_reconsume_times=self._max_reconsume_times)
+        return self._send_copy(topic, message, send)
+
+    def _send_copy(self, topic: str, message: ReceivedMessage, send: dict[str, Any]) -> str:
         if topic != retry_topic(self._group):
             self._runtime.run(ensure_topic(self._runtime, topic))
         if self._retry_producer is None:
             self._retry_producer = self._make_retry_producer()
         self._retry_producer.send(topic, bytes(message.body), **send)
         return topic
+
+    def held(self, message: ReceivedMessage) -> bool:
+        """FIFO: whether ``message`` is held back (its queue waits for a failed earlier message,
+        which comes again first): skip it, it comes again too."""
+        hold = self._held.get(TopicQueue(message.topic, message.queue_id))
+        return hold is not None and message.queue_offset >= hold[1]
+
+    def _hold(self, message: ReceivedMessage, delay_ms: int | None, reason: str) -> str:
+        """FIFO nack: the queue goes back to the failed message and waits ``delay_ms`` (default
+        1 s, RocketMQ's suspend time), so nothing after it is delivered first; after
+        ``max_reconsume_times`` failures it goes to the dead-letter topic and the queue moves on."""
+        where = (message.topic, message.queue_id, message.queue_offset)
+        attempts = self._fifo_attempts.get(where, 0) + 1
+        if attempts > self._max_reconsume_times:
+            self._fifo_attempts.pop(where, None)
+            topic, send = retry_plan(message, self._group, delay_ms=delay_ms, reason=reason,
+                                     delays_ms=self._retry_delays_ms, max_reconsume_times=self._max_reconsume_times,
+                                     attempts=attempts)
+            return self._send_copy(topic, message, send)
+        self._fifo_attempts[where] = attempts
+        state = self._state(message.topic, message.queue_id)
+        state.paused = True
+        self._runtime.run(self._membership.restart(state, message.queue_offset))
+        delay_s = (FIFO_RETRY_DELAY_MS if delay_ms is None else max(delay_ms, 0)) / 1000
+        self._held[state.key] = (time.monotonic() + delay_s, message.queue_offset)
+        return message.topic
+
+    def _release_held(self) -> None:
+        """FIFO: queues whose wait after a failure is over are read again (from the failed message)."""
+        now = time.monotonic()
+        for queue, (until, _) in list(self._held.items()):
+            if until <= now:
+                del self._held[queue]
+                state = self._membership.states.get(queue)
+                if state is not None and not state.revoked and state.paused:
+                    state.paused = False
+                    self._runtime.run(self._membership.restart(state, state.position))
 
     # --- offsets ---------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 from gms.record.builder import BatchBuilder, RecordEncoder
-from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -270,13 +270,16 @@ class Producer:
     def send(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
              properties: Mapping[str, str] | None = None, queue: int | None = None,
              key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
-             delay_ms: int | None = None, delay_level: int | None = None, reconsume_times: int = 0) -> SendResult:
+             delay_ms: int | None = None, delay_level: int | None = None, reconsume_times: int = 0,
+             message_group: str | None = None) -> SendResult:
         """Send one message and wait until the broker acknowledges it (per ``acks``).
 
         ``deliver_at`` (a datetime or epoch ms), ``delay_ms`` or ``delay_level`` (RocketMQ's
         1..18) schedule it: stored and acknowledged now, delivered to consumers at that time
         (docs/scheduled-messages.md). ``reconsume_times``: how often it was consumed and failed
-        (set by consumer retries)."""
+        (set by consumer retries). ``message_group``: FIFO order with the group's other messages
+        (docs/fifo.md): they go to one queue, in the order sent."""
+        properties, key = _grouped(properties, key, message_group)
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
         self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level),
@@ -370,14 +373,15 @@ class Producer:
                    key: str | bytes | None = None,
                    callback: Callable[[SendFuture], object] | None = None, *,
                    deliver_at: datetime.datetime | int | None = None, delay_ms: int | None = None,
-                   delay_level: int | None = None) -> SendFuture:
+                   delay_level: int | None = None, message_group: str | None = None) -> SendFuture:
         """Queue a message for a batched send; the returned :class:`SendFuture` resolves when
         the broker answers its batch (``flush()`` waits for every one).
 
         ``callback(future)`` runs on the I/O thread once the future is done: keep it short.
         Bad input raises here; send failures are set on the future. ``deliver_at``, ``delay_ms``,
-        ``delay_level``: as for :meth:`send`.
+        ``delay_level``, ``message_group``: as for :meth:`send`.
         """
+        properties, key = _grouped(properties, key, message_group)
         route = self._route(topic, queue, key)
         future = self._accumulator.append(route, body, tag, keys,
                                           *_scheduled(properties, deliver_at, delay_ms, delay_level))
@@ -423,3 +427,14 @@ def _scheduled(properties: Mapping[str, str] | None, deliver_at: datetime.dateti
     if at is None:
         return properties, 0
     return {**(properties or {}), DELIVER_AT_PROPERTY: str(at)}, FLAG_SCHEDULED
+
+
+def _grouped(properties: Mapping[str, str] | None, key: str | bytes | None,
+             message_group: str | None) -> tuple[Mapping[str, str] | None, str | bytes | None]:
+    """(properties, routing key) of a message of ``message_group``: routed by the group, which it
+    carries in a property (FIFO consumers hold a failed message's group back)."""
+    if message_group is None:
+        return properties, key
+    if not message_group:
+        raise ValueError("message_group must not be empty")
+    return {**(properties or {}), MESSAGE_GROUP_PROPERTY: message_group}, message_group

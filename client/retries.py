@@ -61,10 +61,12 @@ async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
 
 
 def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, reason: str,
-               delays_ms: Sequence[int], max_reconsume_times: int) -> tuple[str, dict[str, Any]]:
+               delays_ms: Sequence[int], max_reconsume_times: int,
+               attempts: int | None = None) -> tuple[str, dict[str, Any]]:
     """(topic, send keyword arguments) of the copy a failed ``message`` becomes: the group's retry
-    topic after its backoff, or its dead-letter topic once it failed ``max_reconsume_times`` times."""
-    attempts = message.reconsume_times + 1
+    topic after its backoff, or its dead-letter topic once it failed ``max_reconsume_times`` times.
+    ``attempts``: its failures so far, this one included (default: its reconsume_times + 1)."""
+    attempts = message.reconsume_times + 1 if attempts is None else attempts
     properties: Mapping[str, str] = message.properties
     kept = {k: v for k, v in properties.items() if not k.startswith("__") or k in (ORIGIN_TOPIC_PROPERTY,
                                                                                     ORIGIN_MSG_ID_PROPERTY)}

@@ -113,6 +113,7 @@ HIDDEN_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_CANCEL
 TIMER_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_COPY | FLAG_TIMER_CANCEL
 PRODUCER_FLAGS = FLAG_SCHEDULED
 DELIVER_AT_PROPERTY = "__DELIVER_AT_MS"
+MESSAGE_GROUP_PROPERTY = "__MESSAGE_GROUP"  # FIFO order within the group (docs/fifo.md)
 ORIGIN_PROPERTY = "__TIMER_ORIGIN"  # the queue offset of the scheduled message
 # The consumeQueue tag hash of a hidden record: consumers skip these entries without reading the
 # commitlog. Chosen outside what tag_hash() gives in practice (a collision would hide a message
