@@ -13,7 +13,12 @@
   growth over the idle broker (``timers_pending_rss_growth_mb``) and the part of that growth that
   is not the mapped store files holding the messages themselves (``timers_pending_anon_growth_mb``).
 
-Pop consumption, FIFO groups and retries are not built yet: their keys are printed as null.
+- **FIFO groups** (``fifo_groups_msgs_per_s``): messages of ``FIFO_GROUPS`` message groups over
+  8 queues, read by a ``fifo=True`` consumer's ``listen`` (every body read), messages per second.
+- **Retry lateness** (``retry_redeliver_late_p99_ms``): messages nacked with a 1 s delay come back
+  through the group's retry topic; lateness = when it came again − (nack + delay).
+
+Pop consumption is not built yet: its key is printed as null.
 
     python benchmarks/bench_semantics.py [--quick]
 """
@@ -33,9 +38,11 @@ from bench_peers import gms_standalone, pct
 
 LEAD_MS = 1000  # how far ahead each timed message is scheduled
 TOPIC_SETTLE_S = 0.5
-QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000}
-FULL = {"timed": 100_000, "rate": 10_000, "pending": 1_000_000}
-NOT_BUILT = ("pop_msgs_per_s", "fifo_groups_msgs_per_s", "retry_redeliver_late_p99_ms")
+QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000, "fifo": 50_000, "retries": 2_000}
+FULL = {"timed": 100_000, "rate": 10_000, "pending": 1_000_000, "fifo": 200_000, "retries": 10_000}
+NOT_BUILT = ("pop_msgs_per_s",)
+FIFO_GROUPS = 100
+RETRY_DELAY_MS = 1000
 
 
 def log(*parts: object) -> None:
@@ -124,6 +131,66 @@ def pending_memory(nameserver: str, broker_pid: int, pending: int) -> dict[str, 
             "broker_idle_rss_mb": round(idle, 1)}
 
 
+def fifo_throughput(nameserver: str, count: int) -> dict[str, float]:
+    from gms.client import Admin, Consumer, Producer
+
+    with Admin(nameserver=nameserver) as admin:
+        admin.create_topic("bench-fifo", queues=8)
+    time.sleep(TOPIC_SETTLE_S)
+    with Producer(nameserver=nameserver, linger_ms=5) as producer:
+        for i in range(count):
+            producer.send_async("bench-fifo", b"f" * 100, message_group=f"g{i % FIFO_GROUPS}")
+        producer.flush()
+    consumer = Consumer(nameserver=nameserver, group="bench-fifo", subscription={"bench-fifo": "*"},
+                        start_from="first", fifo=True)
+    got = [0]
+
+    def handle(message: object) -> None:
+        got[0] += len(message.body)  # type: ignore[attr-defined]
+
+    started = time.monotonic()
+    try:
+        consumer.listen(handle, stop=lambda: got[0] >= count * 100 or time.monotonic() - started > 120)
+    finally:
+        consumer.close()
+    if got[0] != count * 100:
+        raise RuntimeError(f"FIFO consumer read {got[0] // 100} of {count}")
+    return {"fifo_groups_msgs_per_s": round(count / (time.monotonic() - started)), "fifo_groups": FIFO_GROUPS}
+
+
+def retry_lateness(nameserver: str, count: int) -> dict[str, float]:
+    from gms.client import Admin, Consumer, Producer
+
+    with Admin(nameserver=nameserver) as admin:
+        admin.create_topic("bench-retry", queues=4)
+    time.sleep(TOPIC_SETTLE_S)
+    with Producer(nameserver=nameserver, linger_ms=5) as producer:
+        for i in range(count):
+            producer.send_async("bench-retry", str(i).encode())
+        producer.flush()
+    consumer = Consumer(nameserver=nameserver, group="bench-retry", subscription={"bench-retry": "*"},
+                        start_from="first")
+    nacked: dict[bytes, float] = {}
+    late: list[int] = []
+    deadline = time.monotonic() + 120
+    try:
+        while len(late) < count and time.monotonic() < deadline:
+            for message in consumer.poll(timeout_ms=100):
+                body = bytes(message.body)
+                if message.reconsume_times == 0:
+                    consumer.nack(message, delay_ms=RETRY_DELAY_MS)
+                    nacked[body] = time.monotonic()
+                else:
+                    late.append(round((time.monotonic() - nacked[body]) * 1000) - RETRY_DELAY_MS)
+    finally:
+        consumer.close()
+    if len(late) != count:
+        raise RuntimeError(f"{len(late)} of {count} nacked messages came back")
+    late.sort()
+    return {"retry_redeliver_late_p50_ms": pct(late, 50), "retry_redeliver_late_p99_ms": pct(late, 99),
+            "retried_messages": count}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer messages (well under two minutes)")
@@ -135,6 +202,10 @@ def main() -> None:
         figures.update(timer_lateness(nameserver, sizes["timed"], sizes["rate"]))
         log(f"pending timers: {sizes['pending']} scheduled an hour ahead")
         figures.update(pending_memory(nameserver, broker_pid, sizes["pending"]))
+        log(f"FIFO: {sizes['fifo']} messages in {FIFO_GROUPS} message groups")
+        figures.update(fifo_throughput(nameserver, sizes["fifo"]))
+        log(f"retries: {sizes['retries']} messages nacked with a {RETRY_DELAY_MS} ms delay")
+        figures.update(retry_lateness(nameserver, sizes["retries"]))
     figures.update(dict.fromkeys(NOT_BUILT))
     print(json.dumps(figures))
 
