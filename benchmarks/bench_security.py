@@ -60,7 +60,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_peers import START_TIMEOUT_S, Deadline, Phase, _child_pid, pct, stop_process
 
-FULL = {"n": 1_000_000, "nlat": 20_000, "warmup": 1_000}
+FULL = {"n": 3_000_000, "nlat": 20_000, "warmup": 1_000}  # consume phases under a second are noise
 QUICK = {"n": 100_000, "nlat": 2_000, "warmup": 300}
 PIPE = 1000  # records per send_batch
 SIZE = 100  # bytes per message body
