@@ -31,24 +31,15 @@ from gms.errors import BadRequestError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame
-from gms.security.authorizer import CLUSTER, Authorizer
+from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_topic
 from gms.security.gate import current_principal, forbidden
 from gms.security.users import Principal
 
-Check = tuple[str, str, str]  # (resource type, name, operation)
 REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEADER_EPOCH})
 
 
-def _topic(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
-    return lambda fields: [("topic", field(fields, "topic", str), operation)]
-
-
-def _group(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
+def _group(operation: str) -> Policy:
     return lambda fields: [("group", group_name_field(fields), operation)]
-
-
-def _cluster(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
-    return lambda fields: [("cluster", CLUSTER, operation)]
 
 
 def _pull(fields: Mapping[str, Any]) -> list[Check]:
@@ -65,19 +56,19 @@ def _heartbeat(fields: Mapping[str, Any]) -> list[Check]:
     return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "subscribe") for t in subscription)]
 
 
-def _group_queues(rows: str, width: int) -> Callable[[Mapping[str, Any]], list[Check]]:
+def _group_queues(rows: str, width: int) -> Policy:
     def checks(fields: Mapping[str, Any]) -> list[Check]:
         topics = {row[0] for row in queue_rows(fields, rows, width)} if rows in fields else set()
         return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "describe") for t in sorted(topics))]
     return checks
 
 
-POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
+POLICY: dict[int, Policy] = {
     RequestCode.PULL: _pull,
-    RequestCode.QUERY_MIN_OFFSET: _topic("describe"),
-    RequestCode.QUERY_MAX_OFFSET: _topic("describe"),
-    RequestCode.QUERY_OFFSET_BY_TIME: _topic("describe"),
-    RequestCode.TOPIC_STATS: _topic("describe"),
+    RequestCode.QUERY_MIN_OFFSET: on_topic("describe"),
+    RequestCode.QUERY_MAX_OFFSET: on_topic("describe"),
+    RequestCode.QUERY_OFFSET_BY_TIME: on_topic("describe"),
+    RequestCode.TOPIC_STATS: on_topic("describe"),
     RequestCode.HEARTBEAT: _heartbeat,
     RequestCode.UNREGISTER_CONSUMER: _group("subscribe"),
     RequestCode.COMMIT_OFFSET: _group_queues("offsets", 3),
@@ -86,11 +77,11 @@ POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
     RequestCode.GET_CONSUMER_GROUP_MEMBERS: _group("describe"),
     RequestCode.FIND_COORDINATOR: _group("describe"),
     RequestCode.DELETE_GROUP: _group("admin"),
-    RequestCode.CREATE_TOPIC: _topic("admin"),
-    RequestCode.UPDATE_TOPIC: _topic("admin"),
-    RequestCode.DELETE_TOPIC: _topic("admin"),
-    RequestCode.TOPIC_LIST: _cluster("describe"),
-    RequestCode.BROKER_STATUS: _cluster("describe"),
+    RequestCode.CREATE_TOPIC: on_topic("admin"),
+    RequestCode.UPDATE_TOPIC: on_topic("admin"),
+    RequestCode.DELETE_TOPIC: on_topic("admin"),
+    RequestCode.TOPIC_LIST: on_cluster("describe"),
+    RequestCode.BROKER_STATUS: on_cluster("describe"),
 }
 # Checked by their handlers, which know the topics only once the records are parsed or read.
 IN_HANDLER = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.VIEW_MESSAGE_BY_ID,
@@ -109,8 +100,7 @@ class BrokerAccess:
             return
         policy = POLICY.get(code)
         if policy is not None:
-            for resource_type, name, operation in policy(frame.fields):
-                self.authorizer.check(principal, resource_type, name, operation)
+            self.authorizer.check_all(principal, policy(frame.fields))
         elif code not in IN_HANDLER and not self.authorizer.is_super(principal):
             raise forbidden(principal, f"request code {code}", "send", "only super users may make it")
 

@@ -14,26 +14,13 @@ USER_* and ACL_*                               super users only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 from gms.naming import group_of_topic
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame
-from gms.security.authorizer import CLUSTER, Authorizer
+from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_topic
 from gms.security.gate import forbidden
 from gms.security.users import Principal
-
-Check = tuple[str, str, str]
-
-
-def _topic(operation: str) -> Callable[[Mapping[str, Any]], list[Check]]:
-    return lambda fields: [("topic", field(fields, "topic", str), operation)]
-
-
-def _cluster_describe(fields: Mapping[str, Any]) -> list[Check]:
-    return [("cluster", CLUSTER, "describe")]
 
 
 def _create_topic(topic: str) -> list[Check]:
@@ -42,14 +29,14 @@ def _create_topic(topic: str) -> list[Check]:
     return [("group", group, "subscribe")] if group is not None else [("topic", topic, "admin")]
 
 
-POLICY: dict[int, Callable[[Mapping[str, Any]], list[Check]]] = {
-    RequestCode.GET_ROUTE: _topic("describe"),
-    RequestCode.TOPIC_LIST: _cluster_describe,
+POLICY: dict[int, Policy] = {
+    RequestCode.GET_ROUTE: on_topic("describe"),
+    RequestCode.TOPIC_LIST: on_cluster("describe"),
     RequestCode.GET_BROKER_LIST: lambda fields: [],
-    RequestCode.CLUSTER_STATUS: _cluster_describe,
+    RequestCode.CLUSTER_STATUS: on_cluster("describe"),
     RequestCode.CREATE_TOPIC: lambda fields: _create_topic(field(fields, "topic", str)),
-    RequestCode.UPDATE_TOPIC: _topic("admin"),
-    RequestCode.DELETE_TOPIC: _topic("admin"),
+    RequestCode.UPDATE_TOPIC: on_topic("admin"),
+    RequestCode.DELETE_TOPIC: on_topic("admin"),
 }
 
 
@@ -67,5 +54,4 @@ class NameserverAccess:
         if policy is None:
             self.authorizer.check_super(principal, f"make request code {code} to")
             return
-        for resource_type, name, operation in policy(frame.fields):
-            self.authorizer.check(principal, resource_type, name, operation)
+        self.authorizer.check_all(principal, policy(frame.fields))

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, KeyValue, WatchBatch
@@ -24,6 +25,8 @@ from gms.security.acl import AclRule, AclTable
 from gms.security.users import User
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RESYNC_BACKOFF_S_MIN = 0.1
 RESYNC_BACKOFF_S_MAX = 2.0  # bounds how long after etcd's return the view stays stale
@@ -265,35 +268,11 @@ class ClusterView:
 
     def _user_change(self, kv: KeyValue, deleted: bool, users: dict[str, User]) -> bool:
         """Apply ``kv`` to ``users`` if it is a user's key (whether it was)."""
-        key = kv.key.decode()
-        if not key.startswith(self._keys.users):
-            return False
-        name = key[len(self._keys.users):]
-        if deleted:
-            users.pop(name, None)
-            return True
-        try:
-            users[name] = User.from_json(kv.value)
-        except (ValueError, KeyError, TypeError) as err:
-            users.pop(name, None)
-            log.error("cluster view: skipping undecodable user %s: %s", name, err)
-        return True
+        return _keyed_change(kv, deleted, self._keys.users, users, User.from_json, "user")
 
     def _acl_change(self, kv: KeyValue, deleted: bool, rules: dict[str, AclRule]) -> bool:
         """Apply ``kv`` to ``rules`` if it is an access rule's key (whether it was)."""
-        key = kv.key.decode()
-        if not key.startswith(self._keys.acls):
-            return False
-        rule_id = key[len(self._keys.acls):]
-        if deleted:
-            rules.pop(rule_id, None)
-            return True
-        try:
-            rules[rule_id] = AclRule.from_json(kv.value)
-        except (ValueError, KeyError, TypeError) as err:
-            rules.pop(rule_id, None)
-            log.error("cluster view: skipping undecodable ACL rule %s: %s", rule_id, err)
-        return True
+        return _keyed_change(kv, deleted, self._keys.acls, rules, AclRule.from_json, "ACL rule")
 
     def _decode_into(
         self, kv: KeyValue, brokers: dict[str, BrokerInfo], topics: dict[str, TopicMetadata]
@@ -332,3 +311,22 @@ def _diff(
     changes = [ViewChange(down, name) for name in old.keys() - new.keys()]
     changes += [ViewChange(up, name) for name, value in new.items() if old.get(name) != value]
     return changes
+
+
+def _keyed_change(kv: KeyValue, deleted: bool, prefix: str, into: dict[str, T], decode: Callable[[bytes], T],
+                  what: str) -> bool:
+    """Apply ``kv`` to ``into`` (by the key's name under ``prefix``) if it lies under ``prefix``
+    (whether it did); an undecodable value is logged and dropped."""
+    key = kv.key.decode()
+    if not key.startswith(prefix):
+        return False
+    name = key[len(prefix):]
+    if deleted:
+        into.pop(name, None)
+        return True
+    try:
+        into[name] = decode(kv.value)
+    except (ValueError, KeyError, TypeError) as err:
+        into.pop(name, None)
+        log.error("cluster view: skipping undecodable %s %s: %s", what, name, err)
+    return True

@@ -11,14 +11,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from gms.naming import group_of_topic
+from gms.protocol.fields import field
 from gms.security.acl import AclTable
 from gms.security.gate import forbidden
 from gms.security.users import Principal
 
 CLUSTER = "cluster"  # the one cluster resource's name (ACL rules on it have the pattern "*")
+
+Check = tuple[str, str, str]  # (resource type, name, operation)
+Policy = Callable[[Mapping[str, Any]], list[Check]]  # what a request (its fields) needs
+
+
+def on_topic(operation: str) -> Policy:
+    """A request naming its topic in field ``topic`` needs ``operation`` on it."""
+    return lambda fields: [("topic", field(fields, "topic", str), operation)]
+
+
+def on_cluster(operation: str) -> Policy:
+    return lambda fields: [("cluster", CLUSTER, operation)]
 
 
 class Authorizer:
@@ -46,6 +60,10 @@ class Authorizer:
         if not self.allowed(principal, resource_type, name, operation):
             raise forbidden(principal, "the cluster" if resource_type == CLUSTER else f"{resource_type} {name}",
                             operation)
+
+    def check_all(self, principal: Principal, checks: Iterable[Check]) -> None:
+        for resource_type, name, operation in checks:
+            self.check(principal, resource_type, name, operation)
 
     def check_super(self, principal: Principal, what: str) -> None:
         if not self.is_super(principal):

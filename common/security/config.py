@@ -93,7 +93,7 @@ class SecurityConfig:
         configured credential) when authentication is on."""
         tls = None
         if self.tls:
-            tls = TlsFiles(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_client_auth else TlsFiles(self.tls_ca)
+            tls = self.files if self.tls_client_auth else TlsFiles(self.tls_ca)
         if not self.authentication:
             return ClientSecurity(tls)
         if not user:
