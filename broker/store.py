@@ -463,9 +463,12 @@ class MessageStore:
                 if (parsed.headers["phys_offset"] | parsed.headers["store_ts_ms"]).any():
                     # recovery knows a finished append by the envelope it patches in: it must not be forged
                     raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
-                if (parsed.headers["flags"] & ~allowed_flags).any():
+            flags = parsed.headers["flags"]
+            flagged = bool(flags.any())  # nearly never: one check for the batch
+            if flagged and not replicated:
+                if (flags & ~allowed_flags).any():
                     raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
-                scheduled = np.flatnonzero(parsed.headers["flags"] & FLAG_SCHEDULED)
+                scheduled = np.flatnonzero(flags & FLAG_SCHEDULED)
                 if scheduled.size:
                     self._check_delivery_times(buf, parsed.starts[scheduled].tolist())
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
@@ -502,8 +505,7 @@ class MessageStore:
                 raise
             commitlog.commit(placement.end_offset)
             self._last_store_ts_ms = store_ts_ms
-            timer_flags = parsed.headers["flags"] & TIMER_FLAGS
-            if timer_flags.any():
+            if flagged and (timer_flags := flags & TIMER_FLAGS).any():
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
         self._flush_service().appended(len(queue_ids))
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
