@@ -7,6 +7,7 @@ SEND, SEND_BATCH                          publish on every topic in the batch (c
                                           as the store admits the batch: nothing is
                                           stored when one topic is refused)
 PULL                                      subscribe on the topic (and on the group)
+POP_MESSAGE, ACK_MESSAGE, CHANGE_INVIS.   subscribe on the topic and on the group
 QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
 CANCEL_SCHEDULED                          publish on the message's topic
@@ -49,6 +50,10 @@ def _pull(fields: Mapping[str, Any]) -> list[Check]:
     return checks
 
 
+def _topic_and_group(fields: Mapping[str, Any]) -> list[Check]:
+    return [("topic", field(fields, "topic", str), "subscribe"), ("group", group_name_field(fields), "subscribe")]
+
+
 def _heartbeat(fields: Mapping[str, Any]) -> list[Check]:
     subscription = field(fields, "subscription", dict)
     if not all(isinstance(topic, str) for topic in subscription):
@@ -65,6 +70,9 @@ def _group_queues(rows: str, width: int) -> Policy:
 
 POLICY: dict[int, Policy] = {
     RequestCode.PULL: _pull,
+    RequestCode.POP_MESSAGE: _topic_and_group,
+    RequestCode.ACK_MESSAGE: _topic_and_group,
+    RequestCode.CHANGE_INVISIBLE_DURATION: _topic_and_group,
     RequestCode.QUERY_MIN_OFFSET: on_topic("describe"),
     RequestCode.QUERY_MAX_OFFSET: on_topic("describe"),
     RequestCode.QUERY_OFFSET_BY_TIME: on_topic("describe"),

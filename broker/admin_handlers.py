@@ -88,7 +88,7 @@ class AdminHandlers:
         self._refuse_live_members(group, request.fields, [(topic, queue_id) for topic, queue_id, _ in entries])
         stored = []
         for topic, queue_id, offset in entries:
-            low, high = self._readable(topic, queue_id)
+            low, high = self.broker.readable((topic, queue_id))
             stored.append((topic, queue_id, min(max(offset, low), high)))
         offsets = self.broker.offsets
         for topic, queue_id, offset in stored:
@@ -119,13 +119,6 @@ class AdminHandlers:
         live |= self.broker.claims.readers(group, int(time.time() * 1000), queues)
         if live:
             raise GroupNotEmptyError(f"group {group!r} has live members: {', '.join(sorted(live))}")
-
-    def _readable(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """The offsets consumers may read from on a queue this broker serves."""
-        low = self.store.min_offset(topic, queue_id)  # unknown topic or queue: its error
-        replicas = self.broker.replicas
-        high = self.store.max_offset(topic, queue_id) if replicas is None else replicas.read_limit((topic, queue_id))
-        return low, high
 
     async def broker_status(self, request: Frame) -> Response:
         broker, store = self.broker, self.store

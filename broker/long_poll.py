@@ -20,22 +20,29 @@ class PullWaiters:
 
     async def wait(self, key: QueueKey, timeout_s: float) -> bool:
         """Wait until ``key`` gets a message; False when the timeout ran out first or we closed."""
+        return await self.wait_any((key,), timeout_s)
+
+    async def wait_any(self, keys: Iterable[QueueKey], timeout_s: float) -> bool:
+        """Wait until any of ``keys`` gets a message; False when the timeout ran out first or we closed."""
         if self.closed:
             return False
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append(future)
+        keys = list(keys)
+        for key in keys:
+            self._waiters.setdefault(key, []).append(future)
         try:
             await asyncio.wait_for(future, timeout_s)
             return True
         except TimeoutError:
             return False
         finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                if future in waiters:
-                    waiters.remove(future)
-                if not waiters:
-                    del self._waiters[key]
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    if future in waiters:
+                        waiters.remove(future)
+                    if not waiters:
+                        del self._waiters[key]
 
     def notify(self, keys: Iterable[QueueKey]) -> None:
         for key in keys:

@@ -13,6 +13,11 @@ position survives the leader's loss. A deleted offset (``gms group delete``) is 
 :data:`DELETED` with its own seq, so followers delete it too; and an answer to a fetch that
 started a new session holds every group the leader has on the queue, so a follower that missed
 the deletes (down, or the leader restarted) drops what the leader no longer has.
+
+Pop consumption (broker.pop) commits its groups' positions here too, each with its *pop state*
+attached (what is in flight above the committed offset): the state is written to the file and
+sent to followers with the commit, so it survives restarts and follows leadership. A live
+state (the leader's own) is turned into its wire form only when written or sent.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import secrets
 import threading
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gms.broker.atomic_file import write_atomically
 from gms.private_files import make_private_dir
@@ -32,17 +37,32 @@ SESSION_BITS = 62  # a positive msgpack int; 0 means "no session seen yet" on th
 DELETED = -1  # the offset of a [group, offset] commit row whose group's offset was deleted
 
 Offsets = dict[str, dict[str, dict[int, int]]]  # group -> topic -> queue id -> next offset to consume
+PopWire = list[Any]  # a pop state's wire and file form (broker.pop.PopQueue.wire)
+PopStates = dict[str, dict[str, dict[int, PopWire]]]  # group -> topic -> queue id -> pop state
+
+
+class LivePopState(Protocol):
+    def wire(self) -> PopWire: ...
+
+
+PopState = LivePopState | PopWire
 
 
 class OffsetsSnapshot(NamedTuple):
     version: int  # the store's change count when taken
     offsets: Offsets
+    pop: PopStates
+
+
+def _wire(state: PopState) -> PopWire:
+    return state if isinstance(state, list) else state.wire()
 
 
 class OffsetStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offsets: Offsets = {}
+        self._pop: dict[tuple[str, str, int], PopState] = {}  # (group, topic, queue id) -> pop state
         self._version = 0  # counts changes; the file holds those up to _written_version
         self._written_version = 0
         self._file_lock = threading.Lock()  # one writer of the file at a time
@@ -61,6 +81,9 @@ class OffsetStore:
             group: {topic: {int(q): int(o) for q, o in queues.items()} for topic, queues in topics.items()}
             for group, topics in data["offsets"].items()
         }
+        self._pop = {(group, topic, int(q)): state for group, topics in data.get("pop", {}).items()
+                     for topic, queues in topics.items() for q, state in queues.items()
+                     if self.get(group, topic, int(q)) is not None}
         # Loaded commits count as seq 1: a follower that never fetched from us gets them all.
         self.seq = 1
         for group, topics in self._offsets.items():
@@ -68,9 +91,19 @@ class OffsetStore:
                 for queue_id in queues:
                     self._commit_seqs.setdefault((topic, queue_id), {})[group] = 1
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, pop: PopState | None = None) -> None:
+        """Commit ``offset``, with the group's pop state on the queue (None: it has none; an
+        ordinary commit or a reset ends pop state)."""
         self._offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
+        if pop is None:
+            self._pop.pop((group, topic, queue_id), None)
+        else:
+            self._pop[group, topic, queue_id] = pop
         self._changed(group, topic, queue_id)
+
+    def pop_state(self, group: str, topic: str, queue_id: int) -> PopState | None:
+        """The pop state committed with the group's offset on the queue (None: none)."""
+        return self._pop.get((group, topic, queue_id))
 
     def _changed(self, group: str, topic: str, queue_id: int) -> None:
         self.seq += 1
@@ -82,6 +115,7 @@ class OffsetStore:
         change, so followers delete it too."""
         topics = self._offsets[group]
         del topics[topic][queue_id]
+        self._pop.pop((group, topic, queue_id), None)
         if not topics[topic]:
             del topics[topic]
         if not topics:
@@ -95,17 +129,25 @@ class OffsetStore:
             self._remove(group, topic, queue_id)
         return queues
 
-    def changed_since(self, topic: str, queue_id: int, seq: int) -> list[list[str | int]]:
+    def changed_since(self, topic: str, queue_id: int, seq: int) -> list[list[Any]]:
         """``[group, offset]`` of every group whose commit on the queue is newer than ``seq`` of
         this session (seq 0: every group known here, loaded from the file or committed);
-        ``offset`` is :data:`DELETED` for a group whose offset was deleted since."""
+        ``offset`` is :data:`DELETED` for a group whose offset was deleted since. A commit with
+        pop state is ``[group, offset, pop state]``."""
         seqs = self._commit_seqs.get((topic, queue_id))
         if not seqs or self.seq <= seq:
             return []
-        return [[group, self._offsets.get(group, {}).get(topic, {}).get(queue_id, DELETED)]
-                for group, s in seqs.items() if s > seq]
+        rows: list[list[Any]] = []
+        for group, s in seqs.items():
+            if s > seq:
+                row: list[Any] = [group, self._offsets.get(group, {}).get(topic, {}).get(queue_id, DELETED)]
+                pop = self._pop.get((group, topic, queue_id))
+                if pop is not None:
+                    row.append(_wire(pop))
+                rows.append(row)
+        return rows
 
-    def apply_replicated(self, topic: str, queue_id: int, commits: list[list[str | int]], *,
+    def apply_replicated(self, topic: str, queue_id: int, commits: list[list[Any]], *,
                          complete: bool) -> None:
         """Store the ``[group, offset]`` rows a queue's leader sent (:meth:`changed_since`).
         ``complete``: the rows answer a fetch from seq 0 of the leader's session, so they name
@@ -115,7 +157,8 @@ class OffsetStore:
             group, offset = str(row[0]), int(row[1])
             sent.add(group)
             if offset != DELETED:
-                self.commit(group, topic, queue_id, offset)
+                pop = row[2] if len(row) > 2 and isinstance(row[2], list) else None
+                self.commit(group, topic, queue_id, offset, pop)
             elif self.get(group, topic, queue_id) is not None:
                 self._remove(group, topic, queue_id)
         if complete:
@@ -133,6 +176,8 @@ class OffsetStore:
         return sorted(self._offsets)
 
     def delete_topic(self, topic: str) -> None:
+        for pop_key in [k for k in self._pop if k[1] == topic]:
+            del self._pop[pop_key]
         for group, topics in list(self._offsets.items()):
             if topics.pop(topic, None) is not None:
                 self._version += 1
@@ -146,9 +191,12 @@ class OffsetStore:
         up to date."""
         if self._version == self._written_version:
             return None
+        pop: PopStates = {}
+        for (group, topic, queue_id), state in self._pop.items():
+            pop.setdefault(group, {}).setdefault(topic, {})[queue_id] = _wire(state)
         return OffsetsSnapshot(self._version, {
             group: {topic: dict(queues) for topic, queues in topics.items()}
-            for group, topics in self._offsets.items()})
+            for group, topics in self._offsets.items()}, pop)
 
     def write(self, snapshot: OffsetsSnapshot) -> None:
         """(Any thread.) Replace the file with ``snapshot`` unless a newer one was written; the
@@ -158,7 +206,9 @@ class OffsetStore:
             if snapshot.version <= self._written_version:
                 return
             make_private_dir(self.path.parent)
-            payload = {"version": _FORMAT_VERSION, "offsets": snapshot.offsets}
+            payload: dict[str, Any] = {"version": _FORMAT_VERSION, "offsets": snapshot.offsets}
+            if snapshot.pop:
+                payload["pop"] = snapshot.pop
             write_atomically(self.path, json.dumps(payload, separators=(",", ":")).encode())
             self._written_version = snapshot.version
 

@@ -26,6 +26,8 @@ from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.offsets import OffsetStore
+from gms.broker.pop import PopService
+from gms.broker.pop_handlers import PopHandlers
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.store import MessageStore
@@ -33,6 +35,7 @@ from gms.broker.store_paths import StorePaths
 from gms.broker.timers import TimerService
 from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
+from gms.errors import TopicNotFoundError
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.record.layout import TIMER_FLAGS
@@ -58,6 +61,9 @@ class BrokerServer:
         self.timers = TimerService(self.store, self.store.paths.timers, may_fire=self._leads,
                                    append=self._append_timer_copies)
         self.store.set_timer_listener(self.timers)
+        # What each consumer group popping from the queues this broker leads has in flight.
+        self.pop = PopService(self.store, self.offsets, serves=self._leads, readable=self.readable,
+                              on_commit=self.offsets_changed)
         security = config.security
         # With authentication on, what each principal may ask (users and ACLs from etcd's view).
         self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
@@ -167,6 +173,23 @@ class BrokerServer:
             limits.append(low)
         return min(limits) if limits else None
 
+    def readable(self, key: tuple[str, int]) -> tuple[int, int]:
+        """The offsets consumers may read on a queue stored here: [minimum, end), the end being
+        the high watermark on a replicated queue."""
+        low = self.store.min_offset(*key)  # unknown topic or queue: its error
+        end = self.store.max_offset(*key) if self.replicas is None else self.replicas.read_limit(key)
+        return low, end
+
+    def _read_limit(self, key: tuple[str, int]) -> int | None:
+        return None if self.replicas is None else self.replicas.read_limit(key)
+
+    def _queues_led(self, topic: str) -> list[int]:
+        """The queues of ``topic`` this broker leads now."""
+        count = self.store.topics().get(topic)
+        if count is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        return [queue_id for queue_id in range(count) if self._leads((topic, queue_id))]
+
     def _leads(self, key: tuple[str, int]) -> bool:
         """Whether this broker serves sends to the queue now (the one to deliver its scheduled messages)."""
         if self.replicas is None:
@@ -205,6 +228,7 @@ class BrokerServer:
         if self.replicas is not None:
             self.replicas.apply(assignments)
         self.timers.leadership_changed()
+        self.pop.leadership_changed()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
                            security: ClientSecurity) -> None:
@@ -238,6 +262,8 @@ class BrokerServer:
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
+        pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
+                          read_limit=self._read_limit)
         for code, handler in {
             RequestCode.SEND: messages.send,
             RequestCode.SEND_BATCH: messages.send,
@@ -247,6 +273,9 @@ class BrokerServer:
             RequestCode.QUERY_OFFSET_BY_TIME: messages.query_offset_by_time,
             RequestCode.VIEW_MESSAGE_BY_ID: messages.view_message,
             RequestCode.CANCEL_SCHEDULED: messages.cancel_scheduled,
+            RequestCode.POP_MESSAGE: pop.pop,
+            RequestCode.ACK_MESSAGE: pop.ack,
+            RequestCode.CHANGE_INVISIBLE_DURATION: pop.change_invisible_duration,
             RequestCode.HEARTBEAT: groups.heartbeat,
             RequestCode.UNREGISTER_CONSUMER: groups.unregister,
             RequestCode.COMMIT_OFFSET: groups.commit,

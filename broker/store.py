@@ -111,6 +111,7 @@ class GetResult(NamedTuple):
     # (queue offset, commitlog offset) of records in the answered range whose CRC fails: left
     # out of ``records`` (damage is never served as data), their offsets consumed all the same
     damaged: tuple[tuple[int, int], ...] = ()
+    offsets: np.ndarray | None = None  # the queue offsets of the records served (status FOUND)
 
 
 class TimerRecord(NamedTuple):
@@ -869,6 +870,7 @@ class MessageStore:
             runs = self._file_runs(commitlog, phys) if len(phys) else []
             bad = self._checked(runs, phys, sizes, offset + picked[:take], queue_id)
             damaged: tuple[tuple[int, int], ...] = ()
+            served = offset + picked[:take]
             if bad.size:
                 damaged = tuple(zip((offset + picked[bad]).tolist(), phys[bad].tolist(), strict=True))
                 self._note_damaged(topic, queue_id, offset + picked[bad], sizes[bad])
@@ -876,7 +878,7 @@ class MessageStore:
                           topic, queue_id, [d[0] for d in damaged])
                 keep = np.ones(len(phys), bool)
                 keep[bad] = False
-                phys, sizes = phys[keep], sizes[keep]
+                phys, sizes, served = phys[keep], sizes[keep], served[keep]
                 runs = self._file_runs(commitlog, phys) if len(phys) else []
             if coalesce and len(phys):
                 phys, sizes = _runs(phys, sizes)
@@ -885,7 +887,7 @@ class MessageStore:
         except (MessageNotFound, ValueError):  # expired under our feet: the minimum moved
             lo = cq.offset_of_phys(commitlog.min_offset)
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
-        return GetResult(GetStatus.FOUND, next_offset, lo, hi, records, damaged)
+        return GetResult(GetStatus.FOUND, next_offset, lo, hi, records, damaged, served)
 
     def read_runs(self, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int) -> ReplicaRead:
         """Records of a queue from ``offset`` (at least one if any, about ``max_bytes``) as few

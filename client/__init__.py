@@ -13,9 +13,12 @@ from gms.client.consumer import Consumer
 from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
+from gms.client.simple_consumer import SimpleConsumer
 from gms.client.structs import (
     DamagedRecord,
     DamagedRecordError,
+    PoppedMessage,
+    ReceiptHandle,
     ReceivedMessage,
     ReceivedMessages,
     SendFuture,
@@ -24,7 +27,23 @@ from gms.client.structs import (
 )
 
 __all__ = [
-    "Admin", "Consumer", "DamagedRecord", "DamagedRecordError", "NameserverRoutes", "Producer",
-    "ProducerRecord", "QueueRoute", "ReceivedMessage", "ReceivedMessages", "RouteProvider",
-    "SendFuture", "SendResult", "SendResults", "StaticRoutes", "TopicQueue",
+    "Admin",
+    "Consumer",
+    "DamagedRecord",
+    "DamagedRecordError",
+    "NameserverRoutes",
+    "PoppedMessage",
+    "Producer",
+    "ProducerRecord",
+    "QueueRoute",
+    "ReceiptHandle",
+    "ReceivedMessage",
+    "ReceivedMessages",
+    "RouteProvider",
+    "SendFuture",
+    "SendResult",
+    "SendResults",
+    "SimpleConsumer",
+    "StaticRoutes",
+    "TopicQueue",
 ]

@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from gms.client.connections import msg_id_prefix
 from gms.client.routing import RouteProvider
 from gms.client.runtime import ClientRuntime
@@ -36,7 +34,7 @@ from gms.protocol.codes import RequestCode
 from gms.record import (
     FieldOffsets,
     RecordCheck,
-    gather_rows,
+    exact_tag_mask,
     read_field_offsets,
     scan_records,
 )
@@ -309,21 +307,8 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
     starts = scan.starts
     offsets = read_field_offsets(body, starts)
     if tag_filter.tags is not None:  # the broker matched tag hashes; drop hash collisions
-        keep = _exact_tag_mask(np.frombuffer(body, np.uint8), offsets, tag_filter.tags)
+        keep = exact_tag_mask(body, offsets, tag_filter.tags)
         if not keep.all():
             starts = starts[keep]
             offsets = FieldOffsets(*(column[keep] for column in offsets))
     return ReceivedMessages([MessageBatch(body, starts, prefix, offsets)])
-
-
-def _exact_tag_mask(arr: np.ndarray, offsets: FieldOffsets, tags: frozenset[str]) -> np.ndarray:
-    """Which records carry exactly one of ``tags`` (compared as bytes, vectorised)."""
-    tag_len = offsets.headers["tag_len"]
-    tag_at = offsets.tag_at
-    keep = np.zeros(len(tag_at), bool)
-    for tag in tags:
-        raw = np.frombuffer(tag.encode(), np.uint8)
-        same_len = np.flatnonzero(tag_len == len(raw))
-        rows = gather_rows(arr, tag_at[same_len], len(raw))
-        keep[same_len[(rows == raw).all(axis=1)]] = True
-    return keep

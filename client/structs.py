@@ -455,6 +455,83 @@ def _same(column: list[Any]) -> Column:
     return _Same(first) if column.count(first) == len(column) else column
 
 
+class ReceiptHandle(NamedTuple):
+    """Which delivery of a popped message to acknowledge (RocketMQ 5's receipt handle): its
+    queue and offset, and the delivery attempt (a handle of an earlier attempt no longer holds).
+    ``str(handle)`` / :meth:`parse` give its text form, ``topic;queue_id;offset;attempt``."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.topic};{self.queue_id};{self.offset};{self.attempt}"
+
+    @classmethod
+    def parse(cls, text: str) -> ReceiptHandle:
+        try:
+            topic, queue_id, offset, attempt = text.split(";")
+            return cls(topic, int(queue_id), int(offset), int(attempt))
+        except ValueError:
+            raise ValueError(f"not a receipt handle: {text!r} (expected topic;queue_id;offset;attempt)") from None
+
+
+class PoppedMessage(ReceivedMessage):
+    """A message handed out by pop consumption (:class:`gms.client.SimpleConsumer`): invisible to
+    the group's other consumers until acknowledged or its invisible duration ends."""
+
+    __slots__ = ()
+
+    # Items: those of ReceivedMessage, then the delivery attempt.
+    if TYPE_CHECKING:
+        @property
+        def delivery_attempt(self) -> int: ...
+    else:
+        delivery_attempt = _field(8, "How many times the message was handed out, this one included (1: the first).")
+
+    @property
+    def receipt_handle(self) -> ReceiptHandle:
+        return ReceiptHandle(self.topic, self.queue_id, self.queue_offset, self.delivery_attempt)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, delivery_attempt={self.delivery_attempt})".replace(
+            "ReceivedMessage(", "PoppedMessage(", 1)
+
+
+class _UndecodablePoppedMessage(_UndecodableMessage, PoppedMessage):
+    __slots__ = ()
+
+
+class PopBatch(MessageBatch):
+    """The messages of one POP_MESSAGE answer: a :class:`MessageBatch` of :class:`PoppedMessage`
+    with each one's delivery attempt (``attempts`` of the first records, 1 for the rest)."""
+
+    __slots__ = ("attempts",)
+
+    def __init__(self, buf: memoryview, starts: np.ndarray, prefix: str, offsets: FieldOffsets | None,
+                 attempts: Sequence[int]) -> None:
+        super().__init__(buf, starts, prefix, offsets)
+        self.attempts = attempts
+
+    def columns(self) -> list[Column]:
+        columns = self._columns
+        if isinstance(columns, list) and len(columns) == _POPPED_COLUMNS:
+            return columns
+        *fields, classes = super().columns()
+        attempts: Column = (list(self.attempts) + [1] * (len(self) - len(self.attempts)) if len(self.attempts)
+                            else _Same(1))
+        popped: Column = (_Same(PoppedMessage) if type(classes) is _Same and classes.value is ReceivedMessage else
+                          [_UndecodablePoppedMessage if c is _UndecodableMessage else PoppedMessage
+                           for c in (classes if type(classes) is not _Same else [classes.value] * len(self))])
+        made = [*fields, attempts, popped]
+        self._columns = made
+        return made
+
+
+_POPPED_COLUMNS = 10
+
+
 class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
     """Consumed messages in order, as ranges of :class:`MessageBatch` es, made on access.
 

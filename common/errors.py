@@ -192,6 +192,14 @@ class QueueHeldError(GmsError):
     retriable = True
 
 
+class ReceiptHandleExpiredError(GmsError):
+    """A popped message's receipt handle no longer holds: its invisibility ran out and it was
+    handed out again (the newer delivery is the one to acknowledge), or the queue's leader does
+    not know it (it moved). The message comes again; do not retry with this handle."""
+
+    status = Status.RECEIPT_HANDLE_EXPIRED
+
+
 class GroupNotEmptyError(GmsError):
     """The consumer group has live members, so its offsets are not changed or deleted (they
     would commit over the change); stop them first, or force."""
@@ -268,6 +276,7 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         GroupNotFoundError,
         NotCoordinatorError,
         QueueHeldError,
+        ReceiptHandleExpiredError,
         GroupNotEmptyError,
         NotLeaderError,
         NotEnoughReplicasError,

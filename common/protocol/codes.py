@@ -26,6 +26,9 @@ class RequestCode(IntEnum):
     QUERY_OFFSET_BY_TIME = 15
     VIEW_MESSAGE_BY_ID = 16
     CANCEL_SCHEDULED = 17  # recall a scheduled message before its time (by its message id)
+    POP_MESSAGE = 18  # hand out messages of a topic's queues to a group, invisible until acked
+    ACK_MESSAGE = 19  # acknowledge popped messages by (queue, offset, delivery attempt)
+    CHANGE_INVISIBLE_DURATION = 20  # move when a popped message becomes visible again
 
     # 30-49: consumer groups (broker).
     COMMIT_OFFSET = 30
@@ -99,6 +102,7 @@ class Status(IntEnum):
     GROUP_NOT_EMPTY = 61
     NOT_COORDINATOR = 62
     QUEUE_HELD = 63
+    RECEIPT_HANDLE_EXPIRED = 64  # a popped message was handed out again (or is unknown) since
 
     # 80-99: replication and durability.
     NOT_LEADER = 80

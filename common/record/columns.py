@@ -315,3 +315,18 @@ def _is_utf8(raw: bytes) -> bool:
         return False
     return True
 
+
+
+def exact_tag_mask(buf: bytes | memoryview, offsets: FieldOffsets, tags: frozenset[str]) -> np.ndarray:
+    """Which records carry exactly one of ``tags`` (compared as bytes, vectorised): what a tag-hash
+    match leaves to check, since different tags may share a hash."""
+    arr = np.frombuffer(buf, np.uint8)
+    tag_len = offsets.headers["tag_len"]
+    tag_at = offsets.tag_at
+    keep = np.zeros(len(tag_at), bool)
+    for tag in tags:
+        raw = np.frombuffer(tag.encode(), np.uint8)
+        same_len = np.flatnonzero(tag_len == len(raw))
+        rows = gather_rows(arr, tag_at[same_len], len(raw))
+        keep[same_len[(rows == raw).all(axis=1)]] = True
+    return keep

@@ -1,0 +1,328 @@
+"""Pop consumption: RocketMQ 5's SimpleConsumer (Kafka's share groups).
+
+Any number of consumers of a group receive messages from any queue of the subscribed topics
+(more consumers than queues is fine: nothing is assigned). A received message is invisible to
+the group for its invisible duration; acknowledge it (:meth:`SimpleConsumer.ack`) or it is
+handed out again, to any consumer of the group, with ``delivery_attempt`` one higher. Once it
+was handed out ``max_delivery_attempts`` times it goes to the group's dead-letter topic instead.
+The brokers keep what is in flight (docs/pop.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+
+from gms.client.connections import msg_id_prefix
+from gms.client.fetcher import LEADER_LOST_ERRORS, TopicQueue, leader_of
+from gms.client.producer import Producer
+from gms.client.rebalance import StartFrom
+from gms.client.retries import MAX_RECONSUME_TIMES, RETRY_DELAYS_MS, ensure_topic, retry_plan
+from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
+from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
+from gms.errors import GmsError, ReceiptHandleExpiredError
+from gms.naming import dlq_topic
+from gms.protocol.codes import RequestCode
+from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array
+from gms.record import RecordCheck, read_field_offsets, scan_records
+from gms.security.client import ClientSecurity
+from gms.store_errors import CorruptRecord
+from gms.tags import parse_tag_expression
+
+log = logging.getLogger(__name__)
+
+INVISIBLE_DURATION_MS = 30_000
+AWAIT_DURATION_MS = 5_000  # how long a receive waits for messages (a long poll)
+MAX_DELIVERY_ATTEMPTS = MAX_RECONSUME_TIMES + 1  # RocketMQ 5: 16 retries after the first delivery
+ROUTE_RETRIES = 3  # re-routed attempts of an ack or a change after a leader moved
+EXHAUSTED_REASON = "delivery attempts exhausted"
+
+
+Acknowledgeable = PoppedMessage | ReceiptHandle | str  # a message, its receipt handle, or that as text
+
+
+class Popped(NamedTuple):
+    """One receive's messages: those to process, and those whose attempts ran out."""
+
+    messages: ReceivedMessages
+    exhausted: ReceivedMessages
+
+
+class PopClient:
+    """The asyncio core of :class:`SimpleConsumer` (runs on the runtime's loop)."""
+
+    def __init__(self, runtime: ClientRuntime, group: str, subscription: Mapping[str, str], *,
+                 max_delivery_attempts: int, start_from: StartFrom) -> None:
+        self.runtime = runtime
+        self.group = group
+        self.subscription = dict(subscription)
+        self.max_delivery_attempts = max_delivery_attempts
+        self.start_from = start_from
+        self._turn = 0
+
+    async def _targets(self) -> list[tuple[str, str]]:
+        """(topic, broker) for every broker leading a queue of a subscribed topic."""
+        targets: list[tuple[str, str]] = []
+        for topic in self.subscription:
+            brokers = sorted({route.broker for route in await self.runtime.routes.routes(topic)})
+            targets += [(topic, broker) for broker in brokers]
+        return targets
+
+    async def receive(self, max_messages: int, invisible_ms: int, await_ms: int) -> Popped:
+        """Pop from the brokers in turn: each once without waiting, then wait on the next one."""
+        targets = await self._targets()
+        start = self._turn
+        self._turn += 1
+        last_error: GmsError | None = None
+        for i in range(len(targets)):
+            topic, broker = targets[(start + i) % len(targets)]
+            wait_ms = await_ms if i == len(targets) - 1 else 0
+            try:
+                popped = await self._pop(topic, broker, max_messages, invisible_ms, wait_ms)
+            except (GmsError, CorruptRecord) as err:
+                if isinstance(err, LEADER_LOST_ERRORS):
+                    self.runtime.routes.invalidate()
+                log.debug("pop from %s at %s failed: %r", topic, broker, err)
+                last_error = err if isinstance(err, GmsError) else None
+                continue
+            if len(popped.messages) or len(popped.exhausted):
+                return popped
+        if last_error is not None and not getattr(last_error, "retriable", False):
+            raise last_error
+        return Popped(ReceivedMessages(), ReceivedMessages())
+
+    async def _pop(self, topic: str, broker: str, max_messages: int, invisible_ms: int, wait_ms: int) -> Popped:
+        fields: dict[str, Any] = {
+            "group": self.group, "topic": topic, "tags": self.subscription[topic], "max_msgs": max_messages,
+            "invisible_ms": invisible_ms, "poll_ms": wait_ms, "max_attempts": self.max_delivery_attempts,
+            "start": self.start_from}
+        frame = await self.runtime.pool.request(broker, RequestCode.POP_MESSAGE, fields,
+                                                timeout_ms=wait_ms + self.runtime.request_timeout_ms)
+        body = frame.body
+        if not body:
+            return Popped(ReceivedMessages(), ReceivedMessages())
+        body = memoryview(body)
+        scan = scan_records(body, verify_crc=not frame.fields.get("crc_checked", False))
+        if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
+            raise CorruptRecord(scan.stop_pos, f"pop response holds {scan.stop.value} data")
+        batch = PopBatch(body, scan.starts, msg_id_prefix(broker), read_field_offsets(body, scan.starts),
+                         frame.fields.get("attempts", []))
+        exhausted, messages = ReceivedMessages([batch]).split(int(frame.fields.get("exhausted", 0)))
+        return Popped(messages, exhausted)
+
+    async def ack(self, handles: Sequence[ReceiptHandle]) -> list[ReceiptHandle]:
+        """Acknowledge deliveries; the handles that no longer held."""
+        by_queue: dict[TopicQueue, list[ReceiptHandle]] = {}
+        for handle in handles:
+            by_queue.setdefault(TopicQueue(handle.topic, handle.queue_id), []).append(handle)
+        expired: list[ReceiptHandle] = []
+        pending = by_queue
+        for attempt in range(ROUTE_RETRIES + 1):
+            by_request: dict[tuple[str, str], list[ReceiptHandle]] = {}
+            for queue, queue_handles in pending.items():
+                by_request.setdefault((queue.topic, await leader_of(self.runtime.routes, queue)), []).extend(
+                    queue_handles)
+            pending = {}
+            for (topic, broker), request_handles in by_request.items():
+                try:
+                    expired += await self._ack(topic, broker, request_handles)
+                except LEADER_LOST_ERRORS:
+                    if attempt == ROUTE_RETRIES:
+                        raise
+                    self.runtime.routes.invalidate()
+                    for handle in request_handles:
+                        pending.setdefault(TopicQueue(handle.topic, handle.queue_id), []).append(handle)
+            if not pending:
+                break
+        return expired
+
+    async def _ack(self, topic: str, broker: str, handles: list[ReceiptHandle]) -> list[ReceiptHandle]:
+        queue_ids = np.fromiter((h.queue_id for h in handles), np.int64, len(handles))
+        offsets = np.fromiter((h.offset for h in handles), np.int64, len(handles))
+        attempts = np.fromiter((h.attempt for h in handles), np.int64, len(handles))
+        frame = await self.runtime.pool.request(broker, RequestCode.ACK_MESSAGE, {
+            "group": self.group, "topic": topic, "queue_ids": int_array(queue_ids, QUEUE_ID_ARRAY),
+            "offsets": int_array(offsets, OFFSET_ARRAY), "attempts": int_array(attempts, QUEUE_ID_ARRAY)})
+        expired = {(q, o) for q, o in frame.fields.get("expired", [])}
+        return [h for h in handles if (h.queue_id, h.offset) in expired] if expired else []
+
+    async def change_invisible_duration(self, handle: ReceiptHandle, invisible_ms: int) -> int:
+        """Make the delivery visible again ``invisible_ms`` from now; when (epoch ms)."""
+        fields = {"group": self.group, "topic": handle.topic, "queue_id": handle.queue_id, "offset": handle.offset,
+                  "attempt": handle.attempt, "invisible_ms": invisible_ms}
+        for attempt in range(ROUTE_RETRIES + 1):
+            broker = await leader_of(self.runtime.routes, TopicQueue(handle.topic, handle.queue_id))
+            try:
+                frame = await self.runtime.pool.request(broker, RequestCode.CHANGE_INVISIBLE_DURATION, fields)
+                return int(frame.fields["visible_at"])
+            except LEADER_LOST_ERRORS:
+                if attempt == ROUTE_RETRIES:
+                    raise
+                self.runtime.routes.invalidate()
+        raise AssertionError("unreachable")
+
+
+class SimpleConsumer:
+    """Receives messages of ``subscription`` ({topic: tag expression}) as a member of ``group``,
+    acknowledging each on its own. Use from one thread.
+
+    ``invisible_duration_ms``: how long a received message stays hidden from the group (default
+    30 s) unless acknowledged; ``await_duration_ms``: how long :meth:`receive` waits for messages
+    (default 5 s); ``max_delivery_attempts``: deliveries before a message goes to the group's
+    dead-letter topic ``%DLQ%<group>`` (default 17: RocketMQ's 16 retries);
+    ``start_from``: where a new group starts on each queue ("last", "first" or a timestamp in ms).
+    """
+
+    def __init__(
+        self,
+        brokers: Sequence[str] | str | None = None,
+        *,
+        nameserver: Sequence[str] | str | None = None,
+        group: str,
+        subscription: Mapping[str, str],
+        invisible_duration_ms: int = INVISIBLE_DURATION_MS,
+        await_duration_ms: int = AWAIT_DURATION_MS,
+        max_delivery_attempts: int = MAX_DELIVERY_ATTEMPTS,
+        start_from: StartFrom = "last",
+        retry_delays_ms: Sequence[int] = RETRY_DELAYS_MS,
+        request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        if not subscription:
+            raise ValueError("subscribe to at least one topic")
+        if max_delivery_attempts < 1:
+            raise ValueError("max_delivery_attempts must be >= 1")
+        if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
+            raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
+        for expression in subscription.values():
+            parse_tag_expression(expression)  # BadTagExpression now rather than at the first receive
+        self._group = group
+        self._invisible_ms = invisible_duration_ms
+        self._await_ms = await_duration_ms
+        self._max_delivery_attempts = max_delivery_attempts
+        self._retry_delays_ms = tuple(retry_delays_ms)
+        self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                      name="gms-simple-consumer", security=security)
+        self._core = PopClient(self._runtime, group, subscription, max_delivery_attempts=max_delivery_attempts,
+                               start_from=start_from)
+        self._dead_letters: Producer | None = None
+        self._make_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
+                                               request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
+        self._closed = False
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    def receive(self, max_messages: int = 32, invisible_duration_ms: int | None = None,
+                await_duration_ms: int | None = None) -> ReceivedMessages:
+        """Up to ``max_messages`` messages (:class:`PoppedMessage`), waiting up to the await
+        duration for the first; each stays invisible to the group for ``invisible_duration_ms``.
+        Messages handed out ``max_delivery_attempts`` times go to the dead-letter topic here
+        instead of being returned."""
+        self._check_open()
+        invisible_ms = self._invisible_ms if invisible_duration_ms is None else invisible_duration_ms
+        await_ms = self._await_ms if await_duration_ms is None else await_duration_ms
+        deadline = time.monotonic() + await_ms / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            popped = self._runtime.run(self._core.receive(max_messages, invisible_ms, left_ms),
+                                       left_ms + self._runtime.request_timeout_ms)
+            for message in popped.exhausted:
+                self.forward_to_dead_letters(cast(PoppedMessage, message), EXHAUSTED_REASON)
+            if len(popped.messages) or not len(popped.exhausted) or time.monotonic() >= deadline:
+                return popped.messages
+
+    def __iter__(self) -> Any:
+        """Messages as they come, until the consumer is closed (acknowledge each)."""
+        while not self._closed:
+            yield from self.receive()
+
+    def ack(self, messages: Acknowledgeable | Iterable[Acknowledgeable]) -> None:
+        """Acknowledge a message (or many; or their receipt handles): it is done for the group.
+        ReceiptHandleExpiredError if a handle no longer holds (its invisible duration ended and
+        it was handed out again: that delivery is the one to acknowledge); the others are
+        acknowledged all the same."""
+        self._check_open()
+        handles = _handles(messages)
+        if not handles:
+            return
+        expired = self._runtime.run(self._core.ack(handles))
+        if expired:
+            raise ReceiptHandleExpiredError(
+                f"{len(expired)} of {len(handles)} receipt handle(s) no longer hold (handed out again, or unknown"
+                f" to the queue's leader): {', '.join(map(str, expired[:5]))}{' ...' if len(expired) > 5 else ''}",
+                fields={"expired": [str(h) for h in expired]})
+
+    def change_invisible_duration(self, message: Acknowledgeable, invisible_duration_ms: int) -> int:
+        """Keep a message invisible for ``invisible_duration_ms`` from now (longer processing),
+        or make it visible sooner (0: now). Returns when it becomes visible (epoch ms)."""
+        self._check_open()
+        (handle,) = _handles([message])
+        return self._runtime.run(self._core.change_invisible_duration(handle, invisible_duration_ms))
+
+    def nack(self, message: PoppedMessage, *, delay_ms: int | None = None) -> int:
+        """Give ``message`` back to be handed out again after ``delay_ms`` (default: the retry
+        backoff for its attempt, 10 s, 30 s, 1 m ...). Returns when (epoch ms)."""
+        if delay_ms is None:
+            delay_ms = self._retry_delays_ms[min(message.delivery_attempt, len(self._retry_delays_ms)) - 1]
+        return self.change_invisible_duration(message, delay_ms)
+
+    def forward_to_dead_letters(self, message: PoppedMessage, reason: str = "") -> str:
+        """Move ``message`` to the group's dead-letter topic (RocketMQ 5's
+        ForwardMessageToDeadLetterQueue): stored there (acks=-1), then acknowledged here."""
+        self._check_open()
+        topic, send = retry_plan(message, self._group, delay_ms=None, reason=reason or "forwarded",
+                                 delays_ms=self._retry_delays_ms, max_reconsume_times=0,
+                                 attempts=max(message.delivery_attempt, 1))
+        assert topic == dlq_topic(self._group)
+        self._runtime.run(ensure_topic(self._runtime, topic))
+        if self._dead_letters is None:
+            self._dead_letters = self._make_producer()
+        self._dead_letters.send(topic, bytes(message.body), **send)
+        try:
+            self.ack(message)
+        except ReceiptHandleExpiredError:
+            log.info("%s went to %s but was handed out again meanwhile", message.receipt_handle, topic)
+        return topic
+
+    def close(self) -> None:
+        """Close the connections (messages in flight become visible again when their time ends)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._runtime.close()
+        finally:
+            if self._dead_letters is not None:
+                self._dead_letters.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+
+    def __enter__(self) -> SimpleConsumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _handles(items: Acknowledgeable | Iterable[Acknowledgeable]) -> list[ReceiptHandle]:
+    if isinstance(items, (PoppedMessage, ReceiptHandle, str)):
+        items = [items]
+    handles = []
+    for item in items:
+        if isinstance(item, PoppedMessage):
+            handles.append(item.receipt_handle)
+        elif isinstance(item, ReceiptHandle):
+            handles.append(item)
+        elif isinstance(item, str):
+            handles.append(ReceiptHandle.parse(item))
+        else:
+            raise TypeError(f"acknowledge PoppedMessage or receipt handles, not {type(item).__name__}")
+    return handles
