@@ -1,4 +1,4 @@
-"""RocketMQ messaging semantics through the public path: scheduled messages, so far.
+"""RocketMQ messaging semantics through the public path: scheduled messages, FIFO, retries, pop.
 
 ``gms standalone`` on free ports, the SDK through the nameserver:
 
@@ -18,7 +18,10 @@
 - **Retry lateness** (``retry_redeliver_late_p99_ms``): messages nacked with a 1 s delay come back
   through the group's retry topic; lateness = when it came again − (nack + delay).
 
-Pop consumption is not built yet: its key is printed as null.
+- **Pop consumption** (``pop_msgs_per_s``, target ≥ 50 % of ordinary consumption): messages
+  received by a ``SimpleConsumer`` (``receive`` of ``POP_BATCH``, every body read, then
+  ``ack_async`` of the batch), against a clustering ``Consumer`` of another group reading the same messages
+  (``consume_msgs_per_s``); ``pop_consume_ratio`` is the first over the second.
 
     python benchmarks/bench_semantics.py [--quick]
 """
@@ -38,9 +41,10 @@ from bench_peers import gms_standalone, pct
 
 LEAD_MS = 1000  # how far ahead each timed message is scheduled
 TOPIC_SETTLE_S = 0.5
-QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000, "fifo": 50_000, "retries": 2_000}
-FULL = {"timed": 100_000, "rate": 10_000, "pending": 1_000_000, "fifo": 200_000, "retries": 10_000}
-NOT_BUILT = ("pop_msgs_per_s",)
+QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000, "fifo": 50_000, "retries": 2_000, "pop": 200_000}
+FULL = {"timed": 100_000, "rate": 10_000, "pending": 1_000_000, "fifo": 200_000, "retries": 10_000,
+        "pop": 1_000_000}
+POP_BATCH = 4096  # as many as the consumer's fetches (fetch_max_messages)
 FIFO_GROUPS = 100
 RETRY_DELAY_MS = 1000
 
@@ -191,22 +195,70 @@ def retry_lateness(nameserver: str, count: int) -> dict[str, float]:
             "retried_messages": count}
 
 
+def pop_throughput(nameserver: str, count: int, batch: int) -> dict[str, float]:
+    from gms.client import Admin, Consumer, Producer, ProducerRecord, SimpleConsumer
+
+    with Admin(nameserver=nameserver) as admin:
+        admin.create_topic("bench-pop", queues=4)
+    time.sleep(TOPIC_SETTLE_S)
+    with Producer(nameserver=nameserver) as producer:
+        for start in range(0, count, 1000):
+            producer.send_batch([ProducerRecord("bench-pop", b"p" * 100)] * min(1000, count - start))
+    consumer = Consumer(nameserver=nameserver, group="bench-pull", subscription={"bench-pop": "*"},
+                        start_from="first")
+    read = 0
+    started = time.monotonic()
+    try:
+        while read < count * 100 and time.monotonic() - started < 120:
+            read += sum(len(m.body) for m in consumer.poll(timeout_ms=200))
+    finally:
+        consumer.close()
+    consume_s = time.monotonic() - started
+    popper = SimpleConsumer(nameserver=nameserver, group="bench-pop", subscription={"bench-pop": "*"},
+                            start_from="first", await_duration_ms=200)
+    popped = 0
+    started = time.monotonic()
+    try:
+        while popped < count * 100 and time.monotonic() - started < 120:
+            messages = popper.receive(batch)
+            popped += sum(len(m.body) for m in messages)
+            popper.ack_async(messages)  # travels while the next receive goes out
+        popper.close()  # waits for the last acknowledgements
+    finally:
+        popper.close()
+    pop_s = time.monotonic() - started
+    if read != count * 100 or popped != count * 100:
+        raise RuntimeError(f"consumed {read // 100} and popped {popped // 100} of {count}")
+    return {"pop_msgs_per_s": round(count / pop_s), "consume_msgs_per_s": round(count / consume_s),
+            "pop_consume_ratio": round(consume_s / pop_s, 3), "pop_batch": batch}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer messages (well under two minutes)")
+    parser.add_argument("--only", choices=["timers", "pending", "fifo", "retries", "pop"], action="append",
+                        help="run only these parts (repeatable; default: all)")
+    parser.add_argument("--pop-batch", type=int, default=POP_BATCH, help="messages per receive")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     figures: dict[str, object] = {"bench": "semantics", "quick": args.quick}
+    parts = set(args.only or ["timers", "pending", "fifo", "retries", "pop"])
     with tempfile.TemporaryDirectory() as root, gms_standalone(Path(root)) as (nameserver, broker_pid):
-        log(f"timer lateness: {sizes['timed']} messages at {sizes['rate']}/s, each due {LEAD_MS} ms later")
-        figures.update(timer_lateness(nameserver, sizes["timed"], sizes["rate"]))
-        log(f"pending timers: {sizes['pending']} scheduled an hour ahead")
-        figures.update(pending_memory(nameserver, broker_pid, sizes["pending"]))
-        log(f"FIFO: {sizes['fifo']} messages in {FIFO_GROUPS} message groups")
-        figures.update(fifo_throughput(nameserver, sizes["fifo"]))
-        log(f"retries: {sizes['retries']} messages nacked with a {RETRY_DELAY_MS} ms delay")
-        figures.update(retry_lateness(nameserver, sizes["retries"]))
-    figures.update(dict.fromkeys(NOT_BUILT))
+        if "timers" in parts:
+            log(f"timer lateness: {sizes['timed']} messages at {sizes['rate']}/s, each due {LEAD_MS} ms later")
+            figures.update(timer_lateness(nameserver, sizes["timed"], sizes["rate"]))
+        if "pending" in parts:
+            log(f"pending timers: {sizes['pending']} scheduled an hour ahead")
+            figures.update(pending_memory(nameserver, broker_pid, sizes["pending"]))
+        if "fifo" in parts:
+            log(f"FIFO: {sizes['fifo']} messages in {FIFO_GROUPS} message groups")
+            figures.update(fifo_throughput(nameserver, sizes["fifo"]))
+        if "retries" in parts:
+            log(f"retries: {sizes['retries']} messages nacked with a {RETRY_DELAY_MS} ms delay")
+            figures.update(retry_lateness(nameserver, sizes["retries"]))
+        if "pop" in parts:
+            log(f"pop: {sizes['pop']} messages, pulled by one group and popped by another ({args.pop_batch} a time)")
+            figures.update(pop_throughput(nameserver, sizes["pop"], args.pop_batch))
     print(json.dumps(figures))
 
 

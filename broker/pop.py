@@ -5,7 +5,7 @@ Any number of consumers of a group pop messages from any queue; each message is 
 its own, by its delivery (queue, offset and delivery attempt: the receipt handle), or becomes
 visible again when its invisible duration ends, and is then handed out with its attempt one
 higher. Per group and queue a :class:`PopQueue` holds ``next`` (the first offset never handed
-out) and what is in flight: offset → [delivery attempt, visible again at ms]. Every offset below
+out) and what is in flight: offset → (delivery attempt, visible again at ms). Every offset below
 ``next`` that is not in flight is done (acknowledged, or not the group's: another tag, a hidden
 scheduled record, a damaged record).
 
@@ -22,7 +22,10 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import Literal
+
+import numpy as np
 
 from gms.broker.offsets import OffsetStore, PopWire
 from gms.broker.store import MessageStore
@@ -34,36 +37,50 @@ StartFrom = Literal["first", "last"] | int  # where a group without a committed 
 INFLIGHT_MAX = 20_000  # messages a group may have in flight per queue (Kafka's record locks)
 WINDOW_MAX = 200_000  # and offsets from its lowest one in flight to its next fresh one
 INVISIBLE_MS_MAX = 12 * 3600 * 1000  # RocketMQ's longest invisible duration
+# An in-flight entry is one int: its delivery attempt above its visible-again time (epoch ms < 2**41).
+ATTEMPT_SHIFT = 41
+VISIBLE_MASK = (1 << ATTEMPT_SHIFT) - 1
+
+
+def _entry(attempt: int, visible_at: int) -> int:
+    return attempt << ATTEMPT_SHIFT | visible_at
 
 
 class PopQueue:
-    """A group's pop state on one queue: see the module docstring."""
+    """A group's pop state on one queue: see the module docstring. ``inflight`` maps an offset
+    to its entry, ``attempt << ATTEMPT_SHIFT | visible again at (ms)``."""
 
     __slots__ = ("_expiry", "_order", "_seq", "inflight", "next")
 
-    def __init__(self, next_offset: int, inflight: dict[int, list[int]] | None = None) -> None:
+    def __init__(self, next_offset: int, inflight: dict[int, int] | None = None) -> None:
         self.next = next_offset
-        self.inflight: dict[int, list[int]] = inflight if inflight is not None else {}
+        self.inflight: dict[int, int] = inflight if inflight is not None else {}
         self._order: deque[int] = deque(sorted(self.inflight))  # handed-out offsets, ascending
         # Heap of (visible at, seq, offsets): an offset counts only while its entry's visible-at
-        # time is still the one in ``inflight`` (acked or changed since: skipped when popped).
+        # time is still this one (acked or changed since: skipped when popped).
         self._expiry: list[tuple[int, int, tuple[int, ...]]] = []
         self._seq = itertools.count()
-        for offset, (_, visible_at) in self.inflight.items():
-            heapq.heappush(self._expiry, (visible_at, next(self._seq), (offset,)))
+        for offset, entry in self.inflight.items():
+            heapq.heappush(self._expiry, (entry & VISIBLE_MASK, next(self._seq), (offset,)))
 
     @classmethod
     def from_wire(cls, wire: PopWire, committed: int, low: int, high: int) -> PopQueue:
         """The state saved as ``wire`` (:meth:`wire`), cut to ``committed`` (the group's
         committed offset, which may be newer) and to the queue's readable ``[low, high)``."""
         next_offset, flat = int(wire[0]), wire[1]
-        inflight = {int(flat[i]): [int(flat[i + 1]), int(flat[i + 2])] for i in range(0, len(flat) - 2, 3)
+        inflight = {int(flat[i]): _entry(int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat) - 2, 3)
                     if max(committed, low) <= int(flat[i]) < high}
         return cls(min(max(next_offset, committed, low), high), inflight)
 
     def wire(self) -> PopWire:
         """``[next, [offset, attempt, visible at, ...]]``: what the offset store keeps and sends."""
-        return [self.next, [n for offset, (attempt, at) in self.inflight.items() for n in (offset, attempt, at)]]
+        return [self.next, [n for offset, entry in self.inflight.items()
+                            for n in (offset, entry >> ATTEMPT_SHIFT, entry & VISIBLE_MASK)]]
+
+    def attempt(self, offset: int) -> int | None:
+        """The delivery attempt of an offset in flight (None: not in flight)."""
+        entry = self.inflight.get(offset)
+        return None if entry is None else entry >> ATTEMPT_SHIFT
 
     def low(self) -> int:
         """The lowest offset in flight, else ``next``: everything below is done."""
@@ -76,23 +93,28 @@ class PopQueue:
         """How many fresh messages may be handed out now."""
         return max(0, min(INFLIGHT_MAX - len(self.inflight), self.low() + WINDOW_MAX - self.next))
 
+    def _live(self, offset: int, visible_at: int) -> bool:
+        entry = self.inflight.get(offset)
+        return entry is not None and entry & VISIBLE_MASK == visible_at
+
     def next_visible(self) -> int | None:
         """When the next message in flight becomes visible again (ms; None: none in flight)."""
-        expiry, inflight = self._expiry, self.inflight
+        expiry = self._expiry
         while expiry:
             at, _, offsets = expiry[0]
-            if any((entry := inflight.get(o)) is not None and entry[1] == at for o in offsets):
+            if any(self._live(o, at) for o in offsets):
                 return at
             heapq.heappop(expiry)
         return None
 
     def due(self, now_ms: int, limit: int) -> list[int]:
-        """Up to ``limit`` offsets in flight whose invisible duration is over (ascending)."""
-        expiry, inflight = self._expiry, self.inflight
+        """Up to ``limit`` offsets in flight whose invisible duration is over (ascending): the
+        caller hands each out again (:meth:`redeliver`) or drops it."""
+        expiry = self._expiry
         found: dict[int, None] = {}
         while expiry and expiry[0][0] <= now_ms and len(found) < limit:
             at, _, offsets = heapq.heappop(expiry)
-            live = [o for o in offsets if (entry := inflight.get(o)) is not None and entry[1] == at and o not in found]
+            live = [o for o in offsets if self._live(o, at) and o not in found]
             take, rest = live[:limit - len(found)], live[limit - len(found):]
             found.update(dict.fromkeys(take))
             if rest:
@@ -102,9 +124,7 @@ class PopQueue:
     def hand_out(self, offsets: list[int], visible_at: int, next_offset: int) -> None:
         """Fresh ``offsets`` (ascending, from ``next``) go out for the first time; ``next`` moves
         to ``next_offset`` (the offsets passed between them are done)."""
-        inflight = self.inflight
-        for offset in offsets:
-            inflight[offset] = [1, visible_at]
+        self.inflight.update(zip(offsets, repeat(_entry(1, visible_at))))
         self._order.extend(offsets)
         if offsets:
             heapq.heappush(self._expiry, (visible_at, next(self._seq), tuple(offsets)))
@@ -115,31 +135,30 @@ class PopQueue:
         inflight = self.inflight
         attempts = []
         for offset in offsets:
-            entry = inflight[offset]
-            entry[0] += 1
-            entry[1] = visible_at
-            attempts.append(entry[0])
+            attempt = (inflight[offset] >> ATTEMPT_SHIFT) + 1
+            inflight[offset] = _entry(attempt, visible_at)
+            attempts.append(attempt)
         if offsets:
             heapq.heappush(self._expiry, (visible_at, next(self._seq), tuple(offsets)))
         return attempts
 
-    def ack(self, offset: int, attempt: int) -> bool:
-        """Acknowledge a delivery; False if the handle no longer holds (handed out again since,
-        or never handed out here). Acknowledging a done message again is fine."""
-        entry = self.inflight.get(offset)
-        if entry is None:
-            return offset < self.next
-        if entry[0] != attempt:
-            return False
-        del self.inflight[offset]
-        return True
+    def ack(self, offsets: np.ndarray, attempts: np.ndarray) -> np.ndarray:
+        """Acknowledge deliveries (offsets and their attempts); a mask of those whose handle no
+        longer holds (handed out again since, or never handed out here). Acknowledging a done
+        message again is fine. Vectorised: no Python step per message but the dict's own."""
+        inflight = self.inflight
+        listed = offsets.tolist()
+        entries = np.fromiter(map(inflight.get, listed, repeat(-1)), np.int64, len(listed))
+        held = (entries >= 0) & ((entries >> ATTEMPT_SHIFT) == attempts)
+        if held.any():
+            deque(map(inflight.pop, offsets[held].tolist(), repeat(None)), maxlen=0)  # a repeated one: once
+        return ~held & ((entries >= 0) | (offsets >= self.next))
 
     def change_invisible(self, offset: int, attempt: int, visible_at: int) -> bool:
         """Make a delivery visible again at ``visible_at``; False if the handle no longer holds."""
-        entry = self.inflight.get(offset)
-        if entry is None or entry[0] != attempt:
+        if self.attempt(offset) != attempt:
             return False
-        entry[1] = visible_at
+        self.inflight[offset] = _entry(attempt, visible_at)
         heapq.heappush(self._expiry, (visible_at, next(self._seq), (offset,)))
         return True
 

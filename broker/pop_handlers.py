@@ -208,10 +208,12 @@ class PopHandlers:
             raise BadRequestError("queue_ids, offsets and attempts must have the same length")
         states = self._led_states(group, topic, np.unique(queue_ids).tolist())
         expired: list[list[int]] = []
-        for queue_id, offset, attempt in zip(queue_ids.tolist(), offsets.tolist(), attempts.tolist(), strict=True):
-            state = states[queue_id]
-            if state is None or not state.ack(offset, attempt):
-                expired.append([queue_id, offset])
+        for queue_id, state in states.items():
+            mine = queue_ids == queue_id
+            stale = (np.ones(int(mine.sum()), bool) if state is None
+                     else state.ack(offsets[mine].astype(np.int64), attempts[mine].astype(np.int64)))
+            if stale.any():
+                expired += [[queue_id, offset] for offset in offsets[mine][stale].tolist()]
         self.service.commit((group, topic, q) for q, s in states.items() if s is not None)
         return Response({"expired": expired})
 

@@ -10,9 +10,12 @@ The brokers keep what is in flight (docs/pop.md).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -43,6 +46,9 @@ EXHAUSTED_REASON = "delivery attempts exhausted"
 
 
 Acknowledgeable = PoppedMessage | ReceiptHandle | str  # a message, its receipt handle, or that as text
+
+
+HandleColumns = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # topic -> queue ids, offsets, attempts
 
 
 class Popped(NamedTuple):
@@ -114,41 +120,42 @@ class PopClient:
         exhausted, messages = ReceivedMessages([batch]).split(int(frame.fields.get("exhausted", 0)))
         return Popped(messages, exhausted)
 
-    async def ack(self, handles: Sequence[ReceiptHandle]) -> list[ReceiptHandle]:
-        """Acknowledge deliveries; the handles that no longer held."""
-        by_queue: dict[TopicQueue, list[ReceiptHandle]] = {}
-        for handle in handles:
-            by_queue.setdefault(TopicQueue(handle.topic, handle.queue_id), []).append(handle)
+    async def ack(self, handles: HandleColumns) -> list[ReceiptHandle]:
+        """Acknowledge deliveries ({topic: (queue ids, offsets, attempts)}); the handles that
+        no longer held."""
         expired: list[ReceiptHandle] = []
-        pending = by_queue
-        for attempt in range(ROUTE_RETRIES + 1):
-            by_request: dict[tuple[str, str], list[ReceiptHandle]] = {}
-            for queue, queue_handles in pending.items():
-                by_request.setdefault((queue.topic, await leader_of(self.runtime.routes, queue)), []).extend(
-                    queue_handles)
-            pending = {}
-            for (topic, broker), request_handles in by_request.items():
-                try:
-                    expired += await self._ack(topic, broker, request_handles)
-                except LEADER_LOST_ERRORS:
-                    if attempt == ROUTE_RETRIES:
-                        raise
-                    self.runtime.routes.invalidate()
-                    for handle in request_handles:
-                        pending.setdefault(TopicQueue(handle.topic, handle.queue_id), []).append(handle)
-            if not pending:
-                break
+        for topic, (queue_ids, offsets, attempts) in handles.items():
+            pending = np.ones(len(queue_ids), bool)
+            for attempt in range(ROUTE_RETRIES + 1):
+                by_broker: dict[str, np.ndarray] = {}
+                for queue_id in np.unique(queue_ids[pending]).tolist():
+                    broker = await leader_of(self.runtime.routes, TopicQueue(topic, queue_id))
+                    mine = pending & (queue_ids == queue_id)
+                    by_broker[broker] = by_broker[broker] | mine if broker in by_broker else mine
+                for broker, mine in by_broker.items():
+                    try:
+                        stale = await self._ack(topic, broker, queue_ids[mine], offsets[mine], attempts[mine])
+                    except LEADER_LOST_ERRORS:
+                        if attempt == ROUTE_RETRIES:
+                            raise
+                        self.runtime.routes.invalidate()
+                        continue
+                    pending &= ~mine
+                    expired += stale
+                if not pending.any():
+                    break
         return expired
 
-    async def _ack(self, topic: str, broker: str, handles: list[ReceiptHandle]) -> list[ReceiptHandle]:
-        queue_ids = np.fromiter((h.queue_id for h in handles), np.int64, len(handles))
-        offsets = np.fromiter((h.offset for h in handles), np.int64, len(handles))
-        attempts = np.fromiter((h.attempt for h in handles), np.int64, len(handles))
+    async def _ack(self, topic: str, broker: str, queue_ids: np.ndarray, offsets: np.ndarray,
+                   attempts: np.ndarray) -> list[ReceiptHandle]:
         frame = await self.runtime.pool.request(broker, RequestCode.ACK_MESSAGE, {
             "group": self.group, "topic": topic, "queue_ids": int_array(queue_ids, QUEUE_ID_ARRAY),
             "offsets": int_array(offsets, OFFSET_ARRAY), "attempts": int_array(attempts, QUEUE_ID_ARRAY)})
         expired = {(q, o) for q, o in frame.fields.get("expired", [])}
-        return [h for h in handles if (h.queue_id, h.offset) in expired] if expired else []
+        if not expired:
+            return []
+        return [ReceiptHandle(topic, q, o, a) for q, o, a in zip(queue_ids.tolist(), offsets.tolist(),
+                                                                 attempts.tolist(), strict=True) if (q, o) in expired]
 
     async def change_invisible_duration(self, handle: ReceiptHandle, invisible_ms: int) -> int:
         """Make the delivery visible again ``invisible_ms`` from now; when (epoch ms)."""
@@ -210,6 +217,7 @@ class SimpleConsumer:
         self._core = PopClient(self._runtime, group, subscription, max_delivery_attempts=max_delivery_attempts,
                                start_from=start_from)
         self._dead_letters: Producer | None = None
+        self._acks_on_the_way: set[Future[None]] = set()
         self._make_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
                                                request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
         self._closed = False
@@ -247,16 +255,36 @@ class SimpleConsumer:
         ReceiptHandleExpiredError if a handle no longer holds (its invisible duration ended and
         it was handed out again: that delivery is the one to acknowledge); the others are
         acknowledged all the same."""
+        self.ack_async(messages).result()
+
+    def ack_async(self, messages: Acknowledgeable | Iterable[Acknowledgeable]) -> Future[None]:
+        """:meth:`ack` without waiting: the acknowledgement travels while the application goes
+        on (the next :meth:`receive` included); the future fails as :meth:`ack` would raise.
+        :meth:`close` waits for those still on their way."""
         self._check_open()
-        handles = _handles(messages)
+        handles = _handle_columns(messages)
+        future: Future[None] = Future()
         if not handles:
-            return
-        expired = self._runtime.run(self._core.ack(handles))
-        if expired:
-            raise ReceiptHandleExpiredError(
-                f"{len(expired)} of {len(handles)} receipt handle(s) no longer hold (handed out again, or unknown"
+            future.set_result(None)
+            return future
+        count = sum(len(columns[0]) for columns in handles.values())
+        self._acks_on_the_way.add(future)
+        sent = asyncio.run_coroutine_threadsafe(self._core.ack(handles), self._runtime.loop)
+        sent.add_done_callback(lambda done: self._acked(done, future, count))
+        return future
+
+    def _acked(self, done: Future[list[ReceiptHandle]], future: Future[None], count: int) -> None:
+        self._acks_on_the_way.discard(future)
+        error = done.exception()
+        if error is not None:
+            future.set_exception(error)
+        elif expired := done.result():
+            future.set_exception(ReceiptHandleExpiredError(
+                f"{len(expired)} of {count} receipt handle(s) no longer hold (handed out again, or unknown"
                 f" to the queue's leader): {', '.join(map(str, expired[:5]))}{' ...' if len(expired) > 5 else ''}",
-                fields={"expired": [str(h) for h in expired]})
+                fields={"expired": [str(h) for h in expired]}))
+        else:
+            future.set_result(None)
 
     def change_invisible_duration(self, message: Acknowledgeable, invisible_duration_ms: int) -> int:
         """Keep a message invisible for ``invisible_duration_ms`` from now (longer processing),
@@ -291,11 +319,13 @@ class SimpleConsumer:
         return topic
 
     def close(self) -> None:
-        """Close the connections (messages in flight become visible again when their time ends)."""
+        """Wait for acknowledgements on their way, close the connections (messages in flight
+        become visible again when their invisible duration ends). Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            futures_wait(list(self._acks_on_the_way), timeout=self._runtime.request_timeout_ms / 1000)
             self._runtime.close()
         finally:
             if self._dead_letters is not None:
@@ -326,3 +356,29 @@ def _handles(items: Acknowledgeable | Iterable[Acknowledgeable]) -> list[Receipt
         else:
             raise TypeError(f"acknowledge PoppedMessage or receipt handles, not {type(item).__name__}")
     return handles
+
+
+def _handle_columns(items: Acknowledgeable | Iterable[Acknowledgeable]) -> HandleColumns:
+    """The receipt handles of ``items`` as columns per topic: straight from the received
+    batches for what :meth:`SimpleConsumer.receive` returned, one by one otherwise."""
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    if isinstance(items, ReceivedMessages) and all(isinstance(b, PopBatch) for b, _, _ in items.parts()):
+        for batch, start, stop in items.parts():
+            topics, queue_ids, offsets, attempts = cast(PopBatch, batch).handle_columns(start, stop)
+            if isinstance(topics, str):
+                parts.setdefault(topics, []).append((queue_ids, offsets, attempts))
+                continue
+            named = np.array(topics, object)
+            for topic in dict.fromkeys(topics):
+                mine = named == topic
+                parts.setdefault(topic, []).append((queue_ids[mine], offsets[mine], attempts[mine]))
+    else:
+        by_topic: dict[str, list[ReceiptHandle]] = {}
+        for handle in _handles(items):
+            by_topic.setdefault(handle.topic, []).append(handle)
+        for topic, handles in by_topic.items():
+            queue_ids, offsets, attempts = (np.array(column, np.int64) for column in zip(*(h[1:] for h in handles),
+                                                                                      strict=True))
+            parts[topic] = [(queue_ids, offsets, attempts)]
+    return {topic: (np.concatenate([c[0] for c in columns]), np.concatenate([c[1] for c in columns]),
+                    np.concatenate([c[2] for c in columns])) for topic, columns in parts.items()}

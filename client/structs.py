@@ -528,8 +528,25 @@ class PopBatch(MessageBatch):
         self._columns = made
         return made
 
+    def handle_columns(self, start: int, stop: int) -> tuple[str | list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The receipt handles of messages ``start`` to ``stop`` as columns, without making a
+        message: their topic (one str when all share it), queue ids, offsets and attempts."""
+        topics, _, _, _, queue_ids, offsets, *_, attempts, _ = self.columns()
+        return (topics.value if type(topics) is _Same else list(topics[start:stop]),
+                _int_array(queue_ids, start, stop), _int_array(offsets, start, stop),
+                _int_array(attempts, start, stop))
+
 
 _POPPED_COLUMNS = 10
+
+
+def _int_array(column: Column, start: int, stop: int) -> np.ndarray:
+    if type(column) is _Same:
+        return np.full(stop - start, column.value, np.int64)
+    part = column[start:stop]
+    if isinstance(part, range):
+        return np.arange(part.start, part.stop, part.step, dtype=np.int64)
+    return np.asarray(part, np.int64)
 
 
 class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
@@ -550,6 +567,10 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
     @classmethod
     def concat(cls, sequences: Sequence[ReceivedMessages]) -> ReceivedMessages:
         return cls([part for seq in sequences for part in seq._parts])
+
+    def parts(self) -> list[tuple[MessageBatch, int, int]]:
+        """The (batch, start, stop) ranges the messages are made of, in order."""
+        return list(self._parts)
 
     def split(self, count: int) -> tuple[ReceivedMessages, ReceivedMessages]:
         """The first ``count`` messages and the rest, without making any message."""

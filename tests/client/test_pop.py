@@ -55,6 +55,8 @@ def test_a_message_comes_again_only_after_its_invisible_duration_with_the_attemp
         with pytest.raises(ReceiptHandleExpiredError) as expired:
             consumer.ack(first[3:])  # the first delivery's handles: handed out again since
         assert len(expired.value.fields["expired"]) == 3
+        with pytest.raises(ReceiptHandleExpiredError):
+            consumer.ack_async(first[3:4]).result(10)  # the same, without waiting for it
         consumer.ack([str(m.receipt_handle) for m in again])  # handles as text work too
         consumer.ack(again)  # acknowledging again is fine
         assert not consumer.receive(10, invisible_duration_ms=100, await_duration_ms=400)
