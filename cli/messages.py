@@ -21,7 +21,7 @@ from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
-from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult
+from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer
 from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
@@ -164,12 +164,20 @@ class StartFrom(click.ParamType):
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: one line per message; json: one JSON object per line.")
 @click.option("--count", "-c", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option("--pop", is_flag=True,
+              help="Receive as a pop consumer of --group: messages are handed out one by one to the group's "
+                   "consumers, each acknowledged once printed (docs/pop.md).")
 @nameserver_option
 def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: bool, group: str | None,
-         fmt: str, count: int | None, nameserver: str) -> None:
+         fmt: str, count: int | None, pop: bool, nameserver: str) -> None:
     """Print TOPIC's messages: where each is (topic/queue@offset), its tag, keys and body."""
     if start_from is None:
         start_from = "last" if follow else "first"
+    if pop:
+        if not group:
+            raise click.UsageError("--pop needs --group: the consumer group the messages are handed out to")
+        _tail_popped(topic, tag_expression, start_from, follow, group, fmt, count, nameserver)
+        return
     consumer = Consumer(
         nameserver=nameserver, group=group or f"{TAIL_GROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}",
         subscription={topic: tag_expression}, mode="clustering" if group else "broadcasting",
@@ -189,6 +197,32 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
     if fmt == "text" and not follow and count is None and shown == 0:
         click.echo(f"no messages in {topic}" + ("" if tag_expression == "*" else f" matching {tag_expression!r}"),
                    err=True)
+
+
+def _tail_popped(topic: str, tag_expression: str, start_from: str | int, follow: bool, group: str, fmt: str,
+                 count: int | None, nameserver: str) -> None:
+    consumer = SimpleConsumer(nameserver=nameserver, group=group, subscription={topic: tag_expression},
+                              start_from=start_from, await_duration_ms=POLL_MS, security=client_security())
+    shown = 0
+    last_seen = time.monotonic()
+    with stop_requested() as stop:
+        try:
+            while (count is None or shown < count) and not stop.is_set():
+                messages = consumer.receive(min(32, count - shown) if count is not None else 32)
+                if messages:
+                    last_seen = time.monotonic()
+                elif not follow and time.monotonic() - last_seen >= IDLE_STOP_S:
+                    break
+                for msg in messages:
+                    click.echo(message_line(msg) + f"  attempt={msg.delivery_attempt}" if fmt == "text"
+                               else json.dumps({**message_dict(msg), "delivery_attempt": msg.delivery_attempt},
+                                               sort_keys=True))
+                consumer.ack(messages)
+                shown += len(messages)
+        finally:
+            consumer.close()
+    if stop.is_set():
+        raise click.exceptions.Exit(INTERRUPTED_EXIT_CODE)
 
 
 def _print_messages(consumer: Consumer, fmt: str, count: int | None, follow: bool, stop: threading.Event) -> int:

@@ -227,8 +227,9 @@ class SimpleConsumer:
         return self._group
 
     def receive(self, max_messages: int = 32, invisible_duration_ms: int | None = None,
-                await_duration_ms: int | None = None) -> ReceivedMessages:
-        """Up to ``max_messages`` messages (:class:`PoppedMessage`), waiting up to the await
+                await_duration_ms: int | None = None) -> Sequence[PoppedMessage]:
+        """Up to ``max_messages`` messages (a :class:`ReceivedMessages` of :class:`PoppedMessage`:
+        acknowledge it whole, the fastest way, or message by message), waiting up to the await
         duration for the first; each stays invisible to the group for ``invisible_duration_ms``.
         Messages handed out ``max_delivery_attempts`` times go to the dead-letter topic here
         instead of being returned."""
@@ -243,7 +244,7 @@ class SimpleConsumer:
             for message in popped.exhausted:
                 self.forward_to_dead_letters(cast(PoppedMessage, message), EXHAUSTED_REASON)
             if len(popped.messages) or not len(popped.exhausted) or time.monotonic() >= deadline:
-                return popped.messages
+                return cast(Sequence[PoppedMessage], popped.messages)  # a ReceivedMessages of PopBatches
 
     def __iter__(self) -> Any:
         """Messages as they come, until the consumer is closed (acknowledge each)."""

@@ -118,3 +118,16 @@ def test_cluster_status(gms, cluster):
     assert sorted(b["address"] for b in status["brokers"]) == sorted(b.address for b in cluster.brokers)
     assert all(b["alive"] and b["disk_used_bytes"] > 0 for b in status["brokers"])
     assert "etcd" in gms("cluster").stdout
+
+
+def test_tail_pop_hands_each_message_to_one_consumer_of_the_group_and_acknowledges_it(gms, topic):
+    gms("produce", topic, *[f"p{i}" for i in range(10)])
+    first = [json.loads(line) for line in gms("tail", topic, "--pop", "--group", "poppers", "--from", "first",
+                                               "--count", "4", "--format", "json").stdout.splitlines()]
+    rest = gms("tail", topic, "--pop", "--group", "poppers").stdout.splitlines()  # stops once none is left
+    assert len(first) == 4 and {m["delivery_attempt"] for m in first} == {1}
+    assert len(rest) == 6 and all(line.endswith("attempt=1") for line in rest)
+    assert sorted([m["body"] for m in first] + [line.split()[-2] for line in rest]) == sorted(
+        f"p{i}" for i in range(10))
+    refused = gms("tail", topic, "--pop", ok=False)
+    assert refused.returncode == 2 and "--pop needs --group" in refused.stderr
