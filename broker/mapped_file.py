@@ -163,6 +163,19 @@ class MappedFile:
                 return  # deleted under a flush (retention, truncation): nothing of it must last
             raise StoreIOError(f"fdatasync of {self.path} failed: {err}") from err
 
+    def release(self, start: int, end: int) -> None:
+        """Unmap the pages of [start, end) from this process (MADV_DONTNEED) without touching the
+        file: they stay in the page cache (and on disk), the next read maps them again. Only for
+        flushed data: the resident set then holds the file's hot tail, not all it ever wrote."""
+        start = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = min(end, self.size_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end <= start or self.closed:
+            return
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):  # closed under us (retention), or refused: only an optimisation
+            return
+
     def warm(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Bring the file's pages into the page cache so the writer's first touch only maps them
         (a cold first touch costs 5-10x a resident copy). Reading, not MADV_POPULATE_WRITE:

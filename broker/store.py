@@ -37,7 +37,7 @@ from gms.broker.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog
+from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, RESIDENT_TAIL_BYTES, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
@@ -800,6 +800,7 @@ class MessageStore:
         if self._fsync_fault is not None and end > start and self._fsync_fault.exists():
             raise StoreIOError(f"fdatasync failed: injected while {self._fsync_fault} exists")
         commitlog.flush_range(start, end)
+        commitlog.release_behind(end - RESIDENT_TAIL_BYTES)
         now_ms = int(time.time() * 1000)
         if now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
             try:

@@ -24,6 +24,10 @@ from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_
 from gms.store_errors import MessageNotFound
 
 _BLANK = struct.Struct(">iI")
+# Flushed commitlog pages further than this behind the flushed end leave the broker's resident set
+# (they stay in the page cache): readers of recent messages still find them mapped.
+RESIDENT_TAIL_BYTES = 64 << 20
+RELEASE_STEP_BYTES = 8 << 20
 ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_offset, store_ts_ms
 ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"),
                            ("store_ts_ms", ">i8")])
@@ -62,6 +66,7 @@ class CommitLog:
             self._segments.append(self._segments.create(0))
         self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
         self._spare_lock = threading.Lock()
+        self._released = 0  # pages below this offset were released from the resident set
         self.write_pos = 0  # where the next record goes (writer-private until committed)
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
 
@@ -222,6 +227,16 @@ class CommitLog:
         for f in self.files:
             if f.end_offset > start and f.base_offset < end:
                 f.flush()
+
+    def release_behind(self, offset: int) -> None:
+        """Release the mapped pages below ``offset`` (flushed data; the flush thread calls this),
+        in steps of at least RELEASE_STEP_BYTES so small flushes make no system call."""
+        if offset - self._released < RELEASE_STEP_BYTES:
+            return
+        for f in self.files:
+            if f.end_offset > self._released and f.base_offset < offset:
+                f.release(max(self._released, f.base_offset) - f.base_offset, min(offset, f.end_offset) - f.base_offset)
+        self._released = offset
 
     def truncate(self, end_offset: int) -> None:
         """Recovery: erase everything from ``end_offset`` on (zero the tail, delete later files)."""
