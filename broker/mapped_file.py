@@ -26,6 +26,7 @@ from gms.private_files import open_private
 from gms.store_errors import DescriptorLimitReached, StoreIOError
 
 FILE_NAME_DIGITS = 20
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's number; Python 3.11 does not name it
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
 # Descriptors a new file must leave free: client and replica sockets, the short-lived opens of
 # flushes, directory syncs and atomically replaced config files.
@@ -174,6 +175,18 @@ class MappedFile:
         try:
             self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (OSError, ValueError):  # closed under us (retention), or refused: only an optimisation
+            return
+
+    def populate(self, start: int, end: int) -> None:
+        """Map the pages of [start, end) at once (MADV_POPULATE_READ, Linux 5.14+) before reading
+        a stretch :meth:`release` unmapped: one system call instead of a page fault per page."""
+        start = start // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(end, self.size_bytes)
+        if end <= start or self.closed:
+            return
+        try:
+            self._mm.madvise(MADV_POPULATE_READ, start, end - start)
+        except (OSError, ValueError):  # an older kernel, or closed under us: the reads fault them in
             return
 
     def warm(self, stop: Callable[[], bool] = lambda: False) -> None:

@@ -869,6 +869,9 @@ class MessageStore:
         phys, sizes = entries["phys"][picked[:take]].astype(np.int64), sizes[:take]
         try:
             runs = self._file_runs(commitlog, phys) if len(phys) else []
+            if len(phys) and int(phys[0]) < commitlog.released:  # far behind the writer: map the stretch at once
+                for f, lo, hi in runs:
+                    f.populate(int(phys[lo]) - f.base_offset, int(phys[hi - 1] + sizes[hi - 1]) - f.base_offset)
             bad = self._checked(runs, phys, sizes, offset + picked[:take], queue_id)
             damaged: tuple[tuple[int, int], ...] = ()
             served = offset + picked[:take]

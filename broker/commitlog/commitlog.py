@@ -66,7 +66,7 @@ class CommitLog:
             self._segments.append(self._segments.create(0))
         self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
         self._spare_lock = threading.Lock()
-        self._released = 0  # pages below this offset were released from the resident set
+        self.released = 0  # pages below this offset were released from the resident set
         self.write_pos = 0  # where the next record goes (writer-private until committed)
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
 
@@ -231,12 +231,12 @@ class CommitLog:
     def release_behind(self, offset: int) -> None:
         """Release the mapped pages below ``offset`` (flushed data; the flush thread calls this),
         in steps of at least RELEASE_STEP_BYTES so small flushes make no system call."""
-        if offset - self._released < RELEASE_STEP_BYTES:
+        if offset - self.released < RELEASE_STEP_BYTES:
             return
         for f in self.files:
-            if f.end_offset > self._released and f.base_offset < offset:
-                f.release(max(self._released, f.base_offset) - f.base_offset, min(offset, f.end_offset) - f.base_offset)
-        self._released = offset
+            if f.end_offset > self.released and f.base_offset < offset:
+                f.release(max(self.released, f.base_offset) - f.base_offset, min(offset, f.end_offset) - f.base_offset)
+        self.released = offset
 
     def truncate(self, end_offset: int) -> None:
         """Recovery: erase everything from ``end_offset`` on (zero the tail, delete later files)."""
