@@ -26,7 +26,7 @@ from gms.store_errors import MessageNotFound
 _BLANK = struct.Struct(">iI")
 # Flushed commitlog pages further than this behind the flushed end leave the broker's resident set
 # (they stay in the page cache): readers of recent messages still find them mapped.
-RESIDENT_TAIL_BYTES = 64 << 20
+RESIDENT_TAIL_BYTES = 32 << 20
 RELEASE_STEP_BYTES = 8 << 20
 ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_offset, store_ts_ms
 ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"),
