@@ -13,6 +13,7 @@ from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import print_json, show, table, time_text
 from gms.client import Admin
 from gms.client.offset_reset import QueueReset, ResetSpec
+from gms.cluster.model import GroupSettings
 from gms.errors import GroupNotEmptyError, QueueNotFoundError, TopicNotFoundError
 from gms.times import parse_time_ms
 
@@ -22,7 +23,7 @@ NO_COMMIT = -1
 @click.group()
 def group() -> None:
     """List consumer groups, show their members, assignment and lag, reset their offsets,
-    delete them."""
+    delete them, set their retry and FIFO settings."""
 
 
 @group.command(name="list")
@@ -227,3 +228,75 @@ def delete_group(group_name: str, yes: bool, force: bool, nameserver: str, as_js
     else:
         count, brokers = sum(len(qs) for qs in deleted.values()), sum(1 for qs in deleted.values() if qs)
         click.echo(f"deleted consumer group {group_name} ({count} committed offset(s) on {brokers} broker(s))")
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """``10s,30s,1m,2h`` (or plain milliseconds) as a list of milliseconds."""
+    if value is None:
+        return None
+    delays = []
+    for item in value.split(","):
+        text = item.strip().lower()
+        unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "ms" if text.isdigit() else None)
+        number = text[: len(text) - len(unit)] if unit and not text.isdigit() else text
+        try:
+            if unit is None:
+                raise ValueError
+            delays.append(round(float(number) * _UNITS_MS[unit]))
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not a delay such as 500ms, 10s, 1m or 2h", ctx, param) from None
+    return delays
+
+
+@group.command(name="config")
+@click.argument("group_name", metavar="GROUP")
+@click.option("--max-reconsume-times", type=click.IntRange(0, 1000), metavar="N",
+              help="Failures before a message goes to the group's dead letters (default 16).")
+@click.option("--max-delivery-attempts", type=click.IntRange(1, 1001), metavar="N",
+              help="The same counted as deliveries (pop consumers, RocketMQ 5): N = max-reconsume-times + 1.")
+@click.option("--retry-delays", callback=_delays, metavar="LIST",
+              help="Backoff of each retry, e.g. 10s,30s,1m,2h (the last repeats; default RocketMQ's 10s ... 2h).")
+@click.option("--fifo/--no-fifo", default=None, help="Consumers process each queue (message group) in order.")
+@click.option("--reset", is_flag=True, help="Drop the group's settings: its consumers use the defaults.")
+@nameserver_option
+@json_option
+def config(group_name: str, max_reconsume_times: int | None, max_delivery_attempts: int | None,
+           retry_delays: list[int] | None, fifo: bool | None, reset: bool, nameserver: str, as_json: bool) -> None:
+    """Show or set GROUP's settings (kept by the nameservers): retries, dead letters, FIFO. Its
+    consumers use them unless given their own; a consumer reads them when it starts."""
+    if max_reconsume_times is not None and max_delivery_attempts is not None:
+        raise click.UsageError("give --max-reconsume-times or --max-delivery-attempts, not both")
+    if max_delivery_attempts is not None:
+        max_reconsume_times = max_delivery_attempts - 1
+    changes = {k: v for k, v in (("max_reconsume_times", max_reconsume_times), ("retry_delays_ms", retry_delays),
+                                 ("fifo", fifo)) if v is not None}
+    if reset and changes:
+        raise click.UsageError("--reset drops every setting: give no others with it")
+    with open_admin(nameserver) as admin:
+        if reset:
+            admin.delete_group_settings(group_name)
+            settings = None
+        elif changes:
+            settings = admin.set_group_settings(group_name, **changes)
+        else:
+            settings = admin.group_settings(group_name)
+    shown = (settings or GroupSettings()).to_dict()
+    if as_json:
+        print_json({"group": group_name, "own": settings is not None, **shown})
+        return
+    origin = "" if settings is not None else "  (the defaults: the group has no settings of its own)"
+    click.echo(f"group {group_name}{origin}")
+    click.echo(f"  max reconsume times  {shown['max_reconsume_times']} "
+               f"(max delivery attempts {shown['max_reconsume_times'] + 1})")
+    click.echo(f"  retry delays         {', '.join(_delay_text(d) for d in shown['retry_delays_ms'])}")
+    click.echo(f"  fifo                 {'yes' if shown['fifo'] else 'no'}")
+
+
+def _delay_text(ms: int) -> str:
+    for unit in ("h", "m", "s"):
+        if ms and ms % _UNITS_MS[unit] == 0:
+            return f"{ms // _UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"

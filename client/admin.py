@@ -21,6 +21,7 @@ from gms.client.rebalance import NO_COMMITTED_OFFSET
 from gms.client.routing import NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
+from gms.cluster.model import GroupSettings
 from gms.errors import (
     GmsError,
     GroupNotEmptyError,
@@ -308,6 +309,27 @@ class Admin:
         brokers = self.brokers()
         answers = self._ask(brokers, RequestCode.DELETE_GROUP, {"group": group, "force": force})
         return {b: [(str(t), int(q)) for t, q in a["queues"]] for b, a in zip(brokers, answers, strict=True)}
+
+    # --- consumer group settings (kept in etcd by the nameservers) --------------------------------
+
+    def set_group_settings(self, group: str, **settings: Any) -> GroupSettings:
+        """Set ``group``'s settings (``max_reconsume_times``, ``retry_delays_ms``, ``fifo``):
+        those given replace the stored ones; returns the settings now in force. Its consumers
+        use them unless given their own (read when a consumer starts)."""
+        GroupSettings.from_dict(settings)  # unknown names and bad values fail here
+        if "retry_delays_ms" in settings:
+            settings["retry_delays_ms"] = list(settings["retry_delays_ms"])
+        answer = self._ask_nameserver(RequestCode.GROUP_SETTINGS_PUT, {"group": group, "settings": settings})
+        return GroupSettings.from_dict(answer["settings"])
+
+    def group_settings(self, group: str) -> GroupSettings | None:
+        """``group``'s settings, None if it has none of its own."""
+        found = self._ask_nameserver(RequestCode.GROUP_SETTINGS_GET, {"group": group})["settings"]
+        return None if found is None else GroupSettings.from_dict(found)
+
+    def delete_group_settings(self, group: str) -> bool:
+        """Back to the defaults; False if the group had no settings."""
+        return bool(self._ask_nameserver(RequestCode.GROUP_SETTINGS_DELETE, {"group": group})["deleted"])
 
     # --- users and ACLs (super users; the nameserver stores them in etcd) ----------------------
 

@@ -27,9 +27,10 @@ from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
-from gms.client.retries import MAX_RECONSUME_TIMES, RETRY_DELAYS_MS, ensure_topic, retry_plan
+from gms.client.retries import ensure_topic, load_group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
+from gms.cluster.model import GroupSettings
 from gms.errors import BadTagExpressionError, ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage
 from gms.naming import group_of_topic, retry_topic
@@ -91,9 +92,9 @@ class Consumer:
         instance_name: str | None = None,
         offset_dir: Path | str = DEFAULT_OFFSET_DIR,
         security: ClientSecurity | None = None,
-        max_reconsume_times: int = MAX_RECONSUME_TIMES,
-        retry_delays_ms: Sequence[int] = RETRY_DELAYS_MS,
-        fifo: bool = False,
+        max_reconsume_times: int | None = None,
+        retry_delays_ms: Sequence[int] | None = None,
+        fifo: bool | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -103,19 +104,17 @@ class Consumer:
             raise ValueError("subscribe to at least one topic")
         if damaged not in DAMAGED_MODES:
             raise ValueError(f"damaged must be one of {DAMAGED_MODES}, not {damaged!r}")
-        if max_reconsume_times < 0 or not retry_delays_ms or min(retry_delays_ms) < 0:
+        if (max_reconsume_times is not None and max_reconsume_times < 0) or (
+                retry_delays_ms is not None and (not retry_delays_ms or min(retry_delays_ms) < 0)):
             raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
         filters = _parse_subscription(subscription)
         self._clustering = mode == "clustering"
         if fifo and not self._clustering:
             raise ValueError("fifo needs a clustering consumer group")
-        self._fifo = fifo
         # FIFO: queues held back after a failure (until when, from which offset), failures so far.
         self._held: dict[TopicQueue, tuple[float, int]] = {}
         self._fifo_attempts: dict[tuple[str, int, int], int] = {}
         self._group = group
-        self._max_reconsume_times = max_reconsume_times
-        self._retry_delays_ms = tuple(retry_delays_ms)
         self._retry_producer: Producer | None = None
         self._make_retry_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
                                                      request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
@@ -132,6 +131,12 @@ class Consumer:
             offset_dir, group, instance_name or socket.gethostname())
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-consumer", security=security)
+        # What was not given comes from the group's settings (gms group config), else the defaults.
+        settings = (load_group_settings(self._runtime, group) if self._clustering and None in (
+            max_reconsume_times, retry_delays_ms, fifo) else GroupSettings())
+        self._max_reconsume_times = settings.max_reconsume_times if max_reconsume_times is None else max_reconsume_times
+        self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
+        self._fifo = (settings.fifo and self._clustering) if fifo is None else fifo
         if self._clustering:  # the group's own retry topic: nacked messages come back through it
             try:
                 self._runtime.run(ensure_topic(self._runtime, retry_topic(group)))

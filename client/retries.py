@@ -10,20 +10,20 @@ dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says m
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gms.client.routing import NameserverRoutes
 from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessage
-from gms.errors import TopicAlreadyExistsError, TopicNotFoundError
+from gms.cluster.model import GroupSettings
+from gms.errors import GmsError, TopicAlreadyExistsError, TopicNotFoundError
 from gms.naming import dlq_topic, retry_topic
 from gms.protocol.codes import RequestCode
 
-# RocketMQ's delay levels 3..18, the schedule of its consumer retries.
-RETRY_DELAYS_MS: tuple[int, ...] = tuple(s * 1000 for s in (
-    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
-MAX_RECONSUME_TIMES = 16
+log = logging.getLogger(__name__)
+
 REPLICAS_MAX = 3  # a group's retry and dead-letter topics are replicated on up to this many brokers
 
 ORIGIN_TOPIC_PROPERTY = "__RETRY_TOPIC"  # the topic the failed message was first sent to
@@ -58,6 +58,20 @@ async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
         await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1})
     except TopicAlreadyExistsError:
         pass
+
+
+def load_group_settings(runtime: ClientRuntime, group: str) -> GroupSettings:
+    """The group's settings from the nameservers (gms group config); the defaults when it has
+    none, without nameservers, or when they cannot be read (logged: the consumer still works)."""
+    routes = runtime.routes
+    if not isinstance(routes, NameserverRoutes):
+        return GroupSettings()
+    try:
+        found = runtime.run(routes.request(RequestCode.GROUP_SETTINGS_GET, {"group": group})).fields.get("settings")
+        return GroupSettings() if found is None else GroupSettings.from_dict(found)
+    except GmsError as err:
+        log.warning("group %s: cannot read its settings (%s); using the defaults", group, err)
+        return GroupSettings()
 
 
 def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, reason: str,

@@ -24,9 +24,10 @@ from gms.client.connections import msg_id_prefix
 from gms.client.fetcher import LEADER_LOST_ERRORS, TopicQueue, leader_of
 from gms.client.producer import Producer
 from gms.client.rebalance import StartFrom
-from gms.client.retries import MAX_RECONSUME_TIMES, RETRY_DELAYS_MS, ensure_topic, retry_plan
+from gms.client.retries import ensure_topic, load_group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
+from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, ReceiptHandleExpiredError
 from gms.naming import dlq_topic
 from gms.protocol.codes import RequestCode
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 
 INVISIBLE_DURATION_MS = 30_000
 AWAIT_DURATION_MS = 5_000  # how long a receive waits for messages (a long poll)
-MAX_DELIVERY_ATTEMPTS = MAX_RECONSUME_TIMES + 1  # RocketMQ 5: 16 retries after the first delivery
 ROUTE_RETRIES = 3  # re-routed attempts of an ack or a change after a leader moved
 EXHAUSTED_REASON = "delivery attempts exhausted"
 
@@ -180,7 +180,8 @@ class SimpleConsumer:
     ``invisible_duration_ms``: how long a received message stays hidden from the group (default
     30 s) unless acknowledged; ``await_duration_ms``: how long :meth:`receive` waits for messages
     (default 5 s); ``max_delivery_attempts``: deliveries before a message goes to the group's
-    dead-letter topic ``%DLQ%<group>`` (default 17: RocketMQ's 16 retries);
+    dead-letter topic ``%DLQ%<group>`` (default: the group's settings, ``gms group config``,
+    else 17: RocketMQ's 16 retries); ``retry_delays_ms``: :meth:`nack`'s backoff (the same);
     ``start_from``: where a new group starts on each queue ("last", "first" or a timestamp in ms).
     """
 
@@ -193,15 +194,15 @@ class SimpleConsumer:
         subscription: Mapping[str, str],
         invisible_duration_ms: int = INVISIBLE_DURATION_MS,
         await_duration_ms: int = AWAIT_DURATION_MS,
-        max_delivery_attempts: int = MAX_DELIVERY_ATTEMPTS,
+        max_delivery_attempts: int | None = None,
         start_from: StartFrom = "last",
-        retry_delays_ms: Sequence[int] = RETRY_DELAYS_MS,
+        retry_delays_ms: Sequence[int] | None = None,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         security: ClientSecurity | None = None,
     ) -> None:
         if not subscription:
             raise ValueError("subscribe to at least one topic")
-        if max_delivery_attempts < 1:
+        if max_delivery_attempts is not None and max_delivery_attempts < 1:
             raise ValueError("max_delivery_attempts must be >= 1")
         if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
             raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
@@ -210,10 +211,14 @@ class SimpleConsumer:
         self._group = group
         self._invisible_ms = invisible_duration_ms
         self._await_ms = await_duration_ms
-        self._max_delivery_attempts = max_delivery_attempts
-        self._retry_delays_ms = tuple(retry_delays_ms)
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-simple-consumer", security=security)
+        # What was not given comes from the group's settings (gms group config), else the defaults.
+        settings = (load_group_settings(self._runtime, group) if None in (max_delivery_attempts, retry_delays_ms)
+                    else GroupSettings())
+        if max_delivery_attempts is None:
+            max_delivery_attempts = settings.max_delivery_attempts
+        self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
         self._core = PopClient(self._runtime, group, subscription, max_delivery_attempts=max_delivery_attempts,
                                start_from=start_from)
         self._dead_letters: Producer | None = None

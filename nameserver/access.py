@@ -7,6 +7,8 @@ GET_BROKER_LIST                                any authenticated user (clients f
 TOPIC_LIST, CLUSTER_STATUS                     describe on the cluster
 CREATE/UPDATE/DELETE_TOPIC                     admin on the topic (creating a group's retry or
                                                dead-letter topic: subscribe on the group)
+GROUP_SETTINGS_PUT / _DELETE                   admin on the group
+GROUP_SETTINGS_GET                             describe on the group (its consumers read it)
 REGISTER_BROKER (answers etcd's endpoints)     a ``broker`` credential or a super user
 USER_* and ACL_*                               super users only
 =============================================  ===========================================
@@ -37,6 +39,9 @@ POLICY: dict[int, Policy] = {
     RequestCode.CREATE_TOPIC: lambda fields: _create_topic(field(fields, "topic", str)),
     RequestCode.UPDATE_TOPIC: on_topic("admin"),
     RequestCode.DELETE_TOPIC: on_topic("admin"),
+    RequestCode.GROUP_SETTINGS_PUT: lambda fields: [("group", field(fields, "group", str), "admin")],
+    RequestCode.GROUP_SETTINGS_GET: lambda fields: [("group", field(fields, "group", str), "describe")],
+    RequestCode.GROUP_SETTINGS_DELETE: lambda fields: [("group", field(fields, "group", str), "admin")],
 }
 
 

@@ -27,7 +27,7 @@ from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.lease import LeaseKeeper
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
-from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, TopicMetadata, TopicSettings
+from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, GroupSettings, TopicMetadata, TopicSettings
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
 from gms.nameserver.access import NameserverAccess
 from gms.nameserver.controller import Controller
@@ -145,6 +145,9 @@ class NameServer:
                 RequestCode.CREATE_TOPIC: self._create_topic,
                 RequestCode.UPDATE_TOPIC: self._update_topic,
                 RequestCode.DELETE_TOPIC: self._delete_topic,
+                RequestCode.GROUP_SETTINGS_PUT: self._put_group_settings,
+                RequestCode.GROUP_SETTINGS_GET: self._get_group_settings,
+                RequestCode.GROUP_SETTINGS_DELETE: self._delete_group_settings,
                 RequestCode.USER_PUT: self._put_user,
                 RequestCode.USER_DELETE: self._delete_user,
                 RequestCode.USER_LIST: self._list_users,
@@ -371,6 +374,35 @@ class NameServer:
         await self._write(f"delete topic {name}", lambda: metadata.delete_topic(name))
         await self._until_view(lambda: name not in self._topic_names())
         return Response()
+
+    # -- consumer group settings -----------------------------------------------------------------
+    async def _put_group_settings(self, request: Frame) -> Response:
+        """Set a group's settings: those given replace the stored ones, the rest stay (or take
+        their defaults); answers the settings now in force."""
+        name = field(request.fields, "group", str)
+        changes = field(request.fields, "settings", dict)
+        metadata = self._require_metadata()
+
+        def put() -> GroupSettings:
+            current = metadata.get_group_settings(name)
+            settings = GroupSettings.from_dict({**(current.to_dict() if current else {}), **changes})
+            metadata.put_group_settings(name, settings)
+            return settings
+        settings = await self._write(f"save the settings of group {name}", put)
+        return Response({"settings": settings.to_dict()})
+
+    async def _get_group_settings(self, request: Frame) -> Response:
+        name = field(request.fields, "group", str)
+        metadata = self._require_metadata()
+        settings = await self._write(f"read the settings of group {name}", lambda: metadata.get_group_settings(name))
+        return Response({"settings": None if settings is None else settings.to_dict()})
+
+    async def _delete_group_settings(self, request: Frame) -> Response:
+        name = field(request.fields, "group", str)
+        metadata = self._require_metadata()
+        deleted = await self._write(f"delete the settings of group {name}",
+                                    lambda: metadata.delete_group_settings(name))
+        return Response({"deleted": bool(deleted)})
 
     # -- users and ACLs (super users only: see gms.nameserver.access) -----------------------
     async def _put_user(self, request: Frame) -> Response:

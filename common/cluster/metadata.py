@@ -34,6 +34,7 @@ from gms.cluster.lease import LeaseKeeper
 from gms.cluster.model import (
     DEFAULT_QUEUE_COUNT,
     BrokerInfo,
+    GroupSettings,
     TopicMetadata,
     TopicSettings,
     new_topic,
@@ -63,6 +64,7 @@ class Keys:
         self.election = prefix + "election/"
         self.users = prefix + "security/users/"
         self.acls = prefix + "security/acls/"
+        self.groups = prefix + "groups/"
 
     def user(self, name: str) -> str:
         return self.users + name
@@ -72,6 +74,9 @@ class Keys:
 
     def broker(self, broker_id: str) -> str:
         return self.brokers + broker_id
+
+    def group(self, name: str) -> str:
+        return self.groups + validate_name("group", name, BadRequestError)
 
     def topic(self, name: str) -> str:
         return self.topics + name
@@ -165,6 +170,18 @@ class ClusterMetadata:
         """Every rule, in listing order (``AclRule.sort_key``, as ``AclTable.rules()``)."""
         rules = (AclRule.from_json(kv.value) for kv in self.client.get_prefix(self.keys.acls).kvs)
         return sorted(rules, key=lambda r: r.sort_key)
+
+    # -- consumer group settings ---------------------------------------------------------------
+    def put_group_settings(self, name: str, settings: GroupSettings) -> None:
+        self.client.put(self.keys.group(name), settings.to_json())
+
+    def get_group_settings(self, name: str) -> GroupSettings | None:
+        """None: the group has no settings of its own (its consumers use theirs)."""
+        kv = self.client.get(self.keys.group(name))
+        return None if kv is None else GroupSettings.from_json(kv.value)
+
+    def delete_group_settings(self, name: str) -> bool:
+        return self.client.delete(self.keys.group(name))
 
     def live_brokers(self) -> list[BrokerInfo]:
         return [BrokerInfo.from_json(kv.value) for kv in self._broker_kvs()]

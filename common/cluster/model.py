@@ -135,6 +135,64 @@ _SETTING_DEFAULTS: dict[str, Any] = {
 assert len(_SETTING_DEFAULTS) == len(fields(TopicSettings)), "every topic setting has a default"
 
 
+# RocketMQ's consumer retry schedule (its delay levels 3..18) and retry count.
+DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = tuple(s * 1000 for s in (
+    10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+DEFAULT_MAX_RECONSUME_TIMES = 16
+RETRY_DELAYS_MAX = 64
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """A consumer group's settings (RocketMQ's subscription group config), kept in etcd: what
+    its consumers use unless they are given their own. ``max_reconsume_times``: failures before
+    a message goes to the dead letters (pop consumers: ``max_delivery_attempts`` = this + 1);
+    ``retry_delays_ms``: the backoff of each retry (the last one repeats); ``fifo``: consumers
+    process each queue (message group) in order."""
+
+    max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES
+    retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS
+    fifo: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_reconsume_times, bool) or not 0 <= self.max_reconsume_times <= 1000:
+            raise BadRequestError(f"max_reconsume_times must be 0..1000, not {self.max_reconsume_times!r}")
+        delays = self.retry_delays_ms
+        if not 1 <= len(delays) <= RETRY_DELAYS_MAX or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 7 * 24 * 3600 * 1000 for d in delays):
+            raise BadRequestError(f"retry_delays_ms must be 1..{RETRY_DELAYS_MAX} delays of 0 ms .. 7 days")
+        if not isinstance(self.fifo, bool):
+            raise BadRequestError("fifo must be true or false")
+
+    @property
+    def max_delivery_attempts(self) -> int:
+        return self.max_reconsume_times + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_reconsume_times": self.max_reconsume_times, "retry_delays_ms": list(self.retry_delays_ms),
+                "fifo": self.fifo}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GroupSettings:
+        """Settings from a request or etcd; missing ones take their defaults, unknown ones are refused."""
+        unknown = set(d) - {"max_reconsume_times", "retry_delays_ms", "fifo", "v"}
+        if unknown:
+            raise BadRequestError(f"unknown group settings: {', '.join(sorted(unknown))}")
+        defaults = cls()
+        delays = d.get("retry_delays_ms", defaults.retry_delays_ms)
+        if not isinstance(delays, (list, tuple)):
+            raise BadRequestError("retry_delays_ms must be a list of milliseconds")
+        return cls(d.get("max_reconsume_times", defaults.max_reconsume_times), tuple(delays),
+                   d.get("fifo", defaults.fifo))
+
+    def to_json(self) -> bytes:
+        return _dumps({"v": LAYOUT_VERSION, **self.to_dict()})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> GroupSettings:
+        return cls.from_dict(_loads(raw))
+
+
 @dataclass(frozen=True, slots=True)
 class QueueState:
     """Placement and partition state of one queue. The controller rewrites leader, isr and

@@ -54,6 +54,9 @@ class RequestCode(IntEnum):
     GET_ROUTE = 102
     GET_BROKER_LIST = 103
     CLUSTER_STATUS = 104
+    GROUP_SETTINGS_PUT = 105  # a consumer group's settings (retries, FIFO), kept in etcd
+    GROUP_SETTINGS_GET = 106
+    GROUP_SETTINGS_DELETE = 107
 
     # 120-139: security administration on the nameserver (super users only).
     USER_PUT = 120  # create a user or replace its role and credential (a SCRAM verifier, never a password)

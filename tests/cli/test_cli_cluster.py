@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -131,3 +132,30 @@ def test_tail_pop_hands_each_message_to_one_consumer_of_the_group_and_acknowledg
         f"p{i}" for i in range(10))
     refused = gms("tail", topic, "--pop", ok=False)
     assert refused.returncode == 2 and "--pop needs --group" in refused.stderr
+
+
+def test_group_config_sets_what_the_groups_consumers_use(gms, cluster, topic):
+    from gms.client import SimpleConsumer
+    from gms.naming import dlq_topic
+
+    shown = json.loads(gms("group", "config", "settled", "--json").stdout)
+    assert (shown["own"], shown["max_reconsume_times"], shown["fifo"]) == (False, 16, False)
+    gms("group", "config", "settled", "--max-delivery-attempts", "2", "--retry-delays", "500ms,1s,2m")
+    text = gms("group", "config", "settled").stdout
+    assert "max reconsume times  1 (max delivery attempts 2)" in text and "500ms, 1s, 2m" in text
+    bad = gms("group", "config", "settled", "--retry-delays", "soon", ok=False)
+    assert bad.returncode == 2 and "not a delay" in bad.stderr
+
+    gms("produce", topic, "poison")
+    with SimpleConsumer(nameserver=cluster.nameserver, group="settled", subscription={topic: "*"},
+                        start_from="first", await_duration_ms=500) as consumer:
+        attempts = []
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:  # never acknowledged: handed out again every 200 ms
+            attempts += [m.delivery_attempt for m in consumer.receive(10, invisible_duration_ms=200)]
+    assert attempts == [1, 2]  # the third delivery went to the dead letters instead
+    dead = json.loads(gms("tail", dlq_topic("settled"), "--format", "json").stdout.splitlines()[0])
+    assert dead["body"] == "poison"
+
+    gms("group", "config", "settled", "--reset")
+    assert json.loads(gms("group", "config", "settled", "--json").stdout)["own"] is False
