@@ -121,6 +121,16 @@ class PopQueue:
                 heapq.heappush(expiry, (at, next(self._seq), tuple(rest)))
         return sorted(found)
 
+    def due_in_order(self, now_ms: int, limit: int) -> list[int]:
+        """FIFO: the offsets in flight from the lowest on whose invisible duration is over, up to
+        the first that is still invisible (nothing after a message goes out before it)."""
+        found: list[int] = []
+        for offset in sorted(self.inflight):
+            if self.inflight[offset] & VISIBLE_MASK > now_ms or len(found) == limit:
+                break
+            found.append(offset)
+        return found
+
     def hand_out(self, offsets: list[int], visible_at: int, next_offset: int) -> None:
         """Fresh ``offsets`` (ascending, from ``next``) go out for the first time; ``next`` moves
         to ``next_offset`` (the offsets passed between them are done)."""

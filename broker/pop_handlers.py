@@ -90,6 +90,7 @@ class PopHandlers:
         invisible_ms = _invisible_ms(fields, minimum=1)
         poll_ms = min(max(field(fields, "poll_ms", int, 0), 0), self.long_poll_max_ms)
         max_attempts = max(field(fields, "max_attempts", INT32, 0), 0)  # 0: no limit
+        fifo = field(fields, "fifo", bool, False)
         start = _start_from(fields.get("start", "last"))
         try:
             tags = parse_tag_expression(field(fields, "tags", str, "*"))
@@ -103,7 +104,7 @@ class PopHandlers:
         while True:
             now = _now_ms()
             taken = self._take(group, topic, queue_ids, tags, start, now, invisible_ms, max_msgs, max_bytes,
-                               max_attempts)
+                               max_attempts, fifo)
             remaining_s = deadline - loop.time()
             if taken.count or remaining_s <= 0:
                 return taken.response(now + invisible_ms)
@@ -117,7 +118,11 @@ class PopHandlers:
                 raise NotLeaderError(f"this broker no longer leads a queue of {topic!r}: refresh the route")
 
     def _take(self, group: str, topic: str, queue_ids: list[int], tags: TagFilter, start: StartFrom, now: int,
-              invisible_ms: int, max_msgs: int, max_bytes: int, max_attempts: int) -> _Taken:
+              invisible_ms: int, max_msgs: int, max_bytes: int, max_attempts: int, fifo: bool) -> _Taken:
+        """Hand out what is due again and fresh messages, queue after queue. ``fifo``: a queue
+        hands out nothing new while anything of it is in flight (RocketMQ 5's FIFO pop: a
+        queue's messages, and so each message group's, are processed one batch at a time, in
+        order), and what comes again comes in offset order."""
         taken = _Taken()
         visible_at = now + invisible_ms
         turn = self._turns.get((group, topic), 0)
@@ -129,19 +134,19 @@ class PopHandlers:
             queue_id = queue_ids[(turn + i) % len(queue_ids)]
             state = self.service.queue(group, topic, queue_id, start)
             before = (state.next, len(state.inflight))
-            again = self._hand_out_again(state, topic, queue_id, now, visible_at, max_msgs - taken.count, max_attempts,
-                                         taken)
-            self._hand_out_fresh(state, topic, queue_id, tags, visible_at, max_msgs, max_bytes, taken)
+            due = (state.due_in_order if fifo else state.due)(now, max_msgs - taken.count)
+            again = self._hand_out_again(state, topic, queue_id, due, visible_at, max_attempts, taken)
+            if not (fifo and state.inflight):
+                self._hand_out_fresh(state, topic, queue_id, tags, visible_at, max_msgs, max_bytes, taken)
             if again or (state.next, len(state.inflight)) != before:
                 touched.append((group, topic, queue_id))
         self.service.commit(touched)
         return taken
 
-    def _hand_out_again(self, state: PopQueue, topic: str, queue_id: int, now: int, visible_at: int, limit: int,
+    def _hand_out_again(self, state: PopQueue, topic: str, queue_id: int, due: list[int], visible_at: int,
                         max_attempts: int, taken: _Taken) -> bool:
-        """Messages whose invisible duration ended go out again (attempt + 1); those past
+        """``due`` messages (their invisible duration ended) go out again (attempt + 1); those past
         ``max_attempts`` as exhausted. Ones retention deleted or found damaged are dropped."""
-        due = state.due(now, limit)
         if not due:
             return False
         served, records, gone = [], [], []

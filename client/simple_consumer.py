@@ -62,12 +62,13 @@ class PopClient:
     """The asyncio core of :class:`SimpleConsumer` (runs on the runtime's loop)."""
 
     def __init__(self, runtime: ClientRuntime, group: str, subscription: Mapping[str, str], *,
-                 max_delivery_attempts: int, start_from: StartFrom) -> None:
+                 max_delivery_attempts: int, start_from: StartFrom, fifo: bool) -> None:
         self.runtime = runtime
         self.group = group
         self.subscription = dict(subscription)
         self.max_delivery_attempts = max_delivery_attempts
         self.start_from = start_from
+        self.fifo = fifo
         self._turn = 0
 
     async def _targets(self) -> list[tuple[str, str]]:
@@ -105,7 +106,7 @@ class PopClient:
         fields: dict[str, Any] = {
             "group": self.group, "topic": topic, "tags": self.subscription[topic], "max_msgs": max_messages,
             "invisible_ms": invisible_ms, "poll_ms": wait_ms, "max_attempts": self.max_delivery_attempts,
-            "start": self.start_from}
+            "start": self.start_from, "fifo": self.fifo}
         frame = await self.runtime.pool.request(broker, RequestCode.POP_MESSAGE, fields,
                                                 timeout_ms=wait_ms + self.runtime.request_timeout_ms)
         body = frame.body
@@ -182,7 +183,10 @@ class SimpleConsumer:
     (default 5 s); ``max_delivery_attempts``: deliveries before a message goes to the group's
     dead-letter topic ``%DLQ%<group>`` (default: the group's settings, ``gms group config``,
     else 17: RocketMQ's 16 retries); ``retry_delays_ms``: :meth:`nack`'s backoff (the same);
-    ``start_from``: where a new group starts on each queue ("last", "first" or a timestamp in ms).
+    ``start_from``: where a new group starts on each queue ("last", "first" or a timestamp in ms);
+    ``fifo`` (default: the group's settings): a queue's messages — each message group's — are
+    handed out one batch at a time, in order: the next only once the previous ones were
+    acknowledged (or went to the dead letters).
     """
 
     def __init__(
@@ -197,6 +201,7 @@ class SimpleConsumer:
         max_delivery_attempts: int | None = None,
         start_from: StartFrom = "last",
         retry_delays_ms: Sequence[int] | None = None,
+        fifo: bool | None = None,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         security: ClientSecurity | None = None,
     ) -> None:
@@ -214,13 +219,13 @@ class SimpleConsumer:
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-simple-consumer", security=security)
         # What was not given comes from the group's settings (gms group config), else the defaults.
-        settings = (load_group_settings(self._runtime, group) if None in (max_delivery_attempts, retry_delays_ms)
+        settings = (load_group_settings(self._runtime, group) if None in (max_delivery_attempts, retry_delays_ms, fifo)
                     else GroupSettings())
         if max_delivery_attempts is None:
             max_delivery_attempts = settings.max_delivery_attempts
         self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
         self._core = PopClient(self._runtime, group, subscription, max_delivery_attempts=max_delivery_attempts,
-                               start_from=start_from)
+                               start_from=start_from, fifo=settings.fifo if fifo is None else fifo)
         self._dead_letters: Producer | None = None
         self._acks_on_the_way: set[Future[None]] = set()
         self._make_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,

@@ -215,3 +215,21 @@ def test_bad_pop_requests_get_clear_errors_and_the_broker_keeps_serving(broker, 
     with (pytest.raises(TopicNotFoundError),
           SimpleConsumer([broker.address], group="g", subscription={"no-such-topic": "*"}) as missing):
         missing.receive(1)
+
+
+def test_a_fifo_group_gets_a_queues_messages_one_batch_at_a_time_in_order(broker, admin):
+    topic = _topic(admin, 1)
+    _send(broker.address, topic, 6)
+    with _consumer(broker.address, topic, fifo=True) as first, _consumer(broker.address, topic, first.group,
+                                                                          fifo=True) as second:
+        batch = list(first.receive(2, invisible_duration_ms=600))
+        assert [bytes(m.body) for m in batch] == [b"m0", b"m1"]
+        assert not second.receive(10, await_duration_ms=200)  # held until the batch is done
+        first.ack(batch[1])  # m0 is still in flight: nothing after it goes out
+        assert not second.receive(10, await_duration_ms=200)
+        time.sleep(0.6)
+        again = list(second.receive(10, invisible_duration_ms=5000))
+        assert [(bytes(m.body), m.delivery_attempt) for m in again] == [(b"m0", 2)]  # first, alone
+        second.ack(again)
+        rest = list(second.receive(10))
+        assert [bytes(m.body) for m in rest] == [b"m2", b"m3", b"m4", b"m5"]
