@@ -13,12 +13,14 @@ sockets, those short-lived opens and the checkpoint do not meet ``EMFILE``.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import resource
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -27,6 +29,19 @@ from gms.store_errors import DescriptorLimitReached, StoreIOError
 
 FILE_NAME_DIGITS = 20
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's number; Python 3.11 does not name it
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise.restype = ctypes.c_int
+    return cast(Callable[[int, int, int], int], madvise)
+
+
+_madvise = _libc_madvise()
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
 # Descriptors a new file must leave free: client and replica sockets, the short-lived opens of
 # flushes, directory syncs and atomically replaced config files.
@@ -83,6 +98,7 @@ class MappedFile:
         self._mm = mm
         self._view: memoryview | None = memoryview(mm)
         self._array: np.ndarray | None = None
+        self._address: int | None = None  # where the map starts in memory (populate's madvise)
         self.closed = False
         self.deleted = False  # unlinked; the map may outlive the name while a reader holds it
 
@@ -179,15 +195,19 @@ class MappedFile:
 
     def populate(self, start: int, end: int) -> None:
         """Map the pages of [start, end) at once (MADV_POPULATE_READ, Linux 5.14+) before reading
-        a stretch :meth:`release` unmapped: one system call instead of a page fault per page."""
+        a stretch :meth:`release` unmapped: one system call instead of a page fault per page.
+        Called through ctypes, which lets go of the GIL: pages no longer cached are read from
+        the disk without stalling the event loop (mmap.madvise would hold it)."""
         start = start // mmap.PAGESIZE * mmap.PAGESIZE
         end = min(end, self.size_bytes)
-        if end <= start or self.closed:
+        if end <= start or self.closed or _madvise is None:
             return
-        try:
-            self._mm.madvise(MADV_POPULATE_READ, start, end - start)
-        except (OSError, ValueError):  # an older kernel, or closed under us: the reads fault them in
-            return
+        if self._address is None:
+            try:
+                self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
+            except (TypeError, ValueError, BufferError):
+                return
+        _madvise(self._address + start, end - start, MADV_POPULATE_READ)  # a failure: the reads fault them in
 
     def warm(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Bring the file's pages into the page cache so the writer's first touch only maps them
