@@ -34,6 +34,8 @@ class BrokerConfig:
     # ``listen`` when empty.
     advertised_address: str = ""
     broker_name: str = ""
+    # host:port of /metrics, /healthz and /readyz (Prometheus; docs/monitoring.md); empty: none.
+    metrics_listen: str = ""
     cluster: str = "DefaultCluster"
     store_dir: Path = Path("gms-data/broker")
     nameserver: str = ""
@@ -70,6 +72,10 @@ class BrokerConfig:
     @property
     def host_port(self) -> tuple[str, int]:
         return split_address(self.listen, "listen address", port_zero_ok=True)
+
+    @property
+    def metrics_host_port(self) -> tuple[str, int]:
+        return split_address(self.metrics_listen, "metrics listen address", port_zero_ok=True)
 
     @property
     def server_config(self) -> ServerConfig:

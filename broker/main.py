@@ -40,6 +40,8 @@ def raise_fd_limit() -> int:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="gms-broker")
 @click.option("--listen", help=f"host:port to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one).")
+@click.option("--metrics-listen", help="host:port of /metrics (Prometheus), /healthz and /readyz (default: none;"
+                                     " port 0 picks a free one).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the commitlog and queues live (default ./gms-data/broker).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -90,5 +92,6 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
     sys.exit(run(serve_until_signalled(
         server, "broker", log, port_file=port_file,
         start_error=lambda err: f"cannot start: {err}" if isinstance(err, (OSError, GmsError)) else None,
-        started=lambda: f"broker {server.name} serving on {server.address} (store {config.store_dir})",
+        started=lambda: f"broker {server.name} serving on {server.address} (store {config.store_dir})" + (
+            f"; metrics on {config.metrics_host_port[0]}:{server.monitoring.port}" if server.monitoring else ""),
     )))

@@ -16,6 +16,7 @@ from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.long_poll import PullWaiters
+from gms.broker.metrics import BrokerMetrics
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.store import AppendResult, GetStatus, MessageStore
 from gms.broker.timers import TimerService
@@ -63,8 +64,11 @@ class MessageHandlers:
         claims: QueueClaims,
         advertised_address: str,
         access: BrokerAccess | None = None,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
-        """``access``: who may publish to and read which topic (None: authentication is off)."""
+        """``access``: who may publish to and read which topic (None: authentication is off);
+        ``metrics``: counts what is stored and served."""
+        self.metrics = metrics
         self.config = config
         self.access = access
         self.store = store
@@ -109,6 +113,8 @@ class MessageHandlers:
             if acks == -1:
                 ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
+        if self.metrics is not None:
+            self.metrics.stored(result)
         wait_flush = self._flush_waiters is not None and acks != 0
         if wait_flush or ends is not None:
             return self._send_waits(request, result, wait_flush, ends)
@@ -189,6 +195,8 @@ class MessageHandlers:
                           "crc_checked": True}
                 if result.damaged:  # left out of the body; the consumer passes them
                     answer["damaged"] = [list(d) for d in result.damaged]
+                if self.metrics is not None and result.offsets is not None:
+                    self.metrics.served(topic, len(result.offsets), sum(v.nbytes for v in result.records))
                 return Response(answer, body=result.records)
             offset = result.next_offset
             if not await self.waiters.wait((topic, queue_id), remaining_s):

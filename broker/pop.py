@@ -250,6 +250,6 @@ class PopService:
             if self.offsets.pop_state(*key) is state:
                 self.offsets.commit(*key, state.low(), state.wire())  # frozen: no longer changes
 
-    def in_flight(self, group: str) -> int:
-        """Messages the group has in flight on queues led here."""
-        return sum(len(s.inflight) for k, s in self._live.items() if k[0] == group)
+    def in_flight(self) -> int:
+        """Messages popped from queues led here and not yet acknowledged."""
+        return sum(len(s.inflight) for s in list(self._live.values()))

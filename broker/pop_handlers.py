@@ -19,6 +19,7 @@ import numpy as np
 
 from gms.broker.group_handlers import group_name_field
 from gms.broker.long_poll import PullWaiters
+from gms.broker.metrics import BrokerMetrics
 from gms.broker.pop import INVISIBLE_MS_MAX, GroupQueue, PopQueue, PopService, QueueKey, StartFrom
 from gms.broker.store import GetStatus
 from gms.errors import (
@@ -70,13 +71,15 @@ class PopHandlers:
     topic here); ``read_limit(key)``: a replicated queue's high watermark (None: standalone)."""
 
     def __init__(self, service: PopService, waiters: PullWaiters, long_poll_max_ms: int, *,
-                 queues_led: Callable[[str], list[int]], read_limit: Callable[[QueueKey], int | None]) -> None:
+                 queues_led: Callable[[str], list[int]], read_limit: Callable[[QueueKey], int | None],
+                 metrics: BrokerMetrics | None = None) -> None:
         self.service = service
         self.store = service.store
         self.waiters = waiters
         self.long_poll_max_ms = long_poll_max_ms
         self.queues_led = queues_led
         self.read_limit = read_limit
+        self.metrics = metrics
         self._turns: dict[tuple[str, str], int] = {}  # which queue a group's next pop starts at
 
     # -- pop ------------------------------------------------------------------------------------
@@ -107,6 +110,8 @@ class PopHandlers:
                                max_attempts, fifo)
             remaining_s = deadline - loop.time()
             if taken.count or remaining_s <= 0:
+                if self.metrics is not None:
+                    self.metrics.served(topic, taken.count, taken.bytes)
                 return taken.response(now + invisible_ms)
             visible = [at for q in queue_ids if (at := self.service.queue(group, topic, q, start).next_visible())]
             wait_s = min(remaining_s, (min(visible) - now) / 1000) if visible else remaining_s

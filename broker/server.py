@@ -25,6 +25,7 @@ from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
+from gms.broker.metrics import BrokerMetrics
 from gms.broker.offsets import OffsetStore
 from gms.broker.pop import PopService
 from gms.broker.pop_handlers import PopHandlers
@@ -36,6 +37,7 @@ from gms.broker.timers import TimerService
 from gms.broker.topics import TopicLimits
 from gms.cluster.model import BrokerInfo
 from gms.errors import TopicNotFoundError
+from gms.monitoring.http import MonitoringServer
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.record.layout import TIMER_FLAGS
@@ -58,18 +60,21 @@ class BrokerServer:
         self.claims = QueueClaims(config.member_expiry_ms)
         self.waiters = PullWaiters()
         # Scheduled messages of the local queues; delivered where this broker leads.
-        self.timers = TimerService(self.store, self.store.paths.timers, may_fire=self._leads,
+        self.timers = TimerService(self.store, self.store.paths.timers, may_fire=self.leads,
                                    append=self._append_timer_copies)
         self.store.set_timer_listener(self.timers)
         # What each consumer group popping from the queues this broker leads has in flight.
-        self.pop = PopService(self.store, self.offsets, serves=self._leads, readable=self.readable,
+        self.pop = PopService(self.store, self.offsets, serves=self.leads, readable=self.readable,
                               on_commit=self.offsets_changed)
         security = config.security
         # With authentication on, what each principal may ask (users and ACLs from etcd's view).
         self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
                        if security.authentication else None)
+        self.metrics = BrokerMetrics(self)
         self.rpc = RpcServer(config=config.server_config, security=security.server_security(
-            self._user, self.access.authorize if self.access is not None else None))
+            self._user, self.access.authorize if self.access is not None else None),
+            observe=self.metrics.requests.observe)
+        self.monitoring: MonitoringServer | None = None  # /metrics, /healthz, /readyz (--metrics-listen)
         self.address = ""
         self.name = config.broker_name
         self.started_monotonic = time.monotonic()
@@ -118,6 +123,9 @@ class BrokerServer:
         self.started_monotonic = time.monotonic()
         self.store.set_expiry_limit(self._expiry_limit)
         self.timers.start()
+        if self.config.metrics_listen:
+            self.monitoring = await MonitoringServer.start(*self.config.metrics_host_port, self.metrics.registry,
+                                                           self.problems)
         self._chores = [
             asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist_async)),
             asyncio.create_task(self._every(1000, self._expire_members)),
@@ -173,6 +181,18 @@ class BrokerServer:
             limits.append(low)
         return min(limits) if limits else None
 
+    def problems(self) -> list[str]:
+        """Why the broker is not ready to serve, if it is not (``/readyz``)."""
+        found = []
+        if self.store.health.value != "writable":
+            found.append(f"store {self.store.health.value}: sends are refused")
+        if self.config.nameserver:
+            if self.registration is None:
+                found.append("not registered with the cluster yet")
+            elif not self.registration.alive:
+                found.append("registration lease lost: this broker serves no queue until it is back")
+        return found
+
     def readable(self, key: tuple[str, int]) -> tuple[int, int]:
         """The offsets consumers may read on a queue stored here: [minimum, end), the end being
         the high watermark on a replicated queue."""
@@ -188,9 +208,9 @@ class BrokerServer:
         count = self.store.topics().get(topic)
         if count is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
-        return [queue_id for queue_id in range(count) if self._leads((topic, queue_id))]
+        return [queue_id for queue_id in range(count) if self.leads((topic, queue_id))]
 
-    def _leads(self, key: tuple[str, int]) -> bool:
+    def leads(self, key: tuple[str, int]) -> bool:
         """Whether this broker serves sends to the queue now (the one to deliver its scheduled messages)."""
         if self.replicas is None:
             return not self.config.nameserver
@@ -257,13 +277,13 @@ class BrokerServer:
 
     def _register_handlers(self) -> None:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
-                                                    self.address, self.access)
+                                                    self.address, self.access, self.metrics)
         messages.timers = self.timers
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
-                          read_limit=self._read_limit)
+                          read_limit=self._read_limit, metrics=self.metrics)
         for code, handler in {
             RequestCode.SEND: messages.send,
             RequestCode.SEND_BATCH: messages.send,
@@ -326,6 +346,8 @@ class BrokerServer:
         if self.replicas is not None:
             await self.replicas.stop()
         await self.timers.stop()
+        if self.monitoring is not None:
+            await self.monitoring.stop()
         for task in self._chores:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)

@@ -154,6 +154,8 @@ class AppendResult(NamedTuple):
     queue_offsets: np.ndarray
     phys_offsets: np.ndarray
     touched_queues: list[tuple[str, int]]  # the (topic, queue id) pairs the batch appended to
+    queue_counts: list[int]  # how many records went to each of them
+    queue_bytes: list[int]  # and how many bytes
 
 
 class ReplicaRead(NamedTuple):
@@ -509,8 +511,11 @@ class MessageStore:
             if flagged and (timer_flags := flags & TIMER_FLAGS).any():
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
         self._flush_service().appended(len(queue_ids))
+        n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
-                            [group.key for group in groups])
+                            [group.key for group in groups], [_group_size(g.indices, n) for g in groups],
+                            [int(sizes.sum()) if isinstance(g.indices, slice) else int(sizes[g.indices].sum())
+                             for g in groups])
 
     def _append_one(self, buf: memoryview, admit: Callable[[list[tuple[str, int]]], None] | None,
                     allowed_flags: int) -> AppendResult | None:
@@ -562,7 +567,7 @@ class MessageStore:
                 self._timers.appended([TimerRecord(topic, queue_id, queue_offset, phys, record.flags & TIMER_FLAGS)])
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
-                            np.array([phys], np.int64), [(topic, queue_id)])
+                            np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
 
     def _check_delivery_times(self, buf: memoryview, starts: list[int]) -> None:
         """Scheduled records carry a delivery time no further ahead than schedule_max_delay_ms."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,6 +106,13 @@ class NameserverProcess(BrokerProcess):
 
 
 # --- waiting and process-tree inspection (from /proc; no psutil) ----------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for servers that cannot report a port they picked)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:

@@ -23,6 +23,7 @@ import functools
 import inspect
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -58,6 +59,7 @@ Handler = Callable[[Frame], Awaitable[Response | None]]
 # request's server time. It runs outside any task, so before it returns an awaitable it must not
 # use what needs one (asyncio.timeout, current_task).
 DirectHandler = Callable[[Frame], "Response | Awaitable[Response | None] | None"]
+RequestObserver = Callable[[int, int, float], None]  # (request code, status, seconds): metrics
 
 # Responses to errors that no request id can be attached to (garbage before the first
 # frame boundary) carry this id; clients never use it for requests.
@@ -131,8 +133,11 @@ class RpcServer:
         *,
         config: ServerConfig | None = None,
         security: ServerSecurity | None = None,
+        observe: RequestObserver | None = None,
     ) -> None:
+        """``observe(code, status, seconds)`` hears of every answered request (metrics)."""
         self.config = config or ServerConfig()
+        self.observe = observe
         self.security = security or ServerSecurity()
         self._handlers: dict[int, Handler] = {}
         self._direct_handlers: dict[int, DirectHandler] = {RequestCode.PING: _ping}
@@ -245,6 +250,8 @@ class _ServerConnection(asyncio.Protocol):
         self._header_frame = -1
         # Security: the identity once authenticated, and an authentication under way.
         self._security = server.security if server.security.users is not None else None
+        self._observe = server.observe
+        self._started: dict[int, float] = {}  # request id -> dispatch time, while metrics are kept
         self.principal: Principal | None = None
         self._by_certificate = False
         self._exchange: ScramServerExchange | None = None
@@ -416,6 +423,8 @@ class _ServerConnection(asyncio.Protocol):
         self._update_reading()
 
     def _dispatch(self, frame: Frame) -> None:
+        if self._observe is not None:
+            self._started[frame.request_id] = time.perf_counter()
         if frame.is_response:
             self._reply(frame, Status.BAD_REQUEST, "a response frame was sent to a server")
             return
@@ -553,6 +562,8 @@ class _ServerConnection(asyncio.Protocol):
         fields: Mapping[str, object] = EMPTY_FIELDS,
         body: Body = b"",
     ) -> None:
+        if self._observe is not None and (started := self._started.pop(request.request_id, None)) is not None:
+            self._observe(request.code, status, time.perf_counter() - started)
         if request.is_oneway:
             return
         self._write(request.code, request.request_id, status, error, fields, body)
