@@ -223,9 +223,8 @@ def pop_throughput(nameserver: str, count: int, batch: int) -> dict[str, float]:
             messages = popper.receive(batch)
             popped += sum(len(m.body) for m in messages)
             popper.ack_async(messages)  # travels while the next receive goes out
-        popper.close()  # waits for the last acknowledgements
     finally:
-        popper.close()
+        popper.close()  # waits for the last acknowledgements (counted)
     pop_s = time.monotonic() - started
     if read != count * 100 or popped != count * 100:
         raise RuntimeError(f"consumed {read // 100} and popped {popped // 100} of {count}")

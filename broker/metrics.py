@@ -42,27 +42,27 @@ class BrokerMetrics:
                                      " per topic", ["topic"], registry=self.registry)
         self._bytes_out = Counter("gms_broker_bytes_out", "Record bytes served to consumers, per topic", ["topic"],
                                   registry=self.registry)
-        self._children: dict[tuple[int, str], Counter] = {}
+        self._children: dict[tuple[Counter, str], Counter] = {}
         self.registry.register(_BrokerCollector(broker))
 
-    def _child(self, which: int, counter: Counter, topic: str) -> Counter:
-        child = self._children.get((which, topic))
+    def _child(self, counter: Counter, topic: str) -> Counter:
+        child = self._children.get((counter, topic))
         if child is None:
-            child = self._children[which, topic] = counter.labels(topic)
+            child = self._children[counter, topic] = counter.labels(topic)
         return child
 
     def stored(self, result: AppendResult) -> None:
         """A send's batch was stored."""
         for (topic, _), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
                                            strict=True):
-            self._child(0, self._messages_in, topic).inc(count)
-            self._child(1, self._bytes_in, topic).inc(size)
+            self._child(self._messages_in, topic).inc(count)
+            self._child(self._bytes_in, topic).inc(size)
 
     def served(self, topic: str, count: int, size: int) -> None:
         """A pull or pop answered ``count`` records of ``topic`` (``size`` bytes)."""
         if count:
-            self._child(2, self._messages_out, topic).inc(count)
-            self._child(3, self._bytes_out, topic).inc(size)
+            self._child(self._messages_out, topic).inc(count)
+            self._child(self._bytes_out, topic).inc(size)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

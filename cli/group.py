@@ -4,6 +4,7 @@ and delete them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -231,6 +232,7 @@ def delete_group(group_name: str, yes: bool, force: bool, nameserver: str, as_js
 
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DELAY = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")  # a number, milliseconds unless a unit says
 
 
 def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -239,15 +241,10 @@ def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> li
         return None
     delays = []
     for item in value.split(","):
-        text = item.strip().lower()
-        unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "ms" if text.isdigit() else None)
-        number = text[: len(text) - len(unit)] if unit and not text.isdigit() else text
-        try:
-            if unit is None:
-                raise ValueError
-            delays.append(round(float(number) * _UNITS_MS[unit]))
-        except ValueError:
-            raise click.BadParameter(f"{item!r} is not a delay such as 500ms, 10s, 1m or 2h", ctx, param) from None
+        match = _DELAY.fullmatch(item.strip().lower())
+        if match is None:
+            raise click.BadParameter(f"{item!r} is not a delay such as 500ms, 10s, 1m or 2h", ctx, param)
+        delays.append(round(float(match[1]) * _UNITS_MS[match[2] or "ms"]))
     return delays
 
 

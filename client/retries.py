@@ -74,6 +74,11 @@ def load_group_settings(runtime: ClientRuntime, group: str) -> GroupSettings:
         return GroupSettings()
 
 
+def retry_delay_ms(delays_ms: Sequence[int], attempt: int) -> int:
+    """The backoff after failed attempt ``attempt`` (1: the first; the last delay repeats)."""
+    return delays_ms[min(attempt, len(delays_ms)) - 1]
+
+
 def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, reason: str,
                delays_ms: Sequence[int], max_reconsume_times: int,
                attempts: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -89,5 +94,5 @@ def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, re
     send: dict[str, Any] = {"tag": message.tag, "keys": message.keys, "reconsume_times": attempts}
     if attempts > max_reconsume_times:
         return dlq_topic(group), {**send, "properties": {**kept, DLQ_REASON_PROPERTY: reason or "nack"}}
-    delay = delay_ms if delay_ms is not None else delays_ms[min(attempts, len(delays_ms)) - 1]
+    delay = delay_ms if delay_ms is not None else retry_delay_ms(delays_ms, attempts)
     return retry_topic(group), {**send, "properties": kept, "delay_ms": max(delay, 0)}

@@ -24,7 +24,7 @@ from gms.client.connections import msg_id_prefix
 from gms.client.fetcher import LEADER_LOST_ERRORS, TopicQueue, leader_of
 from gms.client.producer import Producer
 from gms.client.rebalance import StartFrom
-from gms.client.retries import ensure_topic, load_group_settings, retry_plan
+from gms.client.retries import ensure_topic, load_group_settings, retry_delay_ms, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
 from gms.cluster.model import GroupSettings
@@ -308,7 +308,7 @@ class SimpleConsumer:
         """Give ``message`` back to be handed out again after ``delay_ms`` (default: the retry
         backoff for its attempt, 10 s, 30 s, 1 m ...). Returns when (epoch ms)."""
         if delay_ms is None:
-            delay_ms = self._retry_delays_ms[min(message.delivery_attempt, len(self._retry_delays_ms)) - 1]
+            delay_ms = retry_delay_ms(self._retry_delays_ms, message.delivery_attempt)
         return self.change_invisible_duration(message, delay_ms)
 
     def forward_to_dead_letters(self, message: PoppedMessage, reason: str = "") -> str:

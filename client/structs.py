@@ -521,9 +521,8 @@ class PopBatch(MessageBatch):
         *fields, classes = super().columns()
         attempts: Column = (list(self.attempts) + [1] * (len(self) - len(self.attempts)) if len(self.attempts)
                             else _Same(1))
-        popped: Column = (_Same(PoppedMessage) if type(classes) is _Same and classes.value is ReceivedMessage else
-                          [_UndecodablePoppedMessage if c is _UndecodableMessage else PoppedMessage
-                           for c in (classes if type(classes) is not _Same else [classes.value] * len(self))])
+        popped: Column = (_Same(_POPPED[classes.value]) if type(classes) is _Same
+                          else [_POPPED[c] for c in classes])
         made = [*fields, attempts, popped]
         self._columns = made
         return made
@@ -538,6 +537,7 @@ class PopBatch(MessageBatch):
 
 
 _POPPED_COLUMNS = 10
+_POPPED = {ReceivedMessage: PoppedMessage, _UndecodableMessage: _UndecodablePoppedMessage}
 
 
 def _int_array(column: Column, start: int, stop: int) -> np.ndarray:
