@@ -26,6 +26,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,8 @@ class Delete:
 Compare = KeyMissing | ModRevisionIs | CreateRevisionIs
 Op = Put | Delete
 WatchCallback = Callable[[WatchBatch | Exception], None]
+# (operation, seconds, the error it raised or None): hears of every call, for metrics.
+EtcdObserver = Callable[[str, float, Exception | None], None]
 
 
 class _WatchRefused(etcd_exc.Etcd3Exception):
@@ -385,7 +388,7 @@ def _prefix_end(prefix: str) -> bytes:
 def _etcd_call(fn: Callable[Concatenate[EtcdClient, P], R]) -> Callable[Concatenate[EtcdClient, P], R]:
     @functools.wraps(fn)
     def wrapper(self: EtcdClient, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._call(lambda: fn(self, *args, **kwargs))
+        return self._call(fn.__name__, lambda: fn(self, *args, **kwargs))
 
     return wrapper
 
@@ -394,7 +397,9 @@ class EtcdClient:
     """Synchronous etcd client; thread-safe as far as gRPC channels are (calls may interleave).
 
     ``auth`` (default: none) gives TLS and the etcd user; the client authenticates on its first
-    call and again whenever etcd refuses its token (see the module docstring)."""
+    call and again whenever etcd refuses its token (see the module docstring). ``observe``
+    hears of every call: its method's name (``get_prefix``, ``txn``...), how long it took
+    (re-authentication included) and the gms error it raised, if any."""
 
     def __init__(
         self,
@@ -402,8 +407,10 @@ class EtcdClient:
         *,
         timeout_s: float = REQUEST_TIMEOUT_S,
         auth: EtcdAuth | None = None,
+        observe: EtcdObserver | None = None,
     ) -> None:
         self._timeout_s = timeout_s
+        self._observe = observe
         self.auth = auth or EtcdAuth()
         self._channel_credentials = _channel_credentials(self.auth)
         # None: not authenticated yet; "": etcd had authentication off when we asked.
@@ -447,8 +454,21 @@ class EtcdClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- the one way in: authentication, one retry with a fresh token, error translation ---
-    def _call(self, attempt: Callable[[], R]) -> R:
+    # -- the one way in: timing, authentication, one retry with a fresh token, error translation
+    def _call(self, op: str, attempt: Callable[[], R]) -> R:
+        observe = self._observe
+        if observe is None:
+            return self._authenticated(attempt)
+        started = time.perf_counter()
+        try:
+            result = self._authenticated(attempt)
+        except Exception as err:
+            observe(op, time.perf_counter() - started, err)
+            raise
+        observe(op, time.perf_counter() - started, None)
+        return result
+
+    def _authenticated(self, attempt: Callable[[], R]) -> R:
         try:
             if self.auth.user and self._token is None:
                 self._authenticate(stale=None)
@@ -631,7 +651,7 @@ class EtcdClient:
                 self._watches.pop(watch_id, None)
             callback(EtcdUnavailable("etcd watch stream closed") if err is None else self._translate(err))
 
-        stream = self._call(lambda: self._client.watch(request, callback, on_end, self._timeout_s))
+        stream = self._call("watch_prefix", lambda: self._client.watch(request, callback, on_end, self._timeout_s))
         with self._watch_lock:
             if not stream.ended:  # else on_end has run or will find nothing to drop
                 self._watches[watch_id] = stream
