@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from gms.address import join_address
 from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
 from gms.protocol.codes import Flag, RequestCode, Status
@@ -60,6 +61,9 @@ Handler = Callable[[Frame], Awaitable[Response | None]]
 # use what needs one (asyncio.timeout, current_task).
 DirectHandler = Callable[[Frame], "Response | Awaitable[Response | None] | None"]
 RequestObserver = Callable[[int, int, float], None]  # (request code, status, seconds): metrics
+
+# A handler's bug, logged with the request it failed (see _request_fields for the arguments).
+_HANDLER_FAILED = "handler for request code %(code)d failed (request %(request_id)d from %(peer)s)"
 
 # Responses to errors that no request id can be attached to (garbage before the first
 # frame boundary) carry this id; clients never use it for requests.
@@ -498,7 +502,8 @@ class _ServerConnection(asyncio.Protocol):
             self._failed(frame, err)
             return
         except Exception as err:  # a handler bug must not take the connection down
-            log.exception("handler for request code %d failed", frame.code)
+            fields = self._request_fields(frame.code, frame.request_id)
+            log.exception(_HANDLER_FAILED, fields, extra=fields)
             self._crashed(frame, err)
             return
         if response is None or isinstance(response, Response):
@@ -531,7 +536,8 @@ class _ServerConnection(asyncio.Protocol):
         except GmsError as err:
             self._failed(frame, err)
         except Exception as err:  # a handler bug must not take the connection down
-            log.exception("handler for request code %d failed", frame.code)
+            fields = self._request_fields(frame.code, frame.request_id)
+            log.exception(_HANDLER_FAILED, fields, extra=fields)
             self._crashed(frame, err)
         else:
             self._answer(frame, response)
@@ -546,7 +552,9 @@ class _ServerConnection(asyncio.Protocol):
         if err.status == Status.FORBIDDEN:  # refused by the gate or, knowing the resource, by a handler
             audit.warning("refused request code %d from %s (%s): %s", frame.code, self.principal, self._peer(), err)
         if frame.is_oneway:
-            log.warning("oneway request code %d failed: %s", frame.code, err)
+            fields = {**self._request_fields(frame.code, frame.request_id), "error": str(err)}
+            log.warning("oneway request code %(code)d failed (request %(request_id)d from %(peer)s): %(error)s",
+                        fields, extra=fields)
         self._reply(frame, err.status, str(err), err.fields)
 
     def _crashed(self, frame: Frame, err: Exception) -> None:
@@ -593,7 +601,9 @@ class _ServerConnection(asyncio.Protocol):
             )
         except (GmsError, TypeError, ValueError, OverflowError) as err:
             # The response is too large, or its fields are not msgpack-encodable.
-            log.error("response to request code %d not sent: %s", code, err)
+            fields = {**self._request_fields(code, request_id), "error": str(err)}
+            log.error("response to request code %(code)d not sent (request %(request_id)d to %(peer)s): %(error)s",
+                      fields, extra=fields)
             status = err.status if isinstance(err, GmsError) else Status.SYSTEM_ERROR
             parts = encode_frame(
                 code, request_id, flags=Flag.RESPONSE, status=status, error=f"bad response: {err}"
@@ -634,6 +644,14 @@ class _ServerConnection(asyncio.Protocol):
 
     def _peer(self) -> object:
         return None if self._transport is None else self._transport.get_extra_info("peername")
+
+    def _request_fields(self, code: int, request_id: int) -> dict[str, object]:
+        """What names a request in the lines logged about it: the arguments of their templates and
+        their ``extra`` fields, which json logs show as keys of their own."""
+        peer = self._peer()
+        if isinstance(peer, tuple):
+            peer = join_address(str(peer[0]), int(peer[1]))
+        return {"request_id": request_id, "code": code, "peer": str(peer)}
 
     def buffered_bytes(self) -> int:
         unsent = 0 if self._transport is None else self._transport.get_write_buffer_size()
