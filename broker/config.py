@@ -36,6 +36,7 @@ class BrokerConfig:
     broker_name: str = ""
     # host:port of /metrics, /healthz and /readyz (Prometheus; docs/monitoring.md); empty: none.
     metrics_listen: str = ""
+    metrics_per_queue: bool = False  # label messages/bytes in/out by queue too (more series)
     cluster: str = "DefaultCluster"
     store_dir: Path = Path("gms-data/broker")
     nameserver: str = ""

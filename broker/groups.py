@@ -21,6 +21,7 @@ Time is passed in (``now_ms``) so the rules can be tested without sleeping.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -106,6 +107,7 @@ class GroupCoordinator:
         self.member_expiry_ms = member_expiry_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms(member_expiry_ms)
         self._groups: dict[str, Group] = {}
+        self.rebalances: Counter[str] = Counter()  # group -> membership changes (joins, leaves, expiries)
 
     # -- membership -----------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class GroupCoordinator:
         if member is None:
             member = Member(member_id, client_address, mode, dict(subscription), now_ms, now_ms)
             group.members[member_id] = member
+            self.rebalances[group_name] += 1
         member.mode, member.subscription, member.last_seen_ms = mode, dict(subscription), now_ms
         member.client_address = client_address
         if mode == MODE_BROADCASTING:
@@ -152,7 +155,8 @@ class GroupCoordinator:
     def leave(self, group_name: str, member_id: str) -> None:
         group = self._groups.get(group_name)
         if group is not None:
-            group.members.pop(member_id, None)
+            if group.members.pop(member_id, None) is not None:
+                self.rebalances[group_name] += 1
             self._release(group, member_id, keep=set())
             self._forget_if_empty(group)
 
@@ -165,6 +169,7 @@ class GroupCoordinator:
                     del group.members[member_id]
                     self._release(group, member_id, keep=set())
                     dropped.append((group.name, member_id))
+                    self.rebalances[group.name] += 1
         for group in list(self._groups.values()):
             self._forget_if_empty(group)
         return dropped

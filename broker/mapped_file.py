@@ -20,7 +20,7 @@ import os
 import resource
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,17 +31,18 @@ FILE_NAME_DIGITS = 20
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's number; Python 3.11 does not name it
 
 
-def _libc_madvise() -> Callable[[int, int, int], int] | None:
+def _libc(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
     try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
-    return cast(Callable[[int, int, int], int], madvise)
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return cast(Callable[..., int], function)
 
 
-_madvise = _libc_madvise()
+_madvise = _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+_mincore = _libc("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
 # Descriptors a new file must leave free: client and replica sockets, the short-lived opens of
 # flushes, directory syncs and atomically replaced config files.
@@ -98,7 +99,7 @@ class MappedFile:
         self._mm = mm
         self._view: memoryview | None = memoryview(mm)
         self._array: np.ndarray | None = None
-        self._address: int | None = None  # where the map starts in memory (populate's madvise)
+        self._address: int | None = None  # where the map starts in memory (see _base_address)
         self.closed = False
         self.deleted = False  # unlinked; the map may outlive the name while a reader holds it
 
@@ -200,14 +201,29 @@ class MappedFile:
         the disk without stalling the event loop (mmap.madvise would hold it)."""
         start = start // mmap.PAGESIZE * mmap.PAGESIZE
         end = min(end, self.size_bytes)
-        if end <= start or self.closed or _madvise is None:
+        if end <= start or self.closed or _madvise is None or (address := self._base_address()) is None:
             return
+        _madvise(address + start, end - start, MADV_POPULATE_READ)  # a failure: the reads fault them in
+
+    def resident_fraction(self, end: int) -> float:
+        """The fraction of the pages of [0, end) in the page cache (mincore; 0.0 if unknown)."""
+        end = min(end, self.size_bytes)
+        if end <= 0 or self.closed or _mincore is None or (address := self._base_address()) is None:
+            return 0.0
+        pages = -(-end // mmap.PAGESIZE)
+        vector = np.zeros(pages, np.uint8)
+        if _mincore(address, end, vector.ctypes.data) != 0:
+            return 0.0
+        return float(np.count_nonzero(vector & 1)) / pages
+
+    def _base_address(self) -> int | None:
+        """Where the map starts in memory (for madvise and mincore through ctypes)."""
         if self._address is None:
             try:
                 self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._mm))
             except (TypeError, ValueError, BufferError):
-                return
-        _madvise(self._address + start, end - start, MADV_POPULATE_READ)  # a failure: the reads fault them in
+                return None
+        return self._address
 
     def warm(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Bring the file's pages into the page cache so the writer's first touch only maps them

@@ -87,6 +87,7 @@ class MessageHandlers:
         """Store the batch and answer at once, or (sync flush, acks=-1) return what waits for the
         flush and the replicas (the server runs it as a task): a direct handler, see
         :data:`gms.net.server.DirectHandler`."""
+        started = time.perf_counter()
         acks = field(request.fields, "acks", INT32, 1)
         if acks not in ACKS:
             raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
@@ -117,15 +118,27 @@ class MessageHandlers:
             self.metrics.stored(result)
         wait_flush = self._flush_waiters is not None and acks != 0
         if wait_flush or ends is not None:
-            return self._send_waits(request, result, wait_flush, ends)
+            return self._send_waits(request, result, wait_flush, ends, acks, started)
+        if self.metrics is not None:
+            self.metrics.acked(acks, time.perf_counter() - started)
         return None if request.is_oneway else self._send_response(result)
 
     async def _send_waits(self, request: Frame, result: AppendResult, wait_flush: bool,
-                          ends: dict[tuple[str, int], int] | None) -> Response | None:
-        if wait_flush:
-            await self._flush_waiters.wait(result.end_phys_offset)  # type: ignore[union-attr]
-        if ends is not None:
-            await self.replicas.wait_replicated(ends, self.config.send_timeout_ms)  # type: ignore[union-attr]
+                          ends: dict[tuple[str, int], int] | None, acks: int, started: float) -> Response | None:
+        metrics = self.metrics
+        size = len(request.body)
+        if metrics is not None:
+            metrics.waiting_bytes += size
+        try:
+            if wait_flush:
+                await self._flush_waiters.wait(result.end_phys_offset)  # type: ignore[union-attr]
+            if ends is not None:
+                await self.replicas.wait_replicated(ends, self.config.send_timeout_ms)  # type: ignore[union-attr]
+        finally:
+            if metrics is not None:
+                metrics.waiting_bytes -= size
+        if metrics is not None:
+            metrics.acked(acks, time.perf_counter() - started)
         return None if request.is_oneway else self._send_response(result)
 
     def _send_response(self, result: AppendResult) -> Response:
@@ -165,6 +178,8 @@ class MessageHandlers:
         except BadTagExpression as err:
             raise BadTagExpressionError(str(err)) from err
         group, member = field(fields, "group", str, ""), field(fields, "member", str, "")
+        if group and self.metrics is not None:
+            self.metrics.subscriptions[group, topic] = tag_hashes
         if group and member:  # QueueHeldError while another member of the group still reads it
             self.claims.claim(group, member, topic, queue_id, _now_ms(), busy_ms=poll_ms)
         loop = asyncio.get_running_loop()
@@ -196,7 +211,7 @@ class MessageHandlers:
                 if result.damaged:  # left out of the body; the consumer passes them
                     answer["damaged"] = [list(d) for d in result.damaged]
                 if self.metrics is not None and result.offsets is not None:
-                    self.metrics.served(topic, len(result.offsets), sum(v.nbytes for v in result.records))
+                    self.metrics.served(topic, queue_id, len(result.offsets), sum(v.nbytes for v in result.records))
                 return Response(answer, body=result.records)
             offset = result.next_offset
             if not await self.waiters.wait((topic, queue_id), remaining_s):

@@ -1,10 +1,12 @@
 """The broker's Prometheus metrics (docs/monitoring.md lists them).
 
 Counted on the data path, once per request: messages and bytes stored per topic (from the
-append's per-queue counts) and served per topic (pulls and pops). Everything else is read when
-Prometheus scrapes (:class:`_BrokerCollector`): the store, connections, parked long polls,
-scheduled messages, pop consumption, replication state and consumer-group lag of the queues
-this broker leads.
+append's per-queue counts; per queue too with ``metrics_per_queue``) and served (pulls and
+pops), send-to-ack latency by acks mode, the subscription each group last read a topic with.
+The store and the replica manager time their own work (flushes, retention, high-watermark
+advances). Everything else is read when Prometheus scrapes (:class:`_BrokerCollector`): the
+store, connections, parked long polls, scheduled messages, pop consumption, replication state,
+group rebalances and consumer-group lag of the queues this broker leads.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gms.broker.ha.partition import Role
 from gms.broker.store import AppendResult
-from gms.monitoring.requests import RequestMetrics
+from gms.monitoring.requests import LATENCY_BUCKETS_S, RequestMetrics
 from gms.record.layout import OFF_STORE_TS
 from gms.store_errors import StoreError
 
@@ -31,38 +33,61 @@ log = logging.getLogger(__name__)
 
 
 class BrokerMetrics:
-    def __init__(self, broker: BrokerServer) -> None:
+    def __init__(self, broker: BrokerServer, *, per_queue: bool = False) -> None:
+        """``per_queue``: label the in/out counters with the queue too (more series)."""
         self.registry = CollectorRegistry()
         self.requests = RequestMetrics(self.registry, "gms_broker")
-        self._messages_in = Counter("gms_broker_messages_in", "Messages stored by sends, per topic", ["topic"],
+        labels = ["topic", "queue"] if per_queue else ["topic"]
+        self._per_queue = per_queue
+        self._messages_in = Counter("gms_broker_messages_in", "Messages stored by sends", labels,
                                     registry=self.registry)
-        self._bytes_in = Counter("gms_broker_bytes_in", "Record bytes stored by sends, per topic", ["topic"],
-                                 registry=self.registry)
-        self._messages_out = Counter("gms_broker_messages_out", "Messages served to consumers (pulls and pops),"
-                                     " per topic", ["topic"], registry=self.registry)
-        self._bytes_out = Counter("gms_broker_bytes_out", "Record bytes served to consumers, per topic", ["topic"],
+        self._bytes_in = Counter("gms_broker_bytes_in", "Record bytes stored by sends", labels, registry=self.registry)
+        self._messages_out = Counter("gms_broker_messages_out", "Messages served to consumers (pulls and pops)",
+                                     labels, registry=self.registry)
+        self._bytes_out = Counter("gms_broker_bytes_out", "Record bytes served to consumers", labels,
                                   registry=self.registry)
-        self._children: dict[tuple[Counter, str], Counter] = {}
-        self.registry.register(_BrokerCollector(broker))
+        self._send_ack = Histogram("gms_broker_send_ack_seconds", "From a send's dispatch to its acknowledgement"
+                                   " (stored; flushed in sync mode; replicated with acks=-1)", ["acks"],
+                                   buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self._acked = {acks: self._send_ack.labels(str(acks)) for acks in (0, 1, -1)}
+        self._children: dict[tuple[Counter, str, int | None], Counter] = {}
+        self.waiting_bytes = 0  # bytes of sends stored and waiting for their flush or replicas
+        # (group, topic) -> tag hashes it last pulled or popped with (None: every tag)
+        self.subscriptions: dict[tuple[str, str], frozenset[int] | None] = {}
+        for collector in broker.store.metric_collectors():
+            self.registry.register(collector)
+        self.registry.register(_BrokerCollector(broker, self))
 
-    def _child(self, counter: Counter, topic: str) -> Counter:
-        child = self._children.get((counter, topic))
+    def _child(self, counter: Counter, topic: str, queue_id: int | None) -> Counter:
+        """``queue_id`` None: a pop's answer, which may mix queues (label ``queue="pop"``)."""
+        key = (counter, topic, queue_id if self._per_queue else -1)
+        child = self._children.get(key)
         if child is None:
-            child = self._children[counter, topic] = counter.labels(topic)
+            child = self._children[key] = (
+                counter.labels(topic, "pop" if queue_id is None else str(queue_id)) if self._per_queue
+                else counter.labels(topic))
         return child
 
     def stored(self, result: AppendResult) -> None:
         """A send's batch was stored."""
-        for (topic, _), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
-                                           strict=True):
-            self._child(self._messages_in, topic).inc(count)
-            self._child(self._bytes_in, topic).inc(size)
+        for (topic, queue_id), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
+                                                  strict=True):
+            self._child(self._messages_in, topic, queue_id).inc(count)
+            self._child(self._bytes_in, topic, queue_id).inc(size)
 
-    def served(self, topic: str, count: int, size: int) -> None:
-        """A pull or pop answered ``count`` records of ``topic`` (``size`` bytes)."""
+    def served(self, topic: str, queue_id: int | None, count: int, size: int) -> None:
+        """A pull (of ``queue_id``) or a pop (None) answered ``count`` records (``size`` bytes)."""
         if count:
-            self._child(self._messages_out, topic).inc(count)
-            self._child(self._bytes_out, topic).inc(size)
+            self._child(self._messages_out, topic, queue_id).inc(count)
+            self._child(self._bytes_out, topic, queue_id).inc(size)
+
+    def acked(self, acks: int, seconds: float) -> None:
+        """A send was acknowledged ``seconds`` after its dispatch."""
+        self._acked[acks].observe(seconds)
+
+    def register_replication(self, hw_latency: Histogram) -> None:
+        """Cluster mode: the replica manager's high-watermark timing."""
+        self.registry.register(hw_latency)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -72,8 +97,9 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 class _BrokerCollector(Collector):
     """Gauges read from the broker's state at scrape time."""
 
-    def __init__(self, broker: BrokerServer) -> None:
+    def __init__(self, broker: BrokerServer, metrics: BrokerMetrics) -> None:
         self.broker = broker
+        self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
         broker = self.broker
@@ -97,8 +123,27 @@ class _BrokerCollector(Collector):
                      broker.timers.pending_count)
         yield _gauge("gms_broker_pop_messages_in_flight", "Popped messages not yet acknowledged",
                      broker.pop.in_flight())
+        yield _gauge("gms_broker_sends_waiting_bytes", "Bytes of sends stored and waiting for their flush or"
+                     " replicas before the acknowledgement", self.metrics.waiting_bytes)
+        yield _gauge("gms_broker_commitlog_resident_ratio", "Fraction of the active commitlog file's written"
+                     " pages in the page cache", store.resident_fraction())
+        yield from self._groups()
         yield from self._replication()
         yield from self._group_lag()
+
+    def _groups(self) -> Iterator[Metric]:
+        coordinator = self.broker.groups
+        members = GaugeMetricFamily("gms_broker_group_members", "Members of each consumer group this broker"
+                                    " coordinates", labels=["group"])
+        for name in coordinator.group_names():
+            group = coordinator.group(name)
+            members.add_metric([name], len(group.members) if group is not None else 0)
+        yield members
+        rebalances = CounterMetricFamily("gms_broker_group_rebalances", "Membership changes (joins, leaves,"
+                                         " expiries) of the groups coordinated here", labels=["group"])
+        for name, count in list(coordinator.rebalances.items()):
+            rebalances.add_metric([name], count)
+        yield rebalances
 
     def _led(self) -> list[tuple[str, int]]:
         broker = self.broker
@@ -122,35 +167,41 @@ class _BrokerCollector(Collector):
             under += len(partition.isr) < len(partition.replicas)
             end = self.broker.store.max_offset(*key)
             for follower, progress in partition.followers.items():
-                lag.add_metric([*labels, follower], max(0, end - progress.leo))
+                if progress.known:  # not before its first fetch of this term (or since it left the ISR)
+                    lag.add_metric([*labels, follower], max(0, end - progress.leo))
         yield isr
         yield lag
         yield _gauge("gms_broker_under_replicated_queues", "Queues led here with fewer in-sync replicas than"
                      " replicas", under)
 
     def _group_lag(self) -> Iterator[Metric]:
-        """Per group and queue led here: messages after the committed offset, and how old the
-        oldest of them is (its store time; 0 without lag). Offline groups count too."""
+        """Per group and queue led here: the messages after the committed offset that the
+        group's subscription receives (its tags, as it last pulled or popped; every tag until
+        then) and how old the oldest of them is (its store time; 0 without lag). Offline groups
+        count too."""
         broker = self.broker
-        messages = GaugeMetricFamily("gms_broker_group_lag_messages", "Messages after a consumer group's committed"
-                                     " offset, per queue led here", labels=["group", "topic", "queue"])
+        messages = GaugeMetricFamily("gms_broker_group_lag_messages", "Messages a consumer group has yet to"
+                                     " consume (of the tags it subscribes to), per queue led here",
+                                     labels=["group", "topic", "queue"])
         age = GaugeMetricFamily("gms_broker_group_lag_seconds", "Age of the oldest message a consumer group has not"
                                 " consumed, per queue led here", labels=["group", "topic", "queue"])
         now_ms = time.time() * 1000
         led = set(self._led())
+        subscriptions = self.metrics.subscriptions
         for group in broker.offsets.groups():
             for topic, queues in broker.offsets.group_offsets(group).items():
+                tag_hashes = subscriptions.get((group, topic))
                 for queue_id, committed in queues.items():
                     if (topic, queue_id) not in led:
                         continue
                     try:
-                        low, end = broker.readable((topic, queue_id))
+                        behind, first = broker.store.backlog(topic, queue_id, committed, tag_hashes,
+                                                             broker.read_limit((topic, queue_id)))
                     except StoreError:
                         continue
-                    behind = max(0, end - max(committed, low))
                     labels = [group, topic, str(queue_id)]
                     messages.add_metric(labels, behind)
-                    age.add_metric(labels, self._age_s(topic, queue_id, max(committed, low), now_ms) if behind else 0)
+                    age.add_metric(labels, 0.0 if first is None else self._age_s(topic, queue_id, first, now_ms))
         yield messages
         yield age
 

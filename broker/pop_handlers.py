@@ -102,6 +102,8 @@ class PopHandlers:
         queue_ids = self.queues_led(topic)
         if not queue_ids:
             raise NotLeaderError(f"this broker leads no queue of {topic!r} now: refresh the route")
+        if self.metrics is not None:
+            self.metrics.subscriptions[group, topic] = tags.hashes
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         while True:
@@ -111,7 +113,7 @@ class PopHandlers:
             remaining_s = deadline - loop.time()
             if taken.count or remaining_s <= 0:
                 if self.metrics is not None:
-                    self.metrics.served(topic, taken.count, taken.bytes)
+                    self.metrics.served(topic, None, taken.count, taken.bytes)
                 return taken.response(now + invisible_ms)
             visible = [at for q in queue_ids if (at := self.service.queue(group, topic, q, start).next_visible())]
             wait_s = min(remaining_s, (min(visible) - now) / 1000) if visible else remaining_s

@@ -70,7 +70,7 @@ class BrokerServer:
         # With authentication on, what each principal may ask (users and ACLs from etcd's view).
         self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
                        if security.authentication else None)
-        self.metrics = BrokerMetrics(self)
+        self.metrics = BrokerMetrics(self, per_queue=config.metrics_per_queue)
         self.rpc = RpcServer(config=config.server_config, security=security.server_security(
             self._user, self.access.authorize if self.access is not None else None),
             observe=self.metrics.requests.observe)
@@ -200,7 +200,8 @@ class BrokerServer:
         end = self.store.max_offset(*key) if self.replicas is None else self.replicas.read_limit(key)
         return low, end
 
-    def _read_limit(self, key: tuple[str, int]) -> int | None:
+    def read_limit(self, key: tuple[str, int]) -> int | None:
+        """What consumers may read up to on a queue: its high watermark (None standalone: its end)."""
         return None if self.replicas is None else self.replicas.read_limit(key)
 
     def _queues_led(self, topic: str) -> list[int]:
@@ -269,6 +270,7 @@ class BrokerServer:
             on_caught_up=None if registration.info.caught_up else registration.mark_caught_up,
         )
         self.replicas.start()
+        self.metrics.register_replication(self.replicas.hw_latency)
         if self._messages is not None:
             self._messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)
@@ -283,7 +285,7 @@ class BrokerServer:
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
-                          read_limit=self._read_limit, metrics=self.metrics)
+                          read_limit=self.read_limit, metrics=self.metrics)
         for code, handler in {
             RequestCode.SEND: messages.send,
             RequestCode.SEND_BATCH: messages.send,

@@ -30,6 +30,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several times faster
+from prometheus_client import Counter
+from prometheus_client.registry import Collector
 
 from gms.broker.checkpoint import (
     AbortMarker,
@@ -82,6 +84,7 @@ log = logging.getLogger(__name__)
 OFF_FLAGS = OFFSETS["flags"]
 
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
+BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads; more are extrapolated
 GET_BYTES_MAX_DEFAULT = 4 << 20
 _STORE_TS = _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")  # a record's total_size
@@ -264,6 +267,10 @@ class MessageStore:
         self._fsync_fault = fsync_fault_file()  # tests only: see store_health.FSYNC_FAULT_ENV
         self._flusher = FlushService(self.config, self._flush_all, lambda: commitlog.committed_pos, end)
         self._flusher.start()
+        self._retention_files = Counter("gms_broker_retention_deleted_files", "Commitlog files deleted by"
+                                        " retention (expiry or the disk cap)", registry=None)
+        self._retention_bytes = Counter("gms_broker_retention_deleted_bytes", "Bytes of the commitlog files"
+                                        " retention deleted", registry=None)
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
         self._housekeeper.start()
 
@@ -1120,6 +1127,28 @@ class MessageStore:
             views += record_views(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi])
         return views
 
+    def backlog(self, topic: str, queue_id: int, start: int, tag_hashes: frozenset[int] | None,
+                read_limit: int | None = None) -> tuple[int, int | None]:
+        """Of the records from queue offset ``start`` to the end (or ``read_limit``): how many a
+        subscription to ``tag_hashes`` (None: every tag) would receive, and the offset of the
+        first. Reads the consumeQueue only, at most BACKLOG_SCAN_MAX entries: beyond them the
+        count is extrapolated from those read."""
+        cq = self._queue(topic, queue_id)
+        start = max(start, cq.min_offset)
+        end = cq.max_offset if read_limit is None else min(cq.max_offset, read_limit)
+        if end <= start:
+            return 0, None
+        window = min(end - start, BACKLOG_SCAN_MAX)
+        try:
+            hashes = cq.read(start, window)["tag_hash"]
+        except (OffsetExpired, ValueError):  # retention moved the minimum meanwhile
+            return 0, None
+        wanted = (hashes != HIDDEN_TAG_HASH if tag_hashes is None
+                  else np.isin(hashes, np.fromiter(tag_hashes, np.int64)))
+        picked = np.flatnonzero(wanted)
+        count = picked.size if window == end - start else round(picked.size * (end - start) / window)
+        return count, start + int(picked[0]) if picked.size else None
+
     def read_entry(self, topic: str, queue_id: int, offset: int) -> memoryview:
         """The stored record at a queue offset, hidden ones included (the timer's own reads)."""
         cq = self._queue(topic, queue_id)
@@ -1164,6 +1193,19 @@ class MessageStore:
     def stats(self) -> StoreStats:
         commitlog = self._cl()
         return StoreStats(commitlog.min_offset, commitlog.committed_pos, self._disk_usage(commitlog))
+
+    def metric_collectors(self) -> list[Collector]:
+        """The store's own metrics (flush latency and errors, retention deletions), for a registry."""
+        return [self._flusher.latency, self._flusher.errors, self._retention_files, self._retention_bytes]
+
+    def resident_fraction(self) -> float:
+        """Of the active commitlog file's written pages, the fraction in the page cache (what a
+        consumer at the tail reads without touching the disk)."""
+        commitlog = self._cl()
+        active = commitlog.files[-1] if commitlog.files else None
+        if active is None:
+            return 0.0
+        return active.resident_fraction(commitlog.committed_pos - active.base_offset)
 
     def _disk_usage(self, commitlog: CommitLog) -> int:
         with self._queues_lock:
@@ -1238,6 +1280,8 @@ class MessageStore:
             rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
             deleted = commitlog.delete_oldest(rule)
             if deleted:  # over the disk cap, files go whatever the queues still hold
+                self._retention_files.inc(deleted)
+                self._retention_bytes.inc(deleted * commitlog.file_size_bytes)
                 for cq in queues.values():
                     moved = cq.delete_below_phys(commitlog.min_offset) or moved
             if moved:

@@ -21,8 +21,11 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
+
+from prometheus_client import Counter, Histogram
 
 from gms.broker.store_config import PAGE_SIZE_BYTES, StoreConfig
 from gms.store_errors import StoreClosed, StoreError, StoreIOError, StoreReadOnly
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 FlushListener = Callable[[int, StoreError | None], None]  # (flushed offset, failure); flush thread
 # Errors of opening a file for its fdatasync: nothing was written or lost, so retry, never fail-stop.
 _COULD_NOT_START = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+FLUSH_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 class FlushService:
@@ -51,6 +55,11 @@ class FlushService:
         self._stopping = False
         self._failure: StoreReadOnly | None = None  # set once, by the first failed flush
         self._thread = threading.Thread(target=self._run, name="gms-flush", daemon=True)
+        # Metrics (registered by the broker's registry): flushes that wrote something, failures.
+        self.latency = Histogram("gms_broker_flush_seconds", "Commitlog flushes (fdatasync) that wrote data",
+                                 buckets=FLUSH_BUCKETS_S, registry=None)
+        self.errors = Counter("gms_broker_flush_errors", "Flushes that failed (a failed fsync makes the store"
+                              " read-only; others are retried)", registry=None)
 
     def start(self) -> None:
         self._thread.start()
@@ -122,6 +131,7 @@ class FlushService:
                 self.flush_now()
                 retry_later = False
             except Exception:  # async mode would never flush again: log, retry after an interval
+                self.errors.inc()
                 log.exception("flush failed; retrying in %d ms", self._config.flush_interval_ms)
                 retry_later = True
 
@@ -130,6 +140,7 @@ class FlushService:
         failed flush nothing is flushed any more (fail-stop)."""
         if self._failure is not None:
             return self.flushed_offset
+        started = time.perf_counter()
         try:
             flushed = self._flush()
         except StoreIOError as err:
@@ -138,6 +149,8 @@ class FlushService:
                 raise
             self.fail(err)
             return self.flushed_offset
+        if flushed > self.flushed_offset:
+            self.latency.observe(time.perf_counter() - started)
         self.flushed_offset = flushed
         ready = []
         with self._cond:
@@ -158,6 +171,7 @@ class FlushService:
     def fail(self, err: StoreIOError) -> None:
         """Fail-stop after a failed fsync (also of an index file, by the store): every waiting
         future fails, and flushing, waiting and requesting flushes are refused from now on."""
+        self.errors.inc()
         with self._cond:
             if self._failure is not None:
                 return

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from gms.broker.ha.epochs import EpochHistory
 from gms.errors import GmsError
 
 QueueKey = tuple[str, int]
+APPENDS_TIMED_MAX = 10_000  # leader appends waiting for the HW that are timed (metrics); more are not
 
 
 class Role(enum.Enum):
@@ -62,6 +64,8 @@ class Partition:
     offsets_seen: tuple[int, int] = (0, 0)
     _waiters: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)
     _waiter_seq: int = 0
+    # Leader side: (log end after an append, when) of appends the HW has not reached yet.
+    _appends: deque[tuple[int, float]] = field(default_factory=deque)
 
     # --- leader side -------------------------------------------------------------------------
     def record_fetch(self, follower: str, fetch_offset: int, leader_leo: int, now_s: float) -> None:
@@ -90,6 +94,22 @@ class Partition:
             self._release(low)
             return True
         return False
+
+    def note_append(self, leo: int, now_s: float) -> None:
+        """The leader appended up to ``leo``: time how long the HW takes to reach it."""
+        if leo > self.hw and len(self._appends) < APPENDS_TIMED_MAX:
+            self._appends.append((leo, now_s))
+
+    def replicated_waits(self, now_s: float) -> list[float]:
+        """Seconds each timed append waited for the HW, of those it has reached since last asked."""
+        waits = []
+        while self._appends and self._appends[0][0] <= self.hw:
+            waits.append(now_s - self._appends.popleft()[1])
+        return waits
+
+    def forget_appends(self) -> None:
+        """Leadership changed: appends of an earlier term are not timed."""
+        self._appends.clear()
 
     def lagging(self, self_id: str, now_s: float, lag_max_s: float) -> tuple[str, ...]:
         """ISR members that have not caught up within the lag window."""

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from prometheus_client import Histogram
+
 from gms.broker.ha.epochs import EpochHistory
 from gms.broker.ha.fetcher import FetcherPool
 from gms.broker.ha.partition import FollowerProgress, Partition, QueueKey, Role
@@ -31,6 +33,7 @@ from gms.errors import (
 from gms.security.client import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
+HW_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 UpdateIsr = Callable[..., bool]  # (topic, queue_id, *, leader_epoch, isr, based_on) -> bool, blocking
 
@@ -74,6 +77,9 @@ class ReplicaManager:
         self._chore: asyncio.Task[None] | None = None
         self._data_waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
         self.fetchers = FetcherPool(self)
+        self.hw_latency = Histogram(  # registered by the broker's metrics
+            "gms_broker_hw_advance_seconds", "From a leader's append to the high watermark covering it"
+            " (replicated queues)", buckets=HW_BUCKETS_S, registry=None)
 
     @property
     def lag_max_s(self) -> float:
@@ -137,6 +143,7 @@ class ReplicaManager:
         p.role, p.leader_id, p.leader_epoch, p.isr = role, queue.leader_id, queue.leader_epoch, queue.isr
         p.fetch_paused_until = 0.0
         p.caught_up = False
+        p.forget_appends()
         if previous is Role.LEADER and role is not Role.LEADER:
             p.fail_waiters(NotLeaderError(f"queue {p.key[0]}/{p.key[1]}: leadership moved",
                                           fields=_leader_fields(p)))
@@ -203,7 +210,10 @@ class ReplicaManager:
         for key in keys:
             p = self.partitions.get(key)
             if p is not None and p.role is Role.LEADER:
-                self._advance(p, self.store.max_offset(*key))
+                leo = self.store.max_offset(*key)
+                if len(p.isr) > 1:
+                    p.note_append(leo, time.monotonic())
+                self._advance(p, leo)
         self.wake_fetches(keys)
 
     def wake_fetches(self, keys: Iterable[QueueKey]) -> None:
@@ -251,6 +261,8 @@ class ReplicaManager:
         if p.advance_hw(self.broker_id, leo):
             self._hw_dirty = True
             self._notify_readers((p.key,))
+            for waited in p.replicated_waits(time.monotonic()):
+                self.hw_latency.observe(waited)
 
     def after_fetch(self, p: Partition, leo: int) -> None:
         """A follower fetched: maybe move the HW, maybe take a caught-up replica back in."""

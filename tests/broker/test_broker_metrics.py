@@ -5,31 +5,14 @@ and status, and the consumer group's lag and its age."""
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from processes import free_port
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import get, scrape
 
 from gms.client import Admin, Consumer, Producer, ProducerRecord
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def test_metrics_health_and_readiness_of_a_standalone_broker(broker_factory):
@@ -66,3 +49,39 @@ def test_metrics_health_and_readiness_of_a_standalone_broker(broker_factory):
     assert metrics["gms_broker_connections", ()] >= 0
     assert metrics["gms_broker_store_health", (("state", "writable"),)] == 1
     assert get(port, "/nothing-here")[0] == 404
+
+
+def test_lag_follows_the_group_subscription_and_the_store_times_its_work(broker_factory, tmp_path):
+    """Tag-aware lag, send-to-ack latency by acks, flush timings, the page-cache ratio,
+    rebalances, and per-queue counters (``metrics_per_queue``) on a sync-flush broker."""
+    port = free_port()
+    config = tmp_path / "broker.toml"
+    config.write_text("[broker]\nmetrics_per_queue = true\n")
+    broker = broker_factory("--metrics-listen", f"127.0.0.1:{port}", "--flush", "sync", "--config", str(config))
+    with Admin([broker.address]) as admin:
+        admin.create_topic("tagged", queues=1)
+    with Producer([broker.address]) as producer:
+        records = [ProducerRecord("tagged", b"m", tag="red" if i % 4 == 0 else "blue", queue=0) for i in range(40)]
+        producer.send_batch(records)
+        producer.send("tagged", b"one", tag="red", queue=0)
+    consumer = Consumer([broker.address], group="reds", subscription={"tagged": "red"}, start_from="first",
+                        max_poll_messages=4, auto_commit=False)
+    try:
+        got = consumer.poll(2000)
+        assert got and all(m.tag == "red" for m in got)
+        consumer.commit({("tagged", 0): got[-1].queue_offset + 1})
+        consumed_reds = len(got)
+    finally:
+        consumer.close()
+    metrics = scrape(port)
+    lag = (("group", "reds"), ("queue", "0"), ("topic", "tagged"))
+    assert metrics["gms_broker_group_lag_messages", lag] == 11 - consumed_reds  # reds only, not the 30 blues
+    per_queue = (("queue", "0"), ("topic", "tagged"))
+    assert metrics["gms_broker_messages_in_total", per_queue] == 41
+    assert metrics["gms_broker_send_ack_seconds_count", (("acks", "1"),)] == 2
+    assert metrics["gms_broker_flush_seconds_count", ()] >= 1
+    assert metrics["gms_broker_flush_errors_total", ()] == 0
+    assert metrics["gms_broker_retention_deleted_files_total", ()] == 0
+    assert 0 < metrics["gms_broker_commitlog_resident_ratio", ()] <= 1
+    assert metrics["gms_broker_group_rebalances_total", (("group", "reds"),)] >= 1
+    assert metrics["gms_broker_sends_waiting_bytes", ()] == 0
