@@ -45,8 +45,10 @@ class ControllerStatus:
 
 
 class Controller:
-    """``before_write(topic)``, for tests only, runs on the worker thread after the topic is
-    read and before the fenced write: it lets a test stop a controller mid-failover."""
+    """``on_leaders_moved(count)`` hears, from the worker thread, of each write that changed the
+    leaders of ``count`` queues (the failovers metric). ``before_write(topic)``, for tests only,
+    runs on the worker thread after the topic is read and before the fenced write: it lets a
+    test stop a controller mid-failover."""
 
     def __init__(
         self,
@@ -56,10 +58,12 @@ class Controller:
         *,
         prefix: str = DEFAULT_PREFIX,
         ttl_s: int = DEFAULT_ELECTION_TTL_S,
+        on_leaders_moved: Callable[[int], None] | None = None,
         before_write: Callable[[str], None] | None = None,
     ) -> None:
         self._metadata = ClusterMetadata(client, prefix)
         self._view = view
+        self._on_leaders_moved = on_leaders_moved
         self._before_write = before_write
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
@@ -199,14 +203,19 @@ class Controller:
             return reassign_leaders(stored, live, controller_epoch=epoch, catching_up=catching_up)
 
         written = self._metadata.update_queues(name, change, fence=fence)
-        if written is not None:  # (the topic may have grown meanwhile: compare the queues both have)
-            for old, new in zip(read[0].queues, written.queues, strict=False):
-                if old != new:
-                    log.info(
-                        "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",
-                        epoch, name, new.queue_id, old.leader, new.leader,
-                        old.leader_epoch, new.leader_epoch, list(new.isr),
-                    )
+        if written is None:
+            return
+        moved = 0
+        for old, new in zip(read[0].queues, written.queues, strict=False):  # (the topic may have grown meanwhile)
+            if old != new:
+                moved += old.leader != new.leader
+                log.info(
+                    "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",
+                    epoch, name, new.queue_id, old.leader, new.leader,
+                    old.leader_epoch, new.leader_epoch, list(new.isr),
+                )
+        if moved and self._on_leaders_moved is not None:
+            self._on_leaders_moved(moved)
 
 
 def _places(topic: TopicMetadata, broker_id: str) -> bool:

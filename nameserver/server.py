@@ -8,7 +8,8 @@ SERVICE_UNAVAILABLE. After a write, the handler waits (briefly) until this names
 shows it, so a client that creates a topic and then asks the same nameserver for its route finds
 it. Each nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster
 status lists the live ones, and runs a :class:`Controller` candidate: the elected one moves
-queue leaders off dead brokers.
+queue leaders off dead brokers. Its metrics (:mod:`gms.nameserver.metrics`) and readiness are
+served on the optional monitoring endpoint.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from gms.address import advertised_address, split_address
+from gms.address import advertised_address, join_address, split_address
 from gms.cluster.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
 from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.lease import LeaseKeeper
 from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
 from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, GroupSettings, TopicMetadata, TopicSettings
-from gms.errors import BadRequestError, GmsError, ServiceUnavailableError
+from gms.errors import BadRequestError, GmsError, ServiceUnavailableError, TopicNotFoundError
+from gms.monitoring.http import MonitoringServer
 from gms.nameserver.access import NameserverAccess
-from gms.nameserver.controller import Controller
+from gms.nameserver.controller import Controller, ControllerStatus
+from gms.nameserver.metrics import NameserverMetrics
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
@@ -111,7 +114,10 @@ def queue_health(topics: list[TopicMetadata], brokers: list[BrokerInfo]) -> dict
 
 
 class NameServer:
-    """One nameserver process's service. ``start()``/``stop()`` run on its event loop."""
+    """One nameserver process's service. ``start()``/``stop()`` run on its event loop.
+
+    ``metrics_listen`` (``host:port``, port 0 for a free one; empty for none) serves
+    ``/metrics``, ``/healthz`` and ``/readyz`` there (:attr:`monitoring`)."""
 
     def __init__(
         self,
@@ -122,11 +128,16 @@ class NameServer:
         prefix: str = DEFAULT_PREFIX,
         ttl_s: int = NAMESERVER_TTL_S,
         security: SecurityConfig | None = None,
+        metrics_listen: str = "",
     ) -> None:
         parse_endpoints(etcd_endpoints)  # ValueError names a bad endpoint before anything starts
         self.security = security = security or SecurityConfig()
         self.etcd_endpoints = etcd_endpoints
         self._host, self._port = split_listen(listen)
+        self._metrics_listen = split_listen(metrics_listen) if metrics_listen else None
+        self.metrics = NameserverMetrics(self)
+        self.monitoring: MonitoringServer | None = None
+        self.started_monotonic = time.monotonic()
         self._advertised = advertised
         self._ttl_s = ttl_s
         self._keys = Keys(prefix)
@@ -157,6 +168,7 @@ class NameServer:
             },
             security=security.server_security(self._user, self._access().authorize if security.authentication
                                               else None),
+            observe=self.metrics.requests.observe,
         )
         # GET_ROUTE is the hot path: the response fields are built once per route object.
         self._route_cache: dict[str, tuple[TopicRoute, dict[str, Any]]] = {}
@@ -168,6 +180,13 @@ class NameServer:
     @property
     def port(self) -> int:
         return self._rpc.port
+
+    @property
+    def metrics_address(self) -> str:
+        """``host:port`` of the monitoring endpoint; empty without one."""
+        if self._metrics_listen is None or self.monitoring is None:
+            return ""
+        return join_address(self._metrics_listen[0], self.monitoring.port)
 
     def _access(self) -> NameserverAccess:
         return NameserverAccess(Authorizer(self._acls if self.security.acl else None, self.security.super_users))
@@ -191,7 +210,7 @@ class NameServer:
         listen address cannot be bound; nothing is left running then."""
         self._loop = asyncio.get_running_loop()
         self._client = EtcdClient(self.etcd_endpoints, timeout_s=ETCD_REQUEST_TIMEOUT_S,
-                                  auth=self.security.etcd_auth())
+                                  auth=self.security.etcd_auth(), observe=self.metrics.etcd_call)
         self._metadata = ClusterMetadata(self._client, self._keys.prefix)
         self._view = ClusterView(self._client, self._keys.prefix)
         self._view.subscribe(self._on_view_change)
@@ -204,9 +223,14 @@ class NameServer:
             )
             await asyncio.to_thread(self._keeper.start)
             self._controller = Controller(
-                self._client, self._view, self.address, prefix=self._keys.prefix, ttl_s=self._ttl_s
+                self._client, self._view, self.address, prefix=self._keys.prefix, ttl_s=self._ttl_s,
+                on_leaders_moved=self.metrics.failovers.inc,
             )
             await asyncio.to_thread(self._controller.start)
+            self.started_monotonic = time.monotonic()
+            if self._metrics_listen is not None:
+                self.monitoring = await MonitoringServer.start(*self._metrics_listen, self.metrics.registry,
+                                                               self.problems)
         except BaseException:
             await self.stop()
             raise
@@ -214,6 +238,9 @@ class NameServer:
 
     async def stop(self) -> None:
         """Stop serving, withdraw this nameserver's key and stop following etcd. Idempotent."""
+        monitoring, self.monitoring = self.monitoring, None
+        if monitoring is not None:
+            await monitoring.stop()
         await self._rpc.stop()
         controller, self._controller = self._controller, None
         if controller is not None:
@@ -227,6 +254,23 @@ class NameServer:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+
+    def problems(self) -> list[str]:
+        """Why this nameserver is not ready to serve, if it is not (``/readyz``)."""
+        found = []
+        if self._view is None or not self._view.healthy:
+            found.append("etcd unreachable (cluster view not current): routes come from the cache, topic changes fail")
+        if self._keeper is None or not self._keeper.alive:
+            found.append("not registered: this nameserver's etcd lease is lost")
+        if self.controller_status().controller_id is None:
+            found.append("no controller known: the queues of a failed broker keep their dead leader")
+        return found
+
+    def controller_status(self) -> ControllerStatus:
+        """The acting controller as this nameserver's candidate last saw it."""
+        if self._controller is None:
+            return ControllerStatus(None, 0, False)
+        return self._controller.status()
 
     def _announce(self, lease_id: int) -> None:
         assert self._client is not None
@@ -261,7 +305,12 @@ class NameServer:
         """A topic's route; with ``"settings": true`` (``gms topic describe``) also its
         replication factor and settings, so clients' route refreshes stay as small as before."""
         topic = field(request.fields, "topic", str)
-        route = self.view.route(topic)
+        try:
+            route = self.view.route(topic)
+        except TopicNotFoundError:
+            self.metrics.route_not_found.inc()
+            raise
+        self.metrics.route_found.inc()
         cached = self._route_cache.get(topic)
         if cached is None or cached[0] is not route:
             cached = (route, route_fields(route))
@@ -296,23 +345,17 @@ class NameServer:
                 etcd["error"] = str(err)
         else:
             etcd["error"] = "etcd unreachable; routes are served from the cache"
+        controller = self.controller_status()
         return Response(
             fields={
                 "etcd": etcd,
                 "nameservers": self._known_nameservers,
-                "controller": self._controller_fields(),
+                "controller": {"id": controller.controller_id, "epoch": controller.epoch, "this": controller.is_self},
                 "brokers": [broker_fields(b) for b in view.brokers()],
                 "topics": len(view.topics()),
                 "queues": queue_health(view.topics(), view.brokers()),
             }
         )
-
-    def _controller_fields(self) -> dict[str, Any]:
-        """The acting controller as this nameserver's candidate last saw it."""
-        if self._controller is None:
-            return {"id": None, "epoch": 0, "this": False}
-        status = self._controller.status()
-        return {"id": status.controller_id, "epoch": status.epoch, "this": status.is_self}
 
     def _read_status(self) -> tuple[str, list[dict[str, Any]]]:
         assert self._client is not None
