@@ -13,12 +13,10 @@ from gms import __version__
 from gms.broker.config import DEFAULT_PORT, load_config
 from gms.envvars import options_from_env
 from gms.errors import GmsError
+from gms.logging_setup import configure_logging_from, log_options
 from gms.security.options import pop_security_values, security_options
 
 log = logging.getLogger("gms.broker")
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
 
 NR_OPEN_PATH = Path("/proc/sys/fs/nr_open")  # the kernel's ceiling for an unlimited hard limit
 
@@ -62,12 +60,14 @@ def raise_fd_limit() -> int:
 @click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option("--metrics-port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound --metrics-listen port here once serving.")
+@log_options
 @security_options
-def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
+def main(config_path, port_file, metrics_port_file, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
          retention_hours, **broker_overrides) -> None:
     """Run a gms broker: the commitlog store and the send/pull/group server."""
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    configure_logging_from(broker_overrides)
     security = pop_security_values(broker_overrides)
     try:
         config = load_config(
@@ -79,19 +79,28 @@ def main(config_path, port_file, log_level, flush_mode, commitlog_file_size_byte
         )
     except (ValueError, TypeError, OSError) as err:
         raise click.UsageError(str(err)) from err
+    if metrics_port_file is not None and not config.metrics_listen:
+        raise click.UsageError("--metrics-port-file needs --metrics-listen (or metrics_listen in [broker])")
     log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
     from gms.broker.server import BrokerServer
     from gms.net import run
-    from gms.net.serve import serve_until_signalled
+    from gms.net.serve import serve_until_signalled, write_port_file
 
     try:
         server = BrokerServer(config)  # opens the store: recovery runs here
     except (OSError, GmsError) as err:
         log.error("cannot start: %s", err)
         sys.exit(1)
+
+    def started() -> str:
+        """The start line, once the metrics port is published too."""
+        if metrics_port_file is not None and server.monitoring is not None:
+            write_port_file(metrics_port_file, server.monitoring.port)
+        metrics = f"; metrics on {config.metrics_host_port[0]}:{server.monitoring.port}" if server.monitoring else ""
+        return f"broker {server.name} serving on {server.address} (store {config.store_dir}){metrics}"
+
     sys.exit(run(serve_until_signalled(
         server, "broker", log, port_file=port_file,
         start_error=lambda err: f"cannot start: {err}" if isinstance(err, (OSError, GmsError)) else None,
-        started=lambda: f"broker {server.name} serving on {server.address} (store {config.store_dir})" + (
-            f"; metrics on {config.metrics_host_port[0]}:{server.monitoring.port}" if server.monitoring else ""),
+        started=started,
     )))

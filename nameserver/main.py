@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,10 +19,11 @@ from gms.cluster.errors import EmbeddedEtcdError, EtcdAuthFailed, EtcdUnavailabl
 from gms.cluster.etcd_client import parse_endpoints
 from gms.cluster.metadata import DEFAULT_PREFIX
 from gms.envvars import options_from_env
+from gms.logging_setup import configure_logging_from, log_options
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, EmbeddedEtcdAuth, etcd_hosts
 from gms.nameserver.server import DEFAULT_PORT, NameServer, split_listen
 from gms.net import run
-from gms.net.serve import serve_until_signalled
+from gms.net.serve import serve_until_signalled, write_port_file
 from gms.private_files import kept_secret
 from gms.security.config import SecurityConfig
 from gms.security.options import pop_security_values, security_options
@@ -29,7 +31,6 @@ from gms.security.tls import TlsFiles
 
 log = logging.getLogger("gms.nameserver")
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEFAULT_DATA_DIR = Path("gms-data/nameserver")
 
 
@@ -44,15 +45,23 @@ DEFAULT_DATA_DIR = Path("gms-data/nameserver")
               help="host:port other machines use to reach this nameserver (default: derived from --listen).")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option("--metrics-listen", help="host:port of /metrics (Prometheus), /healthz and /readyz (default: none;"
+                                     " port 0 picks a free one).")
+@click.option("--metrics-port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound --metrics-listen port here once serving.")
+@log_options
 @security_options
 def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_address: str,
-         port_file: Path | None, log_level: str, **security_flags: object) -> None:
+         port_file: Path | None, metrics_listen: str | None, metrics_port_file: Path | None, **flags: Any) -> None:
     """Run a gms nameserver: topic routes and cluster metadata, backed by etcd."""
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    configure_logging_from(flags)
+    if metrics_port_file is not None and not metrics_listen:
+        raise click.UsageError("--metrics-port-file needs --metrics-listen")
     try:
-        security = SecurityConfig(**pop_security_values(security_flags))
+        security = SecurityConfig(**pop_security_values(flags))
         etcd_host, etcd_advertise_host = etcd_hosts(split_listen(listen)[0], advertised_address)
+        if metrics_listen:
+            split_listen(metrics_listen)
         if etcd_endpoints:
             parse_endpoints(etcd_endpoints)
     except ValueError as err:
@@ -76,12 +85,19 @@ def main(listen: str, etcd_endpoints: str | None, data_dir: Path, advertised_add
             sys.exit(1)
         log.info("embedded etcd on %s (data in %s)", embedded.endpoint, embedded.data_dir)
         etcd_endpoints = embedded.endpoint
-    server = NameServer(etcd_endpoints, listen, advertised=advertised_address, security=security)
+    server = NameServer(etcd_endpoints, listen, advertised=advertised_address, security=security,
+                        metrics_listen=metrics_listen or "")
+
+    def started() -> str:
+        """The start line, once the metrics port is published too."""
+        if metrics_port_file is not None and server.monitoring is not None:
+            write_port_file(metrics_port_file, server.monitoring.port)
+        metrics = f"; metrics on {server.metrics_address}" if server.monitoring else ""
+        return f"nameserver serving on {server.address} (etcd {server.etcd_endpoints}){metrics}"
+
     try:
-        code = run(serve_until_signalled(
-            server, "nameserver", log, port_file=port_file, start_error=_start_error,
-            started=lambda: f"nameserver serving on {server.address} (etcd {server.etcd_endpoints})",
-        ))
+        code = run(serve_until_signalled(server, "nameserver", log, port_file=port_file, start_error=_start_error,
+                                         started=started))
     finally:
         if embedded is not None:
             embedded.stop()
@@ -115,5 +131,5 @@ def _start_error(err: BaseException) -> str | None:
         return (f"cannot reach etcd ({err}): start etcd there, fix --etcd, or omit --etcd"
                 " to run an embedded etcd")
     if isinstance(err, OSError):
-        return f"cannot listen: {err}; pick another port with --listen HOST:PORT"
+        return f"cannot listen: {err}; pick another port with --listen or --metrics-listen HOST:PORT"
     return None
