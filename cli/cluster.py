@@ -9,7 +9,8 @@ import click
 from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
-from gms.errors import MessageNotFoundError
+from gms.client.routing import NameserversUnavailableError
+from gms.errors import GmsError, MessageNotFoundError
 from gms.msgid import decode_msg_id
 from gms.record.layout import DELIVER_AT_PROPERTY, ORIGIN_PROPERTY
 
@@ -17,35 +18,27 @@ from gms.record.layout import DELIVER_AT_PROPERTY, ORIGIN_PROPERTY
 @click.command()
 @nameserver_option
 @json_option
-def cluster(nameserver: str, as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="Print nothing but `ok`, or the problems one per line and exit with 1"
+                                           " (for scripts and container health checks).")
+@click.pass_context
+def cluster(ctx: click.Context, nameserver: str, as_json: bool, check: bool) -> None:
     """Show nameservers, brokers (alive, address, topics, disk use) and etcd health.
 
-    Exits with 1 and says why when etcd is unhealthy, no broker is registered, a registered
-    broker does not answer or its store is read-only (a failed disk flush) or full, a queue has
-    no live leader or a queue's ISR is below its minimum."""
-    with open_admin(nameserver) as admin:
-        status = admin.cluster_status()
-        brokers = {b["address"]: b for b in status["brokers"]}
-        answers = {s["address"]: s for s in admin.broker_status()}
-    rows = []
-    for address, info in sorted(brokers.items()):
-        answer = answers.get(address, {"error": "not asked"})
-        rows.append({**info, "alive": "error" not in answer, "topics": answer.get("topics"),
-                     "disk_used_bytes": answer.get("disk_used_bytes"), "uptime_s": answer.get("uptime_s"),
-                     "store_health": answer.get("store_health"), "error": answer.get("error")})
+    Exits with 1 and says why when no nameserver answers, etcd is unhealthy, no broker is
+    registered, a registered broker does not answer or its store is read-only (a failed disk
+    flush) or full, a queue has no live leader or a queue's ISR is below its minimum."""
+    if check:
+        if as_json:
+            raise click.UsageError("--check prints problems only; leave out --json")
+        problems = _check(nameserver)
+        click.echo("\n".join(problems) or "ok")
+        ctx.exit(1 if problems else 0)
+    status, rows, problems = _survey(nameserver)
     etcd = status["etcd"]
-    queues = status.get("queues") or {"without_leader": [], "under_min_isr": []}
-    problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
-        f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
-    problems += [f"broker {r['address']} store is {r['store_health']}: {_STORE_TROUBLE[r['store_health']]}"
-                 for r in rows if r["store_health"] in _STORE_TROUBLE]
-    problems += _queue_problems(queues)
-    if not rows:
-        problems.append("no broker is registered: start one with `gms-broker --nameserver ...`")
     controller = status.get("controller") or {}
     if as_json:
         print_json({"etcd": etcd, "nameservers": status["nameservers"], "controller": controller,
-                    "brokers": rows, "topics": status["topics"], "queues": queues, "problems": problems,
+                    "brokers": rows, "topics": status["topics"], "queues": _queues(status), "problems": problems,
                     "healthy": not problems})
     else:
         show(
@@ -64,6 +57,44 @@ def cluster(nameserver: str, as_json: bool) -> None:
         )
     if problems:
         raise click.ClickException("; ".join(problems))
+
+
+def _check(nameserver: str) -> list[str]:
+    """The cluster's problems; a nameserver that cannot be asked is one too."""
+    try:
+        return _survey(nameserver)[2]
+    except NameserversUnavailableError as err:
+        return ["no nameserver answers: " + "; ".join(err.failures)]
+    except GmsError as err:
+        return [f"cannot ask the nameserver at {nameserver}: {type(err).__name__}: {err}"]
+
+
+def _queues(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    return status.get("queues") or {"without_leader": [], "under_min_isr": []}
+
+
+def _survey(nameserver: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The nameserver's CLUSTER_STATUS, a row per registered broker with its own BROKER_STATUS
+    answer, and the problems found in both."""
+    with open_admin(nameserver) as admin:
+        status = admin.cluster_status()
+        brokers = {b["address"]: b for b in status["brokers"]}
+        answers = {s["address"]: s for s in admin.broker_status()}
+    rows = []
+    for address, info in sorted(brokers.items()):
+        answer = answers.get(address, {"error": "not asked"})
+        rows.append({**info, "alive": "error" not in answer, "topics": answer.get("topics"),
+                     "disk_used_bytes": answer.get("disk_used_bytes"), "uptime_s": answer.get("uptime_s"),
+                     "store_health": answer.get("store_health"), "error": answer.get("error")})
+    etcd = status["etcd"]
+    problems = ([] if etcd["healthy"] else [f"etcd unhealthy: {etcd.get('error', '')}"]) + [
+        f"broker {r['address']} does not answer: {r['error']}" for r in rows if not r["alive"]]
+    problems += [f"broker {r['address']} store is {r['store_health']}: {_STORE_TROUBLE[r['store_health']]}"
+                 for r in rows if r["store_health"] in _STORE_TROUBLE]
+    problems += _queue_problems(_queues(status))
+    if not rows:
+        problems.append("no broker is registered: start one with `gms-broker --nameserver ...`")
+    return status, rows, problems
 
 
 _STORE_TROUBLE = {  # BROKER_STATUS store_health values that need an operator
