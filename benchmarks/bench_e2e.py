@@ -1,6 +1,8 @@
 """End-to-end benchmark: a real broker process driven by the SDK from separate processes.
 
-Prints one JSON line. ``--quick`` shortens every phase (≤ 90 s in all). Targets (2 cores shared by
+Prints one JSON line. ``--quick`` shortens every phase (≤ 90 s in all). ``--metrics`` serves the
+brokers' /metrics and scrapes it every ``--scrape-interval`` seconds while they run (issue 15:
+the figures must stay within 3 % of a run without). Targets (2 cores shared by
 broker and clients): produce 100 B ≥ 500k msg/s, 1 KiB ≥ 300 MB/s, consume ≥ 1M msg/s, sync
 send p50 ≤ 150 µs / p99 ≤ 500 µs, broker RssAnon ≤ 200 MB. The consume figure reads every message's
 topic, tag, keys and body (``benchmarks/bench_consume.py`` times consuming alone).
@@ -11,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from bench_procs import start_server
@@ -26,6 +30,30 @@ def _start_broker(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
     root.mkdir(parents=True, exist_ok=True)
     proc, port = start_server("gms.broker", root, "broker", "--store-dir", str(root / "store"), *args)
     return proc, f"127.0.0.1:{port}"
+
+
+class Scraper(threading.Thread):
+    """Fetches a broker's /metrics every ``interval_s``, as Prometheus would."""
+
+    def __init__(self, port: int, interval_s: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.interval_s, self.stop, self.scrapes = f"http://127.0.0.1:{port}/metrics", interval_s, \
+            threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            with urllib.request.urlopen(self.url, timeout=10) as answer:
+                answer.read()
+            self.scrapes += 1
+
+
+def _metrics_args(enabled: bool) -> tuple[list[str], int]:
+    if not enabled:
+        return [], 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return ["--metrics-listen", f"127.0.0.1:{port}"], port
 
 
 class RssSampler(threading.Thread):
@@ -125,13 +153,20 @@ def _run(target, *args, **kwargs):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    seconds = 5.0 if parser.parse_args().quick else 15.0
+    parser.add_argument("--metrics", action="store_true", help="serve /metrics and scrape it during the run")
+    parser.add_argument("--scrape-interval", type=float, default=5.0)
+    args = parser.parse_args()
+    seconds = 5.0 if args.quick else 15.0
     from gms.client import Admin
-    result: dict[str, float] = {}
+    result: dict[str, float | bool] = {"metrics": args.metrics}
     with tempfile.TemporaryDirectory() as tmp:
-        proc, address = _start_broker(Path(tmp) / "async")
+        metrics_args, metrics_port = _metrics_args(args.metrics)
+        proc, address = _start_broker(Path(tmp) / "async", *metrics_args)
         sampler = RssSampler(proc.pid)
         sampler.start()
+        scraper = Scraper(metrics_port, args.scrape_interval) if args.metrics else None
+        if scraper is not None:
+            scraper.start()
         try:
             with Admin([address]) as admin:
                 for topic in ("b100", "b1k", "lat"):
@@ -146,10 +181,13 @@ def main() -> None:
             result["send_sync_p50_us"], result["send_sync_p99_us"] = round(p50), round(p99)
         finally:
             sampler.stop.set()
+            if scraper is not None:
+                scraper.stop.set()
             proc.terminate()
             proc.wait()
         result["broker_rss_anon_mb"] = round(sampler.peak_kb / 1024, 1)
-        proc, address = _start_broker(Path(tmp) / "sync", "--flush", "sync")
+        metrics_args, _ = _metrics_args(args.metrics)
+        proc, address = _start_broker(Path(tmp) / "sync", "--flush", "sync", *metrics_args)
         try:
             with Admin([address]) as admin:
                 admin.create_topic("sync", queues=8)

@@ -70,10 +70,12 @@ class BrokerServer:
         # With authentication on, what each principal may ask (users and ACLs from etcd's view).
         self.access = (BrokerAccess(Authorizer(self._acls if security.acl else None, security.super_users))
                        if security.authentication else None)
-        self.metrics = BrokerMetrics(self, per_queue=config.metrics_per_queue)
+        # Kept only where they are served (--metrics-listen): nothing is counted otherwise.
+        self.metrics = (BrokerMetrics(self, per_queue=config.metrics_per_queue) if config.metrics_listen
+                        else None)
         self.rpc = RpcServer(config=config.server_config, security=security.server_security(
             self._user, self.access.authorize if self.access is not None else None),
-            observe=self.metrics.requests.observe)
+            observe=self.metrics.requests.observe if self.metrics is not None else None)
         self.monitoring: MonitoringServer | None = None  # /metrics, /healthz, /readyz (--metrics-listen)
         self.address = ""
         self.name = config.broker_name
@@ -123,7 +125,7 @@ class BrokerServer:
         self.started_monotonic = time.monotonic()
         self.store.set_expiry_limit(self._expiry_limit)
         self.timers.start()
-        if self.config.metrics_listen:
+        if self.metrics is not None:
             self.monitoring = await MonitoringServer.start(*self.config.metrics_host_port, self.metrics.registry,
                                                            self.problems)
         self._chores = [
@@ -270,7 +272,8 @@ class BrokerServer:
             on_caught_up=None if registration.info.caught_up else registration.mark_caught_up,
         )
         self.replicas.start()
-        self.metrics.register_replication(self.replicas.hw_latency)
+        if self.metrics is not None:
+            self.metrics.register_replication(self.replicas.hw_latency)
         if self._messages is not None:
             self._messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)
