@@ -9,12 +9,12 @@ import logging
 import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from processes import BrokerProcess, NameserverProcess, wait_until
+from scrape import get
 
 from gms.logging_setup import JsonFormatter
 from gms.protocol.codes import Flag, RequestCode
@@ -97,8 +97,7 @@ def test_metrics_port_file(tmp_path):
         wait_until(port_file.exists, 5)  # written right after the main port file
         port = int(port_file.read_text())
         assert port != broker.port
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
-            assert answer.read() == b"ok\n"
+        assert get(port, "/healthz") == (200, "ok\n")
     finally:
         broker.stop()
 

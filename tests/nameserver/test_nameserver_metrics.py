@@ -4,20 +4,18 @@ when its etcd goes away."""
 
 from __future__ import annotations
 
-import http.client
 from collections.abc import Iterator
 
 import pytest
 from gms_cluster import LocalCluster
 from processes import NameserverProcess, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import get, scrape
 
 from gms.client import Admin, Producer
 from gms.errors import TopicNotFoundError
 
 pytestmark = pytest.mark.timeout(90)
 
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 # Brokers whose death the controller sees within seconds (lease) and whose followers leave the
 # ISR quickly.
 QUICK_BROKER_TOML = """
@@ -27,23 +25,6 @@ replica_lag_time_max_ms = 1500
 replica_fetch_wait_ms = 200
 """
 FAILOVER_TIMEOUT_S = 20.0
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", path)
-        answer = conn.getresponse()
-        return answer.status, answer.read().decode()
-    finally:
-        conn.close()
-
-
-def scrape(port: int) -> Metrics:
-    status, text = get(port, "/metrics")
-    assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def sample(port: int, name: str, **labels: str) -> float:
