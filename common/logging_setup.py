@@ -103,5 +103,10 @@ def log_options(command: F) -> F:
 
 
 def configure_logging_from(kwargs: dict[str, Any]) -> None:
-    """Take the log flags out of a command's keyword arguments and apply them."""
-    configure_logging(**{argument: kwargs.pop(name) for name, argument in _ARGUMENTS.items()})
+    """Take the log flags out of a command's keyword arguments and apply them; a log file that
+    cannot be opened is a usage error."""
+    values = {argument: kwargs.pop(name) for name, argument in _ARGUMENTS.items()}
+    try:
+        configure_logging(**values)
+    except OSError as err:
+        raise click.UsageError(f"cannot open --log-file {values['file']}: {err.strerror}") from err

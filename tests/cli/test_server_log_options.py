@@ -103,8 +103,12 @@ def test_metrics_port_file(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["gms.broker", "gms.nameserver"])
-def test_metrics_port_file_needs_a_metrics_address(tmp_path, module):
-    run = subprocess.run([sys.executable, "-P", "-m", module, "--metrics-port-file", str(tmp_path / "p")],
+@pytest.mark.parametrize("flag, path, error", [
+    ("--metrics-port-file", "metrics.port", "--metrics-port-file needs --metrics-listen"),
+    ("--log-file", "missing/server.log", "cannot open --log-file"),
+])
+def test_bad_log_and_metrics_flags_are_usage_errors(tmp_path, module, flag, path, error):
+    run = subprocess.run([sys.executable, "-P", "-m", module, flag, str(tmp_path / path)],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
-    assert "--metrics-port-file needs --metrics-listen" in run.stderr
+    assert error in run.stderr and "Traceback" not in run.stderr
