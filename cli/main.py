@@ -14,6 +14,7 @@ import click
 
 from gms import __version__
 from gms.cli.cluster import cluster, msg
+from gms.cli.console import console
 from gms.cli.dlq import dlq
 from gms.cli.group import group
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
@@ -154,6 +155,7 @@ cli.add_command(msg)
 cli.add_command(user)
 cli.add_command(dlq)
 cli.add_command(acl)
+cli.add_command(console)
 
 
 def _log_to_stderr() -> None:
