@@ -54,6 +54,7 @@ class ConsoleServer:
                    nameserver=settings.nameserver).add_routes(self._app)
         self._app.add_routes([web.get(path, _page) for path in PAGE_PATHS])
         self._app.router.add_static("/static/", STATIC_DIR)
+        self._app.router.add_get("/{path:.*}", _no_page)
         self._runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
         self._port: int | None = None
 
@@ -84,3 +85,11 @@ class ConsoleServer:
 
 async def _page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(PAGE, headers={"Cache-Control": "no-cache"})
+
+
+async def _no_page(request: web.Request) -> web.FileResponse:
+    """Any other path: the shell with status 404, whose script says there is no such page (an
+    unknown API path stays a JSON 404)."""
+    if request.path.startswith("/api/"):
+        raise web.HTTPNotFound()
+    return web.FileResponse(PAGE, status=404, headers={"Cache-Control": "no-cache"})

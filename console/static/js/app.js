@@ -41,10 +41,10 @@ async function start() {
   document.getElementById("footer").textContent = `gms ${config.version} · nameserver ${config.nameserver}`;
   const params = pattern.exec(location.pathname).slice(1).map(decodeURIComponent);
   replace(main);
-  const status = document.createElement("div");
-  status.id = "status";
-  main.append(status);
   const view = page(main, { params, config });
+  const status = document.createElement("div"); // refresh errors, under the page's heading
+  status.id = "status";
+  main.querySelector("h1").after(status);
   if (view.refresh) keepFresh(main, status, view.refresh, config.sample_interval_s * 1000);
   else main.dataset.state = "ready";
 }

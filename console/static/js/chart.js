@@ -21,7 +21,7 @@ export class TimeChart {
       series: [{}, series],
       axes: [{}, { label, size: 70 }],
       scales: {
-        x: { time: true, range: (u, min, max) => [Math.min(min, max - SPAN_MIN_S), max] },
+        x: { time: true },
         y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] }, // rates and lag: from zero
       },
     }, [[], []], container);
@@ -35,6 +35,10 @@ export class TimeChart {
 
   update(times, values) {
     this.plot.setData([times, values]);
+    if (times.length) { // uPlot does not range x over a single point: set it, for every update alike
+      const last = times[times.length - 1];
+      this.plot.setScale("x", { min: Math.min(times[0], last - SPAN_MIN_S), max: last });
+    }
     this.container.dataset.points = String(values.filter((v) => v !== null && v !== undefined).length);
   }
 }
