@@ -38,14 +38,16 @@ SCREENSHOT_DIR_ENV = "GMS_SCREENSHOT_DIR"
 class ConsoleProcess:
     """``python -m gms.console`` on 127.0.0.1 with a free port (read from its port file)."""
 
-    def __init__(self, workdir: Path, nameserver: str, *args: str) -> None:
+    def __init__(self, workdir: Path, nameserver: str, *args: str, env: dict[str, str] | None = None) -> None:
+        """``env``: variables added for the console (GMS_USER, GMS_TLS_CA...: secrets stay out of argv)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.port_file = workdir / "console.port"
         self.log_path = workdir / "console.log"
         cmd = [sys.executable, "-P", "-m", "gms.console", "--nameserver", nameserver, "--listen", "127.0.0.1:0",
                "--port-file", str(self.port_file), "--sample-interval", SAMPLE_INTERVAL_S, *args]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **env} if env else None)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
