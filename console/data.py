@@ -132,13 +132,12 @@ class ConsoleData:
         rows = group_lag(self._admin, described)
         members: dict[str, dict[str, Any]] = {}
         for m in described["members"]:  # listed once per broker leading queues it holds: merge them
-            entry = members.setdefault(m["member"], {**m, "brokers": [], "queues": []})
+            fields = {name: value for name, value in m.items() if name not in ("broker", "queues")}
+            entry = members.setdefault(m["member"], {**fields, "brokers": [], "queues": []})
             entry["brokers"] = sorted({*entry["brokers"], m["broker"]})
             entry["queues"] = sorted({*map(tuple, entry["queues"]), *map(tuple, m["queues"])})
-        entries = list(members.values())
-        for entry in entries:
-            del entry["broker"]
-        return {"group": group, "members": entries, "queues": rows, "lag": sum(r["lag"] or 0 for r in rows)}
+        return {"group": group, "members": list(members.values()), "queues": rows,
+                "lag": sum(r["lag"] or 0 for r in rows)}
 
     # --- messages --------------------------------------------------------------------------------
 
@@ -146,13 +145,14 @@ class ConsoleData:
         """The message ``msg_id`` names, from the broker the id names: where it is stored, tag,
         keys, properties, times and the start of its body (``body_preview``, readable text or
         escaped bytes)."""
+        msg_id = msg_id.strip()
         try:
-            located = decode_msg_id(msg_id.strip())
+            located = decode_msg_id(msg_id)
         except ValueError as err:
             raise BadInput(f"{err}: a message id is the 32 hex digits `gms produce` prints (28 bytes for"
                            " an IPv6 broker)") from err
         try:
-            found = self._admin.view_message(msg_id.strip())
+            found = self._admin.view_message(msg_id)
         except MessageNotFoundError as err:
             raise MessageNotFoundError(
                 f"no message with id {msg_id} on broker {located.address}: it expired (retention), was never"
