@@ -35,12 +35,16 @@ def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> tup
                    " cluster with the console's credentials: keep it on loopback or behind an authenticating proxy.")
 @click.option("--admin", is_flag=True,
               help="Turn on admin actions (create topics, reset consumer group offsets); read-only without.")
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests addressed to this host name: the name users or a reverse proxy reach the"
+                   " console by (repeatable). IP addresses and localhost always are; other names are refused, a"
+                   " guard against DNS rebinding.")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port to this file once serving (for supervisors and scripts).")
 @click.option("--sample-interval", "sample_interval_s", type=click.FloatRange(0.5, 60), default=5.0,
               show_default=True, help="Seconds between the samples the rate and lag charts draw.")
-def console(nameserver: str, listen: tuple[str, int], admin: bool, port_file: Path | None,
-            sample_interval_s: float) -> None:
+def console(nameserver: str, listen: tuple[str, int], admin: bool, allowed_hosts: tuple[str, ...],
+            port_file: Path | None, sample_interval_s: float) -> None:
     """Serve the web console: cluster health, topics with live rates, consumer groups with lag,
     message lookup by id. Read-only unless --admin.
 
@@ -51,8 +55,9 @@ def console(nameserver: str, listen: tuple[str, int], admin: bool, port_file: Pa
     from gms.console.server import ConsoleServer, ConsoleSettings
 
     host, port = listen
-    server = ConsoleServer(ConsoleSettings(nameserver, host, port, admin=admin, sample_interval_s=sample_interval_s),
-                           client_security())
+    settings = ConsoleSettings(nameserver, host, port, admin=admin, allowed_hosts=allowed_hosts,
+                               sample_interval_s=sample_interval_s)
+    server = ConsoleServer(settings, client_security())
 
     def started() -> str:
         url = f"http://{join_address(host, server.port)}/"

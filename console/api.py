@@ -24,6 +24,7 @@ from aiohttp import web
 from gms import __version__
 from gms.console.actions import AdminActions
 from gms.console.data import BadInput, ConsoleData
+from gms.console.guards import check_same_origin
 from gms.console.history import History
 from gms.console.http_errors import Refused
 
@@ -96,17 +97,13 @@ class ConsoleApi:
         """The actions, unless they are off or the request comes from another site's page."""
         if self._actions is None:
             raise Refused(403, "AdminActionsOff", ADMIN_OFF)
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
-            raise Refused(403, "CrossSiteRequest", f"cross-site request from {origin} refused: use the console's"
-                                                   " own pages")
+        check_same_origin(request)
         return self._actions
 
 
 async def _json_body(request: web.Request) -> Mapping[str, Any]:
     """The posted JSON object. Only ``application/json`` is taken: another site's page cannot send
-    that content type without a CORS preflight (which the console never grants), so together
-    with the Origin check it cannot drive admin actions through an operator's browser."""
+    that content type without a CORS preflight, which the console never grants."""
     if request.content_type != "application/json":
         raise BadInput("send the action as JSON (Content-Type: application/json)")
     try:

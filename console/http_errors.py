@@ -5,9 +5,9 @@ answered 500 with a pointer to the log."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gms.client.routing import NameserversUnavailableError
 from gms.console.data import BadInput
@@ -27,8 +27,6 @@ from gms.errors import (
 )
 
 log = logging.getLogger("gms.console")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Errors of the request itself; everything else from the cluster is 502 (or 503 when retriable).
 _STATUS: dict[type[GmsError], int] = {

@@ -17,6 +17,7 @@ from gms.client import Admin
 from gms.console.actions import AdminActions
 from gms.console.api import ConsoleApi
 from gms.console.data import ConsoleData
+from gms.console.guards import host_guard
 from gms.console.history import History
 from gms.console.http_errors import json_errors
 from gms.console.sampler import Sampler
@@ -37,6 +38,7 @@ class ConsoleSettings:
     host: str
     port: int  # 0: a free one (see ConsoleServer.port once started)
     admin: bool = False  # admin actions (create topic, reset offsets) on
+    allowed_hosts: tuple[str, ...] = ()  # host names answered besides IP addresses and localhost
     sample_interval_s: float = 5.0
     history_s: float = 900.0  # how far back charts reach
 
@@ -49,7 +51,8 @@ class ConsoleServer:
         data = ConsoleData(self._admin)
         history = History(interval_s=settings.sample_interval_s, window_s=settings.history_s)
         self._sampler = Sampler(data, history)
-        self._app = web.Application(middlewares=[json_errors], client_max_size=REQUEST_BODY_BYTES_MAX)
+        self._app = web.Application(middlewares=[json_errors, host_guard(settings.allowed_hosts)],
+                                    client_max_size=REQUEST_BODY_BYTES_MAX)
         ConsoleApi(data, history, AdminActions(self._admin) if settings.admin else None,
                    nameserver=settings.nameserver).add_routes(self._app)
         self._app.add_routes([web.get(path, _page) for path in PAGE_PATHS])

@@ -61,7 +61,8 @@ def console(data: ClusterData, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="package")
 def admin_console(data: ClusterData, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleProcess]:
-    process = ConsoleProcess(tmp_path_factory.mktemp("admin-console"), data.nameserver, "--admin")
+    process = ConsoleProcess(tmp_path_factory.mktemp("admin-console"), data.nameserver, "--admin",
+                             "--allow-host", "console.example")
     try:
         yield process
     finally:

@@ -59,8 +59,8 @@ class ConsoleProcess:
     def url(self, path: str = "/") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def get(self, path: str) -> tuple[int, Any]:
-        return self._call(urllib.request.Request(self.url(path)))
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        return self._call(urllib.request.Request(self.url(path), headers=headers or {}))
 
     def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

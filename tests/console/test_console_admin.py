@@ -38,6 +38,9 @@ def test_admin_console_refuses_other_sites_and_bad_requests(admin_console: Conso
     status, answer = admin_console.post("/api/topics", {"topic": "x"},
                                         {"Content-Type": "application/json", "Origin": "http://evil.example"})
     assert (status, answer["kind"]) == (403, "CrossSiteRequest")
+    behind_tls_proxy = {"Content-Type": "application/json", "Origin": f"https://127.0.0.1:{admin_console.port}"}
+    status, answer = admin_console.post("/api/topics", {"topic": "x", "queues": 0}, behind_tls_proxy)
+    assert status == 400  # past the origin check, refused for its queue count
     status, answer = admin_console.post("/api/topics", b"topic=x",
                                         {"Content-Type": "application/x-www-form-urlencoded"})
     assert status == 400 and "Content-Type: application/json" in answer["error"]

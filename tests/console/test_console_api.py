@@ -64,3 +64,15 @@ def test_unknown_group_page_explains(page: Browser, console: ConsoleProcess) -> 
     assert "a group is known once a consumer of it joins or commits" in page.text("#status .error")
     page.open(console.url("/no/such/page"), state="error")
     assert "use the links above" in page.text("main")
+
+
+
+def test_requests_to_other_host_names_are_refused(console: ConsoleProcess, admin_console: ConsoleProcess) -> None:
+    """A page of a domain that resolves to the console's address (DNS rebinding) reads nothing."""
+    for path in ("/api/cluster", "/"):
+        status, answer = console.get(path, {"Host": f"rebound.example:{console.port}"})
+        assert (status, answer["kind"]) == (403, "HostRefused")
+        assert "restart it with --allow-host rebound.example" in answer["error"]
+    for host in ("localhost", "127.0.0.1"):
+        assert console.get("/api/config", {"Host": f"{host}:{console.port}"})[0] == 200
+    assert admin_console.get("/api/config", {"Host": "Console.Example"})[0] == 200  # --allow-host console.example
