@@ -51,7 +51,8 @@ def main() -> None:
     run(bin_path("gms"), "--version")
     standalone = subprocess.Popen(
         [bin_path("gms"), "standalone", "--data-dir", str(data_dir), "--nameserver-port", "0",
-         "--broker-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--broker-port", "0", "--nameserver-metrics-port", "0", "--broker-metrics-port", "0",
+         "--console-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         banner = ""
         deadline = time.monotonic() + TIMEOUT_S

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gms import __version__
+from gms.cli import standalone_ports as ports
 from gms.cli.cluster import cluster, msg
 from gms.cli.console import console
 from gms.cli.dlq import dlq
@@ -122,26 +123,43 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gms-data"),
               show_default=True, help="Where etcd, the nameserver and the broker keep their data and logs.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--nameserver-port", type=click.IntRange(0, 65535), default=9876, show_default=True,
+@click.option("--nameserver-port", type=click.IntRange(0, 65535), default=ports.NAMESERVER_PORT, show_default=True,
               help="Nameserver port (0 picks a free one).")
-@click.option("--broker-port", type=click.IntRange(0, 65535), default=10911, show_default=True,
+@click.option("--broker-port", type=click.IntRange(0, 65535), default=ports.BROKER_PORT, show_default=True,
               help="Broker port (0 picks a free one).")
 @click.option("--etcd-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Embedded etcd client port (0: the one kept in the data dir, else a free one).")
+@click.option("--nameserver-metrics-port", type=click.IntRange(0, 65535), default=ports.NAMESERVER_METRICS_PORT,
+              show_default=True, help="The nameserver's /metrics, /healthz and /readyz (0 picks a free one).")
+@click.option("--broker-metrics-port", type=click.IntRange(0, 65535), default=ports.BROKER_METRICS_PORT,
+              show_default=True, help="The broker's /metrics, /healthz and /readyz (0 picks a free one).")
+@click.option("--console-port", type=click.IntRange(0, 65535), default=ports.CONSOLE_PORT, show_default=True,
+              help="The web console (0 picks a free one).")
+@click.option("--console/--no-console", "with_console", default=True, show_default=True,
+              help="Serve the web console.")
+@click.option("--console-admin", is_flag=True,
+              help="Allow the console's admin actions (create topics, reset offsets); read-only otherwise.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="The servers' log lines (in the data dir's logs/) as text, or one JSON object per line.")
 @click.option("--commitlog-file-size", type=click.IntRange(4096), default=None,
               help="Bytes per commitlog file for a new store (default 1 GiB, preallocated); a store keeps its size.")
 @click.option("--secure", is_flag=True,
               help="TLS with a development CA, authentication and ACLs, an 'admin' super user (files in the data dir;"
                    " prints how to point clients at it).")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
-               log_level: str, commitlog_file_size: int | None, secure: bool) -> None:
-    """Run embedded etcd + a nameserver + a broker in the foreground (Ctrl-C stops all)."""
+               nameserver_metrics_port: int, broker_metrics_port: int, console_port: int, with_console: bool,
+               console_admin: bool, log_level: str, log_format: str, commitlog_file_size: int | None,
+               secure: bool) -> None:
+    """Run embedded etcd + a nameserver + a broker + the web console in the foreground (Ctrl-C
+    stops all). Both servers serve Prometheus /metrics, /healthz and /readyz."""
     from gms.cli.standalone import run_standalone
 
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
-                          log_level=log_level, commitlog_file_size_bytes=commitlog_file_size,
+                          nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
+                          console_port=console_port if with_console else None, console_admin=console_admin,
+                          log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
                           secure=secure, echo=click.echo)
     sys.exit(code)
 

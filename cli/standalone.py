@@ -1,7 +1,8 @@
-"""``gms standalone``: embedded etcd + one nameserver + one broker in the foreground.
+"""``gms standalone``: embedded etcd + one nameserver + one broker (+ the web console) in the
+foreground.
 
 The supervisor owns the order: etcd first, then the nameserver (``--etcd`` pointing at it),
-then the broker (``--nameserver``); stopping goes the other way, so the broker deregisters
+then the broker (``--nameserver``), then the console; stopping goes the other way, so the broker deregisters
 while etcd is still up. Children run in their own process groups (a Ctrl-C in the terminal
 reaches only this supervisor, which stops them in order) and get SIGKILL from the kernel if
 the supervisor itself dies (PR_SET_PDEATHSIG), so nothing outlives it.
@@ -21,13 +22,12 @@ from types import FrameType
 
 from gms.broker.store_layout import read_layout
 from gms.broker.store_paths import StorePaths
+from gms.cli import standalone_ports as ports
 from gms.cli.standalone_security import prepare_secure
 from gms.cluster.errors import ClusterError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
 
 DEFAULT_DATA_DIR = Path("gms-data")
-DEFAULT_NAMESERVER_PORT = 9876
-DEFAULT_BROKER_PORT = 10911
 CHILD_START_TIMEOUT_S = 30.0
 CHILD_STOP_TIMEOUT_S = 15.0  # the broker flushes and checkpoints; well within this
 SUPERVISE_POLL_S = 0.2  # how soon an unexpected child exit is noticed
@@ -42,12 +42,17 @@ class _Child:
     """One server child process (``python -m gms.<module>``) that reports its port in a file."""
 
     def __init__(self, name: str, module: str, args: list[str], run_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
-        """``env``: variables added to this process's for the child (secrets: never in argv)."""
+                 env: dict[str, str] | None = None, metrics_listen: str = "") -> None:
+        """``env``: variables added to this process's for the child (secrets: never in argv).
+        ``metrics_listen``: where the child serves /metrics (its port: :meth:`wait_metrics_port`)."""
         self.name = name
         self.log_path = run_dir / f"{name}.log"
         self.port_file = run_dir / f"{name}.port"
         self.port_file.unlink(missing_ok=True)
+        self.metrics_port_file = run_dir / f"{name}.metrics-port"
+        self.metrics_port_file.unlink(missing_ok=True)
+        if metrics_listen:
+            args = [*args, "--metrics-listen", metrics_listen, "--metrics-port-file", str(self.metrics_port_file)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)],
@@ -61,8 +66,14 @@ class _Child:
             )
 
     def wait_port(self, timeout_s: float) -> int:
+        return self._wait_port_file(self.port_file, timeout_s)
+
+    def wait_metrics_port(self, timeout_s: float) -> int:
+        return self._wait_port_file(self.metrics_port_file, timeout_s)
+
+    def _wait_port_file(self, port_file: Path, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
-        while not self.port_file.exists():
+        while not port_file.exists():
             if self.proc.poll() is not None:
                 raise StandaloneError(
                     f"{self.name} exited with code {self.proc.returncode} during start-up;"
@@ -74,7 +85,7 @@ class _Child:
                     f"{self.log_tail()}"
                 )
             time.sleep(0.05)
-        return int(self.port_file.read_text())
+        return int(port_file.read_text())
 
     def log_tail(self) -> str:
         try:
@@ -99,20 +110,27 @@ class _Child:
 
 def run_standalone(
     data_dir: str | Path = DEFAULT_DATA_DIR,
-    nameserver_port: int = DEFAULT_NAMESERVER_PORT,
-    broker_port: int = DEFAULT_BROKER_PORT,
+    nameserver_port: int = ports.NAMESERVER_PORT,
+    broker_port: int = ports.BROKER_PORT,
     *,
     host: str = "127.0.0.1",
     etcd_port: int = 0,
+    nameserver_metrics_port: int = ports.NAMESERVER_METRICS_PORT,
+    broker_metrics_port: int = ports.BROKER_METRICS_PORT,
+    console_port: int | None = ports.CONSOLE_PORT,
+    console_admin: bool = False,
     log_level: str = "info",
+    log_format: str = "text",
     commitlog_file_size_bytes: int | None = None,
     secure: bool = False,
     echo: Callable[[str], None] = print,
 ) -> int:
-    """Run the three parts until SIGINT/SIGTERM (a second one kills at once); return the exit
+    """Run the parts until SIGINT/SIGTERM (a second one kills at once); return the exit
     code: 0 after a clean stop, 1 if a part failed to start or died. Call from the main thread
     (it installs signal handlers and the children's death signal follows the calling thread).
-    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. ``secure``: TLS with a
+    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. Both servers serve
+    /metrics, /healthz and /readyz on their metrics ports; the web console runs unless
+    ``console_port`` is None (read-only unless ``console_admin``). ``secure``: TLS with a
     development CA, authentication and ACLs, an ``admin`` super user (see :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
     run_dir = data_dir / "logs"
@@ -138,13 +156,15 @@ def run_standalone(
         if secured is not None:
             secured.create_users(etcd)
         security_args, nameserver_env, broker_env = secured.server_args() if secured else ([], {}, {})
+        log_args = ["--log-level", log_level, "--log-format", log_format]
         nameserver = _Child(
             "nameserver",
             "gms.nameserver",
             ["--listen", f"{host}:{nameserver_port}", "--etcd", etcd.endpoint,
-             "--data-dir", str(data_dir / "nameserver"), "--log-level", log_level, *security_args],
+             "--data-dir", str(data_dir / "nameserver"), *log_args, *security_args],
             run_dir,
             nameserver_env,
+            metrics_listen=f"{host}:{nameserver_metrics_port}",
         )
         children.append(nameserver)
         nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
@@ -152,26 +172,38 @@ def run_standalone(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, "--log-level", log_level, *store_args, *security_args],
+             "--nameserver", nameserver_address, *log_args, *store_args, *security_args],
             run_dir,
             broker_env,
+            metrics_listen=f"{host}:{broker_metrics_port}",
         )
         children.append(broker)
         broker_address = f"{host}:{broker.wait_port(CHILD_START_TIMEOUT_S)}"
-        echo(
-            "gms standalone is running (Ctrl-C stops it)\n"
-            f"  nameserver  {nameserver_address}\n"
-            f"  broker      {broker_address}\n"
-            f"  etcd        {etcd.endpoint}\n"
-            f"  data        {data_dir}  (logs in {run_dir})"
-            + (f"\n{secured.describe()}" if secured else "")
-        )
+        monitoring = (f"http://{host}:{nameserver.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics (nameserver),"
+                      f" http://{host}:{broker.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics (broker)")
+        lines = [f"  nameserver  {nameserver_address}", f"  broker      {broker_address}",
+                 f"  metrics     {monitoring}; /healthz and /readyz beside them"]
+        if console_port is not None:
+            console = _Child(
+                "console",
+                "gms.console",
+                ["--nameserver", nameserver_address, "--listen", f"{host}:{console_port}",
+                 *(["--admin"] if console_admin else [])],
+                run_dir,
+                secured.client_env() if secured else None,
+            )
+            children.append(console)
+            lines.append(f"  console     http://{host}:{console.wait_port(CHILD_START_TIMEOUT_S)}/"
+                         + ("" if console_admin else "  (read-only; --console-admin for admin actions)"))
+        lines += [f"  etcd        {etcd.endpoint}", f"  data        {data_dir}  (logs in {run_dir})"]
+        echo("gms standalone is running (Ctrl-C stops it)\n" + "\n".join(lines)
+             + (f"\n{secured.describe()}" if secured else ""))
         code = _supervise(children, stop, echo)
     except (StandaloneError, ClusterError) as err:
         echo(f"gms standalone: {err}")
         code = 1
     finally:
-        for child in reversed(children):  # broker first: it deregisters while etcd is up
+        for child in reversed(children):  # console, then broker: it deregisters while etcd is up
             if child.stop() != 0:
                 code = 1
         etcd.stop()

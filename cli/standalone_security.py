@@ -68,6 +68,10 @@ class SecuredStandalone:
                       "GMS_BROKER_ETCD_PASSWORD": etcd_password}
         return args, nameserver_env, broker_env
 
+    def client_env(self) -> dict[str, str]:
+        """What a client child (the console) needs to reach the secured cluster as the admin."""
+        return {"GMS_TLS_CA": str(self.pki.ca_cert), "GMS_USER": ADMIN_USER, "GMS_PASSWORD": self.passwords["admin"]}
+
     def describe(self) -> str:
         return ("  security    TLS (development CA), authentication, ACLs, etcd with TLS and authentication;"
                 f" super user {ADMIN_USER!r}\n"

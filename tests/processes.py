@@ -108,6 +108,10 @@ class NameserverProcess(BrokerProcess):
 # --- waiting and process-tree inspection (from /proc; no psutil) ----------------------------
 
 
+# `gms standalone` flags that put its metrics endpoints and console on free ports too.
+FREE_MONITORING_PORTS = ("--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0")
+
+
 def free_port() -> int:
     """A loopback port nobody listens on now (for servers that cannot report a port they picked)."""
     with socket.socket() as sock:

@@ -4,13 +4,15 @@ then stopped with SIGINT leaving no child process behind (checked in /proc)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from processes import alive, descendants
+from processes import FREE_MONITORING_PORTS, alive, descendants, wait_until
+from scrape import get, scrape
 
 START_TIMEOUT_S = 40
 REGISTER_TIMEOUT_S = 15
@@ -26,7 +28,7 @@ def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:
         if not line or time.monotonic() > deadline:
             pytest.fail("gms standalone did not print its addresses")
         name, _, address = line.strip().partition(" ")
-        if name in ("nameserver", "broker", "etcd"):
+        if name in ("nameserver", "broker", "etcd", "metrics", "console"):
             addresses[name] = address.strip()
     return addresses
 
@@ -49,16 +51,26 @@ def wait_broker_registered(nameserver: str) -> bool:
 def test_standalone_serves_produce_and_tail_then_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path / "data"),
-         "--nameserver-port", "0", "--broker-port", "0", "--commitlog-file-size", str(32 << 20)],
+         "--nameserver-port", "0", "--broker-port", "0", *FREE_MONITORING_PORTS,
+         "--commitlog-file-size", str(32 << 20)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     registered = False
     try:
-        nameserver = read_addresses(proc)["nameserver"]
+        addresses = read_addresses(proc)
+        nameserver = addresses["nameserver"]
         tree = descendants(proc.pid)
-        assert len(tree) >= 3, "etcd, nameserver and broker run as children"
+        assert len(tree) >= 4, "etcd, nameserver, broker and console run as children"
         registered = wait_broker_registered(nameserver)
         if registered:
+            nameserver_metrics, broker_metrics = (int(p) for p in re.findall(r":(\d+)/metrics", addresses["metrics"]))
+            assert get(nameserver_metrics, "/readyz") == (200, "ready\n")
+            assert wait_until(lambda: get(broker_metrics, "/readyz") == (200, "ready\n"), 10)
+            assert scrape(nameserver_metrics)["gms_nameserver_brokers", ()] == 1
+            assert scrape(broker_metrics)["gms_broker_up_seconds", ()] > 0
+            console = int(re.search(r":(\d+)/", addresses["console"]).group(1))
+            status, page = get(console, "/")
+            assert status == 200 and "<html" in page.lower()
             assert gms(nameserver, "topic", "create", "hello", "--queues", "2").returncode == 0
             sent = gms(nameserver, "produce", "hello", "--tag", "greeting", input=b"hi there\nsecond\n")
             assert sent.returncode == 0, sent.stderr

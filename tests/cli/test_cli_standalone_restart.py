@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+from processes import FREE_MONITORING_PORTS
 from test_cli_standalone import read_addresses, wait_broker_registered
 
 SIZE_BYTES = 8 << 20  # not the 1 GiB default
@@ -16,7 +17,7 @@ SIZE_BYTES = 8 << 20  # not the 1 GiB default
 def standalone(data_dir, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(data_dir),
-         "--nameserver-port", "0", "--broker-port", "0", *args],
+         "--nameserver-port", "0", "--broker-port", "0", *FREE_MONITORING_PORTS, *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
