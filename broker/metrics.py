@@ -16,12 +16,13 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gms.broker.ha.partition import Role
 from gms.broker.store import AppendResult
+from gms.monitoring.loop import LoopHistograms, counter_family
 from gms.monitoring.requests import LATENCY_BUCKETS_S, RequestMetrics
 from gms.record.layout import OFF_STORE_TS
 from gms.store_errors import StoreError
@@ -33,24 +34,22 @@ log = logging.getLogger(__name__)
 
 
 class BrokerMetrics:
+    """What the data path counts, on the event loop (:mod:`gms.monitoring.loop`: no lock, no
+    label lookup per request), and the collector that reads the rest at scrape time."""
+
     def __init__(self, broker: BrokerServer, *, per_queue: bool = False) -> None:
         """``per_queue``: label the in/out counters with the queue too (more series)."""
         self.registry = CollectorRegistry()
         self.requests = RequestMetrics(self.registry, "gms_broker")
-        labels = ["topic", "queue"] if per_queue else ["topic"]
-        self._per_queue = per_queue
-        self._messages_in = Counter("gms_broker_messages_in", "Messages stored by sends", labels,
-                                    registry=self.registry)
-        self._bytes_in = Counter("gms_broker_bytes_in", "Record bytes stored by sends", labels, registry=self.registry)
-        self._messages_out = Counter("gms_broker_messages_out", "Messages served to consumers (pulls and pops)",
-                                     labels, registry=self.registry)
-        self._bytes_out = Counter("gms_broker_bytes_out", "Record bytes served to consumers", labels,
-                                  registry=self.registry)
-        self._send_ack = Histogram("gms_broker_send_ack_seconds", "From a send's dispatch to its acknowledgement"
-                                   " (stored; flushed in sync mode; replicated with acks=-1)", ["acks"],
-                                   buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self._acked = {acks: self._send_ack.labels(str(acks)) for acks in (0, 1, -1)}
-        self._children: dict[tuple[Counter, str, int | None], Counter] = {}
+        self.per_queue = per_queue
+        # (topic, queue or "" / "pop") -> [messages, bytes], stored by sends and served to consumers
+        self.stored_totals: dict[tuple[str, str], list[int]] = {}
+        self.served_totals: dict[tuple[str, str], list[int]] = {}
+        self.send_ack = LoopHistograms("gms_broker_send_ack_seconds", "From a send's dispatch to its"
+                                       " acknowledgement (stored; flushed in sync mode; replicated with acks=-1)",
+                                       ["acks"], LATENCY_BUCKETS_S)
+        self._acked = {acks: self.send_ack.child(str(acks)) for acks in (0, 1, -1)}
+        self.hw_latency: LoopHistograms | None = None  # cluster mode: the replica manager's
         self.waiting_bytes = 0  # bytes of sends stored and waiting for their flush or replicas
         # (group, topic) -> tag hashes it last pulled or popped with (None: every tag)
         self.subscriptions: dict[tuple[str, str], frozenset[int] | None] = {}
@@ -58,36 +57,28 @@ class BrokerMetrics:
             self.registry.register(collector)
         self.registry.register(_BrokerCollector(broker, self))
 
-    def _child(self, counter: Counter, topic: str, queue_id: int | None) -> Counter:
-        """``queue_id`` None: a pop's answer, which may mix queues (label ``queue="pop"``)."""
-        key = (counter, topic, queue_id if self._per_queue else -1)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = (
-                counter.labels(topic, "pop" if queue_id is None else str(queue_id)) if self._per_queue
-                else counter.labels(topic))
-        return child
+    def _add(self, totals: dict[tuple[str, str], list[int]], topic: str, queue: str, count: int, size: int) -> None:
+        key = (topic, queue if self.per_queue else "")
+        pair = totals.get(key)
+        if pair is None:
+            pair = totals[key] = [0, 0]
+        pair[0] += count
+        pair[1] += size
 
     def stored(self, result: AppendResult) -> None:
         """A send's batch was stored."""
         for (topic, queue_id), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
                                                   strict=True):
-            self._child(self._messages_in, topic, queue_id).inc(count)
-            self._child(self._bytes_in, topic, queue_id).inc(size)
+            self._add(self.stored_totals, topic, str(queue_id), count, size)
 
     def served(self, topic: str, queue_id: int | None, count: int, size: int) -> None:
-        """A pull (of ``queue_id``) or a pop (None) answered ``count`` records (``size`` bytes)."""
+        """A pull (of ``queue_id``) or a pop (None: it may mix queues) answered ``count`` records."""
         if count:
-            self._child(self._messages_out, topic, queue_id).inc(count)
-            self._child(self._bytes_out, topic, queue_id).inc(size)
+            self._add(self.served_totals, topic, "pop" if queue_id is None else str(queue_id), count, size)
 
     def acked(self, acks: int, seconds: float) -> None:
         """A send was acknowledged ``seconds`` after its dispatch."""
         self._acked[acks].observe(seconds)
-
-    def register_replication(self, hw_latency: Histogram) -> None:
-        """Cluster mode: the replica manager's high-watermark timing."""
-        self.registry.register(hw_latency)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -102,6 +93,7 @@ class _BrokerCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._traffic()
         broker = self.broker
         store = broker.store
         stats = store.stats()
@@ -131,6 +123,25 @@ class _BrokerCollector(Collector):
         yield from self._replication()
         yield from self._group_lag()
 
+    def _traffic(self) -> Iterator[Metric]:
+        metrics = self.metrics
+        labels = ["topic", "queue"] if metrics.per_queue else ["topic"]
+
+        def series(totals: dict[tuple[str, str], list[int]], which: int) -> list[tuple[tuple[str, ...], float]]:
+            return [((topic, queue) if metrics.per_queue else (topic,), pair[which])
+                    for (topic, queue), pair in list(totals.items())]
+        yield counter_family("gms_broker_messages_in", "Messages stored by sends", labels,
+                             series(metrics.stored_totals, 0))
+        yield counter_family("gms_broker_bytes_in", "Record bytes stored by sends", labels,
+                             series(metrics.stored_totals, 1))
+        yield counter_family("gms_broker_messages_out", "Messages served to consumers (pulls and pops)", labels,
+                             series(metrics.served_totals, 0))
+        yield counter_family("gms_broker_bytes_out", "Record bytes served to consumers", labels,
+                             series(metrics.served_totals, 1))
+        yield metrics.send_ack.family()
+        if metrics.hw_latency is not None:
+            yield metrics.hw_latency.family()
+
     def _groups(self) -> Iterator[Metric]:
         coordinator = self.broker.groups
         members = GaugeMetricFamily("gms_broker_group_members", "Members of each consumer group this broker"
@@ -158,6 +169,9 @@ class _BrokerCollector(Collector):
                                 labels=["topic", "queue"])
         lag = GaugeMetricFamily("gms_broker_follower_lag_messages", "Messages a follower lacks, per queue led here",
                                 labels=["topic", "queue", "follower"])
+        behind_s = GaugeMetricFamily("gms_broker_follower_lag_seconds", "Since a follower last had everything the"
+                                     " leader had, per queue led here", labels=["topic", "queue", "follower"])
+        now_s = time.monotonic()
         under = 0
         for key, partition in list(replicas.partitions.items()):
             if partition.role is not Role.LEADER:
@@ -169,8 +183,10 @@ class _BrokerCollector(Collector):
             for follower, progress in partition.followers.items():
                 if progress.known:  # not before its first fetch of this term (or since it left the ISR)
                     lag.add_metric([*labels, follower], max(0, end - progress.leo))
+                    behind_s.add_metric([*labels, follower], max(0.0, now_s - progress.last_caught_up_s))
         yield isr
         yield lag
+        yield behind_s
         yield _gauge("gms_broker_under_replicated_queues", "Queues led here with fewer in-sync replicas than"
                      " replicas", under)
 

@@ -273,7 +273,7 @@ class BrokerServer:
         )
         self.replicas.start()
         if self.metrics is not None:
-            self.metrics.register_replication(self.replicas.hw_latency)
+            self.metrics.hw_latency = self.replicas.hw_latency
         if self._messages is not None:
             self._messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)

@@ -81,15 +81,15 @@ class ConsoleData:
         """One topic's settings and queues: leader, replicas, leader epoch, ISR state, min and max
         offsets and message counts. TopicNotFoundError if there is no such topic.
 
-        Routes do not carry the ISR; the nameserver's cluster status names the queues whose ISR
-        is below the topic's minimum (with that ISR) and those without a live leader, so each
-        queue's ``isr_state`` is ``ok`` (at least the minimum in sync), ``under_min`` or
-        ``no_leader``, and ``isr`` is known for ``under_min`` queues."""
+        ``isr`` is the route's (the registered in-sync replicas); the nameserver's cluster status
+        names the queues whose ISR is below the topic's minimum and those without a live leader,
+        so each queue's ``isr_state`` is ``ok`` (at least the minimum in sync), ``under_min`` or
+        ``no_leader``."""
         route = self._admin.route(topic, settings=True)
         led = any(q["leader"] for q in route["queues"])
         stats = {s["queue_id"]: s for s in self._admin.topic_stats(topic)} if led else {}
         health = self._admin.cluster_status()["queues"]
-        under_min = {q["queue_id"]: q["isr"] for q in health["under_min_isr"] if q["topic"] == topic}
+        under_min = {q["queue_id"] for q in health["under_min_isr"] if q["topic"] == topic}
         leaderless = {q["queue_id"] for q in health["without_leader"] if q["topic"] == topic}
         queues = []
         for q in route["queues"]:
@@ -99,7 +99,7 @@ class ConsoleData:
                      else "under_min" if q["queue_id"] in under_min else "ok")
             queues.append({**q, "min_offset": low, "max_offset": high,
                            "messages": None if high is None else high - low,
-                           "isr_state": state, "isr": under_min.get(q["queue_id"])})
+                           "isr_state": state})
         counted = [q for q in queues if q["messages"] is not None]
         return {"topic": topic, "replication_factor": route["replication_factor"], "settings": route["settings"],
                 "queues": queues, "messages": sum(q["messages"] for q in counted),

@@ -73,6 +73,7 @@ def route_fields(route: TopicRoute) -> dict[str, Any]:
                 "leader": q.leader_address,
                 "replicas": list(q.replica_addresses),
                 "leader_epoch": q.leader_epoch,
+                "isr": list(q.isr_addresses),
             }
             for q in route.queues
         ],

@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client import Histogram
-
 from gms.broker.ha.epochs import EpochHistory
 from gms.broker.ha.fetcher import FetcherPool
 from gms.broker.ha.partition import FollowerProgress, Partition, QueueKey, Role
@@ -30,6 +28,7 @@ from gms.errors import (
     NotLeaderError,
     RequestTimeoutError,
 )
+from gms.monitoring.loop import LoopHistograms
 from gms.security.client import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -77,9 +76,10 @@ class ReplicaManager:
         self._chore: asyncio.Task[None] | None = None
         self._data_waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
         self.fetchers = FetcherPool(self)
-        self.hw_latency = Histogram(  # registered by the broker's metrics
+        self.hw_latency = LoopHistograms(  # served by the broker's metrics
             "gms_broker_hw_advance_seconds", "From a leader's append to the high watermark covering it"
-            " (replicated queues)", buckets=HW_BUCKETS_S, registry=None)
+            " (replicated queues)", [], HW_BUCKETS_S)
+        self._hw_waits = self.hw_latency.child()
 
     @property
     def lag_max_s(self) -> float:
@@ -262,7 +262,7 @@ class ReplicaManager:
             self._hw_dirty = True
             self._notify_readers((p.key,))
             for waited in p.replicated_waits(time.monotonic()):
-                self.hw_latency.observe(waited)
+                self._hw_waits.observe(waited)
 
     def after_fetch(self, p: Partition, leo: int) -> None:
         """A follower fetched: maybe move the HW, maybe take a caught-up replica back in."""

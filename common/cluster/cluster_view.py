@@ -39,6 +39,7 @@ class QueueRoute:
     leader_address: str | None  # None while the leader broker is not registered
     replica_addresses: tuple[str, ...]  # registered replicas only, preferred leader first
     leader_epoch: int
+    isr_addresses: tuple[str, ...] = ()  # registered in-sync replicas, leader included
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,8 @@ def compute_route(topic: TopicMetadata, brokers: dict[str, BrokerInfo]) -> Topic
     queues = []
     for q in topic.queues:
         replicas = tuple(a for a in map(address, q.replicas) if a is not None)
-        queues.append(QueueRoute(q.queue_id, address(q.leader), replicas, q.leader_epoch))
+        isr = tuple(a for a in map(address, q.isr) if a is not None)
+        queues.append(QueueRoute(q.queue_id, address(q.leader), replicas, q.leader_epoch, isr))
     return TopicRoute(topic.name, tuple(queues))
 
 

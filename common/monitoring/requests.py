@@ -4,8 +4,13 @@ request, whatever it carries: a batch of a thousand messages costs what a ping c
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from gms.monitoring.loop import LoopHistogram, LoopHistograms
 from gms.protocol.codes import RequestCode, Status
 
 # From tens of microseconds (a ping on loopback) to the long polls' seconds.
@@ -20,15 +25,21 @@ def _name(enum: type[RequestCode] | type[Status], value: int) -> str:
         return str(value)
 
 
-class RequestMetrics:
+class RequestMetrics(Collector):
+    """Observed on the server's event loop (:class:`gms.monitoring.loop.LoopHistograms`)."""
+
     def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
         """``prefix``: ``gms_broker`` or ``gms_nameserver``."""
-        self._latency = Histogram(f"{prefix}_request_seconds", "Time from a request's dispatch to its answer",
-                                  ["code", "status"], buckets=LATENCY_BUCKETS_S, registry=registry)
-        self._children: dict[tuple[int, int], Histogram] = {}
+        self._latency = LoopHistograms(f"{prefix}_request_seconds", "Time from a request's dispatch to its answer",
+                                       ["code", "status"], LATENCY_BUCKETS_S)
+        self._children: dict[tuple[int, int], LoopHistogram] = {}
+        registry.register(self)
 
     def observe(self, code: int, status: int, seconds: float) -> None:
         child = self._children.get((code, status))
         if child is None:
-            child = self._children[code, status] = self._latency.labels(_name(RequestCode, code), _name(Status, status))
+            child = self._children[code, status] = self._latency.child(_name(RequestCode, code), _name(Status, status))
         child.observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._latency.family()

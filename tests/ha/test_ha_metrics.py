@@ -38,6 +38,8 @@ def test_isr_follower_lag_and_hw_latency(tmp_path):
         assert metrics["gms_broker_hw_advance_seconds_count", ()] >= 5
         followers = [b for b in ports if b != leader_id]
         assert all(metrics["gms_broker_follower_lag_messages", (("follower", f), *queue)] == 0 for f in followers)
+        assert all(metrics["gms_broker_follower_lag_seconds", (("follower", f), *queue)] < LAG_MAX_MS / 1000
+                   for f in followers)
         cluster.broker_by_id(followers[0]).kill()
         request(leader.address, RequestCode.SEND, {"acks": 1}, batch)
 

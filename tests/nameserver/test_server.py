@@ -58,6 +58,7 @@ def test_create_spreads_queues_and_route_is_served_at_once(ns, brokers, client, 
     for q in route["queues"]:
         assert len(q["replicas"]) == 2 and q["replicas"][0] == q["leader"]
         assert q["leader_epoch"] == 0
+        assert q["isr"] == q["replicas"]  # a new topic's ISR is every replica
     assert ns.call(C.TOPIC_LIST) == {"topics": {"orders": 6}}
     assert topic_keys(client, prefix) == [f"{prefix}topics/orders".encode()]
 

@@ -94,11 +94,12 @@ export function topicPage(main, { params: [name] }) {
   };
 }
 
-// Routes carry no ISR: the cluster status names the queues below their minimum (with their ISR).
+// The ISR from the route (registered in-sync replicas), flagged when below the topic's minimum.
 function isrText(queue, minIsr) {
   if (queue.isr_state === "no_leader") return el("span", { class: "badge bad" }, "no live leader");
-  if (queue.isr_state === "under_min") {
-    return [el("span", { class: "badge bad" }, `below min ${minIsr}`), ` ${queue.isr.join(", ")}`];
-  }
+  const members = ` ${queue.isr.join(", ")}`;
+  if (queue.isr_state === "under_min") return [el("span", { class: "badge bad" }, `below min ${minIsr}`), members];
+  return [el("span", { class: "badge ok" }, `${queue.isr.length} of ${queue.replicas.length} in sync`), members];
+}
   return el("span", { class: "badge ok" }, `in sync (≥ ${minIsr} of ${queue.replicas.length})`);
 }
