@@ -101,5 +101,3 @@ function isrText(queue, minIsr) {
   if (queue.isr_state === "under_min") return [el("span", { class: "badge bad" }, `below min ${minIsr}`), members];
   return [el("span", { class: "badge ok" }, `${queue.isr.length} of ${queue.replicas.length} in sync`), members];
 }
-  return el("span", { class: "badge ok" }, `in sync (≥ ${minIsr} of ${queue.replicas.length})`);
-}
