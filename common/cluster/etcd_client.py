@@ -74,7 +74,7 @@ _PERMISSION_DENIED = "permission denied"
 _TLS_REFUSED_MARKS = ("certificate", "peer name", "ssl_error_ssl", "tsi_protocol_failure")
 # A connection closed while being set up: what a plaintext client meets at a TLS port and a
 # TLS client at a plaintext one, but also what an etcd that stops at that moment does.
-_SOCKET_CLOSED = "socket closed"
+_SOCKET_CLOSED = ("socket closed", "connection reset by peer")  # gRPC words it either way
 _READWRITE = etcdrpc.Permission.READWRITE
 
 P = ParamSpec("P")
@@ -543,7 +543,7 @@ class EtcdClient:
 
     def _closed_hint(self, details: str) -> str:
         """Why etcd may have closed a connection being set up (``details`` lower case)."""
-        if _SOCKET_CLOSED not in details:
+        if not any(words in details for words in _SOCKET_CLOSED):
             return ""
         if self.auth.tls and "handshake" in details:
             return (
