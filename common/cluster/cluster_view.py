@@ -39,7 +39,7 @@ class QueueRoute:
     leader_address: str | None  # None while the leader broker is not registered
     replica_addresses: tuple[str, ...]  # registered replicas only, preferred leader first
     leader_epoch: int
-    isr_addresses: tuple[str, ...] = ()  # registered in-sync replicas, leader included
+    isr_addresses: tuple[str, ...]  # registered in-sync replicas, leader included
 
 
 @dataclass(frozen=True, slots=True)

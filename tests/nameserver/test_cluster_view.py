@@ -51,16 +51,19 @@ def test_view_follows_changes_promptly_and_routes_from_cache(
             metadata.create_topic("orders", queue_count=3, replicas=2)
             wait_until(lambda: recorder.saw(ChangeKind.TOPIC_UPDATED, "orders"), PROMPT_S)
             assert view.route("orders").queues == (
-                QueueRoute(0, "127.0.0.1:20000", ("127.0.0.1:20000", "127.0.0.1:20001"), 0),
-                QueueRoute(1, "127.0.0.1:20001", ("127.0.0.1:20001", "127.0.0.1:20000"), 0),
-                QueueRoute(2, "127.0.0.1:20000", ("127.0.0.1:20000", "127.0.0.1:20001"), 0),
+                QueueRoute(0, "127.0.0.1:20000", ("127.0.0.1:20000", "127.0.0.1:20001"), 0,
+                           ("127.0.0.1:20000", "127.0.0.1:20001")),
+                QueueRoute(1, "127.0.0.1:20001", ("127.0.0.1:20001", "127.0.0.1:20000"), 0,
+                           ("127.0.0.1:20001", "127.0.0.1:20000")),
+                QueueRoute(2, "127.0.0.1:20000", ("127.0.0.1:20000", "127.0.0.1:20001"), 0,
+                           ("127.0.0.1:20000", "127.0.0.1:20001")),
             )
             # A broker dying without deregistering drops out of every route within its TTL.
             regs[1].close(deregister=False)
             gone_s = wait_until(lambda: recorder.saw(ChangeKind.BROKER_DOWN, "b1"), SHORT_TTL_S + 1.5)
             assert gone_s <= SHORT_TTL_S + 1.0
             assert [b.broker_id for b in view.brokers()] == ["b0"]
-            assert view.route("orders").queues[1] == QueueRoute(1, None, ("127.0.0.1:20000",), 0)
+            assert view.route("orders").queues[1] == QueueRoute(1, None, ("127.0.0.1:20000",), 0, ("127.0.0.1:20000",))
             metadata.delete_topic("orders")
             wait_until(lambda: recorder.saw(ChangeKind.TOPIC_DELETED, "orders"), PROMPT_S)
             with pytest.raises(TopicNotFoundError):
