@@ -5,6 +5,7 @@ Layout under ``root_dir``::
 
     commitlog/<20-digit start offset>               shared mapped files, all topics
     consumequeue/<topic>/<queue id>/<20-digit byte offset>   20-byte index entries
+    index/<20-digit commitlog offset>                key index files (gms.broker.keyindex)
     config/topics.json                               topic -> queue count, retention, message size
     config/min_offsets.json                          queue minimums moved by per-topic retention
     checkpoint, abort                                recovery bookkeeping
@@ -44,6 +45,7 @@ from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
+from gms.broker.keyindex import TIME_MAX_MS, KeyIndex
 from gms.broker.mapped_file import MappedFile
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
@@ -88,6 +90,8 @@ BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads
 GET_BYTES_MAX_DEFAULT = 4 << 20
 _STORE_TS = _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")  # a record's total_size
+_U16 = struct.Struct(">H")  # a record's keys_len
+OFF_KEYS_LEN = OFFSETS["keys_len"]
 REPLICA_CHECK_TTL_S = 1.0  # records checked for one follower's fetch are not checked again for others this long
 LOST_ENTRY_SIZE = 1  # a consumeQueue entry for a record recovery could not find: answered as damaged
 _STORED_HEAD = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("crc32", ">u4"), ("queue_id", ">i4"),
@@ -242,6 +246,8 @@ class MessageStore:
         commitlog = self._commitlog = CommitLog(
             paths.commitlog, self.config.commitlog_file_size_bytes, self._warmer)
         had_data = commitlog.had_data
+        self._keys = KeyIndex.open(paths.key_index, slot_count=self.config.key_index_slots,
+                                   entries_per_file=self.config.key_index_entries_per_file)
         self._load_queues()
         checkpoint = read_checkpoint(paths.checkpoint)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
@@ -303,6 +309,7 @@ class MessageStore:
             commitlog.close()
             for cq in self._queues.values():
                 cq.close()
+            self._keys.close()
             self._closed = True
 
     def __enter__(self) -> MessageStore:
@@ -346,6 +353,7 @@ class MessageStore:
         lost), rebuild every index from the oldest commitlog file."""
         for cq in self._queues.values():
             cq.truncate_to_phys(start)
+        self._keys.truncate(start)
         try:
             recovered = recover(self._cl(), start, self._dispatch_recovered)
         except _IndexGap as gap:
@@ -353,6 +361,7 @@ class MessageStore:
             for cq in self._queues.values():
                 cq.reset(0)
             start = self._cl().min_offset
+            self._keys.truncate(start)
             self._rebuilding_all = True
             try:
                 recovered = recover(self._cl(), start, self._dispatch_recovered)
@@ -508,6 +517,7 @@ class MessageStore:
             try:
                 commitlog.write(buf, placement, envelope)
                 self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes)
+                self._keys.add(np.frombuffer(buf, np.uint8), parsed, placement.phys, envelope["store_ts_ms"])
             except BaseException:  # nothing was published: leave no trace for the next append or recovery
                 commitlog.rollback(placement.end_offset)
                 for cq, idx, _ in groups:
@@ -563,6 +573,9 @@ class MessageStore:
             try:
                 commitlog.write_one(buf, phys, queue_id, queue_offset, store_ts_ms)
                 cq.write_one(queue_offset, phys, size, record.tag_hash)
+                if _U16.unpack_from(buf, OFF_KEYS_LEN)[0]:  # numpy's fixed costs only for a record with keys
+                    self._keys.add(np.frombuffer(buf, np.uint8), parse_records(np.frombuffer(buf, np.uint8), [0]),
+                                   np.array([phys], np.int64), np.array([store_ts_ms], np.int64))
                 cq.publish(queue_offset + 1)
             except BaseException:  # as in _append: leave no trace
                 commitlog.rollback(phys + size)
@@ -753,6 +766,9 @@ class MessageStore:
                 self._index_reconciled(cq, key, offs, phys[idx], sizes[idx], tag_hashes[idx])
         if consistent:
             self._dispatch(consistent, queue_offsets, phys, sizes, tag_hashes)
+        f = self._cl().file_for(int(phys[0]))  # recovery hands over the records of one file at a time
+        self._keys.add(f.array, ParsedRecords(phys - f.base_offset, parsed.headers, parsed.topics, parsed.topic_index),
+                       phys, parsed.headers["store_ts_ms"])
         self._last_store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
 
     def _index_reconciled(self, cq: ConsumeQueue, key: tuple[str, int], carried: np.ndarray, phys: np.ndarray,
@@ -829,6 +845,7 @@ class MessageStore:
                 queues = list(self._queues.values())
             for cq in queues:
                 cq.flush()
+            self._keys.flush()
         write_checkpoint(self.paths.checkpoint, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
         self._checkpointed_offset = end
@@ -960,9 +977,8 @@ class MessageStore:
             f = self._cl().file_for(phys)
             parsed = parse_records(f.array, [phys - f.base_offset])
             topic, header = parsed.topics[0], parsed.headers[0]
-            cq = self._queue(topic, int(header["queue_id"]))
             offset = int(header["queue_offset"])
-            if cq.min_offset <= offset < cq.max_offset and int(cq.read(offset, 1)["phys"][0]) == phys:
+            if self._indexes(int(header["queue_id"]), offset, topic, phys):
                 self._note_damaged(topic, int(header["queue_id"]), np.array([offset]), np.array([0]))
         except (StoreError, ValueError, UnicodeDecodeError):
             pass  # not indexed, or its header is unreadable: a read notes what it finds
@@ -1168,6 +1184,35 @@ class MessageStore:
             raise MessageNotFound(phys_offset, "not the start of a record")  # stored records all checked
         return f.view[pos: pos + size]
 
+    def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = TIME_MAX_MS,
+                    max_messages: int = 32) -> list[memoryview]:
+        """Up to ``max_messages`` records of ``topic`` carrying ``key``, stored in [begin_ms, end_ms],
+        newest first. Each candidate of the key index is read and checked: its CRC, topic and keys
+        (hashes collide) and that its queue still holds it (truncated, expired or deleted ones
+        do not count)."""
+        self._topics.queue_count(topic)  # UnknownTopic
+        found: list[memoryview] = []
+        for phys in self._keys.find(topic, key, begin_ms, end_ms):
+            try:
+                view = self.read_at(phys)
+                record = decode_record(view)
+            except (MessageNotFound, CorruptRecord):
+                continue
+            if record.topic == topic and key in record.keys and self._indexes(record.queue_id, record.queue_offset,
+                                                                                topic, phys):
+                found.append(view)
+                if len(found) >= max_messages:
+                    break
+        return found
+
+    def _indexes(self, queue_id: int, offset: int, topic: str, phys: int) -> bool:
+        """The queue ``topic/queue_id`` holds the record at ``phys`` at ``offset``."""
+        try:
+            cq = self._queue(topic, queue_id)
+            return cq.min_offset <= offset < cq.max_offset and int(cq.read(offset, 1)["phys"][0]) == phys
+        except (StoreError, OffsetExpired, ValueError):
+            return False
+
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first queue offset whose store timestamp is >= ``ts_ms`` (max offset if none)."""
         commitlog = self._cl()
@@ -1279,6 +1324,7 @@ class MessageStore:
             keep_from = min([self._checkpointed_offset, commitlog.committed_pos, *pins])
             rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
             deleted = commitlog.delete_oldest(rule)
+            self._keys.delete_below(commitlog.min_offset)
             if deleted:  # over the disk cap, files go whatever the queues still hold
                 self._retention_files.inc(deleted)
                 self._retention_bytes.inc(deleted * commitlog.file_size_bytes)

@@ -27,6 +27,10 @@ class StoreConfig:
     body_size_max_bytes: int = 4 * MIB
     warm_next_file: bool = True  # create and pre-fault the next commitlog file in the background
     checkpoint_interval_ms: int = 1_000
+    # Key index files (RocketMQ's IndexFile: 5 M slots, 20 M entries): 2 MiB of slots and 54 MiB of
+    # entries each, about 4 entries per slot chain when full. Files are allocated when created.
+    key_index_slots: int = 500_000
+    key_index_entries_per_file: int = 2_000_000
     verify_tag_hash: bool = True  # check each distinct tag's xxhash64 on append (cheap: per tag, not per record)
     # How far ahead a scheduled message may be delivered (RocketMQ 5's timerMaxDelaySec: 3 days; ours 7).
     schedule_max_delay_ms: int = 7 * 24 * 3600 * 1000
@@ -36,6 +40,8 @@ class StoreConfig:
             raise ValueError(f"commitlog_file_size_bytes must be >= {COMMITLOG_FILE_SIZE_MIN_BYTES}")
         if self.cq_entries_per_file < 1:
             raise ValueError("cq_entries_per_file must be >= 1")
+        if self.key_index_slots < 1 or self.key_index_entries_per_file < 1:
+            raise ValueError("key_index_slots and key_index_entries_per_file must be >= 1")
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         if self.flush_interval_ms <= 0 or self.retention_check_interval_ms <= 0:

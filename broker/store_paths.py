@@ -3,6 +3,7 @@
     <--store-dir>/store/                       the message store (StorePaths.root)
         commitlog/<20-digit start offset>      shared mapped files, all topics
         consumequeue/<topic>/<queue id>/<20-digit byte offset>   20-byte index entries
+        index/<20-digit commitlog offset>      key index files (hash slots + chained entries)
         config/topics.json                     topic -> queue count, limits, incarnation
         config/layout.json                     the geometry the store was created with
         config/min_offsets.json                queue minimums moved by per-topic retention
@@ -42,6 +43,11 @@ class StorePaths:
     @property
     def consumequeue(self) -> Path:
         return self.root / "consumequeue"
+
+    @property
+    def key_index(self) -> Path:
+        """The index by message key (gms.broker.keyindex), files named by their first record's offset."""
+        return self.root / "index"
 
     def queue_dir(self, topic: str, queue_id: int) -> Path:
         return self.consumequeue / topic / str(queue_id)

@@ -1,0 +1,101 @@
+"""The keys of many records at once, each hashed with its record's topic: what the key index
+stores. Keys are split and hashed with numpy over the whole batch (no Python per message): a
+polynomial hash of each key's bytes (mod 2**64, reduced per key with ``np.add.reduceat``),
+mixed with the key's length and the topic's xxhash64, then a splitmix64 finaliser so the low
+bits that pick a hash slot are as good as the high ones. Lookups hash their one key through the
+same code, so writer and reader can never disagree."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+import xxhash
+
+from gms.record.layout import HEADER_SIZE, KEY_SEPARATOR
+
+_SEPARATOR = ord(KEY_SEPARATOR)
+_PRIME = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime: odd, so no power of it is 0 mod 2**64
+_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden ratio: keeps "a" and "\0a" apart
+_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # splitmix64
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_TOPICS_CACHED_MAX = 4096
+
+
+class RecordKeys(NamedTuple):
+    """The keys of a batch: one row per key (a record with three keys has three)."""
+
+    records: np.ndarray  # intp: the index of the key's record in the batch
+    hashes: np.ndarray  # int64: key_hash(topic, key)
+
+
+_NO_KEYS = RecordKeys(np.empty(0, np.intp), np.empty(0, np.int64))
+
+
+@lru_cache(maxsize=_TOPICS_CACHED_MAX)
+def _topic_hash(topic: str) -> int:
+    return xxhash.xxh64_intdigest(topic.encode())
+
+
+def key_hash(topic: str, key: str) -> int:
+    """The index hash of one key of ``topic`` (ValueError for an empty key or one holding the
+    key separator: no stored record can carry it)."""
+    raw = key.encode()
+    if not raw or _SEPARATOR in raw:
+        raise ValueError(f"a message key is non-empty and holds no {KEY_SEPARATOR!r}: {key!r}")
+    found = _hash_keys(np.frombuffer(raw, np.uint8), np.zeros(1, np.int64), np.zeros(len(raw), np.intp),
+                       np.array([_topic_hash(topic)], np.uint64))
+    return int(found.hashes[0])
+
+
+def batch_keys(arr: np.ndarray, starts: np.ndarray, headers: np.ndarray, topics: list[str],
+               topic_index: np.ndarray) -> RecordKeys:
+    """The keys of the records at ``starts`` of ``arr`` (uint8) whose ``headers`` (HEADER_DTYPE)
+    are checked; ``topics[topic_index[i]]`` is record i's topic. A record whose keys field would
+    reach past its end (a damaged header recovery keeps) gives none."""
+    lens = headers["keys_len"].astype(np.int64)
+    keys_at = (starts + HEADER_SIZE + headers["topic_len"].astype(np.int64) + headers["tag_len"]
+               + headers["born_host_len"])
+    usable = (lens > 0) & (keys_at + lens <= np.minimum(starts + headers["total_size"], len(arr)))
+    with_keys = np.flatnonzero(usable)
+    if not with_keys.size:
+        return _NO_KEYS
+    lens, keys_at = lens[with_keys], keys_at[with_keys]
+    ends = np.cumsum(lens)
+    firsts = ends - lens
+    raw = arr[np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(keys_at - firsts, lens)]
+    owners = np.repeat(with_keys, lens)
+    topic_hashes = np.array([_topic_hash(t) for t in topics], np.uint64)[topic_index]
+    return _hash_keys(raw, firsts, owners, topic_hashes)
+
+
+def _hash_keys(raw: np.ndarray, firsts: np.ndarray, owners: np.ndarray, topic_hashes: np.ndarray) -> RecordKeys:
+    """Split ``raw`` (the keys fields back to back, field i starting at ``firsts[i]``, each byte's
+    record in ``owners``) at separators and hash every key with its record's topic hash."""
+    is_key = raw != _SEPARATOR
+    after_break = np.empty(len(raw), bool)  # the byte follows a separator or starts a field
+    after_break[0] = True
+    after_break[1:] = ~is_key[:-1]
+    after_break[firsts] = True
+    kept = np.flatnonzero(is_key)
+    if not kept.size:
+        return _NO_KEYS
+    key_starts = np.flatnonzero(after_break[kept])  # positions in ``kept`` where each key begins
+    lengths = np.diff(key_starts, append=len(kept))
+    key_of_byte = np.repeat(np.arange(len(key_starts)), lengths)
+    exponents = key_starts[key_of_byte] + lengths[key_of_byte] - 1 - np.arange(len(kept))
+    powers = np.empty(int(lengths.max()), np.uint64)
+    powers[0] = 1
+    np.cumprod(np.full(len(powers) - 1, _PRIME), out=powers[1:])
+    sums = np.add.reduceat(raw[kept].astype(np.uint64) * powers[exponents], key_starts)
+    records = owners[kept[key_starts]]
+    mixed = _mix(_mix(sums ^ (lengths.astype(np.uint64) * _LENGTH_MIX)) ^ topic_hashes[records])
+    return RecordKeys(records, mixed.view(np.int64))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic, as numpy arrays do)."""
+    x = (x ^ (x >> _SHIFTS[0])) * _MIX_1
+    x = (x ^ (x >> _SHIFTS[1])) * _MIX_2
+    return x ^ (x >> _SHIFTS[2])
