@@ -10,6 +10,7 @@ PULL                                      subscribe on the topic (and on the gro
 POP_MESSAGE, ACK_MESSAGE, CHANGE_INVIS.   subscribe on the topic and on the group
 QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
+FIND_BY_KEY                               subscribe on the topic
 CANCEL_SCHEDULED                          publish on the message's topic
 HEARTBEAT                                 subscribe on the group and every topic
 COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on topics)
@@ -77,6 +78,7 @@ POLICY: dict[int, Policy] = {
     RequestCode.QUERY_MAX_OFFSET: on_topic("describe"),
     RequestCode.QUERY_OFFSET_BY_TIME: on_topic("describe"),
     RequestCode.TOPIC_STATS: on_topic("describe"),
+    RequestCode.FIND_BY_KEY: on_topic("subscribe"),
     RequestCode.HEARTBEAT: _heartbeat,
     RequestCode.UNREGISTER_CONSUMER: _group("subscribe"),
     RequestCode.COMMIT_OFFSET: _group_queues("offsets", 3),

@@ -15,6 +15,7 @@ from gms.broker.access import BrokerAccess
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
 from gms.broker.ha.replica_manager import ReplicaManager
+from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.queue_claims import QueueClaims
@@ -252,6 +253,25 @@ class MessageHandlers:
         if self.access is not None:
             self.access.check_topic(parse_one(record, len(record), verify_tag_hash=False).topic, "subscribe")
         return Response(body=record)
+
+    async def find_by_key(self, request: Frame) -> Response:
+        """The newest records of ``topic`` carrying ``key`` stored in [begin_ms, end_ms], back to back
+        in the body as a pull answer holds them (``count`` of them)."""
+        fields = request.fields
+        limit = field(fields, "max_messages", INT32, FIND_MESSAGES_DEFAULT)
+        if not 1 <= limit <= FIND_MESSAGES_MAX:
+            raise BadRequestError(f"max_messages must be 1..{FIND_MESSAGES_MAX}, not {limit}")
+        try:
+            found = self.store.find_by_key(field(fields, "topic", str), field(fields, "key", str),
+                                           field(fields, "begin_ms", int, 0), field(fields, "end_ms", int, TIME_MAX_MS),
+                                           limit)
+        except ValueError as err:  # a key no record can carry (empty, or holding the separator)
+            raise BadRequestError(str(err)) from err
+        return Response({"count": len(found)}, body=b"".join(found))
+
+
+FIND_MESSAGES_DEFAULT = 32
+FIND_MESSAGES_MAX = 1024  # one answer holds at most this many records (each read and checked)
 
 
 def _now_ms() -> int:

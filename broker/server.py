@@ -297,6 +297,7 @@ class BrokerServer:
             RequestCode.QUERY_MAX_OFFSET: messages.query_max_offset,
             RequestCode.QUERY_OFFSET_BY_TIME: messages.query_offset_by_time,
             RequestCode.VIEW_MESSAGE_BY_ID: messages.view_message,
+            RequestCode.FIND_BY_KEY: messages.find_by_key,
             RequestCode.CANCEL_SCHEDULED: messages.cancel_scheduled,
             RequestCode.POP_MESSAGE: pop.pop,
             RequestCode.ACK_MESSAGE: pop.ack,

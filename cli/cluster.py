@@ -10,9 +10,10 @@ from gms.cli.admin_context import open_admin
 from gms.cli.options import json_option, nameserver_option
 from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
 from gms.client.routing import NameserversUnavailableError
-from gms.errors import GmsError, MessageNotFoundError
+from gms.errors import GmsError, MessageNotFoundError, TopicNotFoundError
 from gms.msgid import decode_msg_id
-from gms.record.layout import DELIVER_AT_PROPERTY, ORIGIN_PROPERTY
+from gms.record.layout import DELIVER_AT_PROPERTY, KEY_SEPARATOR, ORIGIN_PROPERTY
+from gms.times import parse_time_ms
 
 
 @click.command()
@@ -182,3 +183,56 @@ def show_message(msg_id: str, nameserver: str, as_json: bool) -> None:
             ("body", f"{len(found.body)} bytes")]
     show(table(None, ["field", "value"], rows))
     click.echo(body_text(found.body))
+
+
+class TimeParam(click.ParamType):
+    """A time as :func:`gms.times.parse_time_ms` reads it: epoch ms or ISO 8601 (no zone = UTC)."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_time_ms(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
+FIND_MESSAGES_MAX = 1024  # what one broker answers at most (FIND_BY_KEY)
+
+
+@msg.command(name="find")
+@click.option("--topic", "-t", required=True, help="The topic to search.")
+@click.option("--key", "-k", required=True, help="A message key (as the producer set it; one key, no spaces).")
+@click.option("--from", "begin_ms", type=TimeParam(), help="Stored at or after this time: epoch ms or ISO 8601"
+                                                         " (no zone = UTC).")
+@click.option("--to", "end_ms", type=TimeParam(), help="Stored at or before this time.")
+@click.option("--max", "max_messages", type=click.IntRange(1, FIND_MESSAGES_MAX), default=32, show_default=True,
+              help="Show at most this many (the newest).")
+@nameserver_option
+@json_option
+def find_message(topic: str, key: str, begin_ms: int | None, end_ms: int | None, max_messages: int,
+                 nameserver: str, as_json: bool) -> None:
+    """Find the messages of a topic by key, through the brokers' key index (oldest first).
+
+    Exits with 1 when the topic is unknown or no message carries the key."""
+    if not key or KEY_SEPARATOR in key:
+        raise click.BadParameter("one key, not empty and without spaces", param_hint="--key")
+    with open_admin(nameserver) as admin:
+        try:
+            found = admin.find_by_key(topic, key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages)
+        except TopicNotFoundError as err:
+            raise click.ClickException(f"topic {topic!r} does not exist ({err})") from err
+        records = [message_dict(m) for m in found]
+    if not found:
+        span = ("" if begin_ms is None and end_ms is None
+                else f" stored from {time_text(begin_ms)} to {time_text(end_ms)}")
+        raise click.ClickException(f"no message of topic {topic!r} with key {key!r}{span}")
+    if as_json:
+        print_json(records)
+        return
+    show(table(f"{len(found)} message(s) of {topic} with key {key}",
+               ["stored", "msg id", "queue", "offset", "tag", "keys", "body"],
+               [(time_text(r["store_timestamp_ms"]), r["msg_id"], r["queue_id"], r["queue_offset"], r["tag"],
+                 ", ".join(r["keys"]), body_text(m.body)) for r, m in zip(records, found, strict=True)]))

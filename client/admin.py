@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gms.client.connections import msg_id_prefix
+from gms.client.fetcher import decode_pull_body
 from gms.client.offset_reset import QueueReset, ResetMode, ResetSpec, new_offset
 from gms.client.rebalance import NO_COMMITTED_OFFSET
 from gms.client.routing import NameserverRoutes, QueueRoute
@@ -35,6 +36,7 @@ from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
 from gms.security.scram import Credential
 from gms.security.users import check_user_name
+from gms.tags import MATCH_ALL
 
 DEFAULT_QUEUE_COUNT = 8
 
@@ -373,6 +375,34 @@ class Admin:
         frame = self._runtime.run(self._runtime.pool.request(
             located.address, RequestCode.VIEW_MESSAGE_BY_ID, {"phys_offset": located.phys_offset}))
         return ReceivedMessage(memoryview(frame.body), 0, msg_id_prefix(located.address))
+
+    def find_by_key(self, topic: str, key: str, *, begin_ms: int | None = None, end_ms: int | None = None,
+                    max_messages: int = 32) -> list[ReceivedMessage]:
+        """The newest ``max_messages`` messages of ``topic`` carrying ``key`` (stored in
+        [begin_ms, end_ms], ms, inclusive; None: unbounded), oldest first. Each broker leading
+        queues of the topic answers from its key index; its answers for those queues are kept
+        (a follower's copies would repeat them). TopicNotFoundError for an unknown topic."""
+        routes = self._runtime.run(self._runtime.routes.routes(topic))
+        led: dict[str, set[int]] = defaultdict(set)
+        for route in routes:
+            led[route.broker].add(route.queue_id)
+        fields: dict[str, Any] = {"topic": topic, "key": key, "max_messages": max_messages}
+        if begin_ms is not None:
+            fields["begin_ms"] = begin_ms
+        if end_ms is not None:
+            fields["end_ms"] = end_ms
+        brokers = list(led)
+
+        async def ask() -> list[Any]:
+            return list(await asyncio.gather(
+                *(self._runtime.pool.request(b, RequestCode.FIND_BY_KEY, fields) for b in brokers)))
+        found: dict[int, ReceivedMessage] = {}
+        for broker, frame in zip(brokers, self._runtime.run(ask()), strict=True):
+            for message in decode_pull_body(frame.body, msg_id_prefix(broker), MATCH_ALL):
+                if message.queue_id in led[broker]:
+                    found.setdefault(message.queue_id << 48 | message.queue_offset, message)
+        ordered = sorted(found.values(), key=lambda m: (m.store_timestamp_ms, m.queue_id, m.queue_offset))
+        return ordered[-max_messages:]
 
     def close(self) -> None:
         self._runtime.close()

@@ -29,6 +29,7 @@ class RequestCode(IntEnum):
     POP_MESSAGE = 18  # hand out messages of a topic's queues to a group, invisible until acked
     ACK_MESSAGE = 19  # acknowledge popped messages by (queue, offset, delivery attempt)
     CHANGE_INVISIBLE_DURATION = 20  # move when a popped message becomes visible again
+    FIND_BY_KEY = 21  # the newest messages of a topic carrying a key (the store's key index)
 
     # 30-49: consumer groups (broker).
     COMMIT_OFFSET = 30
