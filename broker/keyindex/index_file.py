@@ -113,12 +113,13 @@ class IndexFile:
 
     def truncate(self, phys_offset: int) -> None:
         """Drop the entries for records at or past ``phys_offset`` -- and any after the first
-        whose offset goes backwards (entries a crash left half on disk) -- and rebuild the slots."""
+        whose offset goes backwards (entries a crash left half on disk) -- and rebuild the slots
+        (also when a slot points past the entries kept)."""
         entries = self._entries(0, self.count)
         phys = entries["phys"]
         bad = np.flatnonzero((phys >= phys_offset) | (np.diff(phys, prepend=self.begin_phys) < 0))
         keep = int(bad[0]) if bad.size else self.count
-        if keep == self.count:
+        if keep == self.count and not (self._slots() > keep).any():  # a header flushed before its slots: rebuild
             return
         entries[keep:] = np.zeros(1, ENTRY_DTYPE)
         slots = self._slots()

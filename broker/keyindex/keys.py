@@ -44,8 +44,7 @@ def key_hash(topic: str, key: str) -> int:
     raw = key.encode()
     if not raw or _SEPARATOR in raw:
         raise ValueError(f"a message key is non-empty and holds no {KEY_SEPARATOR!r}: {key!r}")
-    found = _hash_keys(np.frombuffer(raw, np.uint8), np.zeros(1, np.int64), np.zeros(len(raw), np.intp),
-                       np.array([_topic_hash(topic)], np.uint64))
+    found = _hash_keys(np.frombuffer(raw, np.uint8), np.zeros(1, np.int64), np.array([_topic_hash(topic)], np.uint64))
     return int(found.hashes[0])
 
 
@@ -65,33 +64,36 @@ def batch_keys(arr: np.ndarray, starts: np.ndarray, headers: np.ndarray, topics:
     ends = np.cumsum(lens)
     firsts = ends - lens
     raw = arr[np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(keys_at - firsts, lens)]
-    owners = np.repeat(with_keys, lens)
-    topic_hashes = np.array([_topic_hash(t) for t in topics], np.uint64)[topic_index]
-    return _hash_keys(raw, firsts, owners, topic_hashes)
+    topic_hashes = np.array([_topic_hash(t) for t in topics], np.uint64)[topic_index[with_keys]]
+    fields, hashes = _hash_keys(raw, firsts, topic_hashes)
+    return RecordKeys(with_keys[fields], hashes)
 
 
-def _hash_keys(raw: np.ndarray, firsts: np.ndarray, owners: np.ndarray, topic_hashes: np.ndarray) -> RecordKeys:
-    """Split ``raw`` (the keys fields back to back, field i starting at ``firsts[i]``, each byte's
-    record in ``owners``) at separators and hash every key with its record's topic hash."""
-    is_key = raw != _SEPARATOR
-    after_break = np.empty(len(raw), bool)  # the byte follows a separator or starts a field
-    after_break[0] = True
-    after_break[1:] = ~is_key[:-1]
-    after_break[firsts] = True
-    kept = np.flatnonzero(is_key)
-    if not kept.size:
-        return _NO_KEYS
-    key_starts = np.flatnonzero(after_break[kept])  # positions in ``kept`` where each key begins
-    lengths = np.diff(key_starts, append=len(kept))
-    key_of_byte = np.repeat(np.arange(len(key_starts)), lengths)
-    exponents = key_starts[key_of_byte] + lengths[key_of_byte] - 1 - np.arange(len(kept))
+def _hash_keys(raw: np.ndarray, firsts: np.ndarray, topic_hashes: np.ndarray) -> RecordKeys:
+    """Split ``raw`` (keys fields back to back, field i starting at ``firsts[i]``) at separators
+    and hash every key with its field's ``topic_hashes[i]``; ``records`` are field indexes."""
+    separators = raw == _SEPARATOR
+    if separators.any():  # some record has several keys: split at separators, drop empty keys
+        after_break = np.empty(len(raw), bool)  # the byte follows a separator or starts a field
+        after_break[0] = True
+        after_break[1:] = separators[:-1]
+        after_break[firsts] = True
+        kept = np.flatnonzero(~separators)
+        if not kept.size:
+            return _NO_KEYS
+        key_starts = np.flatnonzero(after_break[kept])  # positions in ``kept`` where each key begins
+        fields = np.searchsorted(firsts, kept[key_starts], side="right") - 1
+        raw = raw[kept]
+    else:  # one key per record (the usual batch): the fields are the keys
+        key_starts, fields = firsts, np.arange(len(firsts))
+    lengths = np.diff(key_starts, append=len(raw))
+    exponents = np.repeat(key_starts + lengths - 1, lengths) - np.arange(len(raw))
     powers = np.empty(int(lengths.max()), np.uint64)
     powers[0] = 1
     np.cumprod(np.full(len(powers) - 1, _PRIME), out=powers[1:])
-    sums = np.add.reduceat(raw[kept].astype(np.uint64) * powers[exponents], key_starts)
-    records = owners[kept[key_starts]]
-    mixed = _mix(_mix(sums ^ (lengths.astype(np.uint64) * _LENGTH_MIX)) ^ topic_hashes[records])
-    return RecordKeys(records, mixed.view(np.int64))
+    sums = np.add.reduceat(raw.astype(np.uint64) * powers[exponents], key_starts)
+    mixed = _mix(_mix(sums ^ (lengths.astype(np.uint64) * _LENGTH_MIX)) ^ topic_hashes[fields])
+    return RecordKeys(fields, mixed.view(np.int64))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
