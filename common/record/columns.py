@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from itertools import repeat
 from typing import NamedTuple
 
@@ -16,6 +18,8 @@ from gms.record.layout import (
     KEY_SEPARATOR,
     MAGIC_V1,
     OFFSETS,
+    PROP_NAME_VALUE_SEPARATOR,
+    PROP_SEPARATOR,
 )
 from gms.store_errors import CorruptRecord
 
@@ -330,3 +334,37 @@ def exact_tag_mask(buf: bytes | memoryview, offsets: FieldOffsets, tags: frozens
         rows = gather_rows(arr, tag_at[same_len], len(raw))
         keep[same_len[(rows == raw).all(axis=1)]] = True
     return keep
+
+
+def property_columns(buf: bytes | memoryview, offsets: FieldOffsets, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """For each property name, an object array with each record's value (``None`` where a
+    record lacks it): one regular-expression scan of the buffer per name, matches kept only at a
+    property's start inside its record's properties. ``TAGS`` is the record's tag (SQL filters)."""
+    data = bytes(buf) if isinstance(buf, memoryview) else buf
+    count = len(offsets.props_at)
+    props_at, props_end = np.asarray(offsets.props_at, np.int64), np.asarray(offsets.body_at, np.int64)
+    columns: dict[str, np.ndarray] = {}
+    for name in names:
+        column = np.full(count, None, dtype=object)
+        if name == "TAGS":
+            tag_lengths = offsets.headers["tag_len"].astype(np.int64)
+            tags = bytes_column(data, np.asarray(offsets.tag_at, np.int64), np.broadcast_to(tag_lengths, (count,)))
+            column[:] = [t.decode("utf-8", "replace") if t else None for t in tags]
+            columns[name] = column
+            continue
+        pattern = re.compile(re.escape(name.encode()) + PROP_NAME_VALUE_SEPARATOR.encode()
+                             + b"([^" + PROP_SEPARATOR.encode() + b"]*)")
+        matches = list(pattern.finditer(data))
+        if matches:
+            starts = np.fromiter((m.start() for m in matches), np.int64, len(matches))
+            ends = np.fromiter((m.end() for m in matches), np.int64, len(matches))
+            record = np.searchsorted(props_at, starts, side="right") - 1
+            inside = record >= 0
+            record = np.maximum(record, 0)
+            inside &= (ends <= props_end[record]) & (starts < props_end[record])
+            previous = np.frombuffer(data, np.uint8)[np.maximum(starts - 1, 0)]
+            inside &= (starts == props_at[record]) | (previous == ord(PROP_SEPARATOR))
+            for index in np.flatnonzero(inside).tolist():
+                column[record[index]] = matches[index].group(1).decode("utf-8", "replace")
+        columns[name] = column
+    return columns
