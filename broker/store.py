@@ -45,7 +45,7 @@ from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
-from gms.broker.keyindex import TIME_MAX_MS, KeyIndex
+from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
@@ -90,8 +90,6 @@ BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads
 GET_BYTES_MAX_DEFAULT = 4 << 20
 _STORE_TS = _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")  # a record's total_size
-_U16 = struct.Struct(">H")  # a record's keys_len
-OFF_KEYS_LEN = OFFSETS["keys_len"]
 REPLICA_CHECK_TTL_S = 1.0  # records checked for one follower's fetch are not checked again for others this long
 LOST_ENTRY_SIZE = 1  # a consumeQueue entry for a record recovery could not find: answered as damaged
 _STORED_HEAD = np.dtype([("total_size", ">i4"), ("magic", ">u4"), ("crc32", ">u4"), ("queue_id", ">i4"),
@@ -573,9 +571,7 @@ class MessageStore:
             try:
                 commitlog.write_one(buf, phys, queue_id, queue_offset, store_ts_ms)
                 cq.write_one(queue_offset, phys, size, record.tag_hash)
-                if _U16.unpack_from(buf, OFF_KEYS_LEN)[0]:  # numpy's fixed costs only for a record with keys
-                    self._keys.add(np.frombuffer(buf, np.uint8), parse_records(np.frombuffer(buf, np.uint8), [0]),
-                                   np.array([phys], np.int64), np.array([store_ts_ms], np.int64))
+                self._keys.add_one(topic, keys_field(buf), phys, store_ts_ms)
                 cq.publish(queue_offset + 1)
             except BaseException:  # as in _append: leave no trace
                 commitlog.rollback(phys + size)

@@ -38,6 +38,7 @@ HEADER_SIZE = _HEADER.size
 SLOT_DTYPE = np.dtype(">i4")
 ENTRY_DTYPE = np.dtype([("hash", ">i8"), ("phys", ">i8"), ("store_ts_ms", ">i8"), ("prev", ">i4")])
 _ENTRY = struct.Struct(">qqqi")
+_SLOT = struct.Struct(">i")
 _U64 = (1 << 64) - 1
 assert HEADER_SIZE == 40 and ENTRY_DTYPE.itemsize == _ENTRY.size == 28
 
@@ -93,7 +94,7 @@ class IndexFile:
         n = len(hashes)
         assert 0 < n <= self.room, (n, self.room)
         numbers = np.arange(self.count + 1, self.count + n + 1, dtype=np.int64)
-        slot_of = (hashes.view(np.uint64) % np.uint64(self.slot_count)).astype(np.int64)
+        slot_of = self._slot_of(hashes)
         order, first, last = _group_by_slot(slot_of)
         slots = self._slots()
         prev_sorted = np.empty(n, np.int64)
@@ -104,11 +105,25 @@ class IndexFile:
         entries["prev"][order] = prev_sorted
         self._entries(self.count, self.count + n)[:] = entries
         slots[slot_of[order[last]]] = numbers[order[last]]
-        self.count += n
-        low, high = int(store_ts_ms.min()), int(store_ts_ms.max())
-        self.begin_ts_ms = low if self.begin_ts_ms == 0 else min(self.begin_ts_ms, low)
-        self.end_ts_ms = max(self.end_ts_ms, high)
-        self.end_phys = max(self.end_phys, int(phys[-1]) + 1)
+        self._advance(n, int(store_ts_ms.min()), int(store_ts_ms.max()), int(phys[-1]))
+
+    def add_one(self, key_hash: int, phys: int, store_ts_ms: int) -> None:
+        """:meth:`add` of one entry with ``struct`` (a single send: no numpy fixed costs)."""
+        assert self.room > 0
+        number = self.count + 1
+        slot_at = HEADER_SIZE + (key_hash & _U64) % self.slot_count * SLOT_DTYPE.itemsize
+        view = self._file.view
+        prev = _SLOT.unpack_from(view, slot_at)[0]
+        _ENTRY.pack_into(view, self._entries_at + self.count * ENTRY_DTYPE.itemsize, key_hash, phys, store_ts_ms, prev)
+        _SLOT.pack_into(view, slot_at, number)
+        self._advance(1, store_ts_ms, store_ts_ms, phys)
+
+    def _advance(self, added: int, low_ts_ms: int, high_ts_ms: int, last_phys: int) -> None:
+        """Count entries just written and publish the header."""
+        self.count += added
+        self.begin_ts_ms = low_ts_ms if self.begin_ts_ms == 0 else min(self.begin_ts_ms, low_ts_ms)
+        self.end_ts_ms = max(self.end_ts_ms, high_ts_ms)
+        self.end_phys = max(self.end_phys, last_phys + 1)
         self._write_header()
 
     def truncate(self, phys_offset: int) -> None:
@@ -126,7 +141,7 @@ class IndexFile:
         slots[:] = 0
         kept = entries[:keep]
         if keep:
-            slot_of = (kept["hash"].view(np.uint64) % np.uint64(self.slot_count)).astype(np.int64)
+            slot_of = self._slot_of(kept["hash"])
             order, _, last = _group_by_slot(slot_of)
             slots[slot_of[order[last]]] = order[last] + 1
         self.count = keep
@@ -134,6 +149,11 @@ class IndexFile:
         self.end_ts_ms = int(kept["store_ts_ms"].max()) if keep else 0
         self.end_phys = int(kept["phys"][-1]) + 1 if keep else self.begin_phys
         self._write_header()
+
+    def _slot_of(self, hashes: np.ndarray) -> np.ndarray:
+        """The slot of each hash: the unsigned value mod slot_count (read in native byte order
+        first: a view of the big-endian entries as uint64 would swap the bytes)."""
+        return (hashes.astype(np.int64).view(np.uint64) % np.uint64(self.slot_count)).astype(np.int64)
 
     def overlaps(self, begin_ms: int, end_ms: int) -> bool:
         return self.count > 0 and self.begin_ts_ms <= end_ms and begin_ms <= self.end_ts_ms

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.keyindex.index_file import IndexFile
-from gms.broker.keyindex.keys import batch_keys, key_hash
+from gms.broker.keyindex.keys import batch_keys, key_hash, record_key_hashes
 from gms.broker.mapped_file import list_files
 from gms.private_files import make_private_dir
 from gms.record.batch import ParsedRecords
@@ -62,7 +62,15 @@ class KeyIndex:
                 f.add(keys.hashes[done: done + take], key_phys[done: done + take], key_ts[done: done + take])
                 done += take
 
-    def _make_room(self, key_phys: np.ndarray) -> list[IndexFile]:
+    def add_one(self, topic: str, raw_keys: bytes, phys: int, store_ts_ms: int) -> None:
+        """:meth:`add` of one record of ``topic`` whose keys field is ``raw_keys`` (no numpy)."""
+        hashes = record_key_hashes(topic, raw_keys)
+        targets = self._make_room([phys] * len(hashes)) if hashes else []
+        for f in targets:
+            while hashes and f.room:
+                f.add_one(hashes.pop(0), phys, store_ts_ms)
+
+    def _make_room(self, key_phys: np.ndarray | list[int]) -> list[IndexFile]:
         """The active file and as many new ones as entries for records at ``key_phys`` need,
         each named by the offset of its first record (one more than the previous file's name
         when a record's keys fill a whole file)."""

@@ -2,18 +2,20 @@
 stores. Keys are split and hashed with numpy over the whole batch (no Python per message): a
 polynomial hash of each key's bytes (mod 2**64, reduced per key with ``np.add.reduceat``),
 mixed with the key's length and the topic's xxhash64, then a splitmix64 finaliser so the low
-bits that pick a hash slot are as good as the high ones. Lookups hash their one key through the
-same code, so writer and reader can never disagree."""
+bits that pick a hash slot are as good as the high ones. :func:`key_hash` is its scalar twin,
+for a lookup's key and a single send (where numpy's fixed costs would be most of the work); the
+tests check that both agree."""
 
 from __future__ import annotations
 
+import struct
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 import xxhash
 
-from gms.record.layout import HEADER_SIZE, KEY_SEPARATOR
+from gms.record.layout import HEADER_SIZE, KEY_SEPARATOR, OFFSETS
 
 _SEPARATOR = ord(KEY_SEPARATOR)
 _PRIME = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime: odd, so no power of it is 0 mod 2**64
@@ -21,6 +23,9 @@ _LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden ratio: keeps "a" and "\0a"
 _MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # splitmix64
 _SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
 _TOPICS_CACHED_MAX = 4096
+_U64 = (1 << 64) - 1
+_PRIME_INT, _LENGTH_MIX_INT, _MIX_1_INT, _MIX_2_INT = int(_PRIME), int(_LENGTH_MIX), int(_MIX_1), int(_MIX_2)
+_SEPARATOR_BYTES = KEY_SEPARATOR.encode()
 
 
 class RecordKeys(NamedTuple):
@@ -44,8 +49,42 @@ def key_hash(topic: str, key: str) -> int:
     raw = key.encode()
     if not raw or _SEPARATOR in raw:
         raise ValueError(f"a message key is non-empty and holds no {KEY_SEPARATOR!r}: {key!r}")
-    found = _hash_keys(np.frombuffer(raw, np.uint8), np.zeros(1, np.int64), np.array([_topic_hash(topic)], np.uint64))
-    return int(found.hashes[0])
+    return raw_key_hash(_topic_hash(topic), raw)
+
+
+def raw_key_hash(topic_hash: int, raw: bytes) -> int:
+    """:func:`key_hash` of a key's utf-8 bytes, given its topic's xxhash64 (as a signed int64)."""
+    total = 0
+    for byte in raw:
+        total = (total * _PRIME_INT + byte) & _U64
+    mixed = _mix_int(_mix_int(total ^ (len(raw) * _LENGTH_MIX_INT & _U64)) ^ topic_hash)
+    return mixed - (1 << 64) if mixed >= 1 << 63 else mixed
+
+
+_NAME_LENGTHS = struct.Struct(">BBBxH")  # topic_len, tag_len, born_host_len, reserved, keys_len
+_NAME_LENGTHS_AT = OFFSETS["topic_len"]
+
+
+def keys_field(record: memoryview) -> bytes:
+    """The keys field of one checked record (b"" when it has none)."""
+    topic_len, tag_len, born_host_len, keys_len = _NAME_LENGTHS.unpack_from(record, _NAME_LENGTHS_AT)
+    if not keys_len:
+        return b""
+    at = HEADER_SIZE + topic_len + tag_len + born_host_len
+    return bytes(record[at: at + keys_len])
+
+
+def record_key_hashes(topic: str, raw_keys: bytes) -> list[int]:
+    """The hashes of a record's keys field (keys separated by KEY_SEPARATOR; empty ones skipped)."""
+    topic_hash = _topic_hash(topic)
+    return [raw_key_hash(topic_hash, key) for key in raw_keys.split(_SEPARATOR_BYTES) if key]
+
+
+def _mix_int(x: int) -> int:
+    """:func:`_mix` of one value."""
+    x = ((x ^ (x >> 30)) * _MIX_1_INT) & _U64
+    x = ((x ^ (x >> 27)) * _MIX_2_INT) & _U64
+    return x ^ (x >> 31)
 
 
 def batch_keys(arr: np.ndarray, starts: np.ndarray, headers: np.ndarray, topics: list[str],
