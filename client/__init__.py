@@ -9,7 +9,7 @@ Routes come from nameservers (``nameserver="host:9876,host2:9876"``) or a fixed 
 """
 
 from gms.client.admin import Admin
-from gms.client.consumer import Consumer
+from gms.client.consumer import Consumer, Sql
 from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
@@ -44,6 +44,7 @@ __all__ = [
     "SendResult",
     "SendResults",
     "SimpleConsumer",
+    "Sql",
     "StaticRoutes",
     "TopicQueue",
 ]

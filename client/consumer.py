@@ -19,6 +19,7 @@ import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from gms.log_throttle import Outage
 from gms.naming import group_of_topic, retry_topic
 from gms.record.builder import RecordEncoder
 from gms.security.client import ClientSecurity
+from gms.sql92 import BadFilterExpression, compile_filter
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class Consumer:
         *,
         nameserver: Sequence[str] | str | None = None,
         group: str,
-        subscription: Mapping[str, str],
+        subscription: Mapping[str, str | Sql],
         mode: str = "clustering",
         start_from: StartFrom = "last",
         auto_commit: bool = True,
@@ -490,13 +492,26 @@ class Consumer:
         self.close()
 
 
-def _parse_subscription(subscription: Mapping[str, str]) -> dict[str, TagFilter]:
+@dataclass(frozen=True)
+class Sql:
+    """A subscription by SQL92 over message properties (and ``TAGS``), evaluated on the broker:
+    ``subscription={"orders": Sql("region = 'eu' AND amount > 100")}`` (RocketMQ's
+    ``MessageSelector.bySql``). A bad expression raises BadTagExpressionError naming the position."""
+
+    expression: str
+
+
+def _parse_subscription(subscription: Mapping[str, str | Sql]) -> dict[str, TagFilter]:
     encoder = RecordEncoder()
     filters = {}
     for topic, expression in subscription.items():
         encoder.topic(topic)  # InvalidTopicError for a bad name
         try:
-            filters[topic] = parse_tag_expression(expression)
-        except BadTagExpression as err:
+            if isinstance(expression, Sql):
+                compile_filter(expression.expression)  # refused here, not at the first pull
+                filters[topic] = TagFilter("*", None, expression.expression)
+            else:
+                filters[topic] = parse_tag_expression(expression)
+        except (BadTagExpression, BadFilterExpression) as err:
             raise BadTagExpressionError(str(err)) from err
     return filters

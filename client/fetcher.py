@@ -209,6 +209,8 @@ class Fetcher:
         fields = {"topic": key.topic, "queue_id": key.queue_id, "offset": state.position,
                   "max_msgs": self._max_messages, "max_bytes": self._max_bytes,
                   "tags": tag_filter.expression, "poll_ms": self._long_poll_ms, **self._owner}
+        if tag_filter.sql:
+            fields["sql"] = tag_filter.sql
         timeout_ms = self._long_poll_ms + self._runtime.request_timeout_ms
         pool = self._runtime.pool
         routes = self._runtime.routes

@@ -20,10 +20,12 @@ class BadTagExpression(ValueError):
 
 @dataclass(frozen=True)
 class TagFilter:
-    """A parsed expression; ``tags is None`` means every message (``*``)."""
+    """A parsed expression; ``tags is None`` means every message (``*``). ``sql``: a SQL92
+    property filter the broker applies too (:mod:`gms.sql92`; empty: none)."""
 
     expression: str
     tags: frozenset[str] | None
+    sql: str = ""
 
     @property
     def hashes(self) -> frozenset[int] | None:

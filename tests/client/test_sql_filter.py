@@ -1,0 +1,56 @@
+"""SQL92 subscriptions against a real broker: only the selected messages reach the consumer
+(the broker filters), tags narrow first, and a bad expression is refused with its position at
+subscribe time by the SDK and at pull time by the broker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gms.client import Consumer, Producer, ProducerRecord, Sql
+from gms.errors import BadTagExpressionError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode, Status
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def consume_all(consumer: Consumer, expected: int) -> list:
+    got: list = []
+    deadline = time.monotonic() + 15
+    while len(got) < expected and time.monotonic() < deadline:
+        got += consumer.poll(300)
+    got += consumer.poll(300)  # nothing more arrives
+    return got
+
+
+def test_only_selected_messages_arrive(broker, topic):
+    with Producer([broker.address]) as producer:
+        producer.send_batch([
+            ProducerRecord(topic, f"m{i}".encode(), tag="hot" if i % 2 else "cold", queue=i % 2,
+                           properties={"amount": str(i), "region": "eu" if i % 10 < 3 else "us"})
+            for i in range(400)])
+    expression = "region = 'eu' AND amount BETWEEN 100 AND 199 AND TAGS = 'hot'"
+    expected = [i for i in range(100, 200) if i % 10 < 3 and i % 2]
+    with Consumer([broker.address], group="sql-readers", subscription={topic: Sql(expression)},
+                  start_from="first") as consumer:
+        got = consume_all(consumer, len(expected))
+    assert sorted(int(m.body[1:]) for m in got) == expected
+
+
+def test_bad_expressions_are_refused_with_their_position(broker, topic):
+    with pytest.raises(BadTagExpressionError, match="position 8"):
+        Consumer([broker.address], group="sql-bad", subscription={topic: Sql("amount > 'x'")})
+
+    async def pull() -> None:
+        host, port = broker.address.rsplit(":", 1)
+        connection = await Connection.open(host, int(port))
+        try:
+            await connection.request(RequestCode.PULL, {"topic": topic, "queue_id": 0, "offset": 0,
+                                                        "sql": "amount >"})
+        finally:
+            connection.close()
+    with pytest.raises(BadTagExpressionError, match="position 8") as raised:
+        run(pull())
+    assert raised.value.status == Status.BAD_TAG_EXPRESSION
