@@ -26,13 +26,14 @@ from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
     MessageIllegalError,
+    NotLeaderError,
     OffsetIllegalError,
     ServiceUnavailableError,
 )
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
 from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, Buffer, Frame, Response
 from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
-from gms.record import decode_record
+from gms.record import OFF_QUEUE_ID, decode_record
 from gms.record.batch import parse_one
 from gms.record.layout import FLAG_SCHEDULED
 from gms.sql92 import SqlFilter
@@ -264,20 +265,36 @@ class MessageHandlers:
         """The newest records of ``topic`` carrying ``key`` stored in [begin_ms, end_ms], back to back
         in the body as a pull answer holds them (``count`` of them)."""
         fields = request.fields
+        topic = field(fields, "topic", str)
         limit = field(fields, "max_messages", INT32, FIND_MESSAGES_DEFAULT)
         if not 1 <= limit <= FIND_MESSAGES_MAX:
             raise BadRequestError(f"max_messages must be 1..{FIND_MESSAGES_MAX}, not {limit}")
         try:
-            found = self.store.find_by_key(field(fields, "topic", str), field(fields, "key", str),
-                                           field(fields, "begin_ms", int, 0), field(fields, "end_ms", int, TIME_MAX_MS),
-                                           limit)
+            found = self.store.find_by_key(topic, field(fields, "key", str), field(fields, "begin_ms", int, 0),
+                                           field(fields, "end_ms", int, TIME_MAX_MS), limit)
         except ValueError as err:  # a key no record can carry (empty, or holding the separator)
             raise BadRequestError(str(err)) from err
+        replicas = self.replicas
+        if replicas is not None:  # what consumers may read: not past a led queue's high watermark
+            found = [record for record in found if _committed(replicas, topic, record)]
         return Response({"count": len(found)}, body=b"".join(found))
 
 
 FIND_MESSAGES_DEFAULT = 32
 FIND_MESSAGES_MAX = 1024  # one answer holds at most this many records (each read and checked)
+
+
+_QUEUE_POSITION = struct.Struct(">iq")  # a record's queue_id and queue_offset
+
+
+def _committed(replicas: ReplicaManager, topic: str, record: memoryview) -> bool:
+    """The record lies below its queue's high watermark, or this broker does not lead the queue
+    (the Admin client keeps the answers of each queue's leader only)."""
+    queue_id, offset = _QUEUE_POSITION.unpack_from(record, OFF_QUEUE_ID)
+    try:
+        return bool(offset < replicas.read_limit((topic, queue_id)))
+    except NotLeaderError:
+        return True
 
 
 def _now_ms() -> int:
