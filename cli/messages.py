@@ -21,7 +21,7 @@ from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import json_option, nameserver_option, topic_argument
 from gms.cli.output import console, message_dict, message_line, print_json
-from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer
+from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer, Sql
 from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
@@ -155,6 +155,9 @@ class StartFrom(click.ParamType):
 @topic_argument
 @click.option("--tag", "tag_expression", default="*", show_default=True, metavar="EXPR",
               help="Tag expression, e.g. 'created || paid'.")
+@click.option("--sql", metavar="EXPR",
+              help="SQL92 filter over properties and TAGS, e.g. \"region = 'eu' AND amount > 100\" (docs/filters.md);"
+                   " instead of --tag.")
 @click.option("--from", "start_from", type=StartFrom(),
               help="Where to start: first, last, or a time: epoch ms or ISO 8601 (no zone = UTC; Z and +hh:mm "
                    "accepted). Default: first, or last with --follow.")
@@ -168,11 +171,13 @@ class StartFrom(click.ParamType):
               help="Receive as a pop consumer of --group: messages are handed out one by one to the group's "
                    "consumers, each acknowledged once printed (docs/pop.md).")
 @nameserver_option
-def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: bool, group: str | None,
-         fmt: str, count: int | None, pop: bool, nameserver: str) -> None:
+def tail(topic: str, tag_expression: str, sql: str | None, start_from: str | int | None, follow: bool,
+         group: str | None, fmt: str, count: int | None, pop: bool, nameserver: str) -> None:
     """Print TOPIC's messages: where each is (topic/queue@offset), its tag, keys and body."""
     if start_from is None:
         start_from = "last" if follow else "first"
+    if sql is not None and (tag_expression != "*" or pop):
+        raise click.UsageError("--sql filters on its own (name the tag in it as TAGS = '...'), and not with --pop")
     if pop:
         if not group:
             raise click.UsageError("--pop needs --group: the consumer group the messages are handed out to")
@@ -180,7 +185,8 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
         return
     consumer = Consumer(
         nameserver=nameserver, group=group or f"{TAIL_GROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}",
-        subscription={topic: tag_expression}, mode="clustering" if group else "broadcasting",
+        subscription={topic: Sql(sql) if sql is not None else tag_expression},
+        mode="clustering" if group else "broadcasting",
         start_from=start_from, auto_commit=bool(group),
         # A group commits what poll returned: take no more than will be printed.
         max_poll_messages=1 if group and count else 1024,
@@ -195,8 +201,8 @@ def tail(topic: str, tag_expression: str, start_from: str | int | None, follow: 
     if stop.is_set():
         raise click.exceptions.Exit(INTERRUPTED_EXIT_CODE)
     if fmt == "text" and not follow and count is None and shown == 0:
-        click.echo(f"no messages in {topic}" + ("" if tag_expression == "*" else f" matching {tag_expression!r}"),
-                   err=True)
+        wanted = sql if sql is not None else tag_expression
+        click.echo(f"no messages in {topic}" + ("" if wanted == "*" else f" matching {wanted!r}"), err=True)
 
 
 def _tail_popped(topic: str, tag_expression: str, start_from: str | int, follow: bool, group: str, fmt: str,

@@ -134,6 +134,17 @@ def test_tail_pop_hands_each_message_to_one_consumer_of_the_group_and_acknowledg
     assert refused.returncode == 2 and "--pop needs --group" in refused.stderr
 
 
+def test_tail_sql_prints_only_what_the_expression_selects(gms, topic):
+    for i in range(6):
+        gms("produce", topic, f"s{i}", "--property", f"n={i}", "--tag", "even" if i % 2 == 0 else "odd")
+    lines = gms("tail", topic, "--sql", "n >= 2 AND TAGS = 'even'").stdout.splitlines()
+    assert [line.split()[-1] for line in lines] == ["s2", "s4"]
+    bad = gms("tail", topic, "--sql", "n >", ok=False)
+    assert bad.returncode == 1 and "position 3" in bad.stderr
+    both = gms("tail", topic, "--sql", "n > 1", "--tag", "even", ok=False)
+    assert both.returncode == 2 and "--sql filters on its own" in both.stderr
+
+
 def test_group_config_sets_what_the_groups_consumers_use(gms, cluster, topic):
     from gms.client import SimpleConsumer
     from gms.naming import dlq_topic
