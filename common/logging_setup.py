@@ -7,7 +7,7 @@
   older files kept as ``PATH.1``...); stderr without it;
 - the same warning or error at most once a minute, with a count of those not shown
   (:class:`gms.log_throttle.RepeatFilter`); info and debug lines all pass, as a failover's
-  line per queue must.
+  line per queue must, and so does the audit trail (``gms.audit``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import click
 
 from gms.log_throttle import RepeatFilter
+from gms.security.gate import audit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,10 +58,11 @@ class JsonFormatter(logging.Formatter):
 
 
 class RepeatedWarningFilter(RepeatFilter):
-    """:class:`RepeatFilter` for warnings and errors only."""
+    """:class:`RepeatFilter` for warnings and errors only, never for the audit trail: each
+    refused request is a line of its own (who, from where, what)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.WARNING or super().filter(record)
+        return record.levelno < logging.WARNING or record.name == audit.name or super().filter(record)
 
 
 def configure_logging(level: str, fmt: str, file: Path | None, max_bytes: int, backups: int) -> None:

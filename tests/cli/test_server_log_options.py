@@ -16,7 +16,7 @@ import pytest
 from processes import BrokerProcess, NameserverProcess, wait_until
 from scrape import get
 
-from gms.logging_setup import JsonFormatter
+from gms.logging_setup import JsonFormatter, RepeatedWarningFilter
 from gms.protocol.codes import Flag, RequestCode
 from gms.protocol.frame import encode_frame
 
@@ -112,3 +112,13 @@ def test_bad_log_and_metrics_flags_are_usage_errors(tmp_path, module, flag, path
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
     assert error in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_audit_trail_is_never_throttled():
+    """Every refused request stays a line of its own; other warnings repeat once a minute."""
+    throttle = RepeatedWarningFilter()
+
+    def record(name: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, "refused request code %d", (200,), None)
+    assert [throttle.filter(record("gms.audit")) for _ in range(3)] == [True] * 3
+    assert [throttle.filter(record("gms.net.server")) for _ in range(3)] == [True, False, False]
