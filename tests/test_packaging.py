@@ -42,3 +42,18 @@ def test_runs_from_the_checkout_root(argv):
 
 def test_py_typed_ships():
     assert (Path(importlib.import_module("gms").__file__).parent / "py.typed").exists()
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """A folder with an ``__init__.py`` missing from ``packages`` imports in an editable install
+    and is absent from the wheel (a broker that cannot start once pip-installed)."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in {"gms": "common", **setuptools["package-dir"]}.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *relative)))
+    assert found - listed == set()
