@@ -1,0 +1,96 @@
+"""Issue 16's figures through the public SDK against a real broker process.
+
+- ``key_lookup_ms_p99``: ``Admin.find_by_key`` latency (p50 and p99 over random keys) once
+  ``--keyed`` messages (10 M; 1 M with ``--quick``) carrying a unique key each are indexed;
+- ``sql_filter_msgs_per_s``: messages a broker filters per second for a ``Consumer`` subscribed
+  with a 10 %-selective SQL92 expression (every message scanned by the broker, the selected tenth
+  read by the consumer), ``--filtered`` messages (2 M; 500 k with ``--quick``).
+
+Prints one JSON line. Transactions and the idempotent producer are not built yet: their keys
+(``tx_commits_per_s``, ``idempotent_produce_ratio``) are absent until they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench_e2e import _start_broker
+
+BATCH = 1000
+
+
+def key_lookups(address: str, keyed: int, lookups: int) -> dict[str, float]:
+    from gms.client import Admin, Producer, ProducerRecord
+    with Admin([address]) as admin:
+        admin.create_topic("keyed", queues=8)
+    started = time.perf_counter()
+    with Producer([address]) as producer:
+        for base in range(0, keyed, BATCH):
+            producer.send_batch([ProducerRecord("keyed", b"k" * 50, keys=(f"key-{i}",), queue=i % 8)
+                                 for i in range(base, min(base + BATCH, keyed))])
+    produce_s = time.perf_counter() - started
+    samples = []
+    with Admin([address]) as admin:
+        for key in random.Random(7).sample(range(keyed), lookups):
+            start = time.perf_counter()
+            found = admin.find_by_key("keyed", f"key-{key}")
+            samples.append((time.perf_counter() - start) * 1000)
+            assert len(found) == 1 and found[0].body == b"k" * 50, (key, found)
+    samples.sort()
+    return {"keyed_messages": keyed, "keyed_produce_msgs_per_s": round(keyed / produce_s),
+            "key_lookup_ms_p50": round(statistics.median(samples), 3),
+            "key_lookup_ms_p99": round(samples[int(len(samples) * 0.99)], 3)}
+
+
+def sql_filter(address: str, total: int) -> dict[str, float]:
+    from gms.client import Admin, Consumer, Producer, ProducerRecord, Sql
+    with Admin([address]) as admin:
+        admin.create_topic("props", queues=4)
+    with Producer([address]) as producer:
+        for base in range(0, total, BATCH):
+            producer.send_batch([
+                ProducerRecord("props", b"p" * 100, queue=i % 4,
+                               properties={"region": "eu" if i % 10 == 0 else "us", "amount": str(i % 1000)})
+                for i in range(base, min(base + BATCH, total))])
+    expected = (total + 9) // 10
+    got = 0
+    with Consumer([address], group="sql-bench", subscription={"props": Sql("region = 'eu' AND amount >= 0")},
+                  start_from="first", max_poll_messages=4096, auto_commit=False) as consumer:
+        started = time.perf_counter()
+        while got < expected:
+            for message in consumer.poll(1000):
+                message.body  # noqa: B018 - read as an application does
+                got += 1
+        elapsed = time.perf_counter() - started
+    return {"sql_filtered_messages": total, "sql_selected": got, "sql_filter_msgs_per_s": round(total / elapsed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--keyed", type=int)
+    parser.add_argument("--filtered", type=int)
+    parser.add_argument("--lookups", type=int, default=2000)
+    args = parser.parse_args()
+    keyed = args.keyed or (1_000_000 if args.quick else 10_000_000)
+    filtered = args.filtered or (500_000 if args.quick else 2_000_000)
+    result: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, address = _start_broker(Path(tmp) / "broker")
+        try:
+            result.update(key_lookups(address, keyed, args.lookups))
+            result.update(sql_filter(address, filtered))
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
