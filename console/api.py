@@ -5,6 +5,7 @@
 - ``GET /api/topics``, ``GET /api/topics/{topic}``: topics, one topic's queues and its rate history;
 - ``GET /api/groups``, ``GET /api/groups/{group}``: groups, one group's members, lag and lag history;
 - ``GET /api/messages/{msg_id}``: one message by id;
+- ``GET /api/keys?topic=T&key=K``: the newest messages of a topic carrying a key;
 - ``POST /api/topics``, ``POST /api/groups/{group}/reset-offsets``: admin actions (``--admin``;
   otherwise 403).
 
@@ -50,6 +51,7 @@ class ConsoleApi:
             web.get("/api/groups", self.groups),
             web.get("/api/groups/{group}", self.group),
             web.get("/api/messages/{msg_id}", self.message),
+            web.get("/api/keys", self.find_by_key),
             web.post("/api/topics", self.create_topic),
             web.post("/api/groups/{group}/reset-offsets", self.reset_offsets),
         ])
@@ -79,6 +81,11 @@ class ConsoleApi:
         name = request.match_info["group"]
         described = await asyncio.to_thread(self._data.group, name)
         return web.json_response({**described, "history": self._history.group_lag(name)})
+
+    async def find_by_key(self, request: web.Request) -> web.Response:
+        query = request.query
+        return web.json_response(await asyncio.to_thread(self._data.find_by_key, query.get("topic", ""),
+                                                         query.get("key", "")))
 
     async def message(self, request: web.Request) -> web.Response:
         return web.json_response(await asyncio.to_thread(self._data.message, request.match_info["msg_id"]))

@@ -18,6 +18,8 @@ from gms.msgid import decode_msg_id
 
 # A page shows the start of a body: a whole 4 MiB body would stall the browser for nothing.
 BODY_PREVIEW_BYTES = 4096
+KEY_MATCHES_SHOWN = 64  # messages a lookup by key lists (newest)
+KEY_BODY_PREVIEW_BYTES = 120  # a table cell's worth
 # What the cluster page shows of each broker's BROKER_STATUS answer.
 BROKER_STATUS_FIELDS = ("version", "uptime_s", "flush_mode", "store_health", "disk_used_bytes", "topics",
                         "connections", "error")
@@ -162,6 +164,20 @@ class ConsoleData:
         body = found.body
         return {**fields, "broker": located.address, "body_bytes": len(body),
                 "body_preview": body_text(body[:BODY_PREVIEW_BYTES]), "body_truncated": len(body) > BODY_PREVIEW_BYTES}
+
+    def find_by_key(self, topic: str, key: str) -> dict[str, Any]:
+        """The newest messages of ``topic`` carrying ``key`` (the brokers' key index), each as
+        :meth:`message` shows one but with a shorter body preview."""
+        topic, key = topic.strip(), key.strip()
+        if not topic or not key or " " in key:
+            raise BadInput("name a topic and one key (keys hold no spaces), as `gms msg find --topic T --key K`")
+        rows = []
+        for found in self._admin.find_by_key(topic, key, max_messages=KEY_MATCHES_SHOWN):
+            fields = message_dict(found)
+            del fields["body"], fields["body_encoding"]
+            body = found.body
+            rows.append({**fields, "body_bytes": len(body), "body_preview": body_text(body[:KEY_BODY_PREVIEW_BYTES])})
+        return {"topic": topic, "key": key, "messages": rows}
 
 
 def _cluster_problems(etcd: dict[str, Any], brokers: list[dict[str, Any]],

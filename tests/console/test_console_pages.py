@@ -126,6 +126,21 @@ def test_message_lookup_by_id(page: Browser, console: ConsoleProcess, data: Clus
     page.screenshot("message")
 
 
+def test_message_lookup_by_key(page: Browser, console: ConsoleProcess, data: ClusterData) -> None:
+    sent = data.sent[SENT_PER_QUEUE[0] + 2]  # queue 1, offset 2, key o-1-2
+    page.open(console.url(f"/messages?topic={TOPIC}&key=o-1-2"))
+    page.wait_for(lambda: page.js("return document.getElementById('result').dataset.state") == "found",
+                  "the messages with the key")
+    rows = page.rows("matches")
+    assert [(r["message id"], r["queue"], r["offset"], r["tag"], r["body"]) for r in rows] == [
+        (sent.msg_id, "1", "2", "created", "order 1-2")]
+    page.screenshot("message-by-key")
+    page.open(console.url(f"/messages?topic={TOPIC}&key=nobody-has-it"))
+    page.wait_for(lambda: page.js("return document.getElementById('result').dataset.state") == "found",
+                  "an empty answer")
+    assert page.text("#result h2").startswith("0 message(s)")
+
+
 def test_message_lookup_explains_unknown_and_malformed_ids(page: Browser, console: ConsoleProcess,
                                                            data: ClusterData) -> None:
     page.open(console.url("/messages"))

@@ -1,5 +1,5 @@
-// Message lookup by id (the id `gms produce` and the SDK's send print). Keys are not indexed by
-// the brokers yet, so there is no lookup by key.
+// Message lookup by id (the id `gms produce` and the SDK's send print), and by key (the brokers'
+// key index: the newest messages of a topic carrying it).
 
 import * as api from "../api.js";
 import { count, el, errorBox, link, replace, table, time } from "../dom.js";
@@ -10,9 +10,15 @@ export default function messages(main) {
   const result = el("div", { id: "result", class: "result" });
   const form = el("form", { id: "lookup", class: "action" },
     el("label", {}, "message id", input), el("button", { type: "submit" }, "Look up"));
+  const topicInput = el("input", { type: "text", name: "topic", id: "key-topic", placeholder: "topic",
+    required: true, autocomplete: "off", spellcheck: "false" });
+  const keyInput = el("input", { type: "text", name: "key", id: "key-key", placeholder: "message key",
+    required: true, autocomplete: "off", spellcheck: "false" });
+  const byKey = el("form", { id: "key-lookup", class: "action" },
+    el("label", {}, "topic", topicInput), el("label", {}, "key", keyInput), el("button", { type: "submit" }, "Find"));
   main.append(el("h1", {}, "Message lookup"), form,
-    el("p", { class: "muted" }, "By message id, as `gms produce` and the SDK's send return it."
-      + " Lookup by key needs a key index, which the brokers do not keep yet."), result);
+    el("p", { class: "muted" }, "By message id, as `gms produce` and the SDK's send return it; or by key:"), byKey,
+    result);
 
   const lookUp = async (id) => {
     result.dataset.state = "loading";
@@ -31,12 +37,47 @@ export default function messages(main) {
     history.replaceState(null, "", `/messages?id=${encodeURIComponent(id)}`);
     lookUp(id);
   });
-  const given = new URLSearchParams(location.search).get("id");
+  const findByKey = async (topic, key) => {
+    result.dataset.state = "loading";
+    replace(result, el("p", { class: "muted" }, "Looking up…"));
+    try {
+      showMatches(result, await api.get(`/api/keys?topic=${encodeURIComponent(topic)}&key=${encodeURIComponent(key)}`));
+      result.dataset.state = "found";
+    } catch (err) {
+      replace(result, errorBox(err.message));
+      result.dataset.state = "error";
+    }
+  };
+  byKey.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const topic = topicInput.value.trim();
+    const key = keyInput.value.trim();
+    history.replaceState(null, "", `/messages?topic=${encodeURIComponent(topic)}&key=${encodeURIComponent(key)}`);
+    findByKey(topic, key);
+  });
+  const params = new URLSearchParams(location.search);
+  const given = params.get("id");
   if (given) {
     input.value = given;
     lookUp(given);
+  } else if (params.get("topic") && params.get("key")) {
+    topicInput.value = params.get("topic");
+    keyInput.value = params.get("key");
+    findByKey(topicInput.value, keyInput.value);
   }
   return {};
+}
+
+function showMatches(result, found) {
+  const heading = el("h2", {}, `${found.messages.length} message(s) of ${found.topic} with key ${found.key}`);
+  replace(result, heading, table("matches", [
+    { label: "message id", value: (m) => link(`/messages?id=${encodeURIComponent(m.msg_id)}`, m.msg_id) },
+    { label: "queue", value: (m) => m.queue_id, num: true },
+    { label: "offset", value: (m) => m.queue_offset, num: true },
+    { label: "tag", value: (m) => m.tag ?? "-" },
+    { label: "stored", value: (m) => time(m.store_timestamp_ms) },
+    { label: "body", value: (m) => m.body_preview },
+  ], found.messages));
 }
 
 function show(result, m) {
