@@ -20,34 +20,27 @@ export default function messages(main) {
     el("p", { class: "muted" }, "By message id, as `gms produce` and the SDK's send return it; or by key:"), byKey,
     result);
 
-  const lookUp = async (id) => {
+  // result.dataset.state: loading, then found or error (the browser tests wait on it).
+  const load = async (path, render) => {
     result.dataset.state = "loading";
     replace(result, el("p", { class: "muted" }, "Looking up…"));
     try {
-      show(result, await api.get(`/api/messages/${encodeURIComponent(id)}`));
+      render(result, await api.get(path));
       result.dataset.state = "found";
     } catch (err) {
       replace(result, errorBox(err.message));
       result.dataset.state = "error";
     }
   };
+  const lookUp = (id) => load(`/api/messages/${encodeURIComponent(id)}`, show);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const id = input.value.trim();
     history.replaceState(null, "", `/messages?id=${encodeURIComponent(id)}`);
     lookUp(id);
   });
-  const findByKey = async (topic, key) => {
-    result.dataset.state = "loading";
-    replace(result, el("p", { class: "muted" }, "Looking up…"));
-    try {
-      showMatches(result, await api.get(`/api/keys?topic=${encodeURIComponent(topic)}&key=${encodeURIComponent(key)}`));
-      result.dataset.state = "found";
-    } catch (err) {
-      replace(result, errorBox(err.message));
-      result.dataset.state = "error";
-    }
-  };
+  const findByKey = (topic, key) =>
+    load(`/api/keys?topic=${encodeURIComponent(topic)}&key=${encodeURIComponent(key)}`, showMatches);
   byKey.addEventListener("submit", (event) => {
     event.preventDefault();
     const topic = topicInput.value.trim();
