@@ -64,7 +64,7 @@ def test_standalone_serves_produce_and_tail_then_stops_on_sigint(tmp_path):
         registered = wait_broker_registered(nameserver)
         if registered:
             nameserver_metrics, broker_metrics = (int(p) for p in re.findall(r":(\d+)/metrics", addresses["metrics"]))
-            assert get(nameserver_metrics, "/readyz") == (200, "ready\n")
+            assert wait_until(lambda: get(nameserver_metrics, "/readyz") == (200, "ready\n"), 10)
             assert wait_until(lambda: get(broker_metrics, "/readyz") == (200, "ready\n"), 10)
             assert scrape(nameserver_metrics)["gms_nameserver_brokers", ()] == 1
             assert scrape(broker_metrics)["gms_broker_up_seconds", ()] > 0

@@ -59,7 +59,7 @@ def add_monitored_nameserver(cluster: LocalCluster) -> int:
 def test_metrics_count_brokers_and_route_lookups_on_the_controller(cluster):
     port = add_monitored_nameserver(cluster)
     assert get(port, "/healthz") == (200, "ok\n")
-    assert get(port, "/readyz") == (200, "ready\n")
+    wait_until(lambda: get(port, "/readyz") == (200, "ready\n"), 10)  # once it knows the controller
     for _ in range(2):
         cluster.add_broker()
     cluster.wait_registered(2)
@@ -88,7 +88,8 @@ def test_metrics_count_brokers_and_route_lookups_on_the_controller(cluster):
 
 def test_readiness_names_a_lost_etcd(cluster):
     port = add_monitored_nameserver(cluster)
-    assert get(port, "/readyz") == (200, "ready\n")
+    # Ready once it has seen who the controller is (an election round after it started).
+    wait_until(lambda: get(port, "/readyz") == (200, "ready\n"), 10)
     cluster.etcd.stop()
     wait_until(lambda: get(port, "/readyz")[0] == 503, 10)
     status, reasons = get(port, "/readyz")
