@@ -11,7 +11,6 @@ group rebalances and consumer-group lag of the queues this broker leads.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -29,8 +28,6 @@ from gms.store_errors import StoreError
 
 if TYPE_CHECKING:
     from gms.broker.server import BrokerServer
-
-log = logging.getLogger(__name__)
 
 
 class BrokerMetrics:
@@ -57,8 +54,10 @@ class BrokerMetrics:
             self.registry.register(collector)
         self.registry.register(_BrokerCollector(broker, self))
 
-    def _add(self, totals: dict[tuple[str, str], list[int]], topic: str, queue: str, count: int, size: int) -> None:
-        key = (topic, queue if self.per_queue else "")
+    def _add(self, totals: dict[tuple[str, str], list[int]], topic: str, queue_id: int | None, count: int,
+             size: int) -> None:
+        """``queue_id`` None: a pop's answer, which may mix queues (label ``queue="pop"``)."""
+        key = (topic, ("pop" if queue_id is None else str(queue_id)) if self.per_queue else "")
         pair = totals.get(key)
         if pair is None:
             pair = totals[key] = [0, 0]
@@ -69,12 +68,12 @@ class BrokerMetrics:
         """A send's batch was stored."""
         for (topic, queue_id), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
                                                   strict=True):
-            self._add(self.stored_totals, topic, str(queue_id), count, size)
+            self._add(self.stored_totals, topic, queue_id, count, size)
 
     def served(self, topic: str, queue_id: int | None, count: int, size: int) -> None:
         """A pull (of ``queue_id``) or a pop (None: it may mix queues) answered ``count`` records."""
         if count:
-            self._add(self.served_totals, topic, "pop" if queue_id is None else str(queue_id), count, size)
+            self._add(self.served_totals, topic, queue_id, count, size)
 
     def acked(self, acks: int, seconds: float) -> None:
         """A send was acknowledged ``seconds`` after its dispatch."""

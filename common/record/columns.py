@@ -347,9 +347,8 @@ def property_columns(buf: bytes | memoryview, offsets: FieldOffsets, names: Iter
     for name in names:
         column = np.full(count, None, dtype=object)
         if name == "TAGS":
-            tag_lengths = offsets.headers["tag_len"].astype(np.int64)
-            tags = bytes_column(data, np.asarray(offsets.tag_at, np.int64), np.broadcast_to(tag_lengths, (count,)))
-            column[:] = [t.decode("utf-8", "replace") if t else None for t in tags]
+            headers = offsets.headers
+            column[:] = text_column(data, offsets.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
             columns[name] = column
             continue
         pattern = re.compile(re.escape(name.encode()) + PROP_NAME_VALUE_SEPARATOR.encode()
