@@ -30,6 +30,8 @@ class RequestCode(IntEnum):
     ACK_MESSAGE = 19  # acknowledge popped messages by (queue, offset, delivery attempt)
     CHANGE_INVISIBLE_DURATION = 20  # move when a popped message becomes visible again
     FIND_BY_KEY = 21  # the newest messages of a topic carrying a key (the store's key index)
+    END_TRANSACTION = 22  # commit or roll back a transaction's half messages on this broker
+    CHECK_TRANSACTIONS = 23  # a producer group's long poll for open transactions to resolve (check-back)
 
     # 30-49: consumer groups (broker).
     COMMIT_OFFSET = 30
@@ -48,6 +50,7 @@ class RequestCode(IntEnum):
     BROKER_STATUS = 55
     RESET_OFFSETS = 56
     DELETE_GROUP = 57
+    LIST_TRANSACTIONS = 58  # the open transactions a broker holds (``gms tx list``)
 
     # 100-119: nameserver.
     REGISTER_BROKER = 100
@@ -58,6 +61,7 @@ class RequestCode(IntEnum):
     GROUP_SETTINGS_PUT = 105  # a consumer group's settings (retries, FIFO), kept in etcd
     GROUP_SETTINGS_GET = 106
     GROUP_SETTINGS_DELETE = 107
+    INIT_PRODUCER_ID = 108  # allocate an idempotent producer's id (a counter in etcd)
 
     # 120-139: security administration on the nameserver (super users only).
     USER_PUT = 120  # create a user or replace its role and credential (a SCRAM verifier, never a password)
@@ -100,6 +104,9 @@ class Status(IntEnum):
     BAD_TAG_EXPRESSION = 45
     OFFSET_ILLEGAL = 46
     MESSAGE_NOT_FOUND = 47
+    OUT_OF_ORDER_SEQUENCE = 48  # an idempotent producer's batch skips sequence numbers
+    PRODUCER_FENCED = 49  # an idempotent producer's batch of an older epoch than the broker knows
+    TRANSACTION_NOT_FOUND = 50  # no open transaction with that id on this broker
 
     # 60-79: consumer groups.
     GROUP_NOT_FOUND = 60
