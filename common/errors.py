@@ -168,6 +168,27 @@ class MessageNotFoundError(GmsError):
     status = Status.MESSAGE_NOT_FOUND
 
 
+class OutOfOrderSequenceError(GmsError):
+    """An idempotent producer's batch is not the next one the broker expects from it on that queue
+    (an earlier batch is still on its way: retried, it lands after it)."""
+
+    status = Status.OUT_OF_ORDER_SEQUENCE
+    retriable = True
+
+
+class ProducerFencedError(GmsError):
+    """An idempotent producer's batch of an epoch older than the one the broker knows: the producer
+    gave that batch up already (docs/idempotence.md)."""
+
+    status = Status.PRODUCER_FENCED
+
+
+class TransactionNotFoundError(GmsError):
+    """No open or recently decided transaction with that id on this broker."""
+
+    status = Status.TRANSACTION_NOT_FOUND
+
+
 # --- consumer groups --------------------------------------------------------------------------
 
 
@@ -273,6 +294,9 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         BadTagExpressionError,
         OffsetIllegalError,
         MessageNotFoundError,
+        OutOfOrderSequenceError,
+        ProducerFencedError,
+        TransactionNotFoundError,
         GroupNotFoundError,
         NotCoordinatorError,
         QueueHeldError,

@@ -1,0 +1,77 @@
+"""An idempotent producer's batch sequence, carried by the first record of each batch.
+
+The producer stamps the first record of every request body with ``FLAG_SEQUENCED`` and, as its
+last property, ``__PRODUCER_SEQ`` = ``<producer id>.<epoch>.<sequence>.<count>`` in fixed-width
+hex: who sent the batch, its number among that producer's batches to the queue, and how many
+records it holds (docs/idempotence.md). The stamp is in the log, so every replica and every
+restart knows the last batches of each producer per queue; fixed width lets a batch moved to
+another queue be restamped in place. Stamping costs one insertion into the body and the CRC of
+its first record, once per batch.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from gms.record.codec import seal_crc
+from gms.record.layout import FLAG_SEQUENCED, HEADER, HEADER_SIZE, OFFSETS, PROPS_BYTES_MAX
+from gms.store_errors import InvalidRecord
+
+SEQUENCE_PROPERTY = "__PRODUCER_SEQ"
+_NAME = (SEQUENCE_PROPERTY + "\x01").encode()
+_VALUE_BYTES = 16 + 1 + 8 + 1 + 16 + 1 + 8  # producer id . epoch . sequence . count
+STAMP_BYTES = len(_NAME) + _VALUE_BYTES + 1  # name, value, property separator
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_OFF_FLAGS, _OFF_PROPS_LEN = OFFSETS["flags"], OFFSETS["props_len"]
+
+
+class BatchSequence(NamedTuple):
+    producer_id: int  # 0..2**63-1
+    epoch: int  # 0..2**31-1: bumped by the producer to restart its sequence of a queue at 0
+    sequence: int  # the batch's number among the producer's batches to its queue in this epoch
+    count: int  # records in the batch
+
+    def encode(self) -> bytes:
+        return f"{self.producer_id:016x}.{self.epoch:08x}.{self.sequence:016x}.{self.count:08x}".encode()
+
+
+def _props_end(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int]:
+    """(flags, props_len, end of the properties) of the record at ``pos``."""
+    (_, _, _, _, _, _, _, flags, _, _, _, _, topic_len, tag_len, host_len, _, keys_len,
+     props_len) = HEADER.unpack_from(buf, pos)
+    return flags, props_len, pos + HEADER_SIZE + topic_len + tag_len + host_len + keys_len + props_len
+
+
+def stamp_sequence(body: bytearray, sequence: BatchSequence) -> None:
+    """Stamp the first record of ``body`` (restamp it if stamped already); ValueError if its
+    properties have no room left."""
+    flags, props_len, end = _props_end(body, 0)
+    value = sequence.encode()
+    if flags & FLAG_SEQUENCED:
+        body[end - 1 - _VALUE_BYTES:end - 1] = value
+    else:
+        if props_len + STAMP_BYTES > PROPS_BYTES_MAX:
+            raise ValueError("the first record's properties leave no room for the producer sequence")
+        body[end:end] = b"".join((_NAME, value, b"\x02"))
+        _I32.pack_into(body, 0, _I32.unpack_from(body)[0] + STAMP_BYTES)
+        _I32.pack_into(body, _OFF_FLAGS, flags | FLAG_SEQUENCED)
+        _U16.pack_into(body, _OFF_PROPS_LEN, props_len + STAMP_BYTES)
+    seal_crc(body)
+
+
+def read_sequence(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchSequence:
+    """The sequence stamped on the record at ``pos`` (which carries FLAG_SEQUENCED);
+    InvalidRecord if it is not where and how :func:`stamp_sequence` writes it."""
+    _, props_len, end = _props_end(buf, pos)
+    start = end - 1 - _VALUE_BYTES
+    if props_len < STAMP_BYTES or bytes(buf[start - len(_NAME):start]) != _NAME or buf[end - 1] != 2:
+        raise InvalidRecord(SEQUENCE_PROPERTY, "a sequenced record carries the producer sequence as its last property")
+    try:
+        producer_id, epoch, sequence, count = (int(part, 16) for part in bytes(buf[start:end - 1]).split(b"."))
+    except ValueError:
+        raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is not four hex numbers") from None
+    if count < 1 or producer_id >= 1 << 63 or epoch >= 1 << 31:
+        raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is out of range")
+    return BatchSequence(producer_id, epoch, sequence, count)
