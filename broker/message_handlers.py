@@ -18,6 +18,7 @@ from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
+from gms.broker.producer_state import DuplicateBatch
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selected, sql_filter
 from gms.broker.store import AppendResult, GetResult, GetStatus, MessageStore
@@ -28,6 +29,7 @@ from gms.errors import (
     MessageIllegalError,
     NotLeaderError,
     OffsetIllegalError,
+    ServerError,
     ServiceUnavailableError,
 )
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
@@ -161,6 +163,10 @@ class MessageHandlers:
                 admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
         try:
             return self.store.append(body, admit)
+        except DuplicateBatch as duplicate:  # an idempotent producer's retry: answered with what is stored
+            if duplicate.stored < duplicate.count:
+                self._append_rest(body, duplicate, admit)
+            return self.store.batch_result(duplicate.key, duplicate.base_offset, duplicate.count)
         except UnknownTopic as err:
             if not self.config.auto_create_topics or self.replicas is not None:
                 raise  # in a cluster, topics come from the nameservers
@@ -278,6 +284,20 @@ class MessageHandlers:
         if replicas is not None:  # what consumers may read: not past a led queue's high watermark
             found = [record for record in found if _committed(replicas, topic, record)]
         return Response({"count": len(found)}, body=b"".join(found))
+
+
+    def _append_rest(self, body: Buffer, duplicate: DuplicateBatch,
+                     admit: Callable[[list[tuple[str, int]]], None] | None) -> None:
+        """Store the records of a batch its queue holds only the first ``stored`` of (this replica
+        had fetched part of it when it came to lead): the batch ends up stored once, whole."""
+        view = memoryview(body)
+        start = 0
+        for _ in range(duplicate.stored):
+            start += _RECORD_SIZE.unpack_from(view, start)[0]
+        rest = self.store.append(view[start:], admit)
+        if int(rest.queue_offsets[0]) != duplicate.base_offset + duplicate.stored:
+            raise ServerError(f"{duplicate.key[0]}/{duplicate.key[1]}: the rest of a partly stored batch landed at "
+                              f"{int(rest.queue_offsets[0])}, not {duplicate.base_offset + duplicate.stored}")
 
 
 FIND_MESSAGES_DEFAULT = 32

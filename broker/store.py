@@ -47,6 +47,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, Offset
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile
+from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
@@ -54,6 +55,7 @@ from gms.broker.store_layout import check_layout
 from gms.broker.store_paths import StorePaths
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
+from gms.errors import MessageNotFoundError
 from gms.private_files import make_private_dir, tighten_tree
 from gms.record import (
     HEADER_SIZE,
@@ -68,7 +70,17 @@ from gms.record import (
 )
 from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_records
 from gms.record.codec import decode_record
-from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, HIDDEN_TAG_HASH, OFFSETS, PRODUCER_FLAGS, TIMER_FLAGS
+from gms.record.layout import (
+    DELIVER_AT_PROPERTY,
+    FLAG_SCHEDULED,
+    FLAG_SEQUENCED,
+    HIDDEN_TAG_HASH,
+    OFFSETS,
+    PRODUCER_FLAGS,
+    SEQUENCE_PROPERTY,
+    TIMER_FLAGS,
+)
+from gms.record.sequence import BatchSequence, read_sequence
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -247,6 +259,9 @@ class MessageStore:
         self._keys = KeyIndex.open(paths.key_index, slot_count=self.config.key_index_slots,
                                    entries_per_file=self.config.key_index_entries_per_file)
         self._load_queues()
+        # Idempotent producers' last batches: as of the last checkpoint, then what recovery re-reads.
+        self.producers = ProducerStates(paths.producers, self.config.producer_state_expiry_ms)
+        self.producers.load()
         checkpoint = read_checkpoint(paths.checkpoint)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
         if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
@@ -399,6 +414,7 @@ class MessageStore:
                         self._queues.pop(key).close()
                 shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
             self._save_min_offsets()  # a topic created again under this name starts at 0
+            self.producers.deleted(name)
         self._timers.deleted(name)
 
     def topics(self) -> dict[str, int]:
@@ -492,6 +508,9 @@ class MessageStore:
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
                 admit([group.key for group in groups])
+            sequenced = flagged and bool((flags & FLAG_SEQUENCED).any())
+            if sequenced and not replicated:
+                self._check_sequence(buf, flags, groups, len(queue_ids))
             envelope = np.empty(len(queue_ids), ENVELOPE_DTYPE)
             if replicated:
                 queue_offsets = self._check_replicated_offsets(groups, parsed)
@@ -525,6 +544,8 @@ class MessageStore:
             self._last_store_ts_ms = store_ts_ms
             if flagged and (timer_flags := flags & TIMER_FLAGS).any():
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
+            if sequenced:
+                self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"])
         self._flush_service().appended(len(queue_ids))
         n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
@@ -557,6 +578,7 @@ class MessageStore:
             cq = self._queue(topic, queue_id)
             if admit is not None:
                 admit([(topic, queue_id)])
+            sequence = self._check_sequence_one(buf, cq, (topic, queue_id)) if record.flags & FLAG_SEQUENCED else None
             phys = commitlog.place_one(size)
             if phys is None:
                 return None
@@ -581,9 +603,63 @@ class MessageStore:
             self._last_store_ts_ms = store_ts_ms
             if record.flags & TIMER_FLAGS:
                 self._timers.appended([TimerRecord(topic, queue_id, queue_offset, phys, record.flags & TIMER_FLAGS)])
+            if sequence is not None:
+                self.producers.appended((topic, queue_id), sequence, queue_offset, phys, store_ts_ms)
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
+
+    def _check_sequence(self, buf: memoryview, flags: np.ndarray, groups: list[_QueueGroup], n: int) -> None:
+        """An idempotent producer's batch: refused if out of order or fenced, DuplicateBatch if
+        stored before (docs/idempotence.md)."""
+        stamped = np.flatnonzero(flags & FLAG_SEQUENCED)
+        if len(stamped) != 1 or stamped[0] != 0 or len(groups) != 1:
+            raise InvalidRecord(SEQUENCE_PROPERTY, "only the first record of a batch to one queue carries a"
+                                                   " producer sequence")
+        sequence = read_sequence(buf)
+        if sequence.records != n:
+            raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds {n} records, its sequence says {sequence.records}")
+        cq, _, key = groups[0]
+        known = self.producers.check(key, sequence, cq.max_offset)
+        if known is not None:
+            raise DuplicateBatch(key, known.base_offset, known.stored, sequence.records)
+
+    def _check_sequence_one(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int]) -> BatchSequence:
+        """:meth:`_check_sequence` of a single record; its sequence."""
+        sequence = read_sequence(buf)
+        if sequence.records != 1:
+            raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds 1 record, its sequence says {sequence.records}")
+        known = self.producers.check(key, sequence, cq.max_offset)
+        if known is not None:
+            raise DuplicateBatch(key, known.base_offset, known.stored, 1)
+        return sequence
+
+    def _note_sequences(self, buf: memoryview | np.ndarray, parsed: ParsedRecords, queue_offsets: np.ndarray,
+                        phys: np.ndarray, store_ts_ms: np.ndarray) -> None:
+        """Stamped records were stored (sent, replicated or re-read by recovery): the producer state
+        follows. ``buf`` holds the records at ``parsed.starts``."""
+        headers = parsed.headers
+        for i in np.flatnonzero(headers["flags"] & FLAG_SEQUENCED).tolist():
+            key = (parsed.topics[int(parsed.topic_index[i])], int(headers["queue_id"][i]))
+            try:
+                sequence = read_sequence(buf, int(parsed.starts[i]))
+            except InvalidRecord as err:  # stored already: only the producer state misses it
+                log.warning("%s/%d@%d: %s", *key, int(queue_offsets[i]), err)
+                continue
+            self.producers.appended(key, sequence, int(queue_offsets[i]), int(phys[i]), int(store_ts_ms[i]))
+
+    def batch_result(self, key: tuple[str, int], base_offset: int, count: int) -> AppendResult:
+        """An AppendResult of records stored before (an idempotent producer's duplicate batch)."""
+        cq = self._queue(*key)
+        if base_offset < cq.min_offset or base_offset + count > cq.max_offset:
+            raise MessageNotFoundError(f"{key[0]}/{key[1]}: offsets {base_offset}..{base_offset + count - 1} are"
+                                  " not all in the queue any more")
+        entries = cq.read(base_offset, count)
+        phys = entries["phys"].astype(np.int64)
+        sizes = entries["size"].astype(np.int64)
+        return AppendResult(int((phys + sizes).max()), np.full(count, key[1], np.int64),
+                            np.arange(base_offset, base_offset + count, dtype=np.int64), phys, [key], [count],
+                            [int(sizes.sum())])
 
     def _check_delivery_times(self, buf: memoryview, starts: list[int]) -> None:
         """Scheduled records carry a delivery time no further ahead than schedule_max_delay_ms."""
@@ -640,6 +716,7 @@ class MessageStore:
                 except StoreIOError as err:
                     self._flush_service().fail(err)
                     raise
+            self.producers.truncated((topic, queue_id), offset)
         self._timers.truncated(topic, queue_id)
 
     def restart_queue(self, topic: str, queue_id: int, offset: int) -> None:
@@ -655,6 +732,7 @@ class MessageStore:
             with self._index_lock:
                 cq.reset(offset)
             self._save_min_offsets()
+            self.producers.truncated((topic, queue_id), 0)
         self._timers.truncated(topic, queue_id)
 
     def _group_by_queue(self, parsed: ParsedRecords, queue_ids: np.ndarray) -> list[_QueueGroup]:
@@ -763,8 +841,10 @@ class MessageStore:
         if consistent:
             self._dispatch(consistent, queue_offsets, phys, sizes, tag_hashes)
         f = self._cl().file_for(int(phys[0]))  # recovery hands over the records of one file at a time
-        self._keys.add(f.array, ParsedRecords(phys - f.base_offset, parsed.headers, parsed.topics, parsed.topic_index),
-                       phys, parsed.headers["store_ts_ms"])
+        in_file = ParsedRecords(phys - f.base_offset, parsed.headers, parsed.topics, parsed.topic_index)
+        self._keys.add(f.array, in_file, phys, parsed.headers["store_ts_ms"])
+        if (parsed.headers["flags"] & FLAG_SEQUENCED).any():
+            self._note_sequences(f.array, in_file, queue_offsets, phys, parsed.headers["store_ts_ms"])
         self._last_store_ts_ms = max(self._last_store_ts_ms, int(parsed.headers["store_ts_ms"].max()))
 
     def _index_reconciled(self, cq: ConsumeQueue, key: tuple[str, int], carried: np.ndarray, phys: np.ndarray,
@@ -842,6 +922,7 @@ class MessageStore:
             for cq in queues:
                 cq.flush()
             self._keys.flush()
+        self.producers.save(end, now_ms)  # before the checkpoint: recovery from it re-reads what follows
         write_checkpoint(self.paths.checkpoint, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
         self._checkpointed_offset = end

@@ -34,6 +34,8 @@ class StoreConfig:
     verify_tag_hash: bool = True  # check each distinct tag's xxhash64 on append (cheap: per tag, not per record)
     # How far ahead a scheduled message may be delivered (RocketMQ 5's timerMaxDelaySec: 3 days; ours 7).
     schedule_max_delay_ms: int = 7 * 24 * 3600 * 1000
+    # How long an idle idempotent producer's sequences are kept (Kafka's producer.id.expiration.ms).
+    producer_state_expiry_ms: int = 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if self.commitlog_file_size_bytes < COMMITLOG_FILE_SIZE_MIN_BYTES:
@@ -48,8 +50,8 @@ class StoreConfig:
             raise ValueError("intervals must be positive")
         if self.flush_every_messages < 0 or self.flush_least_pages < 0:
             raise ValueError("flush thresholds must be >= 0")
-        if self.schedule_max_delay_ms < 0:
-            raise ValueError("schedule_max_delay_ms must be >= 0")
+        if self.schedule_max_delay_ms < 0 or self.producer_state_expiry_ms < 0:
+            raise ValueError("schedule_max_delay_ms and producer_state_expiry_ms must be >= 0")
         if self.body_size_max_bytes < 1:
             raise ValueError("body_size_max_bytes must be >= 1")
         if self.disk_usage_max_bytes is not None and self.disk_usage_max_bytes < 0:

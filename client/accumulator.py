@@ -4,7 +4,7 @@ A batch is sent when it reaches ``batch_bytes`` or ``linger_ms`` after its first
 whichever comes first (Kafka's linger.ms / batch.size). Callers append from any thread under
 one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
 bounds the memory of unsent messages: appends block while it is reached. A batch over the
-broker's limit per send request goes out as several requests (``BatchBuilder.seal_requests``).
+broker's limit per send request goes out as several requests (``BatchBuilder.seal_counted``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from gms.client.structs import SendFuture, SendResult
 from gms.errors import ProtocolError
 from gms.record.builder import BatchBuilder, RecordEncoder
 
-# Sends one batch, sealed as one or more request bodies, to ``route``; results in order.
-SendFn = Callable[[QueueRoute, list[bytearray]], Awaitable[Sequence[SendResult]]]
+# Sends one batch, sealed as one or more request bodies (with their record counts), to ``route``;
+# results in order.
+SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[SendResult]]]
 
 
 class _OpenBatch:
@@ -87,7 +88,7 @@ class Accumulator:
 
     async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
         try:
-            results = await self._send(route, batch.records.seal_requests())
+            results = await self._send(route, batch.records.seal_counted())
         except BaseException as err:
             batch.future.set_exception(err)
             if not isinstance(err, Exception):

@@ -24,16 +24,28 @@ import xxhash
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.delivery import deliver_at_ms
-from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
+from gms.client.idempotence import Sequencer, random_producer_id
+from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
-from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
+from gms.errors import (
+    GmsError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    OutOfOrderSequenceError,
+    QueueNotFoundError,
+    ServerBusyError,
+    ServiceUnavailableError,
+    TopicNotFoundError,
+    UnknownCodeError,
+)
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
+from gms.record.sequence import BatchSequence
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -42,6 +54,11 @@ ACKS_VALUES = (0, 1, -1)
 _TOTAL_SIZE = struct.Struct(">i")
 _QUEUE_ID = struct.Struct(">i")
 _I64 = struct.Struct(">q")  # an offset of a send's answer
+# Failures that show a batch was not stored: it may move to another queue. After any other
+# (a timeout, a connection lost mid-request) it may have been, so it stays on its queue, where
+# the broker recognises it if it was (idempotence).
+_NOT_STORED_ERRORS = (NotLeaderError, TopicNotFoundError, QueueNotFoundError, ServiceUnavailableError,
+                      ServerBusyError, OutOfOrderSequenceError, NotEnoughReplicasError)
 
 
 class ProducerRecord(NamedTuple):
@@ -65,9 +82,10 @@ class _Sender:
     the CRC, are rewritten)."""
 
     def __init__(self, runtime: ClientRuntime, faults: BrokerFaults, *, acks: int, retries: int,
-                 retry_backoff_ms: float) -> None:
+                 retry_backoff_ms: float, sequencer: Sequencer | None) -> None:
         self._runtime = runtime
         self._faults = faults
+        self.sequencer = sequencer  # None: not idempotent
         self._acks = acks
         self._retries = retries
         self._retry_backoff_s = retry_backoff_ms / 1000
@@ -75,47 +93,76 @@ class _Sender:
 
     async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None, *,
                    movable: bool = False, first_error: GmsError | None = None,
-                   ) -> SendResults | list[SendResult]:
+                   sequence: BatchSequence | None = None) -> SendResults | list[SendResult]:
         """Send ``body`` to ``route`` until acknowledged or out of retries.
 
         ``first_error``: the first attempt was made elsewhere (on a blocking connection) and
-        failed so; retry it here as if it had failed here."""
+        failed so; retry it here as if it had failed here. ``sequence``: the idempotent
+        producer's stamp on ``body`` (given up on its queue if the send fails)."""
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
-        for attempt in itertools.count():
-            try:
-                if first_error is not None:
-                    failed, first_error = first_error, None
-                    raise failed
-                if acks == 0:
-                    await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
-                    return []
-                frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
-            except (TopicNotFoundError, QueueNotFoundError) as err:
-                # The route may be newer than the broker's queues (created a moment ago) or stale.
-                if attempt >= self._retries or not await self._still_routed(route):
-                    raise
-                log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
-            except GmsError as err:
-                if not err.retriable or attempt >= self._retries:
-                    raise
-                log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
-                if isinstance(err, UNREACHABLE_ERRORS):
-                    self._faults.failed(route.broker)
-            else:
-                return _results(route.topic, frame.fields)
-            self._runtime.routes.invalidate()
-            await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
-            route = await self._reroute(route, body, movable)
+        maybe_stored = False  # a failed attempt may have stored the batch: it must stay on its queue
+        try:
+            for attempt in itertools.count():
+                try:
+                    if first_error is not None:
+                        failed, first_error = first_error, None
+                        raise failed
+                    if acks == 0:
+                        await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
+                        return []
+                    frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+                except (TopicNotFoundError, QueueNotFoundError) as err:
+                    # The route may be newer than the broker's queues (created a moment ago) or stale.
+                    if attempt >= self._retries or not await self._still_routed(route):
+                        raise
+                    log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
+                except GmsError as err:
+                    if not err.retriable or attempt >= self._retries:
+                        raise
+                    log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
+                    if isinstance(err, UNREACHABLE_ERRORS):
+                        self._faults.failed(route.broker)
+                    maybe_stored = maybe_stored or not isinstance(err, _NOT_STORED_ERRORS)
+                else:
+                    return _results(route.topic, frame.fields)
+                self._runtime.routes.invalidate()
+                await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
+                # A batch that may be stored on a replicated queue waits there for the new leader,
+                # which answers a retry of a stored batch with where it is (exactly once); one of an
+                # unreplicated queue whose broker is gone moves on (docs/idempotence.md).
+                moved = await self._reroute(route, body, movable and not (maybe_stored and route.replicated))
+                if sequence is not None and moved.queue_id != route.queue_id:
+                    sequence = self._restamp(body, route, moved, sequence)
+                route = moved
+        except BaseException:
+            if sequence is not None:
+                self.sequencer.gave_up(route.topic, route.queue_id, sequence)  # type: ignore[union-attr]
+            raise
         raise AssertionError("unreachable")
 
-    async def send_bodies(self, route: QueueRoute, bodies: list[bytearray], *, movable: bool = False,
-                          ) -> SendResults | list[SendResult]:
-        """Send one batch sealed as several request bodies (``BatchBuilder.seal_requests``) one
-        after the other, so that a retry never reorders them; the results of all, in order."""
-        if len(bodies) == 1:
-            return await self.send(route, bodies[0], movable=movable)
-        return _joined([await self.send(route, body, movable=movable) for body in bodies])
+    def _restamp(self, body: bytearray, old: QueueRoute, new: QueueRoute, sequence: BatchSequence) -> BatchSequence:
+        """A batch moved to another queue: the next batch number there (a new epoch on the old one)."""
+        sequencer = self.sequencer
+        assert sequencer is not None
+        sequencer.gave_up(old.topic, old.queue_id, sequence)
+        return sequencer.stamp(body, new.topic, new.queue_id, sequence.records)
+
+    async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
+                          movable: bool = False) -> SendResults | list[SendResult]:
+        """Send one batch sealed as several request bodies of so many records each
+        (``BatchBuilder.seal_counted``) one after the other, so that a retry never reorders them;
+        the results of all, in order. An idempotent producer numbers each body as it goes."""
+        sequencer = self.sequencer
+        if sequencer is None or self._acks == 0:
+            answers = [await self.send(route, body, movable=movable) for body, _ in bodies]
+        else:
+            await sequencer.ready()
+            async with sequencer.in_flight(route.topic, route.queue_id):
+                answers = [await self.send(route, body, movable=movable,
+                                           sequence=sequencer.stamp(body, route.topic, route.queue_id, count))
+                           for body, count in bodies]
+        return answers[0] if len(answers) == 1 else _joined(answers)
 
     async def _still_routed(self, route: QueueRoute) -> bool:
         self._runtime.routes.invalidate()
@@ -215,10 +262,12 @@ class Producer:
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         born_host: str | None = None,
         security: ClientSecurity | None = None,
+        idempotence: bool = True,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
         None means this machine's host name, looked up once here. ``security``: TLS and user
-        (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables)."""
+        (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables).
+        ``idempotence``: retries never store a batch twice (docs/idempotence.md; off with acks=0)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
@@ -227,8 +276,9 @@ class Producer:
                                       name="gms-producer", security=security)
         self._encoder = RecordEncoder(socket.gethostname() if born_host is None else born_host)
         self._faults = BrokerFaults()
+        self._sequencer = Sequencer(self._allocate_producer_id) if idempotence and acks != 0 else None
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
-                               retry_backoff_ms=retry_backoff_ms)
+                               retry_backoff_ms=retry_backoff_ms, sequencer=self._sequencer)
         self._accumulator = Accumulator(
             self._runtime.loop, self._encoder, self._sender.send_bodies,
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
@@ -239,6 +289,29 @@ class Producer:
         self._blocking = BlockingPool(security=self._runtime.security)
         # A sync call waits for the whole retry schedule, never forever.
         self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+
+    @property
+    def producer_id(self) -> int | None:
+        """The idempotent producer's id (None before its first send, or when not idempotent)."""
+        return None if self._sequencer is None else self._sequencer.producer_id
+
+    async def _allocate_producer_id(self) -> int:
+        routes = self._runtime.routes
+        if isinstance(routes, NameserverRoutes):
+            try:
+                return int((await routes.request(RequestCode.INIT_PRODUCER_ID)).fields["producer_id"])
+            except UnknownCodeError:  # a nameserver older than idempotence
+                log.info("the nameservers allocate no producer ids: using a random one")
+        return random_producer_id()
+
+    def _stamp(self, route: QueueRoute, body: bytearray, count: int) -> BatchSequence | None:
+        """Number a body sent from the caller's thread (idempotent producers)."""
+        sequencer = self._sequencer
+        if sequencer is None:
+            return None
+        if sequencer.producer_id is None:
+            self._runtime.run(sequencer.ready(), self._call_timeout_ms)
+        return sequencer.stamp(body, route.topic, route.queue_id, count)
 
     # --- queue selection ---------------------------------------------------------------------
 
@@ -285,13 +358,14 @@ class Producer:
         self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level),
                           reconsume_times)
         records = batch.seal()
+        sequence = self._stamp(route, records, 1)
         first_error = None
         if self._acks:
             frame, first_error = self._send_blocking(route, records)
             if frame is not None:
                 return _one_result(route.topic, frame.fields)
         send = self._sender.send(route, records, movable=queue is None and key is None,
-                                 first_error=first_error)
+                                 first_error=first_error, sequence=sequence)
         sent = self._runtime.run(send, self._call_timeout_ms)
         return sent[0] if sent else None  # type: ignore[return-value]
 
@@ -344,14 +418,16 @@ class Producer:
             group.indexes.append(count - 1)
         if not groups:
             return []
-        bodies = {target: group.records.seal_requests() for target, group in groups.items()}
+        bodies = {target: group.records.seal_counted() for target, group in groups.items()}
         if len(bodies) == 1 and self._acks:  # one request (the usual batch): sent from this thread
-            ((route, movable), (request_body, *more)), = bodies.items()
+            ((route, movable), ((request_body, request_count), *more)), = bodies.items()
             if not more:
+                sequence = self._stamp(route, request_body, request_count)
                 frame, first_error = self._send_blocking(route, request_body)
                 if frame is not None:
                     return _results(route.topic, frame.fields)
-                send = self._sender.send(route, request_body, movable=movable, first_error=first_error)
+                send = self._sender.send(route, request_body, movable=movable, first_error=first_error,
+                                         sequence=sequence)
                 return self._runtime.run(send, self._call_timeout_ms)
         # Each group's requests go one after the other, each with its own retry schedule.
         timeout_ms = self._call_timeout_ms * max(map(len, bodies.values()))
@@ -362,7 +438,7 @@ class Producer:
             return answers[0]
         return _in_input_order(list(groups.values()), answers, count)  # acks != 0
 
-    async def _send_all(self, bodies: dict[tuple[QueueRoute, bool], list[bytearray]],
+    async def _send_all(self, bodies: dict[tuple[QueueRoute, bool], list[tuple[bytearray, int]]],
                         ) -> list[SendResults | list[SendResult]]:
         return list(await asyncio.gather(*(
             self._sender.send_bodies(route, group_bodies, movable=movable)

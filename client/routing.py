@@ -44,6 +44,7 @@ class QueueRoute(NamedTuple):
     topic: str
     queue_id: int
     broker: str  # "host:port"
+    replicated: bool = False  # the queue has followers: a new leader takes over if its broker dies
 
 
 class RouteProvider(Protocol):
@@ -265,7 +266,7 @@ class NameserverRoutes:
             retry_at = time.monotonic() - self._refresh_interval_s + NAMESERVER_RETRY_MS / 1000
             self._table[topic] = entry._replace(fetched_at=retry_at)
             return entry.routes
-        routes = [QueueRoute(topic, q["queue_id"], q["leader"])
+        routes = [QueueRoute(topic, q["queue_id"], q["leader"], len(q.get("replicas", ())) > 1)
                   for q in frame.fields["queues"] if q["leader"]]
         routes.sort(key=lambda r: r.queue_id)
         if not routes:

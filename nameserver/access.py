@@ -9,6 +9,7 @@ CREATE/UPDATE/DELETE_TOPIC                     admin on the topic (creating a gr
                                                dead-letter topic: subscribe on the group)
 GROUP_SETTINGS_PUT / _DELETE                   admin on the group
 GROUP_SETTINGS_GET                             describe on the group (its consumers read it)
+INIT_PRODUCER_ID                               any authenticated user (an idempotent producer's id)
 REGISTER_BROKER (answers etcd's endpoints)     a ``broker`` credential or a super user
 USER_* and ACL_*                               super users only
 =============================================  ===========================================
@@ -35,6 +36,7 @@ POLICY: dict[int, Policy] = {
     RequestCode.GET_ROUTE: on_topic("describe"),
     RequestCode.TOPIC_LIST: on_cluster("describe"),
     RequestCode.GET_BROKER_LIST: lambda fields: [],
+    RequestCode.INIT_PRODUCER_ID: lambda fields: [],
     RequestCode.CLUSTER_STATUS: on_cluster("describe"),
     RequestCode.CREATE_TOPIC: lambda fields: _create_topic(field(fields, "topic", str)),
     RequestCode.UPDATE_TOPIC: on_topic("admin"),

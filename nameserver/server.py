@@ -51,6 +51,7 @@ NAMESERVER_TTL_S = 10
 ETCD_REQUEST_TIMEOUT_S = 3.0  # a topic write that waits longer than this is reported, not hung
 VIEW_CATCH_UP_TIMEOUT_S = 2.0  # read-your-writes wait; the write already succeeded in etcd
 LAYOUT_VERSION = 1
+PRODUCER_ID_BLOCK = 1000  # producer ids a nameserver reserves in etcd at a time
 
 
 def nameservers_prefix(keys: Keys) -> str:
@@ -160,6 +161,7 @@ class NameServer:
                 RequestCode.GROUP_SETTINGS_PUT: self._put_group_settings,
                 RequestCode.GROUP_SETTINGS_GET: self._get_group_settings,
                 RequestCode.GROUP_SETTINGS_DELETE: self._delete_group_settings,
+                RequestCode.INIT_PRODUCER_ID: self._init_producer_id,
                 RequestCode.USER_PUT: self._put_user,
                 RequestCode.USER_DELETE: self._delete_user,
                 RequestCode.USER_LIST: self._list_users,
@@ -176,6 +178,8 @@ class NameServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._view_changed = asyncio.Event()
         self._known_nameservers: list[dict[str, Any]] = []
+        self._producer_ids = [0, 0]  # the block of producer ids reserved: [next, end)
+        self._producer_ids_lock = asyncio.Lock()
         self.address = ""
 
     @property
@@ -447,6 +451,20 @@ class NameServer:
         deleted = await self._write(f"delete the settings of group {name}",
                                     lambda: metadata.delete_group_settings(name))
         return Response({"deleted": bool(deleted)})
+
+    # -- idempotent producers --------------------------------------------------------------
+    async def _init_producer_id(self, request: Frame) -> Response:
+        """A producer id of its own for an idempotent producer, from a block this nameserver reserved
+        in etcd (one etcd write per PRODUCER_ID_BLOCK producers)."""
+        async with self._producer_ids_lock:
+            if self._producer_ids[0] >= self._producer_ids[1]:
+                metadata = self._require_metadata()
+                first = await self._write("allocate producer ids",
+                                          lambda: metadata.allocate_producer_ids(PRODUCER_ID_BLOCK))
+                self._producer_ids = [first, first + PRODUCER_ID_BLOCK]
+            producer_id = self._producer_ids[0]
+            self._producer_ids[0] += 1
+        return Response({"producer_id": producer_id, "epoch": 0})
 
     # -- users and ACLs (super users only: see gms.nameserver.access) -----------------------
     async def _put_user(self, request: Frame) -> Response:

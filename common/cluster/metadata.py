@@ -15,6 +15,7 @@ etcd transaction that either happens entirely or not at all (and stays clear of 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -65,6 +66,7 @@ class Keys:
         self.users = prefix + "security/users/"
         self.acls = prefix + "security/acls/"
         self.groups = prefix + "groups/"
+        self.producer_ids = prefix + "producer_ids"
 
     def user(self, name: str) -> str:
         return self.users + name
@@ -182,6 +184,20 @@ class ClusterMetadata:
 
     def delete_group_settings(self, name: str) -> bool:
         return self.client.delete(self.keys.group(name))
+
+    # -- idempotent producers -------------------------------------------------------------------
+    def allocate_producer_ids(self, count: int) -> int:
+        """Reserve ``count`` producer ids no other caller gets; the first of them. A counter in etcd,
+        moved by compare-and-swap (ids start at 1)."""
+        key = self.keys.producer_ids
+        for _ in range(ISR_CAS_ATTEMPTS_MAX):  # every nameserver of a cluster may allocate at once
+            kv = self.client.get(key)
+            first = 1 if kv is None else int(json.loads(kv.value)["next"])
+            value = json.dumps({"v": 1, "next": first + count}, sort_keys=True).encode()
+            compare: Compare = KeyMissing(key) if kv is None else ModRevisionIs(key, kv.mod_revision)
+            if self.client.txn([compare], [Put(key, value)]):
+                return first
+        raise ConcurrentUpdate("producer ids kept being allocated by others; retry")
 
     def live_brokers(self) -> list[BrokerInfo]:
         return [BrokerInfo.from_json(kv.value) for kv in self._broker_kvs()]

@@ -36,6 +36,7 @@ from gms.record import (
     tag_hash,
 )
 from gms.record._recordcheck import add_record
+from gms.record.sequence import STAMP_BYTES
 from gms.store_errors import InvalidRecord, InvalidTopicName
 
 _OFF_SHAPE = 12  # total_size, magic, crc32: the per-record start add_record writes
@@ -44,6 +45,8 @@ _PARTS_PER_RECORD = 3  # a batch holds each record as: size/magic/CRC, shape, bo
 # Records travel in one frame; the broker refuses bigger ones anyway, so say it early.
 BODY_SIZE_MAX_BYTES = 4 * 1024 * 1024
 _CACHE_ENTRIES_MAX = 4096
+# A request body's limit, less the room an idempotent producer's stamp takes in its first record.
+REQUEST_BYTES_MAX = SEND_BODY_SIZE_MAX_BYTES - STAMP_BYTES
 # Distinct shapes one batch keeps; past this, shapes are still packed but no longer kept.
 _SHAPES_PER_BATCH_MAX = 256
 
@@ -161,11 +164,15 @@ class BatchBuilder:
         """The request body: all records, each with its CRC."""
         return bytearray().join(self.parts)
 
-    def seal_requests(self, size_bytes_max: int = SEND_BODY_SIZE_MAX_BYTES) -> list[bytearray]:
+    def seal_requests(self, size_bytes_max: int = REQUEST_BYTES_MAX) -> list[bytearray]:
         """The records as request bodies of at most ``size_bytes_max`` bytes each (a bigger
         record alone), in order: what the broker accepts in one send request."""
+        return [body for body, _ in self.seal_counted(size_bytes_max)]
+
+    def seal_counted(self, size_bytes_max: int = REQUEST_BYTES_MAX) -> list[tuple[bytearray, int]]:
+        """:meth:`seal_requests`, each body with the number of records it holds."""
         if self.size_bytes <= size_bytes_max:
-            return [self.seal()]
+            return [(self.seal(), self.count)]
         parts = self.parts
         ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)).reshape(-1, _PARTS_PER_RECORD).sum(1))
         bodies = []
@@ -173,6 +180,6 @@ class BatchBuilder:
         while first < len(ends):
             start_bytes = int(ends[first - 1]) if first else 0
             stop = max(int(np.searchsorted(ends, start_bytes + size_bytes_max, "right")), first + 1)
-            bodies.append(bytearray().join(parts[first * _PARTS_PER_RECORD:stop * _PARTS_PER_RECORD]))
+            bodies.append((bytearray().join(parts[first * _PARTS_PER_RECORD:stop * _PARTS_PER_RECORD]), stop - first))
             first = stop
         return bodies

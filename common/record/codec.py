@@ -31,6 +31,7 @@ from gms.record.layout import (
     PROP_SEPARATOR,
     PROPS_BYTES_MAX,
     RECORD_BYTES_MAX,
+    SEQUENCE_PROPERTY,
     TAG_BYTES_MAX,
     RecordCheck,
     tag_hash,
@@ -118,6 +119,7 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
         if not sep:
             raise ValueError(f"property {item!r} has no name/value separator")
         result[name] = value
+    result.pop(SEQUENCE_PROPERTY, None)  # the idempotent producer's stamp, for the brokers only
     return result
 
 

@@ -105,7 +105,7 @@ NO_TAG_HASH = 0
 
 # Record flags (the CRC-covered ``flags`` field). Scheduled messages (docs/scheduled-messages.md)
 # are stored in their queue at once but hidden from consumers; at their time the broker appends a
-# visible copy. Producers may set FLAG_SCHEDULED only; the broker writes the other two.
+# visible copy. Producers may set FLAG_SCHEDULED (and FLAG_SEQUENCED); the broker writes the timer's other two.
 FLAG_SCHEDULED = 0x1  # deliver at the time in property DELIVER_AT_PROPERTY: hidden until then
 FLAG_TIMER_COPY = 0x2  # the delivered copy of the scheduled message ORIGIN_PROPERTY names
 FLAG_TIMER_CANCEL = 0x4  # hidden: the scheduled message ORIGIN_PROPERTY names is cancelled
@@ -113,10 +113,13 @@ FLAG_SEQUENCED = 0x8  # the first record of an idempotent producer's batch (docs
 FLAG_HALF = 0x10  # a transaction's half message: hidden until committed (docs/transactions.md)
 HIDDEN_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_CANCEL
 TIMER_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_COPY | FLAG_TIMER_CANCEL
-PRODUCER_FLAGS = FLAG_SCHEDULED
+PRODUCER_FLAGS = FLAG_SCHEDULED | FLAG_SEQUENCED
 DELIVER_AT_PROPERTY = "__DELIVER_AT_MS"
 MESSAGE_GROUP_PROPERTY = "__MESSAGE_GROUP"  # FIFO order within the group (docs/fifo.md)
 ORIGIN_PROPERTY = "__TIMER_ORIGIN"  # the queue offset of the scheduled message
+# An idempotent producer's batch stamp (record.sequence): the brokers' business, never shown as a
+# message property (decode_properties leaves it out).
+SEQUENCE_PROPERTY = "__PRODUCER_SEQ"
 # The consumeQueue tag hash of a hidden record: consumers skip these entries without reading the
 # commitlog. Chosen outside what tag_hash() gives in practice (a collision would hide a message
 # with that one tag hash: probability 2**-64 per distinct tag).

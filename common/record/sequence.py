@@ -14,11 +14,13 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+import numpy as np
+
 from gms.record.codec import seal_crc
-from gms.record.layout import FLAG_SEQUENCED, HEADER, HEADER_SIZE, OFFSETS, PROPS_BYTES_MAX
+from gms.record.layout import FLAG_SEQUENCED, HEADER, HEADER_SIZE, OFFSETS, PROPS_BYTES_MAX, SEQUENCE_PROPERTY
 from gms.store_errors import InvalidRecord
 
-SEQUENCE_PROPERTY = "__PRODUCER_SEQ"
+Buffer = bytes | bytearray | memoryview | np.ndarray  # a store file's array too
 _NAME = (SEQUENCE_PROPERTY + "\x01").encode()
 _VALUE_BYTES = 16 + 1 + 8 + 1 + 16 + 1 + 8  # producer id . epoch . sequence . count
 STAMP_BYTES = len(_NAME) + _VALUE_BYTES + 1  # name, value, property separator
@@ -31,16 +33,16 @@ class BatchSequence(NamedTuple):
     producer_id: int  # 0..2**63-1
     epoch: int  # 0..2**31-1: bumped by the producer to restart its sequence of a queue at 0
     sequence: int  # the batch's number among the producer's batches to its queue in this epoch
-    count: int  # records in the batch
+    records: int  # how many the batch holds
 
     def encode(self) -> bytes:
-        return f"{self.producer_id:016x}.{self.epoch:08x}.{self.sequence:016x}.{self.count:08x}".encode()
+        return f"{self.producer_id:016x}.{self.epoch:08x}.{self.sequence:016x}.{self.records:08x}".encode()
 
 
-def _props_end(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int]:
+def _props_end(buf: Buffer, pos: int) -> tuple[int, int, int]:
     """(flags, props_len, end of the properties) of the record at ``pos``."""
     (_, _, _, _, _, _, _, flags, _, _, _, _, topic_len, tag_len, host_len, _, keys_len,
-     props_len) = HEADER.unpack_from(buf, pos)
+     props_len) = HEADER.unpack_from(buf, pos)  # type: ignore[arg-type]  # numpy arrays are buffers
     return flags, props_len, pos + HEADER_SIZE + topic_len + tag_len + host_len + keys_len + props_len
 
 
@@ -61,7 +63,7 @@ def stamp_sequence(body: bytearray, sequence: BatchSequence) -> None:
     seal_crc(body)
 
 
-def read_sequence(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchSequence:
+def read_sequence(buf: Buffer, pos: int = 0) -> BatchSequence:
     """The sequence stamped on the record at ``pos`` (which carries FLAG_SEQUENCED);
     InvalidRecord if it is not where and how :func:`stamp_sequence` writes it."""
     _, props_len, end = _props_end(buf, pos)
@@ -69,9 +71,9 @@ def read_sequence(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchSeq
     if props_len < STAMP_BYTES or bytes(buf[start - len(_NAME):start]) != _NAME or buf[end - 1] != 2:
         raise InvalidRecord(SEQUENCE_PROPERTY, "a sequenced record carries the producer sequence as its last property")
     try:
-        producer_id, epoch, sequence, count = (int(part, 16) for part in bytes(buf[start:end - 1]).split(b"."))
+        producer_id, epoch, sequence, records = (int(part, 16) for part in bytes(buf[start:end - 1]).split(b"."))
     except ValueError:
         raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is not four hex numbers") from None
-    if count < 1 or producer_id >= 1 << 63 or epoch >= 1 << 31:
+    if records < 1 or producer_id >= 1 << 63 or epoch >= 1 << 31:
         raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is out of range")
-    return BatchSequence(producer_id, epoch, sequence, count)
+    return BatchSequence(producer_id, epoch, sequence, records)

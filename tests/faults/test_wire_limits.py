@@ -131,11 +131,11 @@ BIG_PRODUCER = textwrap.dedent("""
     import sys
     from gms.client import Producer, ProducerRecord
     from gms.record.builder import BatchBuilder
-    seal_requests = BatchBuilder.seal_requests
+    seal_counted = BatchBuilder.seal_counted
     def announce(batch, *args):
         print("sending", flush=True)
-        return seal_requests(batch, *args)
-    BatchBuilder.seal_requests = announce
+        return seal_counted(batch, *args)
+    BatchBuilder.seal_counted = announce
     address, count = sys.argv[1], int(sys.argv[2])
     messages = [ProducerRecord("tiny", b"t", queue=0) for _ in range(count)]
     with Producer([address], request_timeout_ms=60_000) as producer:

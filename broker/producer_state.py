@@ -1,0 +1,184 @@
+"""What the store knows of idempotent producers: per queue, each producer's epoch and last batches.
+
+Kafka's producer state (KIP-98), kept by the store beside its indexes. A batch stamped with a
+:class:`BatchSequence` is accepted when it is the producer's next one on that queue; a retry of
+one of its last :data:`BATCHES_KEPT` batches is a duplicate (answered with the stored offsets);
+anything else is refused: a gap (``OUT_OF_ORDER_SEQUENCE``, retriable: an earlier batch is on its
+way) or a stale epoch (``PRODUCER_FENCED``). A producer this store does not know starts with
+whatever it sends (its state expired, or its earlier batches went to another broker).
+
+Every stamped record in the log updates the state, whoever wrote it (a send, replication,
+recovery's re-indexing), so followers know it before they lead. A snapshot written with each
+store checkpoint holds the state for the records below the checkpoint; crash recovery re-indexes
+the rest. Producers idle for ``expiry_ms`` are forgotten. Runs under the store's write lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from pathlib import Path
+from typing import NamedTuple
+
+from gms.broker.atomic_file import write_atomically
+from gms.errors import OutOfOrderSequenceError, ProducerFencedError
+from gms.record.sequence import BatchSequence
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+BATCHES_KEPT = 16  # a producer keeps at most 5 batches in flight per queue (client/producer.py)
+SNAPSHOT_VERSION = 1
+
+
+class StoredBatch(NamedTuple):
+    sequence: int
+    records: int
+    base_offset: int  # the queue offset of its first record
+    phys: int  # the commitlog offset of its first record
+
+
+class KnownBatch(NamedTuple):
+    """A batch sent again: where it was stored, and how many of its records the queue holds
+    (fewer than all when a replica had fetched part of it before it came to lead)."""
+
+    base_offset: int
+    stored: int
+
+
+class DuplicateBatch(Exception):
+    """The batch was stored before (``stored`` of its ``count`` records, from ``base_offset``):
+    the send is answered with where it is."""
+
+    def __init__(self, key: QueueKey, base_offset: int, stored: int, count: int) -> None:
+        super().__init__(f"{key[0]}/{key[1]}: batch stored before at {base_offset}")
+        self.key, self.base_offset, self.stored, self.count = key, base_offset, stored, count
+
+
+class _Producer:
+    __slots__ = ("batches", "epoch", "last_ms")
+
+    def __init__(self, epoch: int, last_ms: int) -> None:
+        self.epoch = epoch
+        self.last_ms = last_ms
+        self.batches: deque[StoredBatch] = deque(maxlen=BATCHES_KEPT)
+
+
+class ProducerStates:
+    def __init__(self, snapshot_path: Path, expiry_ms: int) -> None:
+        self._path = snapshot_path
+        self._expiry_ms = expiry_ms
+        self._queues: dict[QueueKey, dict[int, _Producer]] = {}
+
+    def __len__(self) -> int:
+        return sum(map(len, self._queues.values()))
+
+    def check(self, key: QueueKey, sequence: BatchSequence, queue_end: int) -> KnownBatch | None:
+        """None if the batch is new and may be appended; where it is if it was stored before;
+        raises if it must be refused."""
+        producer = self._queues.get(key, {}).get(sequence.producer_id)
+        if producer is None:
+            return None
+        if sequence.epoch < producer.epoch:
+            raise ProducerFencedError(
+                f"producer {sequence.producer_id} sent a batch of epoch {sequence.epoch} to {key[0]}/{key[1]}, "
+                f"which is at epoch {producer.epoch}: the producer gave that batch up")
+        batches = producer.batches
+        last = batches[-1].sequence if batches else -1
+        if sequence.epoch > producer.epoch:
+            if sequence.sequence == 0:
+                return None
+            last = -1  # a new epoch starts at 0
+        elif sequence.sequence == last + 1:
+            return None
+        else:
+            for i, batch in enumerate(batches):
+                if batch.sequence == sequence.sequence:
+                    stored = max(0, min(batch.records, queue_end - batch.base_offset))
+                    if stored:
+                        return KnownBatch(batch.base_offset, stored)
+                    for _ in range(len(batches) - i):  # lost with the queue's tail: stored afresh
+                        batches.pop()
+                    return None
+            if sequence.sequence <= last:
+                raise ProducerFencedError(
+                    f"batch {sequence.sequence} of producer {sequence.producer_id} on {key[0]}/{key[1]} is older "
+                    f"than the last {BATCHES_KEPT} batches kept (the newest is {last}): a retry from long ago")
+        raise OutOfOrderSequenceError(
+            f"{key[0]}/{key[1]} expects batch {last + 1} of producer {sequence.producer_id} "
+            f"(epoch {sequence.epoch}), not {sequence.sequence}")
+
+    def appended(self, key: QueueKey, sequence: BatchSequence, base_offset: int, phys: int, now_ms: int) -> None:
+        """A stamped record was stored at ``base_offset``: the first of its batch."""
+        producers = self._queues.setdefault(key, {})
+        producer = producers.get(sequence.producer_id)
+        if producer is None:
+            producer = producers[sequence.producer_id] = _Producer(sequence.epoch, now_ms)
+        elif sequence.epoch != producer.epoch:
+            if sequence.epoch < producer.epoch:
+                return  # older than what is known (recovery re-reading what a snapshot holds)
+            producer.epoch = sequence.epoch
+            producer.batches.clear()
+        elif producer.batches and sequence.sequence <= producer.batches[-1].sequence:
+            return  # known already (recovery re-reading what a snapshot holds)
+        producer.last_ms = max(producer.last_ms, now_ms)
+        producer.batches.append(StoredBatch(sequence.sequence, sequence.records, base_offset, phys))
+
+    def truncated(self, key: QueueKey, offset: int) -> None:
+        """The queue was cut back to ``offset``: batches stored from there on are gone."""
+        producers = self._queues.get(key)
+        if not producers:
+            return
+        for producer_id, producer in list(producers.items()):
+            kept = [b for b in producer.batches if b.base_offset < offset]
+            if len(kept) == len(producer.batches):
+                continue
+            if kept:
+                producer.batches.clear()
+                producer.batches.extend(kept)
+            else:  # what came before those batches is not known: the producer starts afresh
+                del producers[producer_id]
+
+    def deleted(self, topic: str) -> None:
+        for key in [k for k in self._queues if k[0] == topic]:
+            del self._queues[key]
+
+    # --- snapshot -----------------------------------------------------------------------------
+
+    def save(self, end_phys: int, now_ms: int) -> None:
+        """Write the state of the records below ``end_phys`` (the checkpoint's end); producers idle
+        past the expiry are dropped."""
+        oldest = now_ms - self._expiry_ms
+        queues: dict[str, dict[str, list]] = {}
+        for (topic, queue_id), producers in list(self._queues.items()):
+            for producer_id, producer in list(producers.items()):
+                if producer.last_ms < oldest:
+                    del producers[producer_id]
+                    continue
+                # copies: the event loop appends while the flush thread saves
+                batches = [list(b) for b in list(producer.batches) if b.phys < end_phys]
+                if batches:
+                    queues.setdefault(f"{queue_id}/{topic}", {})[str(producer_id)] = [
+                        producer.epoch, producer.last_ms, batches]
+        write_atomically(self._path, json.dumps({"v": SNAPSHOT_VERSION, "end": end_phys, "queues": queues},
+                                                separators=(",", ":")).encode())
+
+    def load(self) -> None:
+        """The last snapshot (none: an empty state, rebuilt from what recovery re-reads)."""
+        try:
+            raw = json.loads(self._path.read_bytes())
+            if raw.get("v") != SNAPSHOT_VERSION:
+                raise ValueError(f"version {raw.get('v')}")
+            for name, producers in raw["queues"].items():
+                queue_id, topic = name.split("/", 1)
+                state = self._queues.setdefault((topic, int(queue_id)), {})
+                for producer_id, (epoch, last_ms, batches) in producers.items():
+                    producer = state[int(producer_id)] = _Producer(int(epoch), int(last_ms))
+                    producer.batches.extend(StoredBatch(*map(int, b)) for b in batches)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("producer state snapshot %s unreadable (%s): idempotent producers start afresh",
+                        self._path, err)
+            self._queues.clear()
