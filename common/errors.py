@@ -168,6 +168,25 @@ class MessageNotFoundError(GmsError):
     status = Status.MESSAGE_NOT_FOUND
 
 
+class OutOfOrderSequenceError(GmsError):
+    """An idempotent producer's batch skips sequence numbers (reserved for the idempotent producer)."""
+
+    status = Status.OUT_OF_ORDER_SEQUENCE
+
+
+class ProducerFencedError(GmsError):
+    """An idempotent producer's batch of an older epoch (reserved for the idempotent producer)."""
+
+    status = Status.PRODUCER_FENCED
+
+
+class TransactionNotFoundError(GmsError):
+    """No open transaction with that id on this broker: never begun here, lost, or already
+    decided the other way (``fields["state"]``: ``committed`` / ``rolled_back`` when known)."""
+
+    status = Status.TRANSACTION_NOT_FOUND
+
+
 # --- consumer groups --------------------------------------------------------------------------
 
 
@@ -273,6 +292,9 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         BadTagExpressionError,
         OffsetIllegalError,
         MessageNotFoundError,
+        OutOfOrderSequenceError,
+        ProducerFencedError,
+        TransactionNotFoundError,
         GroupNotFoundError,
         NotCoordinatorError,
         QueueHeldError,
