@@ -80,10 +80,6 @@ class OpenTransaction:
         self.checks = 0  # check-backs counted (by this broker, since it started or took the queues)
         self.next_check_ms = first_check_ms
 
-    @property
-    def messages(self) -> int:
-        return sum(len(offsets) for offsets in self.halves.values())
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -193,15 +189,18 @@ class TransactionService:
         return [(records[i][0], b"".join(r for _, r in records[i:i + step])) for i in range(0, len(records), step)]
 
     def listing(self) -> list[dict[str, Any]]:
-        """The open transactions (LIST_TRANSACTIONS rows)."""
+        """The open transactions (LIST_TRANSACTIONS rows): their halves on the queues this broker
+        leads (``leader``), else on all the queues it follows."""
         now = now_ms()
         rows = []
         for tx in self._open.values():
             decision = self._decided.get(tx.tx_id)
+            led = [key for key in sorted(tx.halves) if self._leads(key)]
+            shown = led or sorted(tx.halves)
             rows.append({
                 "tx_id": tx.tx_id, "group": tx.group, "age_ms": max(now - tx.stored_ms, 0), "checks": tx.checks,
-                "queues": [[topic, queue_id, len(offsets)] for (topic, queue_id), offsets in sorted(tx.halves.items())],
-                "messages": tx.messages, "leader": any(self._leads(key) for key in tx.halves),
+                "queues": [[topic, queue_id, len(tx.halves[(topic, queue_id)])] for topic, queue_id in shown],
+                "messages": sum(len(tx.halves[key]) for key in shown), "leader": bool(led),
                 "state": "open" if decision is None else "committing" if decision else "rolling back",
             })
         return rows
