@@ -77,7 +77,8 @@ def test_a_commit_cut_short_across_queues_is_finished_by_the_restarted_broker(br
         sent = [producer.send("crash-split", b"q%d" % q, queue=q, transaction=tx) for q in (0, 1)]
     broker.stop()
     # What a crash in the middle of the commit leaves: the copy on queue 0, none on queue 1.
-    config = StoreConfig(commitlog_file_size_bytes=TEST_COMMITLOG_FILE_SIZE_BYTES, cq_entries_per_file=TEST_CQ_FILE_ENTRIES)
+    config = StoreConfig(commitlog_file_size_bytes=TEST_COMMITLOG_FILE_SIZE_BYTES,
+                         cq_entries_per_file=TEST_CQ_FILE_ENTRIES)
     with MessageStore.open(StorePaths.of_broker(broker.store_dir).root, config) as store:
         half = decode_record(bytes(store.read_entry("crash-split", 0, sent[0].queue_offset)))
         copy = encode_record(topic=half.topic, body=bytes(half.body), queue_id=0, flags=FLAG_TIMER_COPY,
