@@ -169,6 +169,14 @@ class TransactionService:
 
     # --- queries ------------------------------------------------------------------------------------
 
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    @property
+    def pending_halves(self) -> int:
+        return sum(len(offsets) for tx in self._open.values() for offsets in tx.halves.values())
+
     def lookup(self, tx_id: str) -> tuple[OpenTransaction | None, bool | None]:
         """The open transaction (None: no pending half here) and its decision (None: undecided
         or forgotten)."""
