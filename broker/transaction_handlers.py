@@ -38,8 +38,9 @@ class TransactionHandlers:
 
     def end_transaction(self, request: Frame) -> Response | Awaitable[Response | None] | None:
         """Commit (visible copies) or roll back (cancels) the transaction's pending halves on the
-        queues this broker leads; answered like a send of those records (their positions), per
-        ``acks``. Idempotent: the same decision again answers OK with nothing appended."""
+        queues this broker leads, answered per ``acks`` as a send of those records would be, with
+        how many were appended (``messages``; not their positions: a transaction may hold more
+        than a send's answer can list). Idempotent: the same decision again answers OK, 0."""
         started = time.perf_counter()
         fields = request.fields
         tx_id = tx_id_field(fields)
@@ -54,15 +55,25 @@ class TransactionHandlers:
         halves = self.service.led_halves(tx) if tx is not None else {}
         if not halves:
             if decision is not None:
-                return Response({"queue_ids": b"", "queue_offsets": b"", "phys_offsets": b"",
-                                 "broker": self.messages.advertised_address, "state": _state(decision)})
+                return self._answer(0, decision)
             if tx is not None:
                 raise NotLeaderError(f"this broker leads none of the queues of transaction {tx_id} "
                                      f"({sorted(tx.halves)}): ask their leaders")
             raise TransactionNotFoundError(f"no open transaction {tx_id} on this broker")
         # One append: this broker's part of the transaction is all or nothing, across its queues.
         ((_, records),) = self.service.resolution(tx_id, halves, commit, batch_max=None)
-        return self.messages.store_records(request, records, acks, started, allowed_flags=TIMER_FLAGS)
+        count = sum(len(offsets) for offsets in halves.values())
+        stored = self.messages.store_records(request, records, acks, started, allowed_flags=TIMER_FLAGS)
+        if stored is None or isinstance(stored, Response):
+            return self._answer(count, commit)
+
+        async def answer_when_stored() -> Response:
+            await stored
+            return self._answer(count, commit)
+        return answer_when_stored()
+
+    def _answer(self, count: int, committed: bool) -> Response:
+        return Response({"messages": count, "state": _state(committed), "broker": self.messages.advertised_address})
 
     async def check_transactions(self, request: Frame) -> Response:
         """A producer group's long poll for its transactions due for a check-back: their ids and

@@ -55,7 +55,8 @@ def test_a_commit_stored_but_not_acknowledged_is_ok_when_retried_and_visible_onc
             producer.send("crash-commit", b"m-%d" % i, queue=i % 2, transaction=tx)
         # The commit's copies are appended (the answer says so), then the broker dies before the
         # producer hears of it: its retry reaches the restarted broker.
-        request(broker.address, RequestCode.END_TRANSACTION, {"tx_id": tx.tx_id, "commit": True})
+        answer = request(broker.address, RequestCode.END_TRANSACTION, {"tx_id": tx.tx_id, "commit": True})
+        assert answer.fields["messages"] == 4 and answer.fields["state"] == "committed"
         broker.kill()
         broker.restart()
         tx.commit()
