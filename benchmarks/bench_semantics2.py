@@ -4,10 +4,13 @@
   ``--keyed`` messages (10 M; 1 M with ``--quick``) carrying a unique key each are indexed;
 - ``sql_filter_msgs_per_s``: messages a broker filters per second for a ``Consumer`` subscribed
   with a 10 %-selective SQL92 expression (every message scanned by the broker, the selected tenth
-  read by the consumer), ``--filtered`` messages (2 M; 500 k with ``--quick``).
+  read by the consumer), ``--filtered`` messages (2 M; 500 k with ``--quick``);
+- ``tx_commits_per_s``: transactions of one message each (begin, send the half, commit) one after
+  another through the SDK, ``--transactions`` of them (2000; 500 with ``--quick``), and
+  ``tx10_commits_per_s`` for transactions of 10 messages over 4 queues (a tenth as many).
 
-Prints one JSON line. Transactions and the idempotent producer are not built yet: their keys
-(``tx_commits_per_s``, ``idempotent_produce_ratio``) are absent until they are.
+``--parts keys,sql,tx`` picks what runs. Prints one JSON line. The idempotent producer is not
+built yet: its key (``idempotent_produce_ratio``) is absent until it is.
 """
 
 from __future__ import annotations
@@ -71,21 +74,46 @@ def sql_filter(address: str, total: int) -> dict[str, float]:
     return {"sql_filtered_messages": total, "sql_selected": got, "sql_filter_msgs_per_s": round(total / elapsed)}
 
 
+def transactions(address: str, count: int) -> dict[str, float]:
+    from gms.client import Admin, Producer
+    with Admin([address]) as admin:
+        admin.create_topic("tx", queues=4)
+    result: dict[str, float] = {}
+    with Producer([address], group="tx-bench") as producer:
+        for size, runs, name in ((1, count, "tx_commits_per_s"), (10, max(count // 10, 1), "tx10_commits_per_s")):
+            started = time.perf_counter()
+            for n in range(runs):
+                tx = producer.begin_transaction()
+                for i in range(size):
+                    producer.send("tx", b"t" * 100, queue=(n + i) % 4, transaction=tx)
+                tx.commit()
+            result[name] = round(runs / (time.perf_counter() - started))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--keyed", type=int)
     parser.add_argument("--filtered", type=int)
     parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--transactions", type=int)
+    parser.add_argument("--parts", default="keys,sql,tx", help="what to measure: keys, sql, tx (comma separated)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     keyed = args.keyed or (1_000_000 if args.quick else 10_000_000)
     filtered = args.filtered or (500_000 if args.quick else 2_000_000)
+    transaction_count = args.transactions or (500 if args.quick else 2000)
     result: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         proc, address = _start_broker(Path(tmp) / "broker")
         try:
-            result.update(key_lookups(address, keyed, args.lookups))
-            result.update(sql_filter(address, filtered))
+            if "keys" in parts:
+                result.update(key_lookups(address, keyed, args.lookups))
+            if "sql" in parts:
+                result.update(sql_filter(address, filtered))
+            if "tx" in parts:
+                result.update(transactions(address, transaction_count))
         finally:
             proc.terminate()
             proc.wait()

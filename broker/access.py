@@ -12,6 +12,10 @@ QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
 FIND_BY_KEY                               subscribe on the topic
 CANCEL_SCHEDULED                          publish on the message's topic
+END_TRANSACTION                           publish on the transaction's topics
+CHECK_TRANSACTIONS                        answers only transactions whose topics the
+                                          principal may publish to
+LIST_TRANSACTIONS                         describe on the cluster
 HEARTBEAT                                 subscribe on the group and every topic
 COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on topics)
 GET_CONSUMER_GROUP_MEMBERS, FIND_COORD.   describe on the group
@@ -92,10 +96,12 @@ POLICY: dict[int, Policy] = {
     RequestCode.DELETE_TOPIC: on_topic("admin"),
     RequestCode.TOPIC_LIST: on_cluster("describe"),
     RequestCode.BROKER_STATUS: on_cluster("describe"),
+    RequestCode.LIST_TRANSACTIONS: on_cluster("describe"),
 }
 # Checked by their handlers, which know the topics only once the records are parsed or read.
 IN_HANDLER = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.VIEW_MESSAGE_BY_ID,
-                        RequestCode.CANCEL_SCHEDULED})
+                        RequestCode.CANCEL_SCHEDULED, RequestCode.END_TRANSACTION,
+                        RequestCode.CHECK_TRANSACTIONS})
 
 
 class BrokerAccess:

@@ -62,6 +62,12 @@ class BrokerConfig:
     unfinished_frames_bytes_max: int = UNFINISHED_FRAMES_BYTES_MAX  # all connections together
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
     header_timeout_ms: int = HEADER_TIMEOUT_MS
+    # Transactions (docs/transactions.md; RocketMQ's defaults): the first check-back of an open
+    # transaction this long after its first half message, then every interval, at most this many
+    # checks before it is rolled back.
+    transaction_timeout_ms: int = 6_000
+    transaction_check_interval_ms: int = 30_000
+    transaction_check_max: int = 15
     store: StoreConfig = field(default_factory=StoreConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

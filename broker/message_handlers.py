@@ -37,7 +37,7 @@ from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, 
 from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
 from gms.record import OFF_QUEUE_ID, decode_record
 from gms.record.batch import parse_one
-from gms.record.layout import FLAG_SCHEDULED
+from gms.record.layout import FLAG_SCHEDULED, PRODUCER_FLAGS
 from gms.sql92 import SqlFilter
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
@@ -105,18 +105,25 @@ class MessageHandlers:
                 f"a send request of {len(body)} bytes holds several records and exceeds the limit of "
                 f"{SEND_BODY_SIZE_MAX_BYTES} bytes (SEND_BODY_SIZE_MAX_BYTES): nothing was stored; "
                 "split the batch")
+        return self.store_records(request, body, acks, started)
+
+    def store_records(self, request: Frame, body: Buffer, acks: int, started: float, *,
+                      allowed_flags: int = PRODUCER_FLAGS) -> Response | Awaitable[Response | None] | None:
+        """Append ``body`` as a send does and answer with the records' positions, at once or (sync
+        flush, acks=-1) once flushed and replicated. ``allowed_flags``: what the records may carry
+        (the broker's own records, such as a transaction's copies, more than producers')."""
         replicas = self.replicas
         ends = None
         may_publish = self.access.check_topics("publish") if self.access is not None else None
         if replicas is None:
-            result = self._append(body, may_publish)
+            result = self._append(body, may_publish, allowed_flags)
             self.waiters.notify(result.touched_queues)  # replicated queues wake pulls on HW moves
         else:
             def admit(queues: list[tuple[str, int]]) -> None:
                 if may_publish is not None:
                     may_publish(queues)
                 replicas.check_produce(queues, acks)
-            result = self._append(body, admit)
+            result = self._append(body, admit, allowed_flags)
             if acks == -1:
                 ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
@@ -124,15 +131,14 @@ class MessageHandlers:
             self.metrics.stored(result)
         wait_flush = self._flush_waiters is not None and acks != 0
         if wait_flush or ends is not None:
-            return self._send_waits(request, result, wait_flush, ends, acks, started)
+            return self._send_waits(request, len(body), result, wait_flush, ends, acks, started)
         if self.metrics is not None:
             self.metrics.acked(acks, time.perf_counter() - started)
         return None if request.is_oneway else self._send_response(result)
 
-    async def _send_waits(self, request: Frame, result: AppendResult, wait_flush: bool,
+    async def _send_waits(self, request: Frame, size: int, result: AppendResult, wait_flush: bool,
                           ends: dict[tuple[str, int], int] | None, acks: int, started: float) -> Response | None:
         metrics = self.metrics
-        size = len(request.body)
         if metrics is not None:
             metrics.waiting_bytes += size
         try:
@@ -159,10 +165,10 @@ class MessageHandlers:
         return Response({"queue_ids": queue_ids, "queue_offsets": queue_offsets, "phys_offsets": phys_offsets,
                          "broker": self.advertised_address})
 
-    def _append(self, body: Buffer,
-                admit: Callable[[list[tuple[str, int]]], None] | None = None) -> AppendResult:
+    def _append(self, body: Buffer, admit: Callable[[list[tuple[str, int]]], None] | None = None,
+                allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
         try:
-            return self.store.append(body, admit)
+            return self.store.append(body, admit, allowed_flags=allowed_flags)
         except DuplicateBatch as duplicate:  # an idempotent producer's retry: answered with what is stored
             if duplicate.stored < duplicate.count:
                 self._append_rest(body, duplicate, admit)
@@ -171,7 +177,7 @@ class MessageHandlers:
             if not self.config.auto_create_topics or self.replicas is not None:
                 raise  # in a cluster, topics come from the nameservers
             self.store.create_topic(err.topic, self.config.default_queue_count)
-            return self.store.append(body, admit)
+            return self.store.append(body, admit, allowed_flags=allowed_flags)
 
     # -- pull -----------------------------------------------------------------------
 

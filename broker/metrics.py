@@ -110,8 +110,12 @@ class _BrokerCollector(Collector):
         for state in ("writable", "read_only", "disk_full"):
             health.add_metric([state], 1 if store.health.value == state else 0)
         yield health
+        halves = broker.transactions.pending_halves
         yield _gauge("gms_broker_scheduled_messages_pending", "Scheduled messages not yet delivered",
-                     broker.timers.pending_count)
+                     broker.timers.pending_count - halves)
+        yield _gauge("gms_broker_transactions_open", "Transactions with half messages stored here and not"
+                     " committed or rolled back yet", broker.transactions.open_count)
+        yield _gauge("gms_broker_transaction_halves_pending", "Half messages of those transactions", halves)
         yield _gauge("gms_broker_pop_messages_in_flight", "Popped messages not yet acknowledged",
                      broker.pop.in_flight())
         yield _gauge("gms_broker_sends_waiting_bytes", "Bytes of sends stored and waiting for their flush or"

@@ -35,6 +35,8 @@ from gms.broker.store import MessageStore
 from gms.broker.store_paths import StorePaths
 from gms.broker.timers import TimerService
 from gms.broker.topics import TopicLimits
+from gms.broker.transaction_handlers import TransactionHandlers
+from gms.broker.transactions import TransactionConfig, TransactionService
 from gms.cluster.model import BrokerInfo
 from gms.errors import TopicNotFoundError
 from gms.monitoring.http import MonitoringServer
@@ -63,6 +65,12 @@ class BrokerServer:
         self.timers = TimerService(self.store, self.store.paths.timers, may_fire=self.leads,
                                    append=self._append_timer_copies)
         self.store.set_timer_listener(self.timers)
+        # Transactions' half messages (followed by the timers), their decisions and check-backs.
+        self.transactions = TransactionService(
+            self.store, self.timers, TransactionConfig(timeout_ms=config.transaction_timeout_ms,
+                                                       check_interval_ms=config.transaction_check_interval_ms,
+                                                       check_max=config.transaction_check_max),
+            leads=self.leads, append=self._append_timer_copies)
         # What each consumer group popping from the queues this broker leads has in flight.
         self.pop = PopService(self.store, self.offsets, serves=self.leads, readable=self.readable,
                               on_commit=self.offsets_changed)
@@ -125,6 +133,7 @@ class BrokerServer:
         self.started_monotonic = time.monotonic()
         self.store.set_expiry_limit(self._expiry_limit)
         self.timers.start()
+        self.transactions.start()
         if self.metrics is not None:
             self.monitoring = await MonitoringServer.start(*self.config.metrics_host_port, self.metrics.registry,
                                                            self.problems)
@@ -251,6 +260,7 @@ class BrokerServer:
         if self.replicas is not None:
             self.replicas.apply(assignments)
         self.timers.leadership_changed()
+        self.transactions.leadership_changed()
         self.pop.leadership_changed()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
@@ -287,6 +297,7 @@ class BrokerServer:
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
+        transactions = TransactionHandlers(self.transactions, messages, self.access, self.config.long_poll_max_ms)
         pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
                           read_limit=self.read_limit, metrics=self.metrics)
         for code, handler in {
@@ -299,6 +310,9 @@ class BrokerServer:
             RequestCode.VIEW_MESSAGE_BY_ID: messages.view_message,
             RequestCode.FIND_BY_KEY: messages.find_by_key,
             RequestCode.CANCEL_SCHEDULED: messages.cancel_scheduled,
+            RequestCode.END_TRANSACTION: transactions.end_transaction,
+            RequestCode.CHECK_TRANSACTIONS: transactions.check_transactions,
+            RequestCode.LIST_TRANSACTIONS: transactions.list_transactions,
             RequestCode.POP_MESSAGE: pop.pop,
             RequestCode.ACK_MESSAGE: pop.ack,
             RequestCode.CHANGE_INVISIBLE_DURATION: pop.change_invisible_duration,
@@ -351,6 +365,7 @@ class BrokerServer:
             self.registration = None
         if self.replicas is not None:
             await self.replicas.stop()
+        await self.transactions.stop()
         await self.timers.stop()
         if self.monitoring is not None:
             await self.monitoring.stop()

@@ -72,6 +72,7 @@ from gms.record.batch import ParsedRecords, parse_batch, parse_one, parse_record
 from gms.record.codec import decode_record
 from gms.record.layout import (
     DELIVER_AT_PROPERTY,
+    FLAG_HALF,
     FLAG_SCHEDULED,
     FLAG_SEQUENCED,
     HIDDEN_TAG_HASH,
@@ -79,6 +80,9 @@ from gms.record.layout import (
     PRODUCER_FLAGS,
     SEQUENCE_PROPERTY,
     TIMER_FLAGS,
+    TX_GROUP_PROPERTY,
+    TX_ID_CHARS_MAX,
+    TX_ID_PROPERTY,
 )
 from gms.record.sequence import BatchSequence, read_sequence
 from gms.store_errors import (
@@ -504,6 +508,9 @@ class MessageStore:
                 scheduled = np.flatnonzero(flags & FLAG_SCHEDULED)
                 if scheduled.size:
                     self._check_delivery_times(buf, parsed.starts[scheduled].tolist())
+                halves = np.flatnonzero(flags & FLAG_HALF)
+                if halves.size:
+                    _check_halves(buf, parsed.starts[halves].tolist())
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
             if admit is not None:
@@ -575,6 +582,8 @@ class MessageStore:
                 raise InvalidRecord("flags", f"only flags {allowed_flags:#x} may be sent")
             if record.flags & FLAG_SCHEDULED:
                 self._check_delivery_times(buf, [0])
+            if record.flags & FLAG_HALF:
+                _check_halves(buf, [0])
             cq = self._queue(topic, queue_id)
             if admit is not None:
                 admit([(topic, queue_id)])
@@ -1495,3 +1504,16 @@ def _runs(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     firsts = np.concatenate(([0], breaks))
     lasts = np.concatenate((breaks, [len(phys)])) - 1
     return phys[firsts], ends[lasts] - phys[firsts]
+
+
+def _check_halves(buf: memoryview, starts: list[int]) -> None:
+    """Half messages name their transaction and producer group, and are not scheduled too
+    (docs/transactions.md)."""
+    for start in starts:
+        record = decode_record(buf, start, verify_crc=False)
+        tx_id, group = record.properties.get(TX_ID_PROPERTY, ""), record.properties.get(TX_GROUP_PROPERTY, "")
+        if record.flags & FLAG_SCHEDULED:
+            raise InvalidRecord("flags", "a half message cannot be scheduled too")
+        if not 0 < len(tx_id) <= TX_ID_CHARS_MAX or not group:
+            raise InvalidRecord(TX_ID_PROPERTY, f"a half message needs {TX_ID_PROPERTY} (1..{TX_ID_CHARS_MAX} "
+                                                f"characters) and {TX_GROUP_PROPERTY}")

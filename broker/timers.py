@@ -16,6 +16,11 @@ the queue from there (the rescan sees copies too, so nothing delivered before a 
 delivered again, unless the copy itself was lost in it). Retention never passes that offset.
 At-least-once: a leader that dies after appending a copy its followers have not fetched leaves
 a new leader to fire the message again.
+
+A transaction's half messages (``FLAG_HALF``) are followed the same way, as pending records
+without a time: they never fire by themselves; the :class:`TransactionListener`
+(broker/transactions.py) hears of them and of the copies and cancels that carry their
+transaction id, and appends those itself (docs/transactions.md).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -36,12 +42,15 @@ from gms.broker.atomic_file import write_atomically
 from gms.broker.store import MessageStore, TimerRecord
 from gms.errors import GmsError, MessageNotFoundError
 from gms.record import decode_record, encode_record
+from gms.record.codec import Record
 from gms.record.layout import (
     DELIVER_AT_PROPERTY,
+    FLAG_HALF,
     FLAG_SCHEDULED,
     FLAG_TIMER_CANCEL,
     FLAG_TIMER_COPY,
     ORIGIN_PROPERTY,
+    TX_ID_PROPERTY,
 )
 from gms.store_errors import StoreError
 
@@ -53,6 +62,7 @@ CHECKPOINT_INTERVAL_S = 1.0
 IDLE_RECHECK_S = 1.0  # how often due messages of queues this broker does not lead are looked at again
 FIRE_BATCH_MAX = 1000  # copies per append
 RETRY_BACKOFF_S = 0.5
+NEVER_MS = 1 << 62  # the "delivery time" of a half message: pending until its transaction is decided
 
 
 def now_ms() -> int:
@@ -126,6 +136,23 @@ class PendingQueue:
         self._first = 0
 
 
+class TransactionListener(Protocol):
+    """What the transaction service hears from the timer service (on the broker's loop)."""
+
+    def half(self, key: QueueKey, offset: int, stored: Record) -> None:
+        """A half message was stored at ``offset`` (sent, replicated, or seen again by a rescan)."""
+
+    def decided(self, key: QueueKey, origin: int, offset: int, stored: Record) -> None:
+        """A copy (commit) or cancel (rollback) of the half message at ``origin``, naming its
+        transaction, was stored at ``offset``."""
+
+    def forget_queue(self, key: QueueKey) -> None:
+        """What is known of the queue is gone (truncated: it is rescanned; or deleted)."""
+
+    def hold(self, key: QueueKey) -> int | None:
+        """The lowest offset of the queue that a restart must rescan for transactions (None: none)."""
+
+
 class TimerService:
     """Follows the scheduled records of every local queue and fires those this broker leads.
 
@@ -156,6 +183,7 @@ class TimerService:
         self._task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._saved: dict[str, int] = {}
+        self.transactions: TransactionListener | None = None  # half messages' transactions (set by the server)
 
     # --- what is pending -------------------------------------------------------------------------
 
@@ -164,9 +192,12 @@ class TimerService:
         return sum(len(p) for p in self._pending.values())
 
     def low(self, topic: str, queue_id: int) -> int | None:
-        """The queue's lowest offset holding an undelivered scheduled record (None: none)."""
+        """The queue's lowest offset holding an undelivered scheduled record or an undecided half
+        message, or a transaction decision still needed by a restart (None: none)."""
         pending = self._pending.get((topic, queue_id))
-        return pending.low() if pending is not None else None
+        low = pending.low() if pending is not None else None
+        hold = self.transactions.hold((topic, queue_id)) if self.transactions is not None else None
+        return hold if low is None else low if hold is None else min(low, hold)
 
     def deliver_at(self, topic: str, queue_id: int, offset: int) -> int | None:
         """When the scheduled record at ``offset`` fires (None: not pending)."""
@@ -186,6 +217,8 @@ class TimerService:
         key = (topic, queue_id)
         low = self._checkpoint_low(key)
         self._pending.pop(key, None)
+        if self.transactions is not None:
+            self.transactions.forget_queue(key)
         self._rescan(key, low)
         self._wake.set()
 
@@ -193,6 +226,8 @@ class TimerService:
         """The topic was deleted: its scheduled messages went with it."""
         for key in [k for k in self._pending if k[0] == topic]:
             del self._pending[key]
+            if self.transactions is not None:
+                self.transactions.forget_queue(key)
 
     def _follow(self, record: TimerRecord) -> None:
         key = (record.topic, record.queue_id)
@@ -201,17 +236,18 @@ class TimerService:
         except (StoreError, ValueError) as err:
             log.error("%s/%d@%d: cannot read a timer record: %s", *key, record.queue_offset, err)
             return
-        if record.flags & FLAG_SCHEDULED:
+        if record.flags & FLAG_HALF:
+            self._pending_queue(key).add(record.queue_offset, NEVER_MS)
+            if self.transactions is not None:
+                self.transactions.half(key, record.queue_offset, stored)
+        elif record.flags & FLAG_SCHEDULED:
             try:
                 at = int(stored.properties[DELIVER_AT_PROPERTY])
             except (KeyError, ValueError):
                 log.error("%s/%d@%d: scheduled record without a valid %s; delivering it now",
                           *key, record.queue_offset, DELIVER_AT_PROPERTY)
                 at = 0
-            pending = self._pending.get(key)
-            if pending is None:
-                pending = self._pending[key] = PendingQueue()
-            pending.add(record.queue_offset, at)
+            self._pending_queue(key).add(record.queue_offset, at)
             self._schedule(key, record.queue_offset, at)
         elif record.flags & (FLAG_TIMER_COPY | FLAG_TIMER_CANCEL):
             try:
@@ -221,6 +257,14 @@ class TimerService:
             pending = self._pending.get(key)
             if pending is not None:
                 pending.remove(origin)
+            if self.transactions is not None and TX_ID_PROPERTY in stored.properties:
+                self.transactions.decided(key, origin, record.queue_offset, stored)
+
+    def _pending_queue(self, key: QueueKey) -> PendingQueue:
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = PendingQueue()
+        return pending
 
     def _schedule(self, key: QueueKey, offset: int, at: int) -> None:
         index = self._key_index.get(key)
@@ -267,8 +311,7 @@ class TimerService:
         if self.deliver_at(topic, queue_id, offset) is None:
             raise MessageNotFoundError(f"{topic}/{queue_id}@{offset} is not a scheduled message still to deliver"
                                        " (delivered or cancelled already)")
-        self._append(encode_record(topic=topic, body=b"\0", queue_id=queue_id, flags=FLAG_TIMER_CANCEL,
-                                   properties={ORIGIN_PROPERTY: str(offset)}), key)
+        self._append(cancel_record(key, offset), key)
 
     def leadership_changed(self) -> None:
         """Queues may have come to this broker: look at what is due."""
@@ -337,15 +380,15 @@ class TimerService:
         for start in range(0, len(offsets), FIRE_BATCH_MAX):
             chunk = offsets[start:start + FIRE_BATCH_MAX]
             try:
-                copies = b"".join(self._copy(key, offset) for offset in chunk)
+                copies = b"".join(self.copy(key, offset) for offset in chunk)
                 self._append(copies, key)
             except (GmsError, StoreError, ValueError) as err:
                 log.warning("%s/%d: cannot deliver %d scheduled message(s) yet: %s", *key, len(chunk), err)
                 return offsets[start:]
         return []
 
-    def _copy(self, key: QueueKey, offset: int) -> bytes:
-        """The visible copy of the scheduled record at ``offset``."""
+    def copy(self, key: QueueKey, offset: int) -> bytes:
+        """The visible copy of the scheduled record (or half message) at ``offset``."""
         original = decode_record(self.store.read_entry(*key, offset), verify_crc=True)
         properties = {**original.properties, ORIGIN_PROPERTY: str(offset)}
         return encode_record(topic=original.topic, body=original.body, tag=original.tag, keys=original.keys,
@@ -398,3 +441,8 @@ class TimerService:
 def _name(key: QueueKey) -> str:
     return f"{key[0]}/{key[1]}"
 
+
+def cancel_record(key: QueueKey, offset: int, properties: dict[str, str] | None = None) -> bytes:
+    """The hidden record cancelling the pending record at ``offset`` of queue ``key``."""
+    return encode_record(topic=key[0], body=b"\0", queue_id=key[1], flags=FLAG_TIMER_CANCEL,
+                         properties={**(properties or {}), ORIGIN_PROPERTY: str(offset)})

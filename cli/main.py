@@ -22,6 +22,7 @@ from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
 from gms.cli.messages import produce, tail
 from gms.cli.security import acl, user
 from gms.cli.topic import topic
+from gms.cli.transactions import tx
 from gms.client.routing import NameserversUnavailableError
 from gms.envvars import options_from_env
 from gms.errors import GmsError, ServiceUnavailableError
@@ -174,6 +175,7 @@ cli.add_command(user)
 cli.add_command(dlq)
 cli.add_command(acl)
 cli.add_command(console)
+cli.add_command(tx)
 
 
 def _log_to_stderr() -> None:

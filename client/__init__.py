@@ -25,6 +25,7 @@ from gms.client.structs import (
     SendResult,
     SendResults,
 )
+from gms.client.transactions import Transaction, TransactionState
 
 __all__ = [
     "Admin",
@@ -47,4 +48,6 @@ __all__ = [
     "Sql",
     "StaticRoutes",
     "TopicQueue",
+    "Transaction",
+    "TransactionState",
 ]

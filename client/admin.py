@@ -29,6 +29,7 @@ from gms.errors import (
     GroupNotFoundError,
     QueueNotFoundError,
     ServiceUnavailableError,
+    TransactionNotFoundError,
 )
 from gms.msgid import decode_msg_id
 from gms.protocol.codes import RequestCode
@@ -403,6 +404,36 @@ class Admin:
                     found.setdefault(message.queue_id << 48 | message.queue_offset, message)
         ordered = sorted(found.values(), key=lambda m: (m.store_timestamp_ms, m.queue_id, m.queue_offset))
         return ordered[-max_messages:]
+
+    # --- transactions ----------------------------------------------------------------------------
+
+    def list_transactions(self) -> list[dict[str, Any]]:
+        """The open transactions, oldest first: each broker's part of a transaction (on the queues
+        it leads) as a row with ``tx_id``, ``group``, ``queues`` ([topic, queue id, messages]),
+        ``messages``, ``age_ms``, ``checks``, ``state`` and ``broker``. Unreachable brokers are
+        left out."""
+        brokers = self.brokers()
+        rows = []
+        for broker, answer in zip(brokers, self._ask(brokers, RequestCode.LIST_TRANSACTIONS, errors=True),
+                                  strict=True):
+            if not isinstance(answer, BaseException):
+                rows += [{**row, "broker": broker} for row in answer["transactions"] if row["leader"]]
+        return sorted(rows, key=lambda row: -row["age_ms"])
+
+    def end_transaction(self, tx_id: str, *, commit: bool) -> list[str]:
+        """Commit or roll back an open transaction by hand (what its producer's checker would
+        answer): every broker leading some of its queues applies it. The brokers that did;
+        TransactionNotFoundError when none holds it."""
+        brokers = self.brokers()
+        fields = {"tx_id": tx_id, "commit": commit, "acks": -1 if self._nameserver is not None else 1}
+        answers = self._ask(brokers, RequestCode.END_TRANSACTION, fields, errors=True)
+        applied = [b for b, a in zip(brokers, answers, strict=True) if not isinstance(a, BaseException)]
+        if applied:
+            return applied
+        decided = [a for a in answers if isinstance(a, TransactionNotFoundError) and a.fields.get("state")]
+        if decided:
+            raise decided[0]
+        raise TransactionNotFoundError(f"no broker holds an open transaction {tx_id}")
 
     def close(self) -> None:
         self._runtime.close()

@@ -28,6 +28,7 @@ from gms.client.idempotence import Sequencer, random_producer_id
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
+from gms.client.transactions import Transaction, TransactionChecker, TransactionClient
 from gms.errors import (
     GmsError,
     NotEnoughReplicasError,
@@ -263,11 +264,17 @@ class Producer:
         born_host: str | None = None,
         security: ClientSecurity | None = None,
         idempotence: bool = True,
+        group: str | None = None,
+        transaction_checker: TransactionChecker | None = None,
+        transaction_timeout_ms: int | None = None,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
         None means this machine's host name, looked up once here. ``security``: TLS and user
         (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables).
-        ``idempotence``: retries never store a batch twice (docs/idempotence.md; off with acks=0)."""
+        ``idempotence``: retries never store a batch twice (docs/idempotence.md; off with acks=0).
+        ``group``: the producer group, needed for transactions; ``transaction_checker(tx_id,
+        messages)`` answers the brokers' check-backs of the group's open transactions, and
+        ``transaction_timeout_ms`` sets when the first check comes (docs/transactions.md)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
@@ -289,6 +296,9 @@ class Producer:
         self._blocking = BlockingPool(security=self._runtime.security)
         # A sync call waits for the whole retry schedule, never forever.
         self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+        self._transactions = None if group is None else TransactionClient(
+            self._runtime, group, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms,
+            call_timeout_ms=self._call_timeout_ms, timeout_ms=transaction_timeout_ms, checker=transaction_checker)
 
     @property
     def producer_id(self) -> int | None:
@@ -344,28 +354,38 @@ class Producer:
              properties: Mapping[str, str] | None = None, queue: int | None = None,
              key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
              delay_ms: int | None = None, delay_level: int | None = None, reconsume_times: int = 0,
-             message_group: str | None = None) -> SendResult:
+             message_group: str | None = None, transaction: Transaction | None = None) -> SendResult:
         """Send one message and wait until the broker acknowledges it (per ``acks``).
 
         ``deliver_at`` (a datetime or epoch ms), ``delay_ms`` or ``delay_level`` (RocketMQ's
         1..18) schedule it: stored and acknowledged now, delivered to consumers at that time
         (docs/scheduled-messages.md). ``reconsume_times``: how often it was consumed and failed
         (set by consumer retries). ``message_group``: FIFO order with the group's other messages
-        (docs/fifo.md): they go to one queue, in the order sent."""
+        (docs/fifo.md): they go to one queue, in the order sent. ``transaction``: a half message of
+        that transaction (:meth:`begin_transaction`), hidden until it commits."""
         properties, key = _grouped(properties, key, message_group)
         route = self._route(topic, queue, key)
         batch = BatchBuilder(route.queue_id)
-        self._encoder.add(batch, topic, body, tag, keys, *_scheduled(properties, deliver_at, delay_ms, delay_level),
-                          reconsume_times)
+        properties, flags = _scheduled(properties, deliver_at, delay_ms, delay_level)
+        if transaction is not None:
+            if flags:
+                raise ValueError("a transaction's message cannot be scheduled")
+            properties, flags = transaction.half(properties)
+        self._encoder.add(batch, topic, body, tag, keys, properties, flags, reconsume_times)
         records = batch.seal()
+        result = self._send_one(route, records, queue is None and key is None)
+        if transaction is not None:
+            transaction.sent(result.topic, result.queue_id)
+        return result
+
+    def _send_one(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
         sequence = self._stamp(route, records, 1)
         first_error = None
         if self._acks:
             frame, first_error = self._send_blocking(route, records)
             if frame is not None:
                 return _one_result(route.topic, frame.fields)
-        send = self._sender.send(route, records, movable=queue is None and key is None,
-                                 first_error=first_error, sequence=sequence)
+        send = self._sender.send(route, records, movable=movable, first_error=first_error, sequence=sequence)
         sent = self._runtime.run(send, self._call_timeout_ms)
         return sent[0] if sent else None  # type: ignore[return-value]
 
@@ -475,6 +495,13 @@ class Producer:
         send = self._sender.send(route, batch.seal(), acks=0, movable=queue is None and key is None)
         self._runtime.run(send, self._call_timeout_ms)
 
+    def begin_transaction(self) -> Transaction:
+        """A new transaction: send its messages with ``send(..., transaction=tx)``, then
+        ``tx.commit()`` or ``tx.rollback()`` (or use it as a context manager)."""
+        if self._transactions is None:
+            raise ValueError("transactions need a producer group: Producer(..., group='...')")
+        return self._transactions.begin()
+
     def flush(self, timeout_ms: float | None = None) -> None:
         """Send everything queued by send_async and wait for the answers."""
         self._runtime.run(self._accumulator.flush(), timeout_ms)
@@ -486,6 +513,8 @@ class Producer:
         try:
             self.flush(timeout_ms)
         finally:
+            if self._transactions is not None:
+                self._transactions.close()
             self._blocking.close()
             self._runtime.close()
 

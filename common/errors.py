@@ -184,7 +184,8 @@ class ProducerFencedError(GmsError):
 
 
 class TransactionNotFoundError(GmsError):
-    """No open or recently decided transaction with that id on this broker."""
+    """No open transaction with that id on this broker: never begun here, lost, or already
+    decided the other way (``fields["state"]``: ``committed`` / ``rolled_back`` when known)."""
 
     status = Status.TRANSACTION_NOT_FOUND
 

@@ -105,18 +105,25 @@ NO_TAG_HASH = 0
 
 # Record flags (the CRC-covered ``flags`` field). Scheduled messages (docs/scheduled-messages.md)
 # are stored in their queue at once but hidden from consumers; at their time the broker appends a
-# visible copy. Producers may set FLAG_SCHEDULED (and FLAG_SEQUENCED); the broker writes the timer's other two.
+# visible copy. Producers may set FLAG_SCHEDULED, FLAG_HALF and FLAG_SEQUENCED only; the broker
+# writes the copy and cancel flags.
 FLAG_SCHEDULED = 0x1  # deliver at the time in property DELIVER_AT_PROPERTY: hidden until then
 FLAG_TIMER_COPY = 0x2  # the delivered copy of the scheduled message ORIGIN_PROPERTY names
 FLAG_TIMER_CANCEL = 0x4  # hidden: the scheduled message ORIGIN_PROPERTY names is cancelled
 FLAG_SEQUENCED = 0x8  # the first record of an idempotent producer's batch (docs/idempotence.md)
 FLAG_HALF = 0x10  # a transaction's half message: hidden until committed (docs/transactions.md)
-HIDDEN_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_CANCEL
-TIMER_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_COPY | FLAG_TIMER_CANCEL
-PRODUCER_FLAGS = FLAG_SCHEDULED | FLAG_SEQUENCED
+# Half messages ride on the timer's records: pending (with no time) until the leader appends their
+# copies (commit) or cancels (rollback), both carrying TX_ID_PROPERTY.
+HIDDEN_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_CANCEL | FLAG_HALF
+TIMER_FLAGS = FLAG_SCHEDULED | FLAG_TIMER_COPY | FLAG_TIMER_CANCEL | FLAG_HALF
+PRODUCER_FLAGS = FLAG_SCHEDULED | FLAG_HALF | FLAG_SEQUENCED
 DELIVER_AT_PROPERTY = "__DELIVER_AT_MS"
 MESSAGE_GROUP_PROPERTY = "__MESSAGE_GROUP"  # FIFO order within the group (docs/fifo.md)
 ORIGIN_PROPERTY = "__TIMER_ORIGIN"  # the queue offset of the scheduled message
+TX_ID_PROPERTY = "__TX_ID"  # a half message's transaction (kept by its copy and its cancel)
+TX_GROUP_PROPERTY = "__TX_GROUP"  # the producer group asked to resolve it (check-back)
+TX_TIMEOUT_PROPERTY = "__TX_TIMEOUT_MS"  # optional: ms before its first check-back
+TX_ID_CHARS_MAX = 128
 # An idempotent producer's batch stamp (record.sequence): the brokers' business, never shown as a
 # message property (decode_properties leaves it out).
 SEQUENCE_PROPERTY = "__PRODUCER_SEQ"
