@@ -27,6 +27,7 @@ from gms.client.delivery import deliver_at_ms
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
+from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
 from gms.errors import GmsError, QueueNotFoundError, TopicNotFoundError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
@@ -215,22 +216,29 @@ class Producer:
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         born_host: str | None = None,
         security: ClientSecurity | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
         None means this machine's host name, looked up once here. ``security``: TLS and user
-        (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables)."""
+        (None: from the ``GMS_TLS_*``, ``GMS_USER``, ``GMS_PASSWORD`` environment variables).
+        ``trace``: record every send in ``trace_topic`` (``gms msg trace``, docs/traces.md)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
             raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
+        born_host = socket.gethostname() if born_host is None else born_host
+        self._trace = ProducerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
+                                                    name="gms-producer-trace"), born_host) if trace else None
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-producer", security=security)
-        self._encoder = RecordEncoder(socket.gethostname() if born_host is None else born_host)
+        self._encoder = RecordEncoder(born_host)
         self._faults = BrokerFaults()
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms)
         self._accumulator = Accumulator(
-            self._runtime.loop, self._encoder, self._sender.send_bodies,
+            self._runtime.loop, self._encoder,
+            self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
         self._round_robin = itertools.count()
@@ -239,6 +247,8 @@ class Producer:
         self._blocking = BlockingPool(security=self._runtime.security)
         # A sync call waits for the whole retry schedule, never forever.
         self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+        if self._trace is not None:
+            self._trace.instrument(self)
 
     # --- queue selection ---------------------------------------------------------------------
 
@@ -412,6 +422,8 @@ class Producer:
         finally:
             self._blocking.close()
             self._runtime.close()
+            if self._trace is not None:
+                self._trace.close()
 
     def __enter__(self) -> Producer:
         return self
