@@ -9,8 +9,9 @@ A trace record is an ordinary message of the trace topic:
 - **body**: compact JSON, one object: ``v`` (format version), ``event``, ``time_us`` (epoch µs),
   ``host``, ``client`` and the event's fields (see :data:`EVENT_FIELDS`). A field is either one
   value for every message of the record, or — a JSON list — one value per message, in the order
-  of the keys. ``offset_from`` is a run of queue offsets (message i at ``offset_from + i``).
-  ``keys`` (a message's own keys) is one space-separated string per message.
+  of the keys; a column of integers may be packed: ``{"b64": ..., "dtype": ">i4"}``, the base64
+  of the big-endian array. ``offset_from`` is a run of queue offsets (message i at
+  ``offset_from + i``). ``keys`` (a message's own keys) is one space-separated string per message.
 
 A ``send`` record stands for two rows of a timeline: the send (producer side) and the store
 (the broker that answered, its queue and offset; the time is the message's store time when the
@@ -19,6 +20,7 @@ message is still there, else when the producer got the answer).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -70,12 +72,20 @@ def column(values: Sequence[Any]) -> Any:
     return first if values.count(first) == len(values) else list(values)
 
 
+def int_column(values: np.ndarray, dtype: str = ">i8") -> Any:
+    """A field of integers of many messages: one value when all share it, else packed (base64 of
+    the array: no Python int per message on either side)."""
+    if not len(values) or (values == values[0]).all():
+        return int(values[0]) if len(values) else None
+    return {"b64": base64.b64encode(np.ascontiguousarray(values, dtype).tobytes()).decode(), "dtype": dtype}
+
+
 def offsets_field(offsets: Sequence[int] | np.ndarray) -> dict[str, Any]:
     """Queue offsets as ``offset_from`` when they run up by one (a batch to one queue), else a column."""
     values = np.asarray(offsets, np.int64)
     if len(values) and (np.diff(values) == 1).all():
         return {"offset_from": int(values[0])}
-    return {"offset": column(values.tolist())}
+    return {"offset": int_column(values)}
 
 
 def encode_body(fields: Mapping[str, Any]) -> bytes:
@@ -121,6 +131,8 @@ def decode_events(body: bytes, keys: Sequence[str], msg_id: str) -> list[TraceEv
 
     def at(name: str, default: Any = None) -> Any:
         value = fields.get(name, default)
+        if isinstance(value, dict) and "b64" in value:
+            return int(np.frombuffer(base64.b64decode(value["b64"]), value["dtype"])[index])
         return value[index] if isinstance(value, list) else value
 
     offset = at("offset")

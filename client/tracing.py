@@ -31,6 +31,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -57,6 +59,7 @@ from gms.client.trace_format import (
     TRACE_TOPIC,
     column,
     encode_body,
+    int_column,
     msg_ids,
     offsets_field,
 )
@@ -291,11 +294,14 @@ def _result_fields(results: Sequence[SendResult]) -> tuple[list[str], dict[str, 
     if isinstance(results, SendResults):
         prefix, queue_ids, queue_offsets, phys_offsets = results.arrays()
         return msg_ids(prefix, phys_offsets), {
-            "topic": results.topic, "broker": results.broker, "queue": column(queue_ids.tolist()),
+            "topic": results.topic, "broker": results.broker, "queue": int_column(queue_ids, ">i4"),
             **offsets_field(queue_offsets)}
     return [r.msg_id for r in results], {
         "topic": column([r.topic for r in results]), "broker": column([r.broker for r in results]),
         "queue": column([r.queue_id for r in results]), **offsets_field([r.queue_offset for r in results])}
+
+
+_TAG, _KEYS, _BODY = itemgetter(2), itemgetter(3), itemgetter(1)  # of a ProducerRecord
 
 
 def _sent_one(acked_us: int, started_us: int, host: str, client: str, tag: str | None, keys: Sequence[str],
@@ -309,12 +315,15 @@ def _sent_one(acked_us: int, started_us: int, host: str, client: str, tag: str |
 def _sent_batch(acked_us: int, started_us: int, host: str, client: str, messages: Sequence[Any],
                 results: Sequence[SendResult]) -> Iterable[Event]:
     from gms.client.producer import ProducerRecord
-    rows = [m if isinstance(m, ProducerRecord) else ProducerRecord(**m) for m in messages]
+    if not all(map(isinstance, messages, repeat(ProducerRecord))):
+        messages = [m if isinstance(m, ProducerRecord) else ProducerRecord(**m) for m in messages]
+    keys = list(map(_KEYS, messages))
     ids, fields = _result_fields(results)
     yield SEND, ids, {
-        "time_us": acked_us, "host": host, "client": client, **fields,
-        "tag": column([r.tag for r in rows]), "keys": column([" ".join(r.keys) for r in rows]),
-        "size": column([len(r.body) for r in rows]), "cost_us": acked_us - started_us, "status": "ok"}
+        "time_us": acked_us, "host": host, "client": client, **fields, "tag": column(list(map(_TAG, messages))),
+        "keys": column(list(map(" ".join, keys))) if any(keys) else "",
+        "size": int_column(np.fromiter(map(len, map(_BODY, messages)), np.int64, len(messages)), ">i4"),
+        "cost_us": acked_us - started_us, "status": "ok"}
 
 
 def _sent_bodies(acked_us: int, host: str, client: str, bodies: list[bytearray],
@@ -335,10 +344,11 @@ def _sent_bodies(acked_us: int, host: str, client: str, bodies: list[bytearray],
         sizes += headers["body_len"].tolist()
         born += headers["born_ts_ms"].tolist()
     ids, fields = _result_fields(results)
-    costs = (acked_us - np.asarray(born, np.int64) * 1000).tolist()
+    born_ms = np.asarray(born, np.int64)
     yield SEND, ids, {
         "time_us": acked_us, "host": host, "client": client, **fields, "tag": column(tags), "keys": column(keys),
-        "size": column(sizes), "born_ms": column(born), "cost_us": column(costs), "status": "ok"}
+        "size": int_column(np.asarray(sizes), ">i4"), "born_ms": int_column(born_ms),
+        "cost_us": int_column(acked_us - born_ms * 1000), "status": "ok"}
 
 
 # --- consumers --------------------------------------------------------------------------------
@@ -386,8 +396,8 @@ def _delivered_ids(messages: ReceivedMessages) -> tuple[list[str], dict[str, Any
         topics += [name if isinstance(name, str) else "?" for name in part_topics]
         queues += rows["queue_id"].tolist()
         offsets += rows["queue_offset"].tolist()
-    return ids, {"topic": column(topics), "queue": column(queues), **offsets_field(offsets),
-                 "attempt": column(attempts)}
+    return ids, {"topic": column(topics), "queue": int_column(np.asarray(queues), ">i4"),
+                 **offsets_field(offsets), "attempt": int_column(np.asarray(attempts), ">i4")}
 
 
 def origin_id(message: ReceivedMessage) -> str:
