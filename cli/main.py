@@ -22,6 +22,7 @@ from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
 from gms.cli.messages import produce, tail
 from gms.cli.security import acl, user
 from gms.cli.topic import topic
+from gms.cli.trace import trace_message
 from gms.cli.transactions import tx
 from gms.client.routing import NameserversUnavailableError
 from gms.envvars import options_from_env
@@ -170,6 +171,7 @@ cli.add_command(produce)
 cli.add_command(tail)
 cli.add_command(group)
 cli.add_command(cluster)
+msg.add_command(trace_message)
 cli.add_command(msg)
 cli.add_command(user)
 cli.add_command(dlq)

@@ -22,6 +22,7 @@ from gms.client.rebalance import NO_COMMITTED_OFFSET
 from gms.client.routing import NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
+from gms.client.trace_format import STORE, TRACE_TOPIC, TraceEvent, decode_events, ordered
 from gms.cluster.model import GroupSettings
 from gms.errors import (
     GmsError,
@@ -29,6 +30,7 @@ from gms.errors import (
     GroupNotFoundError,
     QueueNotFoundError,
     ServiceUnavailableError,
+    TopicNotFoundError,
     TransactionNotFoundError,
 )
 from gms.msgid import decode_msg_id
@@ -40,6 +42,7 @@ from gms.security.users import check_user_name
 from gms.tags import MATCH_ALL
 
 DEFAULT_QUEUE_COUNT = 8
+TRACE_RECORDS_MAX = 256  # trace records of one message each broker answers (FIND_BY_KEY)
 
 
 class Admin:
@@ -434,6 +437,32 @@ class Admin:
         if decided:
             raise decided[0]
         raise TransactionNotFoundError(f"no broker holds an open transaction {tx_id}")
+
+    def trace(self, msg_id: str, *, trace_topic: str = TRACE_TOPIC, max_records: int = TRACE_RECORDS_MAX,
+              ) -> list[TraceEvent]:
+        """The life of the message ``msg_id`` as its traced clients recorded it (docs/traces.md),
+        in time order: send and store, deliveries, retries, dead letter, acks. [] when nothing
+        was traced (tracing off, or no trace topic). ValueError for a malformed id."""
+        decode_msg_id(msg_id)
+        try:
+            found = self.find_by_key(trace_topic, msg_id, max_messages=max_records)
+        except TopicNotFoundError:
+            return []
+        events = [event for record in found for event in decode_events(record.body, record.keys, msg_id)]
+        if any(event.event == STORE for event in events):
+            events = self._store_times(msg_id, events)
+        return ordered(events)
+
+    def _store_times(self, msg_id: str, events: list[TraceEvent]) -> list[TraceEvent]:
+        """Store rows at the message's own store time while it is still there (else the time its
+        producer got the answer)."""
+        try:
+            stored_ms = self.view_message(msg_id).store_timestamp_ms
+        except GmsError:
+            return events
+        sent_us = min((e.time_us for e in events if e.event == "send"), default=0)
+        return [e._replace(time_us=max(stored_ms * 1000, sent_us), details={"store_time_ms": stored_ms})
+                if e.event == STORE else e for e in events]
 
     def close(self) -> None:
         self._runtime.close()

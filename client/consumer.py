@@ -31,6 +31,7 @@ from gms.client.rebalance import Membership, StartFrom
 from gms.client.retries import ensure_topic, load_group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
+from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import BadTagExpressionError, ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage
@@ -97,7 +98,11 @@ class Consumer:
         max_reconsume_times: int | None = None,
         retry_delays_ms: Sequence[int] | None = None,
         fifo: bool | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
+        """``trace``: record deliveries, acks, retries and dead letters in ``trace_topic``
+        (``gms msg trace``, docs/traces.md)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
@@ -174,6 +179,8 @@ class Consumer:
         except BaseException:
             self._runtime.close()
             raise
+        self._trace = ConsumerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
+                                                    name="gms-consumer-trace"), group, self._member) if trace else None
 
     @property
     def member(self) -> str:
@@ -227,7 +234,10 @@ class Consumer:
             state.position = chunk.next_offset
             if chunk.holds_permit:
                 release(state.permits.release)
-        return ReceivedMessages.concat(messages)
+        received = ReceivedMessages.concat(messages)
+        if self._trace is not None:
+            self._trace.polled(received)
+        return received
 
     def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk],
                          messages: list[ReceivedMessages]) -> DamagedRecordError:
@@ -294,7 +304,10 @@ class Consumer:
             self._runtime.run(ensure_topic(self._runtime, topic))
         if self._retry_producer is None:
             self._retry_producer = self._make_retry_producer()
-        self._retry_producer.send(topic, bytes(message.body), **send)
+        failed_us = time.time_ns() // 1000
+        copy = self._retry_producer.send(topic, bytes(message.body), **send)
+        if self._trace is not None:
+            self._trace.failed_copy(message, topic, send, copy, failed_us)
         return topic
 
     def held(self, message: ReceivedMessage) -> bool:
@@ -321,6 +334,8 @@ class Consumer:
         self._runtime.run(self._membership.restart(state, message.queue_offset))
         delay_s = (FIFO_RETRY_DELAY_MS if delay_ms is None else max(delay_ms, 0)) / 1000
         self._held[state.key] = (time.monotonic() + delay_s, message.queue_offset)
+        if self._trace is not None:
+            self._trace.failed(message, message.topic, attempt=attempts, delay_ms=round(delay_s * 1000))
         return message.topic
 
     def _release_held(self) -> None:
@@ -480,6 +495,8 @@ class Consumer:
             self._runtime.close()
             if self._retry_producer is not None:
                 self._retry_producer.close()
+            if self._trace is not None:
+                self._trace.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -28,6 +28,7 @@ from gms.client.idempotence import Sequencer, random_producer_id
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
+from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
 from gms.client.transactions import Transaction, TransactionChecker, TransactionClient
 from gms.errors import (
     GmsError,
@@ -267,6 +268,8 @@ class Producer:
         group: str | None = None,
         transaction_checker: TransactionChecker | None = None,
         transaction_timeout_ms: int | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
         None means this machine's host name, looked up once here. ``security``: TLS and user
@@ -274,20 +277,25 @@ class Producer:
         ``idempotence``: retries never store a batch twice (docs/idempotence.md; off with acks=0).
         ``group``: the producer group, needed for transactions; ``transaction_checker(tx_id,
         messages)`` answers the brokers' check-backs of the group's open transactions, and
-        ``transaction_timeout_ms`` sets when the first check comes (docs/transactions.md)."""
+        ``transaction_timeout_ms`` sets when the first check comes (docs/transactions.md).
+        ``trace``: record every send in ``trace_topic`` (``gms msg trace``, docs/traces.md)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0:
             raise ValueError("retries and linger_ms must be >= 0 and batch_bytes > 0")
+        born_host = socket.gethostname() if born_host is None else born_host
+        self._trace = ProducerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
+                                                    name="gms-producer-trace"), born_host) if trace else None
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-producer", security=security)
-        self._encoder = RecordEncoder(socket.gethostname() if born_host is None else born_host)
+        self._encoder = RecordEncoder(born_host)
         self._faults = BrokerFaults()
         self._sequencer = Sequencer(self._allocate_producer_id) if idempotence and acks != 0 else None
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms, sequencer=self._sequencer)
         self._accumulator = Accumulator(
-            self._runtime.loop, self._encoder, self._sender.send_bodies,
+            self._runtime.loop, self._encoder,
+            self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
             linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
         self._round_robin = itertools.count()
@@ -299,6 +307,8 @@ class Producer:
         self._transactions = None if group is None else TransactionClient(
             self._runtime, group, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms,
             call_timeout_ms=self._call_timeout_ms, timeout_ms=transaction_timeout_ms, checker=transaction_checker)
+        if self._trace is not None:
+            self._trace.instrument(self)
 
     @property
     def producer_id(self) -> int | None:
@@ -517,6 +527,8 @@ class Producer:
                 self._transactions.close()
             self._blocking.close()
             self._runtime.close()
+            if self._trace is not None:
+                self._trace.close()
 
     def __enter__(self) -> Producer:
         return self

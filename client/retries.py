@@ -36,8 +36,8 @@ def origin_topic(message: ReceivedMessage) -> str:
     return message.properties.get(ORIGIN_TOPIC_PROPERTY, message.topic)
 
 
-async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
-    """Create a group's retry or dead-letter topic unless it exists (1 queue)."""
+async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> None:
+    """Create a group's retry or dead-letter topic (or another system topic) unless it exists."""
     routes = runtime.routes
     if isinstance(routes, NameserverRoutes):
         try:
@@ -47,7 +47,7 @@ async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
             pass
         replicas = max(1, min(REPLICAS_MAX, len(await routes.live_brokers())))
         try:
-            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1, "replicas": replicas})
+            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues, "replicas": replicas})
         except TopicAlreadyExistsError:
             pass
         return
@@ -55,7 +55,7 @@ async def ensure_topic(runtime: ClientRuntime, topic: str) -> None:
     if topic in (await runtime.pool.request(first, RequestCode.TOPIC_LIST)).fields["topics"]:
         return
     try:
-        await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": 1})
+        await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
     except TopicAlreadyExistsError:
         pass
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -27,6 +28,7 @@ from gms.client.rebalance import StartFrom
 from gms.client.retries import ensure_topic, load_group_settings, retry_delay_ms, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
+from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, ReceiptHandleExpiredError
 from gms.naming import dlq_topic
@@ -204,7 +206,11 @@ class SimpleConsumer:
         fifo: bool | None = None,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         security: ClientSecurity | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
+        """``trace``: record deliveries, acks, retries and dead letters in ``trace_topic``
+        (``gms msg trace``, docs/traces.md)."""
         if not subscription:
             raise ValueError("subscribe to at least one topic")
         if max_delivery_attempts is not None and max_delivery_attempts < 1:
@@ -230,6 +236,8 @@ class SimpleConsumer:
         self._acks_on_the_way: set[Future[None]] = set()
         self._make_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
                                                request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
+        self._trace = ConsumerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
+                                                    name="gms-simple-consumer-trace"), group) if trace else None
         self._closed = False
 
     @property
@@ -253,6 +261,8 @@ class SimpleConsumer:
                                        left_ms + self._runtime.request_timeout_ms)
             for message in popped.exhausted:
                 self.forward_to_dead_letters(cast(PoppedMessage, message), EXHAUSTED_REASON)
+            if self._trace is not None:
+                self._trace.received(popped.messages)
             if len(popped.messages) or not len(popped.exhausted) or time.monotonic() >= deadline:
                 return cast(Sequence[PoppedMessage], popped.messages)  # a ReceivedMessages of PopBatches
 
@@ -282,6 +292,8 @@ class SimpleConsumer:
         self._acks_on_the_way.add(future)
         sent = asyncio.run_coroutine_threadsafe(self._core.ack(handles), self._runtime.loop)
         sent.add_done_callback(lambda done: self._acked(done, future, count))
+        if self._trace is not None:
+            sent.add_done_callback(partial(self._trace.acked_handles, handles))
         return future
 
     def _acked(self, done: Future[list[ReceiptHandle]], future: Future[None], count: int) -> None:
@@ -309,7 +321,10 @@ class SimpleConsumer:
         backoff for its attempt, 10 s, 30 s, 1 m ...). Returns when (epoch ms)."""
         if delay_ms is None:
             delay_ms = retry_delay_ms(self._retry_delays_ms, message.delivery_attempt)
-        return self.change_invisible_duration(message, delay_ms)
+        visible_at = self.change_invisible_duration(message, delay_ms)
+        if self._trace is not None:
+            self._trace.failed(message, message.topic, attempt=message.delivery_attempt, delay_ms=delay_ms)
+        return visible_at
 
     def forward_to_dead_letters(self, message: PoppedMessage, reason: str = "") -> str:
         """Move ``message`` to the group's dead-letter topic (RocketMQ 5's
@@ -322,7 +337,10 @@ class SimpleConsumer:
         self._runtime.run(ensure_topic(self._runtime, topic))
         if self._dead_letters is None:
             self._dead_letters = self._make_producer()
-        self._dead_letters.send(topic, bytes(message.body), **send)
+        failed_us = time.time_ns() // 1000
+        copy = self._dead_letters.send(topic, bytes(message.body), **send)
+        if self._trace is not None:
+            self._trace.failed_copy(message, topic, send, copy, failed_us)
         try:
             self.ack(message)
         except ReceiptHandleExpiredError:
@@ -341,6 +359,8 @@ class SimpleConsumer:
         finally:
             if self._dead_letters is not None:
                 self._dead_letters.close()
+            if self._trace is not None:
+                self._trace.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -135,6 +135,11 @@ class SendResults(_ListLike, Sequence[SendResult]):
     def __len__(self) -> int:
         return len(self._phys_offsets)
 
+    def arrays(self) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+        """The results as columns: the broker's message id prefix, queue ids, queue offsets and
+        commitlog offsets (message ``i``'s id is ``f"{prefix}{phys_offsets[i]:016X}"``)."""
+        return self._prefix, self._queue_ids, self._queue_offsets, self._phys_offsets
+
     @overload
     def __getitem__(self, index: int) -> SendResult: ...
 
