@@ -1,0 +1,182 @@
+"""Idempotent producers in the store: a batch stamped with its producer sequence is stored once,
+gaps and stale epochs are refused, and what the store knows of producers survives restarts
+(clean, and SIGKILL with recovery) and follows truncation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from store_helpers import small_config
+
+from gms.broker.producer_state import BATCHES_KEPT, DuplicateBatch
+from gms.broker.store import MessageStore
+from gms.errors import OutOfOrderSequenceError, ProducerFencedError
+from gms.record import Message, decode_record, encode_batch, iter_records
+from gms.record.sequence import BatchSequence, read_sequence, stamp_sequence
+from gms.store_errors import InvalidRecord
+
+PID = 77
+
+
+def batch(first: int, n: int, sequence: int | None, *, epoch: int = 0, pid: int = PID, queue_id: int = 0) -> bytearray:
+    body = bytearray(encode_batch([Message("t", b"m-%d" % i, queue_id=queue_id, properties={"p": "v"})
+                                   for i in range(first, first + n)]))
+    if sequence is not None:
+        stamp_sequence(body, BatchSequence(pid, epoch, sequence, n))
+    return body
+
+
+def open_store(store_dir: Path) -> MessageStore:
+    store = MessageStore(store_dir, small_config())
+    if "t" not in store.topics():
+        store.create_topic("t", 2)
+    return store
+
+
+def test_stamp_round_trips_and_is_not_a_message_property():
+    body = batch(0, 3, 5, epoch=2)
+    assert read_sequence(body) == BatchSequence(PID, 2, 5, 3)
+    stamp_sequence(body, BatchSequence(PID, 3, 0, 3))  # restamped in place (a batch moved to another queue)
+    assert read_sequence(body) == BatchSequence(PID, 3, 0, 3)
+    records = list(iter_records(bytes(body)))  # CRCs hold
+    assert [dict(r.properties) for r in records] == [{"p": "v"}] * 3
+    assert [bytes(r.body) for r in records] == [b"m-0", b"m-1", b"m-2"]
+
+
+def test_a_retried_batch_is_answered_with_where_it_is(store_dir):
+    with open_store(store_dir) as store:
+        first = store.append(batch(0, 3, 0))
+        with pytest.raises(DuplicateBatch) as dup:
+            store.append(batch(0, 3, 0))
+        assert (dup.value.base_offset, dup.value.stored, dup.value.count) == (0, 3, 3)
+        again = store.batch_result(("t", 0), 0, 3)
+        assert again.phys_offsets.tolist() == first.phys_offsets.tolist()
+        assert again.end_phys_offset == first.end_phys_offset
+        single = store.append(batch(3, 1, 1))  # a single record goes the struct path
+        with pytest.raises(DuplicateBatch):
+            store.append(batch(3, 1, 1))
+        assert single.queue_offsets.tolist() == [3] and store.max_offset("t", 0) == 4
+
+
+def test_gaps_and_stale_epochs_are_refused_and_new_epochs_restart_at_zero(store_dir):
+    with open_store(store_dir) as store:
+        store.append(batch(0, 2, 0))
+        with pytest.raises(OutOfOrderSequenceError):
+            store.append(batch(2, 2, 2))  # batch 1 is missing
+        with pytest.raises(OutOfOrderSequenceError):
+            store.append(batch(2, 2, 3, epoch=1))  # a new epoch starts at 0
+        store.append(batch(2, 2, 0, epoch=1))
+        with pytest.raises(ProducerFencedError):
+            store.append(batch(4, 2, 1, epoch=0))  # the old epoch was given up
+        store.append(batch(4, 2, 0, pid=PID + 1))  # another producer: its own sequence
+        store.append(batch(6, 2, 5, pid=PID + 2))  # an unknown producer starts anywhere
+        assert store.max_offset("t", 0) == 8
+
+
+def test_only_the_last_batches_are_kept(store_dir):
+    with open_store(store_dir) as store:
+        for s in range(BATCHES_KEPT + 2):
+            store.append(batch(s, 1, s))
+        with pytest.raises(DuplicateBatch):
+            store.append(batch(BATCHES_KEPT + 1, 1, BATCHES_KEPT + 1))
+        with pytest.raises(ProducerFencedError, match="older than the last"):
+            store.append(batch(0, 1, 0))
+
+
+def test_malformed_stamps_are_refused(store_dir):
+    with open_store(store_dir) as store:
+        wrong_count = batch(0, 3, 0)
+        stamp_sequence(wrong_count, BatchSequence(PID, 0, 0, 2))
+        with pytest.raises(InvalidRecord, match="holds 3 records"):
+            store.append(wrong_count)
+        second = batch(0, 1, None) + batch(1, 1, 0)  # stamped, but not first
+        with pytest.raises(InvalidRecord, match="first record"):
+            store.append(second)
+        two_queues = batch(0, 1, None, queue_id=1)
+        stamped = batch(0, 2, 0)
+        with pytest.raises(InvalidRecord, match="one queue"):
+            store.append(stamped + two_queues)
+        assert store.max_offset("t", 0) == store.max_offset("t", 1) == 0
+
+
+def test_state_survives_a_clean_restart_and_truncation_forgets_cut_batches(store_dir):
+    with open_store(store_dir) as store:
+        store.append(batch(0, 2, 0))
+        store.append(batch(2, 2, 1))
+    with open_store(store_dir) as store:
+        with pytest.raises(DuplicateBatch):
+            store.append(batch(2, 2, 1))
+        store.truncate_queue("t", 0, 2)  # a replica following a new leader that never had batch 1
+        stored = store.append(batch(2, 2, 1))  # stored again, at the same offsets
+        assert stored.queue_offsets.tolist() == [2, 3]
+
+
+def test_a_partly_held_batch_is_reported_with_what_the_queue_holds(store_dir):
+    """A replica that fetched the first records of a batch, then came to lead."""
+    with open_store(store_dir) as store:
+        store.append(batch(0, 4, 0))
+        store.truncate_queue("t", 0, 2)
+        with pytest.raises(DuplicateBatch) as dup:
+            store.append(batch(0, 4, 0))
+        assert (dup.value.base_offset, dup.value.stored, dup.value.count) == (0, 2, 4)
+
+
+WRITER = """
+import sys
+from gms.broker.store import MessageStore
+from gms.broker.store_config import StoreConfig
+from gms.record import Message, encode_batch
+from gms.record.sequence import BatchSequence, stamp_sequence
+
+store = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=100,
+                                                   checkpoint_interval_ms=200))
+if "t" not in store.topics():
+    store.create_topic("t", 1)
+s = 0
+while True:
+    body = bytearray(encode_batch([Message("t", b"m-%d-%d" % (s, k)) for k in range(3)]))
+    stamp_sequence(body, BatchSequence(9, 0, s, 3))
+    store.append(body)
+    s += 1
+    print(s, flush=True)
+"""
+
+
+def test_sigkill_then_every_stored_batch_is_recognised(tmp_path):
+    """Crash recovery rebuilds what the last snapshot misses: every batch the killed writer stored
+    (its process died, its page cache did not) is a duplicate afterwards, the next one is accepted."""
+    root = tmp_path / "store"
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        while int(child.stdout.readline() or 0) < 300:
+            assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.3)  # past a checkpoint or two
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    with MessageStore(root, small_config(commitlog_file_size_bytes=64 * 1024, cq_entries_per_file=100)) as store:
+        assert store.recovered_from_crash
+        count = store.max_offset("t", 0)
+        assert count % 3 == 0, "a batch is stored whole"
+        last = count // 3 - 1
+        for s in (last, last - 1):
+            body = bytearray(encode_batch([Message("t", b"again")] * 3))
+            stamp_sequence(body, BatchSequence(9, 0, s, 3))
+            with pytest.raises(DuplicateBatch) as dup:
+                store.append(body)
+            assert dup.value.base_offset == s * 3
+            assert bytes(decode_record(store.read_entry("t", 0, s * 3)).body) == b"m-%d-0" % s
+        body = bytearray(encode_batch([Message("t", b"next")] * 3))
+        stamp_sequence(body, BatchSequence(9, 0, last + 1, 3))
+        assert store.append(body).queue_offsets.tolist() == [count, count + 1, count + 2]
