@@ -1,0 +1,130 @@
+"""The idempotent producer against real processes: a send whose answer is lost (the broker stopped
+with SIGSTOP until the producer times out and retries) is stored once; without idempotence the
+same run stores it several times; producer ids come from the nameservers' counter in etcd."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from client_helpers import consume
+from gms_cluster import LocalCluster
+
+from gms.client import Admin, Consumer, Producer, ProducerRecord
+from gms.errors import GmsError
+
+STOPPED_S = 1.5
+
+
+def _send_through_a_stall(broker, producer: Producer, send) -> list:
+    """Run ``send(producer)`` while the broker is stopped (it accepts the connection, the request
+    waits in its socket), resume it once the producer has timed out and retried a few times."""
+    results: list = []
+    errors: list[GmsError] = []
+
+    def run() -> None:
+        try:
+            results.append(send(producer))
+        except GmsError as err:
+            errors.append(err)
+
+    broker.pause()
+    try:
+        sender = threading.Thread(target=run)
+        sender.start()
+        time.sleep(STOPPED_S)
+    finally:
+        broker.resume()
+    sender.join(30)
+    assert not errors, errors
+    return results
+
+
+def _stored(broker, topic: str, count: int) -> list[bytes]:
+    with Consumer([broker.address], group=f"g-{uuid.uuid4().hex[:6]}", subscription={topic: "*"},
+                  start_from="first") as consumer:
+        got = consume(consumer, count)
+        time.sleep(0.3)
+        got += consumer.poll(200)
+    return sorted(m.body for m in got)
+
+
+@pytest.fixture
+def one_queue(admin) -> str:
+    name = f"idem-{uuid.uuid4().hex[:8]}"
+    admin.create_topic(name, queues=1)
+    return name
+
+
+def _producer(broker, topic: str, **options) -> Producer:
+    """A producer that times out fast and retries long, its routes looked up (a warm-up message)."""
+    producer = Producer([broker.address], request_timeout_ms=300, retries=20, retry_backoff_ms=20, linger_ms=1,
+                        **options)
+    producer.send(topic, b"warm-up")
+    return producer
+
+
+def test_single_send_retried_after_timeouts_is_stored_once(broker, one_queue):
+    with _producer(broker, one_queue) as producer:
+        [result] = _send_through_a_stall(broker, producer, lambda p: p.send(one_queue, b"once"))
+        assert producer.producer_id is not None
+        assert result.queue_offset == 1
+        after = producer.send(one_queue, b"next")  # the sequence goes on
+    assert after.queue_offset == 2
+    assert _stored(broker, one_queue, 3) == [b"next", b"once", b"warm-up"]
+
+
+def test_batches_retried_after_timeouts_are_stored_once(broker, one_queue):
+    records = [ProducerRecord(one_queue, b"b-%03d" % i) for i in range(100)]
+    with _producer(broker, one_queue) as producer:
+        [results] = _send_through_a_stall(broker, producer, lambda p: p.send_batch(records))
+        assert [r.queue_offset for r in results] == list(range(1, 101))
+
+        def pipelined(p: Producer) -> list[int]:
+            futures = [p.send_async(one_queue, b"a-%03d" % i) for i in range(300)]
+            p.flush()
+            return [f.result().queue_offset for f in futures]
+        producer.send(one_queue, b"warm-up")  # the retries above made it look its routes up again
+        [offsets] = _send_through_a_stall(broker, producer, pipelined)
+        assert offsets == list(range(102, 402))
+    assert _stored(broker, one_queue, 402) == sorted([r.body for r in records] + [b"a-%03d" % i for i in range(300)]
+                                                     + [b"warm-up"] * 2)
+
+
+def test_without_idempotence_the_same_stall_stores_duplicates(broker, one_queue):
+    """The run above is a real test: the same retries store the message again when not idempotent."""
+    with _producer(broker, one_queue, idempotence=False) as producer:
+        _send_through_a_stall(broker, producer, lambda p: p.send(one_queue, b"twice?"))
+    assert _stored(broker, one_queue, 3).count(b"twice?") >= 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    running = LocalCluster(tmp_path_factory.mktemp("cluster")).start(nameservers=2, brokers=1)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_producer_ids_come_from_the_nameservers_and_never_repeat(cluster):
+    topic = f"ids-{uuid.uuid4().hex[:6]}"
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topic(topic, 1)
+    ids = []
+    for nameserver in [n.address for n in cluster.nameservers] * 2:
+        with Producer(nameserver=nameserver) as producer:
+            assert producer.producer_id is None  # allocated at the first send
+            producer.send(topic, b"x")
+            ids.append(producer.producer_id)
+    assert all(isinstance(i, int) and i >= 1 for i in ids) and len(set(ids)) == len(ids), ids
+    cluster.nameservers[0].stop()
+    cluster.nameservers[0].restart()  # a restarted nameserver reserves a new block from etcd
+    with Producer(nameserver=cluster.nameservers[0].address) as producer:
+        producer.send(topic, b"y")
+        assert producer.producer_id not in ids
+    with Producer(nameserver=cluster.nameserver, acks=0) as producer:  # fire and forget: nothing to dedupe
+        producer.send(topic, b"z")
+        assert producer.producer_id is None
