@@ -9,8 +9,11 @@
   another through the SDK, ``--transactions`` of them (2000; 500 with ``--quick``), and
   ``tx10_commits_per_s`` for transactions of 10 messages over 4 queues (a tenth as many).
 
-``--parts keys,sql,tx`` picks what runs. Prints one JSON line. The idempotent producer is not
-built yet: its key (``idempotent_produce_ratio``) is absent until it is.
+- ``idempotent_produce_ratio``: an idempotent producer's rate over a plain one's, ``send_batch``
+  of 1000 messages of 100 B to one queue (``--produced`` per round: 1 M; 200 k with ``--quick``;
+  ``--rounds`` alternating, medians); ``idempotent_async_ratio`` the same with ``send_async``.
+
+``--parts keys,sql,tx,idem`` picks what runs. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -91,6 +94,35 @@ def transactions(address: str, count: int) -> dict[str, float]:
     return result
 
 
+def idempotent_produce(address: str, total: int, rounds: int) -> dict[str, float]:
+    """Idempotent against plain producers: ``total`` messages of 100 B to a 1-queue topic, with
+    ``send_batch`` of 1000 and with pipelined ``send_async``, rounds alternating between the two
+    producers; the ratio of their median rates (idempotent / plain)."""
+    from gms.client import Admin, Producer, ProducerRecord
+    with Admin([address]) as admin:
+        admin.create_topic("idem", queues=1)
+    batch = [ProducerRecord("idem", b"i" * 100)] * BATCH
+    rates: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(rounds):
+        for idempotence in (True, False):
+            with Producer([address], idempotence=idempotence) as producer:
+                producer.send("idem", b"warm-up")
+                started = time.perf_counter()
+                for _ in range(total // BATCH):
+                    producer.send_batch(batch)
+                rates.setdefault(("batch", idempotence), []).append(total / (time.perf_counter() - started))
+                started = time.perf_counter()
+                for _ in range(total):
+                    producer.send_async("idem", b"i" * 100)
+                producer.flush()
+                rates.setdefault(("async", idempotence), []).append(total / (time.perf_counter() - started))
+    median = {key: statistics.median(values) for key, values in rates.items()}
+    return {"idempotent_produce_msgs_per_s": round(median[("batch", True)]),
+            "plain_produce_msgs_per_s": round(median[("batch", False)]),
+            "idempotent_produce_ratio": round(median[("batch", True)] / median[("batch", False)], 3),
+            "idempotent_async_ratio": round(median[("async", True)] / median[("async", False)], 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -98,7 +130,10 @@ def main() -> None:
     parser.add_argument("--filtered", type=int)
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--transactions", type=int)
-    parser.add_argument("--parts", default="keys,sql,tx", help="what to measure: keys, sql, tx (comma separated)")
+    parser.add_argument("--produced", type=int, help="messages per round of the idempotence figure")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--parts", default="keys,sql,tx,idem",
+                        help="what to measure: keys, sql, tx, idem (comma separated)")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     keyed = args.keyed or (1_000_000 if args.quick else 10_000_000)
@@ -114,6 +149,9 @@ def main() -> None:
                 result.update(sql_filter(address, filtered))
             if "tx" in parts:
                 result.update(transactions(address, transaction_count))
+            if "idem" in parts:
+                result.update(idempotent_produce(address, args.produced or (200_000 if args.quick else 1_000_000),
+                                                 args.rounds))
         finally:
             proc.terminate()
             proc.wait()
