@@ -21,6 +21,7 @@ from gms.broker.group_handlers import group_name_field
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.pop import INVISIBLE_MS_MAX, GroupQueue, PopQueue, PopService, QueueKey, StartFrom
+from gms.broker.sql_filters import selected, sql_filter
 from gms.broker.store import GetStatus
 from gms.errors import (
     BadRequestError,
@@ -31,6 +32,7 @@ from gms.errors import (
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, read_int_array
 from gms.protocol.frame import Frame, Response
 from gms.record import exact_tag_mask, read_field_offsets, record_views, scan_records
+from gms.sql92 import SqlFilter
 from gms.store_errors import StoreError
 from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
@@ -49,7 +51,7 @@ def _now_ms() -> int:
 class _Taken:
     """What one pop hands out, in answer order: exhausted, handed out again, fresh."""
 
-    __slots__ = ("again", "again_attempts", "bytes", "count", "exhausted", "exhausted_attempts", "fresh")
+    __slots__ = ("again", "again_attempts", "bytes", "count", "exhausted", "exhausted_attempts", "fresh", "passed")
 
     def __init__(self) -> None:
         self.exhausted: list[memoryview] = []
@@ -59,6 +61,7 @@ class _Taken:
         self.fresh: list[memoryview] = []
         self.count = 0
         self.bytes = 0
+        self.passed = False  # messages the filters left out were passed: more may follow at once
 
     def response(self, visible_at: int) -> Response:
         return Response({"exhausted": len(self.exhausted), "attempts": self.exhausted_attempts + self.again_attempts,
@@ -99,6 +102,8 @@ class PopHandlers:
             tags = parse_tag_expression(field(fields, "tags", str, "*"))
         except BadTagExpression as err:
             raise BadTagExpressionError(str(err)) from err
+        sql_expression = field(fields, "sql", str, "")
+        sql = sql_filter(sql_expression) if sql_expression else None
         queue_ids = self.queues_led(topic)
         if not queue_ids:
             raise NotLeaderError(f"this broker leads no queue of {topic!r} now: refresh the route")
@@ -108,9 +113,12 @@ class PopHandlers:
         deadline = loop.time() + poll_ms / 1000
         while True:
             now = _now_ms()
-            taken = self._take(group, topic, queue_ids, tags, start, now, invisible_ms, max_msgs, max_bytes,
+            taken = self._take(group, topic, queue_ids, (tags, sql), start, now, invisible_ms, max_msgs, max_bytes,
                                max_attempts, fifo)
             remaining_s = deadline - loop.time()
+            if not taken.count and taken.passed and remaining_s > 0:
+                await asyncio.sleep(0)  # scan on past what the filters left out, letting others run
+                continue
             if taken.count or remaining_s <= 0:
                 if self.metrics is not None:
                     self.metrics.served(topic, None, taken.count, taken.bytes)
@@ -124,8 +132,9 @@ class PopHandlers:
             if not queue_ids:
                 raise NotLeaderError(f"this broker no longer leads a queue of {topic!r}: refresh the route")
 
-    def _take(self, group: str, topic: str, queue_ids: list[int], tags: TagFilter, start: StartFrom, now: int,
-              invisible_ms: int, max_msgs: int, max_bytes: int, max_attempts: int, fifo: bool) -> _Taken:
+    def _take(self, group: str, topic: str, queue_ids: list[int], filters: tuple[TagFilter, SqlFilter | None],
+              start: StartFrom, now: int, invisible_ms: int, max_msgs: int, max_bytes: int, max_attempts: int,
+              fifo: bool) -> _Taken:
         """Hand out what is due again and fresh messages, queue after queue. ``fifo``: a queue
         hands out nothing new while anything of it is in flight (RocketMQ 5's FIFO pop: a
         queue's messages, and so each message group's, are processed one batch at a time, in
@@ -144,7 +153,7 @@ class PopHandlers:
             due = (state.due_in_order if fifo else state.due)(now, max_msgs - taken.count)
             again = self._hand_out_again(state, topic, queue_id, due, visible_at, max_attempts, taken)
             if not (fifo and state.inflight):
-                self._hand_out_fresh(state, topic, queue_id, tags, visible_at, max_msgs, max_bytes, taken)
+                self._hand_out_fresh(state, topic, queue_id, filters, visible_at, max_msgs, max_bytes, taken)
             if again or (state.next, len(state.inflight)) != before:
                 touched.append((group, topic, queue_id))
         self.service.commit(touched)
@@ -177,14 +186,17 @@ class PopHandlers:
         taken.count += len(records)
         return True
 
-    def _hand_out_fresh(self, state: PopQueue, topic: str, queue_id: int, tags: TagFilter, visible_at: int,
-                        max_msgs: int, max_bytes: int, taken: _Taken) -> None:
-        """Messages from ``next`` on go out for the first time (as many as the state has room for)."""
+    def _hand_out_fresh(self, state: PopQueue, topic: str, queue_id: int,
+                        filters: tuple[TagFilter, SqlFilter | None], visible_at: int, max_msgs: int, max_bytes: int,
+                        taken: _Taken) -> None:
+        """Messages from ``next`` on go out for the first time (as many as the state has room for);
+        those the filters leave out are passed."""
+        tags, sql = filters
         want = min(state.room(), max_msgs - taken.count)
         if want <= 0 or taken.bytes >= max_bytes:
             return
         result = self.store.get(topic, queue_id, state.next, want, max_bytes - taken.bytes, tags.hashes,
-                                self.read_limit((topic, queue_id)), coalesce=True)
+                                self.read_limit((topic, queue_id)), coalesce=sql is None)
         if result.status is GetStatus.OFFSET_OVERFLOW:  # the queue was cut back below our position
             state.drop([o for o in state.inflight if o >= result.max_offset])
             state.next = result.max_offset
@@ -199,7 +211,12 @@ class PopHandlers:
         views, offsets = result.records, result.offsets
         if views and tags.tags is not None:
             views, offsets = _exact_tags(views, tags.tags)
+        if views and sql is not None:  # one record per view (not coalesced)
+            mask = selected(sql, views)
+            views = [view for view, keep in zip(views, mask.tolist(), strict=True) if keep]
+            offsets = np.asarray(offsets)[mask]
         handed = offsets.tolist() if offsets is not None and len(views) else []
+        taken.passed = taken.passed or (not handed and result.next_offset > state.next)
         state.hand_out(handed, visible_at, result.next_offset)
         taken.fresh += views
         taken.count += len(handed)

@@ -84,7 +84,7 @@ from gms.record.layout import (
     TX_ID_CHARS_MAX,
     TX_ID_PROPERTY,
 )
-from gms.record.sequence import BatchSequence, read_sequence
+from gms.record.sequence import STAMP_BYTES, BatchSequence, read_sequence
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -574,8 +574,9 @@ class MessageStore:
                 raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
                                               f"{self.config.commitlog_file_size_bytes} bytes")
             limit = self._topics.limits(topic).message_size_bytes_max
-            if limit and size > limit:
-                raise MessageTooLarge(topic, size, limit)
+            unstamped = size - STAMP_BYTES if record.flags & FLAG_SEQUENCED else size  # as in _check_message_sizes
+            if limit and unstamped > limit:
+                raise MessageTooLarge(topic, unstamped, limit)
             if record.stamped:
                 raise InvalidRecord("envelope", "phys_offset and store_ts_ms are set by the broker: send zeros")
             if record.flags & ~allowed_flags:
@@ -689,10 +690,12 @@ class MessageStore:
         if batch_bytes <= min(per_topic):
             return
         limits = np.array(per_topic, np.int64)
-        over = np.flatnonzero(sizes > limits[parsed.topic_index])
+        # an idempotent producer's stamp is the broker's, not the message's: it does not count
+        stamps = np.where(parsed.headers["flags"] & FLAG_SEQUENCED, STAMP_BYTES, 0)
+        over = np.flatnonzero(sizes - stamps > limits[parsed.topic_index])
         if over.size:
             i = int(over[0])
-            raise MessageTooLarge(parsed.topics[parsed.topic_index[i]], int(sizes[i]),
+            raise MessageTooLarge(parsed.topics[parsed.topic_index[i]], int(sizes[i] - stamps[i]),
                                   int(limits[parsed.topic_index[i]]))
 
     @staticmethod

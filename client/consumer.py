@@ -19,7 +19,6 @@ import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -31,15 +30,14 @@ from gms.client.rebalance import Membership, StartFrom
 from gms.client.retries import ensure_topic, load_group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
+from gms.client.subscriptions import Sql, parse_subscription
 from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
-from gms.errors import BadTagExpressionError, ForbiddenError, GmsError, UnauthenticatedError
+from gms.errors import ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage
 from gms.naming import group_of_topic, retry_topic
-from gms.record.builder import RecordEncoder
 from gms.security.client import ClientSecurity
-from gms.sql92 import BadFilterExpression, compile_filter
-from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
+from gms.tags import parse_tag_expression
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +112,7 @@ class Consumer:
         if (max_reconsume_times is not None and max_reconsume_times < 0) or (
                 retry_delays_ms is not None and (not retry_delays_ms or min(retry_delays_ms) < 0)):
             raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
-        filters = _parse_subscription(subscription)
+        filters = parse_subscription(subscription)
         self._clustering = mode == "clustering"
         if fifo and not self._clustering:
             raise ValueError("fifo needs a clustering consumer group")
@@ -507,28 +505,3 @@ class Consumer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-@dataclass(frozen=True)
-class Sql:
-    """A subscription by SQL92 over message properties (and ``TAGS``), evaluated on the broker:
-    ``subscription={"orders": Sql("region = 'eu' AND amount > 100")}`` (RocketMQ's
-    ``MessageSelector.bySql``). A bad expression raises BadTagExpressionError naming the position."""
-
-    expression: str
-
-
-def _parse_subscription(subscription: Mapping[str, str | Sql]) -> dict[str, TagFilter]:
-    encoder = RecordEncoder()
-    filters = {}
-    for topic, expression in subscription.items():
-        encoder.topic(topic)  # InvalidTopicError for a bad name
-        try:
-            if isinstance(expression, Sql):
-                compile_filter(expression.expression)  # refused here, not at the first pull
-                filters[topic] = TagFilter("*", None, expression.expression)
-            else:
-                filters[topic] = parse_tag_expression(expression)
-        except (BadTagExpression, BadFilterExpression) as err:
-            raise BadTagExpressionError(str(err)) from err
-    return filters

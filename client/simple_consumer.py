@@ -28,6 +28,7 @@ from gms.client.rebalance import StartFrom
 from gms.client.retries import ensure_topic, load_group_settings, retry_delay_ms, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
+from gms.client.subscriptions import Sql, parse_subscription
 from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, ReceiptHandleExpiredError
@@ -37,7 +38,7 @@ from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array
 from gms.record import RecordCheck, read_field_offsets, scan_records
 from gms.security.client import ClientSecurity
 from gms.store_errors import CorruptRecord
-from gms.tags import parse_tag_expression
+from gms.tags import TagFilter
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Popped(NamedTuple):
 class PopClient:
     """The asyncio core of :class:`SimpleConsumer` (runs on the runtime's loop)."""
 
-    def __init__(self, runtime: ClientRuntime, group: str, subscription: Mapping[str, str], *,
+    def __init__(self, runtime: ClientRuntime, group: str, subscription: Mapping[str, TagFilter], *,
                  max_delivery_attempts: int, start_from: StartFrom, fifo: bool) -> None:
         self.runtime = runtime
         self.group = group
@@ -106,9 +107,11 @@ class PopClient:
 
     async def _pop(self, topic: str, broker: str, max_messages: int, invisible_ms: int, wait_ms: int) -> Popped:
         fields: dict[str, Any] = {
-            "group": self.group, "topic": topic, "tags": self.subscription[topic], "max_msgs": max_messages,
+            "group": self.group, "topic": topic, "tags": self.subscription[topic].expression, "max_msgs": max_messages,
             "invisible_ms": invisible_ms, "poll_ms": wait_ms, "max_attempts": self.max_delivery_attempts,
             "start": self.start_from, "fifo": self.fifo}
+        if self.subscription[topic].sql:
+            fields["sql"] = self.subscription[topic].sql
         frame = await self.runtime.pool.request(broker, RequestCode.POP_MESSAGE, fields,
                                                 timeout_ms=wait_ms + self.runtime.request_timeout_ms)
         body = frame.body
@@ -177,7 +180,7 @@ class PopClient:
 
 
 class SimpleConsumer:
-    """Receives messages of ``subscription`` ({topic: tag expression}) as a member of ``group``,
+    """Receives messages of ``subscription`` ({topic: tag expression or ``Sql(...)``}) as a member of ``group``,
     acknowledging each on its own. Use from one thread.
 
     ``invisible_duration_ms``: how long a received message stays hidden from the group (default
@@ -197,7 +200,7 @@ class SimpleConsumer:
         *,
         nameserver: Sequence[str] | str | None = None,
         group: str,
-        subscription: Mapping[str, str],
+        subscription: Mapping[str, str | Sql],
         invisible_duration_ms: int = INVISIBLE_DURATION_MS,
         await_duration_ms: int = AWAIT_DURATION_MS,
         max_delivery_attempts: int | None = None,
@@ -217,8 +220,7 @@ class SimpleConsumer:
             raise ValueError("max_delivery_attempts must be >= 1")
         if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
             raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
-        for expression in subscription.values():
-            parse_tag_expression(expression)  # BadTagExpression now rather than at the first receive
+        filters = parse_subscription(subscription)  # a bad filter fails now rather than at the first receive
         self._group = group
         self._invisible_ms = invisible_duration_ms
         self._await_ms = await_duration_ms
@@ -230,7 +232,7 @@ class SimpleConsumer:
         if max_delivery_attempts is None:
             max_delivery_attempts = settings.max_delivery_attempts
         self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
-        self._core = PopClient(self._runtime, group, subscription, max_delivery_attempts=max_delivery_attempts,
+        self._core = PopClient(self._runtime, group, filters, max_delivery_attempts=max_delivery_attempts,
                                start_from=start_from, fifo=settings.fifo if fifo is None else fifo)
         self._dead_letters: Producer | None = None
         self._acks_on_the_way: set[Future[None]] = set()

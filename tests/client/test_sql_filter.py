@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gms.client import Consumer, Producer, ProducerRecord, Sql
+from gms.client import Consumer, Producer, ProducerRecord, SimpleConsumer, Sql
 from gms.errors import BadTagExpressionError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode, Status
@@ -37,6 +37,27 @@ def test_only_selected_messages_arrive(broker, topic):
                   start_from="first") as consumer:
         got = consume_all(consumer, len(expected))
     assert sorted(int(m.body[1:]) for m in got) == expected
+
+
+def test_pop_consumers_receive_only_selected_messages(broker, topic):
+    """A SimpleConsumer with a SQL92 subscription: the broker hands out the selected messages only,
+    passing long runs of others within one request."""
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(topic, f"m{i}".encode(), queue=i % 2,
+                                            properties={"pick": "yes" if i % 500 == 7 else "no"})
+                            for i in range(2000)])
+    expected = [i for i in range(2000) if i % 500 == 7]  # 4 of 2000: runs of ~250 left out per queue
+    got: list[int] = []
+    with SimpleConsumer([broker.address], group="sql-pop", subscription={topic: Sql("pick = 'yes'")},
+                        start_from="first", await_duration_ms=2000) as consumer:
+        deadline = time.monotonic() + 15
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            messages = consumer.receive(32)
+            got += [int(m.body[1:]) for m in messages]
+            consumer.ack(messages)
+    assert sorted(got) == expected
+    with pytest.raises(BadTagExpressionError, match="position"):
+        SimpleConsumer([broker.address], group="sql-pop", subscription={topic: Sql("amount >")})
 
 
 def test_bad_expressions_are_refused_with_their_position(broker, topic):

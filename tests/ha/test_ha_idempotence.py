@@ -32,7 +32,8 @@ class Sender(threading.Thread):
                       request_timeout_ms=3000) as producer:
             i = 0
             while not self.stopping.is_set():
-                bodies = [f"{self.mode}-q{self.queue_id}-m{i + k}".encode() for k in range(1 if self.mode == "one" else 20)]
+                size = 1 if self.mode == "one" else 20
+                bodies = [f"{self.mode}-q{self.queue_id}-m{i + k}".encode() for k in range(size)]
                 i += len(bodies)
                 try:
                     if self.mode == "one":
