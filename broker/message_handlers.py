@@ -27,6 +27,7 @@ from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
     MessageIllegalError,
+    MessageNotFoundError,
     NotLeaderError,
     OffsetIllegalError,
     ServerError,
@@ -35,7 +36,7 @@ from gms.errors import (
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, int_array
 from gms.protocol.frame import HEADER_SIZE_MAX_BYTES, SEND_BODY_SIZE_MAX_BYTES, Buffer, Frame, Response
 from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
-from gms.record import OFF_QUEUE_ID, decode_record
+from gms.record import OFF_PHYS_OFFSET, OFF_QUEUE_ID, decode_record
 from gms.record.batch import parse_one
 from gms.record.layout import FLAG_SCHEDULED, PRODUCER_FLAGS
 from gms.sql92 import SqlFilter
@@ -267,10 +268,23 @@ class MessageHandlers:
         return Response({"topic": record.topic, "queue_id": record.queue_id, "queue_offset": record.queue_offset})
 
     async def view_message(self, request: Frame) -> Response:
+        """The record at ``phys_offset``; with ``origin`` (another broker's address), this store's copy
+        of the record that broker stored there (a message id resolved on a replica), answered
+        with the origin's offset in its envelope so that it carries the id asked for."""
         phys_offset = field(request.fields, "phys_offset", int)
-        record = self.store.read_at(phys_offset)
+        origin = field(request.fields, "origin", str, "")
+        record: Buffer
+        if origin and origin != self.advertised_address:
+            found = self.store.find_replicated(origin, phys_offset)
+            if found is None:
+                raise MessageNotFoundError(f"no copy here of the message {origin} stored at {phys_offset}")
+            record = bytearray(found)
+            _I64.pack_into(record, OFF_PHYS_OFFSET, phys_offset)
+        else:
+            record = self.store.read_at(phys_offset)
         if self.access is not None:
-            self.access.check_topic(parse_one(record, len(record), verify_tag_hash=False).topic, "subscribe")
+            topic = parse_one(memoryview(record), len(record), verify_tag_hash=False).topic
+            self.access.check_topic(topic, "subscribe")
         return Response(body=record)
 
     async def find_by_key(self, request: Frame) -> Response:

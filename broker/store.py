@@ -47,6 +47,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, Offset
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile
+from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
 from gms.broker.store_config import StoreConfig
@@ -263,6 +264,8 @@ class MessageStore:
         self._keys = KeyIndex.open(paths.key_index, slot_count=self.config.key_index_slots,
                                    entries_per_file=self.config.key_index_entries_per_file)
         self._load_queues()
+        # Where the records this store replicated lay on their leaders (message ids on any replica).
+        self._origins = OriginMap(paths.origins, self.config.commitlog_file_size_bytes)
         # Idempotent producers' last batches: as of the last checkpoint, then what recovery re-reads.
         self.producers = ProducerStates(paths.producers, self.config.producer_state_expiry_ms)
         self.producers.load()
@@ -327,6 +330,7 @@ class MessageStore:
             for cq in self._queues.values():
                 cq.close()
             self._keys.close()
+            self._origins.close()
             self._closed = True
 
     def __enter__(self) -> MessageStore:
@@ -461,7 +465,7 @@ class MessageStore:
         return self._append(records, admit, replicated=False, allowed_flags=allowed_flags)
 
     def append_replicated(self, records: bytes | bytearray | memoryview, crc32: int,
-                          sizes: np.ndarray | None = None) -> AppendResult:
+                          sizes: np.ndarray | None = None, origin: str | None = None) -> AppendResult:
         """Append records fetched from a queue's leader, keeping the queue offsets (and store
         timestamps) they carry; each queue's records must continue it exactly
         (:class:`ReplicaGap` otherwise, nothing written).
@@ -472,14 +476,16 @@ class MessageStore:
         otherwise, nothing written) and tag hashes (not recomputed here either); recovery
         still checks record by record. ``sizes``, when
         given, are the records' sizes from the leader's consumeQueue: they replace the walk
-        over the records and are checked against every record's header."""
+        over the records and are checked against every record's header. ``origin``: the leader's
+        address, noted with where the records lay there (:mod:`gms.broker.origins`)."""
         if chunk_crc32(records) != crc32:
             raise CorruptRecord(0, f"replicated chunk of {len(records)} bytes does not match the leader's CRC")
-        return self._append(records, None, replicated=True, sizes=sizes)
+        return self._append(records, None, replicated=True, sizes=sizes, origin=origin)
 
     def _append(self, records: bytes | bytearray | memoryview,
                 admit: Callable[[list[tuple[str, int]]], None] | None, *, replicated: bool,
-                sizes: np.ndarray | None = None, allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
+                sizes: np.ndarray | None = None, allowed_flags: int = PRODUCER_FLAGS,
+                origin: str | None = None) -> AppendResult:
         buf = memoryview(records).cast("B")
         if not replicated and len(buf) >= 4 and _I32.unpack_from(buf)[0] == len(buf):
             done = self._append_one(buf, admit, allowed_flags)  # a single send: no numpy
@@ -553,6 +559,9 @@ class MessageStore:
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
             if sequenced:
                 self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"])
+            if origin is not None:  # where they lay on the leader: its envelopes in ``buf``
+                self._origins.add(runs(parsed.headers["phys_offset"].astype(np.int64), placement.phys,
+                                       sizes.astype(np.int64), leader_key(origin)))
         self._flush_service().appended(len(queue_ids))
         n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
@@ -934,6 +943,7 @@ class MessageStore:
             for cq in queues:
                 cq.flush()
             self._keys.flush()
+            self._origins.sync()
         self.producers.save(end, now_ms)  # before the checkpoint: recovery from it re-reads what follows
         write_checkpoint(self.paths.checkpoint, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
@@ -1109,7 +1119,8 @@ class MessageStore:
             cq.publish(offset + count)
 
     def append_replicated_run(self, topic: str, queue_id: int, offset: int, records: bytes | bytearray | memoryview,
-                              crc32: int, sizes: np.ndarray, damaged: list[int] | np.ndarray) -> int:
+                              crc32: int, sizes: np.ndarray, damaged: list[int] | np.ndarray,
+                              origin: str | None = None) -> int:
         """A fetch of one queue from ``offset``: ``records`` (of ``sizes``, their ``crc32`` as a
         whole) interleaved by offset with ``damaged`` offsets the leader sent as such, which
         become lost entries. Returns the commitlog end after the last record appended (0: none)."""
@@ -1127,7 +1138,7 @@ class MessageStore:
             if count:
                 stop = int(ends[done + count - 1])
                 end_phys = self._append(buf[byte:stop], None, replicated=True,
-                                        sizes=sizes[done: done + count]).end_phys_offset
+                                        sizes=sizes[done: done + count], origin=origin).end_phys_offset
                 done, byte, position = done + count, stop, position + count
             if first is not None:
                 log.error("queue %s/%d: offsets %d..%d are damaged on the leader: indexed as damaged here",
@@ -1294,6 +1305,19 @@ class MessageStore:
                     break
         return found
 
+    def find_replicated(self, leader: str, leader_phys: int) -> memoryview | None:
+        """This store's copy of the record that ``leader`` stored at ``leader_phys`` (a message id
+        of a leader, resolved on a replica), if it still holds it in its queue."""
+        for phys in self._origins.find(leader_key(leader), leader_phys):
+            try:
+                record = self.read_at(phys)
+                found = parse_one(record, len(record), verify_tag_hash=False)
+            except (StoreError, ValueError):
+                continue
+            if self._indexes(found.queue_id, _I64.unpack_from(record, OFF_QUEUE_OFFSET)[0], found.topic, phys):
+                return record
+        return None
+
     def _indexes(self, queue_id: int, offset: int, topic: str, phys: int) -> bool:
         """The queue ``topic/queue_id`` holds the record at ``phys`` at ``offset``."""
         try:
@@ -1414,6 +1438,7 @@ class MessageStore:
             rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
             deleted = commitlog.delete_oldest(rule)
             self._keys.delete_below(commitlog.min_offset)
+            self._origins.delete_below(commitlog.min_offset)
             if deleted:  # over the disk cap, files go whatever the queues still hold
                 self._retention_files.inc(deleted)
                 self._retention_bytes.inc(deleted * commitlog.file_size_bytes)

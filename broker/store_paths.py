@@ -86,6 +86,11 @@ class StorePaths:
         return self.config / "timers.json"
 
     @property
+    def origins(self) -> Path:
+        """Where replicated records lay on their leaders (broker.origins)."""
+        return self.root / "origins"
+
+    @property
     def producers(self) -> Path:
         """The idempotent producers' last batches per queue, as of the checkpoint (broker.producer_state)."""
         return self.config / "producers.json"

@@ -19,7 +19,7 @@ from gms.client.connections import msg_id_prefix
 from gms.client.fetcher import decode_pull_body
 from gms.client.offset_reset import QueueReset, ResetMode, ResetSpec, new_offset
 from gms.client.rebalance import NO_COMMITTED_OFFSET
-from gms.client.routing import NameserverRoutes, QueueRoute
+from gms.client.routing import UNREACHABLE_ERRORS, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.client.trace_format import STORE, TRACE_TOPIC, TraceEvent, decode_events, ordered
@@ -28,13 +28,15 @@ from gms.errors import (
     GmsError,
     GroupNotEmptyError,
     GroupNotFoundError,
+    MessageNotFoundError,
     QueueNotFoundError,
     ServiceUnavailableError,
     TopicNotFoundError,
     TransactionNotFoundError,
 )
-from gms.msgid import decode_msg_id
+from gms.msgid import MessageId, decode_msg_id
 from gms.protocol.codes import RequestCode
+from gms.protocol.frame import Frame
 from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
 from gms.security.scram import Credential
@@ -374,11 +376,30 @@ class Admin:
             located.address, RequestCode.CANCEL_SCHEDULED, {"phys_offset": located.phys_offset}))
 
     def view_message(self, msg_id: str) -> ReceivedMessage:
-        """The message a message id points at (asks the broker the id names)."""
+        """The message a message id points at: asked of the broker the id names, else (that broker
+        is gone, or no longer holds it) of every live broker, where a replica that copied it from
+        that broker answers (docs/replication.md)."""
         located = decode_msg_id(msg_id)
-        frame = self._runtime.run(self._runtime.pool.request(
-            located.address, RequestCode.VIEW_MESSAGE_BY_ID, {"phys_offset": located.phys_offset}))
+        try:
+            frame = self._runtime.run(self._runtime.pool.request(
+                located.address, RequestCode.VIEW_MESSAGE_BY_ID, {"phys_offset": located.phys_offset}))
+        except (*UNREACHABLE_ERRORS, MessageNotFoundError) as err:
+            frame = self._replica_copy(located, err)
         return ReceivedMessage(memoryview(frame.body), 0, msg_id_prefix(located.address))
+
+    def _replica_copy(self, located: MessageId, cause: GmsError) -> Frame:
+        """A replica's copy of the message ``located`` names (``cause``: why its broker did not answer)."""
+        fields = {"phys_offset": located.phys_offset, "origin": located.address}
+        others = [broker for broker in self.brokers() if broker != located.address]
+
+        async def ask() -> list[Frame | BaseException]:
+            return list(await asyncio.gather(
+                *(self._runtime.pool.request(b, RequestCode.VIEW_MESSAGE_BY_ID, fields) for b in others),
+                return_exceptions=True))
+        for answer in self._runtime.run(ask()):
+            if isinstance(answer, Frame):
+                return answer
+        raise cause
 
     def find_by_key(self, topic: str, key: str, *, begin_ms: int | None = None, end_ms: int | None = None,
                     max_messages: int = 32) -> list[ReceivedMessage]:

@@ -229,9 +229,10 @@ class LeaderFetcher:
             damaged = run_offsets(row[11] if len(row) > 11 else [])
             if len(damaged) and self.store.max_offset(*p.key) == offset:
                 appended_end = self.store.append_replicated_run(
-                    *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged)
+                    *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged,
+                    origin=self.address)
             elif size and self.store.max_offset(*p.key) == offset:
-                appended_end = self.store.append_replicated(chunk, crc, sizes).end_phys_offset
+                appended_end = self.store.append_replicated(chunk, crc, sizes, origin=self.address).end_phys_offset
             leo = self.store.max_offset(*p.key)
             for entry_epoch, start in epochs:
                 if start < leo:
