@@ -22,7 +22,7 @@ from gms.client.rebalance import NO_COMMITTED_OFFSET
 from gms.client.routing import UNREACHABLE_ERRORS, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage
-from gms.client.trace_format import STORE, TRACE_TOPIC, TraceEvent, decode_events, ordered
+from gms.client.trace_format import STORE, TRACE_TOPIC, TraceEvent, decode_events, ordered, region_key
 from gms.cluster.model import GroupSettings
 from gms.errors import (
     GmsError,
@@ -466,10 +466,10 @@ class Admin:
         was traced (tracing off, or no trace topic). ValueError for a malformed id."""
         decode_msg_id(msg_id)
         try:
-            found = self.find_by_key(trace_topic, msg_id, max_messages=max_records)
+            found = self.find_by_key(trace_topic, region_key(msg_id), max_messages=max_records)
         except TopicNotFoundError:
             return []
-        events = [event for record in found for event in decode_events(record.body, record.keys, msg_id)]
+        events = [event for record in found for event in decode_events(record.body, msg_id)]
         if any(event.event == STORE for event in events):
             events = self._store_times(msg_id, events)
         return ordered(events)

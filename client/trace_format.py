@@ -3,13 +3,17 @@
 
 A trace record is an ordinary message of the trace topic:
 
-- **keys**: the ids of every message the record is about (one record covers a whole batch: a
-  ``send_batch``, a poll), so the brokers' key index finds it by any of them;
+- **keys**: the *regions* of the messages the record is about (one record covers a whole
+  batch: a ``send_batch``, a poll): a message id without its last four hex digits, that is its
+  broker and 64 KiB of that broker's commitlog (:func:`region_key`). The brokers' key index finds
+  the record by any of them with one entry per region, not one per message;
+- **ids**: in the body, the ids of the messages, space separated: the order the per-message
+  fields follow;
 - **tag**: the event (``send``, ``deliver``, ``ack``, ``retry``, ``dead-letter``);
 - **body**: compact JSON, one object: ``v`` (format version), ``event``, ``time_us`` (epoch µs),
   ``host``, ``client`` and the event's fields (see :data:`EVENT_FIELDS`). A field is either one
   value for every message of the record, or — a JSON list — one value per message, in the order
-  of the keys; a column of integers may be packed: ``{"b64": ..., "dtype": ">i4"}``, the base64
+  of ``ids``; a column of integers may be packed: ``{"b64": ..., "dtype": ">i4"}``, the base64
   of the big-endian array. ``offset_from`` is a run of queue offsets (message i at
   ``offset_from + i``). ``keys`` (a message's own keys) is one space-separated string per message.
 
@@ -43,9 +47,20 @@ EVENT_FIELDS = {
     RETRY: "group, attempt (the failed one), delay_ms, reason, to (the retry topic), copy_id",
     DEAD_LETTER: "group, attempt, reason, to (the dead-letter topic), copy_id",
 }
-# Message ids (IPv6 ids are 48 characters) one record carries as keys, with their separators.
+# Messages one record covers; its region keys (IPv6 ids are 48 characters) must fit a record's keys.
 IDS_PER_RECORD_MAX = 1024
-assert IDS_PER_RECORD_MAX * 49 <= KEYS_BYTES_MAX
+REGION_HEX_DIGITS = 4  # the id digits a region key drops: 64 KiB of a broker's commitlog
+assert IDS_PER_RECORD_MAX * (48 - REGION_HEX_DIGITS + 1) <= KEYS_BYTES_MAX
+
+
+def region_key(msg_id: str) -> str:
+    """The key the trace records of ``msg_id`` are found by: its broker and 64 KiB region."""
+    return msg_id[:-REGION_HEX_DIGITS]
+
+
+def region_keys(ids: Sequence[str]) -> list[str]:
+    """The keys of a record about ``ids`` (messages of one batch share one or a few regions)."""
+    return sorted({msg_id[:-REGION_HEX_DIGITS] for msg_id in ids})
 
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
@@ -113,21 +128,24 @@ class TraceEvent(NamedTuple):
         return {**self._asdict(), "details": dict(self.details)}
 
 
-_COMMON = ("v", "event", "time_us", "host", "client", "group", "broker", "topic", "queue", "offset", "offset_from",
-           "attempt", "cost_us")
+_COMMON = ("v", "ids", "event", "time_us", "host", "client", "group", "broker", "topic", "queue", "offset",
+           "offset_from", "attempt", "cost_us")
 
 
-def decode_events(body: bytes, keys: Sequence[str], msg_id: str) -> list[TraceEvent]:
-    """The rows of one trace record (its body and keys) about ``msg_id`` ([] if none; a record
-    of an unknown format version gives one row saying so)."""
+def decode_events(body: bytes, msg_id: str) -> list[TraceEvent]:
+    """The rows of one trace record (its body) about ``msg_id`` ([] if none; a record of an
+    unknown format version gives one row saying so)."""
     try:
-        index = list(keys).index(msg_id)
         fields = json.loads(body)
     except ValueError:
         return []
     if not isinstance(fields, dict) or fields.get("v") != FORMAT_VERSION:
         return [TraceEvent(0, "unknown", msg_id, details={"format": fields.get("v") if isinstance(fields, dict)
                                                           else None})]
+    try:
+        index = str(fields.get("ids", "")).split(" ").index(msg_id)
+    except ValueError:
+        return []  # another message of the same region
 
     def at(name: str, default: Any = None) -> Any:
         value = fields.get(name, default)

@@ -63,6 +63,7 @@ from gms.client.trace_format import (
     int_column,
     msg_ids,
     offsets_field,
+    region_keys,
 )
 from gms.log_throttle import Outage
 from gms.naming import RETRY_TOPIC_PREFIX, dlq_topic, validate_topic_name
@@ -185,7 +186,9 @@ class TraceDispatcher:
             first = part.get("offset_from")
             if low and isinstance(first, int):
                 part["offset_from"] = first + low
-            yield ProducerRecord(self.topic, encode_body({"event": tag, **part}), tag, ids[low:high], key=key)
+            covered = ids[low:high]
+            yield ProducerRecord(self.topic, encode_body({"event": tag, "ids": " ".join(covered), **part}), tag,
+                                 region_keys(covered), key=key)
 
     def _write(self, records: list[ProducerRecord], count: int) -> None:
         try:
