@@ -70,6 +70,7 @@ class ProducerStates:
         self._path = snapshot_path
         self._expiry_ms = expiry_ms
         self._queues: dict[QueueKey, dict[int, _Producer]] = {}
+        self._changed = False  # since the last snapshot (an idle broker writes none)
 
     def __len__(self) -> int:
         return sum(map(len, self._queues.values()))
@@ -124,12 +125,14 @@ class ProducerStates:
             return  # known already (recovery re-reading what a snapshot holds)
         producer.last_ms = max(producer.last_ms, now_ms)
         producer.batches.append(StoredBatch(sequence.sequence, sequence.records, base_offset, phys))
+        self._changed = True
 
     def truncated(self, key: QueueKey, offset: int) -> None:
         """The queue was cut back to ``offset``: batches stored from there on are gone."""
         producers = self._queues.get(key)
         if not producers:
             return
+        self._changed = True
         for producer_id, producer in list(producers.items()):
             kept = [b for b in producer.batches if b.base_offset < offset]
             if len(kept) == len(producer.batches):
@@ -143,12 +146,16 @@ class ProducerStates:
     def deleted(self, topic: str) -> None:
         for key in [k for k in self._queues if k[0] == topic]:
             del self._queues[key]
+            self._changed = True
 
     # --- snapshot -----------------------------------------------------------------------------
 
     def save(self, end_phys: int, now_ms: int) -> None:
-        """Write the state of the records below ``end_phys`` (the checkpoint's end); producers idle
-        past the expiry are dropped."""
+        """Write the state of the records below ``end_phys`` (the checkpoint's end), if it changed
+        since the last snapshot; producers idle past the expiry are dropped."""
+        if not self._changed:
+            return
+        self._changed = False  # an append from now on marks it again (the flush thread saves)
         oldest = now_ms - self._expiry_ms
         queues: dict[str, dict[str, list]] = {}
         for (topic, queue_id), producers in list(self._queues.items()):
@@ -157,12 +164,19 @@ class ProducerStates:
                     del producers[producer_id]
                     continue
                 # copies: the event loop appends while the flush thread saves
-                batches = [list(b) for b in list(producer.batches) if b.phys < end_phys]
+                held = list(producer.batches)
+                batches = [list(b) for b in held if b.phys < end_phys]
+                if len(batches) < len(held):  # the rest belongs in the next snapshot
+                    self._changed = True
                 if batches:
                     queues.setdefault(f"{queue_id}/{topic}", {})[str(producer_id)] = [
                         producer.epoch, producer.last_ms, batches]
-        write_atomically(self._path, json.dumps({"v": SNAPSHOT_VERSION, "end": end_phys, "queues": queues},
-                                                separators=(",", ":")).encode())
+        try:
+            write_atomically(self._path, json.dumps({"v": SNAPSHOT_VERSION, "end": end_phys, "queues": queues},
+                                                    separators=(",", ":")).encode())
+        except OSError:
+            self._changed = True  # written at the next checkpoint
+            raise
 
     def load(self) -> None:
         """The last snapshot (none: an empty state, rebuilt from what recovery re-reads)."""

@@ -4,12 +4,14 @@ gaps and stale epochs are refused, and what the store knows of producers survive
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from store_helpers import small_config
@@ -180,3 +182,16 @@ def test_sigkill_then_every_stored_batch_is_recognised(tmp_path):
         body = bytearray(encode_batch([Message("t", b"next")] * 3))
         stamp_sequence(body, BatchSequence(9, 0, last + 1, 3))
         assert store.append(body).queue_offsets.tolist() == [count, count + 1, count + 2]
+
+
+def test_an_idle_store_writes_no_snapshot_and_a_partial_one_is_completed(store_dir):
+    with open_store(store_dir) as store:
+        store.append(batch(0, 2, 0))
+        states, path = store.producers, store_dir / "config" / "producers.json"
+        states.save(0, int(time.time() * 1000))  # a checkpoint below the batch: it is left for the next
+        assert json.loads(path.read_bytes())["queues"] == {}
+        states.save(1 << 40, int(time.time() * 1000))
+        assert json.loads(path.read_bytes())["queues"] == {"0/t": {str(PID): [0, ANY, [[0, 2, 0, 0]]]}}
+        path.unlink()
+        states.save(1 << 40, int(time.time() * 1000))
+        assert not path.exists(), "nothing changed: nothing written"
