@@ -63,6 +63,7 @@ from gms.client.trace_format import (
     int_column,
     msg_ids,
     offsets_field,
+    pack_ids,
     region_keys,
 )
 from gms.log_throttle import Outage
@@ -187,7 +188,7 @@ class TraceDispatcher:
             if low and isinstance(first, int):
                 part["offset_from"] = first + low
             covered = ids[low:high]
-            yield ProducerRecord(self.topic, encode_body({"event": tag, "ids": " ".join(covered), **part}), tag,
+            yield ProducerRecord(self.topic, encode_body({"event": tag, "ids": pack_ids(covered), **part}), tag,
                                  region_keys(covered), key=key)
 
     def _write(self, records: list[ProducerRecord], count: int) -> None:
