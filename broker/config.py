@@ -36,6 +36,8 @@ class BrokerConfig:
     broker_name: str = ""
     # host:port of /metrics, /healthz and /readyz (Prometheus; docs/monitoring.md); empty: none.
     metrics_listen: str = ""
+    # host:port of the RocketMQ 5 gRPC API (docs/rocketmq-compat.md; the `rocketmq` extra); empty: none.
+    rocketmq_listen: str = ""
     metrics_per_queue: bool = False  # label messages/bytes in/out by queue too (more series)
     cluster: str = "DefaultCluster"
     store_dir: Path = Path("gms-data/broker")
@@ -75,10 +77,17 @@ class BrokerConfig:
         if self.security.authentication and not self.nameserver:
             raise ValueError("authentication needs a cluster: users live in etcd; start the broker with"
                              " --nameserver (`gms standalone --secure` runs one)")
+        if self.security.authentication and self.rocketmq_listen:
+            raise ValueError("the RocketMQ API does not authenticate its clients yet: it cannot be served with"
+                             " authentication on (drop --rocketmq-listen or the [security] authentication)")
 
     @property
     def host_port(self) -> tuple[str, int]:
         return split_address(self.listen, "listen address", port_zero_ok=True)
+
+    @property
+    def rocketmq_host_port(self) -> tuple[str, int]:
+        return split_address(self.rocketmq_listen, "rocketmq listen address", port_zero_ok=True)
 
     @property
     def metrics_host_port(self) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import resource
 import sys
@@ -40,6 +41,8 @@ def raise_fd_limit() -> int:
 @click.option("--listen", help=f"host:port to serve on (default 0.0.0.0:{DEFAULT_PORT}; port 0 picks a free one).")
 @click.option("--metrics-listen", help="host:port of /metrics (Prometheus), /healthz and /readyz (default: none;"
                                      " port 0 picks a free one).")
+@click.option("--rocketmq-listen", help="host:port of the RocketMQ 5 gRPC API for official RocketMQ clients (default:"
+                                      " none; port 0 picks a free one; needs the `rocketmq` extra).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the commitlog and queues live (default ./gms-data/broker).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -62,10 +65,12 @@ def raise_fd_limit() -> int:
               help="Write the bound port here once serving (for scripts and tests).")
 @click.option("--metrics-port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound --metrics-listen port here once serving.")
+@click.option("--rocketmq-port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound --rocketmq-listen port here once serving.")
 @log_options
 @security_options
-def main(config_path, port_file, metrics_port_file, flush_mode, commitlog_file_size_bytes, cq_entries_per_file,
-         retention_hours, **broker_overrides) -> None:
+def main(config_path, port_file, metrics_port_file, rocketmq_port_file, flush_mode, commitlog_file_size_bytes,
+         cq_entries_per_file, retention_hours, **broker_overrides) -> None:
     """Run a gms broker: the commitlog store and the send/pull/group server."""
     configure_logging_from(broker_overrides)
     security = pop_security_values(broker_overrides)
@@ -81,6 +86,10 @@ def main(config_path, port_file, metrics_port_file, flush_mode, commitlog_file_s
         raise click.UsageError(str(err)) from err
     if metrics_port_file is not None and not config.metrics_listen:
         raise click.UsageError("--metrics-port-file needs --metrics-listen (or metrics_listen in [broker])")
+    if rocketmq_port_file is not None and not config.rocketmq_listen:
+        raise click.UsageError("--rocketmq-port-file needs --rocketmq-listen (or rocketmq_listen in [broker])")
+    if config.rocketmq_listen and importlib.util.find_spec("rocketmq") is None:
+        raise click.UsageError("--rocketmq-listen needs the rocketmq extra: pip install 'gms[rocketmq]'")
     log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
     from gms.broker.server import BrokerServer
     from gms.net import run
@@ -96,8 +105,13 @@ def main(config_path, port_file, metrics_port_file, flush_mode, commitlog_file_s
         """The start line, once the metrics port is published too."""
         if metrics_port_file is not None and server.monitoring is not None:
             write_port_file(metrics_port_file, server.monitoring.port)
+        rocketmq = ""
+        if server.rocketmq is not None:
+            if rocketmq_port_file is not None:
+                write_port_file(rocketmq_port_file, server.rocketmq.port)
+            rocketmq = f"; RocketMQ API on {config.rocketmq_host_port[0]}:{server.rocketmq.port}"
         metrics = f"; metrics on {config.metrics_host_port[0]}:{server.monitoring.port}" if server.monitoring else ""
-        return f"broker {server.name} serving on {server.address} (store {config.store_dir}){metrics}"
+        return f"broker {server.name} serving on {server.address} (store {config.store_dir}){metrics}{rocketmq}"
 
     sys.exit(run(serve_until_signalled(
         server, "broker", log, port_file=port_file,

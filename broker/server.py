@@ -12,8 +12,9 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from gms.address import advertised_address
+from gms.address import advertised_address, split_address
 from gms.broker.access import BrokerAccess
 from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
@@ -48,6 +49,9 @@ from gms.security.authorizer import Authorizer
 from gms.security.client import ClientSecurity
 from gms.security.scram import Credential
 from gms.security.users import User, replica_user
+
+if TYPE_CHECKING:
+    from gms.broker.rocketmq.service import RocketMQEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,8 @@ class BrokerServer:
         self.registration: BrokerRegistration | None = None
         self.replicas: ReplicaManager | None = None  # cluster mode only
         self._messages: MessageHandlers | None = None
+        self._pop: PopHandlers | None = None
+        self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
         self._led_queues: dict[str, list[int]] | None = None
@@ -141,8 +147,35 @@ class BrokerServer:
             asyncio.create_task(self._every(self.config.offset_persist_interval_ms, self.offsets.persist_async)),
             asyncio.create_task(self._every(1000, self._expire_members)),
         ]
+        if self.config.rocketmq_listen:
+            await self._start_rocketmq(host)
         if self.config.nameserver:
             await self._register()
+
+    async def _start_rocketmq(self, listen_host: str) -> None:
+        from gms.broker.rocketmq.service import RocketMQEndpoint  # the optional `rocketmq` extra
+
+        host, port = self.config.rocketmq_host_port
+        advertised_host = split_address(self.address, "advertised address")[0]
+        try:
+            self.rocketmq = await RocketMQEndpoint.start(self, host, port, advertised_host)
+        except OSError:
+            await self.stop()
+            raise
+
+    @property
+    def message_handlers(self) -> MessageHandlers:
+        assert self._messages is not None, "the broker is not started"
+        return self._messages
+
+    @property
+    def pop_handlers(self) -> PopHandlers:
+        assert self._pop is not None, "the broker is not started"
+        return self._pop
+
+    def queues_led(self, topic: str) -> list[int]:
+        """The queues of ``topic`` this broker leads now (TopicNotFoundError: no such topic here)."""
+        return self._queues_led(topic)
 
     async def _register(self) -> None:
         """Join the cluster: register under our own etcd lease and follow our queue assignment."""
@@ -298,7 +331,7 @@ class BrokerServer:
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         transactions = TransactionHandlers(self.transactions, messages, self.access, self.config.long_poll_max_ms)
-        pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
+        pop = self._pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
                           read_limit=self.read_limit, metrics=self.metrics)
         for code, handler in {
             RequestCode.SEND: messages.send,
@@ -372,7 +405,10 @@ class BrokerServer:
         for task in self._chores:
             task.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
-        self.waiters.close()
+        self.waiters.close()  # long-polling receives answer now
+        if self.rocketmq is not None:
+            await self.rocketmq.stop()
+            self.rocketmq = None
         await self.rpc.stop()
         try:
             await self.offsets.persist_async()

@@ -1,0 +1,202 @@
+"""RocketMQ 5 ↔ gms: messages, receipt handles, timestamps and status codes.
+
+Pure functions over the generated stubs of ``rocketmq-python-client`` (``rocketmq.grpc_protocol``);
+the servicer (:mod:`gms.broker.rocketmq.service`) only moves them between gRPC and gms's handlers.
+
+- A RocketMQ message becomes one gms record: topic, tag, keys, body, born host and time as they
+  are; user properties as properties; the client's own message id in ``MESSAGE_ID_PROPERTY``;
+  ``message_group`` as gms's FIFO property; ``delivery_timestamp`` as gms's scheduled delivery.
+- A record read back becomes a RocketMQ message with the system properties the client reads:
+  its message id (the client's, or gms's own id of the record for messages sent another way),
+  receipt handle, born/store timestamps, delivery attempt, queue id and offset, and the body's
+  CRC32 digest (8 upper-case hex digits, as the client checks it).
+- A receipt handle is opaque to the client: the base64url of ``[topic, queue id, queue offset,
+  delivery attempt, broker]`` as JSON, what gms's pop ack needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from rocketmq.grpc_protocol import definition_pb2
+
+from gms.errors import (
+    BadRequestError,
+    BadTagExpressionError,
+    GmsError,
+    MessageIllegalError,
+    NotLeaderError,
+    ReceiptHandleExpiredError,
+    ServerBusyError,
+    ServiceUnavailableError,
+    TopicNotFoundError,
+)
+from gms.record import Record
+from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
+
+Code = definition_pb2.Code
+
+MESSAGE_ID_PROPERTY = "__RMQ_MSG_ID"  # the RocketMQ client's own id of the message
+# Property names gms keeps for itself start with this: refused from RocketMQ users, never shown.
+SYSTEM_PROPERTY_PREFIX = "__"
+# The Python client 5.1.2 puts milliseconds in delivery_timestamp.seconds; a "seconds" value past
+# this (year 5138) can only be milliseconds.
+SECONDS_MAX_PLAUSIBLE = 100_000_000_000
+
+# gms errors → RocketMQ codes; the first matching class wins (subclasses first).
+_ERROR_CODES: tuple[tuple[type[GmsError], int], ...] = (
+    (TopicNotFoundError, Code.TOPIC_NOT_FOUND),
+    (BadTagExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
+    (ReceiptHandleExpiredError, Code.INVALID_RECEIPT_HANDLE),
+    (MessageIllegalError, Code.BAD_REQUEST),
+    (BadRequestError, Code.BAD_REQUEST),
+    (NotLeaderError, Code.INTERNAL_SERVER_ERROR),  # no UNAVAILABLE code: the client retries these
+    (ServiceUnavailableError, Code.INTERNAL_SERVER_ERROR),
+    (ServerBusyError, Code.TOO_MANY_REQUESTS),
+)
+
+
+def status(code: int = Code.OK, message: str = "OK") -> definition_pb2.Status:
+    return definition_pb2.Status(code=code, message=message)
+
+
+def error_status(err: GmsError) -> definition_pb2.Status:
+    """The RocketMQ status of a gms error (INTERNAL_SERVER_ERROR when unmapped)."""
+    for cls, code in _ERROR_CODES:
+        if isinstance(err, cls):
+            return status(code, str(err))
+    return status(Code.INTERNAL_SERVER_ERROR, str(err))
+
+
+# -- time ---------------------------------------------------------------------------------------
+
+
+def timestamp_ms(ts: Any) -> int:
+    """A protobuf Timestamp in epoch ms (see SECONDS_MAX_PLAUSIBLE for the client's ms quirk)."""
+    if ts.seconds > SECONDS_MAX_PLAUSIBLE:
+        return int(ts.seconds)
+    return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
+
+
+def set_timestamp(ts: Any, ms: int) -> None:
+    ts.seconds, ts.nanos = divmod(ms, 1000)
+    ts.nanos *= 1_000_000
+
+
+def duration_ms(duration: Any) -> int:
+    return int(duration.seconds) * 1000 + int(duration.nanos) // 1_000_000
+
+
+# -- receipt handles ------------------------------------------------------------------------------
+
+
+class Receipt(NamedTuple):
+    topic: str
+    queue_id: int
+    offset: int
+    attempt: int
+    broker: str
+
+    def encode(self) -> str:
+        raw = json.dumps(list(self), separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, handle: str) -> Receipt:
+        try:
+            raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
+            topic, queue_id, offset, attempt, broker = json.loads(raw)
+            if not (isinstance(topic, str) and isinstance(broker, str)
+                    and all(type(n) is int for n in (queue_id, offset, attempt))):
+                raise ValueError("wrong field types")
+        except (ValueError, TypeError) as err:
+            raise ReceiptHandleExpiredError(f"receipt handle {handle[:64]!r} is not one of gms's: {err}") from err
+        return cls(topic, queue_id, offset, attempt, broker)
+
+
+# -- messages ---------------------------------------------------------------------------------------
+
+
+class Outgoing(NamedTuple):
+    """What a RocketMQ message becomes in gms: the arguments of ``encode_record`` but the queue."""
+
+    topic: str
+    body: bytes
+    tag: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    flags: int
+    born_host: str
+    born_ts_ms: int
+    message_group: str | None
+    message_id: str
+
+
+def from_rocketmq(message: Any, now_ms: int) -> Outgoing:
+    """A SendMessageRequest's message as a gms record's fields (BadRequestError if unusable)."""
+    system = message.system_properties
+    if not message.topic.name:
+        raise BadRequestError("the message names no topic")
+    if not system.message_id:
+        raise BadRequestError("the message has no message_id (RocketMQ clients set one)")
+    properties = dict(message.user_properties)
+    reserved = [name for name in properties if name.startswith(SYSTEM_PROPERTY_PREFIX)]
+    if reserved:
+        raise BadRequestError(f"property names starting with {SYSTEM_PROPERTY_PREFIX!r} are gms's: {reserved}")
+    properties[MESSAGE_ID_PROPERTY] = system.message_id
+    flags = 0
+    group = system.message_group if system.HasField("message_group") else None
+    if group is not None:
+        properties[MESSAGE_GROUP_PROPERTY] = group
+    if system.HasField("delivery_timestamp"):
+        deliver_at = timestamp_ms(system.delivery_timestamp)
+        if deliver_at > now_ms:
+            properties[DELIVER_AT_PROPERTY] = str(deliver_at)
+            flags |= FLAG_SCHEDULED
+    if system.body_encoding == definition_pb2.Encoding.GZIP:
+        body = zlib.decompress(message.body, wbits=31)
+    else:
+        body = message.body
+    born_ms = timestamp_ms(system.born_timestamp) if system.HasField("born_timestamp") else now_ms
+    return Outgoing(message.topic.name, body, system.tag if system.HasField("tag") else None,
+                    tuple(system.keys), properties, flags, system.born_host, born_ms or now_ms, group,
+                    system.message_id)
+
+
+def to_rocketmq(record: Record, attempt: int, receipt: Receipt, gms_message_id: str) -> definition_pb2.Message:
+    """A popped record as the message a ReceiveMessage answers. ``gms_message_id``: the id of
+    messages that carry no RocketMQ client's id (sent with gms's SDK)."""
+    props: Mapping[str, str] = record.properties
+    message = definition_pb2.Message()
+    message.topic.name = record.topic
+    body = bytes(record.body)
+    message.body = body
+    message.user_properties.update({k: v for k, v in props.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)})
+    system = message.system_properties
+    system.message_id = props.get(MESSAGE_ID_PROPERTY) or gms_message_id
+    if record.tag:
+        system.tag = record.tag
+    system.keys.extend(record.keys)
+    system.body_digest.type = definition_pb2.DigestType.CRC32
+    system.body_digest.checksum = format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
+    system.body_encoding = definition_pb2.Encoding.IDENTITY
+    set_timestamp(system.born_timestamp, record.born_ts_ms)
+    system.born_host = record.born_host
+    set_timestamp(system.store_timestamp, record.store_ts_ms)
+    system.store_host = receipt.broker
+    system.queue_id = record.queue_id
+    system.queue_offset = record.queue_offset
+    system.delivery_attempt = attempt
+    system.receipt_handle = receipt.encode()
+    system.message_type = definition_pb2.MessageType.NORMAL
+    if (group := props.get(MESSAGE_GROUP_PROPERTY)) is not None:
+        system.message_group = group
+        system.message_type = definition_pb2.MessageType.FIFO
+    if (deliver_at := props.get(DELIVER_AT_PROPERTY)) is not None and deliver_at.isdigit():
+        set_timestamp(system.delivery_timestamp, int(deliver_at))
+        system.message_type = definition_pb2.MessageType.DELAY
+    return message

@@ -1,0 +1,286 @@
+"""The RocketMQ 5 gRPC messaging service (``apache.rocketmq.v2.MessagingService``) on a broker.
+
+Every RPC answers through the broker's own handlers, so it has gms's semantics and no second
+implementation of them: SendMessage stores a record as SEND does (``MessageHandlers.store_records``),
+ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility, attempts),
+AckMessage and ChangeInvisibleDuration are the pop service's. The endpoint runs on the broker's
+event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+import xxhash
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from gms.address import join_address, split_address
+from gms.broker.pop_handlers import ATTEMPTS_ARRAY
+from gms.broker.rocketmq.mapping import (
+    Receipt,
+    duration_ms,
+    error_status,
+    from_rocketmq,
+    status,
+    to_rocketmq,
+)
+from gms.errors import BadRequestError, GmsError
+from gms.msgid import encode_msg_id
+from gms.protocol.codes import RequestCode
+from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
+from gms.protocol.frame import Frame, Response
+from gms.record import decode_record, encode_record, iter_records
+
+if TYPE_CHECKING:
+    from gms.broker.server import BrokerServer
+
+log = logging.getLogger(__name__)
+
+Code = definition_pb2.Code
+# What a client waits for a receive is its long polling timeout plus its request timeout (3 s by
+# default): answer this much before the long polling timeout runs out.
+POLL_MARGIN_MS = 500
+BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
+ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
+                  definition_pb2.MessageType.DELAY)
+# Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
+SEND_ATTEMPTS = 3
+BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
+
+
+def _frame(code: RequestCode, fields: dict[str, Any]) -> Frame:
+    return Frame(code=int(code), request_id=0, fields=fields)
+
+
+async def _settled(result: Response | Awaitable[Response | None] | None) -> Response:
+    if inspect.isawaitable(result):
+        result = await result
+    assert isinstance(result, Response)
+    return result
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    """The servicer; ``endpoint`` is the host:port clients are told to use for it."""
+
+    def __init__(self, broker: BrokerServer, endpoint: str) -> None:
+        self.broker = broker
+        self.endpoint = endpoint
+        self._turns = itertools.count()
+
+    # -- routes, heartbeats, settings --------------------------------------------------------------
+
+    async def QueryRoute(self, request: Any, context: Any) -> Any:  # gRPC names the methods
+        try:
+            queue_ids = self.broker.queues_led(request.topic.name)
+        except GmsError as err:
+            return service_pb2.QueryRouteResponse(status=error_status(err))
+        host, port = split_address(self.endpoint, "rocketmq endpoint")
+        response = service_pb2.QueryRouteResponse(status=status())
+        for queue_id in queue_ids:
+            queue = response.message_queues.add()
+            queue.topic.CopyFrom(request.topic)
+            queue.id = queue_id
+            queue.permission = definition_pb2.Permission.READ_WRITE
+            queue.broker.name = self.broker.name
+            queue.broker.id = 0  # the master: clients send and receive only there
+            queue.broker.endpoints.scheme = (definition_pb2.AddressScheme.IPv4 if host.replace(".", "").isdigit()
+                                             else definition_pb2.AddressScheme.DOMAIN_NAME)
+            queue.broker.endpoints.addresses.add(host=host, port=port)
+            queue.accept_message_types.extend(ACCEPTED_TYPES)
+        return response
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        return service_pb2.HeartbeatResponse(status=status())
+
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        return service_pb2.NotifyClientTerminationResponse(status=status())
+
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        """One assignment for this broker: its receives pop from every queue it leads."""
+        route = await self.QueryRoute(service_pb2.QueryRouteRequest(topic=request.topic), context)
+        response = service_pb2.QueryAssignmentResponse(status=route.status)
+        if route.message_queues:
+            queue = response.assignments.add().message_queue
+            queue.CopyFrom(route.message_queues[0])
+            queue.id = -1
+        return response
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Answer each settings command with those settings and the retry policy a producer needs;
+        other commands (thread stacks, verify results) are taken and not answered."""
+        async for command in request_iterator:
+            if not command.HasField("settings"):
+                continue
+            settings = definition_pb2.Settings()
+            settings.CopyFrom(command.settings)
+            policy = settings.backoff_policy
+            policy.max_attempts = SEND_ATTEMPTS
+            policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
+            policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
+            policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
+            yield service_pb2.TelemetryCommand(status=status(), settings=settings)
+
+    # -- send ---------------------------------------------------------------------------------------
+
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        response = service_pb2.SendMessageResponse(status=status())
+        if len(request.messages) != 1:  # the clients send one at a time
+            response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
+            return response
+        try:
+            entry = await self._send(request.messages[0])
+        except GmsError as err:
+            response.status.CopyFrom(error_status(err))
+            entry = service_pb2.SendResultEntry(status=response.status)
+        response.entries.append(entry)
+        return response
+
+    async def _send(self, message: Any) -> Any:
+        now_ms = int(time.time() * 1000)
+        outgoing = from_rocketmq(message, now_ms)
+        queue_ids = self.broker.queues_led(outgoing.topic)
+        if not queue_ids:
+            raise BadRequestError(f"this broker leads no queue of {outgoing.topic!r}: refresh the route")
+        if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
+            queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]
+        else:
+            queue_id = queue_ids[next(self._turns) % len(queue_ids)]
+        record = encode_record(topic=outgoing.topic, body=outgoing.body, tag=outgoing.tag, keys=outgoing.keys,
+                               properties=outgoing.properties, queue_id=queue_id, flags=outgoing.flags,
+                               born_host=outgoing.born_host, born_ts_ms=outgoing.born_ts_ms)
+        messages = self.broker.message_handlers
+        answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, 1, time.perf_counter()))
+        offset = int(read_int_array(answer.fields["queue_offsets"], OFFSET_ARRAY)[0])
+        return service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
+
+    # -- receive, ack, invisibility ------------------------------------------------------------------
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            messages = await self._receive(request)
+        except GmsError as err:
+            yield service_pb2.ReceiveMessageResponse(status=error_status(err))
+            return
+        if not messages:
+            yield service_pb2.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield service_pb2.ReceiveMessageResponse(status=status())
+        for message in messages:
+            yield service_pb2.ReceiveMessageResponse(message=message)
+
+    async def _receive(self, request: Any) -> list[Any]:
+        topic = request.message_queue.topic.name
+        fields: dict[str, Any] = {
+            "group": request.group.name, "topic": topic,
+            "max_msgs": min(max(request.batch_size, 1), BATCH_SIZE_MAX),
+            "invisible_ms": duration_ms(request.invisible_duration),
+            "poll_ms": max(duration_ms(request.long_polling_timeout) - POLL_MARGIN_MS, 0),
+            "start": "last",
+        }
+        expression = request.filter_expression
+        if expression.type == definition_pb2.FilterType.SQL:
+            fields["sql"] = expression.expression
+        elif expression.expression:
+            fields["tags"] = expression.expression
+        answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
+        attempts = answer.fields["attempts"]
+        host, port = split_address(self.broker.address, "broker address")
+        messages = []
+        views: list[memoryview] = answer.body  # type: ignore[assignment]  # pop answers a list of record views
+        for i, view in enumerate(views):  # again-delivered records first, one per view
+            records = [decode_record(view, verify_crc=False)] if i < len(attempts) else iter_records(view, False)
+            for record in records:
+                attempt = attempts[i] if i < len(attempts) else 1
+                receipt = Receipt(topic, record.queue_id, record.queue_offset, attempt, self.broker.address)
+                messages.append(to_rocketmq(record, attempt, receipt, encode_msg_id(host, port, record.phys_offset)))
+        return messages
+
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        response = service_pb2.AckMessageResponse(status=status())
+        try:
+            receipts = [Receipt.decode(entry.receipt_handle) for entry in request.entries]
+            topic = request.topic.name
+            if any(r.topic != topic for r in receipts):
+                raise BadRequestError(f"a receipt handle of another topic than {topic!r}")
+            answer = await self.broker.pop_handlers.ack(_frame(RequestCode.ACK_MESSAGE, {
+                "group": request.group.name, "topic": topic,
+                "queue_ids": int_array(np.array([r.queue_id for r in receipts]), QUEUE_ID_ARRAY),
+                "offsets": int_array(np.array([r.offset for r in receipts]), OFFSET_ARRAY),
+                "attempts": int_array(np.array([r.attempt for r in receipts]), ATTEMPTS_ARRAY),
+            }))
+        except GmsError as err:
+            response.status.CopyFrom(error_status(err))
+            return response
+        expired = {(queue_id, offset) for queue_id, offset in answer.fields["expired"]}
+        for entry, receipt in zip(request.entries, receipts, strict=True):
+            gone = (receipt.queue_id, receipt.offset) in expired
+            response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                 status=status(Code.INVALID_RECEIPT_HANDLE, "delivery no longer in flight") if gone
+                                 else status())
+        if expired:
+            response.status.CopyFrom(status(Code.MULTIPLE_RESULTS if len(expired) < len(receipts)
+                                            else Code.INVALID_RECEIPT_HANDLE, f"{len(expired)} handle(s) expired"))
+        return response
+
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        try:
+            receipt = Receipt.decode(request.receipt_handle)
+            await self.broker.pop_handlers.change_invisible_duration(_frame(RequestCode.CHANGE_INVISIBLE_DURATION, {
+                "group": request.group.name, "topic": receipt.topic, "queue_id": receipt.queue_id,
+                "offset": receipt.offset, "attempt": receipt.attempt,
+                "invisible_ms": duration_ms(request.invisible_duration)}))
+        except GmsError as err:
+            return service_pb2.ChangeInvisibleDurationResponse(status=error_status(err))
+        # gms keeps the delivery attempt: the same handle acknowledges the message afterwards.
+        return service_pb2.ChangeInvisibleDurationResponse(status=status(), receipt_handle=request.receipt_handle)
+
+
+def _not_implemented(name: str, response_type: Any, streaming: bool) -> Callable[..., Any]:
+    message = f"{name} is not implemented by gms yet (docs/rocketmq-compat.md)"
+    if streaming:
+        async def stream(self: MessagingService, request: Any, context: Any) -> AsyncIterator[Any]:
+            yield response_type(status=status(Code.NOT_IMPLEMENTED, message))
+        return stream
+
+    async def unary(self: MessagingService, request: Any, context: Any) -> Any:
+        return response_type(status=status(Code.NOT_IMPLEMENTED, message))
+    return unary
+
+
+# Every RPC of the service this module does not define answers NOT_IMPLEMENTED (never UNIMPLEMENTED
+# from gRPC, which clients retry or report vaguely).
+for _method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods:
+    if _method.name not in MessagingService.__dict__:
+        setattr(MessagingService, _method.name, _not_implemented(
+            _method.name, getattr(service_pb2, _method.output_type.name), _method.server_streaming))
+
+
+class RocketMQEndpoint:
+    """The gRPC server of :class:`MessagingService` on the running event loop."""
+
+    def __init__(self, server: Any, port: int) -> None:
+        self.server = server
+        self.port = port
+
+    @classmethod
+    async def start(cls, broker: BrokerServer, host: str, port: int, advertised_host: str) -> RocketMQEndpoint:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+                                          ("grpc.max_send_message_length", 64 << 20)])
+        bound = server.add_insecure_port(join_address(host, port))
+        if bound == 0:
+            raise OSError(f"cannot listen for RocketMQ clients on {join_address(host, port)}")
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(
+            MessagingService(broker, join_address(advertised_host, bound)), server)
+        await server.start()
+        return cls(server, bound)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await asyncio.shield(self.server.stop(grace_s))
