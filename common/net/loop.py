@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
 T = TypeVar("T")
 
 LOOP_STOP_TIMEOUT_MS = 5000
+HANDLES_CLOSE_S = 0.05  # what a stopped loop is given to close the handles of transports closed last
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -80,7 +81,13 @@ class LoopThread:
             self.submit(self._cancel_tasks()).result(timeout_ms / 1000)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout_ms / 1000)
-        self._loop.close()
+        try:
+            self._loop.close()
+        except OSError:  # uvloop (EBUSY): a transport closed a moment ago still holds its handle
+            if self._thread.is_alive():
+                raise
+            self._loop.run_until_complete(asyncio.sleep(HANDLES_CLOSE_S))  # let the handles close
+            self._loop.close()
 
     async def _cancel_tasks(self) -> None:
         current = asyncio.current_task()
@@ -89,6 +96,7 @@ class LoopThread:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._loop.shutdown_asyncgens()
+        await asyncio.sleep(0)  # one more turn: transports the cancelled tasks closed release their handles
 
     def __enter__(self) -> LoopThread:
         return self
