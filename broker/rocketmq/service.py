@@ -151,6 +151,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(request.messages) != 1:  # the clients send one at a time
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
             return response
+        if request.messages[0].system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
+            # Stored as it is, a half message would be visible at once: refused until EndTransaction is served.
+            response.status.CopyFrom(status(Code.NOT_IMPLEMENTED, "transactional messages through the RocketMQ API"
+                                            " are not implemented by gms yet (docs/rocketmq-compat.md)"))
+            return response
         try:
             entry = await self._send(request.messages[0])
         except GmsError as err:

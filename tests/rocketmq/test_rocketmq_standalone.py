@@ -163,3 +163,13 @@ def test_fifo_group_gets_a_message_group_in_order(standalone, topic):
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+def test_transactional_message_is_refused_not_stored_as_a_normal_one(standalone, topic):
+    message = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=b"half")
+    message.system_properties.message_id = "01TX"
+    message.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
+    with grpc.insecure_channel(standalone["rocketmq"]) as channel:
+        answer = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            service_pb2.SendMessageRequest(messages=[message]), timeout=10)
+    assert answer.status.code == definition_pb2.Code.NOT_IMPLEMENTED
