@@ -141,6 +141,11 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
               help="Serve the web console.")
 @click.option("--console-admin", is_flag=True,
               help="Allow the console's admin actions (create topics, reset offsets); read-only otherwise.")
+@click.option("--rocketmq-port", type=click.IntRange(0, 65535), default=ports.ROCKETMQ_PORT, show_default=True,
+              help="The RocketMQ 5 gRPC API for official RocketMQ clients (0 picks a free one; needs the"
+                   " `rocketmq` extra).")
+@click.option("--rocketmq/--no-rocketmq", "with_rocketmq", default=True, show_default=True,
+              help="Serve the RocketMQ 5 gRPC API (when the `rocketmq` extra is installed).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -152,8 +157,8 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
                    " prints how to point clients at it).")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
                nameserver_metrics_port: int, broker_metrics_port: int, console_port: int, with_console: bool,
-               console_admin: bool, log_level: str, log_format: str, commitlog_file_size: int | None,
-               secure: bool) -> None:
+               console_admin: bool, rocketmq_port: int, with_rocketmq: bool, log_level: str, log_format: str,
+               commitlog_file_size: int | None, secure: bool) -> None:
     """Run embedded etcd + a nameserver + a broker + the web console in the foreground (Ctrl-C
     stops all). Both servers serve Prometheus /metrics, /healthz and /readyz."""
     from gms.cli.standalone import run_standalone
@@ -161,7 +166,8 @@ def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
                           nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
                           console_port=console_port if with_console else None, console_admin=console_admin,
-                          log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
+                          rocketmq_port=rocketmq_port if with_rocketmq else None, log_level=log_level,
+                          log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
                           secure=secure, echo=click.echo)
     sys.exit(code)
 

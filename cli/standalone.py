@@ -10,6 +10,7 @@ the supervisor itself dies (PR_SET_PDEATHSIG), so nothing outlives it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -66,12 +67,13 @@ class _Child:
             )
 
     def wait_port(self, timeout_s: float) -> int:
-        return self._wait_port_file(self.port_file, timeout_s)
+        return self.wait_port_file(self.port_file, timeout_s)
 
     def wait_metrics_port(self, timeout_s: float) -> int:
-        return self._wait_port_file(self.metrics_port_file, timeout_s)
+        return self.wait_port_file(self.metrics_port_file, timeout_s)
 
-    def _wait_port_file(self, port_file: Path, timeout_s: float) -> int:
+    def wait_port_file(self, port_file: Path, timeout_s: float) -> int:
+        """The port the child writes to ``port_file`` once it serves there."""
         deadline = time.monotonic() + timeout_s
         while not port_file.exists():
             if self.proc.poll() is not None:
@@ -119,6 +121,7 @@ def run_standalone(
     broker_metrics_port: int = ports.BROKER_METRICS_PORT,
     console_port: int | None = ports.CONSOLE_PORT,
     console_admin: bool = False,
+    rocketmq_port: int | None = ports.ROCKETMQ_PORT,
     log_level: str = "info",
     log_format: str = "text",
     commitlog_file_size_bytes: int | None = None,
@@ -130,8 +133,10 @@ def run_standalone(
     (it installs signal handlers and the children's death signal follows the calling thread).
     Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. Both servers serve
     /metrics, /healthz and /readyz on their metrics ports; the web console runs unless
-    ``console_port`` is None (read-only unless ``console_admin``). ``secure``: TLS with a
-    development CA, authentication and ACLs, an ``admin`` super user (see :mod:`gms.cli.standalone_security`)."""
+    ``console_port`` is None (read-only unless ``console_admin``); the broker serves the RocketMQ 5 gRPC
+    API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``.
+    ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
+    :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
     run_dir = data_dir / "logs"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,11 +173,16 @@ def run_standalone(
         )
         children.append(nameserver)
         nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
+        rocketmq_off = _rocketmq_off(rocketmq_port, secure)
+        rocketmq_port_file = run_dir / "broker.rocketmq-port"
+        rocketmq_port_file.unlink(missing_ok=True)
+        rocketmq_args = ([] if rocketmq_off else ["--rocketmq-listen", f"{host}:{rocketmq_port}",
+                                                  "--rocketmq-port-file", str(rocketmq_port_file)])
         broker = _Child(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, *log_args, *store_args, *security_args],
+             "--nameserver", nameserver_address, *log_args, *store_args, *security_args, *rocketmq_args],
             run_dir,
             broker_env,
             metrics_listen=f"{host}:{broker_metrics_port}",
@@ -183,6 +193,11 @@ def run_standalone(
                       f" http://{host}:{broker.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics (broker)")
         lines = [f"  nameserver  {nameserver_address}", f"  broker      {broker_address}",
                  f"  metrics     {monitoring}; /healthz and /readyz beside them"]
+        if rocketmq_off:
+            lines.append(f"  rocketmq    {rocketmq_off}")
+        else:
+            rocketmq_bound = broker.wait_port_file(rocketmq_port_file, CHILD_START_TIMEOUT_S)
+            lines.append(f"  rocketmq    {host}:{rocketmq_bound}  (for RocketMQ 5 clients: docs/rocketmq-compat.md)")
         if console_port is not None:
             console = _Child(
                 "console",
@@ -212,6 +227,17 @@ def run_standalone(
     if code == 0:
         echo("gms standalone stopped")
     return code
+
+
+def _rocketmq_off(rocketmq_port: int | None, secure: bool) -> str:
+    """Why the broker does not serve the RocketMQ API, for the banner ("": it does)."""
+    if rocketmq_port is None:
+        return "not served (--no-rocketmq)"
+    if secure:
+        return "not served: the RocketMQ API has no authentication yet (docs/rocketmq-compat.md)"
+    if importlib.util.find_spec("rocketmq") is None:
+        return "not served: pip install 'gms[rocketmq]' for RocketMQ 5 clients"
+    return ""
 
 
 def _store_args(data_dir: Path, commitlog_file_size_bytes: int | None) -> list[str]:

@@ -7,3 +7,4 @@ BROKER_PORT = 10911
 NAMESERVER_METRICS_PORT = 9877  # /metrics, /healthz, /readyz
 BROKER_METRICS_PORT = 10915
 CONSOLE_PORT = 8082  # RocketMQ Dashboard's
+ROCKETMQ_PORT = 8081  # RocketMQ 5 proxy's gRPC port: the RocketMQ API (the `rocketmq` extra)

@@ -108,8 +108,9 @@ class NameserverProcess(BrokerProcess):
 # --- waiting and process-tree inspection (from /proc; no psutil) ----------------------------
 
 
-# `gms standalone` flags that put its metrics endpoints and console on free ports too.
-FREE_MONITORING_PORTS = ("--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0")
+# `gms standalone` flags that put its metrics endpoints, console and RocketMQ API on free ports too.
+FREE_MONITORING_PORTS = ("--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0",
+                         "--rocketmq-port", "0")
 
 
 def free_port() -> int:

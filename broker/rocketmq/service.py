@@ -3,7 +3,10 @@
 Every RPC answers through the broker's own handlers, so it has gms's semantics and no second
 implementation of them: SendMessage stores a record as SEND does (``MessageHandlers.store_records``),
 ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility, attempts),
-AckMessage and ChangeInvisibleDuration are the pop service's. The endpoint runs on the broker's
+AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
+delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
+group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
+so does one a client forwards (ForwardMessageToDeadLetterQueue). The endpoint runs on the broker's
 event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
 """
 
@@ -24,6 +27,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
+from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
     Receipt,
     duration_ms,
@@ -32,7 +36,9 @@ from gms.broker.rocketmq.mapping import (
     status,
     to_rocketmq,
 )
-from gms.errors import BadRequestError, GmsError
+from gms.broker.store import GetStatus
+from gms.client.simple_consumer import EXHAUSTED_REASON
+from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
@@ -70,9 +76,10 @@ async def _settled(result: Response | Awaitable[Response | None] | None) -> Resp
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer; ``endpoint`` is the host:port clients are told to use for it."""
 
-    def __init__(self, broker: BrokerServer, endpoint: str) -> None:
+    def __init__(self, broker: BrokerServer, endpoint: str, groups: ConsumerGroups) -> None:
         self.broker = broker
         self.endpoint = endpoint
+        self.groups = groups
         self._turns = itertools.count()
 
     # -- routes, heartbeats, settings --------------------------------------------------------------
@@ -114,8 +121,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return response
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Answer each settings command with those settings and the retry policy a producer needs;
-        other commands (thread stacks, verify results) are taken and not answered."""
+        """Answer each settings command with those settings and the retry policy a producer needs,
+        or for a consumer its group's max delivery attempts and FIFO flag; other commands (thread
+        stacks, verify results) are taken and not answered."""
         async for command in request_iterator:
             if not command.HasField("settings"):
                 continue
@@ -123,6 +131,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             settings.CopyFrom(command.settings)
             policy = settings.backoff_policy
             policy.max_attempts = SEND_ATTEMPTS
+            if settings.HasField("subscription"):
+                try:
+                    group = await self.groups.settings(settings.subscription.group.name)
+                except GmsError as err:
+                    yield service_pb2.TelemetryCommand(status=error_status(err))
+                    continue
+                policy.max_attempts = group.max_delivery_attempts
+                settings.subscription.fifo = group.fifo
             policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
             policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
             policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
@@ -134,6 +150,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         response = service_pb2.SendMessageResponse(status=status())
         if len(request.messages) != 1:  # the clients send one at a time
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
+            return response
+        if request.messages[0].system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
+            # Stored as it is, a half message would be visible at once: refused until EndTransaction is served.
+            response.status.CopyFrom(status(Code.NOT_IMPLEMENTED, "transactional messages through the RocketMQ API"
+                                            " are not implemented by gms yet (docs/rocketmq-compat.md)"))
             return response
         try:
             entry = await self._send(request.messages[0])
@@ -177,12 +198,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.ReceiveMessageResponse(message=message)
 
     async def _receive(self, request: Any) -> list[Any]:
-        topic = request.message_queue.topic.name
+        """Pop until messages come or the long polling ends; the ones out of attempts go to the
+        dead letters meanwhile."""
+        deadline = time.monotonic() + duration_ms(request.long_polling_timeout) / 1000
+        while True:
+            messages = await self._pop(request, max(int((deadline - time.monotonic()) * 1000), 0))
+            if messages is not None:
+                return messages
+
+    async def _pop(self, request: Any, long_polling_ms: int) -> list[Any] | None:
+        """One pop: its messages, or None if it only moved messages to the dead letters and time is left."""
+        group, topic = request.group.name, request.message_queue.topic.name
+        settings = await self.groups.settings(group)
         fields: dict[str, Any] = {
-            "group": request.group.name, "topic": topic,
+            "group": group, "topic": topic, "max_attempts": settings.max_delivery_attempts, "fifo": settings.fifo,
             "max_msgs": min(max(request.batch_size, 1), BATCH_SIZE_MAX),
             "invisible_ms": duration_ms(request.invisible_duration),
-            "poll_ms": max(duration_ms(request.long_polling_timeout) - POLL_MARGIN_MS, 0),
+            "poll_ms": max(long_polling_ms - POLL_MARGIN_MS, 0),
             "start": "last",
         }
         expression = request.filter_expression
@@ -191,10 +223,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         elif expression.expression:
             fields["tags"] = expression.expression
         answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
+        exhausted = int(answer.fields["exhausted"])
         attempts = answer.fields["attempts"]
+        views: list[memoryview] = answer.body  # type: ignore[assignment]  # pop answers a list of record views
+        dead = [(bytes(view), attempt) for view, attempt in zip(views[:exhausted], attempts[:exhausted], strict=True)]
+        views, attempts = views[exhausted:], attempts[exhausted:]
+        for raw, attempt in dead:  # copied: the views may not outlive the awaits
+            await self._dead_letter(group, topic, raw, attempt, EXHAUSTED_REASON)
+        if dead and not views and long_polling_ms > POLL_MARGIN_MS:
+            return None
         host, port = split_address(self.broker.address, "broker address")
         messages = []
-        views: list[memoryview] = answer.body  # type: ignore[assignment]  # pop answers a list of record views
         for i, view in enumerate(views):  # again-delivered records first, one per view
             records = [decode_record(view, verify_crc=False)] if i < len(attempts) else iter_records(view, False)
             for record in records:
@@ -203,6 +242,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 messages.append(to_rocketmq(record, attempt, receipt, encode_msg_id(host, port, record.phys_offset)))
         return messages
 
+    async def _dead_letter(self, group: str, topic: str, record: bytes, attempt: int, reason: str) -> None:
+        """Move a popped record to the group's dead-letter topic: stored there, then acknowledged here."""
+        header = decode_record(memoryview(record), verify_crc=False)
+        dlq = await self.groups.dead_letter(group, record, self.broker.address, attempt, reason)
+        if await self._ack(group, topic, [Receipt(topic, header.queue_id, header.queue_offset, attempt, "")]):
+            log.info("%s/%d@%d went to %s but was handed out again meanwhile", topic, header.queue_id,
+                     header.queue_offset, dlq)
+
+    async def _ack(self, group: str, topic: str, receipts: list[Receipt]) -> set[tuple[int, int]]:
+        """Acknowledge deliveries; the (queue id, offset) of those no longer in flight."""
+        answer = await self.broker.pop_handlers.ack(_frame(RequestCode.ACK_MESSAGE, {
+            "group": group, "topic": topic,
+            "queue_ids": int_array(np.array([r.queue_id for r in receipts]), QUEUE_ID_ARRAY),
+            "offsets": int_array(np.array([r.offset for r in receipts]), OFFSET_ARRAY),
+            "attempts": int_array(np.array([r.attempt for r in receipts]), ATTEMPTS_ARRAY),
+        }))
+        return {(queue_id, offset) for queue_id, offset in answer.fields["expired"]}
+
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = service_pb2.AckMessageResponse(status=status())
         try:
@@ -210,16 +267,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             topic = request.topic.name
             if any(r.topic != topic for r in receipts):
                 raise BadRequestError(f"a receipt handle of another topic than {topic!r}")
-            answer = await self.broker.pop_handlers.ack(_frame(RequestCode.ACK_MESSAGE, {
-                "group": request.group.name, "topic": topic,
-                "queue_ids": int_array(np.array([r.queue_id for r in receipts]), QUEUE_ID_ARRAY),
-                "offsets": int_array(np.array([r.offset for r in receipts]), OFFSET_ARRAY),
-                "attempts": int_array(np.array([r.attempt for r in receipts]), ATTEMPTS_ARRAY),
-            }))
+            expired = await self._ack(request.group.name, topic, receipts)
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             return response
-        expired = {(queue_id, offset) for queue_id, offset in answer.fields["expired"]}
         for entry, receipt in zip(request.entries, receipts, strict=True):
             gone = (receipt.queue_id, receipt.offset) in expired
             response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
@@ -241,6 +292,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.ChangeInvisibleDurationResponse(status=error_status(err))
         # gms keeps the delivery attempt: the same handle acknowledges the message afterwards.
         return service_pb2.ChangeInvisibleDurationResponse(status=status(), receipt_handle=request.receipt_handle)
+
+
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        """The message of a receipt handle to the group's dead-letter topic (the application gave up on it)."""
+        try:
+            receipt = Receipt.decode(request.receipt_handle)
+            found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
+            if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
+                raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
+            await self._dead_letter(request.group.name, receipt.topic, bytes(found.records[0]), receipt.attempt,
+                                    "forwarded by a RocketMQ client")
+        except GmsError as err:
+            return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=error_status(err))
+        return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=status())
 
 
 def _not_implemented(name: str, response_type: Any, streaming: bool) -> Callable[..., Any]:
@@ -266,9 +331,10 @@ for _method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].metho
 class RocketMQEndpoint:
     """The gRPC server of :class:`MessagingService` on the running event loop."""
 
-    def __init__(self, server: Any, port: int) -> None:
+    def __init__(self, server: Any, port: int, groups: ConsumerGroups) -> None:
         self.server = server
         self.port = port
+        self.groups = groups
 
     @classmethod
     async def start(cls, broker: BrokerServer, host: str, port: int, advertised_host: str) -> RocketMQEndpoint:
@@ -277,10 +343,14 @@ class RocketMQEndpoint:
         bound = server.add_insecure_port(join_address(host, port))
         if bound == 0:
             raise OSError(f"cannot listen for RocketMQ clients on {join_address(host, port)}")
+        nameserver = broker.config.nameserver
+        groups = ConsumerGroups(brokers=None if nameserver else [broker.address], nameserver=nameserver or None,
+                                security=broker.config.security.outgoing())
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
-            MessagingService(broker, join_address(advertised_host, bound)), server)
+            MessagingService(broker, join_address(advertised_host, bound), groups), server)
         await server.start()
-        return cls(server, bound)
+        return cls(server, bound, groups)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await asyncio.shield(self.server.stop(grace_s))
+        await asyncio.to_thread(self.groups.close)

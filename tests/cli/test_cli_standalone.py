@@ -28,7 +28,7 @@ def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:
         if not line or time.monotonic() > deadline:
             pytest.fail("gms standalone did not print its addresses")
         name, _, address = line.strip().partition(" ")
-        if name in ("nameserver", "broker", "etcd", "metrics", "console"):
+        if name in ("nameserver", "broker", "etcd", "metrics", "console", "rocketmq"):
             addresses[name] = address.strip()
     return addresses
 

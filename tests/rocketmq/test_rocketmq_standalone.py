@@ -1,0 +1,175 @@
+"""`gms standalone` serves the RocketMQ 5 gRPC API (free ports here, never the default 8081): the
+official client sends and receives through the port its banner prints; the group settings of
+`gms group config` hold for it (max delivery attempts, then the dead-letter topic; FIFO)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra")
+
+import grpc  # noqa: E402
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc  # noqa: E402
+
+from gms.client import Admin, SimpleConsumer  # noqa: E402
+from gms.client.retries import DLQ_REASON_PROPERTY  # noqa: E402
+from gms.client.simple_consumer import EXHAUSTED_REASON  # noqa: E402
+from gms.naming import dlq_topic  # noqa: E402
+from tests.cli.test_cli_standalone import read_addresses  # noqa: E402
+from tests.processes import FREE_MONITORING_PORTS, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The banner's addresses of a running `gms standalone` (the broker registered)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path_factory.mktemp("sa")),
+         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
+         "--commitlog-file-size", str(32 << 20)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        banner = read_addresses(proc)
+        banner["rocketmq"] = banner["rocketmq"].split()[0]
+        with Admin(nameserver=banner["nameserver"]) as admin:
+            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
+        yield banner
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.fixture
+def topic(standalone) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    with Admin(nameserver=standalone["nameserver"]) as admin:
+        admin.create_topic(name, 2)
+    return name
+
+
+def _clients(standalone, topic, group):
+    config = rocketmq.ClientConfiguration(standalone["rocketmq"], rocketmq.Credentials())
+    consumer = rocketmq.SimpleConsumer(config, group, {topic: rocketmq.FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    consumer.receive(16, 10)  # places the new group at the end of the queues
+    producer = rocketmq.Producer(config, (topic,))
+    producer.startup()
+    return consumer, producer
+
+
+def _send(producer, topic, body, message_group=None):
+    message = rocketmq.Message()
+    message.topic, message.body, message.tag = topic, body, "T"
+    if message_group:
+        message.message_group = message_group
+    return producer.send(message)
+
+
+def _receive(consumer, count, invisible_s, timeout_s=10.0):
+    received: list = []
+    wait_until(lambda: bool(received.extend(consumer.receive(16, invisible_s)) or len(received) >= count), timeout_s)
+    return received
+
+
+def _dead_letters(standalone, group, count):
+    reader = SimpleConsumer(nameserver=standalone["nameserver"], group=f"{group}-dlq-reader",
+                            subscription={dlq_topic(group): "*"}, start_from="first", await_duration_ms=500)
+    try:
+        got: list = []
+        wait_until(lambda: bool(got.extend(reader.receive(16)) or len(got) >= count), 15)
+        reader.ack(got)
+        return got
+    finally:
+        reader.close()
+
+
+def test_standalone_serves_the_rocketmq_api(standalone, topic):
+    assert standalone["rocketmq"].startswith("127.0.0.1:") and not standalone["rocketmq"].endswith(":8081")
+    consumer, producer = _clients(standalone, topic, "g-standalone")
+    try:
+        sent = _send(producer, topic, b"through standalone")
+        received = _receive(consumer, 1, 10)
+        assert [(m.message_id, m.body) for m in received] == [(sent.message_id, b"through standalone")]
+        consumer.ack(received[0])
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def test_exhausted_message_goes_to_the_groups_dead_letters(standalone, topic):
+    with Admin(nameserver=standalone["nameserver"]) as admin:
+        admin.set_group_settings("g-dlq", max_reconsume_times=1)  # 2 delivery attempts
+    consumer, producer = _clients(standalone, topic, "g-dlq")
+    try:
+        sent = _send(producer, topic, b"doomed")
+        attempts = [m.delivery_attempt for m in _receive(consumer, 1, 1)]
+        attempts += [m.delivery_attempt for m in _receive(consumer, 1, 1)]  # never acknowledged
+        assert attempts == [1, 2]
+        time.sleep(1.2)
+        assert consumer.receive(16, 1) == []  # the third pop moves it to the dead letters
+        [dead] = _dead_letters(standalone, "g-dlq", 1)
+        assert dead.body == b"doomed" and dead.properties[DLQ_REASON_PROPERTY] == EXHAUSTED_REASON
+        assert dead.properties["__RMQ_MSG_ID"] == sent.message_id  # a RocketMQ client sees the same id there
+        assert consumer.receive(16, 1) == []  # gone for the group
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def test_forward_message_to_dead_letter_queue(standalone, topic):
+    consumer, producer = _clients(standalone, topic, "g-fwd")
+    try:
+        _send(producer, topic, b"given up")
+        [message] = _receive(consumer, 1, 1)
+        with grpc.insecure_channel(standalone["rocketmq"]) as channel:
+            answer = service_pb2_grpc.MessagingServiceStub(channel).ForwardMessageToDeadLetterQueue(
+                service_pb2.ForwardMessageToDeadLetterQueueRequest(
+                    group=definition_pb2.Resource(name="g-fwd"), topic=definition_pb2.Resource(name=topic),
+                    receipt_handle=message.receipt_handle, message_id=message.message_id,
+                    delivery_attempt=1, max_delivery_attempts=17), timeout=10)
+        assert answer.status.code == definition_pb2.Code.OK, answer.status.message
+        [dead] = _dead_letters(standalone, "g-fwd", 1)
+        assert dead.body == b"given up"
+        time.sleep(1.2)
+        assert consumer.receive(16, 1) == []  # acknowledged by the forward: never handed out again
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def test_fifo_group_gets_a_message_group_in_order(standalone, topic):
+    with Admin(nameserver=standalone["nameserver"]) as admin:
+        admin.set_group_settings("g-fifo", fifo=True)
+    consumer, producer = _clients(standalone, topic, "g-fifo")
+    try:
+        for i in range(3):
+            _send(producer, topic, f"m{i}".encode(), message_group="order-1")
+        first = _receive(consumer, 3, 2)
+        assert [m.body for m in first] == [b"m0", b"m1", b"m2"]
+        _send(producer, topic, b"m3", message_group="order-1")
+        assert consumer.receive(16, 2) == []  # the queue waits for the batch in flight
+        for message in first:
+            consumer.ack(message)
+        assert [m.body for m in _receive(consumer, 1, 2)] == [b"m3"]
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def test_transactional_message_is_refused_not_stored_as_a_normal_one(standalone, topic):
+    message = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=b"half")
+    message.system_properties.message_id = "01TX"
+    message.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
+    with grpc.insecure_channel(standalone["rocketmq"]) as channel:
+        answer = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            service_pb2.SendMessageRequest(messages=[message]), timeout=10)
+    assert answer.status.code == definition_pb2.Code.NOT_IMPLEMENTED
