@@ -597,7 +597,7 @@ class MessageStore:
             cq = self._queue(topic, queue_id)
             if admit is not None:
                 admit([(topic, queue_id)])
-            sequence = self._check_sequence_one(buf, cq, (topic, queue_id)) if record.flags & FLAG_SEQUENCED else None
+            sequence = self._admit_sequence(buf, cq, (topic, queue_id), 1) if record.flags & FLAG_SEQUENCED else None
             phys = commitlog.place_one(size)
             if phys is None:
                 return None
@@ -629,28 +629,23 @@ class MessageStore:
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
 
     def _check_sequence(self, buf: memoryview, flags: np.ndarray, groups: list[_QueueGroup], n: int) -> None:
-        """An idempotent producer's batch: refused if out of order or fenced, DuplicateBatch if
-        stored before (docs/idempotence.md)."""
+        """An idempotent producer's batch: its stamp on the first record of a batch to one queue."""
         stamped = np.flatnonzero(flags & FLAG_SEQUENCED)
         if len(stamped) != 1 or stamped[0] != 0 or len(groups) != 1:
             raise InvalidRecord(SEQUENCE_PROPERTY, "only the first record of a batch to one queue carries a"
                                                    " producer sequence")
+        cq, _, key = groups[0]
+        self._admit_sequence(buf, cq, key, n)
+
+    def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int) -> BatchSequence:
+        """The stamp of a batch of ``n`` records to ``key``: refused if out of order or fenced,
+        DuplicateBatch if stored before (docs/idempotence.md)."""
         sequence = read_sequence(buf)
         if sequence.records != n:
             raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds {n} records, its sequence says {sequence.records}")
-        cq, _, key = groups[0]
         known = self.producers.check(key, sequence, cq.max_offset)
         if known is not None:
-            raise DuplicateBatch(key, known.base_offset, known.stored, sequence.records)
-
-    def _check_sequence_one(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int]) -> BatchSequence:
-        """:meth:`_check_sequence` of a single record; its sequence."""
-        sequence = read_sequence(buf)
-        if sequence.records != 1:
-            raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds 1 record, its sequence says {sequence.records}")
-        known = self.producers.check(key, sequence, cq.max_offset)
-        if known is not None:
-            raise DuplicateBatch(key, known.base_offset, known.stored, 1)
+            raise DuplicateBatch(key, known.base_offset, known.stored, n)
         return sequence
 
     def _note_sequences(self, buf: memoryview | np.ndarray, parsed: ParsedRecords, queue_offsets: np.ndarray,

@@ -96,8 +96,8 @@ def pack_ids(ids: Sequence[str]) -> list[list[str]]:
     width = len(ids[0])
     joined = " ".join(ids).encode()
     if len(joined) != count * (width + 1) - 1:  # mixed lengths: the plain way
-        prefixes = [i[:-_OFFSET_DIGITS] for i in ids]
         offsets = np.array([int(i[-_OFFSET_DIGITS:], 16) for i in ids], np.uint64)
+        starts = [0] + [k for k in range(1, count) if ids[k][:-_OFFSET_DIGITS] != ids[k - 1][:-_OFFSET_DIGITS]]
     else:
         rows = np.frombuffer(joined + b" ", np.uint8).reshape(count, width + 1)[:, :width]
         digits = _NIBBLES[rows[:, width - _OFFSET_DIGITS:]]
@@ -105,10 +105,7 @@ def pack_ids(ids: Sequence[str]) -> list[list[str]]:
         for k in range(_OFFSET_DIGITS):
             offsets = (offsets << np.uint64(4)) | digits[:, k]
         head = rows[:, :width - _OFFSET_DIGITS]
-        changes = np.flatnonzero((head[1:] != head[:-1]).any(axis=1)) + 1
-        prefixes = None
-    starts = ([0] + [k for k in range(1, count) if prefixes[k] != prefixes[k - 1]] if prefixes is not None
-              else [0, *changes.tolist()])
+        starts = [0, *(np.flatnonzero((head[1:] != head[:-1]).any(axis=1)) + 1).tolist()]
     ends = [*starts[1:], count]
     return [[ids[a][:-_OFFSET_DIGITS], base64.b64encode(offsets[a:b].astype(">u8").tobytes()).decode()]
             for a, b in zip(starts, ends, strict=True)]

@@ -93,6 +93,19 @@ def wait_full_isr(cluster: HaCluster, topic: str, replicas: int = 3) -> None:
     wait_for(lambda: all(len(q.isr) == replicas for q in cluster.topic(topic).queues), REJOIN_TIMEOUT_S)
 
 
+def kill_each_leader_in_turn(cluster: HaCluster, topic: str, queues: int, pause_s: float) -> None:
+    """SIGKILL the leader of each queue in turn (``pause_s`` after the last change), wait for its
+    successor, restart it and wait until every replica is in sync again."""
+    for q in range(queues):
+        time.sleep(pause_s)
+        old_id = cluster.topic(topic).queues[q].leader
+        victim = cluster.broker_by_id(old_id)
+        victim.kill()
+        wait_new_leader(cluster, topic, q, old_id)
+        victim.restart()
+        wait_full_isr(cluster, topic)
+
+
 @pytest.mark.slow
 def test_acks_all_loses_nothing_when_every_leader_is_killed_in_turn(ha_cluster):
     topic, queues = "ha-all", 3
@@ -100,14 +113,7 @@ def test_acks_all_loses_nothing_when_every_leader_is_killed_in_turn(ha_cluster):
     producers = [QueueProducer(ha_cluster, topic, q, acks=-1) for q in range(queues)]
     for p in producers:
         p.start()
-    for q in range(queues):
-        time.sleep(1.0)
-        old_id = ha_cluster.topic(topic).queues[q].leader
-        victim = ha_cluster.broker_by_id(old_id)
-        victim.kill()
-        wait_new_leader(ha_cluster, topic, q, old_id)
-        victim.restart()
-        wait_full_isr(ha_cluster, topic)
+    kill_each_leader_in_turn(ha_cluster, topic, queues, 1.0)
     time.sleep(1.0)
     for p in producers:
         p.stop()

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from ha_helpers import HaCluster
-from test_ha_failover import leader_of, pull_all, wait_full_isr, wait_new_leader
+from test_ha_failover import kill_each_leader_in_turn, leader_of, pull_all
 
 from gms.client import Producer, ProducerRecord
 from gms.errors import GmsError
@@ -62,14 +62,7 @@ def test_retries_across_leader_failover_store_every_message_exactly_once(ha_clus
     senders = [Sender(ha_cluster, topic, q, mode) for q, mode in enumerate(("one", "batch", "async"))]
     for s in senders:
         s.start()
-    for q in range(queues):
-        time.sleep(1.5)
-        old_id = ha_cluster.topic(topic).queues[q].leader
-        victim = ha_cluster.broker_by_id(old_id)
-        victim.kill()
-        wait_new_leader(ha_cluster, topic, q, old_id)
-        victim.restart()
-        wait_full_isr(ha_cluster, topic)
+    kill_each_leader_in_turn(ha_cluster, topic, queues, 1.5)
     time.sleep(1.0)
     for s in senders:
         s.stop()
