@@ -43,7 +43,8 @@ def list_groups(nameserver: str, as_json: bool) -> None:
 
 
 def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per queue the group committed on or is assigned: committed, max offset, lag."""
+    """One row per queue of every topic the group committed on or is assigned: committed, max
+    offset, lag (a queue without a commit is behind by all its messages, as for a new member)."""
     owners = {(m["broker"], topic, q): m["member"] for m in described["members"] for topic, q in m["queues"]}
     keys = set(owners)
     for broker, topics in described["offsets"].items():
@@ -55,6 +56,7 @@ def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
         except TopicNotFoundError:
             continue  # deleted since: its committed offsets are shown without a max
         max_offsets.update({(s["broker"], topic, s["queue_id"]): (s["min_offset"], s["max_offset"]) for s in stats})
+    keys.update(max_offsets)
     rows = []
     for broker, topic, q in sorted(keys, key=lambda k: (k[1], k[2], k[0])):
         committed = described["offsets"].get(broker, {}).get(topic, {}).get(q, NO_COMMIT)

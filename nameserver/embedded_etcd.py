@@ -123,11 +123,16 @@ def find_etcd_binary() -> Path:
     return Path(found)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS just handed out; racy by nature, fine for loopback children and tests."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: int = 0) -> int:
+    """A port the OS just handed out (never ``avoid``: the OS hands a just-closed port out again,
+    so two calls in a row can return the same one); racy by nature, fine for loopback children
+    and tests."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -290,7 +295,9 @@ class EmbeddedEtcd:
         """Explicit ports, else the remembered ones, else free ones; remember what is used."""
         saved = json.loads(self.ports_file.read_text()) if self.ports_file.exists() else {}
         self._client_port = self._client_port or int(saved.get("client_port") or free_port(self.host))
-        self._peer_port = self._peer_port or int(saved.get("peer_port") or free_port(PEER_HOST))
+        self._peer_port = self._peer_port or int(
+            saved.get("peer_port") or free_port(PEER_HOST, avoid=self._client_port)
+        )
         for what, host, port in (("client", self.host, self._client_port), ("peer", PEER_HOST, self._peer_port)):
             # Another etcd on our port would answer our health check; refuse up front.
             if not wait_port_free(host, port, PORT_FREE_WAIT_S):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from gms.nameserver.embedded_etcd import free_port  # noqa: F401  (re-exported for tests)
 
 START_TIMEOUT_S = 20.0
 # Test brokers use small commitlog files: the store preallocates each file (and the next one),
@@ -111,13 +112,6 @@ class NameserverProcess(BrokerProcess):
 # `gms standalone` flags that put its metrics endpoints, console and RocketMQ API on free ports too.
 FREE_MONITORING_PORTS = ("--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0",
                          "--rocketmq-port", "0")
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (for servers that cannot report a port they picked)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:

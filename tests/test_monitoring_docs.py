@@ -58,7 +58,8 @@ def test_dashboard_and_alerts_name_only_exported_metrics(tmp_path):
     cluster = LocalCluster(tmp_path)
     cluster.etcd.start()
     try:
-        ns_port, broker_port = free_port(), free_port()
+        ns_port = free_port()
+        broker_port = free_port(avoid=ns_port)
         nameserver = NameserverProcess(tmp_path / "ns", cluster.etcd.endpoint,
                                        ["--metrics-listen", f"127.0.0.1:{ns_port}"])
         cluster.nameservers.append(nameserver)

@@ -98,6 +98,7 @@ def test_group_describe_shows_lag(gms, topic):
     assert len(gms("tail", topic, "--group", "billing", "--count", "4").stdout.splitlines()) == 4
     described = json.loads(gms("group", "describe", "billing", "--json").stdout)
     assert described["total_lag"] == 6
+    assert len([r for r in described["queues"] if r["topic"] == topic]) == QUEUES  # unread queues too
     assert sum(r["committed"] or 0 for r in described["queues"]) == 4
     assert "billing" in json.loads(gms("group", "list", "--json").stdout)
     assert "total lag 6" in gms("group", "describe", "billing").stdout
