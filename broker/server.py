@@ -278,7 +278,8 @@ class BrokerServer:
         local = self.store.topics()
         for topic, assignment in assignments.items():
             count = local.get(topic)
-            limits = TopicLimits(assignment.settings.retention_ms, assignment.settings.message_size_bytes_max)
+            settings = assignment.settings
+            limits = TopicLimits(settings.retention_ms, settings.message_size_bytes_max, settings.message_type)
             if count is None:
                 self.store.create_topic(topic, assignment.queue_count, limits)
                 log.info("topic %s: created locally (queues %s)", topic, list(assignment.leader_queue_ids))

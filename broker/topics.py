@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gms.broker.atomic_file import write_atomically
+from gms.cluster.model import validate_message_type
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.private_files import make_private_dir
@@ -27,23 +28,28 @@ TOPICS_FORMAT_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class TopicLimits:
-    """The part of a topic's settings the store enforces; None = the store's default."""
+    """The part of a topic's settings a broker keeps itself: what the store enforces, and the
+    message type its RocketMQ endpoint accepts; None = the default."""
 
     retention_ms: int | None = None  # None: StoreConfig.retention_hours
     message_size_bytes_max: int | None = None  # whole stored record; None: only body_size_max_bytes
+    message_type: str | None = None  # gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        if self.message_type is not None:
+            validate_message_type(self.message_type)
+        for name in ("retention_ms", "message_size_bytes_max"):
+            value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise InvalidTopicError(f"topic setting {f.name} must be a positive integer")
+                raise InvalidTopicError(f"topic setting {name} must be a positive integer")
 
     def merged(self, changes: Mapping[str, Any]) -> TopicLimits:
         """These limits with the named ones changed (None restores the store default)."""
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise InvalidTopicError(f"topic setting(s) {', '.join(sorted(unknown))} need a cluster (a broker"
-                                    " without a nameserver knows retention_ms and message_size_bytes_max)")
+                                    " without a nameserver knows retention_ms,"
+                                    " message_size_bytes_max and message_type)")
         return replace(self, **changes)
 
 

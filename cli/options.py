@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gms.client.routing import split_addresses
+from gms.cluster.model import TOPIC_MESSAGE_TYPES
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
 NAMESERVER_ENV = "GMS_NAMESERVER"
@@ -52,6 +53,9 @@ _TOPIC_SETTING_OPTIONS = (
     click.option("--unclean-leader-election/--no-unclean-leader-election", default=None,
                  help="Let an out-of-sync replica lead when no in-sync one is alive: available, but"
                       " acknowledged messages may be lost (topic setting; default off)."),
+    click.option("--message-type", type=click.Choice(TOPIC_MESSAGE_TYPES),
+                 help="The messages the topic accepts from RocketMQ 5 clients; mixed: all four types"
+                      " (topic setting; default mixed)."),
 )
 
 
@@ -64,7 +68,7 @@ def topic_setting_options(command: Any) -> Any:
 
 def topic_settings(*, retention_ms: int | None, retention_hours: float | None,
                    message_size_bytes_max: int | None, min_insync_replicas: int | None,
-                   unclean_leader_election: bool | None) -> dict[str, Any]:
+                   unclean_leader_election: bool | None, message_type: str | None) -> dict[str, Any]:
     """The nameserver's ``settings`` map from the setting options: only those given, so an update
     changes exactly the settings named on the command line."""
     if retention_ms is not None and retention_hours is not None:
@@ -72,5 +76,6 @@ def topic_settings(*, retention_ms: int | None, retention_hours: float | None,
     if retention_hours is not None:
         retention_ms = max(1, round(retention_hours * 3_600_000))
     given = {"retention_ms": retention_ms, "message_size_bytes_max": message_size_bytes_max,
-             "min_insync_replicas": min_insync_replicas, "unclean_leader_election": unclean_leader_election}
+             "min_insync_replicas": min_insync_replicas, "unclean_leader_election": unclean_leader_election,
+             "message_type": message_type}
     return {name: value for name, value in given.items() if value is not None}

@@ -40,6 +40,7 @@ def _settings_table(answer: dict[str, Any]) -> Any:
         ("message size max", f"{settings['message_size_bytes_max']} bytes"),
         ("min in-sync replicas", settings["min_insync_replicas"]),
         ("unclean leader election", "on" if settings["unclean_leader_election"] else "off"),
+        ("message type", settings["message_type"]),
     ]
     return table("settings", ["setting", "value"], rows)
 

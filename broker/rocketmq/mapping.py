@@ -10,6 +10,8 @@ the servicer (:mod:`gms.broker.rocketmq.service`) only moves them between gRPC a
   its message id (the client's, or gms's own id of the record for messages sent another way),
   receipt handle, born/store timestamps, delivery attempt, queue id and offset, and the body's
   CRC32 digest (8 upper-case hex digits, as the client checks it).
+- A topic's message type (``gms topic create --message-type``) is the RocketMQ types it accepts
+  (mixed: all four); a message of another type conflicts with it.
 - A receipt handle is opaque to the client: the base64url of ``[topic, queue id, queue offset,
   delivery attempt, broker]`` as JSON, what gms's pop ack needs.
 """
@@ -39,6 +41,7 @@ from gms.record import Record
 from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
 
 Code = definition_pb2.Code
+MessageType = definition_pb2.MessageType
 
 MESSAGE_ID_PROPERTY = "__RMQ_MSG_ID"  # the RocketMQ client's own id of the message
 # Property names gms keeps for itself start with this: refused from RocketMQ users, never shown.
@@ -47,8 +50,22 @@ SYSTEM_PROPERTY_PREFIX = "__"
 # this (year 5138) can only be milliseconds.
 SECONDS_MAX_PLAUSIBLE = 100_000_000_000
 
+# A topic's message type (gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed) → what it accepts.
+_ACCEPTED_TYPES: dict[str | None, tuple[int, ...]] = {
+    "normal": (MessageType.NORMAL,), "fifo": (MessageType.FIFO,), "delay": (MessageType.DELAY,),
+    "transaction": (MessageType.TRANSACTION,),
+    "mixed": (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION),
+}
+_ACCEPTED_TYPES[None] = _ACCEPTED_TYPES["mixed"]
+
+
+class MessageTypeConflictError(BadRequestError):
+    """A message of a type its topic does not accept (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
+
+
 # gms errors → RocketMQ codes; the first matching class wins (subclasses first).
 _ERROR_CODES: tuple[tuple[type[GmsError], int], ...] = (
+    (MessageTypeConflictError, Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (TopicNotFoundError, Code.TOPIC_NOT_FOUND),
     (BadTagExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
     (ReceiptHandleExpiredError, Code.INVALID_RECEIPT_HANDLE),
@@ -70,6 +87,30 @@ def error_status(err: GmsError) -> definition_pb2.Status:
         if isinstance(err, cls):
             return status(code, str(err))
     return status(Code.INTERNAL_SERVER_ERROR, str(err))
+
+
+def accepted_types(topic_type: str | None) -> tuple[int, ...]:
+    """The RocketMQ message types a topic of ``topic_type`` accepts (QueryRoute tells clients)."""
+    return _ACCEPTED_TYPES[topic_type]
+
+
+def check_message_type(message: Any, topic_type: str | None) -> None:
+    """MessageTypeConflictError if the topic (of ``topic_type``) does not accept ``message``'s type."""
+    sent = sent_type(message)
+    if sent not in accepted_types(topic_type):
+        raise MessageTypeConflictError(
+            f"topic {message.topic.name!r} accepts {topic_type or 'mixed'} messages, not"
+            f" {MessageType.Name(sent)} ones (gms topic update {message.topic.name} --message-type ...)")
+
+
+def sent_type(message: Any) -> int:
+    """A message's RocketMQ type; one that names none (a raw client's) is what its properties make it."""
+    system = message.system_properties
+    if system.message_type != MessageType.MESSAGE_TYPE_UNSPECIFIED:
+        return int(system.message_type)
+    if system.HasField("delivery_timestamp"):
+        return MessageType.DELAY
+    return MessageType.FIFO if system.HasField("message_group") else MessageType.NORMAL
 
 
 # -- time ---------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from gms.broker.pop_handlers import ATTEMPTS_ARRAY
 from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
     Receipt,
+    accepted_types,
+    check_message_type,
     duration_ms,
     error_status,
     from_rocketmq,
@@ -55,8 +57,6 @@ Code = definition_pb2.Code
 # default): answer this much before the long polling timeout runs out.
 POLL_MARGIN_MS = 500
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
-ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
@@ -101,7 +101,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             queue.broker.endpoints.scheme = (definition_pb2.AddressScheme.IPv4 if host.replace(".", "").isdigit()
                                              else definition_pb2.AddressScheme.DOMAIN_NAME)
             queue.broker.endpoints.addresses.add(host=host, port=port)
-            queue.accept_message_types.extend(ACCEPTED_TYPES)
+            queue.accept_message_types.extend(accepted_types(self.broker.store.topic_limits(request.topic.name).message_type))
         return response
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
@@ -170,6 +170,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         queue_ids = self.broker.queues_led(outgoing.topic)
         if not queue_ids:
             raise BadRequestError(f"this broker leads no queue of {outgoing.topic!r}: refresh the route")
+        check_message_type(message, self.broker.store.topic_limits(outgoing.topic).message_type)
         if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
             queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]
         else:

@@ -25,6 +25,9 @@ DEFAULT_QUEUE_COUNT = 8
 REPLICAS_MAX = 16
 DEFAULT_MESSAGE_SIZE_BYTES_MAX = 4 * 1024 * 1024  # RocketMQ's maxMessageSize default
 DEFAULT_CLUSTER = "DefaultCluster"
+# RocketMQ 5's topic message types: what a topic accepts from RocketMQ clients ("mixed": all four).
+TOPIC_MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction", "mixed")
+DEFAULT_TOPIC_MESSAGE_TYPE = "mixed"
 
 
 def default_min_insync_replicas(replication_factor: int) -> int:
@@ -50,6 +53,13 @@ def validate_address(address: str) -> str:
     except ValueError as err:
         raise BadRequestError(str(err)) from err
     return address
+
+
+def validate_message_type(message_type: Any) -> str:
+    if message_type not in TOPIC_MESSAGE_TYPES:
+        raise InvalidTopicError(f"topic setting message_type must be one of {', '.join(TOPIC_MESSAGE_TYPES)},"
+                                f" not {message_type!r}")
+    return str(message_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +103,12 @@ class TopicSettings:
     # Elect an out-of-sync replica when no in-sync one is alive: available, but may lose
     # acknowledged messages. Off by default (Kafka's unclean.leader.election.enable).
     unclean_leader_election: bool = False
+    # What the topic accepts from RocketMQ 5 clients (one of TOPIC_MESSAGE_TYPES): the RocketMQ
+    # endpoint refuses sends of other types, as RocketMQ's brokers do. Topics without it are mixed.
+    message_type: str = DEFAULT_TOPIC_MESSAGE_TYPE
 
     def __post_init__(self) -> None:
+        validate_message_type(self.message_type)
         for key in ("retention_ms", "message_size_bytes_max", "min_insync_replicas"):
             value = getattr(self, key)
             if value is None and key != "message_size_bytes_max":

@@ -172,7 +172,8 @@ def test_cli_flags_and_update_changes_only_what_it_names(cluster):
                              "--message-size-max", "5000", "--min-insync-replicas", "1",
                              "--unclean-leader-election", "--json").stdout)
     assert created["settings"] == {"retention_ms": 7_200_000, "message_size_bytes_max": 5000,
-                                   "min_insync_replicas": 1, "unclean_leader_election": True}
+                                   "min_insync_replicas": 1, "unclean_leader_election": True,
+                                   "message_type": "mixed"}
     gms(cluster, "topic", "update", topic, "--retention-ms", "60000")
     described = json.loads(gms(cluster, "topic", "describe", topic, "--json").stdout)
     assert described["replication_factor"] == 1 and len(described["queues"]) == 2

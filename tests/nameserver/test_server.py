@@ -71,7 +71,8 @@ def test_update_grows_and_delete_removes(ns, brokers):
     ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"message_size_bytes_max": 2048}})
     updated = ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"retention_ms": 1000}})
     assert updated["settings"] == {"retention_ms": 1000, "message_size_bytes_max": 2048,
-                                   "min_insync_replicas": 1, "unclean_leader_election": False}
+                                   "min_insync_replicas": 1, "unclean_leader_election": False,
+                                   "message_type": "mixed"}
     assert ns.server.view.topic("t").settings.message_size_bytes_max == 2048  # kept: update names only what changes
     ns.call(C.DELETE_TOPIC, {"topic": "t"})
     with pytest.raises(TopicNotFoundError):

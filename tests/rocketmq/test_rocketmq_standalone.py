@@ -4,9 +4,6 @@ official client sends and receives through the port its banner prints; the group
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 import uuid
 
@@ -21,31 +18,9 @@ from gms.client import Admin, SimpleConsumer  # noqa: E402
 from gms.client.retries import DLQ_REASON_PROPERTY  # noqa: E402
 from gms.client.simple_consumer import EXHAUSTED_REASON  # noqa: E402
 from gms.naming import dlq_topic  # noqa: E402
-from tests.cli.test_cli_standalone import read_addresses  # noqa: E402
-from tests.processes import FREE_MONITORING_PORTS, wait_until  # noqa: E402
+from tests.processes import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory):
-    """The banner's addresses of a running `gms standalone` (the broker registered)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path_factory.mktemp("sa")),
-         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
-         "--commitlog-file-size", str(32 << 20)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        banner = read_addresses(proc)
-        banner["rocketmq"] = banner["rocketmq"].split()[0]
-        with Admin(nameserver=banner["nameserver"]) as admin:
-            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
-        yield banner
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    assert proc.returncode == 0
 
 
 @pytest.fixture

@@ -1,0 +1,44 @@
+"""A running `gms standalone` (embedded etcd, nameserver, broker) serving the RocketMQ API on a free
+port, for the modules that need a nameserver: group settings, topic settings, the CLI."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gms.client import Admin
+from tests.cli.test_cli_standalone import read_addresses
+from tests.processes import FREE_MONITORING_PORTS, wait_until
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The banner's addresses of a running `gms standalone` (the broker registered)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path_factory.mktemp("sa")),
+         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
+         "--commitlog-file-size", str(32 << 20)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        banner = read_addresses(proc)
+        banner["rocketmq"] = banner["rocketmq"].split()[0]
+        with Admin(nameserver=banner["nameserver"]) as admin:
+            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
+        yield banner
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.fixture
+def gms(standalone):
+    """Run ``gms ARGS --nameserver <the standalone's>``; the completed process (text)."""
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args, "--nameserver", standalone["nameserver"]],
+                              capture_output=True, text=True, timeout=60, check=False)
+    return run
