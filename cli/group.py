@@ -24,7 +24,7 @@ NO_COMMIT = -1
 @click.group()
 def group() -> None:
     """List consumer groups, show their members, assignment and lag, reset their offsets,
-    delete them, set their retry and FIFO settings."""
+    delete them, create them and set their retry and FIFO settings."""
 
 
 @group.command(name="list")
@@ -250,28 +250,63 @@ def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> li
     return delays
 
 
-@group.command(name="config")
-@click.argument("group_name", metavar="GROUP")
-@click.option("--max-reconsume-times", type=click.IntRange(0, 1000), metavar="N",
-              help="Failures before a message goes to the group's dead letters (default 16).")
-@click.option("--max-delivery-attempts", type=click.IntRange(1, 1001), metavar="N",
-              help="The same counted as deliveries (pop consumers, RocketMQ 5): N = max-reconsume-times + 1.")
-@click.option("--retry-delays", callback=_delays, metavar="LIST",
-              help="Backoff of each retry, e.g. 10s,30s,1m,2h (the last repeats; default RocketMQ's 10s ... 2h).")
-@click.option("--fifo/--no-fifo", default=None, help="Consumers process each queue (message group) in order.")
-@click.option("--reset", is_flag=True, help="Drop the group's settings: its consumers use the defaults.")
-@nameserver_option
-@json_option
-def config(group_name: str, max_reconsume_times: int | None, max_delivery_attempts: int | None,
-           retry_delays: list[int] | None, fifo: bool | None, reset: bool, nameserver: str, as_json: bool) -> None:
-    """Show or set GROUP's settings (kept by the nameservers): retries, dead letters, FIFO. Its
-    consumers use them unless given their own; a consumer reads them when it starts."""
+_SETTING_OPTIONS = (
+    click.option("--max-reconsume-times", type=click.IntRange(0, 1000), metavar="N",
+                 help="Failures before a message goes to the group's dead letters (default 16)."),
+    click.option("--max-delivery-attempts", type=click.IntRange(1, 1001), metavar="N",
+                 help="The same counted as deliveries (pop consumers, RocketMQ 5): N = max-reconsume-times + 1."),
+    click.option("--retry-delays", callback=_delays, metavar="LIST",
+                 help="Backoff of each retry, e.g. 10s,30s,1m,2h (the last repeats; default RocketMQ's 10s ... 2h)."),
+    click.option("--fifo/--no-fifo", default=None, help="Consumers process each queue (message group) in order."),
+)
+
+
+def _setting_options(command: Any) -> Any:
+    """The group setting options of ``group create`` and ``group config``, stacked."""
+    for option in reversed(_SETTING_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _setting_changes(max_reconsume_times: int | None, max_delivery_attempts: int | None,
+                     retry_delays: list[int] | None, fifo: bool | None) -> dict[str, Any]:
+    """The settings given on the command line, as ``Admin.set_group_settings`` takes them."""
     if max_reconsume_times is not None and max_delivery_attempts is not None:
         raise click.UsageError("give --max-reconsume-times or --max-delivery-attempts, not both")
     if max_delivery_attempts is not None:
         max_reconsume_times = max_delivery_attempts - 1
-    changes = {k: v for k, v in (("max_reconsume_times", max_reconsume_times), ("retry_delays_ms", retry_delays),
-                                 ("fifo", fifo)) if v is not None}
+    return {k: v for k, v in (("max_reconsume_times", max_reconsume_times), ("retry_delays_ms", retry_delays),
+                              ("fifo", fifo)) if v is not None}
+
+
+@group.command()
+@click.argument("group_name", metavar="GROUP")
+@_setting_options
+@nameserver_option
+@json_option
+def create(group_name: str, nameserver: str, as_json: bool, **setting_options: Any) -> None:
+    """Create GROUP with its settings (RocketMQ's subscription group: retries, dead letters, FIFO);
+    the ones not given take their defaults. Refused if GROUP exists (has settings, or a broker
+    knows it): change it with `gms group config`."""
+    changes = _setting_changes(**setting_options)
+    with open_admin(nameserver) as admin:
+        if group_name in admin.groups():
+            raise click.ClickException(f"consumer group {group_name} already exists (it has consumed): change its"
+                                       f" settings with `gms group config {group_name}`")
+        settings = admin.set_group_settings(group_name, create=True, **changes)
+    _show_settings(group_name, settings, as_json)
+
+
+@group.command(name="config")
+@click.argument("group_name", metavar="GROUP")
+@_setting_options
+@click.option("--reset", is_flag=True, help="Drop the group's settings: its consumers use the defaults.")
+@nameserver_option
+@json_option
+def config(group_name: str, reset: bool, nameserver: str, as_json: bool, **setting_options: Any) -> None:
+    """Show or set GROUP's settings (kept by the nameservers): retries, dead letters, FIFO. Its
+    consumers use them unless given their own; a consumer reads them when it starts."""
+    changes = _setting_changes(**setting_options)
     if reset and changes:
         raise click.UsageError("--reset drops every setting: give no others with it")
     with open_admin(nameserver) as admin:
@@ -282,6 +317,11 @@ def config(group_name: str, max_reconsume_times: int | None, max_delivery_attemp
             settings = admin.set_group_settings(group_name, **changes)
         else:
             settings = admin.group_settings(group_name)
+    _show_settings(group_name, settings, as_json)
+
+
+def _show_settings(group_name: str, settings: GroupSettings | None, as_json: bool) -> None:
+    """A group's settings (None: it has none of its own, the defaults hold)."""
     shown = (settings or GroupSettings()).to_dict()
     if as_json:
         print_json({"group": group_name, "own": settings is not None, **shown})

@@ -320,14 +320,16 @@ class Admin:
 
     # --- consumer group settings (kept in etcd by the nameservers) --------------------------------
 
-    def set_group_settings(self, group: str, **settings: Any) -> GroupSettings:
+    def set_group_settings(self, group: str, *, create: bool = False, **settings: Any) -> GroupSettings:
         """Set ``group``'s settings (``max_reconsume_times``, ``retry_delays_ms``, ``fifo``):
         those given replace the stored ones; returns the settings now in force. Its consumers
-        use them unless given their own (read when a consumer starts)."""
+        use them unless given their own (read when a consumer starts). ``create``: only for a
+        group without settings of its own (BadRequestError otherwise)."""
         GroupSettings.from_dict(settings)  # unknown names and bad values fail here
         if "retry_delays_ms" in settings:
             settings["retry_delays_ms"] = list(settings["retry_delays_ms"])
-        answer = self._ask_nameserver(RequestCode.GROUP_SETTINGS_PUT, {"group": group, "settings": settings})
+        answer = self._ask_nameserver(RequestCode.GROUP_SETTINGS_PUT,
+                                      {"group": group, "settings": settings, "create": create})
         return GroupSettings.from_dict(answer["settings"])
 
     def group_settings(self, group: str) -> GroupSettings | None:

@@ -426,15 +426,17 @@ class NameServer:
     # -- consumer group settings -----------------------------------------------------------------
     async def _put_group_settings(self, request: Frame) -> Response:
         """Set a group's settings: those given replace the stored ones, the rest stay (or take
-        their defaults); answers the settings now in force."""
+        their defaults); answers the settings now in force. With ``"create": true`` only for a
+        group without settings (``gms group create``)."""
         name = field(request.fields, "group", str)
         changes = field(request.fields, "settings", dict)
+        create = field(request.fields, "create", bool, False)
         metadata = self._require_metadata()
 
         def put() -> GroupSettings:
-            current = metadata.get_group_settings(name)
+            current = None if create else metadata.get_group_settings(name)
             settings = GroupSettings.from_dict({**(current.to_dict() if current else {}), **changes})
-            metadata.put_group_settings(name, settings)
+            metadata.put_group_settings(name, settings, create=create)
             return settings
         settings = await self._write(f"save the settings of group {name}", put)
         return Response({"settings": settings.to_dict()})

@@ -174,8 +174,15 @@ class ClusterMetadata:
         return sorted(rules, key=lambda r: r.sort_key)
 
     # -- consumer group settings ---------------------------------------------------------------
-    def put_group_settings(self, name: str, settings: GroupSettings) -> None:
-        self.client.put(self.keys.group(name), settings.to_json())
+    def put_group_settings(self, name: str, settings: GroupSettings, *, create: bool = False) -> None:
+        """With ``create``, only if the group has no settings yet (one transaction):
+        BadRequestError otherwise."""
+        key = self.keys.group(name)
+        if not create:
+            self.client.put(key, settings.to_json())
+        elif not self.client.txn([KeyMissing(key)], [Put(key, settings.to_json())]):
+            raise BadRequestError(f"consumer group {name} already exists: change its settings with"
+                                  f" `gms group config {name}`")
 
     def get_group_settings(self, name: str) -> GroupSettings | None:
         """None: the group has no settings of its own (its consumers use theirs)."""

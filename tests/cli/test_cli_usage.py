@@ -16,7 +16,7 @@ from gms.nameserver.embedded_etcd import free_port
 COMMANDS = [
     [], ["topic"], ["topic", "create"], ["topic", "update"], ["topic", "delete"], ["topic", "list"],
     ["topic", "describe"], ["produce"], ["tail"], ["group"], ["group", "list"], ["group", "describe"],
-    ["group", "reset-offsets"], ["group", "delete"],
+    ["group", "reset-offsets"], ["group", "delete"], ["group", "create"], ["group", "config"],
     ["cluster"], ["msg"], ["msg", "show"], ["standalone"],
 ]
 
