@@ -13,7 +13,8 @@ the servicer (:mod:`gms.broker.rocketmq.service`) only moves them between gRPC a
 - A topic's message type (``gms topic create --message-type``) is the RocketMQ types it accepts
   (mixed: all four); a message of another type conflicts with it.
 - A receipt handle is opaque to the client: the base64url of ``[topic, queue id, queue offset,
-  delivery attempt, broker]`` as JSON, what gms's pop ack needs.
+  delivery attempt, broker]`` as JSON, what gms's pop ack needs. A recall handle likewise holds
+  ``[topic, broker, commitlog offset, message id]``, what gms's scheduled-message cancel needs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gms.errors import (
     BadTagExpressionError,
     GmsError,
     MessageIllegalError,
+    MessageNotFoundError,
     NotLeaderError,
     ReceiptHandleExpiredError,
     ServerBusyError,
@@ -69,6 +71,7 @@ _ERROR_CODES: tuple[tuple[type[GmsError], int], ...] = (
     (TopicNotFoundError, Code.TOPIC_NOT_FOUND),
     (BadTagExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
     (ReceiptHandleExpiredError, Code.INVALID_RECEIPT_HANDLE),
+    (MessageNotFoundError, Code.NOT_FOUND),  # MESSAGE_NOT_FOUND is "no new message" to the clients
     (MessageIllegalError, Code.BAD_REQUEST),
     (BadRequestError, Code.BAD_REQUEST),
     (NotLeaderError, Code.INTERNAL_SERVER_ERROR),  # no UNAVAILABLE code: the client retries these
@@ -135,6 +138,22 @@ def duration_ms(duration: Any) -> int:
 # -- receipt handles ------------------------------------------------------------------------------
 
 
+def _encode_handle(fields: tuple[Any, ...]) -> str:
+    raw = json.dumps(list(fields), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_handle(handle: str, types: tuple[type, ...]) -> list[Any]:
+    """A handle's fields, checked against ``types``; ValueError if it is not one of ours."""
+    try:
+        fields = json.loads(base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)))
+    except (ValueError, TypeError) as err:
+        raise ValueError(str(err)) from err
+    if not isinstance(fields, list) or [type(f) for f in fields] != list(types):
+        raise ValueError("wrong fields")
+    return fields
+
+
 class Receipt(NamedTuple):
     topic: str
     queue_id: int
@@ -143,20 +162,34 @@ class Receipt(NamedTuple):
     broker: str
 
     def encode(self) -> str:
-        raw = json.dumps(list(self), separators=(",", ":")).encode()
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return _encode_handle(self)
 
     @classmethod
     def decode(cls, handle: str) -> Receipt:
         try:
-            raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
-            topic, queue_id, offset, attempt, broker = json.loads(raw)
-            if not (isinstance(topic, str) and isinstance(broker, str)
-                    and all(type(n) is int for n in (queue_id, offset, attempt))):
-                raise ValueError("wrong field types")
-        except (ValueError, TypeError) as err:
+            return cls(*_decode_handle(handle, (str, int, int, int, str)))
+        except ValueError as err:
             raise ReceiptHandleExpiredError(f"receipt handle {handle[:64]!r} is not one of gms's: {err}") from err
-        return cls(topic, queue_id, offset, attempt, broker)
+
+
+class RecallHandle(NamedTuple):
+    """What a DELAY message's recall handle holds: where it is stored (what gms's scheduled-message
+    cancel takes) and the client's message id (RecallMessage answers it)."""
+
+    topic: str
+    broker: str
+    phys_offset: int
+    message_id: str
+
+    def encode(self) -> str:
+        return _encode_handle(self)
+
+    @classmethod
+    def decode(cls, handle: str) -> RecallHandle:
+        try:
+            return cls(*_decode_handle(handle, (str, str, int, str)))
+        except ValueError as err:
+            raise BadRequestError(f"recall handle {handle[:64]!r} is not one of gms's: {err}") from err
 
 
 # -- messages ---------------------------------------------------------------------------------------

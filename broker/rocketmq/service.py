@@ -29,6 +29,7 @@ from gms.address import join_address, split_address
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
 from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
+    RecallHandle,
     Receipt,
     accepted_types,
     check_message_type,
@@ -46,6 +47,7 @@ from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
 from gms.protocol.frame import Frame, Response
 from gms.record import decode_record, encode_record, iter_records
+from gms.record.layout import FLAG_SCHEDULED
 
 if TYPE_CHECKING:
     from gms.broker.server import BrokerServer
@@ -181,7 +183,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         messages = self.broker.message_handlers
         answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, 1, time.perf_counter()))
         offset = int(read_int_array(answer.fields["queue_offsets"], OFFSET_ARRAY)[0])
-        return service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
+        entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
+        if outgoing.flags & FLAG_SCHEDULED:  # RecallMessage cancels it until its time
+            phys_offset = int(read_int_array(answer.fields["phys_offsets"], OFFSET_ARRAY)[0])
+            entry.recall_handle = RecallHandle(outgoing.topic, self.broker.address, phys_offset,
+                                               outgoing.message_id).encode()
+        return entry
+
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        """Cancel a DELAY message before its time: gms's CANCEL_SCHEDULED of the record the handle names."""
+        try:
+            handle = RecallHandle.decode(request.recall_handle)
+            if handle.topic != request.topic.name:
+                raise BadRequestError(f"the recall handle is of topic {handle.topic!r}, not {request.topic.name!r}")
+            if handle.broker != self.broker.address:
+                raise BadRequestError(f"the message was stored by broker {handle.broker}, not this one")
+            await _settled(self.broker.message_handlers.cancel_scheduled(
+                _frame(RequestCode.CANCEL_SCHEDULED, {"phys_offset": handle.phys_offset})))
+        except GmsError as err:
+            return service_pb2.RecallMessageResponse(status=error_status(err))
+        return service_pb2.RecallMessageResponse(status=status(), message_id=handle.message_id)
 
     # -- receive, ack, invisibility ------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""A running `gms standalone` (embedded etcd, nameserver, broker) serving the RocketMQ API on a free
-port, for the modules that need a nameserver: group settings, topic settings, the CLI."""
+"""Servers of the RocketMQ API on free ports: a lone broker (no nameserver), and a `gms standalone`
+(embedded etcd, nameserver, broker) for the modules that need a nameserver (group and topic
+settings, the CLI)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,22 @@ import pytest
 
 from gms.client import Admin
 from tests.cli.test_cli_standalone import read_addresses
-from tests.processes import FREE_MONITORING_PORTS, wait_until
+from tests.processes import FREE_MONITORING_PORTS, BrokerProcess, wait_until
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A broker without a nameserver; ``broker.rocketmq``: its RocketMQ endpoint."""
+    root = tmp_path_factory.mktemp("rmq")
+    port_file = root / "rocketmq.port"
+    proc = BrokerProcess(root / "broker", ["--rocketmq-listen", "127.0.0.1:0", "--rocketmq-port-file", str(port_file)])
+    proc.start()
+    try:
+        wait_until(port_file.exists, 10)
+        proc.rocketmq = f"127.0.0.1:{int(port_file.read_text())}"
+        yield proc
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")

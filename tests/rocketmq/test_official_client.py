@@ -13,23 +13,9 @@ rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client 
                                                   "pip install 'gms[rocketmq]'")
 
 from gms.client import Admin, Producer, SimpleConsumer  # noqa: E402
-from tests.processes import BrokerProcess, wait_until  # noqa: E402
+from tests.processes import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rmq")
-    port_file = root / "rocketmq.port"
-    proc = BrokerProcess(root / "broker", ["--rocketmq-listen", "127.0.0.1:0", "--rocketmq-port-file", str(port_file)])
-    proc.start()
-    try:
-        wait_until(port_file.exists, 10)
-        proc.rocketmq = f"127.0.0.1:{int(port_file.read_text())}"
-        yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
