@@ -97,6 +97,7 @@ class BrokerServer:
         self.replicas: ReplicaManager | None = None  # cluster mode only
         self._messages: MessageHandlers | None = None
         self._pop: PopHandlers | None = None
+        self._group_handlers: GroupHandlers | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
@@ -172,6 +173,11 @@ class BrokerServer:
     def pop_handlers(self) -> PopHandlers:
         assert self._pop is not None, "the broker is not started"
         return self._pop
+
+    @property
+    def group_handlers(self) -> GroupHandlers:
+        assert self._group_handlers is not None, "the broker is not started"
+        return self._group_handlers
 
     def queues_led(self, topic: str) -> list[int]:
         """The queues of ``topic`` this broker leads now (TopicNotFoundError: no such topic here)."""
@@ -328,8 +334,9 @@ class BrokerServer:
         messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
                                                     self.address, self.access, self.metrics)
         messages.timers = self.timers
-        groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
-                               self.address, on_commit=self.offsets_changed)
+        groups = self._group_handlers = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count,
+                                                      self.coordinator_of, self.address,
+                                                      on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
         transactions = TransactionHandlers(self.transactions, messages, self.access, self.config.long_poll_max_ms)
         pop = self._pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,

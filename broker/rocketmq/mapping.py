@@ -34,6 +34,7 @@ from gms.errors import (
     MessageIllegalError,
     MessageNotFoundError,
     NotLeaderError,
+    OffsetIllegalError,
     ReceiptHandleExpiredError,
     ServerBusyError,
     ServiceUnavailableError,
@@ -65,9 +66,15 @@ class MessageTypeConflictError(BadRequestError):
     """A message of a type its topic does not accept (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
 
 
+class OffsetNotFoundError(GmsError):
+    """The group committed no offset on the queue (RocketMQ's OFFSET_NOT_FOUND)."""
+
+
 # gms errors → RocketMQ codes; the first matching class wins (subclasses first).
 _ERROR_CODES: tuple[tuple[type[GmsError], int], ...] = (
     (MessageTypeConflictError, Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (OffsetNotFoundError, Code.OFFSET_NOT_FOUND),
+    (OffsetIllegalError, Code.ILLEGAL_OFFSET),
     (TopicNotFoundError, Code.TOPIC_NOT_FOUND),
     (BadTagExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
     (ReceiptHandleExpiredError, Code.INVALID_RECEIPT_HANDLE),
@@ -104,6 +111,13 @@ def check_message_type(message: Any, topic_type: str | None) -> None:
         raise MessageTypeConflictError(
             f"topic {message.topic.name!r} accepts {topic_type or 'mixed'} messages, not"
             f" {MessageType.Name(sent)} ones (gms topic update {message.topic.name} --message-type ...)")
+
+
+def filter_fields(expression: Any) -> dict[str, str]:
+    """A FilterExpression as the ``tags`` or ``sql`` field of gms's pop and pull."""
+    if expression.type == definition_pb2.FilterType.SQL:
+        return {"sql": expression.expression}
+    return {"tags": expression.expression} if expression.expression else {}
 
 
 def sent_type(message: Any) -> int:

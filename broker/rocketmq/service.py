@@ -7,17 +7,17 @@ AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with 
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
 so does one a client forwards (ForwardMessageToDeadLetterQueue). The endpoint runs on the broker's
-event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+event loop (``grpc.aio``). The pull consumer's offset RPCs are :mod:`gms.broker.rocketmq.offsets`.
+RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -27,6 +27,8 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
+from gms.broker.rocketmq.calls import request_frame as _frame
+from gms.broker.rocketmq.calls import settled as _settled
 from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
     RecallHandle,
@@ -35,17 +37,18 @@ from gms.broker.rocketmq.mapping import (
     check_message_type,
     duration_ms,
     error_status,
+    filter_fields,
     from_rocketmq,
     status,
     to_rocketmq,
 )
+from gms.broker.rocketmq.offsets import Offsets
 from gms.broker.store import GetStatus
 from gms.client.simple_consumer import EXHAUSTED_REASON
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
-from gms.protocol.frame import Frame, Response
 from gms.record import decode_record, encode_record, iter_records
 from gms.record.layout import FLAG_SCHEDULED
 
@@ -64,17 +67,6 @@ SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
 
 
-def _frame(code: RequestCode, fields: dict[str, Any]) -> Frame:
-    return Frame(code=int(code), request_id=0, fields=fields)
-
-
-async def _settled(result: Response | Awaitable[Response | None] | None) -> Response:
-    if inspect.isawaitable(result):
-        result = await result
-    assert isinstance(result, Response)
-    return result
-
-
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer; ``endpoint`` is the host:port clients are told to use for it."""
 
@@ -82,6 +74,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.broker = broker
         self.endpoint = endpoint
         self.groups = groups
+        self.offsets = Offsets(broker)
         self._turns = itertools.count()
 
     # -- routes, heartbeats, settings --------------------------------------------------------------
@@ -239,11 +232,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             "poll_ms": max(long_polling_ms - POLL_MARGIN_MS, 0),
             "start": "last",
         }
-        expression = request.filter_expression
-        if expression.type == definition_pb2.FilterType.SQL:
-            fields["sql"] = expression.expression
-        elif expression.expression:
-            fields["tags"] = expression.expression
+        fields.update(filter_fields(request.filter_expression))
         answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
         exhausted = int(answer.fields["exhausted"])
         attempts = answer.fields["attempts"]
@@ -328,6 +317,40 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except GmsError as err:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=error_status(err))
         return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=status())
+
+    # -- offsets: RocketMQ 5's pull consumer (gms.broker.rocketmq.offsets) ------------------------
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        try:
+            return service_pb2.QueryOffsetResponse(status=status(), offset=await self.offsets.query(request))
+        except GmsError as err:
+            return service_pb2.QueryOffsetResponse(status=error_status(err))
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        try:
+            return service_pb2.GetOffsetResponse(status=status(), offset=await self.offsets.get(request))
+        except GmsError as err:
+            return service_pb2.GetOffsetResponse(status=error_status(err))
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        try:
+            await self.offsets.update(request)
+        except GmsError as err:
+            return service_pb2.UpdateOffsetResponse(status=error_status(err))
+        return service_pb2.UpdateOffsetResponse(status=status())
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """The status, the messages, then the offset to pull from next."""
+        poll_ms = max(duration_ms(request.long_polling_timeout) - POLL_MARGIN_MS, 0)
+        try:
+            pulled = await self.offsets.pull(request, poll_ms)
+        except GmsError as err:
+            yield service_pb2.PullMessageResponse(status=error_status(err))
+            return
+        yield service_pb2.PullMessageResponse(status=pulled.status)
+        for message in pulled.messages:
+            yield service_pb2.PullMessageResponse(message=message)
+        yield service_pb2.PullMessageResponse(next_offset=pulled.next_offset)
 
 
 def _not_implemented(name: str, response_type: Any, streaming: bool) -> Callable[..., Any]:
