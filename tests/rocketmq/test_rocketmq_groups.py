@@ -53,3 +53,16 @@ def test_group_create_with_defaults(standalone, gms):
     assert json.loads(gms("group", "config", group, "--json").stdout)["own"] is True
     settings = _telemetry_settings(standalone["rocketmq"], group)
     assert not settings.subscription.fifo and settings.backoff_policy.max_attempts == 17
+
+
+def test_group_create_refuses_a_group_that_consumed(standalone, gms):
+    topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    assert gms("topic", "create", topic, "--queues", "1").returncode == 0
+    queue = definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=0)
+    with grpc.insecure_channel(standalone["rocketmq"]) as channel:  # a pull consumer's commit
+        answer = service_pb2_grpc.MessagingServiceStub(channel).UpdateOffset(service_pb2.UpdateOffsetRequest(
+            group=definition_pb2.Resource(name=group), message_queue=queue, offset=0), timeout=10)
+    assert answer.status.code == definition_pb2.Code.OK, answer.status.message
+    refused = gms("group", "create", group, "--fifo")
+    assert refused.returncode == 1 and "already exists (it has consumed)" in refused.stderr
+    assert json.loads(gms("group", "config", group, "--json").stdout)["own"] is False  # nothing stored

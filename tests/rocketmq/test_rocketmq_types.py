@@ -15,6 +15,7 @@ rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client 
 import grpc  # noqa: E402
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 
+from gms.client import Admin  # noqa: E402
 from tests.processes import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,3 +97,15 @@ def test_topic_without_a_type_is_mixed_until_updated(standalone, gms):
 def test_unknown_message_type_is_a_usage_error(gms):
     result = gms("topic", "create", "t-bad", "--message-type", "lite")
     assert result.returncode == 2 and "lite" in result.stderr
+
+
+def test_broker_without_nameserver_keeps_the_type(broker):
+    topic = f"delay-{uuid.uuid4().hex[:8]}"
+    with Admin([broker.address]) as admin:
+        admin.create_topic(topic, 2, settings={"message_type": "delay"})
+    assert _route_types(broker.rocketmq, topic) == [MessageType.DELAY]
+    assert _raw_send(broker.rocketmq, topic).code == definition_pb2.Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    with Admin([broker.address]) as admin:
+        admin.update_topic(topic, settings={"message_type": "normal"})
+    assert _route_types(broker.rocketmq, topic) == [MessageType.NORMAL]
+    assert _raw_send(broker.rocketmq, topic).code == definition_pb2.Code.OK
