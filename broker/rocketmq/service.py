@@ -6,8 +6,10 @@ ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility
 AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
-so does one a client forwards (ForwardMessageToDeadLetterQueue). The endpoint runs on the broker's
-event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
+message of gms's transactions and EndTransaction is END_TRANSACTION. The endpoint runs on the
+broker's event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at
+once.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ Code = definition_pb2.Code
 POLL_MARGIN_MS = 500
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
+                  definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
@@ -151,18 +153,32 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(request.messages) != 1:  # the clients send one at a time
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
             return response
-        if request.messages[0].system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
-            # Stored as it is, a half message would be visible at once: refused until EndTransaction is served.
-            response.status.CopyFrom(status(Code.NOT_IMPLEMENTED, "transactional messages through the RocketMQ API"
-                                            " are not implemented by gms yet (docs/rocketmq-compat.md)"))
-            return response
         try:
             entry = await self._send(request.messages[0])
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             entry = service_pb2.SendResultEntry(status=response.status)
+        else:
+            system = request.messages[0].system_properties
+            if system.message_type == definition_pb2.MessageType.TRANSACTION:  # a half message (mapping.from_rocketmq)
+                entry.transaction_id = system.message_id
         response.entries.append(entry)
         return response
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        """END_TRANSACTION of the transaction a TRANSACTION message opened, from the application
+        (source CLIENT) or its checker answering a check-back (SERVER_CHECK) alike. No resolution
+        (a checker's "unknown"), as RocketMQ's proxy: OK and nothing done, asked again at the next check."""
+        resolution = definition_pb2.TransactionResolution
+        if request.resolution not in (resolution.COMMIT, resolution.ROLLBACK):
+            return service_pb2.EndTransactionResponse(status=status())
+        commit = request.resolution == resolution.COMMIT
+        try:
+            await _settled(self.broker.transaction_handlers.end_transaction(_frame(
+                RequestCode.END_TRANSACTION, {"tx_id": request.transaction_id, "commit": commit})))
+        except GmsError as err:
+            return service_pb2.EndTransactionResponse(status=error_status(err))
+        return service_pb2.EndTransactionResponse(status=status())
 
     async def _send(self, message: Any) -> Any:
         now_ms = int(time.time() * 1000)
