@@ -7,9 +7,10 @@ AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with 
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
 so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
-message of gms's transactions and EndTransaction is END_TRANSACTION. The endpoint runs on the
-broker's event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at
-once.
+message of gms's transactions, EndTransaction is END_TRANSACTION, and a producer's Telemetry stream
+carries the check-backs of its transactions (:mod:`gms.broker.rocketmq.transactions`). The endpoint
+runs on the broker's event loop (``grpc.aio``). RPCs this slice does not serve answer
+``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from gms.broker.rocketmq.mapping import (
     status,
     to_rocketmq,
 )
+from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.store import GetStatus
 from gms.client.simple_consumer import EXHAUSTED_REASON
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
@@ -123,28 +125,51 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return response
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Answer each settings command with those settings and the retry policy a producer needs,
-        or for a consumer its group's max delivery attempts and FIFO flag; other commands (thread
-        stacks, verify results) are taken and not answered."""
-        async for command in request_iterator:
-            if not command.HasField("settings"):
-                continue
-            settings = definition_pb2.Settings()
-            settings.CopyFrom(command.settings)
-            policy = settings.backoff_policy
-            policy.max_attempts = SEND_ATTEMPTS
-            if settings.HasField("subscription"):
-                try:
-                    group = await self.groups.settings(settings.subscription.group.name)
-                except GmsError as err:
-                    yield service_pb2.TelemetryCommand(status=error_status(err))
-                    continue
-                policy.max_attempts = group.max_delivery_attempts
-                settings.subscription.fifo = group.fifo
-            policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
-            policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
-            policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
-            yield service_pb2.TelemetryCommand(status=status(), settings=settings)
+        """Answer each settings command (:meth:`_settings`); down a producer's stream also push the
+        check-backs of its transactions until the stream ends. Other commands (thread stacks,
+        verify results: answers to requests gms never makes) are answered NOT_IMPLEMENTED."""
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        checks = CheckBacks(self.broker, outbox.put_nowait)
+
+        async def answer() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        checks.follow(command.settings)
+                        outbox.put_nowait(await self._settings(command.settings))
+                    else:
+                        outbox.put_nowait(service_pb2.TelemetryCommand(status=status(
+                            Code.NOT_IMPLEMENTED, f"gms does not take {command.WhichOneof('command')} commands")))
+            finally:
+                outbox.put_nowait(None)  # the client closed its side: so does the answer
+
+        reader = asyncio.get_running_loop().create_task(answer())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+            await reader  # its error, if any, ends the stream
+        finally:
+            reader.cancel()
+            checks.stop()
+
+    async def _settings(self, requested: Any) -> Any:
+        """Those settings and the retry policy a producer needs, or for a consumer its group's max
+        delivery attempts and FIFO flag."""
+        settings = definition_pb2.Settings()
+        settings.CopyFrom(requested)
+        policy = settings.backoff_policy
+        policy.max_attempts = SEND_ATTEMPTS
+        if settings.HasField("subscription"):
+            try:
+                group = await self.groups.settings(settings.subscription.group.name)
+            except GmsError as err:
+                return service_pb2.TelemetryCommand(status=error_status(err))
+            policy.max_attempts = group.max_delivery_attempts
+            settings.subscription.fifo = group.fifo
+        policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
+        policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
+        policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
+        return service_pb2.TelemetryCommand(status=status(), settings=settings)
 
     # -- send ---------------------------------------------------------------------------------------
 
