@@ -190,6 +190,7 @@ class BrokerServer:
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
             caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
+            rocketmq="" if self.rocketmq is None else self.rocketmq.endpoint,
         )
 
         def on_assignments(assignments: Assignments) -> None:
