@@ -97,6 +97,7 @@ class BrokerServer:
         self.replicas: ReplicaManager | None = None  # cluster mode only
         self._messages: MessageHandlers | None = None
         self._pop: PopHandlers | None = None
+        self._transaction_handlers: TransactionHandlers | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
@@ -172,6 +173,11 @@ class BrokerServer:
     def pop_handlers(self) -> PopHandlers:
         assert self._pop is not None, "the broker is not started"
         return self._pop
+
+    @property
+    def transaction_handlers(self) -> TransactionHandlers:
+        assert self._transaction_handlers is not None, "the broker is not started"
+        return self._transaction_handlers
 
     def queues_led(self, topic: str) -> list[int]:
         """The queues of ``topic`` this broker leads now (TopicNotFoundError: no such topic here)."""
@@ -331,7 +337,8 @@ class BrokerServer:
         groups = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                self.address, on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
-        transactions = TransactionHandlers(self.transactions, messages, self.access, self.config.long_poll_max_ms)
+        transactions = self._transaction_handlers = TransactionHandlers(self.transactions, messages, self.access,
+                                                                        self.config.long_poll_max_ms)
         pop = self._pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
                           read_limit=self.read_limit, metrics=self.metrics)
         for code, handler in {

@@ -6,8 +6,11 @@ ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility
 AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
-so does one a client forwards (ForwardMessageToDeadLetterQueue). The endpoint runs on the broker's
-event loop (``grpc.aio``). RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
+message of gms's transactions, EndTransaction is END_TRANSACTION, and a producer's Telemetry stream
+carries the check-backs of its transactions (:mod:`gms.broker.rocketmq.transactions`). The endpoint
+runs on the broker's event loop (``grpc.aio``). RPCs this slice does not serve answer
+``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from gms.broker.rocketmq.mapping import (
 )
 from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
 from gms.broker.rocketmq.routes import served_queues
+from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.store import GetStatus
 from gms.client.simple_consumer import EXHAUSTED_REASON
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
@@ -59,7 +63,7 @@ Code = definition_pb2.Code
 POLL_MARGIN_MS = 500
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
 ACCEPTED_TYPES = (definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
-                  definition_pb2.MessageType.DELAY)
+                  definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION)
 # Acknowledged once every in-sync replica has it (as a RocketMQ broker in SYNC_MASTER or controller
 # mode): a RocketMQ client has no acks setting, and a leader's failover must not lose what it acked.
 SEND_ACKS = -1
@@ -129,32 +133,55 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return response
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Answer each settings command with those settings and the retry policy a producer needs,
-        or for a consumer its group's max delivery attempts and FIFO flag; other commands (thread
-        stacks, verify results) are taken and not answered."""
-        async for command in request_iterator:
-            if not command.HasField("settings"):
-                continue
-            settings = definition_pb2.Settings()
-            settings.CopyFrom(command.settings)
-            policy = settings.backoff_policy
-            if settings.HasField("subscription"):
-                try:
-                    group = await self.groups.settings(settings.subscription.group.name)
-                except GmsError as err:
-                    yield service_pb2.TelemetryCommand(status=error_status(err))
-                    continue
-                # A push consumer waits the group's retry delays between a failure and the redelivery.
-                policy.max_attempts = group.max_delivery_attempts
-                for delay_ms in group.retry_delays_ms:
-                    policy.customized_backoff.next.add().FromMilliseconds(delay_ms)
-                settings.subscription.fifo = group.fifo
-            else:
-                policy.max_attempts = SEND_ATTEMPTS
-                policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
-                policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
-                policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
-            yield service_pb2.TelemetryCommand(status=status(), settings=settings)
+        """Answer each settings command (:meth:`_settings`); down a producer's stream also push the
+        check-backs of its transactions until the stream ends. Other commands (thread stacks,
+        verify results: answers to requests gms never makes) are answered NOT_IMPLEMENTED."""
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        checks = CheckBacks(self.broker, outbox.put_nowait)
+
+        async def answer() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        checks.follow(command.settings)
+                        outbox.put_nowait(await self._settings(command.settings))
+                    else:
+                        outbox.put_nowait(service_pb2.TelemetryCommand(status=status(
+                            Code.NOT_IMPLEMENTED, f"gms does not take {command.WhichOneof('command')} commands")))
+            finally:
+                outbox.put_nowait(None)  # the client closed its side: so does the answer
+
+        reader = asyncio.get_running_loop().create_task(answer())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+            await reader  # its error, if any, ends the stream
+        finally:
+            reader.cancel()
+            checks.stop()
+
+    async def _settings(self, requested: Any) -> Any:
+        """Those settings and the retry policy a producer needs, or for a consumer its group's max
+        delivery attempts, retry delays and FIFO flag."""
+        settings = definition_pb2.Settings()
+        settings.CopyFrom(requested)
+        policy = settings.backoff_policy
+        if settings.HasField("subscription"):
+            try:
+                group = await self.groups.settings(settings.subscription.group.name)
+            except GmsError as err:
+                return service_pb2.TelemetryCommand(status=error_status(err))
+            # A push consumer waits the group's retry delays between a failure and the redelivery.
+            policy.max_attempts = group.max_delivery_attempts
+            for delay_ms in group.retry_delays_ms:
+                policy.customized_backoff.next.add().FromMilliseconds(delay_ms)
+            settings.subscription.fifo = group.fifo
+        else:
+            policy.max_attempts = SEND_ATTEMPTS
+            policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
+            policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
+            policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
+        return service_pb2.TelemetryCommand(status=status(), settings=settings)
 
     # -- send ---------------------------------------------------------------------------------------
 
@@ -163,18 +190,32 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(request.messages) != 1:  # the clients send one at a time
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
             return response
-        if request.messages[0].system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
-            # Stored as it is, a half message would be visible at once: refused until EndTransaction is served.
-            response.status.CopyFrom(status(Code.NOT_IMPLEMENTED, "transactional messages through the RocketMQ API"
-                                            " are not implemented by gms yet (docs/rocketmq-compat.md)"))
-            return response
         try:
             entry = await self._send(request.messages[0])
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             entry = service_pb2.SendResultEntry(status=response.status)
+        else:
+            system = request.messages[0].system_properties
+            if system.message_type == definition_pb2.MessageType.TRANSACTION:  # a half message (mapping.from_rocketmq)
+                entry.transaction_id = system.message_id
         response.entries.append(entry)
         return response
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        """END_TRANSACTION of the transaction a TRANSACTION message opened, from the application
+        (source CLIENT) or its checker answering a check-back (SERVER_CHECK) alike. No resolution
+        (a checker's "unknown"), as RocketMQ's proxy: OK and nothing done, asked again at the next check."""
+        resolution = definition_pb2.TransactionResolution
+        if request.resolution not in (resolution.COMMIT, resolution.ROLLBACK):
+            return service_pb2.EndTransactionResponse(status=status())
+        commit = request.resolution == resolution.COMMIT
+        try:
+            await _settled(self.broker.transaction_handlers.end_transaction(_frame(
+                RequestCode.END_TRANSACTION, {"tx_id": request.transaction_id, "commit": commit, "acks": SEND_ACKS})))
+        except GmsError as err:
+            return service_pb2.EndTransactionResponse(status=error_status(err))
+        return service_pb2.EndTransactionResponse(status=status())
 
     async def _send(self, message: Any) -> Any:
         now_ms = int(time.time() * 1000)
