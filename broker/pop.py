@@ -32,7 +32,9 @@ from gms.broker.store import MessageStore
 
 QueueKey = tuple[str, int]
 GroupQueue = tuple[str, str, int]  # group, topic, queue id
-StartFrom = Literal["first", "last"] | int  # where a group without a committed offset starts
+# Where a group without a committed offset starts: "whole" is RocketMQ's rule for a new group,
+# the first offset while the queue still holds every message it ever had, else the last.
+StartFrom = Literal["first", "last", "whole"] | int
 
 INFLIGHT_MAX = 20_000  # messages a group may have in flight per queue (Kafka's record locks)
 WINDOW_MAX = 200_000  # and offsets from its lowest one in flight to its next fresh one
@@ -228,6 +230,9 @@ class PopService:
             return self.store.min_offset(topic, queue_id)
         if start == "last":
             return self.readable((topic, queue_id))[1]
+        if start == "whole":
+            low, high = self.readable((topic, queue_id))
+            return low if low == 0 else high
         return self.store.offset_for_timestamp(topic, queue_id, int(start))
 
     def commit(self, keys: Iterable[GroupQueue]) -> None:

@@ -282,11 +282,11 @@ def _invisible_ms(fields: Any, *, minimum: int) -> int:
 
 
 def _start_from(value: Any) -> StartFrom:
-    if value in ("first", "last"):
+    if value in ("first", "last", "whole"):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise BadRequestError(f"start must be 'first', 'last' or a timestamp in ms, not {value!r}")
+    raise BadRequestError(f"start must be 'first', 'last', 'whole' or a timestamp in ms, not {value!r}")
 
 
 def _exact_tags(views: list[memoryview], tags: frozenset[str]) -> tuple[list[memoryview], Any]:

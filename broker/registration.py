@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gms.cluster.cluster_view import ChangeKind, ClusterView, ViewChange
+from gms.cluster.cluster_view import ChangeKind, ClusterView, TopicRoute, ViewChange
 from gms.cluster.etcd_client import EtcdAuth, EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
 from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
-from gms.errors import GmsError, ServiceUnavailableError
+from gms.errors import GmsError, ServiceUnavailableError, TopicNotFoundError
 from gms.log_throttle import Outage
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
@@ -180,6 +180,21 @@ class BrokerRegistration:
         """The ACL rules from the watch-fed view (none before start)."""
         view = self._view
         return AclTable.empty() if view is None else view.acls()
+
+    def route(self, topic: str) -> TopicRoute:
+        """``topic``'s route as the nameservers serve it (from the watch-fed view; no I/O).
+        Raises TopicNotFoundError."""
+        view = self._view
+        if view is None:
+            raise TopicNotFoundError(f"topic {topic} does not exist (not registered yet)")
+        return view.route(topic)
+
+    def topic(self, name: str) -> TopicMetadata:
+        """``name``'s metadata, settings included (watch-fed view; no I/O). Raises TopicNotFoundError."""
+        view = self._view
+        if view is None:
+            raise TopicNotFoundError(f"topic {name} does not exist (not registered yet)")
+        return view.topic(name)
 
     def queue_count(self, topic: str) -> int:
         """``topic``'s queue count over the whole cluster; 0 if it does not exist (no I/O)."""

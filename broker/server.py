@@ -98,6 +98,7 @@ class BrokerServer:
         self._messages: MessageHandlers | None = None
         self._pop: PopHandlers | None = None
         self._group_handlers: GroupHandlers | None = None
+        self._transaction_handlers: TransactionHandlers | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
@@ -179,6 +180,11 @@ class BrokerServer:
         assert self._group_handlers is not None, "the broker is not started"
         return self._group_handlers
 
+    @property
+    def transaction_handlers(self) -> TransactionHandlers:
+        assert self._transaction_handlers is not None, "the broker is not started"
+        return self._transaction_handlers
+
     def queues_led(self, topic: str) -> list[int]:
         """The queues of ``topic`` this broker leads now (TopicNotFoundError: no such topic here)."""
         return self._queues_led(topic)
@@ -190,6 +196,7 @@ class BrokerServer:
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
             caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
+            rocketmq="" if self.rocketmq is None else self.rocketmq.endpoint,
         )
 
         def on_assignments(assignments: Assignments) -> None:
@@ -338,7 +345,8 @@ class BrokerServer:
                                                       self.coordinator_of, self.address,
                                                       on_commit=self.offsets_changed)
         admin = AdminHandlers(self)
-        transactions = TransactionHandlers(self.transactions, messages, self.access, self.config.long_poll_max_ms)
+        transactions = self._transaction_handlers = TransactionHandlers(self.transactions, messages, self.access,
+                                                                        self.config.long_poll_max_ms)
         pop = self._pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
                           read_limit=self.read_limit, metrics=self.metrics)
         for code, handler in {

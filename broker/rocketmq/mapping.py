@@ -5,11 +5,16 @@ the servicer (:mod:`gms.broker.rocketmq.service`) only moves them between gRPC a
 
 - A RocketMQ message becomes one gms record: topic, tag, keys, body, born host and time as they
   are; user properties as properties; the client's own message id in ``MESSAGE_ID_PROPERTY``;
-  ``message_group`` as gms's FIFO property; ``delivery_timestamp`` as gms's scheduled delivery.
+  ``message_group`` as gms's FIFO property; ``delivery_timestamp`` as gms's scheduled delivery;
+  a TRANSACTION message as a half message of gms's transactions (docs/transactions.md) whose
+  transaction id is the message id (one message per RocketMQ transaction: a retried send joins
+  its transaction instead of leaving an orphan) and whose producer group is the topic's
+  (:func:`producer_group`; ``orphaned_transaction_recovery_duration`` as the transaction's timeout).
 - A record read back becomes a RocketMQ message with the system properties the client reads:
   its message id (the client's, or gms's own id of the record for messages sent another way),
   receipt handle, born/store timestamps, delivery attempt, queue id and offset, and the body's
-  CRC32 digest (8 upper-case hex digits, as the client checks it).
+  CRC32 digest (8 upper-case hex digits, as the client checks it); a transaction's message (a
+  half, a commit's copy) is of type TRANSACTION.
 - A topic's message type (``gms topic create --message-type``) is the RocketMQ types it accepts
   (mixed: all four); a message of another type conflicts with it.
 - A receipt handle is opaque to the client: the base64url of ``[topic, queue id, queue offset,
@@ -39,9 +44,18 @@ from gms.errors import (
     ServerBusyError,
     ServiceUnavailableError,
     TopicNotFoundError,
+    TransactionNotFoundError,
 )
 from gms.record import Record
-from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
+from gms.record.layout import (
+    DELIVER_AT_PROPERTY,
+    FLAG_HALF,
+    FLAG_SCHEDULED,
+    MESSAGE_GROUP_PROPERTY,
+    TX_GROUP_PROPERTY,
+    TX_ID_PROPERTY,
+    TX_TIMEOUT_PROPERTY,
+)
 
 Code = definition_pb2.Code
 MessageType = definition_pb2.MessageType
@@ -52,6 +66,10 @@ SYSTEM_PROPERTY_PREFIX = "__"
 # The Python client 5.1.2 puts milliseconds in delivery_timestamp.seconds; a "seconds" value past
 # this (year 5138) can only be milliseconds.
 SECONDS_MAX_PLAUSIBLE = 100_000_000_000
+# RocketMQ 5 producers have no group; the producer group of the transactions sent to a topic is
+# this plus the topic: any producer publishing the topic answers its check-backs (as RocketMQ's proxy
+# asks any producer client publishing the topic).
+PRODUCER_GROUP_PREFIX = "%RMQ_PRODUCER%"
 
 # A topic's message type (gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed) → what it accepts.
 _ACCEPTED_TYPES: dict[str | None, tuple[int, ...]] = {
@@ -79,6 +97,7 @@ _ERROR_CODES: tuple[tuple[type[GmsError], int], ...] = (
     (BadTagExpressionError, Code.ILLEGAL_FILTER_EXPRESSION),
     (ReceiptHandleExpiredError, Code.INVALID_RECEIPT_HANDLE),
     (MessageNotFoundError, Code.NOT_FOUND),  # MESSAGE_NOT_FOUND is "no new message" to the clients
+    (TransactionNotFoundError, Code.INVALID_TRANSACTION_ID),
     (MessageIllegalError, Code.BAD_REQUEST),
     (BadRequestError, Code.BAD_REQUEST),
     (NotLeaderError, Code.INTERNAL_SERVER_ERROR),  # no UNAVAILABLE code: the client retries these
@@ -128,6 +147,11 @@ def sent_type(message: Any) -> int:
     if system.HasField("delivery_timestamp"):
         return MessageType.DELAY
     return MessageType.FIFO if system.HasField("message_group") else MessageType.NORMAL
+
+
+def producer_group(topic: str) -> str:
+    """The gms producer group of the RocketMQ clients' transactions on ``topic``."""
+    return PRODUCER_GROUP_PREFIX + topic
 
 
 # -- time ---------------------------------------------------------------------------------------
@@ -245,6 +269,12 @@ def from_rocketmq(message: Any, now_ms: int) -> Outgoing:
         if deliver_at > now_ms:
             properties[DELIVER_AT_PROPERTY] = str(deliver_at)
             flags |= FLAG_SCHEDULED
+    if system.message_type == definition_pb2.MessageType.TRANSACTION:
+        properties[TX_ID_PROPERTY] = system.message_id
+        properties[TX_GROUP_PROPERTY] = producer_group(message.topic.name)
+        if system.HasField("orphaned_transaction_recovery_duration"):
+            properties[TX_TIMEOUT_PROPERTY] = str(duration_ms(system.orphaned_transaction_recovery_duration))
+        flags |= FLAG_HALF
     if system.body_encoding == definition_pb2.Encoding.GZIP:
         body = zlib.decompress(message.body, wbits=31)
     else:
@@ -287,4 +317,6 @@ def to_rocketmq(record: Record, attempt: int, receipt: Receipt, gms_message_id: 
     if (deliver_at := props.get(DELIVER_AT_PROPERTY)) is not None and deliver_at.isdigit():
         set_timestamp(system.delivery_timestamp, int(deliver_at))
         system.message_type = definition_pb2.MessageType.DELAY
+    if TX_ID_PROPERTY in props:
+        system.message_type = definition_pb2.MessageType.TRANSACTION
     return message

@@ -6,14 +6,17 @@ ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility
 AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
-so does one a client forwards (ForwardMessageToDeadLetterQueue). The endpoint runs on the broker's
-event loop (``grpc.aio``). The pull consumer's offset RPCs are :mod:`gms.broker.rocketmq.offsets`.
-RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
+message of gms's transactions, EndTransaction is END_TRANSACTION, and a producer's Telemetry stream
+carries the check-backs of its transactions (:mod:`gms.broker.rocketmq.transactions`). The endpoint
+runs on the broker's event loop (``grpc.aio``). The pull consumer's offset RPCs are
+:mod:`gms.broker.rocketmq.offsets`. RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import time
@@ -43,6 +46,9 @@ from gms.broker.rocketmq.mapping import (
     to_rocketmq,
 )
 from gms.broker.rocketmq.offsets import Offsets
+from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
+from gms.broker.rocketmq.routes import served_queues, topic_message_type
+from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.store import GetStatus
 from gms.client.simple_consumer import EXHAUSTED_REASON
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
@@ -62,6 +68,9 @@ Code = definition_pb2.Code
 # default): answer this much before the long polling timeout runs out.
 POLL_MARGIN_MS = 500
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
+# Acknowledged once every in-sync replica has it (as a RocketMQ broker in SYNC_MASTER or controller
+# mode): a RocketMQ client has no acks setting, and a leader's failover must not lose what it acked.
+SEND_ACKS = -1
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
@@ -75,69 +84,98 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.endpoint = endpoint
         self.groups = groups
         self.offsets = Offsets(broker)
+        self.renewals = Renewals(self._change_invisible)
         self._turns = itertools.count()
 
     # -- routes, heartbeats, settings --------------------------------------------------------------
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:  # gRPC names the methods
         try:
-            queue_ids = self.broker.queues_led(request.topic.name)
+            served = served_queues(self.broker, request.topic.name, self.endpoint)
         except GmsError as err:
             return service_pb2.QueryRouteResponse(status=error_status(err))
-        host, port = split_address(self.endpoint, "rocketmq endpoint")
         response = service_pb2.QueryRouteResponse(status=status())
-        for queue_id in queue_ids:
-            queue = response.message_queues.add()
-            queue.topic.CopyFrom(request.topic)
-            queue.id = queue_id
-            queue.permission = definition_pb2.Permission.READ_WRITE
-            queue.broker.name = self.broker.name
-            queue.broker.id = 0  # the master: clients send and receive only there
-            queue.broker.endpoints.scheme = (definition_pb2.AddressScheme.IPv4 if host.replace(".", "").isdigit()
-                                             else definition_pb2.AddressScheme.DOMAIN_NAME)
-            queue.broker.endpoints.addresses.add(host=host, port=port)
-            queue.accept_message_types.extend(accepted_types(self.broker.store.topic_limits(request.topic.name).message_type))
+        for queue in served:
+            route = response.message_queues.add()
+            route.topic.CopyFrom(request.topic)
+            route.id = queue.queue_id
+            route.permission = definition_pb2.Permission.READ_WRITE
+            route.broker.CopyFrom(_broker(queue.broker, queue.endpoint))
+            route.accept_message_types.extend(accepted_types(topic_message_type(self.broker, request.topic.name)))
         return response
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
+        self.renewals.seen(_client_id(context))
         return service_pb2.HeartbeatResponse(status=status())
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        """The client's messages are no longer renewed: what it did not acknowledge comes back
+        once its invisible duration ends."""
+        self.renewals.client_gone(_client_id(context))
         return service_pb2.NotifyClientTerminationResponse(status=status())
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
-        """One assignment for this broker: its receives pop from every queue it leads."""
+        """One assignment per broker that leads queues of the topic: a receive there pops from
+        every queue that broker leads."""
         route = await self.QueryRoute(service_pb2.QueryRouteRequest(topic=request.topic), context)
         response = service_pb2.QueryAssignmentResponse(status=route.status)
-        if route.message_queues:
+        brokers = {queue.broker.name: queue for queue in route.message_queues}
+        for name in sorted(brokers):
             queue = response.assignments.add().message_queue
-            queue.CopyFrom(route.message_queues[0])
+            queue.CopyFrom(brokers[name])
             queue.id = -1
         return response
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Answer each settings command with those settings and the retry policy a producer needs,
-        or for a consumer its group's max delivery attempts and FIFO flag; other commands (thread
-        stacks, verify results) are taken and not answered."""
-        async for command in request_iterator:
-            if not command.HasField("settings"):
-                continue
-            settings = definition_pb2.Settings()
-            settings.CopyFrom(command.settings)
-            policy = settings.backoff_policy
+        """Answer each settings command (:meth:`_settings`); down a producer's stream also push the
+        check-backs of its transactions until the stream ends. Other commands (thread stacks,
+        verify results: answers to requests gms never makes) are answered NOT_IMPLEMENTED."""
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        checks = CheckBacks(self.broker, outbox.put_nowait)
+
+        async def answer() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        checks.follow(command.settings)
+                        outbox.put_nowait(await self._settings(command.settings))
+                    else:
+                        outbox.put_nowait(service_pb2.TelemetryCommand(status=status(
+                            Code.NOT_IMPLEMENTED, f"gms does not take {command.WhichOneof('command')} commands")))
+            finally:
+                outbox.put_nowait(None)  # the client closed its side: so does the answer
+
+        reader = asyncio.get_running_loop().create_task(answer())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+            await reader  # its error, if any, ends the stream
+        finally:
+            reader.cancel()
+            checks.stop()
+
+    async def _settings(self, requested: Any) -> Any:
+        """Those settings and the retry policy a producer needs, or for a consumer its group's max
+        delivery attempts, retry delays and FIFO flag."""
+        settings = definition_pb2.Settings()
+        settings.CopyFrom(requested)
+        policy = settings.backoff_policy
+        if settings.HasField("subscription"):
+            try:
+                group = await self.groups.settings(settings.subscription.group.name)
+            except GmsError as err:
+                return service_pb2.TelemetryCommand(status=error_status(err))
+            # A push consumer waits the group's retry delays between a failure and the redelivery.
+            policy.max_attempts = group.max_delivery_attempts
+            for delay_ms in group.retry_delays_ms:
+                policy.customized_backoff.next.add().FromMilliseconds(delay_ms)
+            settings.subscription.fifo = group.fifo
+        else:
             policy.max_attempts = SEND_ATTEMPTS
-            if settings.HasField("subscription"):
-                try:
-                    group = await self.groups.settings(settings.subscription.group.name)
-                except GmsError as err:
-                    yield service_pb2.TelemetryCommand(status=error_status(err))
-                    continue
-                policy.max_attempts = group.max_delivery_attempts
-                settings.subscription.fifo = group.fifo
             policy.exponential_backoff.initial.FromMilliseconds(BACKOFF_INITIAL_MS)
             policy.exponential_backoff.max.FromMilliseconds(BACKOFF_MAX_MS)
             policy.exponential_backoff.multiplier = BACKOFF_MULTIPLIER
-            yield service_pb2.TelemetryCommand(status=status(), settings=settings)
+        return service_pb2.TelemetryCommand(status=status(), settings=settings)
 
     # -- send ---------------------------------------------------------------------------------------
 
@@ -146,18 +184,32 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if len(request.messages) != 1:  # the clients send one at a time
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
             return response
-        if request.messages[0].system_properties.message_type == definition_pb2.MessageType.TRANSACTION:
-            # Stored as it is, a half message would be visible at once: refused until EndTransaction is served.
-            response.status.CopyFrom(status(Code.NOT_IMPLEMENTED, "transactional messages through the RocketMQ API"
-                                            " are not implemented by gms yet (docs/rocketmq-compat.md)"))
-            return response
         try:
             entry = await self._send(request.messages[0])
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             entry = service_pb2.SendResultEntry(status=response.status)
+        else:
+            system = request.messages[0].system_properties
+            if system.message_type == definition_pb2.MessageType.TRANSACTION:  # a half message (mapping.from_rocketmq)
+                entry.transaction_id = system.message_id
         response.entries.append(entry)
         return response
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        """END_TRANSACTION of the transaction a TRANSACTION message opened, from the application
+        (source CLIENT) or its checker answering a check-back (SERVER_CHECK) alike. No resolution
+        (a checker's "unknown"), as RocketMQ's proxy: OK and nothing done, asked again at the next check."""
+        resolution = definition_pb2.TransactionResolution
+        if request.resolution not in (resolution.COMMIT, resolution.ROLLBACK):
+            return service_pb2.EndTransactionResponse(status=status())
+        commit = request.resolution == resolution.COMMIT
+        try:
+            await _settled(self.broker.transaction_handlers.end_transaction(_frame(
+                RequestCode.END_TRANSACTION, {"tx_id": request.transaction_id, "commit": commit, "acks": SEND_ACKS})))
+        except GmsError as err:
+            return service_pb2.EndTransactionResponse(status=error_status(err))
+        return service_pb2.EndTransactionResponse(status=status())
 
     async def _send(self, message: Any) -> Any:
         now_ms = int(time.time() * 1000)
@@ -165,7 +217,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         queue_ids = self.broker.queues_led(outgoing.topic)
         if not queue_ids:
             raise BadRequestError(f"this broker leads no queue of {outgoing.topic!r}: refresh the route")
-        check_message_type(message, self.broker.store.topic_limits(outgoing.topic).message_type)
+        check_message_type(message, topic_message_type(self.broker, outgoing.topic))
         if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
             queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]
         else:
@@ -174,7 +226,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                properties=outgoing.properties, queue_id=queue_id, flags=outgoing.flags,
                                born_host=outgoing.born_host, born_ts_ms=outgoing.born_ts_ms)
         messages = self.broker.message_handlers
-        answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, 1, time.perf_counter()))
+        answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, SEND_ACKS,
+                                                       time.perf_counter()))
         offset = int(read_int_array(answer.fields["queue_offsets"], OFFSET_ARRAY)[0])
         entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
         if outgoing.flags & FLAG_SCHEDULED:  # RecallMessage cancels it until its time
@@ -201,7 +254,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            messages = await self._receive(request)
+            messages = await self._receive(request, _client_id(context))
         except GmsError as err:
             yield service_pb2.ReceiveMessageResponse(status=error_status(err))
             return
@@ -209,28 +262,38 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         yield service_pb2.ReceiveMessageResponse(status=status())
+        delivered = service_pb2.ReceiveMessageResponse()  # when the messages left (clients measure latency)
+        delivered.delivery_timestamp.GetCurrentTime()
+        yield delivered
         for message in messages:
             yield service_pb2.ReceiveMessageResponse(message=message)
 
-    async def _receive(self, request: Any) -> list[Any]:
+    async def _receive(self, request: Any, client_id: str) -> list[Any]:
         """Pop until messages come or the long polling ends; the ones out of attempts go to the
-        dead letters meanwhile."""
+        dead letters meanwhile. ``auto_renew`` (push consumers): invisible for the renewals'
+        duration, renewed while the client holds them."""
         deadline = time.monotonic() + duration_ms(request.long_polling_timeout) / 1000
+        invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
-            messages = await self._pop(request, max(int((deadline - time.monotonic()) * 1000), 0))
-            if messages is not None:
+            popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))
+            if popped is not None:
+                messages, receipts = popped
+                if request.auto_renew:
+                    self.renewals.hold(client_id, request.group.name, receipts)
                 return messages
 
-    async def _pop(self, request: Any, long_polling_ms: int) -> list[Any] | None:
-        """One pop: its messages, or None if it only moved messages to the dead letters and time is left."""
+    async def _pop(self, request: Any, invisible_ms: int,
+                   long_polling_ms: int) -> tuple[list[Any], list[Receipt]] | None:
+        """One pop: its messages and their receipts, or None if it only moved messages to the dead
+        letters and time is left."""
         group, topic = request.group.name, request.message_queue.topic.name
         settings = await self.groups.settings(group)
         fields: dict[str, Any] = {
             "group": group, "topic": topic, "max_attempts": settings.max_delivery_attempts, "fifo": settings.fifo,
             "max_msgs": min(max(request.batch_size, 1), BATCH_SIZE_MAX),
-            "invisible_ms": duration_ms(request.invisible_duration),
+            "invisible_ms": invisible_ms,
             "poll_ms": max(long_polling_ms - POLL_MARGIN_MS, 0),
-            "start": "last",
+            "start": "whole",  # RocketMQ's rule for a new group
         }
         fields.update(filter_fields(request.filter_expression))
         answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
@@ -244,14 +307,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if dead and not views and long_polling_ms > POLL_MARGIN_MS:
             return None
         host, port = split_address(self.broker.address, "broker address")
-        messages = []
+        messages, receipts = [], []
         for i, view in enumerate(views):  # again-delivered records first, one per view
             records = [decode_record(view, verify_crc=False)] if i < len(attempts) else iter_records(view, False)
             for record in records:
                 attempt = attempts[i] if i < len(attempts) else 1
                 receipt = Receipt(topic, record.queue_id, record.queue_offset, attempt, self.broker.address)
                 messages.append(to_rocketmq(record, attempt, receipt, encode_msg_id(host, port, record.phys_offset)))
-        return messages
+                receipts.append(receipt)
+        return messages, receipts
 
     async def _dead_letter(self, group: str, topic: str, record: bytes, attempt: int, reason: str) -> None:
         """Move a popped record to the group's dead-letter topic: stored there, then acknowledged here."""
@@ -278,6 +342,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             topic = request.topic.name
             if any(r.topic != topic for r in receipts):
                 raise BadRequestError(f"a receipt handle of another topic than {topic!r}")
+            self.renewals.release(request.group.name, receipts)
             expired = await self._ack(request.group.name, topic, receipts)
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
@@ -295,20 +360,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         try:
             receipt = Receipt.decode(request.receipt_handle)
-            await self.broker.pop_handlers.change_invisible_duration(_frame(RequestCode.CHANGE_INVISIBLE_DURATION, {
-                "group": request.group.name, "topic": receipt.topic, "queue_id": receipt.queue_id,
-                "offset": receipt.offset, "attempt": receipt.attempt,
-                "invisible_ms": duration_ms(request.invisible_duration)}))
+            self.renewals.release(request.group.name, [receipt])  # the client chose: no more renewals
+            await self._change_invisible(request.group.name, receipt, duration_ms(request.invisible_duration))
         except GmsError as err:
             return service_pb2.ChangeInvisibleDurationResponse(status=error_status(err))
         # gms keeps the delivery attempt: the same handle acknowledges the message afterwards.
         return service_pb2.ChangeInvisibleDurationResponse(status=status(), receipt_handle=request.receipt_handle)
+
+    async def _change_invisible(self, group: str, receipt: Receipt, invisible_ms: int) -> None:
+        await self.broker.pop_handlers.change_invisible_duration(_frame(RequestCode.CHANGE_INVISIBLE_DURATION, {
+            "group": group, "topic": receipt.topic, "queue_id": receipt.queue_id, "offset": receipt.offset,
+            "attempt": receipt.attempt, "invisible_ms": invisible_ms}))
 
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         """The message of a receipt handle to the group's dead-letter topic (the application gave up on it)."""
         try:
             receipt = Receipt.decode(request.receipt_handle)
+            self.renewals.release(request.group.name, [receipt])
             found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
             if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
                 raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
@@ -353,6 +422,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         yield service_pb2.PullMessageResponse(next_offset=pulled.next_offset)
 
 
+def _client_id(context: Any) -> str:
+    """The id a RocketMQ client sends with every request ("" if none)."""
+    return next((value for key, value in context.invocation_metadata() or () if key == "x-mq-client-id"), "")
+
+
+def _broker(name: str, endpoint: str) -> Any:
+    """A RocketMQ broker entry: clients send to and receive from its (only) address."""
+    host, port = split_address(endpoint, "rocketmq endpoint")
+    broker = definition_pb2.Broker(name=name, id=0)  # id 0: the master, the only one clients use
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        broker.endpoints.scheme = definition_pb2.AddressScheme.DOMAIN_NAME
+    else:
+        broker.endpoints.scheme = (definition_pb2.AddressScheme.IPv4 if version == 4
+                                   else definition_pb2.AddressScheme.IPv6)
+    broker.endpoints.addresses.add(host=host, port=port)
+    return broker
+
+
 def _not_implemented(name: str, response_type: Any, streaming: bool) -> Callable[..., Any]:
     message = f"{name} is not implemented by gms yet (docs/rocketmq-compat.md)"
     if streaming:
@@ -376,10 +465,11 @@ for _method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].metho
 class RocketMQEndpoint:
     """The gRPC server of :class:`MessagingService` on the running event loop."""
 
-    def __init__(self, server: Any, port: int, groups: ConsumerGroups) -> None:
+    def __init__(self, server: Any, port: int, endpoint: str, service: MessagingService) -> None:
         self.server = server
         self.port = port
-        self.groups = groups
+        self.endpoint = endpoint  # host:port clients are told to use
+        self.service = service
 
     @classmethod
     async def start(cls, broker: BrokerServer, host: str, port: int, advertised_host: str) -> RocketMQEndpoint:
@@ -391,11 +481,14 @@ class RocketMQEndpoint:
         nameserver = broker.config.nameserver
         groups = ConsumerGroups(brokers=None if nameserver else [broker.address], nameserver=nameserver or None,
                                 security=broker.config.security.outgoing())
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(
-            MessagingService(broker, join_address(advertised_host, bound), groups), server)
+        endpoint = join_address(advertised_host, bound)
+        service = MessagingService(broker, endpoint, groups)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         await server.start()
-        return cls(server, bound, groups)
+        service.renewals.start()
+        return cls(server, bound, endpoint, service)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await asyncio.shield(self.server.stop(grace_s))
-        await asyncio.to_thread(self.groups.close)
+        await self.service.renewals.stop()
+        await asyncio.to_thread(self.service.groups.close)

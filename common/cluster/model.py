@@ -72,11 +72,15 @@ class BrokerInfo:
     # acknowledged but not flushed) has not caught up with its leaders: the controller keeps it
     # out of every ISR and elects it only when no other in-sync replica is alive (KIP-966).
     caught_up: bool = True
+    # host:port of the broker's RocketMQ 5 gRPC API (docs/rocketmq-compat.md); "": not served.
+    rocketmq: str = ""
 
     def __post_init__(self) -> None:
         validate_name("broker", self.broker_id, BadRequestError)
         validate_name("cluster", self.cluster, BadRequestError)
         validate_address(self.address)
+        if self.rocketmq:
+            validate_address(self.rocketmq)
 
     def to_json(self) -> bytes:
         return _dumps({"v": LAYOUT_VERSION, **asdict(self)})
@@ -85,7 +89,7 @@ class BrokerInfo:
     def from_json(cls, raw: bytes) -> BrokerInfo:
         d = _loads(raw)
         return cls(d["broker_id"], d["address"], d["cluster"], int(d["capacity_bytes"]),
-                   bool(d.get("caught_up", True)))
+                   bool(d.get("caught_up", True)), str(d.get("rocketmq", "")))
 
 
 @dataclass(frozen=True, slots=True)

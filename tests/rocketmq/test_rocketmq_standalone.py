@@ -140,11 +140,30 @@ def test_fifo_group_gets_a_message_group_in_order(standalone, topic):
         consumer.shutdown()
 
 
-def test_transactional_message_is_refused_not_stored_as_a_normal_one(standalone, topic):
+def test_transactional_message_is_hidden_until_committed(standalone, topic):
+    """Through the raw API, in a cluster (the standalone's broker is registered): a TRANSACTION
+    message is a half message of gms's transactions, seen by no consumer until EndTransaction."""
+    tx_id = f"01{uuid.uuid4().hex}"
     message = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=b"half")
-    message.system_properties.message_id = "01TX"
+    message.system_properties.message_id = tx_id
     message.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
-    with grpc.insecure_channel(standalone["rocketmq"]) as channel:
-        answer = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
-            service_pb2.SendMessageRequest(messages=[message]), timeout=10)
-    assert answer.status.code == definition_pb2.Code.NOT_IMPLEMENTED
+    reader = SimpleConsumer(nameserver=standalone["nameserver"], group=f"g-{tx_id}", subscription={topic: "*"},
+                            start_from="first", await_duration_ms=1000)
+    try:
+        with grpc.insecure_channel(standalone["rocketmq"]) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            answer = stub.SendMessage(service_pb2.SendMessageRequest(messages=[message]), timeout=10)
+            assert answer.status.code == definition_pb2.Code.OK
+            assert answer.entries[0].transaction_id == tx_id
+            assert reader.receive(16) == []
+            ended = stub.EndTransaction(service_pb2.EndTransactionRequest(
+                topic=message.topic, message_id=tx_id, transaction_id=tx_id,
+                resolution=definition_pb2.TransactionResolution.COMMIT,
+                source=definition_pb2.TransactionSource.SOURCE_CLIENT), timeout=10)
+            assert ended.status.code == definition_pb2.Code.OK
+        got: list = []
+        wait_until(lambda: bool(got.extend(reader.receive(16))) or bool(got), 10)
+        assert [m.body for m in got] == [b"half"]
+        reader.ack(got)
+    finally:
+        reader.close()
