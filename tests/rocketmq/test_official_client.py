@@ -143,3 +143,30 @@ def test_gms_sdk_and_rocketmq_client_interoperate(broker, topic):
         producer.shutdown()
         consumer.shutdown()
         gms_consumer.close()
+
+
+def test_sql_filter_and_a_delayed_message_at_its_time(broker, topic):
+    consumer = rocketmq.SimpleConsumer(
+        _config(broker), "g-sql", {topic: rocketmq.FilterExpression("region = 'eu' AND amount > 10",
+                                                                    rocketmq.grpc_protocol.FilterType.SQL)},
+        await_duration=1)
+    consumer.startup()
+    producer = _producer(broker, topic)
+    try:
+        for body, region, amount in ((b"eu-20", "eu", "20"), (b"eu-5", "eu", "5"), (b"us-50", "us", "50")):
+            producer.send(_message(topic, body, "T", properties={"region": region, "amount": amount}))
+        delayed = _message(topic, b"eu-30-later", "T", properties={"region": "eu", "amount": "30"})
+        due_ms = int(time.time() * 1000) + 2500
+        delayed.delivery_timestamp = due_ms
+        producer.send(delayed)
+        [first] = _receive(consumer, 1, timeout_s=10)
+        assert first.body == b"eu-20" and first.properties == {"region": "eu", "amount": "20"}
+        consumer.ack(first)
+        [later] = _receive(consumer, 1, timeout_s=10)
+        assert time.time() * 1000 >= due_ms - 50  # not before its time (store clock vs ours)
+        assert later.body == b"eu-30-later" and later.delivery_timestamp == due_ms
+        consumer.ack(later)
+        assert consumer.receive(16, 2) == []  # eu-5 and us-50 never selected
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
