@@ -60,6 +60,7 @@ from gms.record.layout import (
 Code = definition_pb2.Code
 MessageType = definition_pb2.MessageType
 
+GZIP_WBITS = 31  # zlib's window bits for the gzip format, as RocketMQ clients compress bodies
 MESSAGE_ID_PROPERTY = "__RMQ_MSG_ID"  # the RocketMQ client's own id of the message
 # Property names gms keeps for itself start with this: refused from RocketMQ users, never shown.
 SYSTEM_PROPERTY_PREFIX = "__"
@@ -248,8 +249,9 @@ class Outgoing(NamedTuple):
     message_id: str
 
 
-def from_rocketmq(message: Any, now_ms: int) -> Outgoing:
-    """A SendMessageRequest's message as a gms record's fields (BadRequestError if unusable)."""
+def from_rocketmq(message: Any, now_ms: int, body_max: int) -> Outgoing:
+    """A SendMessageRequest's message as a gms record's fields (BadRequestError if unusable).
+    ``body_max``: the most a gzip-encoded body may inflate to (its topic's largest record)."""
     system = message.system_properties
     if not message.topic.name:
         raise BadRequestError("the message names no topic")
@@ -275,14 +277,26 @@ def from_rocketmq(message: Any, now_ms: int) -> Outgoing:
         if system.HasField("orphaned_transaction_recovery_duration"):
             properties[TX_TIMEOUT_PROPERTY] = str(duration_ms(system.orphaned_transaction_recovery_duration))
         flags |= FLAG_HALF
-    if system.body_encoding == definition_pb2.Encoding.GZIP:
-        body = zlib.decompress(message.body, wbits=31)
-    else:
-        body = message.body
+    gzipped = system.body_encoding == definition_pb2.Encoding.GZIP
+    body = _gunzip(message.body, body_max) if gzipped else message.body
     born_ms = timestamp_ms(system.born_timestamp) if system.HasField("born_timestamp") else now_ms
     return Outgoing(message.topic.name, body, system.tag if system.HasField("tag") else None,
                     tuple(system.keys), properties, flags, system.born_host, born_ms or now_ms, group,
                     system.message_id)
+
+
+def _gunzip(body: bytes, body_max: int) -> bytes:
+    """A gzip body inflated, never past ``body_max`` bytes (a small body may inflate to gigabytes)."""
+    inflater = zlib.decompressobj(wbits=GZIP_WBITS)
+    try:
+        inflated = inflater.decompress(body, body_max + 1)
+    except zlib.error as err:
+        raise MessageIllegalError(f"the body is marked GZIP but is not valid gzip ({err})") from None
+    if len(inflated) > body_max:
+        raise MessageIllegalError(f"the gzip body inflates past the topic's largest message ({body_max} bytes)")
+    if not inflater.eof:
+        raise MessageIllegalError("the body is marked GZIP but its gzip stream is cut short")
+    return inflated
 
 
 def to_rocketmq(record: Record, attempt: int, receipt: Receipt, gms_message_id: str) -> definition_pb2.Message:

@@ -213,10 +213,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def _send(self, message: Any) -> Any:
         now_ms = int(time.time() * 1000)
-        outgoing = from_rocketmq(message, now_ms)
-        queue_ids = self.broker.queues_led(outgoing.topic)
+        queue_ids = self.broker.queues_led(message.topic.name)  # TopicNotFoundError first
         if not queue_ids:
-            raise BadRequestError(f"this broker leads no queue of {outgoing.topic!r}: refresh the route")
+            raise BadRequestError(f"this broker leads no queue of {message.topic.name!r}: refresh the route")
+        store = self.broker.store
+        body_max = store.topic_limits(message.topic.name).message_size_bytes_max or store.config.body_size_max_bytes
+        outgoing = from_rocketmq(message, now_ms, body_max)
         check_message_type(message, topic_message_type(self.broker, outgoing.topic))
         if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
             queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]

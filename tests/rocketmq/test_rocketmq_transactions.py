@@ -67,7 +67,7 @@ def test_a_transaction_message_is_a_half_message():
     message.system_properties.message_id = "01AB"
     message.system_properties.message_type = definition_pb2.MessageType.TRANSACTION
     message.system_properties.orphaned_transaction_recovery_duration.FromMilliseconds(2500)
-    half = from_rocketmq(message, 0)
+    half = from_rocketmq(message, 0, 4 << 20)
     assert half.flags == FLAG_HALF
     assert {k: half.properties[k] for k in (TX_ID_PROPERTY, TX_GROUP_PROPERTY, TX_TIMEOUT_PROPERTY)} == {
         TX_ID_PROPERTY: "01AB", TX_GROUP_PROPERTY: "%RMQ_PRODUCER%orders", TX_TIMEOUT_PROPERTY: "2500"}
