@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +17,12 @@ from tests.cli.test_cli_standalone import read_addresses
 from tests.processes import FREE_MONITORING_PORTS, BrokerProcess, wait_until
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """A broker without a nameserver; ``broker.rocketmq``: its RocketMQ endpoint."""
-    root = tmp_path_factory.mktemp("rmq")
+def rocketmq_broker(root: Path, *args: str) -> Iterator[BrokerProcess]:
+    """A broker without a nameserver serving the RocketMQ API on a free port (``.rocketmq``),
+    for a fixture to yield from."""
     port_file = root / "rocketmq.port"
-    proc = BrokerProcess(root / "broker", ["--rocketmq-listen", "127.0.0.1:0", "--rocketmq-port-file", str(port_file)])
+    proc = BrokerProcess(root / "broker", [*args, "--rocketmq-listen", "127.0.0.1:0",
+                                           "--rocketmq-port-file", str(port_file)])
     proc.start()
     try:
         wait_until(port_file.exists, 10)
@@ -28,6 +30,12 @@ def broker(tmp_path_factory):
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A broker without a nameserver; ``broker.rocketmq``: its RocketMQ endpoint."""
+    yield from rocketmq_broker(tmp_path_factory.mktemp("rmq"))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from rocketmq.v5.exception import ClientException  # noqa: E402
 from gms.broker.rocketmq.mapping import from_rocketmq, producer_group  # noqa: E402
 from gms.client import Admin, SimpleConsumer  # noqa: E402
 from gms.record.layout import FLAG_HALF, TX_GROUP_PROPERTY, TX_ID_PROPERTY, TX_TIMEOUT_PROPERTY  # noqa: E402
-from tests.processes import BrokerProcess, wait_until  # noqa: E402
+from tests.processes import wait_until  # noqa: E402
+from tests.rocketmq.conftest import rocketmq_broker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,16 +38,7 @@ def broker(tmp_path_factory):
     config = root / "broker.toml"
     config.write_text(f"[broker]\ntransaction_timeout_ms = {TIMEOUT_MS}\n"
                       f"transaction_check_interval_ms = {CHECK_INTERVAL_MS}\ntransaction_check_max = {CHECK_MAX}\n")
-    port_file = root / "rocketmq.port"
-    proc = BrokerProcess(root / "broker", ["--config", str(config), "--rocketmq-listen", "127.0.0.1:0",
-                                           "--rocketmq-port-file", str(port_file)])
-    proc.start()
-    try:
-        wait_until(port_file.exists, 10)
-        proc.rocketmq = f"127.0.0.1:{int(port_file.read_text())}"
-        yield proc
-    finally:
-        proc.stop()
+    yield from rocketmq_broker(root, "--config", str(config))
 
 
 @pytest.fixture(scope="module")
