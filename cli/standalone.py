@@ -5,7 +5,7 @@ The supervisor owns the order: etcd first, then the nameserver (``--etcd`` point
 then the broker (``--nameserver``), then the console; stopping goes the other way, so the broker deregisters
 while etcd is still up. Children run in their own process groups (a Ctrl-C in the terminal
 reaches only this supervisor, which stops them in order) and get SIGKILL from the kernel if
-the supervisor itself dies (PR_SET_PDEATHSIG), so nothing outlives it.
+the supervisor itself dies (`gms.die_with_parent`), so nothing outlives it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from gms.broker.store_paths import StorePaths
 from gms.cli import standalone_ports as ports
 from gms.cli.standalone_security import prepare_secure
 from gms.cluster.errors import ClusterError
-from gms.nameserver.embedded_etcd import EmbeddedEtcd, _die_with_parent, etcd_hosts
+from gms.die_with_parent import dying_with_parent
+from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
 
 DEFAULT_DATA_DIR = Path("gms-data")
 CHILD_START_TIMEOUT_S = 30.0
@@ -56,12 +57,11 @@ class _Child:
             args = [*args, "--metrics-listen", metrics_listen, "--metrics-port-file", str(self.metrics_port_file)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)],
+                dying_with_parent([sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
                 close_fds=True,
                 env={**os.environ, **env} if env else None,
             )

@@ -3,7 +3,7 @@
 The nameserver starts one when no external etcd is given, so a single machine needs nothing but
 `pip install gms`. The child lives in its own process group (a Ctrl-C aimed at the nameserver's
 terminal does not race our orderly stop) and, on Linux, gets SIGKILL from the kernel if the
-thread that started it dies (PR_SET_PDEATHSIG), so a SIGKILLed parent never leaves etcd behind.
+thread that started it dies (`gms.die_with_parent`), so a SIGKILLed parent never leaves etcd behind.
 Start it from a long-lived thread (the main thread): the death signal follows the *thread*.
 
 Everything under ``data_dir`` is private to the nameserver's user (files 0600, directories 0700;
@@ -25,8 +25,6 @@ configured. :attr:`EmbeddedEtcd.client_auth` is what clients connect with.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
 import shutil
@@ -39,7 +37,6 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +44,7 @@ from types import TracebackType
 from gms.address import WILDCARD_HOSTS, advertised_address, join_address, split_address
 from gms.cluster.errors import ClusterError, EmbeddedEtcdError
 from gms.cluster.etcd_client import EtcdAuth, EtcdClient
+from gms.die_with_parent import dying_with_parent
 from gms.private_files import make_private_dir, open_private, tighten_tree, write_private
 from gms.security.tls import TlsFiles
 
@@ -63,7 +61,6 @@ PORT_FREE_WAIT_S = 5.0
 # The embedded etcd is a single member: peers never connect from elsewhere, so the peer URL
 # stays on loopback and never changes with the client interface.
 PEER_HOST = "127.0.0.1"
-_PR_SET_PDEATHSIG = 1
 # etcd insists on these names for its all-powerful user and role.
 ROOT_USER = "root"
 ROOT_ROLE = "root"
@@ -90,22 +87,6 @@ class EmbeddedEtcdAuth:
             raise ValueError(f"the gms etcd user needs a name other than {ROOT_USER!r}")
         if not self.prefix:
             raise ValueError("the gms etcd user needs a key prefix to be confined to")
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    """Resolve prctl in the parent: the child between fork and exec must not load libraries."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return libc.prctl
-
-
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent() -> None:
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def find_etcd_binary() -> Path:
@@ -271,12 +252,11 @@ class EmbeddedEtcd:
             args.append(f"--auth-token-ttl={self.auth_token_ttl_s}")
         with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             self._proc = subprocess.Popen(
-                args,
+                dying_with_parent(args),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 process_group=0,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
                 close_fds=True,
             )
         try:
