@@ -10,7 +10,10 @@ Workloads (100 B messages, a 4-queue topic, one broker process, everything on 12
 
 For each, the rate the application sees and the broker's CPU time per message (user + system,
 from /proc). ``*_server_cpu_ratio`` is the gRPC path's broker CPU per message over the native
-path's: issue 17's target is ≤ 2. Prints one JSON line. ``--quick`` runs small counts.
+path's: issue 17's target is ≤ 2. ``empty_rpc_server_cpu_us`` is the floor under every RocketMQ
+call: the broker's CPU for one ``Heartbeat`` (a handler that does nothing) sent with the metadata the
+official client sends, one at a time; ``empty_rpc_over_native_send`` divides it by a whole native
+send's. Prints one JSON line. ``--quick`` runs small counts.
 """
 
 from __future__ import annotations
@@ -107,6 +110,20 @@ class RocketMQSide:
         self.consumer.shutdown()
 
 
+def empty_rpcs(endpoint: str, count: int) -> None:
+    """``count`` Heartbeat calls through a bare stub, each with the official client's headers."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+    metadata = [("x-mq-language", "PYTHON"), ("x-mq-protocol", "GRPC_V2"), ("x-mq-client-version", "5.1.2"),
+                ("x-mq-date-time", "20261126T120000Z"), ("x-mq-request-id", "0" * 36),
+                ("x-mq-client-id", "bench@1@0@empty"), ("x-mq-namespace", "")]
+    request = service_pb2.HeartbeatRequest(client_type=definition_pb2.ClientType.PRODUCER)
+    with grpc.insecure_channel(endpoint) as channel:
+        heartbeat = service_pb2_grpc.MessagingServiceStub(channel).Heartbeat
+        for _ in range(count):
+            heartbeat(request, metadata=metadata, timeout=10)
+
+
 class GmsSide:
     """gms's own SDK doing the same."""
 
@@ -153,6 +170,9 @@ def run(sends: int, pipelined: int) -> dict[str, float]:
             _wait_idle(proc.pid)
             rmq, native = RocketMQSide(endpoint), GmsSide(address)
             out: dict[str, float] = {}
+            empty_rpcs(endpoint, 100)  # connected and warm
+            out["empty_rpcs_per_s"], out["empty_rpc_server_cpu_us"] = (
+                round(figure, 1) for figure in _measured(proc.pid, sends, lambda: empty_rpcs(endpoint, sends)))
             try:
                 for name, side in (("rmq", rmq), ("gms", native)):
                     for workload, count in (("send", sends), ("async", pipelined)):
@@ -174,6 +194,7 @@ def run(sends: int, pipelined: int) -> dict[str, float]:
         out[f"{workload}_rate_ratio"] = round(out[f"rmq_{workload}_msgs_per_s"] / out[f"gms_{workload}_msgs_per_s"], 3)
         out[f"{workload}_server_cpu_ratio"] = round(
             out[f"rmq_{workload}_server_cpu_us"] / max(out[f"gms_{workload}_server_cpu_us"], 0.1), 2)
+    out["empty_rpc_over_native_send"] = round(out["empty_rpc_server_cpu_us"] / out["gms_send_server_cpu_us"], 2)
     return out
 
 
