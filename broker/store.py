@@ -274,8 +274,11 @@ class MessageStore:
         if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
             log.warning("checkpoint does not match the commitlog end; recovering")
             clean = None
-        if clean is None:
-            self._recover(checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset)
+        start = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
+        if self._keys.lost_from is not None:  # damaged key index files were dropped: re-index their records
+            start = max(min(start, self._keys.lost_from), commitlog.min_offset)
+        if clean is None or self._keys.lost_from is not None:
+            self._recover(start)
         else:
             commitlog.set_end(clean.commitlog_flushed_offset)
             self._last_store_ts_ms = clean.store_ts_ms

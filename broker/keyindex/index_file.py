@@ -70,7 +70,10 @@ class IndexFile:
 
     @classmethod
     def open(cls, path: Path, begin_phys: int) -> IndexFile:
-        return cls(MappedFile.open(path, begin_phys, path.stat().st_size))
+        size = path.stat().st_size
+        if size < HEADER_SIZE:
+            raise StoreIOError(f"{path} is not a key index file ({size} bytes, shorter than its header)")
+        return cls(MappedFile.open(path, begin_phys, size))
 
     @property
     def begin_phys(self) -> int:

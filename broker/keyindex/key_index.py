@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,34 +13,52 @@ from gms.broker.keyindex.keys import batch_keys, key_hash, record_key_hashes
 from gms.broker.mapped_file import list_files
 from gms.private_files import make_private_dir
 from gms.record.batch import ParsedRecords
+from gms.store_errors import StoreIOError
 
 TIME_MAX_MS = (1 << 63) - 1
+log = logging.getLogger(__name__)
 
 
 class KeyIndex:
     """Open with :meth:`open`. Writes (``add``, ``truncate``, ``delete_below``) come from one
     thread at a time (the store's append lock); ``find`` runs beside them."""
 
-    def __init__(self, directory: Path, files: list[IndexFile], slot_count: int, entries_per_file: int) -> None:
+    def __init__(self, directory: Path, files: list[IndexFile], slot_count: int, entries_per_file: int,
+                 lost_from: int | None = None) -> None:
         self.directory = directory
         self.files = files
         self.slot_count = slot_count
         self.entries_per_file = entries_per_file
+        # The commitlog offset from which :meth:`open` dropped damaged files: the store re-indexes from there.
+        self.lost_from = lost_from
 
     @classmethod
     def open(cls, directory: Path, *, slot_count: int, entries_per_file: int) -> KeyIndex:
         """The index under ``directory`` (created if missing). New files get ``slot_count`` slots
-        and ``entries_per_file`` entries; existing ones keep the geometry in their header."""
+        and ``entries_per_file`` entries; existing ones keep the geometry in their header.
+
+        The index is derived from the commitlog, so a damaged file (a bad header: a flipped bit,
+        a file cut short) is never a reason to refuse to start: it and the files after it are
+        deleted and :attr:`lost_from` says where re-indexing must begin."""
         make_private_dir(directory)
         files: list[IndexFile] = []
+        lost_from: int | None = None
         try:
             for base, path in list_files(directory):
-                files.append(IndexFile.open(path, base))
+                if lost_from is None:
+                    try:
+                        files.append(IndexFile.open(path, base))
+                        continue
+                    except StoreIOError as err:
+                        log.warning("%s: dropping it and the index files after it (re-indexed from the commitlog)",
+                                    err)
+                        lost_from = base
+                path.unlink()
         except BaseException:
             for f in files:
                 f.close()
             raise
-        return cls(directory, files, slot_count, entries_per_file)
+        return cls(directory, files, slot_count, entries_per_file, lost_from)
 
     @property
     def end_phys(self) -> int:

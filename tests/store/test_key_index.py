@@ -200,3 +200,23 @@ def test_retention_deletes_index_files_below_the_commitlog(store_dir):
         finally:
             remaining.close()
         assert store.find_by_key("t", "k0") == []
+
+
+@pytest.mark.parametrize("damage", ["magic", "short", "empty"])
+def test_a_damaged_index_file_is_dropped_and_rebuilt_at_open(store_dir, damage, caplog):
+    """The index derives from the commitlog: a bad file never stops the store, its keys come back."""
+    with open_store(store_dir) as store:
+        store.create_topic("t", 1)
+        for first in range(0, 100, 10):  # 100 entries: 3 files of 40
+            store.append(keyed("t", first, 10))
+    files = sorted((store_dir / "index").iterdir())
+    assert len(files) == 3
+    damaged = files[1]
+    raw = bytearray(damaged.read_bytes())
+    if damage == "magic":
+        raw[0] ^= 0x10
+    damaged.write_bytes({"magic": bytes(raw), "short": bytes(raw[:10]), "empty": b""}[damage])
+    with open_store(store_dir) as store:
+        assert [bodies(store.find_by_key("t", f"k{i}")) for i in range(100)] == [[b"b-%d" % i] for i in range(100)]
+        assert len(list((store_dir / "index").iterdir())) == 3
+    assert "is not a key index file" in caplog.text
