@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from gms.broker.atomic_file import write_atomically
+from gms.broker.atomic_file import parsing, write_atomically
 from gms.private_files import make_private_dir
 
 _FORMAT_VERSION = 1
@@ -74,16 +74,17 @@ class OffsetStore:
             self._load()
 
     def _load(self) -> None:
-        data = json.loads(self.path.read_text())
-        if data.get("version") != _FORMAT_VERSION:
-            raise ValueError(f"{self.path}: unknown offsets file version {data.get('version')!r}")
-        self._offsets = {
-            group: {topic: {int(q): int(o) for q, o in queues.items()} for topic, queues in topics.items()}
-            for group, topics in data["offsets"].items()
-        }
-        self._pop = {(group, topic, int(q)): state for group, topics in data.get("pop", {}).items()
-                     for topic, queues in topics.items() for q, state in queues.items()
-                     if self.get(group, topic, int(q)) is not None}
+        with parsing(self.path, "the consumer offsets file"):
+            data = json.loads(self.path.read_bytes())
+            if data.get("version") != _FORMAT_VERSION:
+                raise ValueError(f"unknown offsets file version {data.get('version')!r}")
+            self._offsets = {
+                group: {topic: {int(q): int(o) for q, o in queues.items()} for topic, queues in topics.items()}
+                for group, topics in data["offsets"].items()
+            }
+            self._pop = {(group, topic, int(q)): state for group, topics in data.get("pop", {}).items()
+                         for topic, queues in topics.items() for q, state in queues.items()
+                         if self.get(group, topic, int(q)) is not None}
         # Loaded commits count as seq 1: a follower that never fetched from us gets them all.
         self.seq = 1
         for group, topics in self._offsets.items():

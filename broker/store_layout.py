@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gms.broker.atomic_file import write_atomically
+from gms.broker.atomic_file import parsing, write_atomically
 from gms.broker.store_config import StoreConfig
 from gms.private_files import make_private_dir
 from gms.store_errors import StoreLayoutMismatch
@@ -24,8 +24,9 @@ def read_layout(path: Path) -> dict[str, int] | None:
     """The geometry an existing store was created with (``StorePaths.layout``); None for a new store."""
     if not path.exists():
         return None
-    recorded = json.loads(path.read_bytes())
-    return {name: recorded.get(name) for name in _FIELDS}
+    with parsing(path, "the store layout"):
+        recorded = json.loads(path.read_bytes())
+        return {name: recorded.get(name) for name in _FIELDS}
 
 
 def check_layout(path: Path, config: StoreConfig) -> None:

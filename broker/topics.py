@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gms.broker.atomic_file import write_atomically
+from gms.broker.atomic_file import parsing, write_atomically
 from gms.cluster.model import validate_message_type
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.private_files import make_private_dir
-from gms.store_errors import InvalidQueueCount, StoreCorrupt, StoreIOError, TopicExists, UnknownTopic
+from gms.store_errors import InvalidQueueCount, StoreIOError, TopicExists, UnknownTopic
 
 QUEUE_COUNT_MAX = 1024  # per topic; each queue is a directory of index files
 TOPICS_FORMAT_VERSION = 1
@@ -72,13 +72,11 @@ class TopicTable:
         make_private_dir(self._path.parent)
         if not self._path.exists():
             return
-        try:
+        with parsing(self._path, "the topic table"):
             doc = json.loads(self._path.read_bytes())
             topics = {validate_topic_name(name): _Topic(int(spec.pop("queue_count")), created_at_offset=int(
                           spec.pop("created_at_offset", 0)), limits=TopicLimits(**spec))
                       for name, spec in doc["topics"].items()}
-        except (ValueError, KeyError, TypeError, InvalidTopicError) as err:
-            raise StoreCorrupt(f"unreadable topic table {self._path}: {err}") from err
         self._topics = topics
 
     def _save(self, topics: dict[str, _Topic]) -> None:

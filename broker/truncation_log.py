@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gms.broker.atomic_file import write_atomically
+from gms.broker.atomic_file import parsing, write_atomically
 from gms.private_files import make_private_dir
 
 QueueKey = tuple[str, int]
@@ -36,14 +36,16 @@ class TruncationLog:
 
     def load(self) -> None:
         try:
-            data = json.loads(self.path.read_bytes())
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             self._markers = {}
             return
-        if data.get("v") != VERSION:
-            raise ValueError(f"{self.path}: unsupported truncation log version {data.get('v')!r}")
-        self._markers = {(topic, int(q)): [(int(o), int(e)) for o, e in marks]
-                         for topic, queues in data["queues"].items() for q, marks in queues.items()}
+        with parsing(self.path, "the truncation log"):
+            data = json.loads(raw)
+            if data.get("v") != VERSION:
+                raise ValueError(f"unsupported truncation log version {data.get('v')!r}")
+            self._markers = {(topic, int(q)): [(int(o), int(e)) for o, e in marks]
+                             for topic, queues in data["queues"].items() for q, marks in queues.items()}
 
     def add(self, key: QueueKey, queue_offset: int, commitlog_end: int) -> None:
         """Record (durably, before the caller cuts anything) that ``key`` was cut at ``queue_offset``

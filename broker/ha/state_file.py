@@ -17,7 +17,7 @@ import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from gms.broker.atomic_file import write_atomically
+from gms.broker.atomic_file import parsing, write_atomically
 from gms.broker.ha.epochs import EpochHistory
 from gms.private_files import make_private_dir
 
@@ -33,18 +33,20 @@ class ReplicationStateFile:
     def load(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
         """(epoch histories, high watermarks) per queue; empty when no file exists yet."""
         try:
-            data = json.loads(self.path.read_bytes())
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}, {}
-        if data.get("v") != STATE_VERSION:
-            raise ValueError(f"{self.path}: unsupported replication state version {data.get('v')!r}")
         epochs: dict[QueueKey, EpochHistory] = {}
         hws: dict[QueueKey, int] = {}
-        for topic, queues in data["queues"].items():
-            for queue_id, state in queues.items():
-                key = (topic, int(queue_id))
-                epochs[key] = EpochHistory(state["epochs"])
-                hws[key] = int(state["hw"])
+        with parsing(self.path, "the replication state"):
+            data = json.loads(raw)
+            if data.get("v") != STATE_VERSION:
+                raise ValueError(f"unsupported replication state version {data.get('v')!r}")
+            for topic, queues in data["queues"].items():
+                for queue_id, state in queues.items():
+                    key = (topic, int(queue_id))
+                    epochs[key] = EpochHistory(state["epochs"])
+                    hws[key] = int(state["hw"])
         return epochs, hws
 
     def save(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> Future[None]:
