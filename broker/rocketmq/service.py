@@ -340,12 +340,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = service_pb2.AckMessageResponse(status=status())
         try:
-            receipts = [Receipt.decode(entry.receipt_handle) for entry in request.entries]
-            topic = request.topic.name
-            if any(r.topic != topic for r in receipts):
-                raise BadRequestError(f"a receipt handle of another topic than {topic!r}")
+            receipts = [_receipt(entry.receipt_handle, request.topic.name) for entry in request.entries]
             self.renewals.release(request.group.name, receipts)
-            expired = await self._ack(request.group.name, topic, receipts)
+            expired = await self._ack(request.group.name, request.topic.name, receipts)
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             return response
@@ -361,7 +358,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         try:
-            receipt = Receipt.decode(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle, request.topic.name)
             self.renewals.release(request.group.name, [receipt])  # the client chose: no more renewals
             await self._change_invisible(request.group.name, receipt, duration_ms(request.invisible_duration))
         except GmsError as err:
@@ -378,8 +375,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         """The message of a receipt handle to the group's dead-letter topic (the application gave up on it)."""
         try:
-            receipt = Receipt.decode(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle, request.topic.name)
             self.renewals.release(request.group.name, [receipt])
+            # Only a delivery the group has in flight (else INVALID_RECEIPT_HANDLE), invisible while it is copied.
+            await self._change_invisible(request.group.name, receipt, INVISIBLE_MS)
             found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
             if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
                 raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
@@ -422,6 +421,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for message in pulled.messages:
             yield service_pb2.PullMessageResponse(message=message)
         yield service_pb2.PullMessageResponse(next_offset=pulled.next_offset)
+
+
+def _receipt(handle: str, topic: str) -> Receipt:
+    """The receipt of a handle sent with a request about ``topic``."""
+    receipt = Receipt.decode(handle)
+    if receipt.topic != topic:
+        raise BadRequestError(f"the receipt handle is of topic {receipt.topic!r}, not {topic!r}")
+    return receipt
 
 
 def _client_id(context: Any) -> str:
