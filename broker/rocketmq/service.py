@@ -67,6 +67,9 @@ Code = definition_pb2.Code
 # What a client waits for a receive is its long polling timeout plus its request timeout (3 s by
 # default): answer this much before the long polling timeout runs out.
 POLL_MARGIN_MS = 500
+# RocketMQ's proxy clamps long polling to 20 s (grpcClientConsumerMaxLongPollingTimeoutMillis); the
+# broker's long_poll_max_ms caps each poll further.
+LONG_POLLING_MAX_MS = 20_000
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
 # Acknowledged once every in-sync replica has it (as a RocketMQ broker in SYNC_MASTER or controller
 # mode): a RocketMQ client has no acks setting, and a leader's failover must not lose what it acked.
@@ -274,7 +277,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Pop until messages come or the long polling ends; the ones out of attempts go to the
         dead letters meanwhile. ``auto_renew`` (push consumers): invisible for the renewals'
         duration, renewed while the client holds them."""
-        deadline = time.monotonic() + duration_ms(request.long_polling_timeout) / 1000
+        deadline = time.monotonic() + _long_polling_ms(request) / 1000
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))
@@ -411,7 +414,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """The status, the messages, then the offset to pull from next."""
-        poll_ms = max(duration_ms(request.long_polling_timeout) - POLL_MARGIN_MS, 0)
+        poll_ms = max(_long_polling_ms(request) - POLL_MARGIN_MS, 0)
         try:
             pulled = await self.offsets.pull(request, poll_ms)
         except GmsError as err:
@@ -429,6 +432,11 @@ def _receipt(handle: str, topic: str) -> Receipt:
     if receipt.topic != topic:
         raise BadRequestError(f"the receipt handle is of topic {receipt.topic!r}, not {topic!r}")
     return receipt
+
+
+def _long_polling_ms(request: Any) -> int:
+    """A receive's or pull's long polling timeout, clamped as RocketMQ's proxy clamps it."""
+    return min(max(duration_ms(request.long_polling_timeout), 0), LONG_POLLING_MAX_MS)
 
 
 def _client_id(context: Any) -> str:
