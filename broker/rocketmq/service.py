@@ -29,6 +29,7 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
+from gms.broker.group_handlers import group_name_field
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
 from gms.broker.rocketmq.calls import request_frame as _frame
 from gms.broker.rocketmq.calls import settled as _settled
@@ -120,6 +121,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         """One assignment per broker that leads queues of the topic: a receive there pops from
         every queue that broker leads."""
+        try:
+            group_name_field({"group": request.group.name})
+        except GmsError as err:
+            return service_pb2.QueryAssignmentResponse(status=error_status(err))
         route = await self.QueryRoute(service_pb2.QueryRouteRequest(topic=request.topic), context)
         response = service_pb2.QueryAssignmentResponse(status=route.status)
         brokers = {queue.broker.name: queue for queue in route.message_queues}
