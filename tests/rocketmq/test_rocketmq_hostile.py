@@ -203,6 +203,8 @@ CASES: dict[str, Case] = {
                         TOPIC_REFUSED),
     "send-bad-chars": ("SendMessage", lambda t: service_pb2.SendMessageRequest(messages=[_message("a b/\x00")]),
                        TOPIC_REFUSED),
+    "send-huge-body": ("SendMessage", lambda t: service_pb2.SendMessageRequest(
+        messages=[_message(t.topic, bytes(5 << 20))]), REFUSED),  # past the 4 MiB default
     "send-huge-tag": ("SendMessage", lambda t: service_pb2.SendMessageRequest(
         messages=[_message(t.topic, tag="x" * 100_000)]), REFUSED),
     "send-many-keys": ("SendMessage", lambda t: service_pb2.SendMessageRequest(
@@ -436,6 +438,21 @@ def test_a_huge_batch_size_is_clamped(target: Target) -> None:
         assert _send(target.stub, _message(target.other, b"batch %d" % i)).status.code == Code.OK
     received = _receive(target.stub, "g-batch", target.other, batch=2**31 - 1)
     assert 3 <= len(received) <= 4  # the 3 and the one the fixture sent; never an error
+
+
+def test_calls_cancelled_mid_way(target: Target) -> None:
+    """Long polls the client gives up on: the broker drops them quietly (the final test reads its log)."""
+    receive = _receive_request("g-cancel", target.other, poll_s=5, expression="no-such-tag")
+    pull = _pull("g-cancel", target.other, poll_s=5, expression="no-such-tag")
+    calls = [target.stub.ReceiveMessage(receive, timeout=CALL_TIMEOUT_S) for _ in range(20)]
+    calls += [target.stub.PullMessage(pull, timeout=CALL_TIMEOUT_S) for _ in range(20)]
+    time.sleep(0.3)
+    for call in calls:
+        call.cancel()
+    with pytest.raises(grpc.RpcError):  # only 0.2 s to answer a 5 s long poll: the client's deadline ends it
+        list(target.stub.ReceiveMessage(_receive_request("g-cancel", target.other, poll_s=5, expression="nope"),
+                                        timeout=0.2))
+    assert _send(target.stub, _message(target.topic)).status.code == Code.OK
 
 
 def _telemetry(stub: Any, commands: list[Any], *, hold_s: float = 0.0) -> list[Any]:
