@@ -67,6 +67,7 @@ SYSTEM_PROPERTY_PREFIX = "__"
 # The Python client 5.1.2 puts milliseconds in delivery_timestamp.seconds; a "seconds" value past
 # this (year 5138) can only be milliseconds.
 SECONDS_MAX_PLAUSIBLE = 100_000_000_000
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 # RocketMQ 5 producers have no group; the producer group of the transactions sent to a topic is
 # this plus the topic: any producer publishing the topic answers its check-backs (as RocketMQ's proxy
 # asks any producer client publishing the topic).
@@ -127,6 +128,8 @@ def accepted_types(topic_type: str | None) -> tuple[int, ...]:
 def check_message_type(message: Any, topic_type: str | None) -> None:
     """MessageTypeConflictError if the topic (of ``topic_type``) does not accept ``message``'s type."""
     sent = sent_type(message)
+    if sent not in MessageType.values():
+        raise BadRequestError(f"unknown message type {sent}")
     if sent not in accepted_types(topic_type):
         raise MessageTypeConflictError(
             f"topic {message.topic.name!r} accepts {topic_type or 'mixed'} messages, not"
@@ -205,10 +208,15 @@ class Receipt(NamedTuple):
 
     @classmethod
     def decode(cls, handle: str) -> Receipt:
+        """The receipt a handle holds (ReceiptHandleExpiredError if it is not one of ours)."""
         try:
-            return cls(*_decode_handle(handle, (str, int, int, int, str)))
+            receipt = cls(*_decode_handle(handle, (str, int, int, int, str)))
+            if not (0 <= receipt.queue_id <= INT32_MAX and 0 <= receipt.offset <= INT64_MAX
+                    and 0 <= receipt.attempt <= INT32_MAX):  # forged: gms's int arrays would overflow
+                raise ValueError("a number out of range")
         except ValueError as err:
             raise ReceiptHandleExpiredError(f"receipt handle {handle[:64]!r} is not one of gms's: {err}") from err
+        return receipt
 
 
 class RecallHandle(NamedTuple):

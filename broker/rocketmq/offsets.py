@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rocketmq.grpc_protocol import definition_pb2
 
 from gms.address import split_address
+from gms.broker.group_handlers import group_name_field
 from gms.broker.rocketmq.calls import request_frame, settled
 from gms.broker.rocketmq.mapping import (
     OffsetNotFoundError,
@@ -67,9 +68,11 @@ class Offsets:
             answer = await messages.query_min_offset(request_frame(RequestCode.QUERY_MIN_OFFSET, fields))
         elif policy == Policy.END:
             answer = await messages.query_max_offset(request_frame(RequestCode.QUERY_MAX_OFFSET, fields))
-        else:
+        elif policy == Policy.TIMESTAMP:
             fields["timestamp_ms"] = timestamp_ms(request.timestamp)
             answer = await messages.query_offset_by_time(request_frame(RequestCode.QUERY_OFFSET_BY_TIME, fields))
+        else:
+            raise BadRequestError(f"unknown query_offset_policy {policy}")
         return int(answer.fields["offset"])
 
     async def get(self, request: Any) -> int:
@@ -96,6 +99,7 @@ class Offsets:
         fields = {**self._queue(request.message_queue), "offset": request.offset, "group": request.group.name,
                   "max_msgs": min(max(request.batch_size, 1), PULL_BATCH_MAX), "poll_ms": poll_ms,
                   **filter_fields(request.filter_expression)}
+        group_name_field(fields)  # gms's PULL takes none, RocketMQ's always has one
         messages = self.broker.message_handlers
         try:
             answer = await settled(messages.pull(request_frame(RequestCode.PULL, fields)))

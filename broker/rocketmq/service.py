@@ -29,6 +29,7 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
+from gms.broker.group_handlers import group_name_field
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
 from gms.broker.rocketmq.calls import request_frame as _frame
 from gms.broker.rocketmq.calls import settled as _settled
@@ -67,6 +68,9 @@ Code = definition_pb2.Code
 # What a client waits for a receive is its long polling timeout plus its request timeout (3 s by
 # default): answer this much before the long polling timeout runs out.
 POLL_MARGIN_MS = 500
+# RocketMQ's proxy clamps long polling to 20 s (grpcClientConsumerMaxLongPollingTimeoutMillis); the
+# broker's long_poll_max_ms caps each poll further.
+LONG_POLLING_MAX_MS = 20_000
 BATCH_SIZE_MAX = 1024  # messages in one ReceiveMessage (RocketMQ's proxy allows 32 by default)
 # Acknowledged once every in-sync replica has it (as a RocketMQ broker in SYNC_MASTER or controller
 # mode): a RocketMQ client has no acks setting, and a leader's failover must not lose what it acked.
@@ -117,6 +121,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         """One assignment per broker that leads queues of the topic: a receive there pops from
         every queue that broker leads."""
+        try:
+            group_name_field({"group": request.group.name})
+        except GmsError as err:
+            return service_pb2.QueryAssignmentResponse(status=error_status(err))
         route = await self.QueryRoute(service_pb2.QueryRouteRequest(topic=request.topic), context)
         response = service_pb2.QueryAssignmentResponse(status=route.status)
         brokers = {queue.broker.name: queue for queue in route.message_queues}
@@ -274,7 +282,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Pop until messages come or the long polling ends; the ones out of attempts go to the
         dead letters meanwhile. ``auto_renew`` (push consumers): invisible for the renewals'
         duration, renewed while the client holds them."""
-        deadline = time.monotonic() + duration_ms(request.long_polling_timeout) / 1000
+        deadline = time.monotonic() + _long_polling_ms(request) / 1000
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))
@@ -340,12 +348,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = service_pb2.AckMessageResponse(status=status())
         try:
-            receipts = [Receipt.decode(entry.receipt_handle) for entry in request.entries]
-            topic = request.topic.name
-            if any(r.topic != topic for r in receipts):
-                raise BadRequestError(f"a receipt handle of another topic than {topic!r}")
+            receipts = [_receipt(entry.receipt_handle, request.topic.name) for entry in request.entries]
             self.renewals.release(request.group.name, receipts)
-            expired = await self._ack(request.group.name, topic, receipts)
+            expired = await self._ack(request.group.name, request.topic.name, receipts)
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             return response
@@ -361,7 +366,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         try:
-            receipt = Receipt.decode(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle, request.topic.name)
             self.renewals.release(request.group.name, [receipt])  # the client chose: no more renewals
             await self._change_invisible(request.group.name, receipt, duration_ms(request.invisible_duration))
         except GmsError as err:
@@ -378,8 +383,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         """The message of a receipt handle to the group's dead-letter topic (the application gave up on it)."""
         try:
-            receipt = Receipt.decode(request.receipt_handle)
+            receipt = _receipt(request.receipt_handle, request.topic.name)
             self.renewals.release(request.group.name, [receipt])
+            # Only a delivery the group has in flight (else INVALID_RECEIPT_HANDLE), invisible while it is copied.
+            await self._change_invisible(request.group.name, receipt, INVISIBLE_MS)
             found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
             if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
                 raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
@@ -412,7 +419,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """The status, the messages, then the offset to pull from next."""
-        poll_ms = max(duration_ms(request.long_polling_timeout) - POLL_MARGIN_MS, 0)
+        poll_ms = max(_long_polling_ms(request) - POLL_MARGIN_MS, 0)
         try:
             pulled = await self.offsets.pull(request, poll_ms)
         except GmsError as err:
@@ -422,6 +429,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for message in pulled.messages:
             yield service_pb2.PullMessageResponse(message=message)
         yield service_pb2.PullMessageResponse(next_offset=pulled.next_offset)
+
+
+def _receipt(handle: str, topic: str) -> Receipt:
+    """The receipt of a handle sent with a request about ``topic``."""
+    receipt = Receipt.decode(handle)
+    if receipt.topic != topic:
+        raise BadRequestError(f"the receipt handle is of topic {receipt.topic!r}, not {topic!r}")
+    return receipt
+
+
+def _long_polling_ms(request: Any) -> int:
+    """A receive's or pull's long polling timeout, clamped as RocketMQ's proxy clamps it."""
+    return min(max(duration_ms(request.long_polling_timeout), 0), LONG_POLLING_MAX_MS)
 
 
 def _client_id(context: Any) -> str:
