@@ -26,6 +26,7 @@ from gms.cluster.model import GroupSettings
 from gms.record import scan_records
 from gms.security.client import ClientSecurity
 
+SETTINGS_CACHED_MAX = 10_000  # groups whose settings are kept; the one read longest ago goes first
 SETTINGS_TTL_S = 10.0  # a changed `gms group config` reaches the RocketMQ endpoint this soon
 REQUEST_TIMEOUT_MS = 10_000
 SEND_RETRIES = 10  # as SimpleConsumer's dead-letter producer
@@ -52,7 +53,10 @@ class ConsumerGroups:
         if found is not None and time.monotonic() - found[0] < SETTINGS_TTL_S:
             return found[1]
         settings = await asyncio.to_thread(lambda: load_group_settings(self._client(), group))
+        self._settings.pop(group, None)  # to the end: the dict is in the order entries were read
         self._settings[group] = (time.monotonic(), settings)
+        if len(self._settings) > SETTINGS_CACHED_MAX:  # clients name groups: never an unbounded cache
+            del self._settings[next(iter(self._settings))]
         return settings
 
     async def dead_letter(self, group: str, record: bytes, broker: str, attempt: int, reason: str) -> str:
