@@ -268,14 +268,14 @@ class MessageStore:
         self._origins = OriginMap(paths.origins, self.config.commitlog_file_size_bytes)
         # Idempotent producers' last batches: as of the last checkpoint, then what recovery re-reads.
         self.producers = ProducerStates(paths.producers, self.config.producer_state_expiry_ms)
-        self.producers.load()
+        producers_whole = self.producers.load()
         checkpoint = read_checkpoint(paths.checkpoint)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
         if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
             log.warning("checkpoint does not match the commitlog end; recovering")
             clean = None
-        if clean is None:
-            self._recover(checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset)
+        if clean is None or not producers_whole:
+            self._recover(checkpoint.cq_safe_offset if checkpoint and producers_whole else commitlog.min_offset)
         else:
             commitlog.set_end(clean.commitlog_flushed_offset)
             self._last_store_ts_ms = clean.store_ts_ms
