@@ -179,3 +179,18 @@ def _request(address: str, code: int, body: bytes):
         finally:
             conn.close()
     return run(main())
+
+
+def test_a_send_free_to_move_stays_on_its_queue_when_no_other_broker_is_there(cluster):
+    """An unpinned batch whose broker stalls (its routes still come from the nameservers) moved
+    to another queue of that same broker, where it is a new batch: the broker, back, stored it
+    on both queues. With no other broker to go to it stays on its queue."""
+    topic = f"move-{uuid.uuid4().hex[:6]}"
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topic(topic, 4)
+    [broker] = cluster.brokers
+    with Producer(nameserver=cluster.nameserver, request_timeout_ms=300, retries=20, retry_backoff_ms=20,
+                  linger_ms=1) as producer:
+        producer.send(topic, b"warm-up")
+        _send_through_a_stall(broker, producer, lambda p: p.send(topic, b"once"))
+    assert _stored(broker, topic, 2) == [b"once", b"warm-up"]
