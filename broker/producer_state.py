@@ -10,13 +10,15 @@ whatever it sends (its state expired, or its earlier batches went to another bro
 Every stamped record in the log updates the state, whoever wrote it (a send, replication,
 recovery's re-indexing), so followers know it before they lead. A snapshot written with each
 store checkpoint holds the state for the records below the checkpoint; crash recovery re-indexes
-the rest. Producers idle for ``expiry_ms`` are forgotten. Runs under the store's write lock.
+the rest. A damaged snapshot (its CRC fails) is rebuilt by re-indexing the whole log. Producers
+idle for ``expiry_ms`` are forgotten. Runs under the store's write lock.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections import deque
 from pathlib import Path
 from typing import NamedTuple
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
 BATCHES_KEPT = 16  # a producer keeps at most 5 batches in flight per queue (client/producer.py)
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # a CRC-32 line (8 hex digits) before the JSON
 
 
 class StoredBatch(NamedTuple):
@@ -171,17 +173,21 @@ class ProducerStates:
                 if batches:
                     queues.setdefault(f"{queue_id}/{topic}", {})[str(producer_id)] = [
                         producer.epoch, producer.last_ms, batches]
+        data = json.dumps({"v": SNAPSHOT_VERSION, "end": end_phys, "queues": queues}, separators=(",", ":")).encode()
         try:
-            write_atomically(self._path, json.dumps({"v": SNAPSHOT_VERSION, "end": end_phys, "queues": queues},
-                                                    separators=(",", ":")).encode())
+            write_atomically(self._path, b"%08x\n%s" % (zlib.crc32(data), data))
         except OSError:
             self._changed = True  # written at the next checkpoint
             raise
 
-    def load(self) -> None:
-        """The last snapshot (none: an empty state, rebuilt from what recovery re-reads)."""
+    def load(self) -> bool:
+        """The last snapshot (none: an empty state, rebuilt from what recovery re-reads). False if
+        it is damaged: the state is then empty and only re-reading the whole log rebuilds it."""
         try:
-            raw = json.loads(self._path.read_bytes())
+            crc, data = self._path.read_bytes().split(b"\n", 1)
+            if int(crc, 16) != zlib.crc32(data):
+                raise ValueError("CRC mismatch")
+            raw = json.loads(data)
             if raw.get("v") != SNAPSHOT_VERSION:
                 raise ValueError(f"version {raw.get('v')}")
             for name, producers in raw["queues"].items():
@@ -191,8 +197,10 @@ class ProducerStates:
                     producer = state[int(producer_id)] = _Producer(int(epoch), int(last_ms))
                     producer.batches.extend(StoredBatch(*map(int, b)) for b in batches)
         except FileNotFoundError:
-            return
+            return True
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
-            log.warning("producer state snapshot %s unreadable (%s): idempotent producers start afresh",
-                        self._path, err)
+            log.error("producer state snapshot %s is damaged (%s): rebuilding it from the whole commitlog",
+                      self._path, err)
             self._queues.clear()
+            return False
+        return True

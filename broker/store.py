@@ -268,16 +268,17 @@ class MessageStore:
         self._origins = OriginMap(paths.origins, self.config.commitlog_file_size_bytes)
         # Idempotent producers' last batches: as of the last checkpoint, then what recovery re-reads.
         self.producers = ProducerStates(paths.producers, self.config.producer_state_expiry_ms)
-        self.producers.load()
+        producers_whole = self.producers.load()
         checkpoint = read_checkpoint(paths.checkpoint)
         clean = checkpoint if checkpoint is not None and not self._abort.found() else None
         if clean is not None and not self._clean_end_ok(clean.commitlog_flushed_offset):
             log.warning("checkpoint does not match the commitlog end; recovering")
             clean = None
-        start = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
+        # Recovery re-reads from the checkpoint; derived state found damaged needs it from further back.
+        start = checkpoint.cq_safe_offset if checkpoint and producers_whole else commitlog.min_offset
         if self._keys.lost_from is not None:  # damaged key index files were dropped: re-index their records
             start = max(min(start, self._keys.lost_from), commitlog.min_offset)
-        if clean is None or self._keys.lost_from is not None:
+        if clean is None or not producers_whole or self._keys.lost_from is not None:
             self._recover(start)
         else:
             commitlog.set_end(clean.commitlog_flushed_offset)
@@ -556,12 +557,12 @@ class MessageStore:
                 for cq, idx, _ in groups:
                     cq.erase(int(queue_offsets[idx][0]), _group_size(idx, len(queue_ids)))
                 raise
+            if sequenced:  # before the commit, as the indexes: a checkpoint that covers the batch knows it
+                self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"])
             commitlog.commit(placement.end_offset)
             self._last_store_ts_ms = store_ts_ms
             if flagged and (timer_flags := flags & TIMER_FLAGS).any():
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
-            if sequenced:
-                self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"])
             if origin is not None:  # where they lay on the leader: its envelopes in ``buf``
                 self._origins.add(runs(parsed.headers["phys_offset"].astype(np.int64), placement.phys,
                                        sizes.astype(np.int64), leader_key(origin)))
@@ -621,12 +622,12 @@ class MessageStore:
                 commitlog.rollback(phys + size)
                 cq.erase(queue_offset, 1)
                 raise
+            if sequence is not None:  # before the commit, as in _append
+                self.producers.appended((topic, queue_id), sequence, queue_offset, phys, store_ts_ms)
             commitlog.commit(phys + size)
             self._last_store_ts_ms = store_ts_ms
             if record.flags & TIMER_FLAGS:
                 self._timers.appended([TimerRecord(topic, queue_id, queue_offset, phys, record.flags & TIMER_FLAGS)])
-            if sequence is not None:
-                self.producers.appended((topic, queue_id), sequence, queue_offset, phys, store_ts_ms)
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])

@@ -119,8 +119,10 @@ class TransactionService:
                 timeout_ms = int(properties.get(TX_TIMEOUT_PROPERTY, self.config.timeout_ms))
             except ValueError:
                 timeout_ms = self.config.timeout_ms
+            # bounded like the furthest delivery time: a half never checked would hold retention for good
+            timeout_ms = min(max(timeout_ms, 0), self.store.config.schedule_max_delay_ms)
             tx = self._open[tx_id] = OpenTransaction(tx_id, properties.get(TX_GROUP_PROPERTY, ""),
-                                                     stored.store_ts_ms, stored.store_ts_ms + max(timeout_ms, 0))
+                                                     stored.store_ts_ms, stored.store_ts_ms + timeout_ms)
         offsets = tx.halves.setdefault(key, [])
         if offset not in offsets:  # a rescan sees it again
             insort(offsets, offset)

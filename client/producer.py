@@ -182,14 +182,17 @@ class _Sender:
             return route
         if route in routes and self._faults.available(route.broker):
             return route
-        if not movable:
-            same_queue = [r for r in routes if r.queue_id == route.queue_id]
-            return same_queue[0] if same_queue else route
-        moved = self._faults.pick(routes, next(self._moves))
-        if moved.queue_id != route.queue_id:
-            set_queue_ids(body, moved.queue_id)
-        log.info("moving a batch of %s from %s to %s", route.topic, route.broker, moved.broker)
-        return moved
+        if movable:
+            moved = self._faults.pick(routes, next(self._moves))
+            # Another queue of the same broker gains nothing, and there the batch would be a new
+            # one: stored twice if the broker had stored it before.
+            if moved.broker != route.broker:
+                if moved.queue_id != route.queue_id:
+                    set_queue_ids(body, moved.queue_id)
+                log.info("moving a batch of %s from %s to %s", route.topic, route.broker, moved.broker)
+                return moved
+        same_queue = [r for r in routes if r.queue_id == route.queue_id]
+        return same_queue[0] if same_queue else route
 
 
 def set_queue_ids(body: bytearray, queue_id: int) -> None:

@@ -11,6 +11,7 @@ its first record, once per batch.
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import NamedTuple
 
@@ -24,6 +25,8 @@ Buffer = bytes | bytearray | memoryview | np.ndarray  # a store file's array too
 _NAME = (SEQUENCE_PROPERTY + "\x01").encode()
 _VALUE_BYTES = 16 + 1 + 8 + 1 + 16 + 1 + 8  # producer id . epoch . sequence . count
 STAMP_BYTES = len(_NAME) + _VALUE_BYTES + 1  # name, value, property separator
+# what BatchSequence.encode writes (int() alone would also take signs, underscores and blanks)
+_VALUE = re.compile(rb"([0-9a-f]{16})\.([0-9a-f]{8})\.([0-9a-f]{16})\.([0-9a-f]{8})")
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _OFF_FLAGS, _OFF_PROPS_LEN = OFFSETS["flags"], OFFSETS["props_len"]
@@ -70,10 +73,10 @@ def read_sequence(buf: Buffer, pos: int = 0) -> BatchSequence:
     start = end - 1 - _VALUE_BYTES
     if props_len < STAMP_BYTES or bytes(buf[start - len(_NAME):start]) != _NAME or buf[end - 1] != 2:
         raise InvalidRecord(SEQUENCE_PROPERTY, "a sequenced record carries the producer sequence as its last property")
-    try:
-        producer_id, epoch, sequence, records = (int(part, 16) for part in bytes(buf[start:end - 1]).split(b"."))
-    except ValueError:
-        raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is not four hex numbers") from None
+    value = _VALUE.fullmatch(bytes(buf[start:end - 1]))
+    if value is None:
+        raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is not four fixed-width hex numbers")
+    producer_id, epoch, sequence, records = (int(part, 16) for part in value.groups())
     if records < 1 or producer_id >= 1 << 63 or epoch >= 1 << 31:
         raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is out of range")
     return BatchSequence(producer_id, epoch, sequence, records)

@@ -13,7 +13,12 @@ from client_helpers import consume
 from gms_cluster import LocalCluster
 
 from gms.client import Admin, Consumer, Producer, ProducerRecord
-from gms.errors import GmsError
+from gms.errors import GmsError, MessageIllegalError, ProducerFencedError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
+from gms.record import Message, encode_batch
+from gms.record.codec import seal_crc
+from gms.record.sequence import BatchSequence, stamp_sequence
 
 STOPPED_S = 1.5
 
@@ -128,3 +133,64 @@ def test_producer_ids_come_from_the_nameservers_and_never_repeat(cluster):
     with Producer(nameserver=cluster.nameserver, acks=0) as producer:  # fire and forget: nothing to dedupe
         producer.send(topic, b"z")
         assert producer.producer_id is None
+
+
+def _forged(topic: str, value: bytes) -> bytes:
+    """A one-record send whose stamp's value is ``value`` (its CRC sealed again)."""
+    body = bytearray(encode_batch([Message(topic, b"forged", queue_id=0)]))
+    stamp_sequence(body, BatchSequence(1, 0, 0, 1))
+    honest = BatchSequence(1, 0, 0, 1).encode()
+    assert len(value) == len(honest)
+    at = bytes(body).index(honest)
+    body[at:at + len(value)] = value
+    seal_crc(body)
+    return bytes(body)
+
+
+def test_stamps_that_are_not_fixed_width_hex_are_refused(broker, one_queue):
+    """int() also reads signs, underscores and blanks: a forged stamp must not slip a negative
+    producer id, epoch or batch number into the producer state."""
+    pid = "00000000000000ab"
+    for value in (f"-{pid[1:]}.00000000.0000000000000000.00000001",   # negative producer id
+                  f"{pid}.-0000001.0000000000000000.00000001",        # negative epoch
+                  f"{pid}.00000000.-000000000000001.00000001",        # negative batch number
+                  f"{pid}.00000000.0000_00000000001.00000001",
+                  f"{pid}.00000000. 00000000000001 .00000001",
+                  f"{pid}.00000000.000000000000000G.00000001"):
+        with pytest.raises(MessageIllegalError, match="__PRODUCER_SEQ"):
+            _request(broker.address, RequestCode.SEND, _forged(one_queue, value.encode()))
+    # the largest batch number is taken (a producer the broker does not know starts anywhere); one
+    # wrapped round to 0 after it is refused
+    top = f"{pid}.00000000.ffffffffffffffff.00000001".encode()
+    assert _request(broker.address, RequestCode.SEND, _forged(one_queue, top)).fields["queue_offsets"]
+    with pytest.raises(ProducerFencedError):
+        _request(broker.address, RequestCode.SEND, _forged(one_queue, top.replace(b"f" * 16, b"0" * 16)))
+    with Producer([broker.address]) as producer:
+        producer.send(one_queue, b"honest")
+    assert _stored(broker, one_queue, 2) == [b"forged", b"honest"]
+
+
+def _request(address: str, code: int, body: bytes):
+    async def main():
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            return await conn.request(code, {}, body, timeout_ms=10_000)
+        finally:
+            conn.close()
+    return run(main())
+
+
+def test_a_send_free_to_move_stays_on_its_queue_when_no_other_broker_is_there(cluster):
+    """An unpinned batch whose broker stalls (its routes still come from the nameservers) moved
+    to another queue of that same broker, where it is a new batch: the broker, back, stored it
+    on both queues. With no other broker to go to it stays on its queue."""
+    topic = f"move-{uuid.uuid4().hex[:6]}"
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topic(topic, 4)
+    [broker] = cluster.brokers
+    with Producer(nameserver=cluster.nameserver, request_timeout_ms=300, retries=20, retry_backoff_ms=20,
+                  linger_ms=1) as producer:
+        producer.send(topic, b"warm-up")
+        _send_through_a_stall(broker, producer, lambda p: p.send(topic, b"once"))
+    assert _stored(broker, topic, 2) == [b"once", b"warm-up"]

@@ -16,7 +16,7 @@ from gms.errors import BadRequestError, MessageIllegalError, TransactionNotFound
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import encode_record
-from gms.record.layout import FLAG_HALF, TX_GROUP_PROPERTY, TX_ID_PROPERTY
+from gms.record.layout import FLAG_HALF, TX_GROUP_PROPERTY, TX_ID_PROPERTY, TX_TIMEOUT_PROPERTY
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -171,6 +171,24 @@ def test_transactions_nobody_answers_for_are_rolled_back_after_the_checks(broker
             admin.end_transaction(tx_id, commit=True)
     assert read(broker.address, "lonely", "reader", 1.0) == []
     assert "rolled back" in broker.log_tail(20_000)
+
+
+def test_a_producers_own_timeout_is_bounded_like_a_delivery_time(broker_factory, tmp_path):
+    """A half asking for its first check-back in 30,000 years would never be checked nor rolled
+    back, and would hold its queue's retention for good: it is checked within the broker's
+    schedule_max_delay_ms, like the furthest scheduled message."""
+    config = tmp_path / "bounded.toml"
+    config.write_text("[broker]\ntransaction_check_max = 0\n[store]\nschedule_max_delay_ms = 300\n")
+    broker = broker_factory("--config", str(config))
+    with Admin([broker.address]) as admin:
+        admin.create_topic("forever", queues=1)
+        request(broker.address, RequestCode.SEND, {}, encode_record(
+            topic="forever", body=b"x", flags=FLAG_HALF,
+            properties={TX_ID_PROPERTY: "t1", TX_GROUP_PROPERTY: "g", TX_TIMEOUT_PROPERTY: str(10**18)}))
+        deadline = time.monotonic() + 5
+        while admin.list_transactions() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert admin.list_transactions() == []
 
 
 def test_bad_transaction_requests_are_refused_and_the_broker_serves_on(broker):

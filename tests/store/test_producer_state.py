@@ -184,14 +184,42 @@ def test_sigkill_then_every_stored_batch_is_recognised(tmp_path):
         assert store.append(body).queue_offsets.tolist() == [count, count + 1, count + 2]
 
 
+def snapshot(path: Path) -> dict:
+    """The snapshot's JSON, after its CRC line."""
+    return json.loads(path.read_bytes().split(b"\n", 1)[1])
+
+
 def test_an_idle_store_writes_no_snapshot_and_a_partial_one_is_completed(store_dir):
     with open_store(store_dir) as store:
         store.append(batch(0, 2, 0))
         states, path = store.producers, store_dir / "config" / "producers.json"
         states.save(0, int(time.time() * 1000))  # a checkpoint below the batch: it is left for the next
-        assert json.loads(path.read_bytes())["queues"] == {}
+        assert snapshot(path)["queues"] == {}
         states.save(1 << 40, int(time.time() * 1000))
-        assert json.loads(path.read_bytes())["queues"] == {"0/t": {str(PID): [0, ANY, [[0, 2, 0, 0]]]}}
+        assert snapshot(path)["queues"] == {"0/t": {str(PID): [0, ANY, [[0, 2, 0, 0]]]}}
         path.unlink()
         states.save(1 << 40, int(time.time() * 1000))
         assert not path.exists(), "nothing changed: nothing written"
+
+
+def _flip_a_digit(data: bytes) -> bytes:
+    """A bit flip that leaves the JSON valid: the last batch's number 1 becomes 3."""
+    assert data.count(b"[1,2,") == 1
+    return data.replace(b"[1,2,", b"[3,2,")
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:len(data) // 2], _flip_a_digit],
+                         ids=["truncated", "bit-flipped"])
+def test_a_damaged_snapshot_is_rebuilt_from_the_log(store_dir, damage):
+    """The state below the checkpoint is only in the snapshot: a damaged one is rebuilt from the
+    whole log, never taken as it is nor replaced by an empty state (both answer retries wrongly)."""
+    with open_store(store_dir) as store:
+        store.append(batch(0, 3, 0))
+        store.append(batch(3, 2, 1))
+    path = store_dir / "config" / "producers.json"
+    path.write_bytes(damage(path.read_bytes()))
+    with open_store(store_dir) as store:
+        with pytest.raises(DuplicateBatch) as dup:
+            store.append(batch(3, 2, 1))
+        assert (dup.value.base_offset, dup.value.stored) == (3, 2)
+        assert store.append(batch(5, 1, 2)).queue_offsets.tolist() == [5]
