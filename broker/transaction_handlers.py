@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from gms.broker.access import BrokerAccess
+from gms.broker.group_handlers import group_name_field
 from gms.broker.message_handlers import ACKS, MessageHandlers
 from gms.broker.transactions import OpenTransaction, TransactionService
 from gms.errors import BadRequestError, ForbiddenError, NotLeaderError, TransactionNotFoundError
@@ -80,9 +81,7 @@ class TransactionHandlers:
         half messages (``transactions``: rows with ``count`` records each, back to back in the
         body)."""
         fields = request.fields
-        group = field(fields, "group", str)
-        if not group:
-            raise BadRequestError("group must not be empty")
+        group = group_name_field(fields)
         poll_ms = min(max(field(fields, "poll_ms", int, 0), 0), self.long_poll_max_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
@@ -92,13 +91,7 @@ class TransactionHandlers:
             remaining_s = deadline - loop.time()
             if due or remaining_s <= 0 or service.stopped:
                 break
-            event = service.due_event(group)
-            event.clear()
-            try:
-                async with asyncio.timeout(remaining_s):
-                    await event.wait()
-            except TimeoutError:
-                pass
+            await service.wait_due(group, remaining_s)
         rows, body = [], []
         for tx in due:
             records = service.half_records(tx)

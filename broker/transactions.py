@@ -103,7 +103,8 @@ class TransactionService:
         self._decided: OrderedDict[str, bool] = OrderedDict()  # tx id → committed
         self._marks: dict[QueueKey, deque[tuple[int, int, str]]] = {}  # (offset, store ms, tx id)
         self._due: dict[str, dict[str, None]] = {}  # group → tx ids to ask its producers about
-        self._due_events: dict[str, asyncio.Event] = {}
+        # group → (its event, how many long polls wait on it): gone when none does (clients name groups)
+        self._due_waits: dict[str, tuple[asyncio.Event, list[int]]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         timers.transactions = self
@@ -230,12 +231,20 @@ class TransactionService:
                 taken.append(tx)
         return taken
 
-    def due_event(self, group: str) -> asyncio.Event:
-        """Set when a transaction of ``group`` comes due (clear it before waiting)."""
-        event = self._due_events.get(group)
-        if event is None:
-            event = self._due_events[group] = asyncio.Event()
-        return event
+    async def wait_due(self, group: str, timeout_s: float) -> None:
+        """Until a transaction of ``group`` comes due (after this call began), ``timeout_s`` or stop."""
+        event, waiting = self._due_waits.setdefault(group, (asyncio.Event(), [0]))
+        event.clear()
+        waiting[0] += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+        finally:
+            waiting[0] -= 1
+            if not waiting[0]:
+                del self._due_waits[group]
 
     def half_records(self, tx: OpenTransaction) -> list[memoryview]:
         """The stored half messages of ``tx`` on the queues this broker leads."""
@@ -254,7 +263,7 @@ class TransactionService:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for event in self._due_events.values():
+        for event, _ in self._due_waits.values():
             event.set()
 
     @property
@@ -296,7 +305,8 @@ class TransactionService:
                 tx.checks += 1
                 tx.next_check_ms = now + self.config.check_interval_ms
                 self._due.setdefault(tx.group, {})[tx.tx_id] = None
-                self.due_event(tx.group).set()
+                if (waits := self._due_waits.get(tx.group)) is not None:
+                    waits[0].set()
 
     def _resolve(self, tx_id: str, halves: dict[QueueKey, list[int]], commit: bool) -> None:
         try:

@@ -200,7 +200,7 @@ def test_bad_transaction_requests_are_refused_and_the_broker_serves_on(broker):
                    {"tx_id": "x" * 200, "commit": True}, {"tx_id": "x", "commit": True, "acks": 7}):
         with pytest.raises(BadRequestError):
             request(broker.address, RequestCode.END_TRANSACTION, fields)
-    for fields in ({"group": ""}, {"poll_ms": 5}, {"group": 3}):
+    for fields in ({"group": ""}, {"poll_ms": 5}, {"group": 3}, {"group": "g" * 256, "poll_ms": 10}):
         with pytest.raises(BadRequestError):
             request(broker.address, RequestCode.CHECK_TRANSACTIONS, fields)
     # A half message must name its transaction and group, and cannot be scheduled too.
