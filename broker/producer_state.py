@@ -30,6 +30,7 @@ from gms.record.sequence import BatchSequence
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+SWEEPS_PER_EXPIRY = 10  # idle producers are looked for this often per expiry period
 BATCHES_KEPT = 16  # a producer keeps at most 5 batches in flight per queue (client/producer.py)
 SNAPSHOT_VERSION = 2  # a CRC-32 line (8 hex digits) before the JSON
 
@@ -73,6 +74,7 @@ class ProducerStates:
         self._expiry_ms = expiry_ms
         self._queues: dict[QueueKey, dict[int, _Producer]] = {}
         self._changed = False  # since the last snapshot (an idle broker writes none)
+        self._swept_ms = 0  # store time of the last sweep of idle producers
 
     def __len__(self) -> int:
         return sum(map(len, self._queues.values()))
@@ -128,6 +130,19 @@ class ProducerStates:
         producer.last_ms = max(producer.last_ms, now_ms)
         producer.batches.append(StoredBatch(sequence.sequence, sequence.records, base_offset, phys))
         self._changed = True
+        if now_ms - self._swept_ms >= self._expiry_ms // SWEEPS_PER_EXPIRY:
+            self._sweep(now_ms)
+
+    def _sweep(self, now_ms: int) -> None:
+        """Forget producers idle past the expiry. Here, under the write lock with the appends, never
+        on the flush thread: a producer dropped there while an append notes its batch loses it."""
+        self._swept_ms = now_ms
+        oldest = now_ms - self._expiry_ms
+        for key, producers in list(self._queues.items()):
+            for producer_id in [pid for pid, producer in producers.items() if producer.last_ms < oldest]:
+                del producers[producer_id]
+            if not producers:
+                del self._queues[key]
 
     def truncated(self, key: QueueKey, offset: int) -> None:
         """The queue was cut back to ``offset``: batches stored from there on are gone."""
@@ -154,7 +169,8 @@ class ProducerStates:
 
     def save(self, end_phys: int, now_ms: int) -> None:
         """Write the state of the records below ``end_phys`` (the checkpoint's end), if it changed
-        since the last snapshot; producers idle past the expiry are dropped."""
+        since the last snapshot; producers idle past the expiry are left out (not dropped: the
+        flush thread runs this beside the appends)."""
         if not self._changed:
             return
         self._changed = False  # an append from now on marks it again (the flush thread saves)
@@ -163,7 +179,6 @@ class ProducerStates:
         for (topic, queue_id), producers in list(self._queues.items()):
             for producer_id, producer in list(producers.items()):
                 if producer.last_ms < oldest:
-                    del producers[producer_id]
                     continue
                 # copies: the event loop appends while the flush thread saves
                 held = list(producer.batches)

@@ -223,3 +223,19 @@ def test_a_damaged_snapshot_is_rebuilt_from_the_log(store_dir, damage):
             store.append(batch(3, 2, 1))
         assert (dup.value.base_offset, dup.value.stored) == (3, 2)
         assert store.append(batch(5, 1, 2)).queue_offsets.tolist() == [5]
+
+
+def test_idle_producers_are_forgotten_by_the_appends(store_dir):
+    """Producers idle past the expiry are dropped under the write lock (as appends note batches),
+    so a producer coming back after that starts afresh, and snapshots leave it out."""
+    store = MessageStore(store_dir, small_config(producer_state_expiry_ms=200))
+    store.create_topic("t", 2)
+    with store:
+        store.append(batch(0, 1, 0, pid=1))
+        store.append(batch(1, 1, 0, pid=2))
+        time.sleep(0.3)
+        store.append(batch(2, 1, 1, pid=2))  # pid 2 is active again; the sweep drops pid 1
+        assert len(store.producers) == 1
+        store.append(batch(3, 1, 9, pid=1))  # a gap for a known producer, a start for a forgotten one
+        with pytest.raises(OutOfOrderSequenceError):
+            store.append(batch(4, 1, 9, pid=2))
