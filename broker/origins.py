@@ -17,6 +17,7 @@ starts there, its queue still holds it), so entries of truncated or lost records
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -26,6 +27,8 @@ import xxhash
 
 from gms.msgid import decode_msg_id, encode_msg_id
 from gms.private_files import make_private_dir, open_private
+
+log = logging.getLogger(__name__)
 
 ENTRY_DTYPE = np.dtype([("leader", ">i8"), ("leader_phys", ">i8"), ("local_phys", ">i8"), ("length", ">i8")])
 _NAME_DIGITS = 20
@@ -76,7 +79,12 @@ class OriginMap:
     def find(self, leader: int, leader_phys: int) -> list[int]:
         """Local offsets that may hold the record at ``leader_phys`` of ``leader``, newest first."""
         found: list[int] = []
-        for path in sorted(self.directory.iterdir(), reverse=True):
+        try:
+            paths = sorted(self.directory.iterdir(), reverse=True)
+        except OSError as err:  # a lookup aid: an unreadable map answers nothing, the records are intact
+            log.warning("cannot read the origin map %s: %s", self.directory, err)
+            return found
+        for path in paths:
             if not path.name.isdigit():
                 continue
             try:

@@ -564,8 +564,12 @@ class MessageStore:
             if flagged and (timer_flags := flags & TIMER_FLAGS).any():
                 self._tell_timers(parsed, queue_ids, queue_offsets, placement.phys, timer_flags)
             if origin is not None:  # where they lay on the leader: its envelopes in ``buf``
-                self._origins.add(runs(parsed.headers["phys_offset"].astype(np.int64), placement.phys,
-                                       sizes.astype(np.int64), leader_key(origin)))
+                try:
+                    self._origins.add(runs(parsed.headers["phys_offset"].astype(np.int64), placement.phys,
+                                           sizes.astype(np.int64), leader_key(origin)))
+                except OSError as err:  # stored and committed: only their leader's message ids miss them here
+                    log.warning("message ids of %d record(s) from %s will not resolve on this replica: %s",
+                                len(queue_ids), origin, err)
         self._flush_service().appended(len(queue_ids))
         n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,

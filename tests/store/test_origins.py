@@ -66,3 +66,20 @@ def test_the_map_survives_a_restart(tmp_path):
     with MessageStore(tmp_path / "follower", small_config()) as follower:
         assert [bytes(decode_record(follower.find_replicated(LEADER, int(p))).body)  # type: ignore[arg-type]
                 for p in result.phys_offsets] == [b"m%d" % i for i in range(10)]
+
+
+def test_a_failed_origin_write_costs_the_id_lookup_not_the_append(tmp_path, caplog):
+    """The records are stored and committed before their origins are noted: a write error there
+    (a full disk) must not fail an append the replica has already made."""
+    with (MessageStore(tmp_path / "leader", small_config()) as leader,
+          MessageStore(tmp_path / "follower", small_config()) as follower):
+        for store in (leader, follower):
+            store.create_topic("a", 1)
+        result = leader.append(encode_batch([Message("a", b"m%d" % i) for i in range(3)]))
+        origins = tmp_path / "follower" / "origins"
+        origins.rmdir()
+        origins.write_bytes(b"")  # every file the map opens under it now fails (ENOTDIR)
+        replicate(leader, follower, "a", 0)
+        assert follower.max_offset("a", 0) == 3
+        assert follower.find_replicated(LEADER, int(result.phys_offsets[0])) is None
+    assert "will not resolve on this replica" in caplog.text
