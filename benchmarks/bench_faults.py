@@ -220,6 +220,8 @@ class Ledger:
                 if later:
                     bad_slots.update(later)
                     log(f"STORED AGAIN: {msg_id} acknowledged at {slot}, read again at {sorted(later)}")
+                if len(found) - 1 - len(later):
+                    log(f"RETRY COPY: {msg_id} acknowledged at {slot}, also read at {sorted(found - {slot})}")
                 retry_dups += len(found) - 1 - len(later)
             return {"acked": len(self.acked), "sent": len(self.sent), "lost": lost, "dup_offsets": len(bad_slots),
                     "retry_dups": retry_dups, "corrupt_served": self.corrupt_served,

@@ -246,6 +246,15 @@ class NotEnoughReplicasError(GmsError):
     retriable = True
 
 
+class NotEnoughReplicasAfterAppendError(GmsError):
+    """acks=all and the in-sync replica set fell below its minimum size while the leader waited
+    for it: the batch is stored on the leader (a retry must stay on its queue, where an idempotent
+    producer's retry is recognised; moved elsewhere it would be stored twice)."""
+
+    status = Status.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    retriable = True
+
+
 class FlushTimeoutError(GmsError):
     """Sync flush did not complete in time; the message may be stored (retry may duplicate)."""
 
@@ -305,6 +314,7 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         GroupNotEmptyError,
         NotLeaderError,
         NotEnoughReplicasError,
+        NotEnoughReplicasAfterAppendError,
         FlushTimeoutError,
         FencedLeaderEpochError,
         UnauthenticatedError,

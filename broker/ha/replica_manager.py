@@ -24,6 +24,7 @@ from gms.broker.registration import Assignments, QueueAssignment
 from gms.broker.store import MessageStore
 from gms.errors import (
     GmsError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderError,
     RequestTimeoutError,
@@ -173,7 +174,7 @@ class ReplicaManager:
             p.followers[broker] = FollowerProgress()
         p.isr = isr
         if len(isr) < p.min_insync:
-            p.fail_waiters(NotEnoughReplicasError(
+            p.fail_waiters(NotEnoughReplicasAfterAppendError(
                 f"queue {p.key[0]}/{p.key[1]}: the ISR {list(isr)} fell below min_insync_replicas"
                 f" {p.min_insync} after the append; the batch is on the leader but not acknowledged"))
         self._advance(p, self.store.max_offset(*p.key))

@@ -120,6 +120,7 @@ class Status(IntEnum):
     NOT_ENOUGH_REPLICAS = 81
     FLUSH_TIMEOUT = 82
     FENCED_LEADER_EPOCH = 83
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 84  # stored on the leader, the ISR shrank before the ack
 
     # 100-119: security.
     UNAUTHENTICATED = 100  # no identity yet, or the credentials were refused
