@@ -31,6 +31,7 @@ from gms.client.structs import SendFuture, SendResult, SendResults
 from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
 from gms.client.transactions import Transaction, TransactionChecker, TransactionClient
 from gms.errors import (
+    STORED_FIELD,
     GmsError,
     NotEnoughReplicasError,
     NotLeaderError,
@@ -125,7 +126,8 @@ class _Sender:
                     log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
                     if isinstance(err, UNREACHABLE_ERRORS):
                         self._faults.failed(route.broker)
-                    maybe_stored = maybe_stored or not isinstance(err, _NOT_STORED_ERRORS)
+                    maybe_stored = (maybe_stored or not isinstance(err, _NOT_STORED_ERRORS)
+                                    or bool(err.fields.get(STORED_FIELD)))
                 else:
                     return _results(route.topic, frame.fields)
                 self._runtime.routes.invalidate()

@@ -14,6 +14,11 @@ from typing import Any
 
 from gms.protocol.codes import Status
 
+# An error field: the send's batch was stored before the request failed (a leader that lost its
+# leadership, or its ISR, while waiting for replicas). A retry must stay on the batch's queue,
+# where an idempotent producer's retry is recognised; moved to another queue it is stored twice.
+STORED_FIELD = "stored"
+
 
 class GmsError(Exception):
     """Base of all gms errors; ``status`` maps to a wire status code, ``retriable`` tells clients

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gms.broker.ha.epochs import EpochHistory
-from gms.errors import GmsError
+from gms.errors import STORED_FIELD, GmsError
 
 QueueKey = tuple[str, int]
 APPENDS_TIMED_MAX = 10_000  # leader appends waiting for the HW that are timed (metrics); more are not
@@ -149,6 +149,8 @@ class Partition:
                 future.set_result(None)
 
     def fail_waiters(self, error: GmsError) -> None:
+        """Fail the sends waiting for the HW; their batches are stored here (``STORED_FIELD``)."""
+        error.fields = {**error.fields, STORED_FIELD: True}
         waiters, self._waiters = self._waiters, []
         for _, _, future in waiters:
             if not future.done():

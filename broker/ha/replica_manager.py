@@ -23,6 +23,7 @@ from gms.broker.offsets import OffsetStore
 from gms.broker.registration import Assignments, QueueAssignment
 from gms.broker.store import MessageStore
 from gms.errors import (
+    STORED_FIELD,
     GmsError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
@@ -226,7 +227,11 @@ class ReplicaManager:
 
     async def wait_replicated(self, ends: dict[QueueKey, int], timeout_ms: int) -> None:
         """acks=-1: wait until each queue's HW covers its end offset in ``ends``."""
-        futures = [self.leader_of(key).wait_for_hw(end) for key, end in ends.items()]
+        try:
+            futures = [self.leader_of(key).wait_for_hw(end) for key, end in ends.items()]
+        except NotLeaderError as err:  # leadership moved since the append: the batch is stored here
+            err.fields = {**err.fields, STORED_FIELD: True}
+            raise
         try:
             await asyncio.wait_for(asyncio.gather(*futures), timeout_ms / 1000)
         except TimeoutError as err:

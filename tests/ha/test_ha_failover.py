@@ -11,7 +11,7 @@ import pytest
 from ha_helpers import LAG_MAX_MS, LEASE_TTL_S, HaCluster, read_store, request, wait_for
 
 from gms.client import Producer
-from gms.errors import GmsError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError, NotLeaderError
+from gms.errors import STORED_FIELD, GmsError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError, NotLeaderError
 from gms.nameserver.server import NAMESERVER_TTL_S
 from gms.protocol.codes import RequestCode, Status
 from gms.record import Message, encode_batch, iter_records
@@ -197,8 +197,9 @@ def test_stopped_followers_leave_the_isr_then_acks_all_fails(ha_cluster):
         send("two in sync: still enough")
         followers[1].pause()
         try:
-            with pytest.raises(NotEnoughReplicasAfterAppendError, match="after the append"):
+            with pytest.raises(NotEnoughReplicasAfterAppendError, match="after the append") as failed:
                 send("stored on the leader while the last follower stops")  # fails when the ISR shrinks
+            assert failed.value.fields[STORED_FIELD] is True  # a producer's retry stays on this queue
             wait_for(lambda: len(ha_cluster.topic(topic).queues[0].isr) == 1, LAG_MAX_MS / 1000 + 5)
             with pytest.raises(NotEnoughReplicasError):
                 send("alone")
