@@ -30,7 +30,11 @@ def _now_ms() -> int:
 
 
 def group_name_field(fields: Any) -> str:
-    group = field(fields, "group", str)
+    return check_group_name(field(fields, "group", str))
+
+
+def check_group_name(group: str) -> str:
+    """``group`` if a consumer group may have that name (BadRequestError otherwise)."""
     if not group or len(group.encode()) > GROUP_NAME_BYTES_MAX:
         raise BadRequestError(f"group name must be 1..{GROUP_NAME_BYTES_MAX} bytes")
     return group

@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 
-from gms.broker.group_handlers import group_name_field
+from gms.broker.group_handlers import check_group_name
 from gms.broker.rocketmq.mapping import MESSAGE_ID_PROPERTY
 from gms.client.connections import msg_id_prefix
 from gms.client.producer import Producer
@@ -48,7 +48,7 @@ class ConsumerGroups:
     async def settings(self, group: str) -> GroupSettings:
         """The group's settings, kept SETTINGS_TTL_S (BadRequestError for a name no group may have:
         never cached, never asked of the nameservers)."""
-        group_name_field({"group": group})
+        check_group_name(group)
         found = self._settings.get(group)
         if found is not None and time.monotonic() - found[0] < SETTINGS_TTL_S:
             return found[1]

@@ -29,7 +29,7 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
-from gms.broker.group_handlers import group_name_field
+from gms.broker.group_handlers import check_group_name
 from gms.broker.pop_handlers import ATTEMPTS_ARRAY
 from gms.broker.rocketmq.calls import request_frame as _frame
 from gms.broker.rocketmq.calls import settled as _settled
@@ -99,13 +99,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except GmsError as err:
             return service_pb2.QueryRouteResponse(status=error_status(err))
         response = service_pb2.QueryRouteResponse(status=status())
+        accepted = accepted_types(topic_message_type(self.broker, request.topic.name))
         for queue in served:
             route = response.message_queues.add()
             route.topic.CopyFrom(request.topic)
             route.id = queue.queue_id
             route.permission = definition_pb2.Permission.READ_WRITE
             route.broker.CopyFrom(_broker(queue.broker, queue.endpoint))
-            route.accept_message_types.extend(accepted_types(topic_message_type(self.broker, request.topic.name)))
+            route.accept_message_types.extend(accepted)
         return response
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
@@ -122,7 +123,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """One assignment per broker that leads queues of the topic: a receive there pops from
         every queue that broker leads."""
         try:
-            group_name_field({"group": request.group.name})
+            check_group_name(request.group.name)
         except GmsError as err:
             return service_pb2.QueryAssignmentResponse(status=error_status(err))
         route = await self.QueryRoute(service_pb2.QueryRouteRequest(topic=request.topic), context)

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from rocketmq.grpc_protocol import service_pb2
 
 from gms.address import split_address
+from gms.broker.rocketmq.calls import request_frame
 from gms.broker.rocketmq.mapping import Receipt, producer_group, status, to_rocketmq
 from gms.errors import GmsError
 from gms.msgid import encode_msg_id
 from gms.protocol.codes import RequestCode
-from gms.protocol.frame import Frame
 from gms.record import decode_record
 
 if TYPE_CHECKING:
@@ -71,8 +71,7 @@ class CheckBacks:
 
     async def _poll(self, group: str) -> None:
         handlers = self._broker.transaction_handlers
-        frame = Frame(code=int(RequestCode.CHECK_TRANSACTIONS), request_id=0,
-                      fields={"group": group, "poll_ms": CHECK_POLL_MS})
+        frame = request_frame(RequestCode.CHECK_TRANSACTIONS, {"group": group, "poll_ms": CHECK_POLL_MS})
         while True:
             try:
                 answer = await handlers.check_transactions(frame)
