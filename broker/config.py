@@ -15,6 +15,7 @@ from typing import Any
 
 from gms.address import split_address
 from gms.broker.store_config import StoreConfig
+from gms.net.busy_poll import SERVER_WINDOW_US
 from gms.net.server import (
     CONNECTIONS_MAX,
     HEADER_TIMEOUT_MS,
@@ -64,6 +65,8 @@ class BrokerConfig:
     unfinished_frames_bytes_max: int = UNFINISHED_FRAMES_BYTES_MAX  # all connections together
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
     header_timeout_ms: int = HEADER_TIMEOUT_MS
+    # The event loop polls this long after each read or write before it sleeps (gms.net.busy_poll).
+    busy_poll_us: int = SERVER_WINDOW_US
     # Transactions (docs/transactions.md; RocketMQ's defaults): the first check-back of an open
     # transaction this long after its first half message, then every interval, at most this many
     # checks before it is rolled back.
@@ -98,7 +101,8 @@ class BrokerConfig:
         """The RPC server's limits."""
         return ServerConfig(connections_max=self.connections_max,
                             unfinished_frames_bytes_max=self.unfinished_frames_bytes_max,
-                            idle_timeout_ms=self.idle_timeout_ms, header_timeout_ms=self.header_timeout_ms)
+                            idle_timeout_ms=self.idle_timeout_ms, header_timeout_ms=self.header_timeout_ms,
+                            busy_poll_us=self.busy_poll_us)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

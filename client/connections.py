@@ -15,6 +15,7 @@ from typing import Any
 from gms.msgid import encode_msg_id
 from gms.net import Connection
 from gms.net.blocking import BlockingConnection
+from gms.net.busy_poll import CLIENT_WINDOW_US
 from gms.protocol.frame import Body, Frame
 from gms.security.client import PLAINTEXT, ClientSecurity
 
@@ -108,8 +109,10 @@ class BlockingPool:
     through the event loop). Thread-safe."""
 
     def __init__(self, *, connect_timeout_ms: float = CONNECT_TIMEOUT_MS,
-                 connections_max: int = BLOCKING_CONNECTIONS_MAX, security: ClientSecurity = PLAINTEXT) -> None:
+                 connections_max: int = BLOCKING_CONNECTIONS_MAX, security: ClientSecurity = PLAINTEXT,
+                 busy_poll_us: int = CLIENT_WINDOW_US) -> None:
         self._connect_timeout_ms = connect_timeout_ms
+        self._busy_poll_us = busy_poll_us
         self._security = security
         self._connections_max = connections_max
         self._lock = threading.Lock()
@@ -129,7 +132,8 @@ class BlockingPool:
             self._open_count[address] = self._open_count.get(address, 0) + 1
         try:
             host, port = parse_address(address)
-            return BlockingConnection.open(host, port, self._connect_timeout_ms, security=self._security)
+            return BlockingConnection.open(host, port, self._connect_timeout_ms, security=self._security,
+                                           busy_poll_us=self._busy_poll_us)
         except BaseException:
             self._forget(address)
             raise

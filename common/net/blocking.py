@@ -25,6 +25,7 @@ from gms.errors import (
     ServiceUnavailableError,
     error_for_status,
 )
+from gms.net.busy_poll import CLIENT_WINDOW_US, recv_polling
 from gms.net.client import CONNECT_TIMEOUT_MS, REQUEST_ID_LIMIT, tls_hint
 from gms.net.server import CONNECTION_ERROR_ID
 from gms.protocol.codes import RequestCode
@@ -59,7 +60,11 @@ class BlockingConnection:
     socket timeout would add a poll() before every send and every receive."""
 
     def __init__(self, sock: socket.socket, address: tuple[str, int], *,
-                 frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES) -> None:
+                 frame_size_max_bytes: int = FRAME_SIZE_MAX_BYTES, busy_poll_us: int = CLIENT_WINDOW_US) -> None:
+        """``busy_poll_us``: how long a request polls for its response before it sleeps
+        (:mod:`gms.net.busy_poll`; 0: off, and always off under TLS)."""
+        if busy_poll_us < 0:
+            raise ValueError(f"busy_poll_us must be >= 0, not {busy_poll_us}")
         self.address = address
         self._sock = sock
         sock.settimeout(None)
@@ -70,11 +75,12 @@ class BlockingConnection:
         self._recv_buffer = bytearray(_RECV_SIZE_BYTES)
         self._recv_view = memoryview(self._recv_buffer)
         self._tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg() on a TLS socket
+        self._busy_poll_us = 0 if self._tls else busy_poll_us
         self.closed = False
 
     @classmethod
     def open(cls, host: str, port: int, timeout_ms: float = CONNECT_TIMEOUT_MS, *,
-             security: ClientSecurity = PLAINTEXT) -> BlockingConnection:
+             security: ClientSecurity = PLAINTEXT, busy_poll_us: int = CLIENT_WINDOW_US) -> BlockingConnection:
         """Connect to ``host:port`` (TLS and authentication as ``security`` says); raise
         :class:`ServiceUnavailableError` if that fails, :class:`UnauthenticatedError` if the
         credentials are refused."""
@@ -89,7 +95,7 @@ class BlockingConnection:
             if sock is not None:
                 sock.close()
             raise ServiceUnavailableError(f"cannot connect to {host}:{port}{tls_hint(err)}: {err!r}") from err
-        conn = cls(sock, (host, port))
+        conn = cls(sock, (host, port), busy_poll_us=busy_poll_us)
         exchange = security.exchange()
         if exchange is not None:
             try:
@@ -166,8 +172,12 @@ class BlockingConnection:
                 if remaining_s <= 0:
                     raise TimeoutError("the response did not arrive in time")
                 self._set_timeout(remaining_s)
+            received = None
+            if first and self._busy_poll_us:  # polled once per request: its first bytes
+                received = recv_polling(self._sock, self._recv_buffer, self._busy_poll_us)
+            if received is None:
+                received = self._sock.recv_into(self._recv_buffer)
             first = False
-            received = self._sock.recv_into(self._recv_buffer)
             decoder.feed(bytes(self._recv_view[:received]))  # b"" (end of stream) when nothing came
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from typing import Any, cast
 from gms.address import join_address
 from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
+from gms.net.busy_poll import SERVER_WINDOW_US, LoopBusyPoll
 from gms.protocol.codes import Flag, RequestCode, Status
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import (
@@ -115,8 +116,13 @@ class ServerConfig:
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
     header_timeout_ms: int = HEADER_TIMEOUT_MS
     dispatch_bytes_per_pass_max: int = DISPATCH_BYTES_PER_PASS_MAX
+    # The loop keeps polling this long after each read or write instead of sleeping (see
+    # gms.net.busy_poll: ~25 µs less per request round trip on a VM, for that much CPU); 0: off.
+    busy_poll_us: int = SERVER_WINDOW_US
 
     def __post_init__(self) -> None:
+        if self.busy_poll_us < 0:
+            raise ValueError("busy_poll_us must be >= 0")
         limits = (self.connections_max, self.unfinished_frames_bytes_max, self.idle_timeout_ms,
                   self.header_timeout_ms, self.dispatch_bytes_per_pass_max)
         if min(limits) <= 0:
@@ -150,6 +156,7 @@ class RpcServer:
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.busy_poll: LoopBusyPoll | None = None  # made by start(), on the serving loop
         # Bytes the connections' decoders hold or expect for partly received frames.
         self.unfinished_frames_bytes = 0
 
@@ -166,6 +173,7 @@ class RpcServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
         loop = asyncio.get_running_loop()
+        self.busy_poll = LoopBusyPoll(loop, self.config.busy_poll_us)
         self._server = await loop.create_server(
             lambda: _ServerConnection(self), host, port, reuse_address=True, ssl=self.security.tls
         )
@@ -230,6 +238,7 @@ class _ServerConnection(asyncio.Protocol):
         self._decoder = FrameDecoder(frame_size_max_bytes=self._config.frame_size_max_bytes)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
+        self._busy_poll = server.busy_poll or LoopBusyPoll(self._loop, 0)
         self.tasks: set[asyncio.Task[None]] = set()
         self._in_flight_bytes = 0
         self._write_paused = False
@@ -286,6 +295,7 @@ class _ServerConnection(asyncio.Protocol):
         if self._refused:
             return
         self._last_active = self._loop.time()
+        self._busy_poll.touch()
         self._decoder.feed(data)
         self._process()
 
@@ -619,6 +629,7 @@ class _ServerConnection(asyncio.Protocol):
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.writelines(out)
+            self._busy_poll.touch()
 
     def _reply_protocol_error(self, err: ProtocolError) -> None:
         log.warning("protocol error from %s: %s", self._peer(), err)
