@@ -1,7 +1,10 @@
 """Transparent batching of ``send_async``: one open batch per target queue.
 
 A batch is sent when it reaches ``batch_bytes`` or ``linger_ms`` after its first message,
-whichever comes first (Kafka's linger.ms / batch.size). Callers append from any thread under
+whichever comes first (Kafka's linger.ms / batch.size). Plain messages (no key, no queue, no
+keys or properties) stick to one open batch per topic, whose queue is chosen once per batch, not
+per message (Kafka's sticky partitioner, KIP-480): batches fill up instead of being spread thin
+over a topic's queues, and a message costs no routing. Callers append from any thread under
 one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
 bounds the memory of unsent messages: appends block while it is reached. A batch over the
 broker's limit per send request goes out as several requests (``BatchBuilder.seal_counted``).
@@ -25,10 +28,12 @@ SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[
 
 
 class _OpenBatch:
-    __slots__ = ("future", "records")
+    __slots__ = ("closed", "future", "records", "route")
 
-    def __init__(self, queue_id: int) -> None:
-        self.records = BatchBuilder(queue_id)
+    def __init__(self, route: QueueRoute) -> None:
+        self.route = route
+        self.closed = False  # taken out of the open batches (sent, or being sent)
+        self.records = BatchBuilder(route.queue_id)
         # One Future for the batch: each message's SendFuture reads its result out of it.
         self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
 
@@ -45,40 +50,75 @@ class Accumulator:
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._open: dict[QueueRoute, _OpenBatch] = {}
+        self._sticky: dict[str, _OpenBatch] = {}  # topic -> the open batch its plain messages fill
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Task[None]] = set()
 
+    def append_plain(self, topic: str, body: bytes, tag: str | None,
+                     choose: Callable[[str], QueueRoute]) -> SendFuture:
+        """Append a plain message to its topic's sticky batch; ``choose(topic)`` picks the queue
+        when the topic has none open (it may look the routes up: called outside the lock)."""
+        batch = self._sticky.get(topic)
+        if batch is not None:
+            future, filled = None, False
+            with self._lock:
+                while self._buffered_bytes >= self._buffer_bytes_max and not batch.closed:
+                    self._space.wait()
+                if not batch.closed:
+                    records = batch.records
+                    self._buffered_bytes += self._encoder.add(records, topic, body, tag)
+                    future = SendFuture(batch.future, records.count - 1)
+                    filled = records.size_bytes >= self._batch_bytes
+                    if filled:
+                        self._close(batch)
+            if future is not None:
+                if filled:
+                    self._loop.call_soon_threadsafe(self._dispatch, batch.route, batch)
+                return future
+        return self.append(choose(topic), body, tag, (), None, sticky=True)
+
     def append(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
-               properties: Mapping[str, str] | None, flags: int = 0) -> SendFuture:
+               properties: Mapping[str, str] | None, flags: int = 0, *, sticky: bool = False) -> SendFuture:
+        """Append a message to ``route``'s open batch; ``sticky``: the topic's plain messages
+        follow it there until it is sent."""
         with self._lock:
             while self._buffered_bytes >= self._buffer_bytes_max:
                 self._space.wait()
             batch = self._open.get(route)
             is_new = batch is None
             if batch is None:
-                batch = _OpenBatch(route.queue_id)
+                batch = _OpenBatch(route)
             records = batch.records
             size = self._encoder.add(records, route.topic, body, tag, keys, properties, flags)
             if is_new:
                 self._open[route] = batch
+            if sticky:
+                self._sticky[route.topic] = batch
             self._buffered_bytes += size
             is_full = records.size_bytes >= self._batch_bytes
             if is_full:
-                del self._open[route]
+                self._close(batch)
         if is_full:
             self._loop.call_soon_threadsafe(self._dispatch, route, batch)
         elif is_new:
             self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
         return SendFuture(batch.future, records.count - 1)
 
+    def _close(self, batch: _OpenBatch) -> None:
+        """Take ``batch`` out of the open ones (under the lock): no message joins it any more."""
+        batch.closed = True
+        del self._open[batch.route]
+        if self._sticky.get(batch.route.topic) is batch:
+            del self._sticky[batch.route.topic]
+
     def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
         self._loop.call_later(self._linger_s, self._linger_expired, route, batch)
 
     def _linger_expired(self, route: QueueRoute, batch: _OpenBatch) -> None:
         with self._lock:
-            if self._open.get(route) is not batch:
+            if batch.closed:
                 return  # already sent because it filled up, or flushed
-            del self._open[route]
+            self._close(batch)
         self._dispatch(route, batch)
 
     def _dispatch(self, route: QueueRoute, batch: _OpenBatch) -> None:
@@ -107,7 +147,9 @@ class Accumulator:
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
         with self._lock:
-            batches, self._open = self._open, {}
+            batches = dict(self._open)
+            for batch in batches.values():
+                self._close(batch)
         for route, batch in batches.items():
             self._dispatch(route, batch)
         while self._in_flight:

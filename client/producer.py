@@ -497,13 +497,22 @@ class Producer:
         Bad input raises here; send failures are set on the future. ``deliver_at``, ``delay_ms``,
         ``delay_level``, ``message_group``: as for :meth:`send`.
         """
-        properties, key = _grouped(properties, key, message_group)
-        route = self._route(topic, queue, key)
-        future = self._accumulator.append(route, body, tag, keys,
-                                          *_scheduled(properties, deliver_at, delay_ms, delay_level))
-        if callback is not None:
-            future.add_done_callback(callback)
-        return future
+        if (keys or properties or queue is not None or key is not None or callback is not None
+                or deliver_at is not None or delay_ms is not None or delay_level is not None
+                or message_group is not None):
+            properties, key = _grouped(properties, key, message_group)
+            route = self._route(topic, queue, key)
+            future = self._accumulator.append(route, body, tag, keys,
+                                              *_scheduled(properties, deliver_at, delay_ms, delay_level))
+            if callback is not None:
+                future.add_done_callback(callback)
+            return future
+        # A plain message, as most are: into its topic's sticky batch, nothing to route or schedule.
+        return self._accumulator.append_plain(topic, body, tag, self._route_any)
+
+    def _route_any(self, topic: str) -> QueueRoute:
+        """The next queue of ``topic`` in round robin (skipping brokers that just failed)."""
+        return self._route(topic, None, None)
 
     def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                     properties: Mapping[str, str] | None = None, queue: int | None = None,

@@ -74,6 +74,25 @@ def test_send_async_batches_and_calls_back(broker, topic):
     assert sorted(seen) == list(range(1000))
 
 
+def test_plain_async_messages_fill_one_queue_per_batch(broker, topic):
+    """Kafka's sticky partitioner: plain messages stick to one queue until their batch is sent,
+    then the next batch goes to the next queue (not one queue per message)."""
+    with Producer([broker.address], linger_ms=60_000, batch_bytes=4096) as producer:
+        futures = [producer.send_async(topic, b"p" * 100) for _ in range(200)]  # ~25 per batch
+        keyed = [producer.send_async(topic, b"k", key=f"k{i % 4}") for i in range(40)]
+        producer.flush()
+    queues = [f.result().queue_id for f in futures]
+    runs = [q for i, q in enumerate(queues) if i == 0 or q != queues[i - 1]]
+    assert 6 <= len(runs) <= 10  # one run per batch
+    assert len(set(queues)) >= min(QUEUES, len(runs)) - 1  # batch after batch, round the queues
+    by_key: dict[str, set[int]] = {}
+    for i, future in enumerate(keyed):  # keyed messages keep to their key's queue
+        by_key.setdefault(f"k{i % 4}", set()).add(future.result().queue_id)
+    assert all(len(q) == 1 for q in by_key.values())
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        assert len(consume(consumer, 240)) == 240
+
+
 def test_send_async_failure_reaches_every_message_of_the_batch(broker_factory):
     broker = broker_factory()
     with Admin([broker.address]) as admin:
