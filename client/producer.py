@@ -496,6 +496,10 @@ class Producer:
         ``callback(future)`` runs on the I/O thread once the future is done: keep it short.
         Bad input raises here; send failures are set on the future. ``deliver_at``, ``delay_ms``,
         ``delay_level``, ``message_group``: as for :meth:`send`.
+
+        Messages without ``key``, ``queue`` or ``message_group`` go to one queue of the topic until
+        their batch is sent, then the next batch to the next queue (Kafka's sticky partitioner):
+        full batches rather than thin ones on every queue.
         """
         if (keys or properties or queue is not None or key is not None or callback is not None
                 or deliver_at is not None or delay_ms is not None or delay_level is not None
