@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gms.cluster.cluster_view import ChangeKind, ClusterView, TopicRoute, ViewChange
+from gms.cluster.errors import EtcdUnavailable
 from gms.cluster.etcd_client import EtcdAuth, EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
@@ -223,10 +224,29 @@ class BrokerRegistration:
     def start(self) -> BrokerRegistration:
         """Find etcd through the nameservers, register, start following assignments.
 
-        Retries the nameserver list until ``start_timeout_s``; raises
-        :class:`ServiceUnavailableError` (or the etcd layer's :class:`EtcdUnavailable`) if that
-        fails, with nothing left running."""
-        etcd, prefix = self._discover_etcd()
+        Retries the nameserver list, and then the registration while etcd is unavailable, until
+        ``start_timeout_s`` (a broker started with its cluster may find etcd still starting);
+        raises :class:`ServiceUnavailableError` (or the etcd layer's :class:`EtcdUnavailable`)
+        if that fails, with nothing left running."""
+        deadline = time.monotonic() + self._start_timeout_s
+        while True:
+            etcd, prefix = self._discover_etcd(deadline)
+            try:
+                self._register(etcd, prefix)
+                break
+            except EtcdUnavailable as err:
+                if time.monotonic() + NAMESERVER_RETRY_S >= deadline:
+                    raise
+                log.warning("cannot register in etcd %s yet (%s); retrying", etcd, err)
+                time.sleep(NAMESERVER_RETRY_S)
+        self._stop_watchdog.clear()
+        self._watchdog = threading.Thread(target=self._watch_etcd, name="gms-etcd-watchdog", daemon=True)
+        self._watchdog.start()
+        log.info("broker %s registered in etcd %s", self.info.broker_id, etcd)
+        return self
+
+    def _register(self, etcd: str, prefix: str) -> None:
+        """Register in ``etcd`` and follow the cluster there; on failure nothing is left running."""
         self.etcd_endpoints, self._prefix = etcd, prefix
         self._client = EtcdClient(etcd, auth=self._etcd_auth)
         try:
@@ -239,14 +259,8 @@ class BrokerRegistration:
         except BaseException:
             self.stop()
             raise
-        self._stop_watchdog.clear()
-        self._watchdog = threading.Thread(target=self._watch_etcd, name="gms-etcd-watchdog", daemon=True)
-        self._watchdog.start()
-        log.info("broker %s registered in etcd %s", self.info.broker_id, etcd)
-        return self
 
-    def _discover_etcd(self) -> tuple[str, str]:
-        deadline = time.monotonic() + self._start_timeout_s
+    def _discover_etcd(self, deadline: float) -> tuple[str, str]:
         errors: dict[str, str] = {}
         while True:
             for nameserver in self.nameservers:

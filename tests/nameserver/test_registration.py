@@ -15,7 +15,7 @@ from test_server_helpers import RunningNameServer
 
 from gms.broker.registration import Assignments, BrokerRegistration, TopicAssignment
 from gms.cluster.model import BrokerInfo, TopicSettings
-from gms.errors import ServiceUnavailableError
+from gms.errors import GmsError, ServiceUnavailableError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, free_port
 from gms.protocol.codes import RequestCode as C
 
@@ -144,3 +144,36 @@ def test_killed_broker_leaves_routes_within_ttl(ns, metadata):
         child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+def test_start_waits_for_etcd_to_come_up(tmp_path):
+    """A broker started together with its cluster may find the nameserver up but etcd not yet:
+    it keeps trying to register until its start timeout, instead of giving up at once."""
+    etcd = EmbeddedEtcd(tmp_path / "etcd").start()
+    port = int(etcd.endpoint.rpartition(":")[2])
+    ns = RunningNameServer(etcd.endpoint, "/gms-late-etcd/")
+    etcd.stop()
+    reg = BrokerRegistration(ns.address, BrokerInfo("late", "10.0.0.3:10911"), Recorder(), start_timeout_s=60)
+    outcome: list[GmsError | None] = []
+
+    def start() -> None:
+        try:
+            reg.start()
+            outcome.append(None)
+        except GmsError as err:
+            outcome.append(err)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        time.sleep(1.5)
+        assert not outcome  # still trying: etcd is down
+        etcd = EmbeddedEtcd(tmp_path / "etcd", client_port=port).start()
+        starter.join(60)
+        assert outcome == [None]
+        wait_until(lambda: broker_ids(ns) == ["late"], 5)
+    finally:
+        starter.join(60)
+        reg.stop()
+        ns.stop()
+        etcd.stop()
