@@ -66,7 +66,9 @@ class BrokerConfig:
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
     header_timeout_ms: int = HEADER_TIMEOUT_MS
     # The event loop polls this long after each read or write before it sleeps (gms.net.busy_poll).
-    busy_poll_us: int = SERVER_WINDOW_US
+    # None: SERVER_WINDOW_US with async flush, 0 with sync flush -- a send then waits ~ms for its
+    # fsync anyway, and a polling loop keeps the GIL from the flush thread.
+    busy_poll_us: int | None = None
     # Transactions (docs/transactions.md; RocketMQ's defaults): the first check-back of an open
     # transaction this long after its first half message, then every interval, at most this many
     # checks before it is rolled back.
@@ -77,6 +79,8 @@ class BrokerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
+        if self.busy_poll_us is not None and self.busy_poll_us < 0:
+            raise ValueError(f"busy_poll_us must be >= 0, not {self.busy_poll_us}")
         if self.security.authentication and not self.nameserver:
             raise ValueError("authentication needs a cluster: users live in etcd; start the broker with"
                              " --nameserver (`gms standalone --secure` runs one)")
@@ -102,7 +106,13 @@ class BrokerConfig:
         return ServerConfig(connections_max=self.connections_max,
                             unfinished_frames_bytes_max=self.unfinished_frames_bytes_max,
                             idle_timeout_ms=self.idle_timeout_ms, header_timeout_ms=self.header_timeout_ms,
-                            busy_poll_us=self.busy_poll_us)
+                            busy_poll_us=self.effective_busy_poll_us)
+
+    @property
+    def effective_busy_poll_us(self) -> int:
+        if self.busy_poll_us is not None:
+            return self.busy_poll_us
+        return SERVER_WINDOW_US if self.store.flush_mode == "async" else 0
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

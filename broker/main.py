@@ -62,7 +62,8 @@ def raise_fd_limit() -> int:
                    "needs them.")
 @click.option("--busy-poll-us", type=click.IntRange(min=0),
               help="Keep polling the network this many µs after each request before sleeping: lower latency"
-                   " for up to that much CPU per gap between requests (default 50; 0: off).")
+                   " for up to that much CPU per gap between requests (default 50 with --flush async, 0 with sync;"
+                   " 0: off).")
 @click.option("--auto-create-topics/--no-auto-create-topics", default=None, help="Create unknown topics on first send.")
 @click.option("--port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound port here once serving (for scripts and tests).")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 
 # Defaults. A server polls past its response until the client's next request (a send's result
@@ -66,16 +67,29 @@ class LoopBusyPoll:
             self._polling = False
 
 
+# One thread of a process polls at a time: a polling thread takes the GIL back right after
+# each receive, so threads woken by their own answers would wait for it (up to the interpreter's
+# 5 ms switch interval). With 64 threads sending one message at a time, all polling made sends
+# several times slower; the others block as usual.
+_polling = threading.Lock()
+
+
 def recv_polling(sock: socket.socket, buffer: bytearray, window_us: int) -> int | None:
     """Receive into ``buffer`` what has arrived on the blocking ``sock``, polling for up to
     ``window_us`` for something to arrive: the bytes received (0 at end of stream), or None if
-    nothing came (then block as usual). Not for TLS sockets (their recv takes no flags)."""
-    deadline_ns = time.monotonic_ns() + window_us * _NS_PER_US
-    recv_into = sock.recv_into
-    while True:
-        try:
-            return recv_into(buffer, 0, _DONTWAIT)
-        except BlockingIOError:
-            if time.monotonic_ns() >= deadline_ns:
-                return None
-            os.sched_yield()
+    nothing came or another thread is polling (then block as usual). Not for TLS sockets
+    (their recv takes no flags)."""
+    if not _polling.acquire(blocking=False):
+        return None
+    try:
+        deadline_ns = time.monotonic_ns() + window_us * _NS_PER_US
+        recv_into = sock.recv_into
+        while True:
+            try:
+                return recv_into(buffer, 0, _DONTWAIT)
+            except BlockingIOError:
+                if time.monotonic_ns() >= deadline_ns:
+                    return None
+                os.sched_yield()
+    finally:
+        _polling.release()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from gms.broker.config import BrokerConfig
+from gms.broker.store_config import StoreConfig
 from gms.client import Producer
 from gms.net.blocking import BlockingConnection
 from gms.net.busy_poll import LoopBusyPoll, recv_polling
@@ -131,3 +132,20 @@ def test_negative_windows_are_refused() -> None:
 def test_broker_setting_reaches_its_server() -> None:
     assert BrokerConfig(busy_poll_us=0).server_config.busy_poll_us == 0
     assert BrokerConfig().server_config.busy_poll_us == ServerConfig().busy_poll_us > 0
+    # With sync flush a send waits for its fsync anyway: no polling unless asked for.
+    assert BrokerConfig(store=StoreConfig(flush_mode="sync")).server_config.busy_poll_us == 0
+    assert BrokerConfig(busy_poll_us=20, store=StoreConfig(flush_mode="sync")).server_config.busy_poll_us == 20
+
+
+def test_one_thread_polls_at_a_time(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, _ = pair
+    polling = threading.Thread(target=recv_polling, args=(a, bytearray(64), 300_000))
+    polling.start()
+    time.sleep(0.05)
+    c, d = socket.socketpair()
+    start = time.monotonic()
+    assert recv_polling(c, bytearray(64), 5_000_000) is None  # another thread polls: block instead
+    assert time.monotonic() - start < 0.2
+    polling.join()
+    c.close()
+    d.close()
