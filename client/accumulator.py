@@ -39,11 +39,15 @@ class _OpenBatch:
 
 
 class Accumulator:
-    def __init__(self, loop: asyncio.AbstractEventLoop, encoder: RecordEncoder, send: SendFn, *,
-                 linger_ms: float, batch_bytes: int, buffer_bytes_max: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, encoder: RecordEncoder, send: SendFn,
+                 choose: Callable[[str], QueueRoute], *, linger_ms: float, batch_bytes: int,
+                 buffer_bytes_max: int) -> None:
+        """``choose(topic)``: the queue a topic's plain messages go to next (it may look the
+        routes up: called outside the lock)."""
         self._loop = loop
         self._encoder = encoder
         self._send = send
+        self._choose = choose
         self._linger_s = linger_ms / 1000
         self._batch_bytes = batch_bytes
         self._buffer_bytes_max = buffer_bytes_max
@@ -54,10 +58,9 @@ class Accumulator:
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Task[None]] = set()
 
-    def append_plain(self, topic: str, body: bytes, tag: str | None,
-                     choose: Callable[[str], QueueRoute]) -> SendFuture:
-        """Append a plain message to its topic's sticky batch; ``choose(topic)`` picks the queue
-        when the topic has none open (it may look the routes up: called outside the lock)."""
+    def append_plain(self, topic: str, body: bytes, tag: str | None) -> SendFuture:
+        """Append a plain message to its topic's sticky batch (opened on the queue ``choose``
+        gives when the topic has none)."""
         batch = self._sticky.get(topic)
         if batch is not None:
             future, filled = None, False
@@ -65,17 +68,13 @@ class Accumulator:
                 while self._buffered_bytes >= self._buffer_bytes_max and not batch.closed:
                     self._space.wait()
                 if not batch.closed:
-                    records = batch.records
-                    self._buffered_bytes += self._encoder.add(records, topic, body, tag)
-                    future = SendFuture(batch.future, records.count - 1)
-                    filled = records.size_bytes >= self._batch_bytes
-                    if filled:
-                        self._close(batch)
+                    future = self._add(batch, topic, body, tag)
+                    filled = batch.closed
             if future is not None:
                 if filled:
                     self._loop.call_soon_threadsafe(self._dispatch, batch.route, batch)
                 return future
-        return self.append(choose(topic), body, tag, (), None, sticky=True)
+        return self.append(self._choose(topic), body, tag, (), None, sticky=True)
 
     def append(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
                properties: Mapping[str, str] | None, flags: int = 0, *, sticky: bool = False) -> SendFuture:
@@ -88,26 +87,32 @@ class Accumulator:
             is_new = batch is None
             if batch is None:
                 batch = _OpenBatch(route)
-            records = batch.records
-            size = self._encoder.add(records, route.topic, body, tag, keys, properties, flags)
-            if is_new:
+            future = self._add(batch, route.topic, body, tag, keys, properties, flags)
+            filled = batch.closed
+            if is_new and not filled:
                 self._open[route] = batch
-            if sticky:
+            if sticky and not filled:
                 self._sticky[route.topic] = batch
-            self._buffered_bytes += size
-            is_full = records.size_bytes >= self._batch_bytes
-            if is_full:
-                self._close(batch)
-        if is_full:
+        if filled:
             self._loop.call_soon_threadsafe(self._dispatch, route, batch)
         elif is_new:
             self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
+        return future
+
+    def _add(self, batch: _OpenBatch, topic: str, body: bytes, tag: str | None, keys: Sequence[str] = (),
+             properties: Mapping[str, str] | None = None, flags: int = 0) -> SendFuture:
+        """Encode a message into ``batch`` (under the lock) and return its future; a message
+        that fills the batch closes it here, for the caller to dispatch."""
+        records = batch.records
+        self._buffered_bytes += self._encoder.add(records, topic, body, tag, keys, properties, flags)
+        if records.size_bytes >= self._batch_bytes:
+            self._close(batch)
         return SendFuture(batch.future, records.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
         """Take ``batch`` out of the open ones (under the lock): no message joins it any more."""
         batch.closed = True
-        del self._open[batch.route]
+        self._open.pop(batch.route, None)
         if self._sticky.get(batch.route.topic) is batch:
             del self._sticky[batch.route.topic]
 

@@ -306,7 +306,7 @@ class Producer:
         self._accumulator = Accumulator(
             self._runtime.loop, self._encoder,
             self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
-            linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
+            self._route_any, linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
         self._round_robin = itertools.count()
         self._acks = acks
@@ -512,7 +512,7 @@ class Producer:
                 future.add_done_callback(callback)
             return future
         # A plain message, as most are: into its topic's sticky batch, nothing to route or schedule.
-        return self._accumulator.append_plain(topic, body, tag, self._route_any)
+        return self._accumulator.append_plain(topic, body, tag)
 
     def _route_any(self, topic: str) -> QueueRoute:
         """The next queue of ``topic`` in round robin (skipping brokers that just failed)."""

@@ -156,7 +156,6 @@ class RpcServer:
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
         self._sweeper: asyncio.Task[None] | None = None
-        self.busy_poll: LoopBusyPoll | None = None  # made by start(), on the serving loop
         # Bytes the connections' decoders hold or expect for partly received frames.
         self.unfinished_frames_bytes = 0
 
@@ -173,9 +172,9 @@ class RpcServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
         loop = asyncio.get_running_loop()
-        self.busy_poll = LoopBusyPoll(loop, self.config.busy_poll_us)
+        busy_poll = LoopBusyPoll(loop, self.config.busy_poll_us)
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), host, port, reuse_address=True, ssl=self.security.tls
+            lambda: _ServerConnection(self, busy_poll), host, port, reuse_address=True, ssl=self.security.tls
         )
         self._sweeper = loop.create_task(self._sweep())
 
@@ -230,15 +229,15 @@ class RpcServer:
 class _ServerConnection(asyncio.Protocol):
     """Reader, dispatcher and writer for one client connection."""
 
-    def __init__(self, server: RpcServer) -> None:
+    def __init__(self, server: RpcServer, busy_poll: LoopBusyPoll) -> None:
         self._server = server
+        self._busy_poll = busy_poll  # the server's: shared by its connections
         self._config = server.config
         self._handlers = server._handlers
         self._direct_handlers = server._direct_handlers
         self._decoder = FrameDecoder(frame_size_max_bytes=self._config.frame_size_max_bytes)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._busy_poll = server.busy_poll or LoopBusyPoll(self._loop, 0)
         self.tasks: set[asyncio.Task[None]] = set()
         self._in_flight_bytes = 0
         self._write_paused = False
