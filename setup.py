@@ -1,5 +1,13 @@
-"""The C part of gms (everything else is configured in pyproject.toml)."""
+"""The C parts of gms (everything else is configured in pyproject.toml)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("gms.record._recordcheck", ["common/record/_recordcheck.c"], extra_compile_args=["-O3"])])
+# Both include common/record/crc32.h and batch_core.h (BatchCore's layout, shared by the two).
+HEADERS = ["common/record/crc32.h", "common/record/batch_core.h"]
+
+setup(ext_modules=[
+    Extension("gms.record._recordcheck", ["common/record/_recordcheck.c"], depends=HEADERS,
+              extra_compile_args=["-O3"]),
+    Extension("gms.client._append", ["client/_append.c"], include_dirs=["common/record"], depends=HEADERS,
+              extra_compile_args=["-O3"]),
+])

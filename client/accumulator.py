@@ -17,6 +17,7 @@ import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from gms.client._append import AppenderBase
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendFuture, SendResult
 from gms.errors import ProtocolError
@@ -27,18 +28,24 @@ from gms.record.builder import BatchBuilder, RecordEncoder
 SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[SendResult]]]
 
 
-class _OpenBatch:
-    __slots__ = ("closed", "future", "records", "route")
+class _OpenBatch(BatchBuilder):
+    """A batch being filled: ``closed`` once taken out of the open batches (sent, or being sent)."""
+
+    __slots__ = ("future", "route")
+
+    def __new__(cls, route: QueueRoute) -> _OpenBatch:
+        return super().__new__(cls, route.queue_id)
 
     def __init__(self, route: QueueRoute) -> None:
         self.route = route
-        self.closed = False  # taken out of the open batches (sent, or being sent)
-        self.records = BatchBuilder(route.queue_id)
         # One Future for the batch: each message's SendFuture reads its result out of it.
         self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
 
 
-class Accumulator:
+class Accumulator(AppenderBase):
+    """``append_plain(topic, body, tag)`` (C, gms.client._append) appends a plain message to its
+    topic's sticky batch, falling back to :meth:`_append_plain_slow` for anything it cannot."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, encoder: RecordEncoder, send: SendFn,
                  choose: Callable[[str], QueueRoute], *, linger_ms: float, batch_bytes: int,
                  buffer_bytes_max: int) -> None:
@@ -51,6 +58,8 @@ class Accumulator:
         self._linger_s = linger_ms / 1000
         self._batch_bytes = batch_bytes
         self._buffer_bytes_max = buffer_bytes_max
+        self._body_size_max = encoder.body_size_max_bytes
+        self._future_type = SendFuture
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._open: dict[QueueRoute, _OpenBatch] = {}
@@ -58,9 +67,10 @@ class Accumulator:
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Task[None]] = set()
 
-    def append_plain(self, topic: str, body: bytes, tag: str | None) -> SendFuture:
-        """Append a plain message to its topic's sticky batch (opened on the queue ``choose``
-        gives when the topic has none)."""
+    def _append_plain_slow(self, topic: str, body: bytes, tag: str | None) -> SendFuture:
+        """``append_plain`` in Python: waits while the buffer is full, packs a new shape, opens
+        the topic's sticky batch on the queue ``choose`` gives when it has none, raises for bad
+        input."""
         batch = self._sticky.get(topic)
         if batch is not None:
             future, filled = None, False
@@ -72,7 +82,7 @@ class Accumulator:
                     filled = batch.closed
             if future is not None:
                 if filled:
-                    self._loop.call_soon_threadsafe(self._dispatch, batch.route, batch)
+                    self._filled(batch)
                 return future
         return self.append(self._choose(topic), body, tag, (), None, sticky=True)
 
@@ -94,7 +104,7 @@ class Accumulator:
             if sticky and not filled:
                 self._sticky[route.topic] = batch
         if filled:
-            self._loop.call_soon_threadsafe(self._dispatch, route, batch)
+            self._filled(batch)
         elif is_new:
             self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
         return future
@@ -103,11 +113,10 @@ class Accumulator:
              properties: Mapping[str, str] | None = None, flags: int = 0) -> SendFuture:
         """Encode a message into ``batch`` (under the lock) and return its future; a message
         that fills the batch closes it here, for the caller to dispatch."""
-        records = batch.records
-        self._buffered_bytes += self._encoder.add(records, topic, body, tag, keys, properties, flags)
-        if records.size_bytes >= self._batch_bytes:
+        self._buffered_bytes += self._encoder.add(batch, topic, body, tag, keys, properties, flags)
+        if batch.size_bytes >= self._batch_bytes:
             self._close(batch)
-        return SendFuture(batch.future, records.count - 1)
+        return SendFuture(batch.future, batch.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
         """Take ``batch`` out of the open ones (under the lock): no message joins it any more."""
@@ -115,6 +124,10 @@ class Accumulator:
         self._open.pop(batch.route, None)
         if self._sticky.get(batch.route.topic) is batch:
             del self._sticky[batch.route.topic]
+
+    def _filled(self, batch: _OpenBatch) -> None:
+        """Send ``batch``, closed because it filled up (called from any thread)."""
+        self._loop.call_soon_threadsafe(self._dispatch, batch.route, batch)
 
     def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
         self._loop.call_later(self._linger_s, self._linger_expired, route, batch)
@@ -133,20 +146,20 @@ class Accumulator:
 
     async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
         try:
-            results = await self._send(route, batch.records.seal_counted())
+            results = await self._send(route, batch.seal_counted())
         except BaseException as err:
             batch.future.set_exception(err)
             if not isinstance(err, Exception):
                 raise
         else:
-            if results and len(results) != batch.records.count:
+            if results and len(results) != batch.count:
                 batch.future.set_exception(ProtocolError(
-                    f"{len(results)} results for a batch of {batch.records.count} messages", must_close=False))
+                    f"{len(results)} results for a batch of {batch.count} messages", must_close=False))
             else:
                 batch.future.set_result(results)  # acks=0: none, each message's result is None
         finally:
             with self._lock:
-                self._buffered_bytes -= batch.records.size_bytes
+                self._buffered_bytes -= batch.size_bytes
                 self._space.notify_all()
 
     async def flush(self) -> None:

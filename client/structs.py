@@ -10,7 +10,6 @@ fields are decoded from the record on access (the layout is :mod:`gms.record`'s)
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
 
+from gms.client._append import FutureHandle
 from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
@@ -167,20 +167,17 @@ class SendResults(_ListLike, Sequence[SendResult]):
         return f"SendResults({len(self)} results of {self._topic!r} on {self._broker})"
 
 
-class SendFuture:
+class SendFuture(FutureHandle):
     """The outcome of one ``send_async``: resolved when its batch is answered (Kafka's
     FutureRecordMetadata). A producer queues hundreds of thousands of messages a second, and a
     :class:`concurrent.futures.Future` each (a Condition and its lock, a lock round per result)
     cost more than encoding them: a batch has one Future, and each message a small handle on it
     with the Future methods callers use (``result``, ``exception``, ``done``, ``cancelled``,
     ``running``, ``add_done_callback``). ``concurrent.futures.wait`` needs real Futures: wait
-    with ``Producer.flush()`` instead."""
+    with ``Producer.flush()`` instead. ``SendFuture(batch, index)``: its state is C
+    (``FutureHandle``), for send_async's plain path to make one in C (gms.client._append)."""
 
-    __slots__ = ("_batch", "_index")
-
-    def __init__(self, batch: concurrent.futures.Future[Sequence[SendResult]], index: int) -> None:
-        self._batch = batch
-        self._index = index
+    __slots__ = ()
 
     def result(self, timeout: float | None = None) -> SendResult:
         """The message's SendResult (None with acks=0), waiting up to ``timeout`` seconds;
@@ -207,6 +204,7 @@ class SendFuture:
     def add_done_callback(self, fn: Callable[[SendFuture], object]) -> None:
         """``fn(this future)`` once the batch is answered (at once if it already is), on the
         producer's I/O thread: keep it short."""
+        self._track()  # the batch's Future now refers back to this handle: a cycle for the collector
         self._batch.add_done_callback(lambda _: fn(self))
 
     def __repr__(self) -> str:

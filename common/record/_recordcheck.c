@@ -3,15 +3,20 @@
  * Python pays ~0.2-0.3 us to slice one record and call a CRC function on it, more than the CRC of
  * a 100-byte record costs. These loops walk, checksum and compare whole batches (a PULL answer,
  * an appended batch, a recovery chunk) with the GIL released. The record layout is record.py's;
- * LAYOUT below is compared with it at import.
+ * LAYOUT below is compared with it at import. BatchCore is the producer's side: a batch's
+ * records, appended one C call each (batch_core.h).
  *
- * CRC-32 is zlib's (reflected polynomial 0xEDB88320), slicing-by-8: ~0.4 ns per byte.
+ * CRC-32 is zlib's (crc32.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "batch_core.h"
+#include "crc32.h"
+#include <structmember.h>
 
 #define OFF_MAGIC 4
 #define OFF_CRC 8
@@ -25,105 +30,6 @@
 
 /* Batches smaller than this many bytes are checked without releasing the GIL (not worth it). */
 #define RELEASE_GIL_BYTES 65536
-
-static uint32_t crc_table[8][256];
-
-static void init_crc_tables(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = crc_table[0][i];
-        for (int t = 1; t < 8; t++) {
-            c = crc_table[0][c & 0xff] ^ (c >> 8);
-            crc_table[t][i] = c;
-        }
-    }
-}
-
-/* Slicing-by-8 over the raw register (no pre/post inversion). */
-static uint32_t crc32_table_update(uint32_t c, const uint8_t *p, size_t n) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    while (n >= 8) {
-        uint32_t one, two;
-        memcpy(&one, p, 4);
-        memcpy(&two, p + 4, 4);
-        one ^= c;
-        c = crc_table[7][one & 0xff] ^ crc_table[6][(one >> 8) & 0xff] ^ crc_table[5][(one >> 16) & 0xff]
-            ^ crc_table[4][one >> 24] ^ crc_table[3][two & 0xff] ^ crc_table[2][(two >> 8) & 0xff]
-            ^ crc_table[1][(two >> 16) & 0xff] ^ crc_table[0][two >> 24];
-        p += 8;
-        n -= 8;
-    }
-#endif
-    while (n--) c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
-    return c;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_CLMUL_KERNEL 1
-
-/* Folding with carry-less multiplication (Intel's "Fast CRC Computation for Generic Polynomials
- * Using PCLMULQDQ"; the constants are Linux's crc32-pclmul ones for the reflected polynomial):
- * ~0.1 ns per byte. Takes and returns the raw register; n >= 64 and a multiple of 16. */
-__attribute__((target("pclmul,sse2")))
-static uint32_t crc32_clmul_blocks(uint32_t crc, const uint8_t *p, size_t n) {
-    const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL);
-    const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL);
-    const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124LL);
-    const __m128i poly_mu = _mm_set_epi64x(0x1f7011641LL, 0x1db710641LL);
-    const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
-    __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 16));
-    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 32)), x4 = _mm_loadu_si128((const __m128i *)(p + 48));
-    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
-    p += 64;
-    n -= 64;
-#define FOLD(x, k, next) \
-    _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next)
-    for (; n >= 64; p += 64, n -= 64) {
-        x1 = FOLD(x1, k1k2, _mm_loadu_si128((const __m128i *)p));
-        x2 = FOLD(x2, k1k2, _mm_loadu_si128((const __m128i *)(p + 16)));
-        x3 = FOLD(x3, k1k2, _mm_loadu_si128((const __m128i *)(p + 32)));
-        x4 = FOLD(x4, k1k2, _mm_loadu_si128((const __m128i *)(p + 48)));
-    }
-    x1 = FOLD(x1, k3k4, x2);
-    x1 = FOLD(x1, k3k4, x3);
-    x1 = FOLD(x1, k3k4, x4);
-    for (; n >= 16; p += 16, n -= 16) x1 = FOLD(x1, k3k4, _mm_loadu_si128((const __m128i *)p));
-#undef FOLD
-    /* 128 -> 64 bits, then 64 -> 32, then Barrett reduction. */
-    x1 = _mm_xor_si128(_mm_clmulepi64_si128(k3k4, x1, 0x01), _mm_srli_si128(x1, 8));
-    x2 = _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5, 0x00);
-    x1 = _mm_xor_si128(_mm_srli_si128(x1, 4), x2);
-    x2 = _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), poly_mu, 0x10);
-    x2 = _mm_clmulepi64_si128(_mm_and_si128(x2, mask32), poly_mu, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_cvtsi128_si32(_mm_srli_si128(x1, 4));
-}
-
-static int have_clmul;
-#endif
-
-/* zlib's crc32(data, value): the CRC of data continued from value (0: a fresh CRC). */
-static uint32_t crc32_continue(uint32_t value, const uint8_t *p, size_t n) {
-    uint32_t c = ~value;
-#ifdef HAVE_CLMUL_KERNEL
-    if (have_clmul && n >= 64) {
-        size_t blocks = n & ~(size_t)15;
-        c = crc32_clmul_blocks(c, p, blocks);
-        p += blocks;
-        n -= blocks;
-    }
-#endif
-    return ~crc32_table_update(c, p, n);
-}
-
-static uint32_t crc32_of(const uint8_t *p, size_t n) {
-    return crc32_continue(0, p, n);
-}
 
 static inline uint32_t load_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
@@ -413,52 +319,116 @@ static PyObject *crc32(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(crc);
 }
 
-PyDoc_STRVAR(add_record_doc,
-"add_record(parts, total_size, shape_crc, shape, body) -> None\n\n"
-"Append one record to a producer batch's buffer list: its first 12 bytes (total size, magic,\n"
-"CRC = zlib.crc32(body, shape_crc)), then shape and body themselves (no copy).");
+/* --- BatchCore: the C base of gms.record.builder.BatchBuilder ------------------------------- */
 
-static PyObject *add_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "add_record takes exactly 5 arguments");
+static PyObject *time_ns;  /* time.time_ns: a batch's born timestamp, as Python's clock reads it */
+
+static PyObject *batch_core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t queue_id;
+    static char *names[] = {"queue_id", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n", names, &queue_id)) return NULL;
+    PyObject *now = PyObject_CallNoArgs(time_ns);
+    if (now == NULL) return NULL;
+    long long born_ts_ms = PyLong_AsLongLong(now);
+    Py_DECREF(now);
+    if (born_ts_ms == -1 && PyErr_Occurred()) return NULL;
+    BatchCoreObject *self = (BatchCoreObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->parts = PyList_New(0);
+    self->shapes = PyDict_New();
+    if (self->parts == NULL || self->shapes == NULL) {
+        Py_DECREF(self);
         return NULL;
     }
-    PyObject *parts = args[0], *shape = args[3], *body = args[4];
-    if (!PyList_Check(parts)) {
-        PyErr_SetString(PyExc_TypeError, "parts must be a list");
+    self->queue_id = queue_id;
+    self->born_ts_ms = born_ts_ms / 1000000;
+    return (PyObject *)self;
+}
+
+static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->parts);
+    Py_VISIT(self->shapes);
+    Py_VISIT(self->last_topic);
+    Py_VISIT(self->last_tag);
+    Py_VISIT(self->last_entry);
+    return 0;
+}
+
+static int batch_core_clear(BatchCoreObject *self) {
+    Py_CLEAR(self->parts);
+    Py_CLEAR(self->shapes);
+    Py_CLEAR(self->last_topic);
+    Py_CLEAR(self->last_tag);
+    Py_CLEAR(self->last_entry);
+    return 0;
+}
+
+static void batch_core_dealloc(BatchCoreObject *self) {
+    PyObject_GC_UnTrack(self);
+    batch_core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(batch_core_add_doc,
+"add(total_size, shape_crc, shape, body) -> None\n\n"
+"Append one record: its first 12 bytes (total size, magic, CRC = zlib.crc32(body, shape_crc)),\n"
+"then shape and body themselves (no copy); count and size_bytes grow with it.");
+
+static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "add takes exactly 4 arguments");
         return NULL;
     }
-    long total = PyLong_AsLong(args[1]);
+    Py_ssize_t total = PyLong_AsSsize_t(args[0]);
     if (total == -1 && PyErr_Occurred()) return NULL;
-    unsigned long shape_crc = PyLong_AsUnsignedLong(args[2]);
+    unsigned long shape_crc = PyLong_AsUnsignedLong(args[1]);
     if (shape_crc == (unsigned long)-1 && PyErr_Occurred()) return NULL;
     if (total < 0 || total > INT32_MAX || shape_crc > 0xFFFFFFFFul) {
         PyErr_SetString(PyExc_ValueError, "total_size or shape_crc out of range");
         return NULL;
     }
     Py_buffer data;
-    if (PyObject_GetBuffer(body, &data, PyBUF_SIMPLE) < 0) return NULL;
-    uint32_t crc = crc32_continue((uint32_t)shape_crc, data.buf, (size_t)data.len);
+    if (PyObject_GetBuffer(args[3], &data, PyBUF_SIMPLE) < 0) return NULL;
+    int failed = batch_core_append(self, total, (uint32_t)shape_crc, args[2], args[3], data.buf, data.len);
     PyBuffer_Release(&data);
-    uint8_t head[12];
-    uint32_t words[3] = {(uint32_t)total, MAGIC_V1, crc};
-    for (int i = 0; i < 3; i++) {
-        head[4 * i] = (uint8_t)(words[i] >> 24);
-        head[4 * i + 1] = (uint8_t)(words[i] >> 16);
-        head[4 * i + 2] = (uint8_t)(words[i] >> 8);
-        head[4 * i + 3] = (uint8_t)words[i];
-    }
-    PyObject *first = PyBytes_FromStringAndSize((const char *)head, sizeof head);
-    if (first == NULL) return NULL;
-    int failed = PyList_Append(parts, first) < 0 || PyList_Append(parts, shape) < 0
-                 || PyList_Append(parts, body) < 0;
-    Py_DECREF(first);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
+static PyMethodDef batch_core_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))batch_core_add, METH_FASTCALL, batch_core_add_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef batch_core_members[] = {
+    {"parts", T_OBJECT, offsetof(BatchCoreObject, parts), READONLY, "Each record as 3 buffers."},
+    {"shapes", T_OBJECT, offsetof(BatchCoreObject, shapes), READONLY,
+     "(topic, tag, body length) -> (shape, shape CRC, record size) of the batch's plain records."},
+    {"count", T_PYSSIZET, offsetof(BatchCoreObject, count), READONLY, "Records in the batch."},
+    {"size_bytes", T_PYSSIZET, offsetof(BatchCoreObject, size_bytes), READONLY, "Their bytes."},
+    {"queue_id", T_PYSSIZET, offsetof(BatchCoreObject, queue_id), READONLY, "The queue they go to."},
+    {"born_ts_ms", T_LONGLONG, offsetof(BatchCoreObject, born_ts_ms), READONLY,
+     "When the batch was created (ms since the epoch): its records' born timestamp."},
+    {"closed", T_BOOL, offsetof(BatchCoreObject, closed), 0,
+     "Set by the batch's owner: no record joins it any more."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BatchCore_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gms.record._recordcheck.BatchCore",
+    .tp_doc = PyDoc_STR("BatchCore(queue_id): a producer batch's records (see batch_core.h)."),
+    .tp_basicsize = sizeof(BatchCoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = batch_core_new,
+    .tp_dealloc = (destructor)batch_core_dealloc,
+    .tp_traverse = (traverseproc)batch_core_traverse,
+    .tp_clear = (inquiry)batch_core_clear,
+    .tp_methods = batch_core_methods,
+    .tp_members = batch_core_members,
+};
+
 static PyMethodDef methods[] = {
-    {"add_record", (PyCFunction)(void (*)(void))add_record, METH_FASTCALL, add_record_doc},
     {"check_stored", check_stored, METH_VARARGS, check_stored_doc},
     {"crc_mismatches", crc_mismatches, METH_VARARGS, crc_mismatches_doc},
     {"walk", walk, METH_VARARGS, walk_doc},
@@ -469,16 +439,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gms.record._recordcheck",
-    "Checks of many stored records in one call (record walk, CRC and envelope, views), in C.", -1, methods,
+    "Checks of many stored records in one call (record walk, CRC and envelope, views), and the\n"
+    "producer's batch of records (BatchCore), in C.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__recordcheck(void) {
-    init_crc_tables();
-#ifdef HAVE_CLMUL_KERNEL
-    __builtin_cpu_init();
-    const char *kernel = getenv("GMS_CRC_KERNEL");  /* "table": the portable kernel (tests) */
-    have_clmul = __builtin_cpu_supports("pclmul") && (kernel == NULL || strcmp(kernel, "table") != 0);
-#endif
+    crc32_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     PyObject *layout = Py_BuildValue("(iiiiiiik)", OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET,
@@ -488,12 +454,19 @@ PyMODINIT_FUNC PyInit__recordcheck(void) {
         Py_DECREF(m);
         return NULL;
     }
-#ifdef HAVE_CLMUL_KERNEL
-    const char *name = have_clmul ? "clmul" : "table";
-#else
-    const char *name = "table";
-#endif
-    if (PyModule_AddStringConstant(m, "KERNEL", name) < 0) {
+    if (PyModule_AddStringConstant(m, "KERNEL", crc32_kernel()) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *time = PyImport_ImportModule("time");
+    if (time == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    time_ns = PyObject_GetAttrString(time, "time_ns");
+    Py_DECREF(time);
+    if (time_ns == NULL || PyType_Ready(&BatchCore_Type) < 0
+        || PyModule_AddObjectRef(m, "BatchCore", (PyObject *)&BatchCore_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

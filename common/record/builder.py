@@ -5,14 +5,13 @@ CRC pass each). Here a record is three buffers: the first 12 bytes (size, magic,
 *shape* (the broker's envelope, the CRC-covered fixed fields, topic, tag, born host, keys,
 properties) and the body. A batch's messages mostly share a shape (same topic, tag and body
 length, no keys or properties), so each shape is packed once per batch together with the
-CRC of its covered part; a message then costs one C call (``add_record``: the CRC continued
+CRC of its covered part; a message then costs one C call (``BatchCore.add``: the CRC continued
 over the body, the first 12 bytes, three list appends). :meth:`BatchBuilder.seal` joins the
 buffers once. The layout is :mod:`gms.record`'s.
 """
 
 from __future__ import annotations
 
-import time
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +34,7 @@ from gms.record import (
     encode_properties,
     tag_hash,
 )
-from gms.record._recordcheck import add_record
+from gms.record._recordcheck import BatchCore
 from gms.record.sequence import STAMP_BYTES
 from gms.store_errors import InvalidRecord, InvalidTopicName
 
@@ -107,9 +106,7 @@ class RecordEncoder:
                 if len(batch.shapes) < _SHAPES_PER_BATCH_MAX:
                     batch.shapes[(topic, tag, body_len)] = found
             shape, shape_crc, total = found
-        add_record(batch.parts, total, shape_crc, shape, body)  # size/magic/CRC, shape, body
-        batch.count += 1
-        batch.size_bytes += total
+        batch.add(total, shape_crc, shape, body)  # size/magic/CRC, shape, body
         return total
 
     def _shape(self, batch: BatchBuilder, topic: str, body_len: int, tag: str | None,
@@ -144,18 +141,12 @@ class RecordEncoder:
         return shape, zlib.crc32(memoryview(shape)[OFF_CRC_START - _OFF_SHAPE:]), total
 
 
-class BatchBuilder:
-    """Records being collected for one send request to one queue."""
+class BatchBuilder(BatchCore):
+    """Records being collected for one send request to one queue: ``BatchBuilder(queue_id)``.
+    Its state and ``add`` are C (``BatchCore``), so that send_async's plain path appends to it
+    in one C call (gms.client._append)."""
 
-    __slots__ = ("born_ts_ms", "count", "parts", "queue_id", "shapes", "size_bytes")
-
-    def __init__(self, queue_id: int) -> None:
-        self.parts: list[bytes | bytearray | memoryview] = []
-        self.count = 0
-        self.size_bytes = 0
-        self.queue_id = queue_id
-        self.born_ts_ms = int(time.time() * 1000)
-        self.shapes: dict[tuple[str, str | None, int], tuple[bytes, int, int]] = {}
+    __slots__ = ()
 
     def __len__(self) -> int:
         return self.count

@@ -33,9 +33,9 @@ def test_both_crc_kernels_agree_with_zlib():
         "    for skip in range(8):\n"
         "        view = memoryview(data)[skip: skip + n]\n"
         "        assert r.crc32(view) == zlib.crc32(view), (n, skip)\n"
-        "        parts = []\n"
-        "        r.add_record(parts, n + 12, 0x1234567, b'', view)\n"
-        "        assert parts[0][8:] == zlib.crc32(view, 0x1234567).to_bytes(4, 'big'), (n, skip)\n"
+        "        batch = r.BatchCore(0)\n"
+        "        batch.add(n + 12, 0x1234567, b'', view)\n"
+        "        assert batch.parts[0][8:] == zlib.crc32(view, 0x1234567).to_bytes(4, 'big'), (n, skip)\n"
         "print(r.KERNEL)\n"
     )
     kernels = set()
@@ -141,22 +141,29 @@ def test_records_outside_the_buffer_are_refused(starts, sizes):
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=80), st.integers(0, 2**32 - 1), st.integers(0, 2**31 - 1))
-def test_add_record_is_pack_and_zlib(body, shape, shape_crc, total):
-    parts: list = [b"before"]
-    _recordcheck.add_record(parts, total, shape_crc, shape, body)
-    assert parts[1:] == [struct.pack(">iII", total, rec.MAGIC_V1, zlib.crc32(body, shape_crc)), shape, body]
-    assert parts[2] is shape and parts[3] is body  # kept, not copied
+def test_batch_add_is_pack_and_zlib(body, shape, shape_crc, total):
+    batch = _recordcheck.BatchCore(5)
+    batch.add(7, 0, b"s", b"b")
+    batch.add(total, shape_crc, shape, body)
+    parts = batch.parts
+    assert parts[3:] == [struct.pack(">iII", total, rec.MAGIC_V1, zlib.crc32(body, shape_crc)), shape, body]
+    assert parts[4] is shape and parts[5] is body  # kept, not copied
+    assert (batch.count, batch.size_bytes, batch.queue_id) == (2, 7 + total, 5)
 
 
 def test_bad_arguments_raise_not_crash():
-    with pytest.raises(TypeError):
-        _recordcheck.add_record((), 10, 0, b"", b"")  # parts must be a list
+    batch = _recordcheck.BatchCore(0)
     with pytest.raises(ValueError):
-        _recordcheck.add_record([], 2**31, 0, b"", b"")
+        batch.add(2**31, 0, b"", b"")
     with pytest.raises(OverflowError):
-        _recordcheck.add_record([], 10, -1, b"", b"")
+        batch.add(10, -1, b"", b"")
     with pytest.raises(TypeError):
-        _recordcheck.add_record([], 10, 0, b"", "text")  # a body must be a buffer
+        batch.add(10, 0, b"", "text")  # a body must be a buffer
+    with pytest.raises(TypeError):
+        batch.add(10, 0, b"")
+    with pytest.raises(TypeError):
+        _recordcheck.BatchCore("queue")
+    assert (batch.count, batch.size_bytes, batch.parts) == (0, 0, [])  # nothing half-added
     buf = bytes(200)
     with pytest.raises(TypeError, match="int64"):
         _recordcheck.check_stored(buf, np.zeros(1, np.int32), np.array([80]), 0, 0, np.zeros(1, np.int64))

@@ -1,0 +1,153 @@
+"""send_async's plain path in C (gms.client._append): the records it writes are the reference
+codec's, bad input still gets its typed error, concurrent senders lose and repeat nothing, and
+the futures it makes are collected like any other object."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from client_helpers import consume
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gms.client import Consumer, Producer
+from gms.client.accumulator import Accumulator
+from gms.client.routing import QueueRoute
+from gms.client.structs import SendFuture
+from gms.errors import InvalidTopicError, MessageIllegalError
+from gms.record import encode_record, iter_records
+from gms.record.builder import RecordEncoder
+
+plain = st.tuples(st.sampled_from(["t", "orders"]), st.binary(max_size=300),
+                  st.one_of(st.none(), st.sampled_from(["A", "B", "tag-é"])))
+
+
+@contextlib.contextmanager
+def _accumulator(encoder: RecordEncoder, sent: list | None = None, **limits: int) -> Iterator[Accumulator]:
+    """An accumulator over a loop that runs only when a test runs it; ``sent`` collects what
+    would go to the broker (as with acks=0: no results)."""
+    async def send(route, bodies):
+        if sent is None:
+            raise AssertionError("not sent in this test")
+        sent.append((route, bodies))
+        return []
+    routes = {"t": QueueRoute("t", 3, "127.0.0.1:1"), "orders": QueueRoute("orders", 1, "127.0.0.1:1")}
+    loop = asyncio.new_event_loop()
+    try:
+        yield Accumulator(loop, encoder, send, routes.__getitem__, linger_ms=60_000,
+                          batch_bytes=limits.get("batch_bytes", 1 << 30), buffer_bytes_max=1 << 30)
+    finally:
+        loop.close()
+
+
+@settings(max_examples=200)
+@given(st.lists(plain, min_size=1, max_size=60), st.sampled_from(["", "127.0.0.1:5"]))
+def test_plain_appends_write_the_reference_bytes(messages, born_host):
+    """Same topic, tag and length again: the C path (shape cached by the batch); anything new:
+    the Python path. Together they must write exactly what the reference codec writes."""
+    with _accumulator(RecordEncoder(born_host)) as acc:
+        futures = [acc.append_plain(topic, body, tag) for topic, body, tag in messages]
+        for topic in {m[0] for m in messages}:
+            batch = acc._sticky[topic]
+            mine = [m for m in messages if m[0] == topic]
+            expected = b"".join(encode_record(topic=t, body=b, tag=g, queue_id=batch.queue_id, born_host=born_host,
+                                              born_ts_ms=batch.born_ts_ms) for t, b, g in mine)
+            assert bytes(batch.seal()) == expected
+            assert [r.body for r in iter_records(expected)] == [b for _, b, _ in mine]
+            assert batch.count == len(mine) and batch.size_bytes == len(expected)
+            assert [f._index for f in futures if f._batch is batch.future] == list(range(len(mine)))
+        assert acc._buffered_bytes == sum(b.size_bytes for b in acc._sticky.values())
+
+
+def test_the_fast_path_really_runs():
+    """After the first message of a shape, the Python path is not called again."""
+    with _accumulator(RecordEncoder()) as acc:
+        slow_calls = []
+        original = acc._append_plain_slow
+
+        def counting(*args):
+            slow_calls.append(args)
+            return original(*args)
+        acc._append_plain_slow = counting  # type: ignore[method-assign]
+        for _ in range(100):
+            acc.append_plain("t", b"x" * 50, "A")
+        assert len(slow_calls) == 1
+        acc.append_plain("t", b"x" * 51, "A")  # a new shape: packed in Python, then cached
+        acc.append_plain("t", b"y" * 51, "A")
+        acc.append_plain("t", bytearray(b"x" * 50), "A")  # not bytes: Python's path
+        assert len(slow_calls) == 3
+
+
+def test_a_full_batch_is_closed_and_handed_to_the_loop():
+    sent: list = []
+    with _accumulator(RecordEncoder(), sent, batch_bytes=1000) as acc:
+        futures = [acc.append_plain("t", b"z" * 100, None) for _ in range(32)]
+        record_bytes = acc._sticky["t"].size_bytes // acc._sticky["t"].count
+        assert acc._buffered_bytes == 32 * record_bytes  # sent or not, nothing is answered yet
+        open_batch = acc._sticky["t"]
+        closed = {id(f._batch): f._batch for f in futures if f._batch is not open_batch.future}
+        assert len(closed) == 5 and not open_batch.closed  # 6 records of 177 bytes per batch
+        acc._loop.run_until_complete(asyncio.sleep(0.01))  # the loop sends what filled up
+        assert sum(count for _, bodies in sent for _, count in bodies) == 32 - open_batch.count
+        assert all(f.done() and f.result() is None for f in futures if f._batch is not open_batch.future)
+        assert acc._buffered_bytes == open_batch.size_bytes  # the answered batches gave their room back
+
+
+def test_bad_plain_messages_get_their_typed_errors_on_the_fast_path(broker, topic):
+    with Producer([broker.address], linger_ms=60_000) as producer:
+        producer.send_async(topic, b"ok")  # the topic now has a sticky batch: the C path is armed
+        with pytest.raises(TypeError, match="bytes-like"):
+            producer.send_async(topic, "text")  # type: ignore[arg-type]
+        with pytest.raises(MessageIllegalError, match="exceeds the limit"):
+            producer.send_async(topic, b"x" * (4 * 1024 * 1024 + 1))
+        with pytest.raises(InvalidTopicError):
+            producer.send_async("bad topic!", b"x")
+        with pytest.raises(MessageIllegalError, match="tag"):
+            producer.send_async(topic, b"ok", tag="t" * 70_000)
+        good = [producer.send_async(topic, b"ok"), producer.send_async(topic, bytearray(b"ba")),
+                producer.send_async(topic, memoryview(b"mv"))]
+        producer.flush()
+    assert [f.result().topic for f in good] == [topic] * 3
+
+
+def test_concurrent_plain_senders_lose_and_repeat_nothing(broker, topic):
+    """4 threads append at once through small batches and a small buffer (appends wait for
+    room, batches fill every few messages): every message arrives once."""
+    threads_n, per_thread = 4, 3000
+    with Producer([broker.address], linger_ms=1, batch_bytes=2048, buffer_bytes_max=16 * 1024) as producer:
+        futures: list[list[SendFuture]] = [[] for _ in range(threads_n)]
+
+        def send(k: int) -> None:
+            for i in range(per_thread):
+                futures[k].append(producer.send_async(topic, b"%d-%05d" % (k, i), tag="A" if i % 3 else None))
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        producer.flush()
+    results = [f.result() for fs in futures for f in fs]
+    assert len({(r.queue_id, r.queue_offset) for r in results}) == threads_n * per_thread
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        bodies = sorted(m.body for m in consume(consumer, threads_n * per_thread))
+    assert bodies == sorted(b"%d-%05d" % (k, i) for k in range(threads_n) for i in range(per_thread))
+
+
+def test_futures_are_untracked_until_a_callback_and_then_collected():
+    with _accumulator(RecordEncoder()) as acc:
+        acc.append_plain("t", b"x", None)
+        future = acc.append_plain("t", b"x", None)  # made in C
+        assert not gc.is_tracked(future) and not gc.is_tracked(SendFuture(concurrent.futures.Future(), 0))
+        future.add_done_callback(print)  # the batch's Future now refers back to the handle
+        assert gc.is_tracked(future)
+        batch_future = weakref.ref(future._batch)
+    del acc, future
+    gc.collect()
+    assert batch_future() is None  # the cycle handle -> Future -> callback -> handle was collected
