@@ -26,6 +26,8 @@ from gms.record.builder import BatchBuilder, RecordEncoder
 # Sends one batch, sealed as one or more request bodies (with their record counts), to ``route``;
 # results in order.
 SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[SendResult]]]
+# How long a thread that filled a batch waits for the loop to take it (see Accumulator._filled).
+HANDOFF_WAIT_S = 0.002
 
 
 class _OpenBatch(BatchBuilder):
@@ -126,8 +128,27 @@ class Accumulator(AppenderBase):
             del self._sticky[batch.route.topic]
 
     def _filled(self, batch: _OpenBatch) -> None:
-        """Send ``batch``, closed because it filled up (called from any thread)."""
-        self._loop.call_soon_threadsafe(self._dispatch, batch.route, batch)
+        """Send ``batch``, closed because it filled up.
+
+        The loop's thread needs the GIL to send it, and a thread that keeps appending holds the
+        GIL for the interpreter's switch interval (5 ms) at a time: long enough for a queue's
+        requests in flight to be answered and the pipe to run dry. So an appending thread hands
+        over: it waits, the GIL released, until the loop has taken the batch (at most
+        ``HANDOFF_WAIT_S``). On the loop's own thread (a callback that sends) it cannot wait."""
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._dispatch(batch.route, batch)
+            return
+        taken = threading.Event()
+        self._loop.call_soon_threadsafe(self._take, batch, taken)
+        taken.wait(HANDOFF_WAIT_S)
+
+    def _take(self, batch: _OpenBatch, taken: threading.Event) -> None:
+        taken.set()
+        self._dispatch(batch.route, batch)
 
     def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
         self._loop.call_later(self._linger_s, self._linger_expired, route, batch)

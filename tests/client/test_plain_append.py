@@ -17,7 +17,7 @@ from client_helpers import consume
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gms.client import Consumer, Producer
+from gms.client import Consumer, Producer, accumulator
 from gms.client.accumulator import Accumulator
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendFuture
@@ -151,3 +151,20 @@ def test_futures_are_untracked_until_a_callback_and_then_collected():
     del acc, future
     gc.collect()
     assert batch_future() is None  # the cycle handle -> Future -> callback -> handle was collected
+
+
+def test_a_callback_that_fills_batches_sends_them_from_the_loop(broker, topic, monkeypatch):
+    """A callback runs on the loop's thread: a batch it fills is dispatched there at once (a
+    thread that fills a batch otherwise waits for the loop to take it, which the loop itself
+    cannot do: with a 5 s wait, ~25 batches would stall it for two minutes)."""
+    monkeypatch.setattr(accumulator, "HANDOFF_WAIT_S", 5.0)
+    sent: list[SendFuture] = []
+    with Producer([broker.address], linger_ms=60_000, batch_bytes=1024) as producer:
+        def send_more(_: SendFuture) -> None:
+            sent.extend(producer.send_async(topic, b"from-loop-%03d" % i) for i in range(200))
+        producer.send_async(topic, b"first", queue=0, callback=send_more)
+        producer.flush()  # sends "first"; its callback fills ~25 batches on the loop
+        producer.flush()
+    assert len(sent) == 200 and all(f.exception() is None for f in sent)
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        assert sorted(m.body for m in consume(consumer, 201))[-1] == b"from-loop-199"
