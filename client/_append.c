@@ -17,76 +17,205 @@
 static PyTypeObject *batch_core_type;  /* gms.record._recordcheck.BatchCore */
 static PyObject *str_acquire, *str_release, *str_future, *str_close, *str_filled, *str_slow;
 
-/* --- FutureHandle: the base of gms.client.structs.SendFuture ------------------------------- */
+/* --- SendFuture: one message's place in its batch's Future -------------------------------- */
 
-/* A handle starts untracked by the garbage collector: a producer keeps hundreds of thousands,
- * each young collection would walk them, and they take part in no cycle until a callback on the
- * batch's Future refers back to one (SendFuture.add_done_callback calls _track first). */
+/* Not an object of the cycle collector: a producer makes one per message, hundreds of thousands
+ * a second, and every allocation of a collected object counts towards the next collection. A
+ * collection that often promotes the producer's batches in flight, which then set off full
+ * collections (all of a process's objects walked). A handle is in no lasting cycle: the only
+ * reference back to one from its batch's Future is a callback's, and that is dropped when the
+ * callback has run (OneShotCallback). */
 typedef struct {
     PyObject_HEAD
     PyObject *batch;   /* the batch's concurrent.futures.Future */
     Py_ssize_t index;  /* the message's place in the batch */
-} FutureHandleObject;
+} SendFutureObject;
 
-static PyObject *future_handle_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+static PyTypeObject SendFuture_Type;
+static PyTypeObject OneShotCallback_Type;
+static PyObject *str_result, *str_exception, *str_done, *str_cancelled, *str_add_done_callback;
+
+static SendFutureObject *send_future_make(PyObject *batch, Py_ssize_t index) {
+    SendFutureObject *self = PyObject_New(SendFutureObject, &SendFuture_Type);
+    if (self == NULL) return NULL;
+    self->batch = Py_NewRef(batch);
+    self->index = index;
+    return self;
+}
+
+static PyObject *send_future_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)type;
     PyObject *batch;
     Py_ssize_t index;
     static char *names[] = {"batch", "index", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On", names, &batch, &index)) return NULL;
-    FutureHandleObject *self = (FutureHandleObject *)type->tp_alloc(type, 0);
-    if (self == NULL) return NULL;
-    PyObject_GC_UnTrack(self);
-    self->batch = Py_NewRef(batch);
-    self->index = index;
-    return (PyObject *)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On:SendFuture", names, &batch, &index)) return NULL;
+    return (PyObject *)send_future_make(batch, index);
 }
 
-static PyObject *future_handle_track(FutureHandleObject *self, PyObject *unused) {
+static void send_future_dealloc(SendFutureObject *self) {
+    Py_XDECREF(self->batch);
+    PyObject_Free(self);
+}
+
+/* timeout=None, the one optional argument of result() and exception(). */
+static int parse_timeout(PyObject *args, PyObject *kwargs, const char *format, PyObject **timeout) {
+    static char *names[] = {"timeout", NULL};
+    *timeout = Py_None;
+    return PyArg_ParseTupleAndKeywords(args, kwargs, format, names, timeout);
+}
+
+static PyObject *send_future_result(SendFutureObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *timeout;
+    if (!parse_timeout(args, kwargs, "|O:result", &timeout)) return NULL;
+    PyObject *results = PyObject_CallMethodOneArg(self->batch, str_result, timeout);
+    if (results == NULL) return NULL;
+    int any = PyObject_IsTrue(results);  /* acks=0: no results, each message's is None */
+    PyObject *mine = any > 0 ? PySequence_GetItem(results, self->index) : any == 0 ? Py_NewRef(Py_None) : NULL;
+    Py_DECREF(results);
+    return mine;
+}
+
+static PyObject *send_future_exception(SendFutureObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *timeout;
+    if (!parse_timeout(args, kwargs, "|O:exception", &timeout)) return NULL;
+    return PyObject_CallMethodOneArg(self->batch, str_exception, timeout);
+}
+
+static PyObject *send_future_done(SendFutureObject *self, PyObject *unused) {
     (void)unused;
-    if (!PyObject_GC_IsTracked((PyObject *)self)) PyObject_GC_Track(self);
-    Py_RETURN_NONE;
+    return PyObject_CallMethodNoArgs(self->batch, str_done);
 }
 
-static PyMethodDef future_handle_methods[] = {
-    {"_track", (PyCFunction)future_handle_track, METH_NOARGS,
-     "Let the garbage collector see this handle (before anything it refers to refers back to it)."},
+static PyObject *send_future_cancelled(SendFutureObject *self, PyObject *unused) {
+    (void)unused;
+    return PyObject_CallMethodNoArgs(self->batch, str_cancelled);
+}
+
+static PyObject *send_future_running(SendFutureObject *self, PyObject *unused) {
+    (void)unused;
+    PyObject *done = PyObject_CallMethodNoArgs(self->batch, str_done);
+    if (done == NULL) return NULL;
+    int is_done = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (is_done < 0) return NULL;
+    return PyBool_FromLong(!is_done);
+}
+
+static PyObject *send_future_cancel(SendFutureObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    Py_RETURN_FALSE;
+}
+
+/* fn(handle) once, then neither is referred to any more (the Future keeps its callbacks). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn, *handle;
+} OneShotCallbackObject;
+
+static PyObject *send_future_add_done_callback(SendFutureObject *self, PyObject *fn) {
+    OneShotCallbackObject *callback = PyObject_GC_New(OneShotCallbackObject, &OneShotCallback_Type);
+    if (callback == NULL) return NULL;
+    callback->fn = Py_NewRef(fn);
+    callback->handle = Py_NewRef((PyObject *)self);
+    PyObject_GC_Track(callback);
+    PyObject *added = PyObject_CallMethodOneArg(self->batch, str_add_done_callback, (PyObject *)callback);
+    Py_DECREF(callback);
+    return added;
+}
+
+static PyObject *send_future_repr(SendFutureObject *self) {
+    PyObject *done = PyObject_CallMethodNoArgs(self->batch, str_done);
+    if (done == NULL) return NULL;
+    int is_done = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (is_done < 0) return NULL;
+    if (!is_done) return PyUnicode_FromString("<SendFuture pending>");
+    PyObject *error = PyObject_CallMethodNoArgs(self->batch, str_exception);
+    if (error == NULL) return NULL;
+    int failed = error != Py_None;
+    Py_DECREF(error);
+    return PyUnicode_FromString(failed ? "<SendFuture failed>" : "<SendFuture done>");
+}
+
+static PyMethodDef send_future_methods[] = {
+    {"result", (PyCFunction)(void (*)(void))send_future_result, METH_VARARGS | METH_KEYWORDS,
+     "result(timeout=None): the message's SendResult (None with acks=0), waiting up to timeout\n"
+     "seconds; raises what failed the send."},
+    {"exception", (PyCFunction)(void (*)(void))send_future_exception, METH_VARARGS | METH_KEYWORDS,
+     "exception(timeout=None): what failed the send, or None."},
+    {"done", (PyCFunction)send_future_done, METH_NOARGS, "The batch is answered."},
+    {"cancelled", (PyCFunction)send_future_cancelled, METH_NOARGS, "Always False: see cancel()."},
+    {"running", (PyCFunction)send_future_running, METH_NOARGS, "The batch is not answered yet."},
+    {"cancel", (PyCFunction)send_future_cancel, METH_NOARGS,
+     "A queued message cannot be taken back: always False, as for a running Future."},
+    {"add_done_callback", (PyCFunction)send_future_add_done_callback, METH_O,
+     "add_done_callback(fn): fn(this future) once the batch is answered (at once if it already\n"
+     "is), on the producer's I/O thread: keep it short."},
     {NULL, NULL, 0, NULL},
 };
 
-static int future_handle_traverse(FutureHandleObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->batch);
-    return 0;
-}
-
-static int future_handle_clear(FutureHandleObject *self) {
-    Py_CLEAR(self->batch);
-    return 0;
-}
-
-static void future_handle_dealloc(FutureHandleObject *self) {
-    PyObject_GC_UnTrack(self);
-    future_handle_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyMemberDef future_handle_members[] = {
-    {"_batch", T_OBJECT, offsetof(FutureHandleObject, batch), READONLY, "The batch's Future."},
-    {"_index", T_PYSSIZET, offsetof(FutureHandleObject, index), READONLY, "The message's place in it."},
+static PyMemberDef send_future_members[] = {
+    {"_batch", T_OBJECT, offsetof(SendFutureObject, batch), READONLY, "The batch's Future."},
+    {"_index", T_PYSSIZET, offsetof(SendFutureObject, index), READONLY, "The message's place in it."},
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject FutureHandle_Type = {
+static PyTypeObject SendFuture_Type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gms.client._append.FutureHandle",
-    .tp_doc = PyDoc_STR("FutureHandle(batch, index): one message's place in its batch's Future."),
-    .tp_basicsize = sizeof(FutureHandleObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_new = future_handle_new,
-    .tp_dealloc = (destructor)future_handle_dealloc,
-    .tp_traverse = (traverseproc)future_handle_traverse,
-    .tp_clear = (inquiry)future_handle_clear,
-    .tp_members = future_handle_members,
-    .tp_methods = future_handle_methods,
+    .tp_name = "gms.client.SendFuture",
+    .tp_doc = PyDoc_STR(
+        "SendFuture(batch, index): the outcome of one send_async, resolved when its batch is answered\n"
+        "(Kafka's FutureRecordMetadata). A batch has one concurrent.futures.Future; each message a\n"
+        "small handle on it with the Future methods callers use. concurrent.futures.wait needs real\n"
+        "Futures: wait with Producer.flush() instead."),
+    .tp_basicsize = sizeof(SendFutureObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = send_future_new,
+    .tp_dealloc = (destructor)send_future_dealloc,
+    .tp_repr = (reprfunc)send_future_repr,
+    .tp_methods = send_future_methods,
+    .tp_members = send_future_members,
+};
+
+static PyObject *one_shot_call(OneShotCallbackObject *self, PyObject *args, PyObject *kwargs) {
+    (void)args;
+    (void)kwargs;
+    PyObject *fn = self->fn, *handle = self->handle;
+    if (fn == NULL) Py_RETURN_NONE;
+    self->fn = self->handle = NULL;
+    PyObject *result = PyObject_CallOneArg(fn, handle);
+    Py_DECREF(fn);
+    Py_DECREF(handle);
+    return result;
+}
+
+static int one_shot_traverse(OneShotCallbackObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fn);
+    return 0;
+}
+
+static int one_shot_clear(OneShotCallbackObject *self) {
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->handle);
+    return 0;
+}
+
+static void one_shot_dealloc(OneShotCallbackObject *self) {
+    PyObject_GC_UnTrack(self);
+    one_shot_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyTypeObject OneShotCallback_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gms.client._append.OneShotCallback",
+    .tp_basicsize = sizeof(OneShotCallbackObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_call = (ternaryfunc)one_shot_call,
+    .tp_dealloc = (destructor)one_shot_dealloc,
+    .tp_traverse = (traverseproc)one_shot_traverse,
+    .tp_clear = (inquiry)one_shot_clear,
 };
 
 /* --- AppenderBase: the base of gms.client.accumulator.Accumulator -------------------------- */
@@ -95,21 +224,18 @@ typedef struct {
     PyObject_HEAD
     PyObject *lock;         /* the accumulator's threading.Lock */
     PyObject *sticky;       /* dict: topic -> the open batch its plain messages fill (a BatchCore) */
-    PyObject *future_type;  /* a subtype of FutureHandle: what a message's future is */
     Py_ssize_t buffered_bytes, buffer_bytes_max, batch_bytes, body_size_max;
 } AppenderObject;
 
 static int appender_traverse(AppenderObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock);
     Py_VISIT(self->sticky);
-    Py_VISIT(self->future_type);
     return 0;
 }
 
 static int appender_clear(AppenderObject *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->sticky);
-    Py_CLEAR(self->future_type);
     return 0;
 }
 
@@ -154,13 +280,14 @@ static PyObject *append_locked(AppenderObject *self, BatchCoreObject *batch, PyO
     if (PyErr_Occurred()) return NULL;
     PyObject *batch_future = PyObject_GetAttr((PyObject *)batch, str_future);
     if (batch_future == NULL) return NULL;
-    PyTypeObject *future_type = (PyTypeObject *)self->future_type;
-    FutureHandleObject *future = (FutureHandleObject *)future_type->tp_alloc(future_type, 0);
-    if (future != NULL) PyObject_GC_UnTrack(future);
+    SendFutureObject *future = PyObject_New(SendFutureObject, &SendFuture_Type);
     if (future == NULL || batch_core_append(batch, total, (uint32_t)shape_crc, PyTuple_GET_ITEM(entry, 0), body,
                                             PyBytes_AS_STRING(body), len) < 0) {
         Py_DECREF(batch_future);
-        Py_XDECREF(future);
+        if (future != NULL) {
+            future->batch = NULL;
+            Py_DECREF(future);
+        }
         return NULL;
     }
     future->batch = batch_future;
@@ -189,7 +316,7 @@ static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ss
         return NULL;
     }
     PyObject *topic = args[0], *body = args[1], *tag = args[2];
-    if (self->lock == NULL || self->sticky == NULL || self->future_type == NULL) {
+    if (self->lock == NULL || self->sticky == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
         return NULL;
     }
@@ -238,30 +365,9 @@ static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ss
     return future;
 }
 
-static PyObject *get_future_type(AppenderObject *self, void *closure) {
-    (void)closure;
-    if (self->future_type == NULL) Py_RETURN_NONE;
-    return Py_NewRef(self->future_type);
-}
-
-static int set_future_type(AppenderObject *self, PyObject *value, void *closure) {
-    (void)closure;
-    if (value == NULL || !PyType_Check(value) || !PyType_IsSubtype((PyTypeObject *)value, &FutureHandle_Type)) {
-        PyErr_SetString(PyExc_TypeError, "_future_type must be a subclass of FutureHandle");
-        return -1;
-    }
-    Py_XSETREF(self->future_type, Py_NewRef(value));
-    return 0;
-}
-
 static PyMethodDef appender_methods[] = {
     {"append_plain", (PyCFunction)(void (*)(void))append_plain, METH_FASTCALL, append_plain_doc},
     {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef appender_getset[] = {
-    {"_future_type", (getter)get_future_type, (setter)set_future_type, "What a message's future is.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMemberDef appender_members[] = {
@@ -286,7 +392,6 @@ static PyTypeObject Appender_Type = {
     .tp_clear = (inquiry)appender_clear,
     .tp_methods = appender_methods,
     .tp_members = appender_members,
-    .tp_getset = appender_getset,
 };
 
 static struct PyModuleDef module = {
@@ -310,12 +415,19 @@ PyMODINIT_FUNC PyInit__append(void) {
         || (str_future = PyUnicode_InternFromString("future")) == NULL
         || (str_close = PyUnicode_InternFromString("_close")) == NULL
         || (str_filled = PyUnicode_InternFromString("_filled")) == NULL
-        || (str_slow = PyUnicode_InternFromString("_append_plain_slow")) == NULL)
+        || (str_slow = PyUnicode_InternFromString("_append_plain_slow")) == NULL
+        || (str_result = PyUnicode_InternFromString("result")) == NULL
+        || (str_exception = PyUnicode_InternFromString("exception")) == NULL
+        || (str_done = PyUnicode_InternFromString("done")) == NULL
+        || (str_cancelled = PyUnicode_InternFromString("cancelled")) == NULL
+        || (str_add_done_callback = PyUnicode_InternFromString("add_done_callback")) == NULL)
         return NULL;
-    if (PyType_Ready(&FutureHandle_Type) < 0 || PyType_Ready(&Appender_Type) < 0) return NULL;
+    if (PyType_Ready(&SendFuture_Type) < 0 || PyType_Ready(&OneShotCallback_Type) < 0
+        || PyType_Ready(&Appender_Type) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "FutureHandle", (PyObject *)&FutureHandle_Type) < 0
+    if (PyModule_AddObjectRef(m, "SendFuture", (PyObject *)&SendFuture_Type) < 0
         || PyModule_AddObjectRef(m, "AppenderBase", (PyObject *)&Appender_Type) < 0) {
         Py_DECREF(m);
         return NULL;

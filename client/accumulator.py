@@ -61,7 +61,6 @@ class Accumulator(AppenderBase):
         self._batch_bytes = batch_bytes
         self._buffer_bytes_max = buffer_bytes_max
         self._body_size_max = encoder.body_size_max_bytes
-        self._future_type = SendFuture
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._open: dict[QueueRoute, _OpenBatch] = {}

@@ -12,14 +12,14 @@ from __future__ import annotations
 import collections
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
 
-from gms.client._append import FutureHandle
+from gms.client._append import SendFuture as SendFuture  # C: one per send_async message
 from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
@@ -165,51 +165,6 @@ class SendResults(_ListLike, Sequence[SendResult]):
 
     def __repr__(self) -> str:
         return f"SendResults({len(self)} results of {self._topic!r} on {self._broker})"
-
-
-class SendFuture(FutureHandle):
-    """The outcome of one ``send_async``: resolved when its batch is answered (Kafka's
-    FutureRecordMetadata). A producer queues hundreds of thousands of messages a second, and a
-    :class:`concurrent.futures.Future` each (a Condition and its lock, a lock round per result)
-    cost more than encoding them: a batch has one Future, and each message a small handle on it
-    with the Future methods callers use (``result``, ``exception``, ``done``, ``cancelled``,
-    ``running``, ``add_done_callback``). ``concurrent.futures.wait`` needs real Futures: wait
-    with ``Producer.flush()`` instead. ``SendFuture(batch, index)``: its state is C
-    (``FutureHandle``), for send_async's plain path to make one in C (gms.client._append)."""
-
-    __slots__ = ()
-
-    def result(self, timeout: float | None = None) -> SendResult:
-        """The message's SendResult (None with acks=0), waiting up to ``timeout`` seconds;
-        raises what failed the send."""
-        results = self._batch.result(timeout)
-        return results[self._index] if results else None  # type: ignore[return-value]  # acks=0
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.exception(timeout)
-
-    def done(self) -> bool:
-        return self._batch.done()
-
-    def cancelled(self) -> bool:
-        return self._batch.cancelled()
-
-    def running(self) -> bool:
-        return not self._batch.done()
-
-    def cancel(self) -> bool:
-        """A queued message cannot be taken back: always False, as for a running Future."""
-        return False
-
-    def add_done_callback(self, fn: Callable[[SendFuture], object]) -> None:
-        """``fn(this future)`` once the batch is answered (at once if it already is), on the
-        producer's I/O thread: keep it short."""
-        self._track()  # the batch's Future now refers back to this handle: a cycle for the collector
-        self._batch.add_done_callback(lambda _: fn(self))
-
-    def __repr__(self) -> str:
-        state = "pending" if not self._batch.done() else "failed" if self._batch.exception() else "done"
-        return f"<SendFuture {state}>"
 
 
 def _field(index: int, doc: str) -> Any:
