@@ -217,9 +217,23 @@ def gms_standalone(root: Path) -> Iterator[tuple[str, int]]:
             raise RuntimeError(f"no nameserver address in the banner:\n{banner}")
         # Drain its output so it never blocks on a full pipe.
         threading.Thread(target=proc.stdout.read, daemon=True).start()
-        yield match.group(1), _child_pid(proc.pid, b"gms.broker")
+        broker_pid = _child_pid(proc.pid, b"gms.broker")
+        wait_until_idle(broker_pid)
+        yield match.group(1), broker_pid
     finally:
         stop_process(proc)
+
+
+def wait_until_idle(pid: int, window_s: float = 0.5, busy_pct_max: float = 10) -> None:
+    """Wait (at most START_TIMEOUT_S) until the process uses under ``busy_pct_max`` % of a core
+    over ``window_s``: a new broker pre-faults its commitlog files for a few seconds, which is
+    not part of any workload."""
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if (cpu_seconds(pid) - before) / window_s * 100 < busy_pct_max:
+            return
 
 
 def gms_rep(nameserver: str, broker_pid: int, rep: int, sizes: dict[str, int],
