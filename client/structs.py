@@ -15,7 +15,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate, chain, repeat
-from operator import itemgetter
+from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
@@ -445,6 +445,14 @@ class MessageBatch(Sequence[ReceivedMessage]):
     def __iter__(self) -> Iterator[ReceivedMessage]:
         return self.iterate()
 
+    def queue_offset(self, index: int) -> int:
+        """Message ``index``'s queue offset, without decoding the batch's columns (a poll that
+        splits a batch asks for it while it holds the fetch buffer's lock)."""
+        columns = self._columns
+        if isinstance(columns, list):
+            return cast(int, columns[5][index])
+        return int(columns.headers["queue_offset"][index])
+
 
 def _int_column(values: np.ndarray) -> Sequence[int]:
     """``values`` as Python ints: a range when they count up by one (queue offsets do)."""
@@ -602,10 +610,17 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
         size = len(self)
         if not -size <= index < size:
             raise IndexError("message index out of range")
-        index %= size
+        return cast(ReceivedMessage, self._at(index % size, getitem))
+
+    def queue_offset(self, index: int) -> int:
+        """Message ``index``'s queue offset (``self[index].queue_offset``) without making it."""
+        return cast(int, self._at(range(len(self))[index], MessageBatch.queue_offset))
+
+    def _at(self, index: int, get: Callable[[MessageBatch, int], Any]) -> Any:
+        """``get(batch, i)`` for the batch and position in it of message ``index`` (0 <= index < len)."""
         part = bisect_right(self._ends, index)
         batch, start, stop = self._parts[part]
-        return batch[start + index - (self._ends[part] - (stop - start))]
+        return get(batch, start + index - (self._ends[part] - (stop - start)))
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         if len(self._parts) == 1:

@@ -202,12 +202,18 @@ def test_one_record_alone(record: bytes) -> None:
 def test_splitting_and_joining_keep_the_order(records: list[bytes], data: st.DataObject) -> None:
     buf, _ = _stored(records)
     messages = decode_pull_body(memoryview(buf), PREFIX, MATCH_ALL, verify_crc=False)
-    expected = [m.queue_offset for m in messages]
-    cut = data.draw(st.integers(0, len(expected)))
+    cut = data.draw(st.integers(0, len(messages)))
     head, tail = messages.split(cut)
     cut2 = data.draw(st.integers(0, len(tail)))
     mid, rest = tail.split(cut2)
     joined = ReceivedMessages.concat([rest, head, mid])
+    # Read from the headers before any message is made, then from the made columns.
+    unmade = [joined.queue_offset(i) for i in range(-len(joined), len(joined))]
+    expected = [m.queue_offset for m in messages]
+    assert unmade == [joined.queue_offset(i) for i in range(-len(joined), len(joined))]
+    assert unmade == [joined[i].queue_offset for i in range(-len(joined), len(joined))]
+    with pytest.raises(IndexError):
+        joined.queue_offset(len(joined))
     assert [m.queue_offset for m in joined] == expected[cut + cut2:] + expected[:cut] + expected[cut:cut + cut2]
     assert [joined[i].queue_offset for i in range(len(joined))] == [m.queue_offset for m in joined]
     assert [m.body for m in joined[1:5]] == [m.body for m in list(joined)[1:5]]
