@@ -14,12 +14,13 @@ import concurrent.futures
 import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain
 from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
 
+from gms.client._rows import make_rows
 from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
@@ -369,7 +370,6 @@ class _Same(NamedTuple):
 
 
 Column = Sequence[Any] | _Same
-_new_tuple = tuple.__new__
 
 
 class MessageBatch(Sequence[ReceivedMessage]):
@@ -378,8 +378,8 @@ class MessageBatch(Sequence[ReceivedMessage]):
     The first time a message is asked for, the fields every message carries are decoded for the
     whole batch at once, column by column, without a Python call per message: topics and tags
     once per distinct value (checked byte for byte against every record, numpy-vectorised),
-    bodies copied out of a strided numpy view as bytes, keys split by C-level ``map``; a
-    message is then one ``tuple.__new__`` of its row, iterated in C."""
+    bodies copied out of a strided numpy view as bytes, keys split by C-level ``map``; the
+    messages are then made from the rows in one C call (:func:`gms.client._rows.make_rows`)."""
 
     __slots__ = ("_columns", "buf", "prefix", "starts")
 
@@ -421,12 +421,9 @@ class MessageBatch(Sequence[ReceivedMessage]):
         return made
 
     def iterate(self, start: int = 0, stop: int | None = None) -> Iterator[ReceivedMessage]:
-        """Messages ``start`` to ``stop``, made one by one in C."""
-        stop = len(self) if stop is None else stop
-        whole = start == 0 and stop == len(self)
-        cols = [repeat(c.value, stop - start) if type(c) is _Same else c if whole else c[start:stop]
-                for c in self.columns()]
-        return map(_new_tuple, cols[-1], zip(*cols[:-1], strict=True))
+        """Messages ``start`` to ``stop``, made in one C call (:func:`make_rows`)."""
+        *fields, classes = self.columns()
+        return iter(make_rows(classes, tuple(fields), start, len(self) if stop is None else stop))
 
     @overload
     def __getitem__(self, index: int) -> ReceivedMessage: ...
@@ -439,8 +436,7 @@ class MessageBatch(Sequence[ReceivedMessage]):
             start, stop, step = index.indices(len(self))
             return list(self.iterate(start, stop))[::step] if step > 0 else [self[i] for i in range(start, stop, step)]
         index = range(len(self))[index]
-        *row, cls = [c.value if type(c) is _Same else c[index] for c in self.columns()]
-        return cast(ReceivedMessage, _new_tuple(cls, row))
+        return next(self.iterate(index, index + 1))
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         return self.iterate()
