@@ -2,7 +2,9 @@
  *
  * Python makes a message as ``tuple.__new__(cls, row)`` over ``zip`` of the columns: ~0.1 us per
  * message in iterator steps, an intermediate row and a copy of it, as much as a consumer's own
- * work on the message. Here each message is allocated as its class and filled in place.
+ * work on the message. Here each message is allocated as its class and filled in place, its body
+ * copied straight out of the fetched buffer (numpy would gather the bodies of records of unequal
+ * size, e.g. a producer batch whose first record carries properties, into an array first).
  *
  * The messages are untracked by the cycle collector: a message holds only its fields' values
  * (str, None, tuples of str, bytes, int) and its batch, none of which can refer back to it, so it
@@ -11,17 +13,49 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
-/* A column: one value for every row, a list (item i for row i) or a range (computed). */
+/* A column: one value for every row, a list (item i for row i), a range (computed) or slices of a
+ * buffer (bytes copied out of it). */
 typedef struct {
     PyObject *same;  /* borrowed; NULL unless one value fills the column */
     PyObject *list;  /* borrowed; NULL unless a list */
     long long start, step;  /* of a range */
+    int slices;  /* whether the three views below are held */
+    Py_buffer data, at, size;  /* row i: data[at[i]: at[i] + size[i]] */
 } Column;
+
+static int int64_view(PyObject *array, Py_buffer *view, Py_ssize_t stop) {
+    if (PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != 8 || view->format == NULL || strchr("lq", view->format[0]) == NULL
+            || view->format[1] != '\0' || view->len / 8 < stop) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "slice positions must be native int64 arrays as long as the rows");
+        return -1;
+    }
+    return 0;
+}
 
 static int column_of(PyObject *spec, Column *column, Py_ssize_t stop) {
     column->same = column->list = NULL;
     column->start = column->step = 0;
+    column->slices = 0;
+    if (PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 3) {  /* structs._Slices(buf, at, size) */
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, 0), &column->data, PyBUF_SIMPLE) < 0)
+            return -1;
+        if (int64_view(PyTuple_GET_ITEM(spec, 1), &column->at, stop) < 0) {
+            PyBuffer_Release(&column->data);
+            return -1;
+        }
+        if (int64_view(PyTuple_GET_ITEM(spec, 2), &column->size, stop) < 0) {
+            PyBuffer_Release(&column->at);
+            PyBuffer_Release(&column->data);
+            return -1;
+        }
+        column->slices = 1;
+        return 0;
+    }
     if (PyList_Check(spec)) {
         if (PyList_GET_SIZE(spec) < stop) {
             PyErr_SetString(PyExc_IndexError, "a column is shorter than the rows asked for");
@@ -49,12 +83,31 @@ static int column_of(PyObject *spec, Column *column, Py_ssize_t stop) {
         column->same = PyTuple_GET_ITEM(spec, 0);
         return 0;
     }
-    PyErr_SetString(PyExc_TypeError, "a column is a list, a range or a 1-tuple of its one value");
+    PyErr_SetString(PyExc_TypeError, "a column is a list, a range, a 1-tuple of its one value or a 3-tuple of slices");
     return -1;
+}
+
+static void release(Column *column) {
+    if (column->slices) {
+        PyBuffer_Release(&column->size);
+        PyBuffer_Release(&column->at);
+        PyBuffer_Release(&column->data);
+        column->slices = 0;
+    }
 }
 
 /* The value of ``column`` at ``row`` (a new reference). */
 static PyObject *value_at(const Column *column, Py_ssize_t row) {
+    if (column->slices) {
+        long long at = ((const long long *)column->at.buf)[row];
+        long long size = ((const long long *)column->size.buf)[row];
+        if (at < 0 || size < 0 || at > column->data.len || size > column->data.len - at) {
+            PyErr_Format(PyExc_ValueError, "row %zd: slice [%lld: %lld + %lld] is not inside the buffer",
+                         row, at, at, size);
+            return NULL;
+        }
+        return PyBytes_FromStringAndSize((const char *)column->data.buf + at, (Py_ssize_t)size);
+    }
     PyObject *value = column->same != NULL ? column->same
                       : column->list != NULL ? PyList_GET_ITEM(column->list, row) : NULL;
     if (value == NULL)
@@ -65,9 +118,11 @@ static PyObject *value_at(const Column *column, Py_ssize_t row) {
 
 PyDoc_STRVAR(make_rows_doc,
 "make_rows(classes, columns, start, stop) -> list\n\n"
-"Rows ``start`` to ``stop`` of ``columns`` (a tuple of columns: each a list, a range or a 1-tuple\n"
-"holding the value of every row) as tuples of the class of each row: ``classes`` is a 1-tuple of\n"
-"the one class or a list of them, tuple subclasses whose instances hold just the row.");
+"Rows ``start`` to ``stop`` of ``columns`` (a tuple of columns: each a list, a range, a 1-tuple\n"
+"holding the value of every row, or a 3-tuple (buffer, at, size) whose row i is the bytes\n"
+"buffer[at[i]: at[i] + size[i]], at and size int64 arrays) as tuples of the class of each row:\n"
+"``classes`` is a 1-tuple of the one class or a list of them, tuple subclasses whose instances\n"
+"hold just the row.");
 
 static PyObject *make_rows(PyObject *self, PyObject *args) {
     PyObject *classes, *specs;
@@ -83,9 +138,14 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
     if (columns == NULL)
         return PyErr_NoMemory();
     PyObject *rows = NULL;
-    for (Py_ssize_t j = 0; j <= width; j++) {
-        if (column_of(j < width ? PyTuple_GET_ITEM(specs, j) : classes, &columns[j], stop) < 0)
+    Py_ssize_t ready = 0;  /* columns made (whose views are held) */
+    for (; ready <= width; ready++) {
+        if (column_of(ready < width ? PyTuple_GET_ITEM(specs, ready) : classes, &columns[ready], stop) < 0)
             goto done;
+    }
+    if (columns[width].slices) {
+        PyErr_SetString(PyExc_TypeError, "the classes are a list or a 1-tuple of the one class");
+        goto done;
     }
     rows = PyList_New(stop - start);
     if (rows == NULL)
@@ -121,6 +181,8 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
             PyObject_GC_UnTrack(made);
     }
 done:
+    for (Py_ssize_t j = 0; j < ready; j++)
+        release(&columns[j]);
     PyMem_Free(columns);
     return rows;
 }

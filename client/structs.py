@@ -30,7 +30,6 @@ from gms.record import (
     UNDECODABLE,
     FieldOffsets,
     Record,
-    bytes_column,
     decode_keys,
     decode_properties,
     decode_record,
@@ -369,7 +368,16 @@ class _Same(NamedTuple):
     value: Any
 
 
-Column = Sequence[Any] | _Same
+class _Slices(NamedTuple):
+    """A column of bytes: row ``i`` is ``bytes(buf[at[i]: at[i] + size[i]])``, copied out when its
+    message is made (int64 arrays)."""
+
+    buf: memoryview
+    at: np.ndarray
+    size: np.ndarray
+
+
+Column = Sequence[Any] | _Same | _Slices
 
 
 class MessageBatch(Sequence[ReceivedMessage]):
@@ -378,8 +386,8 @@ class MessageBatch(Sequence[ReceivedMessage]):
     The first time a message is asked for, the fields every message carries are decoded for the
     whole batch at once, column by column, without a Python call per message: topics and tags
     once per distinct value (checked byte for byte against every record, numpy-vectorised),
-    bodies copied out of a strided numpy view as bytes, keys split by C-level ``map``; the
-    messages are then made from the rows in one C call (:func:`gms.client._rows.make_rows`)."""
+    keys split by C-level ``map``; the messages are then made from the rows in one C call
+    (:func:`gms.client._rows.make_rows`), each body copied out of the buffer as bytes."""
 
     __slots__ = ("_columns", "buf", "prefix", "starts")
 
@@ -406,7 +414,8 @@ class MessageBatch(Sequence[ReceivedMessage]):
         topics = text_column(buf, columns.topic_at, headers["topic_len"])
         tags = text_column(buf, columns.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
         keys = keys_column(buf, columns.keys_at, headers["keys_len"])
-        bodies = bytes_column(buf, columns.body_at, headers["body_len"])
+        bodies = _Slices(buf, np.ascontiguousarray(columns.body_at, np.int64),
+                         np.ascontiguousarray(headers["body_len"], np.int64))
         queue_ids = headers["queue_id"]
         texts = [_same(topics), _same(tags), _same(keys)]
         undecodable = any(c.value is UNDECODABLE if type(c) is _Same else UNDECODABLE in c for c in texts)
@@ -531,7 +540,7 @@ class PopBatch(MessageBatch):
         attempts: Column = (list(self.attempts) + [1] * (len(self) - len(self.attempts)) if len(self.attempts)
                             else _Same(1))
         popped: Column = (_Same(_POPPED[classes.value]) if type(classes) is _Same
-                          else [_POPPED[c] for c in classes])
+                          else [_POPPED[c] for c in cast(list[type[ReceivedMessage]], classes)])
         made = [*fields, attempts, popped]
         self._columns = made
         return made

@@ -8,13 +8,14 @@ import copy
 import gc
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gms.client._rows import make_rows
 from gms.client.fetcher import decode_pull_body
-from gms.client.structs import MessageBatch, ReceivedMessage, ReceivedMessages, _Same
+from gms.client.structs import MessageBatch, ReceivedMessage, ReceivedMessages, _Same, _Slices
 from gms.record import (
     HEADER,
     HEADER_SIZE,
@@ -429,6 +430,35 @@ def test_make_rows_agrees_with_making_each_row_in_python(values: list[int], data
     assert made == expected and [type(m) for m in made] == [type(m) for m in expected]
     assert not any(gc.is_tracked(m) for m in made)  # never in a cycle: see _rows.c
     assert all(m[5] is batch for m in made)
+
+
+@SETTINGS
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=30), st.data())
+def test_make_rows_copies_bodies_out_of_the_buffer(bodies: list[bytes], data: st.DataObject) -> None:
+    gaps = data.draw(st.lists(st.integers(0, 5), min_size=len(bodies), max_size=len(bodies)))
+    buf, at = b"", []
+    for body, gap in zip(bodies, gaps, strict=True):
+        buf += b"-" * gap
+        at.append(len(buf))
+        buf += body
+    sizes = np.array([len(b) for b in bodies], np.int64)
+    start = data.draw(st.integers(0, len(bodies)))
+    made = make_rows(_Same(_Row), (_Slices(memoryview(buf), np.array(at, np.int64), sizes),), start, len(bodies))
+    assert made == [(body,) for body in bodies[start:]] and all(type(m[0]) is bytes for m in made)
+
+
+def test_make_rows_refuses_slices_outside_the_buffer() -> None:
+    def slices(at: list[int], sizes: list[int], dtype: type = np.int64) -> _Slices:
+        return _Slices(memoryview(b"0123456789"), np.array(at, dtype), np.array(sizes, dtype))
+
+    assert make_rows(_Same(_Row), (slices([0, 8], [10, 2]),), 0, 2) == [(b"0123456789",), (b"89",)]
+    for at, sizes in (([0, 9], [1, 2]), ([-1], [1]), ([0], [-1]), ([11], [0]), ([2**62], [2**62])):
+        with pytest.raises(ValueError, match="not inside the buffer"):
+            make_rows(_Same(_Row), (slices(at, sizes),), 0, len(at))
+    with pytest.raises(ValueError, match="int64"):
+        make_rows(_Same(_Row), (slices([0], [1], np.int32),), 0, 1)
+    with pytest.raises(ValueError, match="int64"):
+        make_rows(_Same(_Row), (slices([0], [1]),), 0, 2)  # shorter than the rows
 
 
 def test_make_rows_refuses_what_is_not_a_column_or_a_row_class() -> None:
