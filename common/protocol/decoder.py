@@ -170,18 +170,22 @@ class FrameDecoder:
         if self._chunks or self._partial:
             raise RuntimeError("get_buffer() to a decoder that is fed")
         recv, start, end = self._recv, self._recv_start, self._recv_end
-        if self._partial_size:  # the frame's size is known: it must fit whole
-            fits = recv is not None and start + self._partial_size <= len(recv) and end < len(recv)
-        else:  # room for a prefix at least, and not so little that reads become tiny
-            fits = recv is not None and len(recv) - end >= max(RECEIVE_ROOM_MIN_BYTES, PREFIX_SIZE)
-        if not fits:
+        if recv is None or not self._room_in(recv):
             # Uninitialised memory (no zeroing): only what was received is ever read.
             fresh = np.empty(max(self._partial_size, RECEIVE_BUFFER_BYTES), np.uint8).data
             if recv is not None:
                 fresh[: end - start] = recv[start:end]
-            self._recv, self._frozen = fresh, fresh.toreadonly()
+            recv = self._recv = fresh
+            self._frozen = fresh.toreadonly()
             self._recv_start, self._recv_end = 0, end - start
-        return self._recv[self._recv_end:]  # type: ignore[index]
+        return recv[self._recv_end:]
+
+    def _room_in(self, recv: memoryview) -> bool:
+        """Whether the next read may go to the end of ``recv``: the frame being received fits
+        in it whole (once its size is known), else more than a tiny read's room is left."""
+        if self._partial_size:
+            return self._recv_start + self._partial_size <= len(recv) and self._recv_end < len(recv)
+        return len(recv) - self._recv_end >= RECEIVE_ROOM_MIN_BYTES
 
     def buffer_updated(self, nbytes: int) -> None:
         """``nbytes`` were written at the start of the last :meth:`get_buffer`."""
