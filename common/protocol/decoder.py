@@ -171,8 +171,11 @@ class FrameDecoder:
             raise RuntimeError("get_buffer() to a decoder that is fed")
         recv, start, end = self._recv, self._recv_start, self._recv_end
         if recv is None or not self._room_in(recv):
-            # Uninitialised memory (no zeroing): only what was received is ever read.
-            fresh = np.empty(max(self._partial_size, RECEIVE_BUFFER_BYTES), np.uint8).data
+            # Uninitialised memory (no zeroing): only what was received is ever read. Room for
+            # the frame being received whole, and for a fair read past what is unread (frames
+            # not taken yet, when the receiver reads again before taking them).
+            size = max(self._partial_size, end - start + RECEIVE_ROOM_MIN_BYTES, RECEIVE_BUFFER_BYTES)
+            fresh = np.empty(size, np.uint8).data
             if recv is not None:
                 fresh[: end - start] = recv[start:end]
             recv = self._recv = fresh

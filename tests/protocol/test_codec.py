@@ -326,3 +326,16 @@ def test_a_decoder_is_either_fed_or_read_into() -> None:
     read_into(read, encode()[:5])
     with pytest.raises(RuntimeError):
         read.feed(b"more")
+
+
+def test_reading_again_before_taking_the_frames_keeps_them() -> None:
+    decoder = FrameDecoder()
+    big = encode(request_id=0, body=b"x" * 400_000)
+    read_into(decoder, big[:100])
+    assert decoder.next_frame() is Event.NEED_DATA  # its size is known now: a buffer of its own
+    smalls = b"".join(encode(request_id=i, body=bytes([i]) * 3000) for i in range(1, 200))
+    read_into(decoder, big[100:] + smalls)  # the big buffer fills up with frames no one took yet
+    frames = drain(decoder)
+    assert [f.request_id for f in frames] == list(range(200))
+    assert bytes(frames[0].body) == b"x" * 400_000
+    assert all(bytes(f.body) == bytes([f.request_id]) * 3000 for f in frames[1:])
