@@ -2,7 +2,8 @@
 
 from setuptools import Extension, setup
 
-# Both include common/record/crc32.h and batch_core.h (BatchCore's layout, shared by the two).
+# _recordcheck and _append include common/record/crc32.h and batch_core.h (BatchCore's layout,
+# shared by the two).
 HEADERS = ["common/record/crc32.h", "common/record/batch_core.h"]
 
 setup(ext_modules=[
@@ -10,4 +11,5 @@ setup(ext_modules=[
               extra_compile_args=["-O3"]),
     Extension("gms.client._append", ["client/_append.c"], include_dirs=["common/record"], depends=HEADERS,
               extra_compile_args=["-O3"]),
+    Extension("gms.client._rows", ["client/_rows.c"], extra_compile_args=["-O3"]),
 ])

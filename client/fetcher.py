@@ -124,7 +124,7 @@ class FetchBuffer:
                     room -= len(chunk.messages)
                 else:  # split: the rest stays first in line and keeps the permit
                     head, chunk.messages = chunk.messages.split(room)
-                    cut = head[-1].queue_offset + 1
+                    cut = head.queue_offset(-1) + 1
                     damaged = chunk.damaged
                     chunk.damaged = [d for d in damaged if d.queue_offset >= cut]
                     taken.append(Chunk(chunk.state, head, cut, False,

@@ -12,14 +12,15 @@ from __future__ import annotations
 import collections
 import struct
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
-from itertools import accumulate, chain, repeat
-from operator import itemgetter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate, chain
+from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 import numpy as np
 
 from gms.client._append import SendFuture as SendFuture  # C: one per send_async message
+from gms.client._rows import make_rows
 from gms.errors import GmsError
 from gms.record import (
     HEADER_SIZE,
@@ -29,7 +30,6 @@ from gms.record import (
     UNDECODABLE,
     FieldOffsets,
     Record,
-    bytes_column,
     decode_keys,
     decode_properties,
     decode_record,
@@ -321,8 +321,16 @@ class _Same(NamedTuple):
     value: Any
 
 
-Column = Sequence[Any] | _Same
-_new_tuple = tuple.__new__
+class _Slices(NamedTuple):
+    """A column of bytes: row ``i`` is ``bytes(buf[at[i]: at[i] + size[i]])``, copied out when its
+    message is made (int64 arrays)."""
+
+    buf: memoryview
+    at: np.ndarray
+    size: np.ndarray
+
+
+Column = Sequence[Any] | _Same | _Slices
 
 
 class MessageBatch(Sequence[ReceivedMessage]):
@@ -331,8 +339,8 @@ class MessageBatch(Sequence[ReceivedMessage]):
     The first time a message is asked for, the fields every message carries are decoded for the
     whole batch at once, column by column, without a Python call per message: topics and tags
     once per distinct value (checked byte for byte against every record, numpy-vectorised),
-    bodies copied out of a strided numpy view as bytes, keys split by C-level ``map``; a
-    message is then one ``tuple.__new__`` of its row, iterated in C."""
+    keys split by C-level ``map``; the messages are then made from the rows in one C call
+    (:func:`gms.client._rows.make_rows`), each body copied out of the buffer as bytes."""
 
     __slots__ = ("_columns", "buf", "prefix", "starts")
 
@@ -359,7 +367,8 @@ class MessageBatch(Sequence[ReceivedMessage]):
         topics = text_column(buf, columns.topic_at, headers["topic_len"])
         tags = text_column(buf, columns.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
         keys = keys_column(buf, columns.keys_at, headers["keys_len"])
-        bodies = bytes_column(buf, columns.body_at, headers["body_len"])
+        bodies = _Slices(buf, np.ascontiguousarray(columns.body_at, np.int64),
+                         np.ascontiguousarray(headers["body_len"], np.int64))
         queue_ids = headers["queue_id"]
         texts = [_same(topics), _same(tags), _same(keys)]
         undecodable = any(c.value is UNDECODABLE if type(c) is _Same else UNDECODABLE in c for c in texts)
@@ -374,12 +383,9 @@ class MessageBatch(Sequence[ReceivedMessage]):
         return made
 
     def iterate(self, start: int = 0, stop: int | None = None) -> Iterator[ReceivedMessage]:
-        """Messages ``start`` to ``stop``, made one by one in C."""
-        stop = len(self) if stop is None else stop
-        whole = start == 0 and stop == len(self)
-        cols = [repeat(c.value, stop - start) if type(c) is _Same else c if whole else c[start:stop]
-                for c in self.columns()]
-        return map(_new_tuple, cols[-1], zip(*cols[:-1], strict=True))
+        """Messages ``start`` to ``stop``, made in one C call (:func:`make_rows`)."""
+        *fields, classes = self.columns()
+        return iter(make_rows(classes, tuple(fields), start, len(self) if stop is None else stop))
 
     @overload
     def __getitem__(self, index: int) -> ReceivedMessage: ...
@@ -392,11 +398,18 @@ class MessageBatch(Sequence[ReceivedMessage]):
             start, stop, step = index.indices(len(self))
             return list(self.iterate(start, stop))[::step] if step > 0 else [self[i] for i in range(start, stop, step)]
         index = range(len(self))[index]
-        *row, cls = [c.value if type(c) is _Same else c[index] for c in self.columns()]
-        return cast(ReceivedMessage, _new_tuple(cls, row))
+        return next(self.iterate(index, index + 1))
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         return self.iterate()
+
+    def queue_offset(self, index: int) -> int:
+        """Message ``index``'s queue offset, without decoding the batch's columns (a poll that
+        splits a batch asks for it while it holds the fetch buffer's lock)."""
+        columns = self._columns
+        if isinstance(columns, list):
+            return cast(int, columns[5][index])
+        return int(columns.headers["queue_offset"][index])
 
 
 def _int_column(values: np.ndarray) -> Sequence[int]:
@@ -480,7 +493,7 @@ class PopBatch(MessageBatch):
         attempts: Column = (list(self.attempts) + [1] * (len(self) - len(self.attempts)) if len(self.attempts)
                             else _Same(1))
         popped: Column = (_Same(_POPPED[classes.value]) if type(classes) is _Same
-                          else [_POPPED[c] for c in classes])
+                          else [_POPPED[c] for c in cast(list[type[ReceivedMessage]], classes)])
         made = [*fields, attempts, popped]
         self._columns = made
         return made
@@ -555,10 +568,17 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
         size = len(self)
         if not -size <= index < size:
             raise IndexError("message index out of range")
-        index %= size
+        return cast(ReceivedMessage, self._at(index % size, getitem))
+
+    def queue_offset(self, index: int) -> int:
+        """Message ``index``'s queue offset (``self[index].queue_offset``) without making it."""
+        return cast(int, self._at(range(len(self))[index], MessageBatch.queue_offset))
+
+    def _at(self, index: int, get: Callable[[MessageBatch, int], Any]) -> Any:
+        """``get(batch, i)`` for the batch and position in it of message ``index`` (0 <= index < len)."""
         part = bisect_right(self._ends, index)
         batch, start, stop = self._parts[part]
-        return batch[start + index - (self._ends[part] - (stop - start))]
+        return get(batch, start + index - (self._ends[part] - (stop - start)))
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         if len(self._parts) == 1:

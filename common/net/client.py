@@ -1,6 +1,6 @@
 """The client side of a gms connection: pipelined requests matched to responses by id.
 
-One :class:`Connection` is one TCP connection and one ``asyncio.Protocol``: callers write
+One :class:`Connection` is one TCP connection and one ``asyncio.BufferedProtocol``: callers write
 frames directly, the protocol's reader resolves the future pending under each response's
 id (responses may come in any order), and closing fails every pending request with a
 retriable :class:`ConnectionClosedError` that names the cause.
@@ -44,8 +44,11 @@ def tls_hint(err: BaseException) -> str:
     return ""
 
 
-class Connection(asyncio.Protocol):
-    """A client connection to a gms server. Create with :meth:`open`."""
+class Connection(asyncio.BufferedProtocol):
+    """A client connection to a gms server. Create with :meth:`open`.
+
+    The transport reads straight into the frame decoder's buffer (``get_buffer``), so a large
+    response (a PULL of a megabyte) lands where its frame is decoded, never copied on the way."""
 
     def __init__(
         self,
@@ -218,7 +221,7 @@ class Connection(asyncio.Protocol):
     def _peer(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
 
-    # --- asyncio.Protocol callbacks ---------------------------------------------------------
+    # --- asyncio.BufferedProtocol callbacks -------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -227,8 +230,11 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        self._decoder.feed(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
         self._read_frames()
 
     def eof_received(self) -> bool:

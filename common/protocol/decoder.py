@@ -10,6 +10,11 @@ their bodies are read-only memoryviews of that chunk (a body pins its chunk unti
 dropped). Only a frame split across chunks is assembled, into a bytearray of its own that
 is never reused, so its body is a view too. Assembly appends to that bytearray, so feeding
 a frame one byte at a time stays linear.
+
+A receiver may instead read straight into the decoder (``get_buffer`` / ``buffer_updated``,
+the shape of ``asyncio.BufferedProtocol``): then no received byte is copied at all, however
+many reads a frame takes, since the decoder hands out room where the whole frame fits. One
+decoder is fed one way or the other, not both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from enum import Enum
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from gms.errors import FrameTooLargeError, MalformedFrameError, ProtocolError
 from gms.protocol.frame import (
@@ -32,6 +38,13 @@ from gms.protocol.frame import (
     Buffer,
     Frame,
 )
+
+# The receive buffer a reading receiver gets: large enough for many small frames or a good
+# share of a large one (a larger frame gets a buffer of its own size).
+RECEIVE_BUFFER_BYTES = 256 * 1024
+# Less free room than this at the end of the receive buffer, and the next read goes to a new
+# buffer: reads that small would cost more in calls than the buffer's tail is worth.
+RECEIVE_ROOM_MIN_BYTES = 16 * 1024
 
 
 class Event(Enum):
@@ -99,7 +112,15 @@ class FrameDecoder:
         self._chunks: deque[memoryview] = deque()  # fed, unread, immutable; never empty views
         self._chunk_bytes = 0
         self._partial = bytearray()  # the start of one frame split across chunks
-        self._partial_size = 0  # that frame's total size once its prefix is known, else 0
+        # The total size of the frame being assembled (or received into the receive buffer)
+        # once its prefix is known, else 0.
+        self._partial_size = 0
+        # The receive buffer of a reading receiver: written only past _recv_end, so frames
+        # handed out of [.., _recv_start) stay as they are; _frozen is its read-only twin.
+        self._recv: memoryview | None = None
+        self._frozen = memoryview(b"")
+        self._recv_start = 0  # the first byte not yet handed out as a frame
+        self._recv_end = 0  # the end of what was received
         self._eof = False
         self._fatal: ProtocolError | None = None
         self.frames_decoded = 0  # tells a receiver timing headers that a new frame has begun
@@ -107,19 +128,19 @@ class FrameDecoder:
     @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet handed out as frames."""
-        return self._chunk_bytes + len(self._partial)
+        return self._chunk_bytes + len(self._partial) + self._recv_end - self._recv_start
 
     @property
     def reserved_bytes(self) -> int:
         """Memory this decoder holds or is committed to hold: what is buffered, or the declared
         size of the frame being assembled once its prefix is in (it will be held whole)."""
-        return max(self._chunk_bytes + len(self._partial), self._partial_size)
+        return max(self.buffered_bytes, self._partial_size)
 
     @property
     def header_pending(self) -> bool:
         """Whether a frame has begun to arrive but its prefix and header are not complete yet
         (a receiver times this: a peer that starts frames and never finishes their headers)."""
-        partial = self._partial
+        partial = self._partial if self._recv is None else self._frozen[self._recv_start: self._recv_end]
         if not partial:
             return False
         if len(partial) < PREFIX_SIZE:
@@ -133,17 +154,55 @@ class FrameDecoder:
         if not data:
             self._eof = True
             return
+        if self._recv is not None:
+            raise RuntimeError("feed() to a decoder that is read into")
         if type(data) is not bytes:
             data = bytes(data)  # bodies are views of it: it must never change
         self._chunks.append(memoryview(data))
         self._chunk_bytes += len(data)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go (``sizehint`` is ignored): the free end of the
+        receive buffer, in a new buffer when the frame being received would not fit whole in
+        this one (its start moves there; nothing else is ever copied)."""
+        if self._eof:
+            raise RuntimeError("get_buffer() after end of stream")
+        if self._chunks or self._partial:
+            raise RuntimeError("get_buffer() to a decoder that is fed")
+        recv, start, end = self._recv, self._recv_start, self._recv_end
+        if recv is None or not self._room_in(recv):
+            # Uninitialised memory (no zeroing): only what was received is ever read. Room for
+            # the frame being received whole, and for a fair read past what is unread (frames
+            # not taken yet, when the receiver reads again before taking them).
+            size = max(self._partial_size, end - start + RECEIVE_ROOM_MIN_BYTES, RECEIVE_BUFFER_BYTES)
+            fresh = np.empty(size, np.uint8).data
+            if recv is not None:
+                fresh[: end - start] = recv[start:end]
+            recv = self._recv = fresh
+            self._frozen = fresh.toreadonly()
+            self._recv_start, self._recv_end = 0, end - start
+        return recv[self._recv_end:]
+
+    def _room_in(self, recv: memoryview) -> bool:
+        """Whether the next read may go to the end of ``recv``: the frame being received fits
+        in it whole (once its size is known), else more than a tiny read's room is left."""
+        if self._partial_size:
+            return self._recv_start + self._partial_size <= len(recv) and self._recv_end < len(recv)
+        return len(recv) - self._recv_end >= RECEIVE_ROOM_MIN_BYTES
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written at the start of the last :meth:`get_buffer`."""
+        self._recv_end += nbytes
 
     def next_frame(self) -> Frame | Event:
         """The next complete frame, ``Event.NEED_DATA`` or ``Event.CLOSED``."""
         if self._fatal is not None:
             raise self._fatal
         try:
-            frame = self._assemble() if self._partial else self._from_chunk()
+            if self._recv is not None:
+                frame = self._from_recv()
+            else:
+                frame = self._assemble() if self._partial else self._from_chunk()
         except ProtocolError as err:
             if err.must_close:
                 self._fatal = err
@@ -200,6 +259,21 @@ class FrameDecoder:
         self._partial = bytearray(chunk)
         self._advance(available)
         return self._assemble()
+
+    def _from_recv(self) -> Frame | None:
+        """Decode the frame at the start of the unread part of the receive buffer, if it is all in."""
+        start = self._recv_start
+        available = self._recv_end - start
+        if not self._partial_size:
+            if available < PREFIX_SIZE:
+                return None
+            self._partial_size = self._frame_size(self._frozen[start: start + PREFIX_SIZE])
+        size = self._partial_size
+        if available < size:
+            return None
+        self._partial_size = 0
+        self._recv_start = start + size
+        return self._decode(self._frozen[start: start + size])
 
     def _advance(self, size: int) -> None:
         """Consume ``size`` bytes of the head chunk."""

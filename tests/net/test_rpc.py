@@ -271,3 +271,48 @@ def test_oversized_frames(arun: Runner) -> None:
             small.close()
 
     arun(scenario())
+
+
+def test_large_responses_arrive_whole_and_in_order(arun: Runner) -> None:
+    async def scenario() -> None:
+        async with serving({SEND: sleepy}) as server:
+            conn = await Connection.open("127.0.0.1", server.port)
+            bodies = [bytes([i]) * (3_000_000 + i) for i in range(4)] + [b"small"]
+            responses = await asyncio.gather(*(conn.request(SEND, {"i": i}, body) for i, body in enumerate(bodies)))
+            assert [(r.fields["i"], bytes(r.body)) for r in responses] == list(enumerate(bodies))
+            conn.close()
+
+    arun(scenario())
+
+
+async def raw_server(send: bytes, *, pause_after: int) -> tuple[asyncio.Server, int]:
+    """A server that, for the first request, writes ``send`` in two parts (a pause between) and closes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.write(send[:pause_after])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(send[pause_after:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_a_response_in_pieces_then_a_close_mid_frame(arun: Runner) -> None:
+    async def scenario() -> None:
+        first = raw(SEND, 1, flags=Flag.RESPONSE, body=b"a" * 100_000)
+        second = raw(SEND, 2, flags=Flag.RESPONSE, body=b"b" * 100_000)
+        server, port = await raw_server(first + second[:-10], pause_after=50_000)
+        async with server:
+            conn = await Connection.open("127.0.0.1", port)
+            one, two = asyncio.ensure_future(conn.request(SEND)), asyncio.ensure_future(conn.request(SEND))
+            assert bytes((await one).body) == b"a" * 100_000  # split across reads: whole
+            with pytest.raises(ConnectionClosedError, match="ended inside a frame"):
+                await two
+            assert conn.closed
+            await conn.wait_closed()
+
+    arun(scenario())

@@ -1,4 +1,4 @@
-"""Helpers for the codec tests: encode to one bytes object, drain a decoder."""
+"""Helpers for the codec tests: encode to one bytes object, give it to a decoder, drain it."""
 
 from __future__ import annotations
 
@@ -19,3 +19,22 @@ def drain(decoder: FrameDecoder) -> list[Frame]:
         if isinstance(item, Event):
             return frames
         frames.append(item)
+
+
+def read_into(decoder: FrameDecoder, data: bytes, read_size: int | None = None) -> None:
+    """Give ``data`` to ``decoder`` as a reading receiver does (``get_buffer`` /
+    ``buffer_updated``), ``read_size`` bytes at most per read (else as much as each buffer takes)."""
+    while data:
+        buffer = decoder.get_buffer(-1)
+        n = min(len(buffer), len(data), read_size or len(data))
+        buffer[:n] = data[:n]
+        decoder.buffer_updated(n)
+        data = data[n:]
+
+
+def give(decoder: FrameDecoder, data: bytes, mode: str) -> None:
+    """``data`` to ``decoder`` either way: "feed" or "read" (:func:`read_into`); b"" ends the stream."""
+    if mode == "feed" or not data:
+        decoder.feed(data)
+    else:
+        read_into(decoder, data)

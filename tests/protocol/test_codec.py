@@ -6,7 +6,7 @@ import struct
 
 import msgpack
 import pytest
-from codec_helpers import drain, encode
+from codec_helpers import drain, encode, read_into
 
 from gms.errors import FrameTooLargeError, MalformedFrameError, ProtocolError
 from gms.protocol.codes import Flag, RequestCode, Status
@@ -230,3 +230,112 @@ def test_largest_allowed_body_fits_the_frame_limit() -> None:
 def test_prefix_is_big_endian() -> None:
     first = bytes(encode_frame(RequestCode.PING, 1, body=b"abc")[0])
     assert struct.unpack(">I", first[:4])[0] == len(first) - 4 + 3
+
+
+# --- a receiver reading straight into the decoder (get_buffer / buffer_updated) -----------------
+
+
+@pytest.mark.parametrize("read_size", [1, 7, None])
+def test_reading_split_at_every_byte_boundary(read_size: int | None) -> None:
+    data = encode(body=b"0123456789", fields={"k": "v"}) + encode(request_id=2, body=b"z")
+    for cut in range(1, len(data)):
+        decoder = FrameDecoder()
+        read_into(decoder, data[:cut], read_size)
+        frames = drain(decoder)
+        read_into(decoder, data[cut:], read_size)
+        frames += drain(decoder)
+        assert [(f.request_id, bytes(f.body)) for f in frames] == [(1, b"0123456789"), (2, b"z")]
+        assert decoder.buffered_bytes == 0 and decoder.reserved_bytes == 0
+
+
+def test_a_huge_frame_is_read_into_one_buffer_of_its_size_and_never_copied() -> None:
+    body = bytes(range(256)) * 12_000  # 3 MB: many times the receive buffer
+    data = encode(request_id=1, body=b"small") + encode(request_id=2, body=body) + encode(request_id=3)
+    decoder = FrameDecoder()
+    written_to = set()
+    frames = []
+    while data:
+        buffer = decoder.get_buffer(-1)
+        n = min(len(buffer), len(data), 65536)
+        buffer[:n] = data[:n]
+        written_to.add(id(buffer.obj))
+        decoder.buffer_updated(n)
+        data = data[n:]
+        frames += drain(decoder)
+        if frames and frames[-1].request_id == 1 and len(frames) == 1:
+            assert decoder.reserved_bytes >= len(body)  # the huge frame's prefix is in: committed to it
+    assert [(f.request_id, bytes(f.body)) for f in frames] == [(1, b"small"), (2, body), (3, b"")]
+    assert frames[1].body.readonly and len(frames[1].body.obj) == len(encode(request_id=2, body=body))
+    assert len(written_to) <= 3  # the first buffer, the huge frame's own, one after it
+
+
+def test_frames_read_earlier_are_never_overwritten() -> None:
+    decoder = FrameDecoder()
+    kept = []
+    for i in range(2000):  # ~ 4 MB through buffers that fill up and are replaced
+        read_into(decoder, encode(request_id=i, body=bytes([i % 256]) * 2000), 3000)
+        kept += drain(decoder)
+    assert [f.request_id for f in kept] == list(range(2000))
+    assert all(bytes(f.body) == bytes([f.request_id % 256]) * 2000 for f in kept)
+
+
+def test_reading_end_of_stream_between_and_inside_frames() -> None:
+    decoder = FrameDecoder()
+    read_into(decoder, encode(body=b"x"))
+    decoder.feed(b"")
+    assert [bytes(f.body) for f in drain(decoder)] == [b"x"]
+    assert decoder.next_frame() is Event.CLOSED
+    with pytest.raises(RuntimeError):
+        decoder.get_buffer(-1)
+    decoder = FrameDecoder()
+    read_into(decoder, encode(body=b"abcdef")[:-2])
+    assert decoder.next_frame() is Event.NEED_DATA and decoder.buffered_bytes > 0
+    decoder.feed(b"")
+    with pytest.raises(MalformedFrameError, match="ended inside a frame") as info:
+        decoder.next_frame()
+    assert info.value.must_close
+
+
+def test_reading_an_oversized_frame_is_refused_from_its_prefix_alone() -> None:
+    decoder = FrameDecoder(frame_size_max_bytes=1024)
+    read_into(decoder, PREFIX.pack(10**9, 10))
+    with pytest.raises(FrameTooLargeError):
+        decoder.next_frame()
+    assert len(decoder.get_buffer(-1)) < 10**6  # nothing was allocated for it
+
+
+def test_reading_reports_a_pending_header() -> None:
+    decoder = FrameDecoder()
+    data = encode(fields={"k": "v" * 100}, body=b"b" * 100)
+    read_into(decoder, data[:3])
+    assert decoder.next_frame() is Event.NEED_DATA and decoder.header_pending
+    read_into(decoder, data[3:20])
+    assert decoder.next_frame() is Event.NEED_DATA and decoder.header_pending
+    read_into(decoder, data[20:-5])
+    assert decoder.next_frame() is Event.NEED_DATA and not decoder.header_pending
+    read_into(decoder, data[-5:])
+    assert len(drain(decoder)) == 1 and not decoder.header_pending
+
+
+def test_a_decoder_is_either_fed_or_read_into() -> None:
+    fed = FrameDecoder()
+    fed.feed(encode()[:5])
+    with pytest.raises(RuntimeError):
+        fed.get_buffer(-1)
+    read = FrameDecoder()
+    read_into(read, encode()[:5])
+    with pytest.raises(RuntimeError):
+        read.feed(b"more")
+
+
+def test_reading_again_before_taking_the_frames_keeps_them() -> None:
+    decoder = FrameDecoder()
+    big = encode(request_id=0, body=b"x" * 400_000)
+    read_into(decoder, big[:100])
+    assert decoder.next_frame() is Event.NEED_DATA  # its size is known now: a buffer of its own
+    smalls = b"".join(encode(request_id=i, body=bytes([i]) * 3000) for i in range(1, 200))
+    read_into(decoder, big[100:] + smalls)  # the big buffer fills up with frames no one took yet
+    frames = drain(decoder)
+    assert [f.request_id for f in frames] == list(range(200))
+    assert bytes(frames[0].body) == b"x" * 400_000
+    assert all(bytes(f.body) == bytes([f.request_id]) * 3000 for f in frames[1:])

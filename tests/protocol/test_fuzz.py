@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgpack
-from codec_helpers import encode
+from codec_helpers import encode, give
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,13 +62,14 @@ streams = st.lists(valid_frames | adversarial_frames | st.binary(max_size=64), m
 )
 
 
-def decode_everything(data: bytes, cuts: list[int]) -> list[Frame]:
-    """Feed ``data`` split at ``cuts``, then end of stream; only frames or ProtocolError."""
+def decode_everything(data: bytes, cuts: list[int], mode: str = "feed") -> list[Frame]:
+    """Give ``data`` split at ``cuts`` (fed, or read into the decoder), then end of stream; only
+    frames or ProtocolError."""
     decoder = FrameDecoder(frame_size_max_bytes=SMALL_LIMIT_BYTES, header_size_max_bytes=1024)
     frames: list[Frame] = []
     pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
     for piece in [p for p in pieces if p] + [b""]:
-        decoder.feed(piece)
+        give(decoder, piece, mode)
         while True:
             try:
                 item = decoder.next_frame()
@@ -90,17 +91,20 @@ def cut_points(data_size: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(0, data_size), max_size=6).map(sorted)
 
 
+MODES = st.sampled_from(["feed", "read"])
+
+
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), stream=streams)
-def test_any_stream_yields_frames_or_protocol_errors(data: st.DataObject, stream: bytes) -> None:
-    decode_everything(stream, data.draw(cut_points(len(stream))))
+@given(data=st.data(), stream=streams, mode=MODES)
+def test_any_stream_yields_frames_or_protocol_errors(data: st.DataObject, stream: bytes, mode: str) -> None:
+    decode_everything(stream, data.draw(cut_points(len(stream))), mode)
 
 
 @settings(max_examples=200)
-@given(data=st.data(), frames=st.lists(valid_frames, min_size=1, max_size=6))
-def test_valid_frames_survive_any_split(data: st.DataObject, frames: list[bytes]) -> None:
+@given(data=st.data(), frames=st.lists(valid_frames, min_size=1, max_size=6), mode=MODES)
+def test_valid_frames_survive_any_split(data: st.DataObject, frames: list[bytes], mode: str) -> None:
     stream = b"".join(frames)
-    decoded = decode_everything(stream, data.draw(cut_points(len(stream))))
+    decoded = decode_everything(stream, data.draw(cut_points(len(stream))), mode)
     assert [encode(f.code, f.request_id, flags=f.flags, status=f.status, error=f.error,
                    fields=f.fields, body=bytes(f.body)) for f in decoded] == frames
 

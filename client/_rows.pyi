@@ -1,0 +1,3 @@
+from typing import Any
+
+def make_rows(classes: Any, columns: tuple[Any, ...], start: int, stop: int, /) -> list[Any]: ...
