@@ -1001,8 +1001,8 @@ class MessageStore:
         try:
             runs = self._file_runs(commitlog, phys) if len(phys) else []
             if len(phys) and int(phys[0]) < commitlog.released:  # far behind the writer: map the stretch at once
-                for f, lo, hi in runs:
-                    f.populate(int(phys[lo]) - f.base_offset, int(phys[hi - 1] + sizes[hi - 1]) - f.base_offset)
+                for f, first, last in runs:
+                    f.populate(int(phys[first]) - f.base_offset, int(phys[last - 1] + sizes[last - 1]) - f.base_offset)
             bad = self._checked(runs, phys, sizes, offset + picked[:take], queue_id)
             damaged: tuple[tuple[int, int], ...] = ()
             served = offset + picked[:take]

@@ -224,3 +224,23 @@ def test_coalesced_get_returns_the_same_bytes_in_fewer_views(tmp_path):
             assert b"".join(map(bytes, merged.records)) == b"".join(map(bytes, plain.records))
             assert len(merged.records) < len(plain.records)
             assert merged.next_offset == plain.next_offset
+
+
+def test_a_get_of_released_pages_answers_the_queue_bounds(store_dir, monkeypatch):
+    """Reading far behind the writer maps the stretch at once (its pages were released after
+    their flush); the answer still names the queue's bounds, which consumers read ahead by."""
+    monkeypatch.setattr("gms.broker.store.RESIDENT_TAIL_BYTES", 0)
+    body = b"x" * 1000
+    with MessageStore.open(store_dir, small_config(commitlog_file_size_bytes=64 << 20, flush_interval_ms=10)) as store:
+        store.create_topic("t", 1)
+        for start in range(0, 12_000, 1000):  # 12 MB: past the release step
+            store.append(batch(n=1000, body=body, start=start))
+        deadline = time.monotonic() + 10
+        while store._cl().released == 0:  # the flush thread releases what it flushed
+            assert time.monotonic() < deadline, "flushed pages were never released"
+            time.sleep(0.01)
+        for coalesce in (False, True):
+            got = store.get("t", 0, 2000, 500, max_bytes=1 << 20, coalesce=coalesce)
+            assert got.status is GetStatus.FOUND
+            assert (got.min_offset, got.next_offset, got.max_offset) == (0, 2500, 12_000)
+            assert b"".join(map(bytes, got.records)).count(body) == 500
