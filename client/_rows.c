@@ -10,6 +10,10 @@
  * (str, None, tuples of str, bytes, int) and its batch, none of which can refer back to it, so it
  * is never part of a cycle; tracked, a poll's thousand messages would each be walked by the
  * collections their allocation sets off.
+ *
+ * The bodies are copied last, all at once, with the GIL released when they are many: the copy
+ * reads the fetched buffer from memory (the kernel wrote it on another core), the slowest part
+ * of making a message, and the consumer's fetching thread can run meanwhile.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -96,8 +100,38 @@ static void release(Column *column) {
     }
 }
 
-/* The value of ``column`` at ``row`` (a new reference). */
-static PyObject *value_at(const Column *column, Py_ssize_t row) {
+/* Bodies waiting to be copied into their (new, not yet shared) bytes objects. */
+typedef struct {
+    char *to;
+    const char *from;
+    size_t size;
+} Copy;
+
+typedef struct {
+    Copy *items;  /* room for a copy per row of each slices column */
+    Py_ssize_t count;
+    size_t bytes;
+} Copies;
+
+/* Copies of more bytes than this are made with the GIL released: the fetching thread decodes the
+ * next answer meanwhile. Below it, releasing and taking back the GIL costs more than it frees. */
+#define COPY_WITHOUT_GIL_BYTES (64 * 1024)
+
+static void copy_all(const Copies *copies) {
+    if (copies->bytes >= COPY_WITHOUT_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < copies->count; i++)
+            memcpy(copies->items[i].to, copies->items[i].from, copies->items[i].size);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < copies->count; i++)
+            memcpy(copies->items[i].to, copies->items[i].from, copies->items[i].size);
+    }
+}
+
+/* The value of ``column`` at ``row`` (a new reference). A slice's bytes are allocated here and
+ * filled later, by copy_all(``copies``). */
+static PyObject *value_at(const Column *column, Py_ssize_t row, Copies *copies) {
     if (column->slices) {
         long long at = ((const long long *)column->at.buf)[row];
         long long size = ((const long long *)column->size.buf)[row];
@@ -106,7 +140,15 @@ static PyObject *value_at(const Column *column, Py_ssize_t row) {
                          row, at, at, size);
             return NULL;
         }
-        return PyBytes_FromStringAndSize((const char *)column->data.buf + at, (Py_ssize_t)size);
+        PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);  /* filled by copy_all */
+        if (bytes != NULL && size > 0) {
+            Copy *copy = &copies->items[copies->count++];
+            copy->to = PyBytes_AS_STRING(bytes);
+            copy->from = (const char *)column->data.buf + at;
+            copy->size = (size_t)size;
+            copies->bytes += (size_t)size;
+        }
+        return bytes;
     }
     PyObject *value = column->same != NULL ? column->same
                       : column->list != NULL ? PyList_GET_ITEM(column->list, row) : NULL;
@@ -138,6 +180,7 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
     if (columns == NULL)
         return PyErr_NoMemory();
     PyObject *rows = NULL;
+    Copies copies = {NULL, 0, 0};
     Py_ssize_t ready = 0;  /* columns made (whose views are held) */
     for (; ready <= width; ready++) {
         if (column_of(ready < width ? PyTuple_GET_ITEM(specs, ready) : classes, &columns[ready], stop) < 0)
@@ -145,6 +188,14 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
     }
     if (columns[width].slices) {
         PyErr_SetString(PyExc_TypeError, "the classes are a list or a 1-tuple of the one class");
+        goto done;
+    }
+    Py_ssize_t sliced = 0;
+    for (Py_ssize_t j = 0; j < width; j++)
+        sliced += columns[j].slices;
+    copies.items = PyMem_New(Copy, (size_t)(stop - start) * (size_t)sliced + 1);
+    if (copies.items == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
     rows = PyList_New(stop - start);
@@ -170,7 +221,7 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(rows, row - start, made);  /* the list owns it from here, even half filled */
         for (Py_ssize_t j = 0; j < width; j++) {
-            PyObject *value = value_at(&columns[j], row);
+            PyObject *value = value_at(&columns[j], row, &copies);
             if (value == NULL) {
                 Py_CLEAR(rows);
                 goto done;
@@ -180,7 +231,9 @@ static PyObject *make_rows(PyObject *self, PyObject *args) {
         if (PyObject_GC_IsTracked(made))
             PyObject_GC_UnTrack(made);
     }
+    copy_all(&copies);  /* the views of the buffers are still held: released below */
 done:
+    PyMem_Free(copies.items);
     for (Py_ssize_t j = 0; j < ready; j++)
         release(&columns[j]);
     PyMem_Free(columns);
