@@ -447,6 +447,19 @@ def test_make_rows_copies_bodies_out_of_the_buffer(bodies: list[bytes], data: st
     assert made == [(body,) for body in bodies[start:]] and all(type(m[0]) is bytes for m in made)
 
 
+def test_make_rows_copies_many_bodies_of_two_columns() -> None:
+    """Past 64 KiB the bodies are copied with the GIL released, every slice column's."""
+    rng = np.random.default_rng(7)
+    bodies = [rng.bytes(int(n)) for n in rng.integers(0, 3000, 200)]
+    buf = b"".join(bodies)
+    sizes = np.array([len(b) for b in bodies], np.int64)
+    at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    column = _Slices(memoryview(buf), at, sizes)
+    reversed_column = _Slices(memoryview(buf), at[::-1].copy(), sizes[::-1].copy())
+    made = make_rows(_Same(_Row), (column, reversed_column), 3, len(bodies))
+    assert made == [(bodies[i], bodies[-1 - i]) for i in range(3, len(bodies))]
+
+
 def test_make_rows_refuses_slices_outside_the_buffer() -> None:
     def slices(at: list[int], sizes: list[int], dtype: type = np.int64) -> _Slices:
         return _Slices(memoryview(b"0123456789"), np.array(at, dtype), np.array(sizes, dtype))
