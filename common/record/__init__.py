@@ -9,8 +9,10 @@ The format itself is described in ``layout`` and docs/storage-format.md.
 """
 
 from gms.record.checks import (
+    BatchHeaders,
     ScanResult,
     StoredCheck,
+    batch_headers,
     check_stored,
     crc_mismatches,
     record_views,
@@ -104,6 +106,7 @@ __all__ = [
     "RECORD_BYTES_MAX",
     "TAG_BYTES_MAX",
     "UNDECODABLE",
+    "BatchHeaders",
     "FieldOffsets",
     "Message",
     "Record",
@@ -111,6 +114,7 @@ __all__ = [
     "ScanResult",
     "StoredCheck",
     "Undecodable",
+    "batch_headers",
     "bytes_column",
     "check_record",
     "check_stored",

@@ -24,6 +24,9 @@
 #define OFF_QUEUE_OFFSET 16
 #define OFF_PHYS_OFFSET 24
 #define OFF_CRC_START 40
+#define OFF_BODY_LEN 64
+#define OFF_TOPIC_LEN 68 /* then tag_len, born_host_len, reserved (u8 each), keys_len, props_len (u16) */
+#define OFF_KEYS_LEN 72
 #define HEADER_SIZE 76
 #define MAGIC_V1 0x474D5301u
 #define MIN_PREFIX 12 /* total_size, magic, crc: what the walk reads before trusting a length */
@@ -33,6 +36,10 @@
 
 static inline uint32_t load_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint32_t load_be16(const uint8_t *p) {
+    return ((uint32_t)p[0] << 8) | p[1];
 }
 
 static inline uint64_t load_be64(const uint8_t *p) {
@@ -273,6 +280,80 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(read_headers_doc,
+"read_headers(buf, starts, topic_len_max) -> (headers, first_bad, same_topic, same_tag, body_min, body_max)\n\n"
+"The fixed headers of the records at starts (native int64s) of buf, copied one after the other\n"
+"(a bytearray of gms.record.HEADER_DTYPE rows), and what a batch check needs of them in the same pass:\n"
+"the index of the first record whose header is inconsistent (-1 if none: the record lies inside\n"
+"buf, magic, body_len >= 0, 1 <= topic_len <= topic_len_max, reserved 0, the field lengths add up\n"
+"to total_size; the CRC is not checked), whether every record carries the first one's topic\n"
+"and tag bytes, and the shortest and longest body (0, 0 for no record). The headers of records\n"
+"from the first bad one on are zeros.");
+
+static PyObject *read_headers(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *starts_obj;
+    int topic_len_max;
+    if (!PyArg_ParseTuple(args, "OOi:read_headers", &buf_obj, &starts_obj, &topic_len_max)) return NULL;
+    Py_buffer buf, starts_view;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
+    if (n < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    PyObject *headers = PyByteArray_FromStringAndSize(NULL, n * HEADER_SIZE);
+    if (headers == NULL) goto done;
+    uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(headers);
+    const uint8_t *base = buf.buf, *first = NULL;
+    const int64_t *starts = starts_view.buf;
+    const int64_t len = buf.len;
+    Py_ssize_t bad = -1;
+    int same_topic = 1, same_tag = 1;
+    int64_t body_min = n ? INT64_MAX : 0, body_max = n ? INT64_MIN : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t start = starts[i];
+        if (start < 0 || start > len - HEADER_SIZE) {
+            bad = i;
+            break;
+        }
+        const uint8_t *p = base + start;
+        memcpy(out + i * HEADER_SIZE, p, HEADER_SIZE);
+        int64_t total = (int32_t)load_be32(p);
+        int64_t body_len = (int32_t)load_be32(p + OFF_BODY_LEN);
+        uint32_t topic_len = p[OFF_TOPIC_LEN], tag_len = p[OFF_TOPIC_LEN + 1];
+        int64_t expected = HEADER_SIZE + (int64_t)topic_len + tag_len + p[OFF_TOPIC_LEN + 2]
+                           + load_be16(p + OFF_KEYS_LEN) + load_be16(p + OFF_KEYS_LEN + 2) + body_len;
+        if (load_be32(p + OFF_MAGIC) != MAGIC_V1 || body_len < 0 || topic_len < 1
+                || topic_len > (uint32_t)topic_len_max || p[OFF_TOPIC_LEN + 3] != 0 || expected != total
+                || total > len - start) {
+            bad = i;
+            break;
+        }
+        if (body_len < body_min) body_min = body_len;
+        if (body_len > body_max) body_max = body_len;
+        if (first == NULL) {
+            first = p;
+            continue;
+        }
+        uint32_t first_topic_len = first[OFF_TOPIC_LEN];
+        if (same_topic && (topic_len != first_topic_len || memcmp(p + HEADER_SIZE, first + HEADER_SIZE, topic_len)))
+            same_topic = 0;
+        if (same_tag && (tag_len != first[OFF_TOPIC_LEN + 1]
+                         || memcmp(p + HEADER_SIZE + topic_len, first + HEADER_SIZE + first_topic_len, tag_len)))
+            same_tag = 0;
+    }
+    if (bad >= 0)
+        memset(out + bad * HEADER_SIZE, 0, (size_t)(n - bad) * HEADER_SIZE);
+    result = Py_BuildValue("(OnNNLL)", headers, bad, PyBool_FromLong(same_topic), PyBool_FromLong(same_tag),
+                           (long long)body_min, (long long)body_max);
+done:
+    Py_XDECREF(headers);
+    PyBuffer_Release(&starts_view);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 PyDoc_STRVAR(slices_doc,
 "slices(view, starts, sizes) -> list[memoryview]\n\n"
 "view[starts[i]:starts[i] + sizes[i]] for every i (zero-copy records of a mapped file).");
@@ -432,6 +513,7 @@ static PyMethodDef methods[] = {
     {"check_stored", check_stored, METH_VARARGS, check_stored_doc},
     {"crc_mismatches", crc_mismatches, METH_VARARGS, crc_mismatches_doc},
     {"walk", walk, METH_VARARGS, walk_doc},
+    {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
     {"crc32", crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
@@ -447,8 +529,9 @@ PyMODINIT_FUNC PyInit__recordcheck(void) {
     crc32_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    PyObject *layout = Py_BuildValue("(iiiiiiik)", OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET,
-                                     OFF_PHYS_OFFSET, OFF_CRC_START, HEADER_SIZE, (unsigned long)MAGIC_V1);
+    PyObject *layout = Py_BuildValue("(iiiiiiiiiik)", OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET,
+                                     OFF_PHYS_OFFSET, OFF_CRC_START, OFF_BODY_LEN, OFF_TOPIC_LEN, OFF_KEYS_LEN,
+                                     HEADER_SIZE, (unsigned long)MAGIC_V1);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

@@ -16,8 +16,8 @@ from gms.record import (
     HEADER_DTYPE,
     HEADER_SIZE,
     RecordCheck,
+    batch_headers,
     gather_rows,
-    header_errors,
     read_headers,
     scan_records,
     tag_hash,
@@ -87,11 +87,17 @@ def _tag_hash_of(raw: bytes) -> int:
 
 
 def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
-                  headers: np.ndarray | None = None) -> ParsedRecords:
-    """Headers and topic grouping of records already walked by ``scan_records``."""
+                  headers: np.ndarray | None = None, *, one_topic: bool = False) -> ParsedRecords:
+    """Headers and topic grouping of records already walked by ``scan_records``. ``one_topic``:
+    every record is known to carry the first one's topic bytes."""
     starts_arr = np.asarray(starts, np.int64)
     headers = read_headers(arr, starts_arr) if headers is None else headers
-    raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"])
+    if one_topic:
+        topic_at = int(starts_arr[0]) + HEADER_SIZE
+        raw_topics = [arr[topic_at: topic_at + int(headers["topic_len"][0])].tobytes()]
+        topic_index = np.zeros(len(starts_arr), np.intp)
+    else:
+        raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"])
     try:
         topics = [_topic_name(t) for t in raw_topics]
     except UnicodeDecodeError as err:
@@ -120,19 +126,18 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
             return _parse_few(buf, scan.starts.tolist(), body_size_max_bytes, verify_tag_hash)
         starts_arr = scan.starts
     arr = np.frombuffer(buf, np.uint8)
-    headers = read_headers(arr, starts_arr)
-    bad = np.flatnonzero(header_errors(headers))
-    if bad.size:
-        raise CorruptRecord(int(starts_arr[bad[0]]), "field lengths do not add up to total_size")
+    checked = batch_headers(buf, starts_arr)
+    if checked.first_bad >= 0:
+        raise CorruptRecord(int(starts_arr[checked.first_bad]), "field lengths do not add up to total_size")
+    headers = checked.headers
     if sizes is not None:
         wrong = np.flatnonzero(headers["total_size"] != sizes)
         if wrong.size:
             raise CorruptRecord(int(starts_arr[wrong[0]]), "record size differs from the one announced")
-    body_len = headers["body_len"]
-    _check_body_lengths(int(body_len.min()), int(body_len.max()), body_size_max_bytes)
-    parsed = parse_records(arr, starts_arr, headers)
+    _check_body_lengths(checked.body_min, checked.body_max, body_size_max_bytes)
+    parsed = parse_records(arr, starts_arr, headers, one_topic=checked.same_topic)
     if verify_tag_hash:
-        _check_tag_hashes(arr, parsed)
+        _check_tag_hashes(arr, parsed, one_tag=checked.same_tag)
     return parsed
 
 
@@ -219,11 +224,17 @@ def _check_tag_hash(raw_tag: bytes, carried: int, pos: int) -> None:
         raise InvalidRecord("tag_hash", f"record at byte {pos} carries {carried}, not xxhash64 of its tag")
 
 
-def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords) -> None:
-    """``_check_tag_hash`` of a large batch: one hash per distinct tag, one vectorised comparison."""
+def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords, *, one_tag: bool = False) -> None:
+    """``_check_tag_hash`` of a large batch: one hash per distinct tag, one vectorised comparison.
+    ``one_tag``: every record is known to carry the first one's tag bytes."""
     headers = parsed.headers
-    tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
-                                  headers["tag_hash"])
+    if one_tag:
+        tag_at = int(parsed.starts[0]) + HEADER_SIZE + int(headers["topic_len"][0])
+        tags = [arr[tag_at: tag_at + int(headers["tag_len"][0])].tobytes()]
+        tag_index = np.zeros(len(parsed.starts), np.intp)
+    else:
+        tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
+                                      headers["tag_hash"])
     try:
         expected = np.array([_tag_hash_of(t) for t in tags], np.int64)
     except UnicodeDecodeError as err:

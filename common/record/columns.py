@@ -11,13 +11,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gms.naming import TOPIC_NAME_BYTES_MAX
+from gms.record.checks import batch_headers
 from gms.record.codec import decode_keys
 from gms.record.layout import (
     HEADER_DTYPE,
     HEADER_SIZE,
     KEY_SEPARATOR,
     MAGIC_V1,
-    OFFSETS,
     PROP_NAME_VALUE_SEPARATOR,
     PROP_SEPARATOR,
 )
@@ -68,53 +68,19 @@ def read_field_offsets(buf: bytes | memoryview, starts: np.ndarray) -> FieldOffs
     """The headers and field positions of the records at ``starts`` of ``buf``, every header
     checked as :func:`validate_header` does (magic, lengths adding up to total_size, the record
     inside the buffer; not the CRC): CorruptRecord names the first record that fails."""
-    arr = np.frombuffer(buf, np.uint8)
     starts = np.asarray(starts, np.int64)
-    headers = _uniform_headers(arr, starts)
-    if headers is not None:  # one layout: check the first, the rest are the same bytes
-        lengths = headers[:1]
-        checked = [headers[:1], starts[:1]]
-    else:
-        headers = lengths = read_headers(arr, starts)
-        checked = [headers, starts]
-    bad = header_errors(checked[0]) | (checked[1] + HEADER_SIZE > len(arr))
-    bad |= checked[1] + checked[0]["total_size"].astype(np.int64) > len(arr)
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise CorruptRecord(int(checked[1][first]), "record header is inconsistent (magic, lengths or total_size)")
-    if lengths is not headers and int(starts[-1]) + int(lengths["total_size"][0]) > len(arr):
-        raise CorruptRecord(int(starts[-1]), "record runs past the end of the buffer")
+    checked = batch_headers(buf, starts)
+    if checked.first_bad >= 0:
+        raise CorruptRecord(int(starts[checked.first_bad]),
+                            "record header is inconsistent (magic, lengths, total_size or past the buffer's end)")
+    headers = checked.headers
     topic_at = starts + HEADER_SIZE
-    tag_at = topic_at + _column_or_scalar(lengths["topic_len"])
-    born_host_at = tag_at + _column_or_scalar(lengths["tag_len"])
-    keys_at = born_host_at + _column_or_scalar(lengths["born_host_len"])
-    props_at = keys_at + _column_or_scalar(lengths["keys_len"])
-    body_at = props_at + _column_or_scalar(lengths["props_len"])
+    tag_at = topic_at + headers["topic_len"]
+    born_host_at = tag_at + headers["tag_len"]
+    keys_at = born_host_at + headers["born_host_len"]
+    props_at = keys_at + headers["keys_len"]
+    body_at = props_at + headers["props_len"]
     return FieldOffsets(headers, topic_at, tag_at, born_host_at, keys_at, props_at, body_at)
-
-
-def _column_or_scalar(column: np.ndarray) -> np.ndarray | int:
-    return int(column[0]) if len(column) == 1 else column.astype(np.int64)
-
-
-def _uniform_headers(arr: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
-    """The headers at ``starts`` as one strided view when the starts step evenly and every
-    record's total_size, magic and field lengths are the first record's (a producer batch):
-    three vectorised compares instead of checking each header. None otherwise."""
-    n = len(starts)
-    if n < 2:
-        return None
-    first = int(starts[0])
-    step = int(starts[1]) - first
-    if step < HEADER_SIZE or first < 0 or first + (n - 1) * step + HEADER_SIZE > len(arr):
-        return None
-    if not (np.diff(starts) == step).all():
-        return None
-    for offset, dtype in ((0, "<u8"), (OFFSETS["body_len"], "<u8"), (OFFSETS["keys_len"], "<u4")):
-        same = np.ndarray((n,), dtype, arr, first + offset, (step,))  # total_size+magic; the lengths
-        if not (same == same[0]).all():
-            return None
-    return np.ndarray((n,), HEADER_DTYPE, arr, first, (step,))
 
 
 # Records sharing a few distinct text values (topics, tags) are decoded once per value when at

@@ -11,7 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gms.record import Message, decode_record, encode_record, iter_records, scan_records
+from gms.record import (
+    HEADER_SIZE,
+    Message,
+    batch_headers,
+    decode_record,
+    encode_record,
+    header_errors,
+    iter_records,
+    read_headers,
+    scan_records,
+)
 from gms.record.batch import VECTORISE_RECORDS_MIN, parse_batch, parse_one
 from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.store_errors import CorruptRecord, InvalidRecord, StoreError
@@ -98,3 +108,33 @@ def test_both_parser_paths_refuse_a_bad_crc(count):
     buf[-1] ^= 1
     with pytest.raises(CorruptRecord):
         parse_batch(memoryview(buf), BODY_MAX)
+
+
+@pytest.mark.parametrize("byte", [None, *range(HEADER_SIZE)])
+@settings(max_examples=15)
+@given(st.lists(messages, min_size=1, max_size=40), st.integers(0, 39), st.integers(0, 7), st.integers(-100, 100))
+def test_batch_headers_agrees_with_the_numpy_checks(byte, batch, which, bit, shift):
+    """The C header pass (the append's and the consumer's) against the vectorised reference:
+    a bit flipped in each byte of a header (no CRC stands in the way: the starts are given), or
+    (``byte`` None) a start moved anywhere in or out of the buffer."""
+    buf = bytearray(b"".join(_reference(m, 0, "", 1) for m in batch))
+    starts = np.cumsum([0] + [len(_reference(m, 0, "", 1)) for m in batch[:-1]]).astype(np.int64)
+    if byte is None:
+        starts[which % len(starts)] += shift
+    else:
+        buf[starts[which % len(starts)] + byte] ^= 1 << bit
+    got = batch_headers(bytes(buf), starts)
+    arr = np.frombuffer(bytes(buf), np.uint8)
+    inside = (starts >= 0) & (starts + HEADER_SIZE <= len(arr))
+    headers = read_headers(arr, np.where(inside, starts, 0))
+    bad = ~inside | header_errors(headers) | (starts + headers["total_size"].astype(np.int64) > len(arr))
+    first_bad = int(np.flatnonzero(bad)[0]) if bad.any() else -1
+    assert got.first_bad == first_bad
+    if first_bad >= 0:
+        assert not got.headers[first_bad:].tobytes().strip(b"\0")
+        return
+    assert got.headers.tobytes() == headers.tobytes()
+    decoded = [decode_record(bytes(buf), int(s), verify_crc=False) for s in starts]
+    assert got.same_topic == (len({r.topic for r in decoded}) == 1)
+    assert got.same_tag == (len({r.tag for r in decoded}) == 1)
+    assert (got.body_min, got.body_max) == (min(len(r.body) for r in decoded), max(len(r.body) for r in decoded))
