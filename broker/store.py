@@ -46,7 +46,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
-from gms.broker.mapped_file import MappedFile
+from gms.broker.mapped_file import MappedFile, run_when_idle
 from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
@@ -257,7 +257,8 @@ class MessageStore:
         check_layout(paths.layout, self.config)
         self._topics.load()
         self._truncations.load()
-        self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm") if self.config.warm_next_file else None
+        self._warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm", initializer=run_when_idle
+                                          ) if self.config.warm_next_file else None
         commitlog = self._commitlog = CommitLog(
             paths.commitlog, self.config.commitlog_file_size_bytes, self._warmer)
         had_data = commitlog.had_data

@@ -1,4 +1,6 @@
+import os
 import struct
+import threading
 import time
 
 import numpy as np
@@ -244,3 +246,18 @@ def test_a_get_of_released_pages_answers_the_queue_bounds(store_dir, monkeypatch
             assert got.status is GetStatus.FOUND
             assert (got.min_offset, got.next_offset, got.max_offset) == (0, 2500, 12_000)
             assert b"".join(map(bytes, got.records)).count(body) == 500
+
+
+def test_the_next_file_is_warmed_by_a_thread_that_runs_only_when_a_cpu_is_idle(store_dir):
+    """Pre-faulting a GiB must not take the cores that serve sends and pulls."""
+    with MessageStore.open(store_dir, small_config(warm_next_file=True)) as store:
+        store.create_topic("t", 1)
+        deadline = time.monotonic() + 10
+        while True:  # the warmer starts with the first file to warm
+            store.append(batch(n=200, body=b"x" * 100))
+            warmers = [t for t in threading.enumerate() if t.name.startswith("gms-warm")]
+            if warmers:
+                break
+            assert time.monotonic() < deadline, "no warming thread"
+        assert {os.sched_getscheduler(t.native_id) for t in warmers} == {os.SCHED_IDLE}
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE
