@@ -20,6 +20,7 @@ import mmap
 import os
 import resource
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +47,7 @@ def _libc(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
 _madvise = _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
 _mincore = _libc("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
+WARM_PAUSE_S = 0.02  # how long warming waits before it asks again whether it may go on
 # Descriptors a new file must leave free: client and replica sockets, the short-lived opens of
 # flushes, directory syncs and atomically replaced config files.
 FD_HEADROOM = 64
@@ -239,11 +241,11 @@ class MappedFile:
                 return None
         return self._address
 
-    def warm(self, stop: Callable[[], bool] = lambda: False) -> None:
+    def warm(self, stop: Callable[[], bool] = lambda: False, wait: Callable[[], bool] = lambda: False) -> None:
         """Bring the file's pages into the page cache so the writer's first touch only maps them
         (a cold first touch costs 5-10x a resident copy). Reading, not MADV_POPULATE_WRITE:
         pre-dirtying a GiB of pages gets the writer throttled by dirty-page writeback.
-        Gives up once ``stop()`` says the writer arrived."""
+        Gives up once ``stop()`` says the writer arrived; pauses while ``wait()`` says so."""
         scratch = bytearray(WARM_CHUNK_BYTES)
         try:
             fd = os.open(self.path, os.O_RDONLY)
@@ -251,6 +253,8 @@ class MappedFile:
             return  # deleted, or no descriptor to spare: warming is only an optimisation
         try:
             for pos in range(0, self.size_bytes, WARM_CHUNK_BYTES):
+                while not (self.closed or stop()) and wait():
+                    time.sleep(WARM_PAUSE_S)
                 if self.closed or stop():
                     return
                 os.preadv(fd, [scratch], pos)

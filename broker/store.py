@@ -971,6 +971,7 @@ class MessageStore:
         ``coalesce`` returns adjacent records as one view (a pull answer sent as-is: a view per
         record would cost a Python object and a write buffer per message)."""
         commitlog = self._cl()
+        commitlog.reads += 1
         cq = self._queue(topic, queue_id)
         lo, end = cq.min_offset, cq.max_offset
         hi = end if read_limit is None else max(min(end, read_limit), lo)

@@ -38,3 +38,15 @@ def test_zero_from_writes_nothing_to_an_empty_file(mapped):
     before = os.stat(mapped.path).st_mtime_ns
     mapped.zero_from(0)
     assert os.stat(mapped.path).st_mtime_ns == before and not mapped.array.any()
+
+
+def test_warming_waits_while_asked_and_gives_up_once_stopped(mapped, monkeypatch):
+    monkeypatch.setattr("gms.broker.mapped_file.WARM_PAUSE_S", 0.001)
+    asked = []
+    mapped.warm(wait=lambda: len(asked) < 3 and not asked.append(1))  # busy twice, then free
+    assert len(asked) == 3
+    reads = []
+    monkeypatch.setattr("gms.broker.mapped_file.os.preadv", lambda *args: reads.append(args))
+    waits = []
+    mapped.warm(stop=lambda: len(waits) >= 5, wait=lambda: not waits.append(1))  # busy until stopped
+    assert len(waits) == 5 and reads == []

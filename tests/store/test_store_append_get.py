@@ -8,6 +8,7 @@ import pytest
 from store_helpers import batch, small_config
 
 from gms import record as rec
+from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store_config import StoreConfig
 
@@ -261,3 +262,20 @@ def test_the_next_file_is_warmed_by_a_thread_that_runs_only_when_a_cpu_is_idle(s
             assert time.monotonic() < deadline, "no warming thread"
         assert {os.sched_getscheduler(t.native_id) for t in warmers} == {os.SCHED_IDLE}
         assert os.sched_getscheduler(0) != os.SCHED_IDLE
+
+
+def test_warming_the_next_file_waits_for_reads_not_for_writes(tmp_path):
+    """Consumers reading are not slowed by a GiB of warming; a writer is never left without a
+    warm next file, and once the active file is 3/4 full warming goes on regardless."""
+    commitlog = CommitLog(tmp_path, 1 << 20, None)
+    commitlog.set_end(0)
+    busy = commitlog._busy_watch()
+    assert not busy()  # nothing happened
+    commitlog.reads += 1
+    assert busy()  # a consumer read: wait
+    commitlog.write_pos += 1000
+    assert not busy()  # writes alone: go on
+    commitlog.reads += 1
+    commitlog.write_pos = 3 << 18  # 3/4 of the file written
+    assert not busy()  # the next file is needed soon: go on even while reads come
+    commitlog.close()
