@@ -49,12 +49,16 @@ class ParsedRecords(NamedTuple):
 
 
 def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                keys: np.ndarray | None = None) -> tuple[list[bytes], np.ndarray]:
+                keys: np.ndarray | None = None, *, alike: bool = False) -> tuple[list[bytes], np.ndarray]:
     """Distinct byte strings ``arr[offsets[i]:offsets[i]+lengths[i]]`` and each one's index.
 
     ``keys`` (e.g. the records' tag hashes) proposes the grouping, which is then verified row by
-    row; without keys, or if the proposal is wrong, rows are grouped by sorting the bytes."""
+    row; without keys, or if the proposal is wrong, rows are grouped by sorting the bytes.
+    ``alike``: every row is known to hold the first one's bytes (:func:`batch_headers` said so)."""
     n = len(offsets)
+    if alike and n:
+        at = int(offsets[0])
+        return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
     width = int(lengths.max()) if n else 0
     if width == 0:
         return [b""], np.zeros(n, np.intp)
@@ -92,12 +96,7 @@ def parse_records(arr: np.ndarray, starts: list[int] | np.ndarray,
     every record is known to carry the first one's topic bytes."""
     starts_arr = np.asarray(starts, np.int64)
     headers = read_headers(arr, starts_arr) if headers is None else headers
-    if one_topic:
-        topic_at = int(starts_arr[0]) + HEADER_SIZE
-        raw_topics = [arr[topic_at: topic_at + int(headers["topic_len"][0])].tobytes()]
-        topic_index = np.zeros(len(starts_arr), np.intp)
-    else:
-        raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"])
+    raw_topics, topic_index = group_bytes(arr, starts_arr + HEADER_SIZE, headers["topic_len"], alike=one_topic)
     try:
         topics = [_topic_name(t) for t in raw_topics]
     except UnicodeDecodeError as err:
@@ -228,13 +227,8 @@ def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords, *, one_tag: bool =
     """``_check_tag_hash`` of a large batch: one hash per distinct tag, one vectorised comparison.
     ``one_tag``: every record is known to carry the first one's tag bytes."""
     headers = parsed.headers
-    if one_tag:
-        tag_at = int(parsed.starts[0]) + HEADER_SIZE + int(headers["topic_len"][0])
-        tags = [arr[tag_at: tag_at + int(headers["tag_len"][0])].tobytes()]
-        tag_index = np.zeros(len(parsed.starts), np.intp)
-    else:
-        tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
-                                      headers["tag_hash"])
+    tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
+                                  headers["tag_hash"], alike=one_tag)
     try:
         expected = np.array([_tag_hash_of(t) for t in tags], np.int64)
     except UnicodeDecodeError as err:

@@ -56,6 +56,7 @@ def scan_records(buf: bytes | memoryview, pos: int = 0, end: int | None = None,
         stop = check_record(mv, pos, end)[0]
     return ScanResult(starts, pos, stop)
 
+
 class BatchHeaders(NamedTuple):
     """The headers of a batch's records and what checking the batch needs of them (:func:`batch_headers`)."""
 
