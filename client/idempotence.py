@@ -38,15 +38,21 @@ def random_producer_id() -> int:
 
 
 class Ticket:
-    """A numbered batch of a lane until it is acknowledged or given up: ``sequence`` is its
-    current number (a new epoch renumbers it), ``failed`` once an attempt failed."""
+    """A numbered batch of a lane until it is acknowledged or given up: ``first`` is the number
+    it was stamped with, ``sequence`` its current one (a new epoch renumbers it), ``failed`` once
+    an attempt failed."""
 
-    __slots__ = ("failed", "lane", "sequence")
+    __slots__ = ("failed", "first", "lane", "sequence")
 
     def __init__(self, lane: _Lane, sequence: BatchSequence) -> None:
         self.lane = lane
-        self.sequence = sequence
+        self.first = self.sequence = sequence
         self.failed = False
+
+    @property
+    def oldest(self) -> bool:
+        """No earlier batch of its queue is in flight or unacknowledged."""
+        return self.lane.outstanding[0] is self
 
 
 class _Lane:
@@ -104,7 +110,7 @@ class Sequencer:
         """Whether an attempt of the batch may be sent now: its first while no batch of its lane
         waits to be retried, any once it is the oldest of its lane."""
         lane = ticket.lane
-        return (not ticket.failed and not lane.failed) or lane.outstanding[0] is ticket
+        return (not ticket.failed and not lane.failed) or ticket.oldest
 
     async def turn(self, ticket: Ticket) -> None:
         """Wait until an attempt of the batch may be sent (:meth:`may_go`; on the I/O loop)."""
@@ -116,15 +122,12 @@ class Sequencer:
                 ticket.lane.waiters.append(waiter)
             await waiter
 
-    def failed(self, ticket: Ticket) -> bool:
-        """An attempt of the batch failed: it is retried in its turn. True if it is the oldest of
-        its lane (an earlier batch is not on its way)."""
+    def failed(self, ticket: Ticket) -> None:
+        """An attempt of the batch failed: it is sent again in its turn."""
         with self._lock:
-            lane = ticket.lane
             if not ticket.failed:
                 ticket.failed = True
-                lane.failed += 1
-            return lane.outstanding[0] is ticket
+                ticket.lane.failed += 1
 
     def restart(self, ticket: Ticket) -> None:
         """The oldest batch cannot be stored with its number: a new epoch from 0 for the lane."""

@@ -112,7 +112,8 @@ class _Sender:
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
         sequencer = cast(Sequencer, self.sequencer)  # set whenever a ticket is given
-        stamped = None if ticket is None else ticket.sequence  # the stamp ``body`` carries
+        stamped = None if ticket is None else ticket.first  # the stamp ``body`` carries
+        oldest = False  # the batch's last attempt left when no earlier one of its queue was out
         maybe_stored = False  # a failed attempt may have stored the batch: it must stay on its queue
         attempt = 0  # failed attempts that count against the retries
         try:
@@ -128,6 +129,7 @@ class _Sender:
                             stamped = ticket.sequence
                             body = bytearray(body)  # an abandoned attempt's write may still hold the old
                             stamp_sequence(body, stamped)
+                        oldest = ticket.oldest
                     if acks == 0:
                         await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                         return []
@@ -140,7 +142,7 @@ class _Sender:
                         sequencer.failed(ticket)
                     log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
                 except GmsError as err:
-                    if ticket is not None and self._out_of_turn(ticket, stamped, err):
+                    if ticket is not None and self._out_of_turn(ticket, stamped, oldest, err):
                         continue  # sent again in its turn, after the batches before it
                     if not err.retriable or attempt >= self._retries:
                         raise
@@ -170,18 +172,20 @@ class _Sender:
                 sequencer.gave_up(ticket, maybe_stored or not isinstance(err, _NOT_STORED_ERRORS))
             raise
 
-    def _out_of_turn(self, ticket: Ticket, stamped: BatchSequence | None, err: GmsError) -> bool:
+    def _out_of_turn(self, ticket: Ticket, stamped: BatchSequence | None, oldest: bool, err: GmsError) -> bool:
         """Whether ``err`` refused the batch only for its place in its queue's order: then it is
         sent again in its turn, without counting against the retries. An earlier batch of the
-        queue is on its way (the broker expects it, or does not know the producer yet), or the
-        lane started a new epoch while this attempt was out (its old number is fenced). The oldest
-        batch refused for its number starts that new epoch (the broker forgot the producer, or
-        expects a batch that will never come) and counts the attempt."""
-        sequencer = self.sequencer
-        assert sequencer is not None
+        queue was on its way (the broker expects it, or does not know the producer yet), or the
+        lane started a new epoch while this attempt was out (its old number is fenced). A batch
+        refused for its number although it was the ``oldest`` when it left starts that new epoch
+        (the broker forgot the producer, or expects a batch that will never come) and counts the
+        attempt."""
+        sequencer = cast(Sequencer, self.sequencer)
+        if err.retriable:
+            sequencer.failed(ticket)
         renumbered = stamped != ticket.sequence
         if isinstance(err, (OutOfOrderSequenceError, UnknownProducerIdError)):
-            if not sequencer.failed(ticket) or renumbered:
+            if renumbered or not oldest:
                 return True
             log.info("%s; numbering the queue's batches from 0 again under a new epoch", err)
             sequencer.restart(ticket)
@@ -189,8 +193,6 @@ class _Sender:
         if isinstance(err, ProducerFencedError) and renumbered:
             sequencer.failed(ticket)
             return True
-        if err.retriable:
-            sequencer.failed(ticket)
         return False
 
     async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
