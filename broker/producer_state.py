@@ -4,8 +4,12 @@ Kafka's producer state (KIP-98), kept by the store beside its indexes. A batch s
 :class:`BatchSequence` is accepted when it is the producer's next one on that queue; a retry of
 one of its last :data:`BATCHES_KEPT` batches is a duplicate (answered with the stored offsets);
 anything else is refused: a gap (``OUT_OF_ORDER_SEQUENCE``, retriable: an earlier batch is on its
-way) or a stale epoch (``PRODUCER_FENCED``). A producer this store does not know starts with
-whatever it sends (its state expired, or its earlier batches went to another broker).
+way) or a stale epoch (``PRODUCER_FENCED``). So a queue stores one producer's batches in the order
+they were numbered, or refuses them. A producer this store does not know on a queue may start only
+at batch 0: a later batch is refused (``UNKNOWN_PRODUCER_ID``, retriable), since its earlier ones
+may still be on their way. When they are not (the state expired, or was cut with the batches it
+described), the producer, with nothing earlier of that queue unacknowledged, numbers the queue from
+0 again under a new epoch (KIP-360; client/idempotence.py).
 
 Every stamped record in the log updates the state, whoever wrote it (a send, replication,
 recovery's re-indexing), so followers know it before they lead. A snapshot written with each
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gms.broker.atomic_file import write_atomically
-from gms.errors import OutOfOrderSequenceError, ProducerFencedError
+from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from gms.record.sequence import BatchSequence
 
 log = logging.getLogger(__name__)
@@ -84,7 +88,11 @@ class ProducerStates:
         raises if it must be refused."""
         producer = self._queues.get(key, {}).get(sequence.producer_id)
         if producer is None:
-            return None
+            if sequence.sequence == 0:
+                return None
+            raise UnknownProducerIdError(
+                f"{key[0]}/{key[1]} does not know producer {sequence.producer_id}: its batch "
+                f"{sequence.sequence} (epoch {sequence.epoch}) cannot come first, batch 0 does")
         if sequence.epoch < producer.epoch:
             raise ProducerFencedError(
                 f"producer {sequence.producer_id} sent a batch of epoch {sequence.epoch} to {key[0]}/{key[1]}, "

@@ -1,12 +1,20 @@
 """The idempotent producer's side of Kafka's KIP-98: an id, and per queue an epoch and a batch count.
 
 Every request body a producer sends is one batch, stamped (:func:`stamp_sequence`) with the
-producer id, the queue's epoch and the batch's number in it, and sent and retried as is: a broker
-that stored it already answers with where it is instead of storing it again
-(docs/idempotence.md). The id comes from the nameservers (a counter in etcd); a producer given a
-fixed broker list draws a random 63-bit id instead. A batch given up (its retries exhausted, or
-moved to another queue) leaves a gap its queue's later batches cannot pass: the queue's epoch is
-bumped and its count restarts at 0, which the brokers accept.
+producer id, the queue's epoch and the batch's number in it: a broker that stored it already
+answers a retry with where it is instead of storing it again, and stores a queue's batches only in
+the order they were numbered (docs/idempotence.md). The id comes from the nameservers (a counter in
+etcd); a producer given a fixed broker list draws a random 63-bit id instead.
+
+Order: each queue is a :class:`_Lane` of the batches numbered and not yet acknowledged, oldest
+first. First attempts go out at once (up to ``IN_FLIGHT_PER_QUEUE`` requests pipelined); a batch
+that failed is sent again only once it is the oldest of its lane, and while one waits so do the
+lane's new batches, so a retry never overtakes an earlier batch, nor a later one it. When the
+oldest batch cannot be stored with its number (the broker forgot the producer:
+``UNKNOWN_PRODUCER_ID``; or expects an earlier batch that will never come: ``OUT_OF_ORDER_SEQUENCE``
+for the oldest; or a batch given up before it was stored), the lane starts a new epoch and numbers
+its remaining batches from 0 again, in the same order (KIP-360); a batch carries its new number
+from its next attempt on.
 """
 
 from __future__ import annotations
@@ -29,16 +37,46 @@ def random_producer_id() -> int:
     return secrets.randbits(63) or 1
 
 
-class Sequencer:
-    """Numbers an idempotent producer's batches. Stamping is thread-safe (sync sends stamp on the
-    caller's thread, batched sends on the I/O loop)."""
+class Ticket:
+    """A numbered batch of a lane until it is acknowledged or given up: ``first`` is the number
+    it was stamped with, ``sequence`` its current one (a new epoch renumbers it), ``failed`` once
+    an attempt failed."""
 
-    def __init__(self, allocate_id: Callable[[], Awaitable[int]]) -> None:
+    __slots__ = ("failed", "first", "lane", "sequence")
+
+    def __init__(self, lane: _Lane, sequence: BatchSequence) -> None:
+        self.lane = lane
+        self.first = self.sequence = sequence
+        self.failed = False
+
+    @property
+    def oldest(self) -> bool:
+        """No earlier batch of its queue is in flight or unacknowledged."""
+        return self.lane.outstanding[0] is self
+
+
+class _Lane:
+    __slots__ = ("epoch", "failed", "next", "outstanding", "waiters")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.next = 0  # the number of the lane's next batch in this epoch
+        self.outstanding: list[Ticket] = []  # numbered, not acknowledged nor given up, oldest first
+        self.failed = 0  # of them, how many failed an attempt
+        self.waiters: list[asyncio.Future[None]] = []  # batches waiting for their turn (on the loop)
+
+
+class Sequencer:
+    """Numbers an idempotent producer's batches and orders their retries. Thread-safe (sync sends
+    stamp and finish on the caller's thread, batched sends on the I/O loop ``loop``)."""
+
+    def __init__(self, allocate_id: Callable[[], Awaitable[int]], loop: asyncio.AbstractEventLoop) -> None:
         self._allocate_id = allocate_id
+        self._loop = loop
         self._producer_id: int | None = None
         self._id_lock: asyncio.Lock | None = None
         self._lock = threading.Lock()
-        self._queues: dict[QueueKey, list[int]] = {}  # [epoch, next batch number]
+        self._lanes: dict[QueueKey, _Lane] = {}
         self._in_flight: dict[QueueKey, asyncio.Semaphore] = {}
 
     @property
@@ -55,23 +93,86 @@ class Sequencer:
             if self._producer_id is None:
                 self._producer_id = await self._allocate_id()
 
-    def stamp(self, body: bytearray, topic: str, queue_id: int, count: int) -> BatchSequence:
+    def stamp(self, body: bytearray, topic: str, queue_id: int, count: int) -> Ticket:
         """Number ``body`` (``count`` records) as the queue's next batch. Call :meth:`ready` first."""
         assert self._producer_id is not None, "Sequencer.ready() first"
         with self._lock:
-            state = self._queues.setdefault((topic, queue_id), [0, 0])
-            sequence = BatchSequence(self._producer_id, state[0], state[1], count)
-            state[1] += 1
-        stamp_sequence(body, sequence)
-        return sequence
+            lane = self._lanes.get((topic, queue_id))
+            if lane is None:
+                lane = self._lanes[(topic, queue_id)] = _Lane()
+            ticket = Ticket(lane, BatchSequence(self._producer_id, lane.epoch, lane.next, count))
+            lane.next += 1
+            lane.outstanding.append(ticket)
+        stamp_sequence(body, ticket.sequence)
+        return ticket
 
-    def gave_up(self, topic: str, queue_id: int, sequence: BatchSequence) -> None:
-        """The batch will never be stored on its queue: later batches start a new epoch there."""
+    def may_go(self, ticket: Ticket) -> bool:
+        """Whether an attempt of the batch may be sent now: its first while no batch of its lane
+        waits to be retried, any once it is the oldest of its lane."""
+        lane = ticket.lane
+        return (not ticket.failed and not lane.failed) or ticket.oldest
+
+    async def turn(self, ticket: Ticket) -> None:
+        """Wait until an attempt of the batch may be sent (:meth:`may_go`; on the I/O loop)."""
+        while True:
+            with self._lock:  # a batch done on another thread wakes the waiters it finds
+                if self.may_go(ticket):
+                    return
+                waiter = self._loop.create_future()
+                ticket.lane.waiters.append(waiter)
+            await waiter
+
+    def failed(self, ticket: Ticket) -> None:
+        """An attempt of the batch failed: it is sent again in its turn."""
         with self._lock:
-            state = self._queues.get((topic, queue_id))
-            if state is not None and state[0] == sequence.epoch:
-                state[0] += 1
-                state[1] = 0
+            if not ticket.failed:
+                ticket.failed = True
+                ticket.lane.failed += 1
+
+    def restart(self, ticket: Ticket) -> None:
+        """The oldest batch cannot be stored with its number: a new epoch from 0 for the lane."""
+        with self._lock:
+            if ticket.sequence.epoch == ticket.lane.epoch:
+                self._renumber(ticket.lane)
+
+    def acked(self, ticket: Ticket) -> None:
+        """The batch is stored: the next one's turn."""
+        self._done(ticket, restart=False)
+
+    def gave_up(self, ticket: Ticket, maybe_stored: bool) -> None:
+        """The batch will not be sent again on its queue. If it was not stored, the lane's later
+        batches cannot pass the gap it leaves: they are numbered from 0 under a new epoch. If it
+        may have been, they keep their numbers (their broker says which it is)."""
+        self._done(ticket, restart=not maybe_stored)
+
+    def _done(self, ticket: Ticket, restart: bool) -> None:
+        lane = ticket.lane
+        with self._lock:
+            try:
+                lane.outstanding.remove(ticket)
+            except ValueError:
+                return  # done before
+            if ticket.failed:
+                lane.failed -= 1
+            if restart and ticket.sequence.epoch == lane.epoch:
+                self._renumber(lane)
+            waiters, lane.waiters = lane.waiters, []
+        if waiters:
+            try:
+                on_loop = asyncio.get_running_loop() is self._loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                _wake(waiters)
+            else:
+                self._loop.call_soon_threadsafe(_wake, waiters)
+
+    def _renumber(self, lane: _Lane) -> None:
+        """A new epoch: the outstanding batches are numbered 0, 1, ... in their order (under the lock)."""
+        lane.epoch += 1
+        for number, ticket in enumerate(lane.outstanding):
+            ticket.sequence = ticket.sequence._replace(epoch=lane.epoch, sequence=number)
+        lane.next = len(lane.outstanding)
 
     def in_flight(self, topic: str, queue_id: int) -> asyncio.Semaphore:
         """Held while a batch of the queue is being sent (on the I/O loop)."""
@@ -79,3 +180,9 @@ class Sequencer:
         if semaphore is None:
             semaphore = self._in_flight[(topic, queue_id)] = asyncio.Semaphore(IN_FLIGHT_PER_QUEUE)
         return semaphore
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

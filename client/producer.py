@@ -10,12 +10,13 @@ else round robin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import itertools
 import logging
 import socket
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -24,7 +25,7 @@ import xxhash
 from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.delivery import deliver_at_ms
-from gms.client.idempotence import Sequencer, random_producer_id
+from gms.client.idempotence import Sequencer, Ticket, random_producer_id
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
@@ -36,11 +37,13 @@ from gms.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
     OutOfOrderSequenceError,
+    ProducerFencedError,
     QueueNotFoundError,
     ServerBusyError,
     ServiceUnavailableError,
     TopicNotFoundError,
     UnknownCodeError,
+    UnknownProducerIdError,
 )
 from gms.net.busy_poll import CLIENT_WINDOW_US
 from gms.protocol.codes import RequestCode
@@ -49,7 +52,7 @@ from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
 from gms.record.builder import BatchBuilder, RecordEncoder
 from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
-from gms.record.sequence import BatchSequence
+from gms.record.sequence import BatchSequence, stamp_sequence
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -65,7 +68,7 @@ _I64 = struct.Struct(">q")  # an offset of a send's answer
 # (a timeout, a connection lost mid-request) it may have been, so it stays on its queue, where
 # the broker recognises it if it was (idempotence).
 _NOT_STORED_ERRORS = (NotLeaderError, TopicNotFoundError, QueueNotFoundError, ServiceUnavailableError,
-                      ServerBusyError, OutOfOrderSequenceError, NotEnoughReplicasError)
+                      ServerBusyError, OutOfOrderSequenceError, UnknownProducerIdError, NotEnoughReplicasError)
 
 
 class ProducerRecord(NamedTuple):
@@ -100,21 +103,33 @@ class _Sender:
 
     async def send(self, route: QueueRoute, body: bytearray, acks: int | None = None, *,
                    movable: bool = False, first_error: GmsError | None = None,
-                   sequence: BatchSequence | None = None) -> SendResults | list[SendResult]:
+                   ticket: Ticket | None = None) -> SendResults | list[SendResult]:
         """Send ``body`` to ``route`` until acknowledged or out of retries.
 
         ``first_error``: the first attempt was made elsewhere (on a blocking connection) and
-        failed so; retry it here as if it had failed here. ``sequence``: the idempotent
-        producer's stamp on ``body`` (given up on its queue if the send fails)."""
+        failed so; retry it here as if it had failed here. ``ticket``: the idempotent producer's
+        number of ``body``: its attempts go in the order of its queue's batches (client/idempotence.py)."""
         acks = self._acks if acks is None else acks
         pool = self._runtime.pool
+        sequencer = cast(Sequencer, self.sequencer)  # set whenever a ticket is given
+        stamped = None if ticket is None else ticket.first  # the stamp ``body`` carries
+        oldest = False  # the batch's last attempt left when no earlier one of its queue was out
         maybe_stored = False  # a failed attempt may have stored the batch: it must stay on its queue
+        attempt = 0  # failed attempts that count against the retries
         try:
-            for attempt in itertools.count():
+            while True:
                 try:
                     if first_error is not None:
                         failed, first_error = first_error, None
                         raise failed
+                    if ticket is not None:
+                        if not sequencer.may_go(ticket):
+                            await sequencer.turn(ticket)
+                        if ticket.sequence != stamped:  # its lane started a new epoch
+                            stamped = ticket.sequence
+                            body = bytearray(body)  # an abandoned attempt's write may still hold the old
+                            stamp_sequence(body, stamped)
+                        oldest = ticket.oldest
                     if acks == 0:
                         await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                         return []
@@ -123,8 +138,12 @@ class _Sender:
                     # The route may be newer than the broker's queues (created a moment ago) or stale.
                     if attempt >= self._retries or not await self._still_routed(route):
                         raise
+                    if ticket is not None:
+                        sequencer.failed(ticket)
                     log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
                 except GmsError as err:
+                    if ticket is not None and self._out_of_turn(ticket, stamped, oldest, err):
+                        continue  # sent again in its turn, after the batches before it
                     if not err.retriable or attempt >= self._retries:
                         raise
                     log.debug("send to %s failed (%r), retry %d", route, err, attempt + 1)
@@ -133,28 +152,48 @@ class _Sender:
                     maybe_stored = (maybe_stored or not isinstance(err, _NOT_STORED_ERRORS)
                                     or bool(err.fields.get(STORED_FIELD)))
                 else:
+                    if ticket is not None:
+                        sequencer.acked(ticket)
                     return _results(route.topic, frame.fields)
                 self._runtime.routes.invalidate()
                 await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
+                attempt += 1
                 # A batch that may be stored on a replicated queue waits there for the new leader,
                 # which answers a retry of a stored batch with where it is (exactly once); one of an
                 # unreplicated queue whose broker is gone moves on (docs/idempotence.md).
                 moved = await self._reroute(route, body, movable and not (maybe_stored and route.replicated))
-                if sequence is not None and moved.queue_id != route.queue_id:
-                    sequence = self._restamp(body, route, moved, sequence)
+                if ticket is not None and moved.queue_id != route.queue_id:
+                    sequencer.gave_up(ticket, maybe_stored)
+                    ticket = sequencer.stamp(body, moved.topic, moved.queue_id, ticket.sequence.records)
+                    stamped = ticket.sequence
                 route = moved
-        except BaseException:
-            if sequence is not None:
-                self.sequencer.gave_up(route.topic, route.queue_id, sequence)  # type: ignore[union-attr]
+        except BaseException as err:
+            if ticket is not None:
+                sequencer.gave_up(ticket, maybe_stored or not isinstance(err, _NOT_STORED_ERRORS))
             raise
-        raise AssertionError("unreachable")
 
-    def _restamp(self, body: bytearray, old: QueueRoute, new: QueueRoute, sequence: BatchSequence) -> BatchSequence:
-        """A batch moved to another queue: the next batch number there (a new epoch on the old one)."""
-        sequencer = self.sequencer
-        assert sequencer is not None
-        sequencer.gave_up(old.topic, old.queue_id, sequence)
-        return sequencer.stamp(body, new.topic, new.queue_id, sequence.records)
+    def _out_of_turn(self, ticket: Ticket, stamped: BatchSequence | None, oldest: bool, err: GmsError) -> bool:
+        """Whether ``err`` refused the batch only for its place in its queue's order: then it is
+        sent again in its turn, without counting against the retries. An earlier batch of the
+        queue was on its way (the broker expects it, or does not know the producer yet), or the
+        lane started a new epoch while this attempt was out (its old number is fenced). A batch
+        refused for its number although it was the ``oldest`` when it left starts that new epoch
+        (the broker forgot the producer, or expects a batch that will never come) and counts the
+        attempt."""
+        sequencer = cast(Sequencer, self.sequencer)
+        if err.retriable:
+            sequencer.failed(ticket)
+        renumbered = stamped != ticket.sequence
+        if isinstance(err, (OutOfOrderSequenceError, UnknownProducerIdError)):
+            if renumbered or not oldest:
+                return True
+            log.info("%s; numbering the queue's batches from 0 again under a new epoch", err)
+            sequencer.restart(ticket)
+            return False
+        if isinstance(err, ProducerFencedError) and renumbered:
+            sequencer.failed(ticket)
+            return True
+        return False
 
     async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
                           movable: bool = False) -> SendResults | list[SendResult]:
@@ -168,7 +207,7 @@ class _Sender:
             await sequencer.ready()
             async with sequencer.in_flight(route.topic, route.queue_id):
                 answers = [await self.send(route, body, movable=movable,
-                                           sequence=sequencer.stamp(body, route.topic, route.queue_id, count))
+                                           ticket=sequencer.stamp(body, route.topic, route.queue_id, count))
                            for body, count in bodies]
         return answers[0] if len(answers) == 1 else _joined(answers)
 
@@ -303,7 +342,8 @@ class Producer:
                                       name="gms-producer", security=security)
         self._encoder = RecordEncoder(born_host)
         self._faults = BrokerFaults()
-        self._sequencer = Sequencer(self._allocate_producer_id) if idempotence and acks != 0 else None
+        self._sequencer = (Sequencer(self._allocate_producer_id, self._runtime.loop)
+                           if idempotence and acks != 0 else None)
         self._sender = _Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms, sequencer=self._sequencer)
         self._accumulator = Accumulator(
@@ -337,7 +377,7 @@ class Producer:
                 log.info("the nameservers allocate no producer ids: using a random one")
         return random_producer_id()
 
-    def _stamp(self, route: QueueRoute, body: bytearray, count: int) -> BatchSequence | None:
+    def _stamp(self, route: QueueRoute, body: bytearray, count: int) -> Ticket | None:
         """Number a body sent from the caller's thread (idempotent producers)."""
         sequencer = self._sequencer
         if sequencer is None:
@@ -402,31 +442,52 @@ class Producer:
         return result
 
     def _send_one(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
-        sequence = self._stamp(route, records, 1)
-        first_error = None
-        if self._acks:
-            frame, first_error = self._send_blocking(route, records)
-            if frame is not None:
-                return _one_result(route.topic, frame.fields)
-        send = self._sender.send(route, records, movable=movable, first_error=first_error, sequence=sequence)
-        sent = self._runtime.run(send, self._call_timeout_ms)
+        ticket = self._stamp(route, records, 1)
+        with self._numbered(ticket):
+            first_error = None
+            if self._acks:
+                frame, first_error = self._send_blocking(route, records, ticket)
+                if frame is not None:
+                    return _one_result(route.topic, frame.fields)
+            send = self._sender.send(route, records, movable=movable, first_error=first_error, ticket=ticket)
+            sent = self._runtime.run(send, self._call_timeout_ms)
         return sent[0] if sent else None  # type: ignore[return-value]
 
-    def _send_blocking(self, route: QueueRoute, records: bytearray) -> tuple[Frame | None, GmsError | None]:
+    @contextlib.contextmanager
+    def _numbered(self, ticket: Ticket | None) -> Iterator[None]:
+        """A sync send of a numbered batch: a failure that never reached the sender (the client
+        closed, the call timed out) gives the number up too, or its queue's later batches would
+        wait for it."""
+        try:
+            yield
+        except BaseException:
+            if ticket is not None:
+                cast(Sequencer, self._sequencer).gave_up(ticket, maybe_stored=True)  # a no-op if it did
+            raise
+
+    def _send_blocking(self, route: QueueRoute, records: bytearray,
+                       ticket: Ticket | None) -> tuple[Frame | None, GmsError | None]:
         """The first attempt of a send on the calling thread's own connection: no hand-off to the
         I/O thread and back. (answer, None), or (None, the error to retry on the I/O loop), or
-        (None, None) when every blocking connection is lent out (then the I/O loop sends)."""
+        (None, None) when every blocking connection is lent out or a batch of the queue waits to
+        be sent again (then the I/O loop sends, in the queue's order)."""
+        sequencer = cast(Sequencer, self._sequencer)  # set whenever a ticket is given
+        if ticket is not None and not sequencer.may_go(ticket):
+            return None, None
         try:
             conn = self._blocking.acquire(route.broker)
             if conn is None:
                 return None, None
             try:
-                return conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
-                                    timeout_ms=self._request_timeout_ms), None
+                frame = conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
+                                     timeout_ms=self._request_timeout_ms)
             finally:
                 self._blocking.release(route.broker, conn)
         except GmsError as err:
             return None, err  # retried with backoff on the I/O loop, if retriable
+        if ticket is not None:
+            sequencer.acked(ticket)
+        return frame, None
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.
@@ -465,13 +526,14 @@ class Producer:
         if len(bodies) == 1 and self._acks:  # one request (the usual batch): sent from this thread
             ((route, movable), ((request_body, request_count), *more)), = bodies.items()
             if not more:
-                sequence = self._stamp(route, request_body, request_count)
-                frame, first_error = self._send_blocking(route, request_body)
-                if frame is not None:
-                    return _results(route.topic, frame.fields)
-                send = self._sender.send(route, request_body, movable=movable, first_error=first_error,
-                                         sequence=sequence)
-                return self._runtime.run(send, self._call_timeout_ms)
+                ticket = self._stamp(route, request_body, request_count)
+                with self._numbered(ticket):
+                    frame, first_error = self._send_blocking(route, request_body, ticket)
+                    if frame is not None:
+                        return _results(route.topic, frame.fields)
+                    send = self._sender.send(route, request_body, movable=movable, first_error=first_error,
+                                             ticket=ticket)
+                    return self._runtime.run(send, self._call_timeout_ms)
         # Each group's requests go one after the other, each with its own retry schedule.
         timeout_ms = self._call_timeout_ms * max(map(len, bodies.values()))
         answers = self._runtime.run(self._send_all(bodies), timeout_ms)

@@ -181,6 +181,16 @@ class OutOfOrderSequenceError(GmsError):
     retriable = True
 
 
+class UnknownProducerIdError(GmsError):
+    """An idempotent producer's batch numbered past 0 on a queue whose broker knows nothing of that
+    producer: an earlier batch is on its way (retried, it comes first), or the broker forgot the
+    producer (idle past the expiry, its batches cut) and the producer starts the queue again at 0
+    under a new epoch (Kafka's UNKNOWN_PRODUCER_ID, KIP-360)."""
+
+    status = Status.UNKNOWN_PRODUCER_ID
+    retriable = True
+
+
 class ProducerFencedError(GmsError):
     """An idempotent producer's batch of an epoch older than the one the broker knows: the producer
     gave that batch up already (docs/idempotence.md)."""
@@ -310,6 +320,7 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         OffsetIllegalError,
         MessageNotFoundError,
         OutOfOrderSequenceError,
+        UnknownProducerIdError,
         ProducerFencedError,
         TransactionNotFoundError,
         GroupNotFoundError,

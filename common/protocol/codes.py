@@ -107,6 +107,7 @@ class Status(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 48  # an idempotent producer's batch skips sequence numbers
     PRODUCER_FENCED = 49  # an idempotent producer's batch of an older epoch than the broker knows
     TRANSACTION_NOT_FOUND = 50  # no open transaction with that id on this broker
+    UNKNOWN_PRODUCER_ID = 51  # an idempotent producer's batch past 0 on a queue whose broker does not know it
 
     # 60-79: consumer groups.
     GROUP_NOT_FOUND = 60

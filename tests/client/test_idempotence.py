@@ -13,7 +13,7 @@ from client_helpers import consume
 from gms_cluster import LocalCluster
 
 from gms.client import Admin, Consumer, Producer, ProducerRecord
-from gms.errors import GmsError, MessageIllegalError, ProducerFencedError
+from gms.errors import GmsError, MessageIllegalError, OutOfOrderSequenceError, UnknownProducerIdError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import Message, encode_batch
@@ -159,12 +159,15 @@ def test_stamps_that_are_not_fixed_width_hex_are_refused(broker, one_queue):
                   f"{pid}.00000000.000000000000000G.00000001"):
         with pytest.raises(MessageIllegalError, match="__PRODUCER_SEQ"):
             _request(broker.address, RequestCode.SEND, _forged(one_queue, value.encode()))
-    # the largest batch number is taken (a producer the broker does not know starts anywhere); one
-    # wrapped round to 0 after it is refused
+    # the largest batch number is read as a number, not wrapped: refused as the start of a producer
+    # the broker does not know (that is batch 0), and as the next one after batch 0
     top = f"{pid}.00000000.ffffffffffffffff.00000001".encode()
-    assert _request(broker.address, RequestCode.SEND, _forged(one_queue, top)).fields["queue_offsets"]
-    with pytest.raises(ProducerFencedError):
-        _request(broker.address, RequestCode.SEND, _forged(one_queue, top.replace(b"f" * 16, b"0" * 16)))
+    with pytest.raises(UnknownProducerIdError):
+        _request(broker.address, RequestCode.SEND, _forged(one_queue, top))
+    assert _request(broker.address, RequestCode.SEND,
+                    _forged(one_queue, top.replace(b"f" * 16, b"0" * 16))).fields["queue_offsets"]
+    with pytest.raises(OutOfOrderSequenceError):
+        _request(broker.address, RequestCode.SEND, _forged(one_queue, top))
     with Producer([broker.address]) as producer:
         producer.send(one_queue, b"honest")
     assert _stored(broker, one_queue, 2) == [b"forged", b"honest"]

@@ -18,7 +18,7 @@ from store_helpers import small_config
 
 from gms.broker.producer_state import BATCHES_KEPT, DuplicateBatch
 from gms.broker.store import MessageStore
-from gms.errors import OutOfOrderSequenceError, ProducerFencedError
+from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from gms.record import Message, decode_record, encode_batch, iter_records
 from gms.record.sequence import BatchSequence, read_sequence, stamp_sequence
 from gms.store_errors import InvalidRecord
@@ -77,8 +77,26 @@ def test_gaps_and_stale_epochs_are_refused_and_new_epochs_restart_at_zero(store_
         with pytest.raises(ProducerFencedError):
             store.append(batch(4, 2, 1, epoch=0))  # the old epoch was given up
         store.append(batch(4, 2, 0, pid=PID + 1))  # another producer: its own sequence
-        store.append(batch(6, 2, 5, pid=PID + 2))  # an unknown producer starts anywhere
+        with pytest.raises(UnknownProducerIdError):
+            store.append(batch(6, 2, 5, pid=PID + 2))  # an unknown producer starts at 0, not anywhere
+        with pytest.raises(UnknownProducerIdError):
+            store.append(batch(6, 2, 1, epoch=3, pid=PID + 2))  # whatever its epoch
+        store.append(batch(6, 2, 0, epoch=3, pid=PID + 2))
         assert store.max_offset("t", 0) == 8
+
+
+def test_a_producer_forgotten_or_cut_starts_again_at_zero(store_dir):
+    """The legitimate unknown producers: its state expired (idle past the expiry), or truncation
+    cut every batch it knew. Its next batch, past 0, is refused; the producer numbers the queue
+    from 0 under a new epoch, which is stored."""
+    with open_store(store_dir) as store:
+        store.append(batch(0, 2, 0))
+        store.append(batch(2, 2, 1))
+        store.truncate_queue("t", 0, 0)  # a follower cut back to a new leader that has none of them
+        with pytest.raises(UnknownProducerIdError):
+            store.append(batch(0, 2, 2))
+        assert store.append(batch(0, 2, 0, epoch=1)).queue_offsets.tolist() == [0, 1]
+        assert store.append(batch(2, 2, 1, epoch=1)).queue_offsets.tolist() == [2, 3]
 
 
 def test_only_the_last_batches_are_kept(store_dir):
@@ -227,7 +245,7 @@ def test_a_damaged_snapshot_is_rebuilt_from_the_log(store_dir, damage):
 
 def test_idle_producers_are_forgotten_by_the_appends(store_dir):
     """Producers idle past the expiry are dropped under the write lock (as appends note batches),
-    so a producer coming back after that starts afresh, and snapshots leave it out."""
+    so a producer coming back after that starts again at 0, and snapshots leave it out."""
     store = MessageStore(store_dir, small_config(producer_state_expiry_ms=200))
     store.create_topic("t", 2)
     with store:
@@ -236,6 +254,8 @@ def test_idle_producers_are_forgotten_by_the_appends(store_dir):
         time.sleep(0.3)
         store.append(batch(2, 1, 1, pid=2))  # pid 2 is active again; the sweep drops pid 1
         assert len(store.producers) == 1
-        store.append(batch(3, 1, 9, pid=1))  # a gap for a known producer, a start for a forgotten one
-        with pytest.raises(OutOfOrderSequenceError):
+        with pytest.raises(UnknownProducerIdError):  # forgotten: it starts again at 0 (a new epoch)
+            store.append(batch(3, 1, 9, pid=1))
+        store.append(batch(3, 1, 0, epoch=1, pid=1))
+        with pytest.raises(OutOfOrderSequenceError):  # known: a gap
             store.append(batch(4, 1, 9, pid=2))
