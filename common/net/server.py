@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from gms.address import join_address
+from gms.address import peer_address
 from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
 from gms.net.busy_poll import SERVER_WINDOW_US, LoopBusyPoll
@@ -652,16 +652,14 @@ class _ServerConnection(asyncio.Protocol):
         self._update_reading()
         self._linger = self._loop.call_later(REFUSED_LINGER_MS / 1000, functools.partial(self.close, abort=True))
 
-    def _peer(self) -> object:
-        return None if self._transport is None else self._transport.get_extra_info("peername")
+    def _peer(self) -> str:
+        """The client's ``host:port``, as log and audit lines name it."""
+        return peer_address(None if self._transport is None else self._transport.get_extra_info("peername"))
 
     def _request_fields(self, code: int, request_id: int) -> dict[str, object]:
         """What names a request in the lines logged about it: the arguments of their templates and
         their ``extra`` fields, which json logs show as keys of their own."""
-        peer = self._peer()
-        if isinstance(peer, tuple):
-            peer = join_address(str(peer[0]), int(peer[1]))
-        return {"request_id": request_id, "code": code, "peer": str(peer)}
+        return {"request_id": request_id, "code": code, "peer": self._peer()}
 
     def buffered_bytes(self) -> int:
         unsent = 0 if self._transport is None else self._transport.get_write_buffer_size()
