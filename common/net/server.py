@@ -173,8 +173,11 @@ class RpcServer:
         """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
         loop = asyncio.get_running_loop()
         busy_poll = LoopBusyPoll(loop, self.config.busy_poll_us)
+        tls = self.security.tls
+        tls_timeout_s = self.security.tls_handshake_timeout_ms / 1000 if tls is not None else None
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self, busy_poll), host, port, reuse_address=True, ssl=self.security.tls
+            lambda: _ServerConnection(self, busy_poll), host, port, reuse_address=True, ssl=tls,
+            ssl_handshake_timeout=tls_timeout_s, ssl_shutdown_timeout=tls_timeout_s,
         )
         self._sweeper = loop.create_task(self._sweep())
 
@@ -415,8 +418,11 @@ class _ServerConnection(asyncio.Protocol):
                                          "ms (header_timeout_ms)")
         elif not self.tasks and now - self._last_active >= config.idle_timeout_ms / 1000:
             log.info("closing connection from %s: idle for %d ms", self._peer(), config.idle_timeout_ms)
+            # Aborted when unsent answers remain (the peer does not read) or over TLS: a graceful
+            # TLS close waits for the peer's close_notify, and an idle peer may never send one.
             transport = self._transport
-            self.close(abort=transport is not None and transport.get_write_buffer_size() > 0)
+            self.close(abort=transport is not None and (
+                transport.get_write_buffer_size() > 0 or self._server.security.tls is not None))
 
     def _update_reading(self) -> None:
         transport = self._transport
