@@ -28,6 +28,7 @@ from gms.cli.standalone_security import prepare_secure
 from gms.cluster.errors import ClusterError
 from gms.die_with_parent import dying_with_parent
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
+from gms.private_files import make_private_dir, open_private, tighten_tree
 
 DEFAULT_DATA_DIR = Path("gms-data")
 CHILD_START_TIMEOUT_S = 30.0
@@ -55,7 +56,7 @@ class _Child:
         self.metrics_port_file.unlink(missing_ok=True)
         if metrics_listen:
             args = [*args, "--metrics-listen", metrics_listen, "--metrics-port-file", str(self.metrics_port_file)]
-        with open(self.log_path, "ab") as log:
+        with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             self.proc = subprocess.Popen(
                 dying_with_parent([sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)]),
                 stdin=subprocess.DEVNULL,
@@ -138,8 +139,9 @@ def run_standalone(
     ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
     :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
-    run_dir = data_dir / "logs"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = data_dir / "logs"  # audit lines name users and their addresses: private, like the stores
+    make_private_dir(run_dir)
+    tighten_tree(run_dir)
     stop = threading.Event()
     children: list[_Child] = []
 

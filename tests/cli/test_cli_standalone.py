@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from file_modes import modes, not_private, umask
 from processes import FREE_MONITORING_PORTS, alive, descendants, wait_until
 from scrape import get, scrape
 
@@ -90,3 +92,41 @@ def test_standalone_serves_produce_and_tail_then_stops_on_sigint(tmp_path):
     if not registered:
         pytest.skip("started and stopped cleanly, but the broker never registered with the nameserver"
                     " (gms-broker --nameserver not wired yet): produce/tail not exercised")
+
+
+def run_standalone_briefly(data_dir: Path) -> None:
+    """Start ``gms standalone`` on ``data_dir``, wait for its banner, stop it with SIGINT."""
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(data_dir),
+         "--nameserver-port", "0", "--broker-port", "0", *FREE_MONITORING_PORTS,
+         "--commitlog-file-size", str(32 << 20)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        read_addresses(proc)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_standalone_data_dir_and_logs_are_private_whatever_the_umask(tmp_path):
+    """The logs hold audit lines (user names, client addresses): like the stores, they are 0600 in
+    0700 directories, and logs an older version left readable are tightened at start."""
+    data_dir = tmp_path / "data"
+    with umask(0):
+        run_standalone_briefly(data_dir)
+    found = modes(data_dir)
+    assert {"./", "logs/", "logs/broker.log", "logs/nameserver.log", "logs/broker.port", "etcd/"} <= set(found)
+    assert not_private(data_dir) == {}
+
+    logs = data_dir / "logs"
+    logs.chmod(0o775)  # as an older version left them
+    for log in logs.iterdir():
+        log.chmod(0o664)
+    with umask(0):
+        run_standalone_briefly(data_dir)
+    assert not_private(data_dir) == {}
