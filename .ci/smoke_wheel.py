@@ -8,15 +8,18 @@ message, tails it, stops with Ctrl-C (SIGINT) and checks that no process is left
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 TIMEOUT_S = 60.0
+DISTRIBUTION = "gms-mq"
 
 
 def bin_path(name: str) -> str:
@@ -42,9 +45,24 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def check_distribution_name(work: Path) -> None:
+    """The wheel is the gms-mq distribution (PyPI's `gms` is an unrelated project), and that is what
+    provides the installed ``gms`` package."""
+    (wheel,) = (work / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zipped:
+        metadata = next(name for name in zipped.namelist() if name.endswith(".dist-info/METADATA"))
+        name = re.search(r"^Name: (.+)$", zipped.read(metadata).decode(), re.MULTILINE)
+    if name is None or name.group(1).strip() != DISTRIBUTION:
+        sys.exit(f"FAILED: {wheel.name} is named {name and name.group(1)!r}, not {DISTRIBUTION!r}")
+    providers = importlib.metadata.packages_distributions().get("gms")
+    if providers is None or set(providers) != {DISTRIBUTION}:
+        sys.exit(f"FAILED: the installed gms package comes from {providers}, not {DISTRIBUTION!r} alone")
+
+
 def main() -> None:
     work = Path(sys.argv[1])
     data_dir = work / "standalone-data"
+    check_distribution_name(work)
     run(sys.executable, "-c", "import gms.client, gms.broker, gms.nameserver, gms.cli")
     run(sys.executable, "-m", "gms.broker", "--help")
     run(sys.executable, "-m", "gms.nameserver", "--help")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import resource
 import sys
@@ -12,6 +11,7 @@ import click
 
 from gms import __version__
 from gms.broker.config import DEFAULT_PORT, load_config
+from gms.broker.rocketmq import ROCKETMQ_EXTRA, stubs_installed
 from gms.envvars import options_from_env
 from gms.errors import GmsError
 from gms.logging_setup import configure_logging_from, log_options
@@ -92,8 +92,8 @@ def main(config_path, port_file, metrics_port_file, rocketmq_port_file, flush_mo
         raise click.UsageError("--metrics-port-file needs --metrics-listen (or metrics_listen in [broker])")
     if rocketmq_port_file is not None and not config.rocketmq_listen:
         raise click.UsageError("--rocketmq-port-file needs --rocketmq-listen (or rocketmq_listen in [broker])")
-    if config.rocketmq_listen and importlib.util.find_spec("rocketmq") is None:
-        raise click.UsageError("--rocketmq-listen needs the rocketmq extra: pip install 'gms[rocketmq]'")
+    if config.rocketmq_listen and not stubs_installed():
+        raise click.UsageError(f"--rocketmq-listen needs {ROCKETMQ_EXTRA}")
     log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
     from gms.broker.server import BrokerServer
     from gms.net import run

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from gms import __version__
 from gms.cli import standalone_ports as ports
@@ -163,11 +164,14 @@ def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int
     stops all). Both servers serve Prometheus /metrics, /healthz and /readyz."""
     from gms.cli.standalone import run_standalone
 
+    given = click.get_current_context().get_parameter_source
+    rocketmq_asked = any(given(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+                         for name in ("rocketmq_port", "with_rocketmq"))
     code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
                           nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
                           console_port=console_port if with_console else None, console_admin=console_admin,
-                          rocketmq_port=rocketmq_port if with_rocketmq else None, log_level=log_level,
-                          log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
+                          rocketmq_port=rocketmq_port if with_rocketmq else None, rocketmq_asked=rocketmq_asked,
+                          log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
                           secure=secure, echo=click.echo)
     sys.exit(code)
 

@@ -10,7 +10,6 @@ the supervisor itself dies (`gms.die_with_parent`), so nothing outlives it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from gms.broker.rocketmq import ROCKETMQ_EXTRA, stubs_installed
 from gms.broker.store_layout import read_layout
 from gms.broker.store_paths import StorePaths
 from gms.cli import standalone_ports as ports
@@ -28,6 +28,7 @@ from gms.cli.standalone_security import prepare_secure
 from gms.cluster.errors import ClusterError
 from gms.die_with_parent import dying_with_parent
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
+from gms.private_files import make_private_dir, open_private, tighten_tree
 
 DEFAULT_DATA_DIR = Path("gms-data")
 CHILD_START_TIMEOUT_S = 30.0
@@ -55,7 +56,7 @@ class _Child:
         self.metrics_port_file.unlink(missing_ok=True)
         if metrics_listen:
             args = [*args, "--metrics-listen", metrics_listen, "--metrics-port-file", str(self.metrics_port_file)]
-        with open(self.log_path, "ab") as log:
+        with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             self.proc = subprocess.Popen(
                 dying_with_parent([sys.executable, "-P", "-m", module, *args, "--port-file", str(self.port_file)]),
                 stdin=subprocess.DEVNULL,
@@ -122,6 +123,7 @@ def run_standalone(
     console_port: int | None = ports.CONSOLE_PORT,
     console_admin: bool = False,
     rocketmq_port: int | None = ports.ROCKETMQ_PORT,
+    rocketmq_asked: bool = False,
     log_level: str = "info",
     log_format: str = "text",
     commitlog_file_size_bytes: int | None = None,
@@ -134,12 +136,14 @@ def run_standalone(
     Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. Both servers serve
     /metrics, /healthz and /readyz on their metrics ports; the web console runs unless
     ``console_port`` is None (read-only unless ``console_admin``); the broker serves the RocketMQ 5 gRPC
-    API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``.
+    API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``
+    (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an error).
     ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
     :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
-    run_dir = data_dir / "logs"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = data_dir / "logs"  # audit lines name users and their addresses: private, like the stores
+    make_private_dir(run_dir)
+    tighten_tree(run_dir)
     stop = threading.Event()
     children: list[_Child] = []
 
@@ -157,6 +161,7 @@ def run_standalone(
     code = 0
     try:
         store_args = _store_args(data_dir, commitlog_file_size_bytes)
+        rocketmq_off = _rocketmq_off(rocketmq_port, secure, rocketmq_asked)
         etcd.start()
         if secured is not None:
             secured.create_users(etcd)
@@ -173,7 +178,6 @@ def run_standalone(
         )
         children.append(nameserver)
         nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
-        rocketmq_off = _rocketmq_off(rocketmq_port, secure)
         rocketmq_port_file = run_dir / "broker.rocketmq-port"
         rocketmq_port_file.unlink(missing_ok=True)
         rocketmq_args = ([] if rocketmq_off else ["--rocketmq-listen", f"{host}:{rocketmq_port}",
@@ -229,14 +233,18 @@ def run_standalone(
     return code
 
 
-def _rocketmq_off(rocketmq_port: int | None, secure: bool) -> str:
-    """Why the broker does not serve the RocketMQ API, for the banner ("": it does)."""
+def _rocketmq_off(rocketmq_port: int | None, secure: bool, rocketmq_asked: bool) -> str:
+    """Why the broker does not serve the RocketMQ API, for the banner ("": it does). The API
+    asked for by name and not installed is an error, not a note."""
     if rocketmq_port is None:
         return "not served (--no-rocketmq)"
     if secure:
         return "not served: the RocketMQ API has no authentication yet (docs/rocketmq-compat.md)"
-    if importlib.util.find_spec("rocketmq") is None:
-        return "not served: pip install 'gms[rocketmq]' for RocketMQ 5 clients"
+    if not stubs_installed():
+        if rocketmq_asked:
+            raise StandaloneError(f"--rocketmq-port {rocketmq_port}: serving the RocketMQ 5 API needs"
+                                  f" {ROCKETMQ_EXTRA}; or start without --rocketmq-port")
+        return f"not served: it needs {ROCKETMQ_EXTRA}"
     return ""
 
 

@@ -22,6 +22,14 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def peer_address(peername: object) -> str:
+    """A socket's ``getpeername()`` for log and audit lines: ``host:port`` (``[v6]:port``) for an
+    IP socket's tuple, anything else as it is."""
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        return join_address(str(peername[0]), int(peername[1]))
+    return str(peername)
+
+
 def advertised_address(listen_host: str, port: int) -> str:
     """The address to publish for a server listening on ``listen_host``: for a wildcard, this
     host's primary address (loopback when it has none)."""

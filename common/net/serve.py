@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from gms.private_files import write_private
+
 
 class Server(Protocol):
     @property
@@ -25,9 +27,10 @@ class Server(Protocol):
 
 
 def write_port_file(path: Path, port: int) -> None:
-    """Atomically publish the bound port (scripts and tests wait for this file)."""
+    """Atomically publish the bound port (scripts and tests wait for this file), in a file only
+    its owner may read, like the logs beside it in a standalone data dir."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(port))
+    write_private(tmp, str(port).encode())
     tmp.replace(path)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from gms.address import join_address
+from gms.address import peer_address
 from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
 from gms.net.busy_poll import SERVER_WINDOW_US, LoopBusyPoll
@@ -173,8 +173,11 @@ class RpcServer:
         """Listen on ``host:port``; port 0 picks a free port (see :attr:`port`)."""
         loop = asyncio.get_running_loop()
         busy_poll = LoopBusyPoll(loop, self.config.busy_poll_us)
+        tls = self.security.tls
+        tls_timeout_s = self.security.tls_handshake_timeout_ms / 1000 if tls is not None else None
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self, busy_poll), host, port, reuse_address=True, ssl=self.security.tls
+            lambda: _ServerConnection(self, busy_poll), host, port, reuse_address=True, ssl=tls,
+            ssl_handshake_timeout=tls_timeout_s, ssl_shutdown_timeout=tls_timeout_s,
         )
         self._sweeper = loop.create_task(self._sweep())
 
@@ -415,8 +418,11 @@ class _ServerConnection(asyncio.Protocol):
                                          "ms (header_timeout_ms)")
         elif not self.tasks and now - self._last_active >= config.idle_timeout_ms / 1000:
             log.info("closing connection from %s: idle for %d ms", self._peer(), config.idle_timeout_ms)
+            # Aborted when unsent answers remain (the peer does not read) or over TLS: a graceful
+            # TLS close waits for the peer's close_notify, and an idle peer may never send one.
             transport = self._transport
-            self.close(abort=transport is not None and transport.get_write_buffer_size() > 0)
+            self.close(abort=transport is not None and (
+                transport.get_write_buffer_size() > 0 or self._server.security.tls is not None))
 
     def _update_reading(self) -> None:
         transport = self._transport
@@ -652,16 +658,14 @@ class _ServerConnection(asyncio.Protocol):
         self._update_reading()
         self._linger = self._loop.call_later(REFUSED_LINGER_MS / 1000, functools.partial(self.close, abort=True))
 
-    def _peer(self) -> object:
-        return None if self._transport is None else self._transport.get_extra_info("peername")
+    def _peer(self) -> str:
+        """The client's ``host:port``, as log and audit lines name it."""
+        return peer_address(None if self._transport is None else self._transport.get_extra_info("peername"))
 
     def _request_fields(self, code: int, request_id: int) -> dict[str, object]:
         """What names a request in the lines logged about it: the arguments of their templates and
         their ``extra`` fields, which json logs show as keys of their own."""
-        peer = self._peer()
-        if isinstance(peer, tuple):
-            peer = join_address(str(peer[0]), int(peer[1]))
-        return {"request_id": request_id, "code": code, "peer": str(peer)}
+        return {"request_id": request_id, "code": code, "peer": self._peer()}
 
     def buffered_bytes(self) -> int:
         unsent = 0 if self._transport is None else self._transport.get_write_buffer_size()

@@ -5,6 +5,7 @@ both commands, ``gms standalone --secure``):
 
 - ``tls_cert`` / ``tls_key`` (+ ``tls_ca``): serve TLS; ``tls_client_auth`` also demands a client
   certificate signed by ``tls_ca`` (mutual TLS), whose common name then names the user.
+  ``tls_handshake_timeout_ms`` bounds a client's TLS handshake (and the close_notify exchange).
 - ``authentication``: every connection authenticates (SCRAM-SHA-256 or a client certificate)
   before any request but PING; users live in etcd (``gms user add``).
 - ``acl``: authorised by ACLs, deny by default (``gms acl add``); without it any authenticated
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from gms.cluster.etcd_client import EtcdAuth
 from gms.security.client import ClientSecurity
-from gms.security.gate import Authorize, ServerSecurity
+from gms.security.gate import TLS_HANDSHAKE_TIMEOUT_MS, Authorize, ServerSecurity
 from gms.security.tls import TlsFiles
 from gms.security.users import User
 
@@ -34,6 +35,7 @@ class SecurityConfig:
     tls_key: str = ""
     tls_ca: str = ""
     tls_client_auth: bool = False
+    tls_handshake_timeout_ms: int = TLS_HANDSHAKE_TIMEOUT_MS
     authentication: bool = False
     acl: bool = False
     super_users: tuple[str, ...] = ()
@@ -49,6 +51,8 @@ class SecurityConfig:
         else:
             object.__setattr__(self, "super_users", tuple(self.super_users))
         self.files  # noqa: B018 - checks the files exist and come in pairs
+        if self.tls_handshake_timeout_ms <= 0:
+            raise ValueError(f"tls_handshake_timeout_ms must be positive, not {self.tls_handshake_timeout_ms}")
         if self.tls_client_auth and not (self.tls_cert and self.tls_ca):
             raise ValueError("tls_client_auth needs tls_cert, tls_key and the CA of the clients' certificates (tls_ca)")
         if self.acl and not self.authentication:
@@ -76,10 +80,11 @@ class SecurityConfig:
 
     def server_security(self, users: Callable[[str], User | None], authorize: Authorize | None) -> ServerSecurity:
         """What this server's listener enforces; ``users`` looks a user up (the watch-fed view)."""
+        tls = self.listener_context()
         if not self.authentication:
-            return ServerSecurity(tls=self.listener_context())
-        return ServerSecurity(tls=self.listener_context(), users=users, authorize=authorize,
-                              cert_users=self.tls_client_auth)
+            return ServerSecurity(tls=tls, tls_handshake_timeout_ms=self.tls_handshake_timeout_ms)
+        return ServerSecurity(tls=tls, users=users, authorize=authorize, cert_users=self.tls_client_auth,
+                              tls_handshake_timeout_ms=self.tls_handshake_timeout_ms)
 
     def etcd_auth(self) -> EtcdAuth | None:
         """How to reach etcd (None: plaintext, no etcd user)."""

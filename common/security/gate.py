@@ -21,6 +21,12 @@ from gms.security.users import Principal, User
 
 audit = logging.getLogger("gms.audit")
 
+# A TLS handshake, and the close_notify exchange of a graceful close, must be over this soon
+# (asyncio's defaults: 60 s and 30 s): a client silent in either holds a descriptor, outside the
+# idle and header timeouts, which count from a finished handshake. A handshake is two round
+# trips and some milliseconds of work.
+TLS_HANDSHAKE_TIMEOUT_MS = 10_000
+
 Authorize = Callable[[Principal, Frame], None]
 
 # The principal of the request a handler is running for (None: authentication is off). Handlers
@@ -37,6 +43,7 @@ class ServerSecurity:
     authorize: Authorize | None = None
     # A client certificate verified against the CA authenticates as the user its CN names.
     cert_users: bool = False
+    tls_handshake_timeout_ms: int = TLS_HANDSHAKE_TIMEOUT_MS
 
     def principal_for_certificate(self, common_name: str | None) -> Principal | None:
         """The principal a verified client certificate stands for (None: it does not)."""

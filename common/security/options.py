@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
+from gms.security.gate import TLS_HANDSHAKE_TIMEOUT_MS
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PEM = click.Path(dir_okay=False, exists=True, path_type=str)
@@ -19,6 +21,9 @@ _OPTIONS = (
                  help="PEM CA bundle: verifies client certificates and the peers this server connects to."),
     click.option("--tls-client-auth/--no-tls-client-auth", default=None,
                  help="Demand a client certificate signed by --tls-ca (mutual TLS); its common name is the user."),
+    click.option("--tls-handshake-timeout-ms", type=click.IntRange(min=1),
+                 help=f"Close a connection whose TLS handshake (or closing close_notify exchange) takes longer"
+                      f" (default {TLS_HANDSHAKE_TIMEOUT_MS})."),
     click.option("--authentication/--no-authentication", default=None,
                  help="Clients must authenticate (SCRAM-SHA-256 user or client certificate); users live in etcd."),
     click.option("--acl/--no-acl", default=None,
@@ -31,8 +36,8 @@ _OPTIONS = (
     click.option("--etcd-password", help="Password of --etcd-user (prefer the environment variable)."),
     click.option("--etcd-ca", type=_PEM, help="PEM CA bundle that signed etcd's certificate (TLS to etcd)."),
 )
-NAMES = ("tls_cert", "tls_key", "tls_ca", "tls_client_auth", "authentication", "acl", "super_users", "user",
-         "password", "etcd_user", "etcd_password", "etcd_ca")
+NAMES = ("tls_cert", "tls_key", "tls_ca", "tls_client_auth", "tls_handshake_timeout_ms", "authentication", "acl",
+         "super_users", "user", "password", "etcd_user", "etcd_password", "etcd_ca")
 
 
 def security_options(command: F) -> F:

@@ -9,6 +9,7 @@ import ssl
 import pytest
 from net_helpers import Runner
 
+from gms.address import peer_address
 from gms.errors import (
     ConnectionClosedError,
     ForbiddenError,
@@ -222,3 +223,9 @@ def test_scram_on_a_certificate_authenticated_connection_names_the_user(arun: Ru
             await server.stop()
 
     arun(main())
+
+
+def test_audit_and_log_lines_name_a_peer_as_host_and_port():
+    """What ``getpeername()`` gives for IPv4 and IPv6 sockets, as docs/security.md's audit lines show it."""
+    assert peer_address(("127.0.0.1", 46646)) == "127.0.0.1:46646"
+    assert peer_address(("::1", 50412, 0, 0)) == "[::1]:50412"

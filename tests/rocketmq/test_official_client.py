@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra: "
-                                                  "pip install 'gms[rocketmq]'")
+                                                  "pip install '.[rocketmq]'")
 
 from gms.client import Admin, Producer, SimpleConsumer  # noqa: E402
 from tests.processes import wait_until  # noqa: E402

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-pytest.importorskip("rocketmq", reason="the RocketMQ API is the `rocketmq` extra: pip install 'gms[rocketmq]'")
+pytest.importorskip("rocketmq", reason="the RocketMQ API is the `rocketmq` extra: pip install '.[rocketmq]'")
 
 from gms.broker.rocketmq import renewals as module
 from gms.broker.rocketmq.mapping import Receipt

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra: "
-                                                  "pip install 'gms[rocketmq]'")
+                                                  "pip install '.[rocketmq]'")
 
 from gms_cluster import LocalCluster  # noqa: E402
 from processes import free_port, wait_until  # noqa: E402

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra: "
-                                                  "pip install 'gms[rocketmq]'")
+                                                  "pip install '.[rocketmq]'")
 
 from processes import BrokerProcess, free_port, wait_until  # noqa: E402
 

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-pytest.importorskip("rocketmq", reason="the RocketMQ API is the `rocketmq` extra: pip install 'gms[rocketmq]'")
+pytest.importorskip("rocketmq", reason="the RocketMQ API is the `rocketmq` extra: pip install '.[rocketmq]'")
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 

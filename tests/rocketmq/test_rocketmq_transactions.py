@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra: "
-                                                  "pip install 'gms[rocketmq]'")
+                                                  "pip install '.[rocketmq]'")
 
 from rocketmq import TransactionResolution  # noqa: E402
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc  # noqa: E402
