@@ -54,9 +54,11 @@ def raise_fd_limit() -> int:
 @click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]),
               help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
 @click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int,
-              help="Size of each commitlog file in bytes (default 1 GiB).")
+              help="Size of each commitlog file in bytes, for a new store (default 1 GiB; an existing store"
+                   " keeps its own).")
 @click.option("--cq-file-entries", "cq_entries_per_file", type=int,
-              help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
+              help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each; an existing"
+                   " store keeps its own).")
 @click.option("--retention-hours", type=float,
               help="Retention of topics without their own retention_ms (default 72); commitlog files go once no topic "
                    "needs them.")
