@@ -46,7 +46,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
-from gms.broker.mapped_file import MappedFile, run_when_idle
+from gms.broker.mapped_file import MappedFile, run_when_idle, tree_disk_bytes
 from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
@@ -206,7 +206,7 @@ class _IndexGap(Exception):
 class StoreStats(NamedTuple):
     min_offset: int  # first commitlog byte still kept
     max_offset: int  # end of the written commitlog
-    disk_used_bytes: int  # commitlog plus consumeQueue files (their full mapped size)
+    disk_used_bytes: int  # what the store's directory takes on disk (``du``: allocated blocks)
 
 
 class _QueueGroup(NamedTuple):
@@ -612,6 +612,7 @@ class MessageStore:
                 return None
             queue_offset = cq.max_offset
             try:
+                commitlog.prepare_one(phys, size)
                 cq.reserve(1)
             except StoreIOError as err:
                 self._disk_full = out_of_space(err)
@@ -1355,7 +1356,7 @@ class MessageStore:
 
     def stats(self) -> StoreStats:
         commitlog = self._cl()
-        return StoreStats(commitlog.min_offset, commitlog.committed_pos, self._disk_usage(commitlog))
+        return StoreStats(commitlog.min_offset, commitlog.committed_pos, tree_disk_bytes(self.paths.root))
 
     def metric_collectors(self) -> list[Collector]:
         """The store's own metrics (flush latency and errors, retention deletions), for a registry."""
@@ -1371,10 +1372,11 @@ class MessageStore:
         return active.resident_fraction(commitlog.committed_pos - active.base_offset)
 
     def _disk_usage(self, commitlog: CommitLog) -> int:
+        """The blocks commitlog and consumeQueue files take (what ``disk_usage_max_bytes`` caps)."""
         with self._queues_lock:
             queues = list(self._queues.values())
-        return (len(commitlog.files) * commitlog.file_size_bytes
-                + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
+        return (sum(f.disk_bytes() for f in commitlog.files)
+                + sum(f.disk_bytes() for cq in queues for f in cq.files))
 
     # --- retention -----------------------------------------------------------------------------
     def set_timer_listener(self, listener: TimerListener) -> None:
@@ -1440,7 +1442,8 @@ class MessageStore:
             pins = [int(cq.read(cq.min_offset, 1)["phys"][0])
                     for cq in queues.values() if cq.min_offset < cq.max_offset]
             keep_from = min([self._checkpointed_offset, commitlog.committed_pos, *pins])
-            rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
+            cap = self.config.disk_usage_max_bytes
+            rule = deletion_rule(keep_from, 0 if cap is None else self._disk_usage(commitlog), cap)
             deleted = commitlog.delete_oldest(rule)
             self._keys.delete_below(commitlog.min_offset)
             self._origins.delete_below(commitlog.min_offset)
