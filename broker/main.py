@@ -48,7 +48,8 @@ def raise_fd_limit() -> int:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="TOML file with [broker], [store] and [security] tables; flags and GMS_BROKER_* variables"
                    " override it.")
-@click.option("--name", "broker_name", help="Broker name (default: the advertised address).")
+@click.option("--name", "broker_name", help="Broker name, its identity in the cluster (default: the one kept in the"
+                                         " store, else the advertised address of its first start).")
 @click.option("--advertised-address", help="host:port clients should use to reach this broker.")
 @click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")
 @click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]),

@@ -160,3 +160,7 @@ class StoreCorrupt(StoreError, ServerError):
 
 class StoreLayoutMismatch(StoreError, ServerError):
     """The store was created with another file geometry than the one configured."""
+
+
+class BrokerIdentityMismatch(StoreError, ServerError):
+    """The store belongs to a broker of another name than the one configured."""

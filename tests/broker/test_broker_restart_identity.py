@@ -1,6 +1,7 @@
-"""A restarted `gms-broker` takes its store's commitlog file size and consumeQueue entries per file
-from the store itself: they need not be repeated, and only a value given that contradicts the
-store is refused, with a message that says what to do."""
+"""A restarted `gms-broker` is the broker its store says it is (its name, whatever the port),
+and takes the store's commitlog file size and consumeQueue entries per file from the store: none
+of them need be repeated, and only a value given that contradicts the store is refused, with a
+message that says what to do."""
 
 from __future__ import annotations
 
@@ -64,3 +65,39 @@ def test_restart_takes_the_stored_geometry_and_refuses_only_a_contradiction(tmp_
     assert refused.returncode == 1
     assert f"created with commitlog_file_size_bytes = {FILE_SIZE_BYTES}" in refused.stderr
     assert "leave out gms-broker --commitlog-file-size" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _status(broker: BrokerProcess) -> dict:
+    with Admin([broker.address]) as admin:
+        [status] = admin.broker_status()
+    return status
+
+
+def test_the_broker_name_lives_in_the_store_and_survives_another_port(tmp_path):
+    """The first start records the broker's name (by default its address); a restart on another
+    port is the same broker; a --name that contradicts the store is refused."""
+    broker = _Broker(tmp_path / "store", [])
+    broker.start()
+    try:
+        first = _status(broker)
+        assert first["name"] == broker.address
+    finally:
+        assert broker.stop() == 0
+    broker.start()  # port 0: another port
+    try:
+        again = _status(broker)
+        assert again["address"] == broker.address != first["address"]
+        assert again["name"] == first["name"]
+    finally:
+        assert broker.stop() == 0
+    broker.args = ["--name", first["name"]]  # the same name, given: fine
+    broker.start()
+    assert broker.stop() == 0
+
+    refused = subprocess.run(
+        [sys.executable, "-P", "-m", "gms.broker", "--listen", "127.0.0.1:0", "--store-dir", str(tmp_path / "store"),
+         "--name", "another"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 1
+    assert f"is broker {first['name']!r}'s, not 'another': leave out --name" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
