@@ -499,7 +499,7 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            parsed = parse_batch(buf, self.config.body_size_max_bytes,
+            parsed = parse_batch(buf, self._body_size_max(),
                                  self.config.verify_tag_hash and not replicated,
                                  verify_crc=not replicated, sizes=sizes)
             sizes = parsed.sizes
@@ -586,12 +586,12 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            record = parse_one(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash)
+            record = parse_one(buf, self._body_size_max(), self.config.verify_tag_hash)
             size, topic, queue_id = record.size, record.topic, record.queue_id
             if size > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
                                               f"{self.config.commitlog_file_size_bytes} bytes")
-            limit = self._topics.limits(topic).message_size_bytes_max
+            limit = self._topics.limits(topic).message_size_bytes_max or self._default_limit(0)
             unstamped = size - STAMP_BYTES if record.flags & FLAG_SEQUENCED else size  # as in _check_message_sizes
             if limit and unstamped > limit:
                 raise MessageTooLarge(topic, unstamped, limit)
@@ -697,10 +697,24 @@ class MessageStore:
                 raise InvalidRecord(DELIVER_AT_PROPERTY, f"delivery more than {self.config.schedule_max_delay_ms} ms"
                                                          " ahead (schedule_max_delay_ms)")
 
+    def _body_size_max(self) -> int:
+        """The body limit a record is parsed with: ``body_size_max_bytes``, or the largest topic's
+        ``message_size_bytes_max`` when that is larger (then each record is held to its own topic's
+        limit by :meth:`_check_message_sizes`)."""
+        return max(self.config.body_size_max_bytes, self._topics.message_size_max)
+
+    def _default_limit(self, unchecked: int) -> int:
+        """The record limit of a topic without its own ``message_size_bytes_max``: ``unchecked``
+        (the parse's body check was ``body_size_max_bytes``) unless a topic's larger limit raised
+        that check; then ``body_size_max_bytes``, counted as stored."""
+        return unchecked if self._topics.message_size_max <= self.config.body_size_max_bytes \
+            else self.config.body_size_max_bytes
+
     def _check_message_sizes(self, parsed: ParsedRecords, sizes: np.ndarray, batch_bytes: int) -> None:
         """Each record against its topic's ``message_size_bytes_max``: nothing when the whole batch
         is within the smallest limit (the usual case), else one vectorised comparison."""
-        per_topic = [self._topics.limits(t).message_size_bytes_max or batch_bytes for t in parsed.topics]
+        per_topic = [self._topics.limits(t).message_size_bytes_max or self._default_limit(batch_bytes)
+                     for t in parsed.topics]
         if batch_bytes <= min(per_topic):
             return
         limits = np.array(per_topic, np.int64)
@@ -1176,7 +1190,7 @@ class MessageStore:
                                               "commitlog to rewrite it")
             if len(buf) != size:
                 raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
-            parsed = parse_batch(buf, self.config.body_size_max_bytes)
+            parsed = parse_batch(buf, self._body_size_max())
             copy_hash = int(parsed.index_tag_hashes[0])
             damaged = bool(self._checked(self._file_runs(commitlog, np.array([phys])), np.array([phys]),
                                          np.array([size]), np.array([offset]), queue_id).size)
