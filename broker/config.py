@@ -15,6 +15,8 @@ from typing import Any
 
 from gms.address import split_address
 from gms.broker.store_config import StoreConfig
+from gms.broker.store_layout import read_layout
+from gms.broker.store_paths import StorePaths
 from gms.net.busy_poll import SERVER_WINDOW_US
 from gms.net.server import (
     CONNECTIONS_MAX,
@@ -24,6 +26,7 @@ from gms.net.server import (
     ServerConfig,
 )
 from gms.security.config import SecurityConfig
+from gms.store_errors import StoreCorrupt
 
 DEFAULT_PORT = 10911
 
@@ -125,7 +128,9 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
 
 def load_config(path: Path | None, overrides: dict[str, Any], store_overrides: dict[str, Any],
                 security_overrides: dict[str, Any] | None = None) -> BrokerConfig:
-    """Defaults < TOML file < overrides (``None`` values in overrides are ignored)."""
+    """Defaults < TOML file < overrides (``None`` values in overrides are ignored). An existing
+    store's geometry (commitlog file size, consumeQueue entries per file) is the default for
+    what is not given: only a value given that contradicts it is refused (when the store opens)."""
     broker_values: dict[str, Any] = {}
     store_values: dict[str, Any] = {}
     security_values: dict[str, Any] = {}
@@ -143,7 +148,20 @@ def load_config(path: Path | None, overrides: dict[str, Any], store_overrides: d
     security_values.update({k: v for k, v in (security_overrides or {}).items() if v is not None})
     if "store_dir" in broker_values:
         broker_values["store_dir"] = Path(broker_values["store_dir"])
+    _default_to_stored_geometry(broker_values.get("store_dir", BrokerConfig.store_dir), store_values)
     store = _build(StoreConfig, store_values, f"{path or 'options'} [store]")
     security = _build(SecurityConfig, security_values, f"{path or 'options'} [security]")
     return _build(BrokerConfig, {**broker_values, "store": store, "security": security},
                   f"{path or 'options'} [broker]")
+
+
+def _default_to_stored_geometry(store_dir: Path, store_values: dict[str, Any]) -> None:
+    """Fill the geometry settings not given from the store's ``layout.json``, if it has one (a
+    damaged one is reported when the store opens)."""
+    try:
+        recorded = read_layout(StorePaths.of_broker(store_dir).layout)
+    except (StoreCorrupt, OSError):
+        return
+    for name, value in (recorded or {}).items():
+        if value is not None:
+            store_values.setdefault(name, value)

@@ -48,15 +48,18 @@ def raise_fd_limit() -> int:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="TOML file with [broker], [store] and [security] tables; flags and GMS_BROKER_* variables"
                    " override it.")
-@click.option("--name", "broker_name", help="Broker name (default: the advertised address).")
+@click.option("--name", "broker_name", help="Broker name, its identity in the cluster (default: the one kept in the"
+                                         " store, else the advertised address of its first start).")
 @click.option("--advertised-address", help="host:port clients should use to reach this broker.")
 @click.option("--nameserver", help="Nameserver address(es) host:port[,host:port] to register with.")
 @click.option("--flush", "flush_mode", type=click.Choice(["async", "sync"]),
               help="async: flush in the background; sync: acknowledge only after fsync (group commit).")
 @click.option("--commitlog-file-size", "commitlog_file_size_bytes", type=int,
-              help="Size of each commitlog file in bytes (default 1 GiB).")
+              help="Size of each commitlog file in bytes, for a new store (default 1 GiB; an existing store"
+                   " keeps its own).")
 @click.option("--cq-file-entries", "cq_entries_per_file", type=int,
-              help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each).")
+              help="Entries per consumeQueue file for a new store (default 300000; 20 bytes each; an existing"
+                   " store keeps its own).")
 @click.option("--retention-hours", type=float,
               help="Retention of topics without their own retention_ms (default 72); commitlog files go once no topic "
                    "needs them.")

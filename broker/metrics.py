@@ -100,7 +100,8 @@ class _BrokerCollector(Collector):
                      time.monotonic() - broker.started_monotonic)
         yield _gauge("gms_broker_connections", "Open client connections", broker.rpc.connection_count)
         yield _gauge("gms_broker_long_polls_parked", "Pulls and pops waiting for messages", len(broker.waiters))
-        yield _gauge("gms_broker_disk_used_bytes", "Commitlog and consumeQueue files", stats.disk_used_bytes)
+        yield _gauge("gms_broker_disk_used_bytes", "What the store's directory takes on disk (du)",
+                     stats.disk_used_bytes)
         yield _gauge("gms_broker_commitlog_bytes", "Commitlog bytes kept (written end - first kept)",
                      stats.max_offset - stats.min_offset)
         yield _gauge("gms_broker_unflushed_bytes", "Commitlog bytes written but not yet fsynced",

@@ -24,7 +24,7 @@ def deletion_rule(keep_from: int, disk_usage_bytes: int,
     def should_delete(f: MappedFile) -> bool:
         over_cap = disk_usage_max_bytes is not None and usage[0] > disk_usage_max_bytes
         if f.end_offset <= keep_from or over_cap:
-            usage[0] -= f.size_bytes
+            usage[0] -= f.disk_bytes()
             return True
         return False
 

@@ -70,8 +70,9 @@ class SegmentList:
         return files[index] if index < len(files) else None
 
     def create(self, base_offset: int) -> MappedFile:
-        """A new file of this list's directory and size (not in the list yet: see :meth:`append`)."""
-        return MappedFile.create(self.directory, base_offset, self.file_size_bytes)
+        """A new file of this list's directory and size (not in the list yet: see :meth:`append`),
+        without blocks: its writer allocates them as it goes (:meth:`MappedFile.allocate_to`)."""
+        return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0)
 
     def append(self, f: MappedFile) -> None:
         assert not self.files or f.base_offset == self.files[-1].end_offset, (f.path, self.files[-1].path)

@@ -24,6 +24,7 @@ from gms.broker.ha.leader_handlers import LeaderHandlers
 from gms.broker.ha.partition import Role
 from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
+from gms.broker.identity import record_name, recorded_name
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.metrics import BrokerMetrics
@@ -61,6 +62,11 @@ class BrokerServer:
         self.config = config
         paths = StorePaths.of_broker(config.store_dir)
         self.store = MessageStore.open(paths.root, config.store)
+        try:  # the cluster knows a broker by its name: the store's, whatever the port (see gms.broker.identity)
+            self._recorded_name = recorded_name(paths.identity, config.broker_name)
+        except BaseException:
+            self.store.close()
+            raise
         self.offsets = OffsetStore(paths.consumer_offsets)
         self.groups = GroupCoordinator(self._queue_count, config.member_expiry_ms)
         self.claims = QueueClaims(config.member_expiry_ms)
@@ -90,7 +96,7 @@ class BrokerServer:
             observe=self.metrics.requests.observe if self.metrics is not None else None)
         self.monitoring: MonitoringServer | None = None  # /metrics, /healthz, /readyz (--metrics-listen)
         self.address = ""
-        self.name = config.broker_name
+        self.name = self._recorded_name or config.broker_name  # final once serving (start)
         self.started_monotonic = time.monotonic()
         self._chores: list[asyncio.Task[None]] = []
         self.registration: BrokerRegistration | None = None
@@ -136,7 +142,13 @@ class BrokerServer:
             self.store.close()
             raise
         self.address = self.config.advertised_address or advertised_address(host, self.rpc.port)
-        self.name = self.config.broker_name or self.address
+        self.name = self._recorded_name or self.config.broker_name or self.address
+        if not self._recorded_name:
+            try:
+                record_name(self.store.paths.identity, self.name)
+            except OSError:
+                await self.stop()
+                raise
         self._register_handlers()
         self.started_monotonic = time.monotonic()
         self.store.set_expiry_limit(self._expiry_limit)

@@ -46,7 +46,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
-from gms.broker.mapped_file import MappedFile, run_when_idle
+from gms.broker.mapped_file import MappedFile, run_when_idle, tree_disk_bytes
 from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
@@ -206,7 +206,7 @@ class _IndexGap(Exception):
 class StoreStats(NamedTuple):
     min_offset: int  # first commitlog byte still kept
     max_offset: int  # end of the written commitlog
-    disk_used_bytes: int  # commitlog plus consumeQueue files (their full mapped size)
+    disk_used_bytes: int  # what the store's directory takes on disk (``du``: allocated blocks)
 
 
 class _QueueGroup(NamedTuple):
@@ -499,7 +499,7 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            parsed = parse_batch(buf, self.config.body_size_max_bytes,
+            parsed = parse_batch(buf, self._body_size_max(),
                                  self.config.verify_tag_hash and not replicated,
                                  verify_crc=not replicated, sizes=sizes)
             sizes = parsed.sizes
@@ -586,12 +586,12 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            record = parse_one(buf, self.config.body_size_max_bytes, self.config.verify_tag_hash)
+            record = parse_one(buf, self._body_size_max(), self.config.verify_tag_hash)
             size, topic, queue_id = record.size, record.topic, record.queue_id
             if size > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
                                               f"{self.config.commitlog_file_size_bytes} bytes")
-            limit = self._topics.limits(topic).message_size_bytes_max
+            limit = self._topics.limits(topic).message_size_bytes_max or self._default_limit(0)
             unstamped = size - STAMP_BYTES if record.flags & FLAG_SEQUENCED else size  # as in _check_message_sizes
             if limit and unstamped > limit:
                 raise MessageTooLarge(topic, unstamped, limit)
@@ -612,6 +612,7 @@ class MessageStore:
                 return None
             queue_offset = cq.max_offset
             try:
+                commitlog.prepare_one(phys, size)
                 cq.reserve(1)
             except StoreIOError as err:
                 self._disk_full = out_of_space(err)
@@ -696,10 +697,24 @@ class MessageStore:
                 raise InvalidRecord(DELIVER_AT_PROPERTY, f"delivery more than {self.config.schedule_max_delay_ms} ms"
                                                          " ahead (schedule_max_delay_ms)")
 
+    def _body_size_max(self) -> int:
+        """The body limit a record is parsed with: ``body_size_max_bytes``, or the largest topic's
+        ``message_size_bytes_max`` when that is larger (then each record is held to its own topic's
+        limit by :meth:`_check_message_sizes`)."""
+        return max(self.config.body_size_max_bytes, self._topics.message_size_max)
+
+    def _default_limit(self, unchecked: int) -> int:
+        """The record limit of a topic without its own ``message_size_bytes_max``: ``unchecked``
+        (the parse's body check was ``body_size_max_bytes``) unless a topic's larger limit raised
+        that check; then ``body_size_max_bytes``, counted as stored."""
+        return unchecked if self._topics.message_size_max <= self.config.body_size_max_bytes \
+            else self.config.body_size_max_bytes
+
     def _check_message_sizes(self, parsed: ParsedRecords, sizes: np.ndarray, batch_bytes: int) -> None:
         """Each record against its topic's ``message_size_bytes_max``: nothing when the whole batch
         is within the smallest limit (the usual case), else one vectorised comparison."""
-        per_topic = [self._topics.limits(t).message_size_bytes_max or batch_bytes for t in parsed.topics]
+        per_topic = [self._topics.limits(t).message_size_bytes_max or self._default_limit(batch_bytes)
+                     for t in parsed.topics]
         if batch_bytes <= min(per_topic):
             return
         limits = np.array(per_topic, np.int64)
@@ -1175,7 +1190,7 @@ class MessageStore:
                                               "commitlog to rewrite it")
             if len(buf) != size:
                 raise InvalidRecord("record", f"{len(buf)} bytes; {topic}/{queue_id}@{offset} has {size}")
-            parsed = parse_batch(buf, self.config.body_size_max_bytes)
+            parsed = parse_batch(buf, self._body_size_max())
             copy_hash = int(parsed.index_tag_hashes[0])
             damaged = bool(self._checked(self._file_runs(commitlog, np.array([phys])), np.array([phys]),
                                          np.array([size]), np.array([offset]), queue_id).size)
@@ -1355,7 +1370,7 @@ class MessageStore:
 
     def stats(self) -> StoreStats:
         commitlog = self._cl()
-        return StoreStats(commitlog.min_offset, commitlog.committed_pos, self._disk_usage(commitlog))
+        return StoreStats(commitlog.min_offset, commitlog.committed_pos, tree_disk_bytes(self.paths.root))
 
     def metric_collectors(self) -> list[Collector]:
         """The store's own metrics (flush latency and errors, retention deletions), for a registry."""
@@ -1371,10 +1386,11 @@ class MessageStore:
         return active.resident_fraction(commitlog.committed_pos - active.base_offset)
 
     def _disk_usage(self, commitlog: CommitLog) -> int:
+        """The blocks commitlog and consumeQueue files take (what ``disk_usage_max_bytes`` caps)."""
         with self._queues_lock:
             queues = list(self._queues.values())
-        return (len(commitlog.files) * commitlog.file_size_bytes
-                + sum(len(cq.files) * cq.file_size_bytes for cq in queues))
+        return (sum(f.disk_bytes() for f in commitlog.files)
+                + sum(f.disk_bytes() for cq in queues for f in cq.files))
 
     # --- retention -----------------------------------------------------------------------------
     def set_timer_listener(self, listener: TimerListener) -> None:
@@ -1440,7 +1456,8 @@ class MessageStore:
             pins = [int(cq.read(cq.min_offset, 1)["phys"][0])
                     for cq in queues.values() if cq.min_offset < cq.max_offset]
             keep_from = min([self._checkpointed_offset, commitlog.committed_pos, *pins])
-            rule = deletion_rule(keep_from, self._disk_usage(commitlog), self.config.disk_usage_max_bytes)
+            cap = self.config.disk_usage_max_bytes
+            rule = deletion_rule(keep_from, 0 if cap is None else self._disk_usage(commitlog), cap)
             deleted = commitlog.delete_oldest(rule)
             self._keys.delete_below(commitlog.min_offset)
             self._origins.delete_below(commitlog.min_offset)

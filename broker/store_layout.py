@@ -3,7 +3,9 @@
 Commitlog file size and consumeQueue entries per file decide where every byte lives, so they
 cannot change under existing data: a store opened with other values would misread (or, worse,
 resize) its files. ``store/config/layout.json`` keeps the values the store was created with;
-opening with different ones is refused with a message that says what to configure.
+opening with different ones is refused with a message that says what to do. ``gms-broker`` and
+``gms standalone`` take an existing store's values when none are given (see
+:func:`gms.broker.config.load_config`), so only a contradiction is refused.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def check_layout(path: Path, config: StoreConfig) -> None:
     if wrong:
         settings = ", ".join(f"{name} = {value}" for name, value in wrong.items())
         raise StoreLayoutMismatch(
-            f"the store in {path.parent.parent} was created with {settings}; configure the same "
-            "(gms-broker --commitlog-file-size / --cq-file-entries, or the [store] table) — these cannot change"
-            " under existing data"
+            f"the store in {path.parent.parent} was created with {settings}; these cannot change under"
+            " existing data: leave out gms-broker --commitlog-file-size / --cq-file-entries (and the [store]"
+            " table's) to use the store's own, or give the same"
         )

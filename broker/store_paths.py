@@ -65,6 +65,11 @@ class StorePaths:
         return self.config / "layout.json"
 
     @property
+    def identity(self) -> Path:
+        """The broker's name, its identity in the cluster (gms.broker.identity)."""
+        return self.config / "broker.json"
+
+    @property
     def min_offsets(self) -> Path:
         return self.config / "min_offsets.json"
 

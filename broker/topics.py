@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gms.broker.atomic_file import parsing, write_atomically
-from gms.cluster.model import validate_message_type
+from gms.cluster.model import check_message_size_max, validate_message_type
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.private_files import make_private_dir
@@ -42,6 +42,7 @@ class TopicLimits:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise InvalidTopicError(f"topic setting {name} must be a positive integer")
+        check_message_size_max(self.message_size_bytes_max)
 
     def merged(self, changes: Mapping[str, Any]) -> TopicLimits:
         """These limits with the named ones changed (None restores the store default)."""
@@ -67,6 +68,7 @@ class TopicTable:
         self._path = path
         self._lock = threading.Lock()
         self._topics: dict[str, _Topic] = {}
+        self.message_size_max = 0  # the largest message_size_bytes_max of a topic here (0: none has one)
 
     def load(self) -> None:
         make_private_dir(self._path.parent)
@@ -77,7 +79,11 @@ class TopicTable:
             topics = {validate_topic_name(name): _Topic(int(spec.pop("queue_count")), created_at_offset=int(
                           spec.pop("created_at_offset", 0)), limits=TopicLimits(**spec))
                       for name, spec in doc["topics"].items()}
+        self._set(topics)
+
+    def _set(self, topics: dict[str, _Topic]) -> None:
         self._topics = topics
+        self.message_size_max = max((t.limits.message_size_bytes_max or 0 for t in topics.values()), default=0)
 
     def _save(self, topics: dict[str, _Topic]) -> None:
         doc = {"version": TOPICS_FORMAT_VERSION,
@@ -88,7 +94,7 @@ class TopicTable:
             write_atomically(self._path, json.dumps(doc, indent=1).encode())
         except OSError as err:  # a full disk: a clear, retriable error, and the table unchanged
             raise StoreIOError(f"cannot save the topic table {self._path}: {err}") from err
-        self._topics = topics
+        self._set(topics)
 
     @staticmethod
     def _check_count(queue_count: int) -> None:

@@ -152,7 +152,8 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="The servers' log lines (in the data dir's logs/) as text, or one JSON object per line.")
 @click.option("--commitlog-file-size", type=click.IntRange(4096), default=None,
-              help="Bytes per commitlog file for a new store (default 1 GiB, preallocated); a store keeps its size.")
+              help="Bytes per commitlog file for a new store (default 128 MiB; disk is taken as they fill);"
+                   " a store keeps its size.")
 @click.option("--secure", is_flag=True,
               help="TLS with a development CA, authentication and ACLs, an 'admin' super user (files in the data dir;"
                    " prints how to point clients at it).")

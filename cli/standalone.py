@@ -33,6 +33,9 @@ from gms.private_files import make_private_dir, open_private, tighten_tree
 DEFAULT_DATA_DIR = Path("gms-data")
 CHILD_START_TIMEOUT_S = 30.0
 CHILD_STOP_TIMEOUT_S = 15.0  # the broker flushes and checkpoints; well within this
+# A new store's commitlog file size unless --commitlog-file-size says otherwise: a standalone is
+# for trying things out; its files take disk as they fill anyway, and retention goes file by file.
+COMMITLOG_FILE_SIZE_BYTES = 128 << 20
 SUPERVISE_POLL_S = 0.2  # how soon an unexpected child exit is noticed
 LOG_TAIL_BYTES = 2000
 
@@ -250,10 +253,10 @@ def _rocketmq_off(rocketmq_port: int | None, secure: bool, rocketmq_asked: bool)
 
 def _store_args(data_dir: Path, commitlog_file_size_bytes: int | None) -> list[str]:
     """The broker's store geometry: the one an existing store was created with (so a restart
-    needs no flags), else ``--commitlog-file-size`` or the broker's defaults."""
+    needs no flags), else ``--commitlog-file-size`` or COMMITLOG_FILE_SIZE_BYTES."""
     layout = read_layout(StorePaths.of_broker(data_dir / "broker").layout)
     if layout is None:
-        return ["--commitlog-file-size", str(commitlog_file_size_bytes)] if commitlog_file_size_bytes else []
+        return ["--commitlog-file-size", str(commitlog_file_size_bytes or COMMITLOG_FILE_SIZE_BYTES)]
     stored_size = layout["commitlog_file_size_bytes"]
     if commitlog_file_size_bytes and commitlog_file_size_bytes != stored_size:
         raise StandaloneError(

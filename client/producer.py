@@ -4,7 +4,7 @@ Every send goes through one async path (:meth:`_Sender.send`: one SEND_BATCH req
 target queue, retried with backoff on retriable errors). A batch over the broker's limit per
 request (``SEND_BODY_SIZE_MAX_BYTES``) goes out as several requests, one after the other. Queue
 choice: an explicit ``queue``, else a stable hash of ``key`` (same key → same queue → ordered),
-else round robin.
+else round robin from a random queue.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import itertools
 import logging
+import random
 import socket
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,6 +62,8 @@ ACKS_VALUES = (0, 1, -1)
 # send_async's batches are sent at this size (or after linger_ms): under load fewer, larger requests
 # cost both sides less (1 KiB messages went ~20 % faster than in 256 KiB batches).
 BATCH_BYTES = 1 << 20
+# The round robin starts at a random count below this (uniform enough modulo any queue count).
+ROUND_ROBIN_START_RANGE = 1 << 30
 _TOTAL_SIZE = struct.Struct(">i")
 _QUEUE_ID = struct.Struct(">i")
 _I64 = struct.Struct(">q")  # an offset of a send's answer
@@ -351,7 +354,8 @@ class Producer:
             self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
             self._route_any, linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
         )
-        self._round_robin = itertools.count()
+        # A random start: short-lived producers (one per `gms produce`) would all begin at queue 0.
+        self._round_robin = itertools.count(random.randrange(ROUND_ROBIN_START_RANGE))
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms
         self._blocking = BlockingPool(security=self._runtime.security, busy_poll_us=busy_poll_us)

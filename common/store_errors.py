@@ -65,7 +65,7 @@ class MessageTooLarge(InvalidRecord):
         super().__init__("message", f"a record of {size_bytes} bytes exceeds topic {topic}'s limit of "
                                     f"{size_bytes_max} bytes (message_size_bytes_max, counted as stored:"
                                     " headers, topic, tag, keys, properties and body); nothing of the batch"
-                                    " was stored")
+                                    f" was stored. To allow more: gms topic update {topic} --message-size-max N")
         self.topic = topic
         self.size_bytes = size_bytes
         self.size_bytes_max = size_bytes_max
@@ -160,3 +160,7 @@ class StoreCorrupt(StoreError, ServerError):
 
 class StoreLayoutMismatch(StoreError, ServerError):
     """The store was created with another file geometry than the one configured."""
+
+
+class BrokerIdentityMismatch(StoreError, ServerError):
+    """The store belongs to a broker of another name than the one configured."""

@@ -33,6 +33,9 @@ RELEASE_STEP_BYTES = 8 << 20
 # CPU) -- until the active file is this full: then the next file must be ready. It never waits
 # for writes: a writer that keeps writing needs the next file warm when it gets there.
 WARM_WAIT_UNTIL_FULL = 0.75
+# The next file is created and warmed once the active one is this full, not before: a store that
+# holds a few messages (a standalone to try things out) has no second file.
+PREPARE_NEXT_AT = 0.5
 ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_offset, store_ts_ms
 ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"),
                            ("store_ts_ms", ">i8")])
@@ -71,6 +74,7 @@ class CommitLog:
             self._segments.append(self._segments.create(0))
         self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
         self._spare_lock = threading.Lock()
+        self._next_prepared = False  # the next file was asked for (see PREPARE_NEXT_AT)
         self.released = 0  # pages below this offset were released from the resident set
         self.write_pos = 0  # where the next record goes (writer-private until committed)
         self.committed_pos = 0  # everything below is fully written and indexed: readable, flushable
@@ -87,7 +91,8 @@ class CommitLog:
         self.write_pos = self.committed_pos = end_offset
         if self._warmer is not None:
             self._warmer.submit(self.active.warm)
-        self._prepare_next()
+        self._next_prepared = False
+        self._prepare_next_when_due()
 
     # --- geometry ------------------------------------------------------------------------------
     @property
@@ -139,11 +144,23 @@ class CommitLog:
 
     # --- writing -------------------------------------------------------------------------------
     def prepare(self, placement: Placement) -> None:
-        """Create the files the batch rolls into, before anything of it is written: a full disk or
-        a descriptor limit fails the append here, with nothing to undo."""
+        """Create the files the batch rolls into and give them blocks where it goes, before anything
+        of it is written: a full disk or a descriptor limit fails the append here, with nothing to undo."""
+        active = self.active
+        self._allocate(active, self.write_pos)  # where a roll writes its blank marker
         for run in placement.runs:
-            if run.base > self.active.base_offset:
-                self._spare_file(run.base)
+            f = active if run.base == active.base_offset else self._spare_file(run.base)
+            self._allocate(f, run.phys + run.src_end - run.src_start)
+
+    def prepare_one(self, phys: int, size: int) -> None:
+        """:meth:`prepare` of one record placed by :meth:`place_one`."""
+        self._allocate(self.active, phys + size)
+
+    @staticmethod
+    def _allocate(f: MappedFile, end_offset: int) -> None:
+        """Blocks for ``f`` up to ``end_offset`` and the blank marker a roll may write there."""
+        if end_offset - f.base_offset + BLANK_MARKER_SIZE > f.allocated:
+            f.allocate_to(min(end_offset - f.base_offset + BLANK_MARKER_SIZE, f.size_bytes))
 
     def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
         """Copy the prepared batch as placed and patch the envelopes (ENVELOPE_DTYPE per record)."""
@@ -163,6 +180,8 @@ class CommitLog:
         The committed end only moves forward (set_end, at open, is the one way to place it)."""
         assert self.committed_pos <= end_offset == self.write_pos, (self.committed_pos, end_offset, self.write_pos)
         self.committed_pos = end_offset
+        if not self._next_prepared:
+            self._prepare_next_when_due()
 
     def place_one(self, size: int) -> int | None:
         """Where a single record of ``size`` bytes goes if it fits the active file (None: it
@@ -201,7 +220,7 @@ class CommitLog:
         with self._spare_lock:
             self._spare.pop(base, None)
         self.write_pos = base
-        self._prepare_next()
+        self._next_prepared = False
 
     def _spare_file(self, base: int) -> MappedFile:
         with self._spare_lock:
@@ -209,11 +228,15 @@ class CommitLog:
                 self._spare[base] = self._segments.create(base)
             return self._spare[base]
 
-    def _prepare_next(self) -> None:
-        """Create and pre-fault the next file in the background. Only a file nobody writes yet is
-        warmed: populating pages the writer is touching at the same time slows it down ~4x."""
-        if self._warmer is not None:
-            self._warmer.submit(self._warm_spare, self.active.end_offset)
+    def _prepare_next_when_due(self) -> None:
+        """Once the active file is PREPARE_NEXT_AT full, create and pre-fault the next file in the
+        background. Only a file nobody writes yet is warmed: populating pages the writer is
+        touching at the same time slows it down ~4x."""
+        active = self.active
+        if self.committed_pos - active.base_offset >= PREPARE_NEXT_AT * active.size_bytes:
+            self._next_prepared = True
+            if self._warmer is not None:
+                self._warmer.submit(self._warm_spare, active.end_offset)
 
     def _warm_spare(self, base: int) -> None:
         f = self._spare_file(base)

@@ -75,13 +75,22 @@ class ConsumeQueue:
         return f
 
     def reserve(self, count: int) -> None:
-        """Create the files that entries [max_offset, max_offset + count) go to. An append does this
-        for every queue of its batch before it writes anything: creating a file is what can fail."""
+        """Create the files that entries [max_offset, max_offset + count) go to and give them
+        blocks there. An append does this for every queue of its batch before it writes anything:
+        creating and allocating files is what can fail."""
+        if count <= 0:
+            return
         last = self.max_offset + count - 1
-        while count > 0 and (not self.files or last >= self.files[-1].end_offset // CQ_UNIT.size):
+        while not self.files or last >= self.files[-1].end_offset // CQ_UNIT.size:
             start = (self.files[-1].end_offset // CQ_UNIT.size if self.files
                      else self.max_offset - self.max_offset % self.entries_per_file)
             self._add_file(start)
+        offset, files = self.max_offset, self.files
+        while offset <= last:
+            f = self._file(offset, files)
+            end = min(last + 1, f.end_offset // CQ_UNIT.size)
+            f.allocate_to((end - f.base_offset // CQ_UNIT.size) * CQ_UNIT.size)
+            offset = end
 
     def write(self, start_offset: int, entries: np.ndarray) -> None:
         """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see

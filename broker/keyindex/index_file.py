@@ -64,7 +64,9 @@ class IndexFile:
 
     @classmethod
     def create(cls, directory: Path, begin_phys: int, slot_count: int, entry_capacity: int) -> IndexFile:
-        mapped = MappedFile.create(directory, begin_phys, file_size_bytes(slot_count, entry_capacity))
+        # Blocks for the header and the slots (written anywhere); the entries' come as they are added.
+        mapped = MappedFile.create(directory, begin_phys, file_size_bytes(slot_count, entry_capacity),
+                                   allocate_bytes=HEADER_SIZE + slot_count * SLOT_DTYPE.itemsize)
         _HEADER.pack_into(mapped.view, 0, INDEX_MAGIC, slot_count, entry_capacity, 0, 0, 0, begin_phys)
         return cls(mapped)
 
@@ -96,6 +98,7 @@ class IndexFile:
         each to its slot's newest entry -- within the batch too -- with a few numpy calls."""
         n = len(hashes)
         assert 0 < n <= self.room, (n, self.room)
+        self._file.allocate_to(self._entries_at + (self.count + n) * ENTRY_DTYPE.itemsize)
         numbers = np.arange(self.count + 1, self.count + n + 1, dtype=np.int64)
         slot_of = self._slot_of(hashes)
         order, first, last = _group_by_slot(slot_of)
@@ -114,6 +117,7 @@ class IndexFile:
         """:meth:`add` of one entry with ``struct`` (a single send: no numpy fixed costs)."""
         assert self.room > 0
         number = self.count + 1
+        self._file.allocate_to(self._entries_at + number * ENTRY_DTYPE.itemsize)
         slot_at = HEADER_SIZE + (key_hash & _U64) % self.slot_count * SLOT_DTYPE.itemsize
         view = self._file.view
         prev = _SLOT.unpack_from(view, slot_at)[0]

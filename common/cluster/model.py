@@ -17,6 +17,7 @@ from gms.address import split_address
 from gms.cluster.errors import ClusterError, NotEnoughBrokers
 from gms.errors import BadRequestError, GmsError, InvalidTopicError
 from gms.naming import TOPIC_NAME_BYTES_MAX, validate_topic_name
+from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING as MESSAGE_SIZE_BYTES_MAX_CEILING
 from gms.store_errors import InvalidTopicName
 
 LAYOUT_VERSION = 1  # "v" in every value; bump on an incompatible change
@@ -92,6 +93,15 @@ class BrokerInfo:
                    bool(d.get("caught_up", True)), str(d.get("rocketmq", "")))
 
 
+def check_message_size_max(value: int | None) -> None:
+    """Refuse a topic's ``message_size_bytes_max`` above MESSAGE_SIZE_BYTES_MAX_CEILING."""
+    if value is not None and value > MESSAGE_SIZE_BYTES_MAX_CEILING:
+        raise InvalidTopicError(
+            f"topic setting message_size_bytes_max (--message-size-max) is {value} bytes, above the"
+            f" {MESSAGE_SIZE_BYTES_MAX_CEILING} bytes ({MESSAGE_SIZE_BYTES_MAX_CEILING >> 20} MiB) a message can"
+            " be: one travels whole in a request")
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSettings:
     # Records older than this are no longer served (store time); None: the broker's own
@@ -119,6 +129,7 @@ class TopicSettings:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidTopicError(f"topic setting {key} must be a positive integer")
+        check_message_size_max(self.message_size_bytes_max)
         if not isinstance(self.unclean_leader_election, bool):
             raise InvalidTopicError("topic setting unclean_leader_election must be true or false")
 

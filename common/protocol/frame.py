@@ -43,6 +43,9 @@ BODY_SIZE_MAX_BYTES = 64 * 1024 * 1024
 # smaller bound. Request fields are a few scalars and names; 1 MiB still fits listings that
 # grow with the cluster (topic lists, routes) without moving them into the body.
 HEADER_SIZE_MAX_BYTES = 1024 * 1024
+# The largest message a topic may allow (``message_size_bytes_max``): one record travels whole in a
+# send request and in a pull answer, with room beside it in the frame.
+MESSAGE_SIZE_BYTES_MAX_CEILING = BODY_SIZE_MAX_BYTES // 2
 FRAME_SIZE_MAX_BYTES = LENGTH_FIELD_SIZE + HEADER_SIZE_MAX_BYTES + BODY_SIZE_MAX_BYTES
 # The body of one SEND / SEND_BATCH request, unless it is a single record (which may be as large
 # as the broker's message size limit). The broker appends a request in one piece on its event

@@ -19,7 +19,7 @@ import numpy as np
 
 from gms.errors import InvalidTopicError, MessageIllegalError
 from gms.naming import validate_topic_name
-from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
+from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING, SEND_BODY_SIZE_MAX_BYTES
 from gms.record import (
     BORN_HOST_BYTES_MAX,
     HEADER,
@@ -41,8 +41,9 @@ from gms.store_errors import InvalidRecord, InvalidTopicName
 _OFF_SHAPE = 12  # total_size, magic, crc32: the per-record start add_record writes
 assert _OFF_SHAPE == OFF_QUEUE_ID
 _PARTS_PER_RECORD = 3  # a batch holds each record as: size/magic/CRC, shape, body
-# Records travel in one frame; the broker refuses bigger ones anyway, so say it early.
-BODY_SIZE_MAX_BYTES = 4 * 1024 * 1024
+# Records travel in one frame; no topic may allow more, so say it early. Each topic's own limit
+# (message_size_bytes_max, 4 MiB by default) is the broker's to check: its refusal names the topic.
+BODY_SIZE_MAX_BYTES = MESSAGE_SIZE_BYTES_MAX_CEILING
 _CACHE_ENTRIES_MAX = 4096
 # A request body's limit, less the room an idempotent producer's stamp takes in its first record.
 REQUEST_BYTES_MAX = SEND_BODY_SIZE_MAX_BYTES - STAMP_BYTES

@@ -22,6 +22,7 @@ from gms.client.accumulator import Accumulator
 from gms.client.routing import QueueRoute
 from gms.client.structs import SendFuture
 from gms.errors import InvalidTopicError, MessageIllegalError
+from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING
 from gms.record import encode_record, iter_records
 from gms.record.builder import RecordEncoder
 
@@ -106,7 +107,7 @@ def test_bad_plain_messages_get_their_typed_errors_on_the_fast_path(broker, topi
         with pytest.raises(TypeError, match="bytes-like"):
             producer.send_async(topic, "text")  # type: ignore[arg-type]
         with pytest.raises(MessageIllegalError, match="exceeds the limit"):
-            producer.send_async(topic, b"x" * (4 * 1024 * 1024 + 1))
+            producer.send_async(topic, b"x" * (MESSAGE_SIZE_BYTES_MAX_CEILING + 1))
         with pytest.raises(InvalidTopicError):
             producer.send_async("bad topic!", b"x")
         with pytest.raises(MessageIllegalError, match="tag"):

@@ -54,10 +54,10 @@ class Layout(NamedTuple):
 LAYOUTS = [
     # 1 KiB messages: the commitlog's fourth file finds no room (80 KiB consumeQueue files fit).
     Layout("commitlog", 4 * MIB + 256 * 1024, 4096, 1000),
-    # 100-byte messages and 5 KiB consumeQueue files: room for the commitlog's first file and its
-    # spare (created at start), then a few consumeQueue files; the first commitlog file is far
-    # from full when the next consumeQueue file cannot be created.
-    Layout("consumequeue", 2 * MIB + 48 * 1024, 256, 100),
+    # 100-byte messages and 5 KiB consumeQueue files: room for the commitlog's first file (its
+    # spare comes once it is half full), then a few consumeQueue files; the first commitlog file
+    # is far from half full when the next consumeQueue file cannot be created.
+    Layout("consumequeue", MIB + 48 * 1024, 256, 100),
 ]
 START_TIMEOUT_S = 20.0
 FAILED_SEND_MAX_S = 10.0  # a send the full disk refuses fails this fast (retries included): no hang
@@ -418,5 +418,62 @@ def test_a_store_file_cut_short_by_a_crash_does_not_kill_the_broker_on_a_full_di
         messages.assert_all_readable()
         messages.assert_refused(layout.refused)
         assert broker.running(), broker.log_tail()
+    finally:
+        broker.kill()
+
+
+@pytest.fixture
+def small_ext4(tmp_path) -> Iterator[SmallFs]:
+    """A small ext4 (a loop-mounted image: root only), where store files get their blocks as they
+    are written, unlike tmpfs where they are allocated whole."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None or shutil.which("mount") is None:
+        pytest.skip("a loop-mounted ext4 image needs root, mkfs.ext4 and mount")
+    (tmp_path / "fs").mkdir()
+    try:
+        fs = _loop_ext4(tmp_path / "fs")
+    except (OSError, subprocess.SubprocessError) as err:
+        pytest.skip(f"no loop-mounted ext4 image here: {err}")
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+def test_files_growing_on_a_full_ext4_refuse_sends_and_keep_every_acked_message(small_ext4, tmp_path):
+    """Store files on ext4 are sparse and get blocks just before a write needs them: the full disk
+    is met there, as an error that refuses the send (never a SIGBUS on the write through the map),
+    and through a crash and restart on the full disk nothing acknowledged is lost."""
+    filler = small_ext4.path / "filler"
+    with open(filler, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, small_ext4.free_bytes() - 3 * MIB)
+    broker = SmallFsBroker(small_ext4, tmp_path, 4096).start()
+    try:
+        with Admin(brokers=broker.address) as admin:
+            admin.create_topic(TOPIC, 1)
+        messages = Messages(broker, 1000)
+        for batch in (BATCH, 1):
+            refused = messages.send_until_refused(batch)
+            assert "No space left on device" in str(refused), refused
+        assert len(messages.acked) > 1000, f"refused after {len(messages.acked)} messages: {refused}"
+        take_the_rest(small_ext4, small_ext4.path / "last-bytes")
+        assert broker.running(), broker.log_tail()
+        assert broker.store_health() == "disk_full"
+        messages.assert_all_readable()
+
+        broker.crash_and_restart()
+        messages.assert_all_readable()
+        with (Producer(brokers=broker.address, linger_ms=0, retries=0) as producer,
+              pytest.raises(GmsError, match="No space left on device")):
+            messages.send(producer, BATCH)
+        assert broker.running(), broker.log_tail()
+
+        filler.unlink()
+        (small_ext4.path / "last-bytes").unlink()
+        with Producer(brokers=broker.address, linger_ms=0) as producer:
+            for _ in range(20):
+                messages.send(producer, BATCH)
+        assert broker.store_health() == "writable"
+        broker.crash_and_restart()
+        messages.assert_all_readable()
     finally:
         broker.kill()
