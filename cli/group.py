@@ -144,7 +144,7 @@ def _datetime_spec(text: str) -> ResetSpec:
 @click.argument("group_name", metavar="GROUP")
 @click.option("--topic", "-t", "topics", multiple=True, required=True,
               help="Topic whose offsets move (repeatable).")
-@click.option("--queue", "-q", "queues", multiple=True, callback=_queue_ids, metavar="Q[,Q...]",
+@click.option("--queue", "queues", multiple=True, callback=_queue_ids, metavar="Q[,Q...]",
               help="Only these queues of each topic (repeatable, or comma separated). Default: every queue.")
 @click.option("--to-earliest", is_flag=True, help="To the first offset still in the queue.")
 @click.option("--to-latest", is_flag=True, help="To the end: only messages sent after the reset are consumed.")

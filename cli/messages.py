@@ -45,13 +45,13 @@ def _parse_property(ctx: click.Context, param: click.Parameter, values: tuple[st
 @click.command()
 @topic_argument
 @click.argument("messages", nargs=-1)
-@click.option("--file", "-f", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Send each line of this file as one message.")
-@click.option("--tag", "-t", help="Tag of every message (consumers filter on it).")
+@click.option("--tag", help="Tag of every message (consumers filter on it).")
 @click.option("--key", "-k",
               help="Message key, stored with each message; messages with the same key go to the same queue (in order). "
                    "Not indexed: `gms msg show` finds messages by id.")
-@click.option("--property", "-p", "properties", multiple=True, callback=_parse_property, metavar="K=V",
+@click.option("--property", "properties", multiple=True, callback=_parse_property, metavar="K=V",
               help="A message property (repeatable).")
 @nameserver_option
 @click.option("--delay", "delay_s", type=click.FloatRange(min=0),
