@@ -10,13 +10,12 @@ from typing import Any
 import click
 
 from gms.cli.admin_context import open_admin
-from gms.cli.options import json_option, nameserver_option
+from gms.cli.options import TimeParam, json_option, nameserver_option
 from gms.cli.output import print_json, show, table, time_text
 from gms.client import Admin
 from gms.client.offset_reset import QueueReset, ResetSpec
 from gms.cluster.model import GroupSettings
 from gms.errors import GroupNotEmptyError, QueueNotFoundError, TopicNotFoundError
-from gms.times import parse_time_ms
 
 NO_COMMIT = -1
 
@@ -112,7 +111,7 @@ def _queue_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return ids
 
 
-def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shift_by: int | None,
+def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: int | None, shift_by: int | None,
                 to_offset: int | None) -> ResetSpec:
     """The one target the options name; a usage error unless exactly one is given."""
     given: dict[str, ResetSpec] = {}
@@ -121,7 +120,7 @@ def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shi
     if to_latest:
         given["--to-latest"] = ResetSpec.latest()
     if to_datetime is not None:
-        given["--to-datetime"] = _datetime_spec(to_datetime)
+        given["--to-datetime"] = ResetSpec.to_datetime(to_datetime)
     if shift_by is not None:
         given["--shift-by"] = ResetSpec.shift_by(shift_by)
     if to_offset is not None:
@@ -133,13 +132,6 @@ def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shi
     return next(iter(given.values()))
 
 
-def _datetime_spec(text: str) -> ResetSpec:
-    try:
-        return ResetSpec.to_datetime(parse_time_ms(text))
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="'--to-datetime'") from err
-
-
 @group.command(name="reset-offsets")
 @click.argument("group_name", metavar="GROUP")
 @click.option("--topic", "-t", "topics", multiple=True, required=True,
@@ -148,7 +140,7 @@ def _datetime_spec(text: str) -> ResetSpec:
               help="Only these queues of each topic (repeatable, or comma separated). Default: every queue.")
 @click.option("--to-earliest", is_flag=True, help="To the first offset still in the queue.")
 @click.option("--to-latest", is_flag=True, help="To the end: only messages sent after the reset are consumed.")
-@click.option("--to-datetime", metavar="TIME",
+@click.option("--to-datetime", type=TimeParam(),
               help="To the first message stored at or after TIME: epoch ms or ISO 8601 (no zone = UTC).")
 @click.option("--shift-by", type=int, metavar="N",
               help="The committed offset plus N (negative: consume again). Queues without a committed offset"
@@ -161,7 +153,7 @@ def _datetime_spec(text: str) -> ResetSpec:
 @nameserver_option
 @json_option
 def reset_offsets(group_name: str, topics: tuple[str, ...], queues: list[int], to_earliest: bool, to_latest: bool,
-                  to_datetime: str | None, shift_by: int | None, to_offset: int | None, dry_run: bool,
+                  to_datetime: int | None, shift_by: int | None, to_offset: int | None, dry_run: bool,
                   execute: bool, force: bool, nameserver: str, as_json: bool) -> None:
     """Move GROUP's committed offsets on the queues of --topic; new offsets are clamped to the
     queue's [min, max]. Without --execute it only prints the plan (topic, queue, committed, new).
