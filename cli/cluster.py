@@ -8,7 +8,7 @@ import click
 
 from gms.cli.admin_context import open_admin
 from gms.cli.options import TimeParam, json_option, nameserver_option
-from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
+from gms.cli.output import body_text, error_text, message_dict, print_json, show, size_text, table, time_text
 from gms.client.routing import NameserversUnavailableError
 from gms.errors import GmsError, MessageNotFoundError, TopicNotFoundError
 from gms.msgid import decode_msg_id
@@ -66,7 +66,7 @@ def _check(nameserver: str) -> list[str]:
     except NameserversUnavailableError as err:
         return ["no nameserver answers: " + "; ".join(err.failures)]
     except GmsError as err:
-        return [f"cannot ask the nameserver at {nameserver}: {type(err).__name__}: {err}"]
+        return [f"cannot ask the nameserver at {nameserver}: {error_text(err)}"]
 
 
 def _queues(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -15,7 +15,7 @@ from gms.cli.output import print_json, show, table, time_text
 from gms.client import Admin
 from gms.client.offset_reset import QueueReset, ResetSpec
 from gms.cluster.model import GroupSettings
-from gms.errors import GroupNotEmptyError, QueueNotFoundError, TopicNotFoundError
+from gms.errors import GroupNotEmptyError, GroupNotFoundError, QueueNotFoundError, TopicNotFoundError
 
 NO_COMMIT = -1
 
@@ -76,7 +76,12 @@ def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
 def describe(group_name: str, nameserver: str, as_json: bool) -> None:
     """Show GROUP's members, which queues each holds, committed and max offsets, and the lag."""
     with open_admin(nameserver) as admin:
-        described = admin.group_describe(group_name)
+        try:
+            described = admin.group_describe(group_name)
+        except GroupNotFoundError as err:
+            raise click.ClickException(
+                f"no broker knows consumer group {group_name}: no consumer of it has run yet (or the group was"
+                f" deleted). Start one, e.g. `gms tail TOPIC --group {group_name}`, then describe it again") from err
         rows = group_lag(admin, described)
     total = sum(r["lag"] or 0 for r in rows)
     members: dict[str, dict[str, Any]] = {}

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import TimeParam, json_option, nameserver_option, topic_argument
-from gms.cli.output import console, message_dict, message_line, print_json
+from gms.cli.output import console, error_text, message_dict, message_line, print_json
 from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer, Sql
 
 # How many results `gms produce` lists one by one before it only prints a summary.
@@ -131,7 +131,7 @@ def _report(topic: str, futures: list[SendFuture], as_json: bool) -> None:
     if errors:
         first = errors[0]
         raise click.ClickException(
-            f"{len(errors)} message(s) failed; first error: {type(first).__name__}: {first}")
+            f"{len(errors)} message(s) failed; first error: {error_text(first)}")
     if not sent:
         raise click.ClickException("no messages to send (empty input)")
 

@@ -19,7 +19,7 @@ from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, TopicAlreadyExistsError, TopicNotFoundError
-from gms.naming import dlq_topic, retry_topic
+from gms.naming import SYSTEM_TOPIC_FIELD, dlq_topic, retry_topic
 from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> N
             pass
         replicas = max(1, min(REPLICAS_MAX, len(await routes.live_brokers())))
         try:
-            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues, "replicas": replicas})
+            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues, "replicas": replicas,
+                                                            SYSTEM_TOPIC_FIELD: True})
         except TopicAlreadyExistsError:
             pass
         return
@@ -55,7 +56,8 @@ async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> N
     if topic in (await runtime.pool.request(first, RequestCode.TOPIC_LIST)).fields["topics"]:
         return
     try:
-        await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
+        await runtime.pool.request(first, RequestCode.CREATE_TOPIC,
+                                   {"topic": topic, "queues": queues, SYSTEM_TOPIC_FIELD: True})
     except TopicAlreadyExistsError:
         pass
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,9 @@ import uuid
 import pytest
 from gms_cluster import LocalCluster
 
+from gms.client import Admin
+from gms.errors import InvalidTopicError
+from gms.msgid import encode_msg_id
 from gms.record.layout import DELIVER_AT_PROPERTY
 
 TIMEOUT_S = 60
@@ -66,3 +70,66 @@ def test_deliver_at_reads_a_time_as_every_other_option_does(cluster, topic):
         assert shown["properties"][DELIVER_AT_PROPERTY] == str(at_ms), spelling
     refused = gms(cluster, "produce", topic, "x", "--deliver-at", "tomorrowish", ok=False)
     assert refused.returncode == 2 and "without a zone is UTC" in refused.stderr
+
+
+# --- the quick start, in order, and errors in one style ---------------------------------------------
+
+
+def test_describing_a_group_before_any_consumer_says_so(cluster, topic):
+    """README's quick start describes `billing` right away: the answer says why nothing is there
+    and what to run, in the one error style (no class names)."""
+    unknown = gms(cluster, "group", "describe", "billing-" + topic, ok=False)
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith(f"Error: no broker knows consumer group billing-{topic}: no consumer of it")
+    assert f"gms tail TOPIC --group billing-{topic}" in unknown.stderr
+    assert "NotFoundError" not in unknown.stderr
+
+
+def test_errors_name_no_exception_classes(cluster, topic):
+    for args in (("topic", "create", topic), ("topic", "describe", "nope-" + topic), ("topic", "create", "bad name")):
+        failed = gms(cluster, *args, ok=False)
+        assert failed.returncode == 1 and failed.stderr.startswith("Error: "), failed.stderr
+        assert "Error:" not in failed.stderr[len("Error: "):], failed.stderr  # "Error: BadRequestError: ..."
+
+
+# --- internal topics ---------------------------------------------------------------------------------
+
+
+def test_group_topics_are_listed_with_all_and_cannot_be_created_by_hand(cluster, topic):
+    group = "g-" + topic
+    gms(cluster, "produce", topic, "one")
+    gms(cluster, "tail", topic, "--group", group, "--count", "1")  # its consumer makes %RETRY%<group>
+    listed = json.loads(gms(cluster, "topic", "list", "--json").stdout)
+    everything = json.loads(gms(cluster, "topic", "list", "--all", "--json").stdout)
+    assert topic in listed and f"%RETRY%{group}" not in listed
+    assert f"%RETRY%{group}" in everything and set(listed) <= set(everything)
+    assert "%RETRY%" not in gms(cluster, "topic", "list").stdout
+
+    for name in (f"%RETRY%{topic}", f"%DLQ%{topic}"):
+        refused = gms(cluster, "topic", "create", name, ok=False)
+        assert "reserved for consumer groups' retry and dead-letter topics" in refused.stderr, refused.stderr
+        with Admin(nameserver=cluster.nameserver) as admin, pytest.raises(InvalidTopicError, match="reserved"):
+            admin.create_topic(name)  # the nameserver refuses it, not only the CLI
+    assert f"%DLQ%{topic}" not in json.loads(gms(cluster, "topic", "list", "--all", "--json").stdout)
+
+
+# --- wrong addresses -----------------------------------------------------------------------------------
+
+
+def test_a_broker_address_given_as_the_nameserver_is_named_as_such(cluster, topic):
+    broker = cluster.brokers[0].address
+    failed = gms(cluster, "topic", "describe", topic, "-n", broker, ok=False)
+    assert failed.returncode == 1
+    assert f"{broker} is not a nameserver" in failed.stderr and "broker's port" in failed.stderr, failed.stderr
+    assert "unknown request code" not in failed.stderr
+
+
+def test_a_message_id_of_another_cluster_says_so(cluster, topic):
+    with socket.socket() as free:  # a port no broker of this cluster listens on
+        free.bind(("127.0.0.1", 0))
+        elsewhere = encode_msg_id("127.0.0.1", free.getsockname()[1], 0)
+    failed = gms(cluster, "msg", "show", elsewhere, ok=False)
+    assert failed.returncode == 1
+    assert "is not a live broker of this cluster" in failed.stderr and "another cluster" in failed.stderr
+    assert cluster.brokers[0].address in failed.stderr  # the live ones are named
+    assert "cannot connect" not in failed.stderr, failed.stderr
