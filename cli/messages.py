@@ -144,7 +144,10 @@ class StartFrom(TimeParam):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
         if value in ("first", "last"):
             return str(value)
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as err:
+            self.fail(f"not first or last, and {err.message}", param, ctx)
 
 
 @click.command()
