@@ -95,3 +95,31 @@ def test_a_port_in_use_names_the_standalone_flag(tmp_path):
     assert f"cannot listen on 127.0.0.1:{busy}" in failed.stdout, failed.stdout
     assert "pick another port with --nameserver-port" in failed.stdout
     assert "--listen" not in failed.stdout and "--metrics-listen" not in failed.stdout
+
+
+def controller_epoch(nameserver: str) -> int:
+    """The acting controller's epoch as `gms cluster` shows it, once there is one."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status = subprocess.run([sys.executable, "-P", "-m", "gms.cli", "cluster", "--json", "-n", nameserver],
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+        epoch = json.loads(status.stdout)["controller"].get("epoch") if status.stdout else None
+        if epoch:
+            return int(epoch)
+        time.sleep(0.2)
+    pytest.fail("no controller was elected")
+
+
+def test_the_controller_epoch_is_etcds_revision_as_docs_replication_says(tmp_path):
+    """docs/replication.md: 3 on a fresh standalone (etcd's revision after the nameserver's
+    registration and election key), then larger after a restart, by the writes in between."""
+    epochs = []
+    for _ in range(2):
+        proc, banner = run_banner(standalone_args(tmp_path / "data", "--no-console", "--no-rocketmq"), "data")
+        try:
+            nameserver = re.search(r"nameserver\s+(\S+)", banner)
+            assert nameserver, banner
+            epochs.append(controller_epoch(nameserver.group(1)))
+        finally:
+            assert "Traceback" not in stop(proc)
+    assert epochs[0] == 3 and epochs[1] > epochs[0] + 1, epochs
