@@ -249,7 +249,8 @@ def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 
 _SETTING_OPTIONS = (
     click.option("--max-reconsume-times", type=click.IntRange(0, 1000), metavar="N",
-                 help="Failures before a message goes to the group's dead letters (default 16)."),
+                 help="Retries of a failed message (default 16): the nack of delivery N+1 sends it to the"
+                      " group's dead letters."),
     click.option("--max-delivery-attempts", type=click.IntRange(1, 1001), metavar="N",
                  help="The same counted as deliveries (pop consumers, RocketMQ 5): N = max-reconsume-times + 1."),
     click.option("--retry-delays", callback=_delays, metavar="LIST",

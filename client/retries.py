@@ -4,8 +4,8 @@ A clustering consumer group reads its own retry topic besides its subscription. 
 application fails (``Consumer.nack``) is sent there as a scheduled message — a copy with
 ``reconsume_times`` one higher and the original topic and message id in properties — so it comes
 back to a member of the same group after a backoff (RocketMQ's schedule: 10 s, 30 s, 1 m, 2 m …
-2 h); other groups never see it. After ``max_reconsume_times`` failures it goes to the group's
-dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says more.
+2 h); other groups never see it. Once retried ``max_reconsume_times`` times, its next failure sends
+it to the group's dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says more.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, re
                delays_ms: Sequence[int], max_reconsume_times: int,
                attempts: int | None = None) -> tuple[str, dict[str, Any]]:
     """(topic, send keyword arguments) of the copy a failed ``message`` becomes: the group's retry
-    topic after its backoff, or its dead-letter topic once it failed ``max_reconsume_times`` times.
+    topic after its backoff, or its dead-letter topic once it failed more than ``max_reconsume_times``
+    times (was retried that often).
     ``attempts``: its failures so far, this one included (default: its reconsume_times + 1)."""
     attempts = message.reconsume_times + 1 if attempts is None else attempts
     properties: Mapping[str, str] = message.properties
