@@ -403,11 +403,10 @@ class Admin:
             if isinstance(answer, Frame):
                 return answer
         if located.address not in live and isinstance(cause, UNREACHABLE_ERRORS):
-            raise MessageNotFoundError(
-                f"broker {located.address} is not a live broker of this cluster, whose live brokers are"
-                f" {', '.join(live) or 'none'}, and none of them holds a copy: is the id from another cluster"
-                " (check the nameserver address, --nameserver / GMS_NAMESERVER), or is that broker down"
-                " (`gms cluster`)?") from cause
+            raise ServiceUnavailableError(
+                f"the message id names broker {located.address}, which is not a live broker of this cluster"
+                f" (live: {', '.join(live) or 'none'}), and no live broker holds a copy: the id may come from"
+                " another cluster (check --nameserver / GMS_NAMESERVER), or its broker is down") from cause
         raise cause
 
     def find_by_key(self, topic: str, key: str, *, begin_ms: int | None = None, end_ms: int | None = None,

@@ -16,7 +16,7 @@ import uuid
 import pytest
 from gms_cluster import LocalCluster
 
-from gms.client import Admin
+from gms.client import Admin, Consumer, Producer
 from gms.errors import InvalidTopicError
 from gms.msgid import encode_msg_id
 from gms.record.layout import DELIVER_AT_PROPERTY
@@ -133,3 +133,31 @@ def test_a_message_id_of_another_cluster_says_so(cluster, topic):
     assert "is not a live broker of this cluster" in failed.stderr and "another cluster" in failed.stderr
     assert cluster.brokers[0].address in failed.stderr  # the live ones are named
     assert "cannot connect" not in failed.stderr, failed.stderr
+
+
+# --- dead letters ------------------------------------------------------------------------------------
+
+
+def test_dlq_show_shows_a_dead_letter_whole(cluster, topic):
+    group = "dead-" + topic
+    with Producer(nameserver=cluster.nameserver) as producer:
+        producer.send(topic, b"poison", tag="T", keys=("k-1",), properties={"region": "eu"})
+    consumer = Consumer(nameserver=cluster.nameserver, group=group, subscription={topic: "*"}, start_from="first",
+                        max_reconsume_times=0)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        nacked = False
+        while not nacked and time.monotonic() < deadline:
+            for message in consumer.poll(200):
+                nacked = consumer.nack(message, reason="bad input") == f"%DLQ%{group}"
+    finally:
+        consumer.close()
+    assert nacked
+    letters = json.loads(gms(cluster, "dlq", "list", group, "--json").stdout)
+    assert len(letters) == 1
+    letter_id = letters[0]["msg_id"]
+    shown = json.loads(gms(cluster, "dlq", "show", group, letter_id, "--json").stdout)
+    assert shown["properties"]["region"] == "eu" and shown["properties"]["__DLQ_REASON"] == "bad input"
+    assert (shown["tag"], shown["keys"], shown["body"]) == ("T", ["k-1"], "poison")
+    table = gms(cluster, "dlq", "show", group, letter_id).stdout
+    assert "properties" in table and "region=eu" in table

@@ -85,7 +85,7 @@ def test_admin_manages_users_and_acls_and_a_user_gets_what_it_is_granted(secure)
     alice = {**admin, "GMS_USER": "alice", "GMS_PASSWORD": "alice-pw"}
 
     refused = gms("produce", "orders", "hello", env=alice)
-    assert refused.returncode == 1 and "normal:alice may not publish topic orders" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and "normal:alice may not " in refused.stderr, refused.stderr
     assert gms("acl", "add", "-p", "alice", "--topic", "orders", "-o", "publish", env=admin).returncode == 0
     rules = json.loads(gms("acl", "list", "--json", env=admin).stdout)
     assert {"principal": "alice", "resource_type": "topic", "pattern": "orders", "operation": "publish",
