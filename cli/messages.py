@@ -136,7 +136,7 @@ def _report(topic: str, futures: list[SendFuture], as_json: bool) -> None:
         raise click.ClickException("no messages to send (empty input)")
 
 
-class StartFrom(TimeParam):
+class StartFrom(click.ParamType):
     """``first``, ``last``, or a time as :class:`TimeParam` reads it (no zone = UTC)."""
 
     name = "first|last|TIME"
@@ -145,7 +145,7 @@ class StartFrom(TimeParam):
         if value in ("first", "last"):
             return str(value)
         try:
-            return super().convert(value, param, ctx)
+            return TimeParam().convert(value, param, ctx)
         except click.BadParameter as err:
             self.fail(f"not first or last, and {err.message}", param, ctx)
 
