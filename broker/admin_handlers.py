@@ -18,6 +18,7 @@ from gms import __version__
 from gms.broker.group_handlers import group_name_field, queue_rows
 from gms.broker.topics import TopicLimits
 from gms.errors import BadRequestError, GroupNotEmptyError
+from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.store_errors import UnknownTopic
@@ -43,7 +44,9 @@ class AdminHandlers:
         self._refuse_in_cluster("create", request.fields.get("topic"))
         queues = field(request.fields, "queues", int, self.broker.config.default_queue_count)
         limits = TopicLimits().merged(field(request.fields, "settings", dict, {}))
-        self.store.create_topic(field(request.fields, "topic", str), queues, limits)
+        system = field(request.fields, SYSTEM_TOPIC_FIELD, bool, False)
+        topic = check_creatable(field(request.fields, "topic", str), system)
+        self.store.create_topic(topic, queues, limits)
         return Response()
 
     async def update_topic(self, request: Frame) -> Response:

@@ -7,13 +7,12 @@ from typing import Any
 import click
 
 from gms.cli.admin_context import open_admin
-from gms.cli.options import json_option, nameserver_option
-from gms.cli.output import body_text, message_dict, print_json, show, size_text, table, time_text
+from gms.cli.options import TimeParam, json_option, nameserver_option
+from gms.cli.output import body_text, error_text, message_dict, print_json, show, size_text, table, time_text
 from gms.client.routing import NameserversUnavailableError
 from gms.errors import GmsError, MessageNotFoundError, TopicNotFoundError
 from gms.msgid import decode_msg_id
 from gms.record.layout import DELIVER_AT_PROPERTY, KEY_SEPARATOR, ORIGIN_PROPERTY
-from gms.times import parse_time_ms
 
 
 @click.command()
@@ -67,7 +66,7 @@ def _check(nameserver: str) -> list[str]:
     except NameserversUnavailableError as err:
         return ["no nameserver answers: " + "; ".join(err.failures)]
     except GmsError as err:
-        return [f"cannot ask the nameserver at {nameserver}: {type(err).__name__}: {err}"]
+        return [f"cannot ask the nameserver at {nameserver}: {error_text(err)}"]
 
 
 def _queues(status: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -183,20 +182,6 @@ def show_message(msg_id: str, nameserver: str, as_json: bool) -> None:
             ("body", f"{len(found.body)} bytes")]
     show(table(None, ["field", "value"], rows))
     click.echo(body_text(found.body))
-
-
-class TimeParam(click.ParamType):
-    """A time as :func:`gms.times.parse_time_ms` reads it: epoch ms or ISO 8601 (no zone = UTC)."""
-
-    name = "TIME"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_time_ms(value)
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
 
 
 FIND_MESSAGES_MAX = 1024  # what one broker answers at most (FIND_BY_KEY)

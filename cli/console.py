@@ -13,6 +13,7 @@ import click
 from gms.address import join_address, split_address
 from gms.cli.admin_context import client_security
 from gms.cli.options import nameserver_option
+from gms.console import ADMIN_HOW
 from gms.net import run
 from gms.net.serve import serve_until_signalled
 
@@ -35,6 +36,8 @@ def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> tup
                    " cluster with the console's credentials: keep it on loopback or behind an authenticating proxy.")
 @click.option("--admin", is_flag=True,
               help="Turn on admin actions (create topics, reset consumer group offsets); read-only without.")
+@click.option("--admin-how", default=ADMIN_HOW, hidden=True,
+              help="The command line a read-only console names for admin actions (`gms standalone` gives its own).")
 @click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="Also answer requests addressed to this host name: the name users or a reverse proxy reach the"
                    " console by (repeatable). IP addresses and localhost always are; other names are refused, a"
@@ -43,7 +46,7 @@ def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> tup
               help="Write the bound port to this file once serving (for supervisors and scripts).")
 @click.option("--sample-interval", "sample_interval_s", type=click.FloatRange(0.5, 60), default=5.0,
               show_default=True, help="Seconds between the samples the rate and lag charts draw.")
-def console(nameserver: str, listen: tuple[str, int], admin: bool, allowed_hosts: tuple[str, ...],
+def console(nameserver: str, listen: tuple[str, int], admin: bool, admin_how: str, allowed_hosts: tuple[str, ...],
             port_file: Path | None, sample_interval_s: float) -> None:
     """Serve the web console: cluster health, topics with live rates, consumer groups with lag,
     message lookup by id. Read-only unless --admin.
@@ -55,7 +58,7 @@ def console(nameserver: str, listen: tuple[str, int], admin: bool, allowed_hosts
     from gms.console.server import ConsoleServer, ConsoleSettings
 
     host, port = listen
-    settings = ConsoleSettings(nameserver, host, port, admin=admin, allowed_hosts=allowed_hosts,
+    settings = ConsoleSettings(nameserver, host, port, admin=admin, admin_how=admin_how, allowed_hosts=allowed_hosts,
                                sample_interval_s=sample_interval_s)
     server = ConsoleServer(settings, client_security())
 

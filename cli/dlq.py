@@ -46,7 +46,8 @@ def _letter_dict(letter: ReceivedMessage) -> dict[str, object]:
     return {"msg_id": letter.msg_id, "topic": origin_topic(letter),
             "original_msg_id": letter.properties.get(ORIGIN_MSG_ID_PROPERTY), "attempts": letter.reconsume_times,
             "reason": letter.properties.get(DLQ_REASON_PROPERTY, ""), "dead_since_ms": letter.store_timestamp_ms,
-            "tag": letter.tag, "keys": list(letter.keys), "body": body_text(letter.body)}
+            "tag": letter.tag, "keys": list(letter.keys), "properties": dict(letter.properties),
+            "body": body_text(letter.body)}
 
 
 @dlq.command("list")
@@ -74,14 +75,17 @@ def dlq_list(group: str, nameserver: str, as_json: bool) -> None:
 @nameserver_option
 @json_option
 def dlq_show(group: str, msg_id: str, nameserver: str, as_json: bool) -> None:
-    """One dead letter of GROUP, whole."""
+    """One dead letter of GROUP, whole: where it came from, attempts, reason, tag, keys, properties
+    and body."""
     with open_admin(nameserver) as admin:
         letter = _own_letter(admin.view_message(msg_id), group, msg_id)
     found = _letter_dict(letter)
     if as_json:
         print_json(found)
         return
-    show(table(None, ["field", "value"], [(k, v) for k, v in found.items() if k != "body"]))
+    rows = [(k, ", ".join(f"{p}={v}" for p, v in letter.properties.items()) if k == "properties" else v)
+            for k, v in found.items() if k != "body"]
+    show(table(None, ["field", "value"], rows))
     click.echo(body_text(letter.body))
 
 

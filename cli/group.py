@@ -10,13 +10,12 @@ from typing import Any
 import click
 
 from gms.cli.admin_context import open_admin
-from gms.cli.options import json_option, nameserver_option
+from gms.cli.options import TimeParam, json_option, nameserver_option
 from gms.cli.output import print_json, show, table, time_text
 from gms.client import Admin
 from gms.client.offset_reset import QueueReset, ResetSpec
 from gms.cluster.model import GroupSettings
-from gms.errors import GroupNotEmptyError, QueueNotFoundError, TopicNotFoundError
-from gms.times import parse_time_ms
+from gms.errors import GroupNotEmptyError, GroupNotFoundError, QueueNotFoundError, TopicNotFoundError
 
 NO_COMMIT = -1
 
@@ -77,7 +76,12 @@ def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
 def describe(group_name: str, nameserver: str, as_json: bool) -> None:
     """Show GROUP's members, which queues each holds, committed and max offsets, and the lag."""
     with open_admin(nameserver) as admin:
-        described = admin.group_describe(group_name)
+        try:
+            described = admin.group_describe(group_name)
+        except GroupNotFoundError as err:
+            raise click.ClickException(
+                f"no broker knows consumer group {group_name}: no consumer of it has run yet (or the group was"
+                f" deleted). Start one, e.g. `gms tail TOPIC --group {group_name}`, then describe it again") from err
         rows = group_lag(admin, described)
     total = sum(r["lag"] or 0 for r in rows)
     members: dict[str, dict[str, Any]] = {}
@@ -112,7 +116,7 @@ def _queue_ids(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return ids
 
 
-def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shift_by: int | None,
+def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: int | None, shift_by: int | None,
                 to_offset: int | None) -> ResetSpec:
     """The one target the options name; a usage error unless exactly one is given."""
     given: dict[str, ResetSpec] = {}
@@ -121,7 +125,7 @@ def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shi
     if to_latest:
         given["--to-latest"] = ResetSpec.latest()
     if to_datetime is not None:
-        given["--to-datetime"] = _datetime_spec(to_datetime)
+        given["--to-datetime"] = ResetSpec.to_datetime(to_datetime)
     if shift_by is not None:
         given["--shift-by"] = ResetSpec.shift_by(shift_by)
     if to_offset is not None:
@@ -133,22 +137,15 @@ def _reset_spec(to_earliest: bool, to_latest: bool, to_datetime: str | None, shi
     return next(iter(given.values()))
 
 
-def _datetime_spec(text: str) -> ResetSpec:
-    try:
-        return ResetSpec.to_datetime(parse_time_ms(text))
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="'--to-datetime'") from err
-
-
 @group.command(name="reset-offsets")
 @click.argument("group_name", metavar="GROUP")
 @click.option("--topic", "-t", "topics", multiple=True, required=True,
               help="Topic whose offsets move (repeatable).")
-@click.option("--queue", "-q", "queues", multiple=True, callback=_queue_ids, metavar="Q[,Q...]",
+@click.option("--queue", "queues", multiple=True, callback=_queue_ids, metavar="Q[,Q...]",
               help="Only these queues of each topic (repeatable, or comma separated). Default: every queue.")
 @click.option("--to-earliest", is_flag=True, help="To the first offset still in the queue.")
 @click.option("--to-latest", is_flag=True, help="To the end: only messages sent after the reset are consumed.")
-@click.option("--to-datetime", metavar="TIME",
+@click.option("--to-datetime", type=TimeParam(),
               help="To the first message stored at or after TIME: epoch ms or ISO 8601 (no zone = UTC).")
 @click.option("--shift-by", type=int, metavar="N",
               help="The committed offset plus N (negative: consume again). Queues without a committed offset"
@@ -161,7 +158,7 @@ def _datetime_spec(text: str) -> ResetSpec:
 @nameserver_option
 @json_option
 def reset_offsets(group_name: str, topics: tuple[str, ...], queues: list[int], to_earliest: bool, to_latest: bool,
-                  to_datetime: str | None, shift_by: int | None, to_offset: int | None, dry_run: bool,
+                  to_datetime: int | None, shift_by: int | None, to_offset: int | None, dry_run: bool,
                   execute: bool, force: bool, nameserver: str, as_json: bool) -> None:
     """Move GROUP's committed offsets on the queues of --topic; new offsets are clamped to the
     queue's [min, max]. Without --execute it only prints the plan (topic, queue, committed, new).
@@ -252,7 +249,8 @@ def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> li
 
 _SETTING_OPTIONS = (
     click.option("--max-reconsume-times", type=click.IntRange(0, 1000), metavar="N",
-                 help="Failures before a message goes to the group's dead letters (default 16)."),
+                 help="Retries of a failed message (default 16): the nack of delivery N+1 sends it to the"
+                      " group's dead letters."),
     click.option("--max-delivery-attempts", type=click.IntRange(1, 1001), metavar="N",
                  help="The same counted as deliveries (pop consumers, RocketMQ 5): N = max-reconsume-times + 1."),
     click.option("--retry-delays", callback=_delays, metavar="LIST",

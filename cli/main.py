@@ -21,13 +21,13 @@ from gms.cli.dlq import dlq
 from gms.cli.group import group
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE
 from gms.cli.messages import produce, tail
+from gms.cli.output import error_text
 from gms.cli.security import acl, user
 from gms.cli.topic import topic
 from gms.cli.trace import trace_message
 from gms.cli.transactions import tx
-from gms.client.routing import NameserversUnavailableError
 from gms.envvars import options_from_env
-from gms.errors import GmsError, ServiceUnavailableError
+from gms.errors import GmsError
 from gms.log_throttle import RepeatFilter
 from gms.security.client import (
     ENV_PASSWORD,
@@ -53,14 +53,8 @@ class GmsGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except NameserversUnavailableError as err:
-            raise click.ClickException(
-                f"no nameserver at {','.join(err.nameservers)} — start one with `gms standalone`, or point"
-                " --nameserver / GMS_NAMESERVER at a running one\n  " + "\n  ".join(err.failures)) from err
-        except ServiceUnavailableError as err:
-            raise click.ClickException(f"{err}\nIs the broker running? `gms cluster` lists the live ones.") from err
         except GmsError as err:
-            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+            raise click.ClickException(error_text(err)) from err
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(INTERRUPTED_EXIT_CODE)

@@ -3,7 +3,6 @@ as text lines or JSON lines."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -19,10 +18,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
-from gms.cli.options import json_option, nameserver_option, topic_argument
-from gms.cli.output import console, message_dict, message_line, print_json
+from gms.cli.options import TimeParam, json_option, nameserver_option, topic_argument
+from gms.cli.output import console, error_text, message_dict, message_line, print_json
 from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer, Sql
-from gms.times import parse_time_ms
 
 # How many results `gms produce` lists one by one before it only prints a summary.
 RESULTS_LISTED_MAX = 10
@@ -45,22 +43,23 @@ def _parse_property(ctx: click.Context, param: click.Parameter, values: tuple[st
 @click.command()
 @topic_argument
 @click.argument("messages", nargs=-1)
-@click.option("--file", "-f", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Send each line of this file as one message.")
-@click.option("--tag", "-t", help="Tag of every message (consumers filter on it).")
+@click.option("--tag", help="Tag of every message (consumers filter on it).")
 @click.option("--key", "-k",
               help="Message key, stored with each message; messages with the same key go to the same queue (in order). "
-                   "Not indexed: `gms msg show` finds messages by id.")
-@click.option("--property", "-p", "properties", multiple=True, callback=_parse_property, metavar="K=V",
+                   "Indexed: `gms msg find --key` finds the messages.")
+@click.option("--property", "properties", multiple=True, callback=_parse_property, metavar="K=V",
               help="A message property (repeatable).")
 @nameserver_option
 @click.option("--delay", "delay_s", type=click.FloatRange(min=0),
               help="Deliver to consumers this many seconds from now (stored at once; up to 7 days).")
-@click.option("--deliver-at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
-              help="Deliver to consumers at this local time (stored at once; up to 7 days ahead).")
+@click.option("--deliver-at", type=TimeParam(),
+              help="Deliver to consumers at this time: epoch ms or ISO 8601 (no zone = UTC; Z and +hh:mm accepted),"
+                   " stored at once, up to 7 days ahead.")
 @json_option
 def produce(topic: str, messages: tuple[str, ...], file: Path | None, tag: str | None, key: str | None,
-            properties: dict[str, str], nameserver: str, delay_s: float | None, deliver_at: datetime.datetime | None,
+            properties: dict[str, str], nameserver: str, delay_s: float | None, deliver_at: int | None,
             as_json: bool) -> None:
     """Send MESSAGES to TOPIC; without any, send each line of --file or of stdin (empty lines skipped)."""
     if messages and file is not None:
@@ -132,23 +131,23 @@ def _report(topic: str, futures: list[SendFuture], as_json: bool) -> None:
     if errors:
         first = errors[0]
         raise click.ClickException(
-            f"{len(errors)} message(s) failed; first error: {type(first).__name__}: {first}")
+            f"{len(errors)} message(s) failed; first error: {error_text(first)}")
     if not sent:
         raise click.ClickException("no messages to send (empty input)")
 
 
 class StartFrom(click.ParamType):
-    """``first``, ``last``, or a time as :func:`gms.times.parse_time_ms` reads it (no zone = UTC)."""
+    """``first``, ``last``, or a time as :class:`TimeParam` reads it (no zone = UTC)."""
 
     name = "first|last|TIME"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | int:
-        if isinstance(value, int) or value in ("first", "last"):
-            return value
+        if value in ("first", "last"):
+            return str(value)
         try:
-            return parse_time_ms(value)
-        except ValueError as err:
-            self.fail(f"not first or last, and {err}", param, ctx)
+            return TimeParam().convert(value, param, ctx)
+        except click.BadParameter as err:
+            self.fail(f"not first or last, and {err.message}", param, ctx)
 
 
 @click.command()

@@ -9,6 +9,7 @@ import click
 
 from gms.client.routing import split_addresses
 from gms.cluster.model import TOPIC_MESSAGE_TYPES
+from gms.times import parse_time_ms
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
 NAMESERVER_ENV = "GMS_NAMESERVER"
@@ -26,6 +27,21 @@ nameserver_option = click.option(
     show_envvar=True, callback=_check_nameserver,
     help="Nameserver address(es) host:port[,host:port]; the first that answers is used.",
 )
+
+class TimeParam(click.ParamType):
+    """A time as :func:`gms.times.parse_time_ms` reads it: epoch ms or ISO 8601 (no zone = UTC).
+    Every time the CLI takes is one of these (docs/cli.md, Times)."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_time_ms(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON instead of tables (for scripts).",

@@ -14,7 +14,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from gms.client.routing import NameserversUnavailableError
 from gms.client.structs import ReceivedMessage
+from gms.errors import ForbiddenError, GmsError, ServiceUnavailableError
 
 # A table piped to a file or captured by a test gets this width instead of rich's 80 columns.
 NON_TERMINAL_WIDTH = 160
@@ -110,3 +112,21 @@ def message_line(msg: ReceivedMessage) -> str:
         parts.append("keys=" + ",".join(msg.keys))
     parts.append(body_text(msg.body))
     return "  ".join(parts)
+
+
+# What to do next, after errors whose message says what went wrong but not what helps.
+_HINTS: tuple[tuple[type[GmsError], str], ...] = (
+    (ForbiddenError, "A super user grants it with `gms acl add` (docs/security.md)."),
+    (ServiceUnavailableError, "Is the broker running? `gms cluster` lists the live ones."),
+)
+
+
+def error_text(err: BaseException) -> str:
+    """An error as the CLI prints it, the one formatter for all of them: what is wrong and what to
+    do, in words (no class names)."""
+    if isinstance(err, NameserversUnavailableError):
+        return (f"no nameserver at {','.join(err.nameservers)} — start one with `gms standalone`, or point"
+                " --nameserver / GMS_NAMESERVER at a running one\n  " + "\n  ".join(err.failures))
+    text = str(err) or (type(err).__doc__ or type(err).__name__).strip().splitlines()[0]
+    hint = next((hint for kind, hint in _HINTS if isinstance(err, kind)), "")
+    return f"{text}\n{hint}" if hint else text

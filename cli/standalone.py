@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from gms.address import join_address
 from gms.broker.rocketmq import ROCKETMQ_EXTRA, stubs_installed
 from gms.broker.store_layout import read_layout
 from gms.broker.store_paths import StorePaths
 from gms.cli import standalone_ports as ports
-from gms.cli.standalone_security import prepare_secure
+from gms.cli.standalone_security import prepare_secure, secured_before
 from gms.cluster.errors import ClusterError
 from gms.die_with_parent import dying_with_parent
 from gms.nameserver.embedded_etcd import EmbeddedEtcd, etcd_hosts
@@ -156,6 +158,10 @@ def run_standalone(
                 child.kill()
         stop.set()
 
+    if not secure and secured_before(data_dir):
+        echo(f"gms standalone: the data dir {data_dir} is secured (it was started with --secure, and its etcd has"
+             " authentication on since): add --secure")
+        return 1
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     etcd_host, etcd_advertise_host = etcd_hosts(host)
     secured = prepare_secure(data_dir, host) if secure else None
@@ -165,6 +171,10 @@ def run_standalone(
     try:
         store_args = _store_args(data_dir, commitlog_file_size_bytes)
         rocketmq_off = _rocketmq_off(rocketmq_port, secure, rocketmq_asked)
+        _check_ports_free(host, {"--nameserver-port": nameserver_port, "--broker-port": broker_port,
+                                 "--etcd-port": etcd_port, "--nameserver-metrics-port": nameserver_metrics_port,
+                                 "--broker-metrics-port": broker_metrics_port, "--console-port": console_port,
+                                 "--rocketmq-port": None if rocketmq_off else rocketmq_port})
         etcd.start()
         if secured is not None:
             secured.create_users(etcd)
@@ -210,7 +220,7 @@ def run_standalone(
                 "console",
                 "gms.console",
                 ["--nameserver", nameserver_address, "--listen", f"{host}:{console_port}",
-                 *(["--admin"] if console_admin else [])],
+                 *(["--admin"] if console_admin else ["--admin-how", "gms standalone --console-admin"])],
                 run_dir,
                 secured.client_env() if secured else None,
             )
@@ -249,6 +259,25 @@ def _rocketmq_off(rocketmq_port: int | None, secure: bool, rocketmq_asked: bool)
                                   f" {ROCKETMQ_EXTRA}; or start without --rocketmq-port")
         return f"not served: it needs {ROCKETMQ_EXTRA}"
     return ""
+
+
+def _check_ports_free(host: str, ports: dict[str, int | None]) -> None:
+    """Each fixed port asked for is free now, else a StandaloneError naming this command's flag for
+    it (a server that cannot listen names its own flags, --listen and --metrics-listen, which
+    `gms standalone` does not take) before anything is started."""
+    for flag, port in ports.items():
+        if not port:
+            continue  # none, or any free one
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+                probe.bind(address)
+        except OSError as err:
+            raise StandaloneError(
+                f"cannot listen on {join_address(host, port)} ({err.strerror}; is another gms standalone"
+                f" running?): stop what holds it, or pick another port with {flag} (0 picks a free one)") from err
 
 
 def _store_args(data_dir: Path, commitlog_file_size_bytes: int | None) -> list[str]:

@@ -83,8 +83,17 @@ def prepare_secure(data_dir: Path, host: str) -> SecuredStandalone:
     """Certificates and passwords, made the first time and reused after that."""
     hosts = list(DEFAULT_HOSTS) + ([host] if host not in WILDCARD_HOSTS and host not in DEFAULT_HOSTS else [])
     pki = ensure_dev_pki(data_dir / "tls", hosts=hosts, client_name=ADMIN_USER)
-    secrets_dir = data_dir / "secrets"
+    secrets_dir = _secrets_dir(data_dir)
     passwords = {name: kept_secret(secrets_dir / f"{name}.password")
                  for name in ("admin", "broker", "etcd-root", "etcd-gms")}
     return SecuredStandalone(pki, secrets_dir, passwords)
 
+
+
+def secured_before(data_dir: Path) -> bool:
+    """Whether ``data_dir`` was started with ``--secure`` (its etcd has authentication on since)."""
+    return (_secrets_dir(data_dir) / "etcd-root.password").exists()
+
+
+def _secrets_dir(data_dir: Path) -> Path:
+    return data_dir / "secrets"

@@ -17,6 +17,7 @@ from gms.cli.options import (
     topic_settings,
 )
 from gms.cli.output import print_json, show, table
+from gms.naming import is_group_topic
 
 
 @click.group()
@@ -113,12 +114,15 @@ def delete(topic: str, yes: bool, nameserver: str, as_json: bool) -> None:
 
 
 @topic.command(name="list")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the consumer groups' own topics (%RETRY%<group>, %DLQ%<group>).")
 @nameserver_option
 @json_option
-def list_topics(nameserver: str, as_json: bool) -> None:
-    """List the cluster's topics and their queue counts."""
+def list_topics(show_all: bool, nameserver: str, as_json: bool) -> None:
+    """List the cluster's topics and their queue counts (without the consumer groups' retry and
+    dead-letter topics unless --all)."""
     with open_admin(nameserver) as admin:
-        topics = admin.topics()
+        topics = {name: queues for name, queues in admin.topics().items() if show_all or not is_group_topic(name)}
     if as_json:
         print_json(topics)
     elif not topics:

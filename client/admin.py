@@ -392,7 +392,8 @@ class Admin:
     def _replica_copy(self, located: MessageId, cause: GmsError) -> Frame:
         """A replica's copy of the message ``located`` names (``cause``: why its broker did not answer)."""
         fields = {"phys_offset": located.phys_offset, "origin": located.address}
-        others = [broker for broker in self.brokers() if broker != located.address]
+        live = self.brokers()
+        others = [broker for broker in live if broker != located.address]
 
         async def ask() -> list[Frame | BaseException]:
             return list(await asyncio.gather(
@@ -401,6 +402,11 @@ class Admin:
         for answer in self._runtime.run(ask()):
             if isinstance(answer, Frame):
                 return answer
+        if located.address not in live and isinstance(cause, UNREACHABLE_ERRORS):
+            raise ServiceUnavailableError(
+                f"the message id names broker {located.address}, which is not a live broker of this cluster"
+                f" (live: {', '.join(live) or 'none'}), and no live broker holds a copy: the id may come from"
+                " another cluster (check --nameserver / GMS_NAMESERVER), or its broker is down") from cause
         raise cause
 
     def find_by_key(self, topic: str, key: str, *, begin_ms: int | None = None, end_ms: int | None = None,

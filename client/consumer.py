@@ -284,8 +284,8 @@ class Consumer:
     def nack(self, message: ReceivedMessage, *, delay_ms: int | None = None, reason: str = "") -> str:
         """The application failed ``message``: redeliver it to this group after ``delay_ms`` (by
         default the group's backoff for its attempt: 10 s, 30 s, 1 m ...), with
-        ``reconsume_times`` one higher; after ``max_reconsume_times`` failures it goes to the
-        group's dead-letter topic with ``reason`` instead. Returns the topic it went to. The
+        ``reconsume_times`` one higher; once retried ``max_reconsume_times`` times, its next nack
+        sends it to the group's dead-letter topic with ``reason`` instead. Returns the topic it went to. The
         message itself counts as consumed (its offset is committed as usual): the copy is stored
         (acknowledged) before this returns. Clustering groups only."""
         self._check_open()
@@ -317,7 +317,8 @@ class Consumer:
     def _hold(self, message: ReceivedMessage, delay_ms: int | None, reason: str) -> str:
         """FIFO nack: the queue goes back to the failed message and waits ``delay_ms`` (default
         1 s, RocketMQ's suspend time), so nothing after it is delivered first; after
-        ``max_reconsume_times`` failures it goes to the dead-letter topic and the queue moves on."""
+        ``max_reconsume_times`` retries its next failure goes to the dead-letter topic and the queue
+        moves on."""
         where = (message.topic, message.queue_id, message.queue_offset)
         attempts = self._fifo_attempts.get(where, 0) + 1
         if attempts > self._max_reconsume_times:

@@ -4,8 +4,8 @@ A clustering consumer group reads its own retry topic besides its subscription. 
 application fails (``Consumer.nack``) is sent there as a scheduled message — a copy with
 ``reconsume_times`` one higher and the original topic and message id in properties — so it comes
 back to a member of the same group after a backoff (RocketMQ's schedule: 10 s, 30 s, 1 m, 2 m …
-2 h); other groups never see it. After ``max_reconsume_times`` failures it goes to the group's
-dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says more.
+2 h); other groups never see it. Once retried ``max_reconsume_times`` times, its next failure sends
+it to the group's dead-letter topic instead, with the reason (``gms dlq``). docs/retries.md says more.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, TopicAlreadyExistsError, TopicNotFoundError
-from gms.naming import dlq_topic, retry_topic
+from gms.naming import SYSTEM_TOPIC_FIELD, dlq_topic, retry_topic
 from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> N
             pass
         replicas = max(1, min(REPLICAS_MAX, len(await routes.live_brokers())))
         try:
-            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues, "replicas": replicas})
+            await routes.request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues, "replicas": replicas,
+                                                            SYSTEM_TOPIC_FIELD: True})
         except TopicAlreadyExistsError:
             pass
         return
@@ -55,7 +56,8 @@ async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> N
     if topic in (await runtime.pool.request(first, RequestCode.TOPIC_LIST)).fields["topics"]:
         return
     try:
-        await runtime.pool.request(first, RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues})
+        await runtime.pool.request(first, RequestCode.CREATE_TOPIC,
+                                   {"topic": topic, "queues": queues, SYSTEM_TOPIC_FIELD: True})
     except TopicAlreadyExistsError:
         pass
 
@@ -83,7 +85,8 @@ def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, re
                delays_ms: Sequence[int], max_reconsume_times: int,
                attempts: int | None = None) -> tuple[str, dict[str, Any]]:
     """(topic, send keyword arguments) of the copy a failed ``message`` becomes: the group's retry
-    topic after its backoff, or its dead-letter topic once it failed ``max_reconsume_times`` times.
+    topic after its backoff, or its dead-letter topic once it failed more than ``max_reconsume_times``
+    times (was retried that often).
     ``attempts``: its failures so far, this one included (default: its reconsume_times + 1)."""
     attempts = message.reconsume_times + 1 if attempts is None else attempts
     properties: Mapping[str, str] = message.properties

@@ -21,6 +21,7 @@ from gms.errors import (
     RequestTimeoutError,
     ServiceUnavailableError,
     TopicNotFoundError,
+    UnknownCodeError,
 )
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
@@ -241,6 +242,12 @@ class NameserverRoutes:
             except UNREACHABLE_ERRORS as err:
                 failures.append(f"{address}: {err}")
                 continue
+            except UnknownCodeError as err:  # a broker's port, most likely: brokers answer this
+                asked = next((c.name for c in RequestCode if c == code), code)
+                raise UnknownCodeError(
+                    f"{address} is not a nameserver (it does not know {asked}): is it a broker's port?"
+                    " Give the nameserver's address (--nameserver / GMS_NAMESERVER, the SDK's nameserver=);"
+                    " `gms standalone` prints it") from err
             if index != self._preferred:
                 log.info("nameserver %s answers; using it instead of %s", address,
                          self.nameservers[self._preferred])

@@ -33,6 +33,29 @@ def validate_topic_name(name: str) -> str:
     return name
 
 
+# CREATE_TOPIC field: true when a client makes a group's own topic (``gms.client.retries.ensure_topic``);
+# without it a name with a reserved prefix is refused, so no one makes one by mistake.
+SYSTEM_TOPIC_FIELD = "system"
+RESERVED_TOPIC_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
+
+
+def is_group_topic(name: str) -> bool:
+    """Whether ``name`` has a consumer group's prefix (its retry or dead-letter topic)."""
+    return name.startswith(RESERVED_TOPIC_PREFIXES)
+
+
+def check_creatable(name: str, system: bool) -> str:
+    """``name`` if a topic of that name may be created; a reserved prefix only by a client making a
+    group's own topic (``system``). Raises ``InvalidTopicName`` saying what to do."""
+    validate_topic_name(name)
+    if not system and is_group_topic(name):
+        prefix = next(p for p in RESERVED_TOPIC_PREFIXES if name.startswith(p))
+        raise InvalidTopicName(name, f"names starting with {prefix} are reserved for consumer groups' retry and"
+                                     " dead-letter topics, which their consumers create (docs/retries.md);"
+                                     " pick another name")
+    return name
+
+
 def retry_topic(group: str) -> str:
     return RETRY_TOPIC_PREFIX + group
 

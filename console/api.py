@@ -1,6 +1,7 @@
 """The console's JSON API, which its pages render (and scripts may read):
 
-- ``GET /api/config``: version, nameserver, whether admin actions are on, the sampling interval;
+- ``GET /api/config``: version, nameserver, whether admin actions are on (and how to turn them on), the
+  sampling interval;
 - ``GET /api/cluster``: nameservers, controller, brokers, etcd health, queues needing attention;
 - ``GET /api/topics``, ``GET /api/topics/{topic}``: topics, one topic's queues and its rate history;
 - ``GET /api/groups``, ``GET /api/groups/{group}``: groups, one group's members, lag and lag history;
@@ -23,21 +24,24 @@ from typing import Any
 from aiohttp import web
 
 from gms import __version__
+from gms.console import ADMIN_HOW
 from gms.console.actions import AdminActions
 from gms.console.data import BadInput, ConsoleData
 from gms.console.guards import check_same_origin
 from gms.console.history import History
 from gms.console.http_errors import Refused
 
-ADMIN_OFF = ("admin actions are off: this console is read-only. Restart it with `gms console --admin` to create"
-             " topics and reset offsets")
+ADMIN_OFF = ("admin actions are off: this console is read-only. Restart it with `{how}` to create topics and"
+             " reset offsets")
 
 
 class ConsoleApi:
     """The handlers; ``actions`` is None on a read-only console."""
 
-    def __init__(self, data: ConsoleData, history: History, actions: AdminActions | None, *, nameserver: str) -> None:
+    def __init__(self, data: ConsoleData, history: History, actions: AdminActions | None, *, nameserver: str,
+                 admin_how: str = ADMIN_HOW) -> None:
         self._data = data
+        self._admin_how = admin_how
         self._history = history
         self._actions = actions
         self._nameserver = nameserver
@@ -58,7 +62,8 @@ class ConsoleApi:
 
     async def config(self, request: web.Request) -> web.Response:
         return web.json_response({"version": __version__, "nameserver": self._nameserver,
-                                  "admin": self._actions is not None, "sample_interval_s": self._history.interval_s,
+                                  "admin": self._actions is not None, "admin_how": self._admin_how,
+                                  "sample_interval_s": self._history.interval_s,
                                   "history_s": self._history.window_s})
 
     async def cluster(self, request: web.Request) -> web.Response:
@@ -103,7 +108,7 @@ class ConsoleApi:
     def _admin_actions(self, request: web.Request) -> AdminActions:
         """The actions, unless they are off or the request comes from another site's page."""
         if self._actions is None:
-            raise Refused(403, "AdminActionsOff", ADMIN_OFF)
+            raise Refused(403, "AdminActionsOff", ADMIN_OFF.format(how=self._admin_how))
         check_same_origin(request)
         return self._actions
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gms.client import Admin
+from gms.console import ADMIN_HOW
 from gms.console.actions import AdminActions
 from gms.console.api import ConsoleApi
 from gms.console.data import ConsoleData
@@ -38,6 +39,7 @@ class ConsoleSettings:
     host: str
     port: int  # 0: a free one (see ConsoleServer.port once started)
     admin: bool = False  # admin actions (create topic, reset offsets) on
+    admin_how: str = ADMIN_HOW  # the command line that turns them on, for the read-only notes
     allowed_hosts: tuple[str, ...] = ()  # host names answered besides IP addresses and localhost
     sample_interval_s: float = 5.0
     history_s: float = 900.0  # how far back charts reach
@@ -54,7 +56,7 @@ class ConsoleServer:
         self._app = web.Application(middlewares=[json_errors, host_guard(settings.allowed_hosts)],
                                     client_max_size=REQUEST_BODY_BYTES_MAX)
         ConsoleApi(data, history, AdminActions(self._admin) if settings.admin else None,
-                   nameserver=settings.nameserver).add_routes(self._app)
+                   nameserver=settings.nameserver, admin_how=settings.admin_how).add_routes(self._app)
         self._app.add_routes([web.get(path, _page) for path in PAGE_PATHS])
         self._app.router.add_static("/static/", STATIC_DIR)
         self._app.router.add_get("/{path:.*}", _no_page)

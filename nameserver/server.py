@@ -34,6 +34,7 @@ from gms.monitoring.http import MonitoringServer
 from gms.nameserver.access import NameserverAccess
 from gms.nameserver.controller import Controller, ControllerStatus
 from gms.nameserver.metrics import NameserverMetrics
+from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
@@ -388,7 +389,7 @@ class NameServer:
 
     async def _create_topic(self, request: Frame) -> Response:
         fields = request.fields
-        name = field(fields, "topic", str)
+        name = check_creatable(field(fields, "topic", str), field(fields, SYSTEM_TOPIC_FIELD, bool, False))
         queues = field(fields, "queues", int, DEFAULT_QUEUE_COUNT)
         replicas = field(fields, "replicas", int, 1)
         settings = TopicSettings.from_dict(field(fields, "settings", dict, {}))

@@ -56,7 +56,7 @@ def topic(gms) -> str:
 def test_topic_create_spreads_and_list_describe_delete(gms, cluster, topic):
     brokers = {b.address for b in cluster.brokers}
     again = gms("topic", "create", topic, ok=False)
-    assert again.returncode == 1 and "TopicAlreadyExistsError" in again.stderr
+    assert again.returncode == 1 and again.stderr == f"Error: topic {topic} already exists\n"
     assert json.loads(gms("topic", "list", "--json").stdout)[topic] == QUEUES
     gms("produce", topic, "a", "b", "c")
     described = json.loads(gms("topic", "describe", topic, "--json").stdout)
@@ -67,7 +67,7 @@ def test_topic_create_spreads_and_list_describe_delete(gms, cluster, topic):
     assert f"topic {topic}: {QUEUES} queues, 3 messages" in table
     gms("topic", "delete", "--yes", topic)
     gone = gms("topic", "describe", topic, ok=False)
-    assert gone.returncode == 1 and "TopicNotFoundError" in gone.stderr
+    assert gone.returncode == 1 and gone.stderr == f"Error: topic {topic} does not exist\n"
 
 
 def test_produce_then_tail(gms, topic, tmp_path):
@@ -103,7 +103,7 @@ def test_group_describe_shows_lag(gms, topic):
     assert "billing" in json.loads(gms("group", "list", "--json").stdout)
     assert "total lag 6" in gms("group", "describe", "billing").stdout
     missing = gms("group", "describe", "nobody", ok=False)
-    assert missing.returncode == 1 and "GroupNotFoundError" in missing.stderr
+    assert missing.returncode == 1 and "no broker knows consumer group nobody" in missing.stderr
 
 
 def test_msg_show(gms, topic):

@@ -152,10 +152,10 @@ def test_delete_removes_the_offsets_and_the_group(gms, filled):  # noqa: F811
     assert sum(t == topic for queues in deleted["queues"].values() for t, _ in queues) == QUEUES
     assert group not in json.loads(gms("group", "list", "--json").stdout)
     gone = gms("group", "describe", group, ok=False)
-    assert gone.returncode == 1 and "GroupNotFoundError" in gone.stderr
+    assert gone.returncode == 1 and f"no broker knows consumer group {group}" in gone.stderr
     assert plan(gms, group, topic, "--to-earliest") == every((None, 0))
     again = gms("group", "delete", group, "--yes", ok=False)
-    assert again.returncode == 1 and "GroupNotFoundError" in again.stderr
+    assert again.returncode == 1 and f"knows group {group!r}" in again.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -63,7 +63,7 @@ export function groupPage(main, { params: [name], config }) {
 function resetForm(group, config) {
   if (!config.admin) {
     const note = el("p", { id: "read-only", class: "muted" },
-      "Read-only console: restart it with `gms console --admin` to reset this group's offsets here.");
+      `Read-only console: restart it with \`${config.admin_how}\` to reset this group's offsets here.`);
     return { node: note, addTopics() {} };
   }
   const topicSelect = el("select", { name: "topic", required: true });

@@ -25,7 +25,7 @@ export function topicList(main, { config }) {
 function createTopicForm(config) {
   if (!config.admin) {
     return el("p", { id: "read-only", class: "muted" },
-      "Read-only console: restart it with `gms console --admin` to create topics here.");
+      `Read-only console: restart it with \`${config.admin_how}\` to create topics here.`);
   }
   const result = el("div", { id: "create-result", class: "result" });
   const form = el("form", { id: "create-topic", class: "action" },
