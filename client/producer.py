@@ -15,7 +15,7 @@ import itertools
 import logging
 import socket
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -25,7 +25,15 @@ from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.delivery import deliver_at_ms
 from gms.client.idempotence import Sequencer, random_producer_id
-from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
+from gms.client.routing import (
+    LEADER_CHECK_INTERVAL_MS,
+    UNREACHABLE_ERRORS,
+    BrokerFaults,
+    LeaderMovedError,
+    NameserverRoutes,
+    QueueRoute,
+    leader_request,
+)
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
 from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
@@ -107,7 +115,6 @@ class _Sender:
         failed so; retry it here as if it had failed here. ``sequence``: the idempotent
         producer's stamp on ``body`` (given up on its queue if the send fails)."""
         acks = self._acks if acks is None else acks
-        pool = self._runtime.pool
         maybe_stored = False  # a failed attempt may have stored the batch: it must stay on its queue
         try:
             for attempt in itertools.count():
@@ -116,9 +123,9 @@ class _Sender:
                         failed, first_error = first_error, None
                         raise failed
                     if acks == 0:
-                        await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
+                        await self._runtime.pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                         return []
-                    frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+                    frame = await self._request(route, acks, body)
                 except (TopicNotFoundError, QueueNotFoundError) as err:
                     # The route may be newer than the broker's queues (created a moment ago) or stale.
                     if attempt >= self._retries or not await self._still_routed(route):
@@ -148,6 +155,15 @@ class _Sender:
                 self.sequencer.gave_up(route.topic, route.queue_id, sequence)  # type: ignore[union-attr]
             raise
         raise AssertionError("unreachable")
+
+    def _request(self, route: QueueRoute, acks: int, body: bytearray) -> Awaitable[Frame]:
+        """SEND_BATCH to ``route``'s leader; a replicated queue's is given up once another broker
+        leads the queue (its broker lost its lease: paused, cut off), not at the request timeout."""
+        runtime = self._runtime
+        if not route.replicated:
+            return runtime.pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+        return leader_request(runtime.routes, runtime.pool, route.topic, route.queue_id, route.broker,
+                              RequestCode.SEND_BATCH, {"acks": acks}, body)
 
     def _restamp(self, body: bytearray, old: QueueRoute, new: QueueRoute, sequence: BatchSequence) -> BatchSequence:
         """A batch moved to another queue: the next batch number there (a new epoch on the old one)."""
@@ -420,13 +436,23 @@ class Producer:
             conn = self._blocking.acquire(route.broker)
             if conn is None:
                 return None, None
+            # A replicated queue's send is given up once another broker leads the queue.
+            abandon = (lambda: self._leader_moved(route)) if route.replicated else None
             try:
                 return conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
-                                    timeout_ms=self._request_timeout_ms), None
+                                    timeout_ms=self._request_timeout_ms, abandon=abandon,
+                                    check_interval_ms=LEADER_CHECK_INTERVAL_MS), None
             finally:
                 self._blocking.release(route.broker, conn)
         except GmsError as err:
             return None, err  # retried with backoff on the I/O loop, if retriable
+
+    def _leader_moved(self, route: QueueRoute) -> LeaderMovedError | None:
+        """Asked while a blocking send waits: has another broker taken ``route``'s queue over?"""
+        runtime = self._runtime
+        check = runtime.routes.new_leader(route.topic, route.queue_id, route.broker, LEADER_CHECK_INTERVAL_MS / 1000)
+        leader = runtime.run(check, self._call_timeout_ms)
+        return None if leader is None else LeaderMovedError(route.topic, route.queue_id, route.broker, leader)
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.

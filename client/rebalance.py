@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
+from gms.client.routing import leader_request
 from gms.client.runtime import ClientRuntime
 from gms.errors import (
     ForbiddenError,
@@ -123,16 +124,23 @@ class Membership:
         """COMMIT_OFFSET to each queue's leader; ``release`` ends this member's claims there."""
         routes = self._runtime.routes
         by_broker: dict[str, dict[str, list[list[object]]]] = defaultdict(lambda: {"offsets": [], "release": []})
+        first: dict[str, TopicQueue] = {}  # a queue of each broker's request
         for queue, offset in offsets.items():
-            by_broker[await leader_of(routes, queue)]["offsets"].append([queue.topic, queue.queue_id, offset])
+            broker = await leader_of(routes, queue)
+            by_broker[broker]["offsets"].append([queue.topic, queue.queue_id, offset])
+            first.setdefault(broker, queue)
         for queue in release:
             try:
-                by_broker[await leader_of(routes, queue)]["release"].append([queue.topic, queue.queue_id])
+                broker = await leader_of(routes, queue)
             except ServiceUnavailableError:
-                pass  # no leader now: the claim lapses by itself
+                continue  # no leader now: the claim lapses by itself
+            by_broker[broker]["release"].append([queue.topic, queue.queue_id])
+            first.setdefault(broker, queue)
+        # Given up once the first queue of a broker's request has another leader (its broker lost
+        # its lease): the next commit goes to the new one.
         await asyncio.gather(*(
-            self._runtime.pool.request(broker, RequestCode.COMMIT_OFFSET,
-                                       {"group": self._group, "member": self._member, **items})
+            leader_request(routes, self._runtime.pool, first[broker].topic, first[broker].queue_id, broker,
+                           RequestCode.COMMIT_OFFSET, {"group": self._group, "member": self._member, **items})
             for broker, items in by_broker.items()))
 
     async def restart(self, state: QueueState, position: int | None) -> None:
@@ -330,9 +338,8 @@ class Membership:
         """(position, committed) of a newly assigned queue: the committed offset (the group's on
         the queue's leader, or this instance's own when broadcasting), else ``start_from``."""
         if self._clustering:
-            frame = await self._runtime.pool.request(
-                await leader_of(self._runtime.routes, queue), RequestCode.FETCH_OFFSET,
-                {"group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
+            frame = await self._leader_request(queue, RequestCode.FETCH_OFFSET, {
+                "group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
             committed: int | None = frame.fields["offsets"][0]
         else:
             committed = None if self._local_offsets is None else self._local_offsets.get(queue)
@@ -350,5 +357,11 @@ class Membership:
         else:
             code = RequestCode.QUERY_OFFSET_BY_TIME
             fields["timestamp_ms"] = int(where)
-        frame = await self._runtime.pool.request(await leader_of(self._runtime.routes, queue), code, fields)
+        frame = await self._leader_request(queue, code, fields)
         return int(frame.fields["offset"])
+
+    async def _leader_request(self, queue: TopicQueue, code: int, fields: Mapping[str, Any]) -> Frame:
+        """``code`` to ``queue``'s leader, given up once another broker leads it (LeaderMovedError)."""
+        routes = self._runtime.routes
+        return await leader_request(routes, self._runtime.pool, queue.topic, queue.queue_id,
+                                    await leader_of(routes, queue), code, fields)

@@ -24,7 +24,7 @@ from gms.errors import (
 )
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
-from gms.protocol.frame import Frame
+from gms.protocol.frame import Body, Frame
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,12 @@ NAMESERVER_REQUEST_TIMEOUT_MS = 3000
 FAULT_PENALTY_MS = 5000
 # Failures that say "this broker is unreachable" rather than "this request is wrong".
 UNREACHABLE_ERRORS = (ServiceUnavailableError, ConnectionClosedError, RequestTimeoutError)
+# A request to a replicated queue's leader that has waited this long has the routes checked (again
+# at this interval, one GET_ROUTE per topic for all its waiting requests): a paused or cut-off
+# leader answers nothing, and once another broker leads the queue the request is abandoned.
+LEADER_CHECK_INTERVAL_MS = 250
+# The same for long polls (PULL, POP), which wait on a healthy leader too: less often.
+LONG_POLL_LEADER_CHECK_INTERVAL_MS = 1000
 
 
 class QueueRoute(NamedTuple):
@@ -66,7 +72,22 @@ class RouteProvider(Protocol):
     def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
         """Where to send to a topic no route names (None: the topic does not exist)."""
 
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        """The broker leading ``topic``'s queue ``queue_id`` (None: any of its queues) in routes at
+        most ``max_age_s`` old, if ``broker`` no longer leads it; None while it does, or if unknown."""
+
     def invalidate(self) -> None: ...
+
+
+class LeaderMovedError(RequestTimeoutError):
+    """A request abandoned unanswered because another broker leads its queue now (its broker lost
+    its lease: paused, cut off). Like a timeout, it may have taken effect there; retry at
+    ``leader``, where an idempotent producer's retry is recognised if it did."""
+
+    def __init__(self, topic: str, queue_id: int | None, broker: str, leader: str) -> None:
+        where = f"{topic}/{queue_id}" if queue_id is not None else f"any queue of {topic}"
+        super().__init__(f"{broker} did not answer and no longer leads {where} ({leader} does): request abandoned")
+        self.leader = leader
 
 
 class NameserversUnavailableError(ServiceUnavailableError):
@@ -120,6 +141,9 @@ class StaticRoutes:
 
     def invalidate(self) -> None:
         self._fetched_at = float("-inf")
+
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        return None  # unreplicated brokers: a queue never moves to another one
 
     async def refresh(self) -> None:
         """Ask every broker for its topics (one refresh at a time, shared by all callers)."""
@@ -205,13 +229,26 @@ class NameserverRoutes:
         return entry.routes
 
     async def routes(self, topic: str) -> list[QueueRoute]:
-        found = self.cached(topic)
-        if found is not None:
-            return found
+        return await self._routes(topic, self._refresh_interval_s)
+
+    async def _routes(self, topic: str, max_age_s: float) -> list[QueueRoute]:
+        entry = self._table.get(topic)
+        if entry is not None and time.monotonic() - entry.fetched_at <= max_age_s:
+            return entry.routes
         task = self._fetching.get(topic)
         if task is None or task.done():  # one fetch per topic at a time, shared by all callers
             task = self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
         return await asyncio.shield(task)
+
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        try:
+            routes = await self._routes(topic, max_age_s)
+        except GmsError:
+            return None  # no answer now: the request waits on
+        leaders = {r.broker for r in routes if queue_id is None or r.queue_id == queue_id}
+        if not leaders or broker in leaders:
+            return None  # a queue whose leader is not registered is left out: no successor yet
+        return min(leaders)
 
     def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
         return None  # the nameservers are the authority: an unknown topic does not exist
@@ -274,6 +311,29 @@ class NameserverRoutes:
                 f"no queue of topic {topic!r} has a live broker now; retry when a broker is back")
         self._table[topic] = _CachedRoute(routes, time.monotonic())
         return routes
+
+async def leader_request(routes: RouteProvider, pool: ConnectionPool, topic: str, queue_id: int | None,
+                         broker: str, code: int, fields: Mapping[str, Any] | None = None, body: Body = b"", *,
+                         timeout_ms: float | None = None,
+                         check_interval_ms: float = LEADER_CHECK_INTERVAL_MS) -> Frame:
+    """``code`` to ``broker``, the leader of ``topic``'s queue ``queue_id`` (None: of some queue of
+    ``topic``) when the routes were read. While no answer came, the routes are checked every
+    ``check_interval_ms``: once another broker leads the queue, the request is abandoned with
+    :class:`LeaderMovedError` instead of waiting out ``timeout_ms`` on a broker that lost its lease
+    (a paused process keeps its connections open and answers nothing)."""
+    request = asyncio.ensure_future(pool.request(broker, code, fields, body, timeout_ms=timeout_ms))
+    interval_s = check_interval_ms / 1000
+    try:
+        while True:
+            done, _ = await asyncio.wait((request,), timeout=interval_s)
+            if done:
+                return request.result()
+            leader = await routes.new_leader(topic, queue_id, broker, interval_s)
+            if leader is not None and not request.done():
+                raise LeaderMovedError(topic, queue_id, broker, leader)
+    finally:
+        request.cancel()  # abandoned (a late answer is dropped), or a no-op once done
+
 
 class BrokerFaults:
     """Brokers that just failed, avoided by queue selection for ``penalty_ms``.
