@@ -171,10 +171,11 @@ def test_a_consumer_reads_a_paused_leaders_queues_from_the_new_leader(ha_cluster
                     received[message.body] = time.monotonic()
 
     def first_reads(moved_at: float) -> dict[str, float | None]:
-        """For each queue it led, when the consumer first received a message its new leader
-        acknowledged (None: not yet)."""
-        return {s.name: min((received[b] for b, t in sender_acks(s).items() if t > moved_at and b in received),
-                            default=None) for s in senders if s.queue_id in led}
+        """For each queue it led, when the consumer first received (since ``moved_at``) a message
+        acknowledged since then (None: not yet)."""
+        return {s.name: min((r for b, t in sender_acks(s).items()
+                             if t > moved_at and (r := received.get(b, 0)) > moved_at), default=None)
+                for s in senders if s.queue_id in led}
 
     reader = threading.Thread(target=consume, daemon=True)
     for thread in [*senders, reader]:
