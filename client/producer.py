@@ -32,6 +32,7 @@ from gms.client.routing import (
     LeaderMovedError,
     NameserverRoutes,
     QueueRoute,
+    leader_moved,
     leader_request,
 )
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
@@ -449,10 +450,9 @@ class Producer:
 
     def _leader_moved(self, route: QueueRoute) -> LeaderMovedError | None:
         """Asked while a blocking send waits: has another broker taken ``route``'s queue over?"""
-        runtime = self._runtime
-        check = runtime.routes.new_leader(route.topic, route.queue_id, route.broker, LEADER_CHECK_INTERVAL_MS / 1000)
-        leader = runtime.run(check, self._call_timeout_ms)
-        return None if leader is None else LeaderMovedError(route.topic, route.queue_id, route.broker, leader)
+        moved = leader_moved(self._runtime.routes, route.topic, route.queue_id, route.broker,
+                             LEADER_CHECK_INTERVAL_MS / 1000)
+        return self._runtime.run(moved, self._call_timeout_ms)
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.

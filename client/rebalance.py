@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
-from gms.client.routing import leader_request
+from gms.client.routing import abandon_when, leader_request
 from gms.client.runtime import ClientRuntime
 from gms.errors import (
     ForbiddenError,
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 StartFrom = str | int  # "last", "first" or a timestamp in ms
 NO_COMMITTED_OFFSET = -1
 HEARTBEAT_RETRY_MS = 200
+# While a heartbeat waits, whether its coordinator is still registered is asked this often.
+COORDINATOR_CHECK_INTERVAL_MS = 1000
 DEFAULT_MEMBER_EXPIRY_MS = 30_000  # until the coordinator said its own
 LEAVE_TIMEOUT_S = 5.0  # close() waits this long at most to say it leaves
 TOPIC_LAG_S = 5.0  # a coordinator may learn of a new topic this much after the nameserver
@@ -269,26 +271,43 @@ class Membership:
         """One heartbeat to the coordinator. The routes named every subscribed topic, so a
         coordinator that does not know one yet has not heard of its creation: asked again for
         up to TOPIC_LAG_S."""
-        pool = self._runtime.pool
         deadline = time.monotonic() + TOPIC_LAG_S
         while True:
             try:
                 try:
-                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+                    return await self._beat_once(fields)
                 except NotCoordinatorError as err:
                     self._coordinator = err.fields.get("coordinator") or None
-                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+                    return await self._beat_once(fields)
             except TopicNotFoundError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(TOPIC_LAG_RETRY_S)
 
+    async def _beat_once(self, fields: dict[str, Any]) -> Frame:
+        """HEARTBEAT to the coordinator, given up once it is no longer registered (a paused
+        broker's lease lapses: the group has another coordinator then)."""
+        coordinator = await self._find_coordinator()
+
+        async def unregistered() -> GmsError | None:
+            try:
+                if coordinator in await self._runtime.routes.live_brokers():
+                    return None
+            except GmsError:
+                return None  # not known now: the heartbeat waits on
+            return ServiceUnavailableError(f"the coordinator {coordinator} of group {self._group} did not answer"
+                                           " and is no longer registered: heartbeat abandoned")
+
+        return await abandon_when(self._runtime.pool.request(coordinator, RequestCode.HEARTBEAT, fields),
+                                  unregistered, COORDINATOR_CHECK_INTERVAL_MS)
+
     async def _find_coordinator(self) -> str:
-        """The group's coordinator, asking the known brokers (then the live ones) if unknown."""
+        """The group's coordinator, asking the live brokers (then the others known) if unknown."""
         if self._coordinator is not None:
             return self._coordinator
         routes = self._runtime.routes
-        candidates = list(dict.fromkeys([*routes.brokers, *await routes.live_brokers()]))
+        # The registered brokers first: a paused one that lost its lease would not answer.
+        candidates = list(dict.fromkeys([*await routes.live_brokers(), *routes.brokers]))
         failures = []
         for broker in candidates:
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from gms.client.connections import ConnectionPool, parse_address
@@ -312,27 +312,43 @@ class NameserverRoutes:
         self._table[topic] = _CachedRoute(routes, time.monotonic())
         return routes
 
+async def abandon_when(request: Awaitable[Frame], check: Callable[[], Awaitable[GmsError | None]],
+                       check_interval_ms: float) -> Frame:
+    """``request``'s answer. While it waits, ``check()`` is asked every ``check_interval_ms``: an
+    error it returns gives the request up (a late answer is dropped) and is raised."""
+    task = asyncio.ensure_future(request)
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=check_interval_ms / 1000)
+            if done:
+                return task.result()
+            error = await check()
+            if error is not None and not task.done():
+                raise error
+    finally:
+        task.cancel()  # a no-op once done
+
+
+async def leader_moved(routes: RouteProvider, topic: str, queue_id: int | None, broker: str,
+                       max_age_s: float) -> LeaderMovedError | None:
+    """The error to give a request to ``broker`` up with if routes at most ``max_age_s`` old name
+    another leader of ``topic``'s queue ``queue_id`` (None: ``broker`` leads none of the topic's)."""
+    leader = await routes.new_leader(topic, queue_id, broker, max_age_s)
+    return None if leader is None else LeaderMovedError(topic, queue_id, broker, leader)
+
+
 async def leader_request(routes: RouteProvider, pool: ConnectionPool, topic: str, queue_id: int | None,
                          broker: str, code: int, fields: Mapping[str, Any] | None = None, body: Body = b"", *,
                          timeout_ms: float | None = None,
                          check_interval_ms: float = LEADER_CHECK_INTERVAL_MS) -> Frame:
     """``code`` to ``broker``, the leader of ``topic``'s queue ``queue_id`` (None: of some queue of
-    ``topic``) when the routes were read. While no answer came, the routes are checked every
-    ``check_interval_ms``: once another broker leads the queue, the request is abandoned with
-    :class:`LeaderMovedError` instead of waiting out ``timeout_ms`` on a broker that lost its lease
-    (a paused process keeps its connections open and answers nothing)."""
-    request = asyncio.ensure_future(pool.request(broker, code, fields, body, timeout_ms=timeout_ms))
-    interval_s = check_interval_ms / 1000
-    try:
-        while True:
-            done, _ = await asyncio.wait((request,), timeout=interval_s)
-            if done:
-                return request.result()
-            leader = await routes.new_leader(topic, queue_id, broker, interval_s)
-            if leader is not None and not request.done():
-                raise LeaderMovedError(topic, queue_id, broker, leader)
-    finally:
-        request.cancel()  # abandoned (a late answer is dropped), or a no-op once done
+    ``topic``) when the routes were read, given up with :class:`LeaderMovedError` as soon as the
+    routes (checked every ``check_interval_ms`` while it waits) name another leader, instead of
+    waiting out ``timeout_ms`` on a broker that lost its lease (a paused process keeps its
+    connections open and answers nothing)."""
+    max_age_s = check_interval_ms / 1000
+    return await abandon_when(pool.request(broker, code, fields, body, timeout_ms=timeout_ms),
+                              lambda: leader_moved(routes, topic, queue_id, broker, max_age_s), check_interval_ms)
 
 
 class BrokerFaults:

@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from ha_helpers import HaCluster, read_store, wait_for
+from gms_cluster import LocalCluster
+from ha_helpers import BROKER_TOML, HaCluster, read_store, wait_for
+from processes import BrokerProcess
 from test_ha_failover import leader_of, pull_all, wait_full_isr
 
+from gms.broker.groups import coordinator_index
+from gms.broker.server import broker_id_for
 from gms.client import Consumer, Producer, ProducerRecord
 from gms.errors import GmsError
 
@@ -203,3 +207,77 @@ def sender_acks(sender: Sending) -> dict[bytes, float]:
     """Each message ``sender`` got acknowledged, with when."""
     with sender.lock:
         return dict(zip(sender.acked, sender.ack_times, strict=True))
+
+
+class LongExpiryCluster(HaCluster):
+    """Brokers that expire a silent group member only after MEMBER_EXPIRY_MS: a heartbeat waits up
+    to half of that for its answer, far longer than the pause."""
+
+    def add_broker(self, *args: str) -> BrokerProcess:
+        config = self.root / f"broker{len(self.brokers)}.toml"
+        config.write_text(f"{BROKER_TOML}member_expiry_ms = {MEMBER_EXPIRY_MS}\n")
+        return LocalCluster.add_broker(self, "--config", str(config), *self.broker_args, *args)
+
+
+MEMBER_EXPIRY_MS = 8 * PAUSE_S * 1000
+
+
+class Reading(threading.Thread):
+    """A group member polling until stopped."""
+
+    def __init__(self, cluster: HaCluster, group: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(nameserver=cluster.nameserver, group=group, subscription={topic: "*"})
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with self.consumer:
+            while not self.stopping.is_set():
+                self.consumer.poll(100)
+
+    def queues(self) -> set[int]:
+        return {q.queue_id for q in self.consumer.assignment()}
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(PAUSE_S)
+
+
+@pytest.mark.slow
+def test_a_group_whose_coordinator_is_paused_rebalances_at_the_next_one(tmp_path):
+    """The coordinator of the group leads queue 0: paused, its lease lapses and the group has
+    another coordinator; a member's heartbeat waiting on the paused one is given up, so a member
+    joining meanwhile gets its share."""
+    cluster = LongExpiryCluster(tmp_path).start(nameservers=1, brokers=3)
+    readers: list[Reading] = []
+    try:
+        topic = "ha-paused-coordinator"
+        cluster.create_topic(topic, QUEUES)
+        victim_id, _ = paused_leader(cluster, topic)
+        ids = sorted(broker_id_for(b.address) for b in cluster.brokers)
+        group = next(g for g in (f"g{i}" for i in range(1000)) if ids[coordinator_index(g, len(ids))] == victim_id)
+        readers.append(Reading(cluster, group, topic))
+        readers[0].start()
+        wait_for(lambda: readers[0].queues() == set(range(QUEUES)), 30)
+
+        shared_at: list[float] = []
+
+        def sharing(_: float) -> bool:
+            if len(readers) == 1:
+                readers.append(Reading(cluster, group, topic))  # it joins at the new coordinator
+                readers[1].start()
+            first, second = readers[0].queues(), readers[1].queues()
+            if first and second and not first & second and first | second == set(range(QUEUES)):
+                shared_at.append(time.monotonic())
+            return bool(shared_at)
+
+        moved_at, resumed_at = pause_until(cluster, topic, victim_id, sharing)
+        split = [sorted(r.queues()) for r in readers]
+        assert shared_at and shared_at[0] < resumed_at, (
+            f"the members did not share the queues while the old coordinator was paused ({resumed_at - moved_at:.1f} s"
+            f" after the leaders moved): {split}")
+        print(f"the queues shared {shared_at[0] - moved_at:.1f} s after the leaders moved")
+    finally:
+        for reader in readers:
+            reader.stop()
+        cluster.stop()
