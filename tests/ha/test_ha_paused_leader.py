@@ -5,7 +5,8 @@ would wait for the SDK's request timeout (30 s by default). Its lease lapses aft
 follower takes over; the SDK must then abandon what it sent to the paused broker and retry at the
 new leader (idempotently) — for sync ``send``, ``send_batch``, ``send_async`` and consumers alike.
 Each test pauses the leader for much longer than a failover takes and asserts progress before it
-resumes (ordering, not a time window), then that every acknowledged message is stored once.
+resumes (ordering, not a time window); the sends, that every acknowledged message is stored once.
+Pop consumers and a group whose coordinator is the paused broker are checked alike.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from gms_cluster import LocalCluster
@@ -23,10 +25,11 @@ from test_ha_failover import leader_of, pull_all, wait_full_isr
 
 from gms.broker.groups import coordinator_index
 from gms.broker.server import broker_id_for
-from gms.client import Consumer, Producer, ProducerRecord
+from gms.client import Consumer, Producer, ProducerRecord, SimpleConsumer
 from gms.errors import GmsError
 
 PAUSE_S = 30  # failover takes the lease TTL (2 s) and a few round trips; a slow host, a few times that
+MEMBER_EXPIRY_MS = 8 * PAUSE_S * 1000  # an unanswered heartbeat waits for half of it
 QUEUES = 4
 BATCH = 5
 
@@ -96,28 +99,52 @@ def paused_leader(cluster: HaCluster, topic: str) -> tuple[str, list[int]]:
     return victim, [q.queue_id for q in queues if q.leader == victim]
 
 
-def pause_until(cluster: HaCluster, topic: str, victim_id: str, done: Callable[[float], bool]) -> tuple[float, float]:
-    """SIGSTOP ``victim_id``; once every queue it led has another leader (at ``moved_at``), wait
-    until ``done(moved_at)``; resume it (always, at PAUSE_S at the latest). (moved_at, resumed at)."""
+class Paused(NamedTuple):
+    paused_at: float
+    moved_at: float  # every queue of the paused broker had another leader
+    done_at: float | None  # the test's condition held (None: not while the broker was paused)
+    resumed_at: float
+
+    def describe(self) -> str:
+        return (f"leaders moved {self.moved_at - self.paused_at:.1f} s after the pause, condition met "
+                f"{'never' if self.done_at is None else f'{self.done_at - self.moved_at:.1f} s later'}, "
+                f"resumed after {self.resumed_at - self.paused_at:.1f} s")
+
+
+def pause_until(cluster: HaCluster, topic: str, victim_id: str, done: Callable[[float], bool]) -> Paused:
+    """SIGSTOP ``victim_id``; once every queue it led has another leader (``moved_at``), wait until
+    ``done(moved_at)`` holds, for PAUSE_S at most; then resume it (always)."""
     victim = cluster.broker_by_id(victim_id)
     victim.pause()
     paused_at = time.monotonic()
+    done_at = None
     try:
-        def moved() -> bool:
-            return victim_id not in {q.leader for q in cluster.topic(topic).queues}
-
-        wait_for(moved, PAUSE_S)
+        wait_for(lambda: victim_id not in {q.leader for q in cluster.topic(topic).queues}, PAUSE_S)
         moved_at = time.monotonic()
-        while time.monotonic() - paused_at < PAUSE_S and not done(moved_at):
+        while time.monotonic() - paused_at < PAUSE_S:
+            if done(moved_at):
+                done_at = time.monotonic()
+                break
             time.sleep(0.1)
     finally:
         victim.resume()
-    return moved_at, time.monotonic()
+    return Paused(paused_at, moved_at, done_at, time.monotonic())
 
 
 def worst_gap(times: list[float], start: float, end: float) -> float:
     points = [start, *(t for t in times if start < t < end), end]
     return round(max(b - a for a, b in itertools.pairwise(points)), 1)
+
+
+def acks(sender: Sending) -> dict[bytes, float]:
+    """Each message ``sender`` got acknowledged, with when."""
+    with sender.lock:
+        return dict(zip(sender.acked, sender.ack_times, strict=True))
+
+
+def got_new(senders: list[Sending], got: dict[bytes, float], since: float) -> bool:
+    """Whether, for each sender, a message acknowledged after ``since`` was also got after it."""
+    return all(any(t > since and got.get(b, 0) > since for b, t in acks(s).items()) for s in senders)
 
 
 @pytest.mark.slow
@@ -130,24 +157,19 @@ def test_sends_to_a_paused_leaders_queues_go_on_at_the_new_leader(ha_cluster):
         sender.start()
     try:
         wait_for(lambda: all(s.ack_times for s in senders), 30)
-        paused_at = time.monotonic()
-        moved_at, resumed_at = pause_until(ha_cluster, topic, victim_id,
-                                           lambda since: all(s.acked_since(since) for s in senders))
+        pause = pause_until(ha_cluster, topic, victim_id, lambda since: all(s.acked_since(since) for s in senders))
     finally:
         for sender in senders:
             sender.stop()
-    gaps = {s.name: worst_gap(s.ack_times, paused_at, resumed_at) for s in senders}
-    stalled = [s.name for s in senders if not (moved_at < (s.acked_since(moved_at) or resumed_at) < resumed_at)]
-    assert not stalled, (f"nothing acknowledged from the new leaders while the old one was still paused: {stalled}; "
-                         f"longest time without an ack (s): {gaps}; paused {resumed_at - paused_at:.1f} s, "
-                         f"leaders moved after {moved_at - paused_at:.1f} s")
-    print(f"longest time without an ack (s): {gaps}; leaders moved after {moved_at - paused_at:.1f} s")
+    gaps = {s.name: worst_gap(s.ack_times, pause.paused_at, pause.resumed_at) for s in senders}
+    assert pause.done_at is not None, (f"not every kind of send was acknowledged by the new leaders while the old "
+                                       f"one was paused: {pause.describe()}; longest time without an ack (s): {gaps}")
+    print(f"longest time without an ack (s): {gaps}; {pause.describe()}")
     # Every acknowledged message is stored once, where it was acknowledged, on every replica: the
     # resumed broker rejoins as a follower, its log made the new leader's.
     wait_full_isr(ha_cluster, topic)
     for q in led:
-        stored = pull_all(leader_of(ha_cluster, topic, q).address, topic, q)
-        bodies = [body for _, body in stored]
+        bodies = [body for _, body in pull_all(leader_of(ha_cluster, topic, q).address, topic, q)]
         assert len(bodies) == len(set(bodies)), f"queue {q}: a message stored twice"
     for broker in ha_cluster.brokers:
         broker.stop()
@@ -158,55 +180,67 @@ def test_sends_to_a_paused_leaders_queues_go_on_at_the_new_leader(ha_cluster):
             assert not differ, f"{sender.name}: {len(differ)} acknowledged messages differ on {broker.address}"
 
 
-@pytest.mark.slow
-def test_a_consumer_reads_a_paused_leaders_queues_from_the_new_leader(ha_cluster):
-    topic = "ha-paused-read"
-    ha_cluster.create_topic(topic, QUEUES)
-    victim_id, led = paused_leader(ha_cluster, topic)
-    senders = [Sending(ha_cluster, topic, q, "send") for q in range(QUEUES)]
-    received: dict[bytes, float] = {}
+def run_while_paused(cluster: HaCluster, topic: str, receive: Callable[[threading.Event, dict[bytes, float]], None],
+                     ) -> Paused:
+    """Send to every queue of the paused broker while ``receive(stopping, got)`` records what it
+    got, and when, in ``got``; pause until it got a message acknowledged by each new leader."""
+    victim_id, led = paused_leader(cluster, topic)
+    senders = [Sending(cluster, topic, q, "send") for q in led]
+    got: dict[bytes, float] = {}
     stopping = threading.Event()
-
-    def consume() -> None:
-        with Consumer(nameserver=ha_cluster.nameserver, group="g", subscription={topic: "*"},
-                      start_from="first") as consumer:
-            while not stopping.is_set():
-                for message in consumer.poll(100):
-                    received[message.body] = time.monotonic()
-
-    def first_reads(moved_at: float) -> dict[str, float | None]:
-        """For each queue it led, when the consumer first received (since ``moved_at``) a message
-        acknowledged since then (None: not yet)."""
-        return {s.name: min((r for b, t in sender_acks(s).items()
-                             if t > moved_at and (r := received.get(b, 0)) > moved_at), default=None)
-                for s in senders if s.queue_id in led}
-
-    reader = threading.Thread(target=consume, daemon=True)
-    for thread in [*senders, reader]:
+    receiving = threading.Thread(target=receive, args=(stopping, got), daemon=True)
+    for thread in [*senders, receiving]:
         thread.start()
     try:
-        wait_for(lambda: all(any(b in received for b in s.acked) for s in senders), 30)
-        paused_at = time.monotonic()
-        moved_at, resumed_at = pause_until(ha_cluster, topic, victim_id,
-                                           lambda since: None not in first_reads(since).values())
+        wait_for(lambda: all(any(b in got for b in s.acked) for s in senders), 30)
+        return pause_until(cluster, topic, victim_id, lambda since: got_new(senders, got, since))
     finally:
         stopping.set()
         for sender in senders:
             sender.stop()
-        reader.join(PAUSE_S)
-    first = {name: t if t is None else round(t - paused_at, 1) for name, t in first_reads(moved_at).items()}
-    late = [name for name, t in first.items() if t is None or paused_at + t >= resumed_at]
-    assert not late, (f"nothing the new leaders acknowledged was read while the old one was paused: {late}; first "
-                      f"read after the pause (s): {first}; paused {resumed_at - paused_at:.1f} s, leaders moved "
-                      f"after {moved_at - paused_at:.1f} s")
-    print(f"first read from the new leaders after the pause (s): {first}; leaders moved after "
-          f"{moved_at - paused_at:.1f} s")
+        receiving.join(PAUSE_S)
 
 
-def sender_acks(sender: Sending) -> dict[bytes, float]:
-    """Each message ``sender`` got acknowledged, with when."""
-    with sender.lock:
-        return dict(zip(sender.acked, sender.ack_times, strict=True))
+@pytest.mark.slow
+def test_a_consumer_reads_a_paused_leaders_queues_from_the_new_leader(ha_cluster):
+    topic = "ha-paused-read"
+    ha_cluster.create_topic(topic, QUEUES)
+
+    def consume(stopping: threading.Event, got: dict[bytes, float]) -> None:
+        with Consumer(nameserver=ha_cluster.nameserver, group="g", subscription={topic: "*"},
+                      start_from="first") as consumer:
+            while not stopping.is_set():
+                for message in consumer.poll(100):
+                    got[message.body] = time.monotonic()
+
+    pause = run_while_paused(ha_cluster, topic, consume)
+    assert pause.done_at is not None, f"nothing the new leaders acknowledged was read meanwhile: {pause.describe()}"
+    print(pause.describe())
+
+
+@pytest.mark.slow
+def test_a_pop_consumer_pops_a_paused_leaders_queues_at_the_new_leader(ha_cluster):
+    topic = "ha-paused-pop"
+    ha_cluster.create_topic(topic, QUEUES)
+
+    def pop(stopping: threading.Event, got: dict[bytes, float]) -> None:
+        consumer = SimpleConsumer(nameserver=ha_cluster.nameserver, group="g", subscription={topic: "*"},
+                                  start_from="first", await_duration_ms=200)
+        try:
+            while not stopping.is_set():
+                try:
+                    messages = consumer.receive(64)
+                    consumer.ack(messages)
+                except GmsError:
+                    continue
+                for message in messages:
+                    got[bytes(message.body)] = time.monotonic()
+        finally:
+            consumer.close()
+
+    pause = run_while_paused(ha_cluster, topic, pop)
+    assert pause.done_at is not None, f"nothing the new leaders acknowledged was popped meanwhile: {pause.describe()}"
+    print(pause.describe())
 
 
 class LongExpiryCluster(HaCluster):
@@ -217,9 +251,6 @@ class LongExpiryCluster(HaCluster):
         config = self.root / f"broker{len(self.brokers)}.toml"
         config.write_text(f"{BROKER_TOML}member_expiry_ms = {MEMBER_EXPIRY_MS}\n")
         return LocalCluster.add_broker(self, "--config", str(config), *self.broker_args, *args)
-
-
-MEMBER_EXPIRY_MS = 8 * PAUSE_S * 1000
 
 
 class Reading(threading.Thread):
@@ -260,23 +291,17 @@ def test_a_group_whose_coordinator_is_paused_rebalances_at_the_next_one(tmp_path
         readers[0].start()
         wait_for(lambda: readers[0].queues() == set(range(QUEUES)), 30)
 
-        shared_at: list[float] = []
-
-        def sharing(_: float) -> bool:
+        def shared(_: float) -> bool:
             if len(readers) == 1:
                 readers.append(Reading(cluster, group, topic))  # it joins at the new coordinator
                 readers[1].start()
             first, second = readers[0].queues(), readers[1].queues()
-            if first and second and not first & second and first | second == set(range(QUEUES)):
-                shared_at.append(time.monotonic())
-            return bool(shared_at)
+            return bool(first and second and not first & second and first | second == set(range(QUEUES)))
 
-        moved_at, resumed_at = pause_until(cluster, topic, victim_id, sharing)
-        split = [sorted(r.queues()) for r in readers]
-        assert shared_at and shared_at[0] < resumed_at, (
-            f"the members did not share the queues while the old coordinator was paused ({resumed_at - moved_at:.1f} s"
-            f" after the leaders moved): {split}")
-        print(f"the queues shared {shared_at[0] - moved_at:.1f} s after the leaders moved")
+        pause = pause_until(cluster, topic, victim_id, shared)
+        assert pause.done_at is not None, (f"the members did not share the queues while the old coordinator was "
+                                           f"paused: {[sorted(r.queues()) for r in readers]}; {pause.describe()}")
+        print(pause.describe())
     finally:
         for reader in readers:
             reader.stop()
