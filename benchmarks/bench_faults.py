@@ -18,7 +18,8 @@ shuffled blocks of all three, so every kind occurs once per three rounds.
 
 - ``kill``: SIGKILL the leader of a random queue, restart it on the same port and store after a
   random 0.2 .. lease TTL + 1.5 s (a restart within the lease is the KIP-966 case);
-- ``pause``: SIGSTOP the leader of a random queue for lease TTL + 1 .. + 3 s, then SIGCONT;
+- ``pause``: SIGSTOP the leader of a random queue for 3 × lease TTL + 2 .. + 4 s (long enough to
+  tell a failover from waiting for the broker to come back), then SIGCONT;
 - ``bitflip``: stop a random broker (SIGKILL or SIGTERM, at random), flip one random bit in the
   CRC-covered bytes (record offset 40 .. end: header fields, topic, host, body) of a random
   record of the topic among the older half of its commitlog, then restart it. The message hit
@@ -53,9 +54,12 @@ benchmark keeps every body it sent. The one JSON line:
   within 30 s (the rounds of that setup stop there; the broker log tail goes to stderr);
 - ``max_unavailable_s``: the cluster's longest time, over all queues and rounds, between two
   acks=-1 acknowledgements of a queue's pinned producer, counted from the fault until the end
-  of its round (target: lease TTL + 1 s, ``unavailable_target_s``; the producers' SDK request
-  timeout, ``--request-timeout-ms``, is part of it: a send in flight to a paused leader fails
-  only then);
+  of its round (target: lease TTL + 1 s, ``unavailable_target_s``);
+- ``paused_leader_worst_gap_s``: the same over the queues a paused broker led, from the SIGSTOP
+  until the end of its round (target: lease TTL + 1 s: a send in flight to the paused broker is
+  given up once another broker leads its queue, not at the SDK's request timeout,
+  ``--request-timeout-ms``, 30 s by default as in the SDK); ``paused_leader_gaps_s`` has one
+  ``{queue: longest gap}`` per pause round of the cluster;
 
 and for reference the seed, the lease TTL, ``sent``, ``damaged_deliberately``,
 ``damaged_reported`` (records the broker answered as damaged in the final reads),
@@ -88,6 +92,7 @@ from typing import Any
 from isal.isal_zlib import crc32
 
 from gms.client import Admin, Consumer, DamagedRecord, Producer, ProducerRecord
+from gms.client.runtime import REQUEST_TIMEOUT_MS
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata
 from gms.errors import GmsError
@@ -324,16 +329,19 @@ def consumer_positions(consumer: Consumer, queues: list[tuple[str, int]]) -> dic
 class LiveConsumer(threading.Thread):
     """A consumer of its own group reading from the first offset while the faults happen."""
 
-    def __init__(self, nameserver: str, topic: str, queues: int, ledger: Ledger, progress: Progress) -> None:
+    def __init__(self, nameserver: str, topic: str, queues: int, ledger: Ledger, progress: Progress,
+                 request_timeout_ms: float) -> None:
         super().__init__(name=f"live-{topic}", daemon=True)
         self.nameserver, self.topic, self.ledger, self.progress = nameserver, topic, ledger, progress
+        self.request_timeout_ms = request_timeout_ms
         self.queues = [(topic, q) for q in range(queues)]
         self.stopping = threading.Event()
         self.received = 0
 
     def run(self) -> None:
         with Consumer(nameserver=self.nameserver, group=f"live-{self.topic}", subscription={self.topic: "*"},
-                      start_from="first", on_damaged=self.ledger.damaged, request_timeout_ms=1000) as consumer:
+                      start_from="first", on_damaged=self.ledger.damaged,
+                      request_timeout_ms=self.request_timeout_ms) as consumer:
             while not self.stopping.is_set():
                 try:
                     for message in consumer.poll(200):
@@ -414,6 +422,7 @@ class Setup:
         self.settle_timeouts = 0
         self.faults: Counter[str] = Counter()
         self.unavailable: list[tuple[str, float]] = []  # (fault kind, longest gap of its round)
+        self.paused_gaps: list[dict[int, float]] = []  # per pause round: queue the paused broker led -> gap
         root.mkdir()
         self.nameserver, by_address = start_cluster(root, self.procs, broker_toml, brokers)
         self.brokers = [Broker(f"b{i}", a, p) for i, (a, p) in enumerate(by_address.items())]
@@ -471,6 +480,11 @@ class Setup:
                 log(f"{self.name}: not whole after {SETTLE_TIMEOUT_S} s")
                 return time.monotonic() - started
             time.sleep(0.1)
+
+    def queues_led_by(self, broker: Broker) -> list[int]:
+        by_id = {b.broker_id: b.address for b in self.etcd.live_brokers()}
+        queues = self.etcd.get_topic(self.topic).queues
+        return [q.queue_id for q in queues if by_id.get(q.leader or "") == broker.address]
 
     def leader_of_random_queue(self, rng: random.Random) -> tuple[int, Broker]:
         topic = self.etcd.get_topic(self.topic)
@@ -602,7 +616,8 @@ def run_round(setup: Setup, index: int, kind: str, rng: random.Random, steady_s:
         time.sleep(delay)
         ok = setup.restart(leader)
     elif kind == "pause":
-        pause = rng.uniform(ttl + 1, ttl + 3)
+        pause = rng.uniform(3 * ttl + 2, 3 * ttl + 4)
+        led = setup.queues_led_by(leader)
         log(f"{setup.name} round {index}: SIGSTOP {leader.name} ({leader.address}, leader of queue {queue}) "
             f"for {pause:.1f} s")
         os.kill(leader.proc.pid, signal.SIGSTOP)
@@ -633,6 +648,10 @@ def run_round(setup: Setup, index: int, kind: str, rng: random.Random, steady_s:
         gaps = {q: longest_gap(list(times), started, ended) for q, times in setup.ledger.ack_times.items()}
     longest = max(gaps.values(), default=ended - started)
     setup.unavailable.append((kind, longest))
+    if kind == "pause":
+        setup.paused_gaps.append({q: round(gaps.get((setup.topic, q), ended - started), 2) for q in led})
+        log(f"{setup.name} round {index}: longest time without an ack on the queues the paused broker led "
+            f"{setup.paused_gaps[-1]}")
     log(f"{setup.name} round {index}: longest time without an ack per queue "
         f"{ {q[1]: round(g, 2) for q, g in sorted(gaps.items())} }")
     return ok
@@ -647,7 +666,7 @@ def run_setup(setup: Setup, rounds: int, rng: random.Random, seed: int, steady_s
     producers.append(Producing(f"{setup.name[0]}b", setup.nameserver, setup.topic, None, setup.acks, ledger,
                                seed * 100 + 99, timeout_ms))
     progress = Progress(f"live-{setup.topic}", ledger, setup.args.stuck_s)
-    live = LiveConsumer(setup.nameserver, setup.topic, setup.queues, ledger, progress)
+    live = LiveConsumer(setup.nameserver, setup.topic, setup.queues, ledger, progress, timeout_ms)
     watchdog = Watchdog(progress, queues)
     threads: list[Any] = [*producers, live, watchdog]
     for thread in threads:
@@ -693,8 +712,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="fault rounds per setup (default 6 with --quick, else 15)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--lease-ttl-s", type=int, default=2)
-    parser.add_argument("--request-timeout-ms", type=float, default=500,
-                        help="the producers' SDK request timeout (a paused leader costs up to this much more)")
+    parser.add_argument("--request-timeout-ms", type=float, default=REQUEST_TIMEOUT_MS,
+                        help="the producers' and the live consumer's SDK request timeout (default: the SDK's)")
     parser.add_argument("--stuck-s", type=float, default=10.0,
                         help="a consumer with work that makes no progress this long is stuck")
     args = parser.parse_args()
@@ -736,6 +755,8 @@ def main() -> None:
         "unavailable_target_s": args.lease_ttl_s + 1,
         "lease_ttl_s": args.lease_ttl_s,
         "request_timeout_ms": args.request_timeout_ms,
+        "paused_leader_worst_gap_s": round(max((g for r in cluster.paused_gaps for g in r.values()), default=0.0), 2),
+        "paused_leader_gaps_s": cluster.paused_gaps,
         "max_unavailable_s_by_fault": {kind: round(max(g for k, g in cluster.unavailable if k == kind), 2)
                                        for kind in sorted({k for k, _ in cluster.unavailable})},
         "sent": total["sent"],

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gms.client.connections import msg_id_prefix
-from gms.client.routing import RouteProvider
+from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, LeaderMovedError, RouteProvider, leader_request
 from gms.client.runtime import ClientRuntime
 from gms.client.structs import DamagedRecord, MessageBatch, ReceivedMessages
 from gms.errors import (
@@ -31,6 +31,7 @@ from gms.errors import (
     ServiceUnavailableError,
 )
 from gms.protocol.codes import RequestCode
+from gms.protocol.frame import Frame
 from gms.record import (
     FieldOffsets,
     RecordCheck,
@@ -148,7 +149,7 @@ class FetchBuffer:
 
 
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.
-LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError)
+LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError, LeaderMovedError)
 
 # Where a queue starts: (position, committed offset or None), asked when no position is given.
 StartOffset = Callable[[TopicQueue], Awaitable[tuple[int, int | None]]]
@@ -214,6 +215,12 @@ class Fetcher:
         timeout_ms = self._long_poll_ms + self._runtime.request_timeout_ms
         pool = self._runtime.pool
         routes = self._runtime.routes
+
+        def pull(broker: str, fields: Mapping[str, Any]) -> Awaitable[Frame]:
+            """PULL from ``broker``, given up once another broker leads the queue (LeaderMovedError)."""
+            return leader_request(routes, pool, key.topic, key.queue_id, broker, RequestCode.PULL, fields,
+                                  timeout_ms=timeout_ms, check_interval_ms=LONG_POLL_LEADER_CHECK_INTERVAL_MS)
+
         ahead: _ReadAhead | None = None
         step = 0  # the offsets the last two answers each advanced by, when they agree; else 0
         last_advanced = 0
@@ -226,14 +233,13 @@ class Fetcher:
                         broker, pending = ahead.broker, ahead.task
                     else:
                         broker = await leader_of(routes, key)
-                        pending = asyncio.ensure_future(
-                            pool.request(broker, RequestCode.PULL, fields, timeout_ms=timeout_ms))
+                        pending = asyncio.ensure_future(pull(broker, fields))
                     if ahead is not None and ahead.task is not pending:
                         ahead.drop()
                     ahead = None
                     if step:  # ask for the answer after this one now: it is there, at offset + step
-                        ahead = _ReadAhead(offset + step, broker, asyncio.ensure_future(pool.request(
-                            broker, RequestCode.PULL, {**fields, "offset": offset + step}, timeout_ms=timeout_ms)))
+                        ahead = _ReadAhead(offset + step, broker, asyncio.ensure_future(
+                            pull(broker, {**fields, "offset": offset + step})))
                     frame = await pending
                     messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter,
                                                 verify_crc=not frame.fields.get("crc_checked", False))

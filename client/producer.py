@@ -17,7 +17,7 @@ import logging
 import random
 import socket
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -27,7 +27,16 @@ from gms.client.accumulator import Accumulator
 from gms.client.connections import BlockingPool, msg_id_prefix
 from gms.client.delivery import deliver_at_ms
 from gms.client.idempotence import Sequencer, Ticket, random_producer_id
-from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, NameserverRoutes, QueueRoute
+from gms.client.routing import (
+    LEADER_CHECK_INTERVAL_MS,
+    UNREACHABLE_ERRORS,
+    BrokerFaults,
+    LeaderMovedError,
+    NameserverRoutes,
+    QueueRoute,
+    leader_moved,
+    leader_request,
+)
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import SendFuture, SendResult, SendResults
 from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
@@ -113,7 +122,6 @@ class _Sender:
         failed so; retry it here as if it had failed here. ``ticket``: the idempotent producer's
         number of ``body``: its attempts go in the order of its queue's batches (client/idempotence.py)."""
         acks = self._acks if acks is None else acks
-        pool = self._runtime.pool
         sequencer = cast(Sequencer, self.sequencer)  # set whenever a ticket is given
         stamped = None if ticket is None else ticket.first  # the stamp ``body`` carries
         oldest = False  # the batch's last attempt left when no earlier one of its queue was out
@@ -134,9 +142,9 @@ class _Sender:
                             stamp_sequence(body, stamped)
                         oldest = ticket.oldest
                     if acks == 0:
-                        await pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
+                        await self._runtime.pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
                         return []
-                    frame = await pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+                    frame = await self._request(route, acks, body)
                 except (TopicNotFoundError, QueueNotFoundError) as err:
                     # The route may be newer than the broker's queues (created a moment ago) or stale.
                     if attempt >= self._retries or not await self._still_routed(route):
@@ -197,6 +205,15 @@ class _Sender:
             sequencer.failed(ticket)
             return True
         return False
+
+    def _request(self, route: QueueRoute, acks: int, body: bytearray) -> Awaitable[Frame]:
+        """SEND_BATCH to ``route``'s leader; a replicated queue's is given up once another broker
+        leads the queue (its broker lost its lease: paused, cut off), not at the request timeout."""
+        runtime = self._runtime
+        if not route.replicated:
+            return runtime.pool.request(route.broker, RequestCode.SEND_BATCH, {"acks": acks}, body)
+        return leader_request(runtime.routes, runtime.pool, route.topic, route.queue_id, route.broker,
+                              RequestCode.SEND_BATCH, {"acks": acks}, body)
 
     async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
                           movable: bool = False) -> SendResults | list[SendResult]:
@@ -482,9 +499,12 @@ class Producer:
             conn = self._blocking.acquire(route.broker)
             if conn is None:
                 return None, None
+            # A replicated queue's send is given up once another broker leads the queue.
+            abandon = (lambda: self._leader_moved(route)) if route.replicated else None
             try:
                 frame = conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records,
-                                     timeout_ms=self._request_timeout_ms)
+                                     timeout_ms=self._request_timeout_ms, abandon=abandon,
+                                     check_interval_ms=LEADER_CHECK_INTERVAL_MS)
             finally:
                 self._blocking.release(route.broker, conn)
         except GmsError as err:
@@ -492,6 +512,12 @@ class Producer:
         if ticket is not None:
             sequencer.acked(ticket)
         return frame, None
+
+    def _leader_moved(self, route: QueueRoute) -> LeaderMovedError | None:
+        """Asked while a blocking send waits: has another broker taken ``route``'s queue over?"""
+        moved = leader_moved(self._runtime.routes, route.topic, route.queue_id, route.broker,
+                             LEADER_CHECK_INTERVAL_MS / 1000)
+        return self._runtime.run(moved, self._call_timeout_ms)
 
     def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
         """Send many messages, one request per target queue; results are in input order.

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from gms.client.fetcher import Fetcher, QueueState, TopicQueue, leader_of
 from gms.client.local_offsets import LocalOffsetStore
+from gms.client.routing import abandon_when, leader_request
 from gms.client.runtime import ClientRuntime
 from gms.errors import (
     ForbiddenError,
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 StartFrom = str | int  # "last", "first" or a timestamp in ms
 NO_COMMITTED_OFFSET = -1
 HEARTBEAT_RETRY_MS = 200
+# While a heartbeat waits, whether its coordinator is still registered is asked this often.
+COORDINATOR_CHECK_INTERVAL_MS = 1000
 DEFAULT_MEMBER_EXPIRY_MS = 30_000  # until the coordinator said its own
 LEAVE_TIMEOUT_S = 5.0  # close() waits this long at most to say it leaves
 TOPIC_LAG_S = 5.0  # a coordinator may learn of a new topic this much after the nameserver
@@ -123,16 +126,23 @@ class Membership:
         """COMMIT_OFFSET to each queue's leader; ``release`` ends this member's claims there."""
         routes = self._runtime.routes
         by_broker: dict[str, dict[str, list[list[object]]]] = defaultdict(lambda: {"offsets": [], "release": []})
+        first: dict[str, TopicQueue] = {}  # a queue of each broker's request
         for queue, offset in offsets.items():
-            by_broker[await leader_of(routes, queue)]["offsets"].append([queue.topic, queue.queue_id, offset])
+            broker = await leader_of(routes, queue)
+            by_broker[broker]["offsets"].append([queue.topic, queue.queue_id, offset])
+            first.setdefault(broker, queue)
         for queue in release:
             try:
-                by_broker[await leader_of(routes, queue)]["release"].append([queue.topic, queue.queue_id])
+                broker = await leader_of(routes, queue)
             except ServiceUnavailableError:
-                pass  # no leader now: the claim lapses by itself
+                continue  # no leader now: the claim lapses by itself
+            by_broker[broker]["release"].append([queue.topic, queue.queue_id])
+            first.setdefault(broker, queue)
+        # Given up once the first queue of a broker's request has another leader (its broker lost
+        # its lease): the next commit goes to the new one.
         await asyncio.gather(*(
-            self._runtime.pool.request(broker, RequestCode.COMMIT_OFFSET,
-                                       {"group": self._group, "member": self._member, **items})
+            leader_request(routes, self._runtime.pool, first[broker].topic, first[broker].queue_id, broker,
+                           RequestCode.COMMIT_OFFSET, {"group": self._group, "member": self._member, **items})
             for broker, items in by_broker.items()))
 
     async def restart(self, state: QueueState, position: int | None) -> None:
@@ -261,26 +271,43 @@ class Membership:
         """One heartbeat to the coordinator. The routes named every subscribed topic, so a
         coordinator that does not know one yet has not heard of its creation: asked again for
         up to TOPIC_LAG_S."""
-        pool = self._runtime.pool
         deadline = time.monotonic() + TOPIC_LAG_S
         while True:
             try:
                 try:
-                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+                    return await self._beat_once(fields)
                 except NotCoordinatorError as err:
                     self._coordinator = err.fields.get("coordinator") or None
-                    return await pool.request(await self._find_coordinator(), RequestCode.HEARTBEAT, fields)
+                    return await self._beat_once(fields)
             except TopicNotFoundError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(TOPIC_LAG_RETRY_S)
 
+    async def _beat_once(self, fields: dict[str, Any]) -> Frame:
+        """HEARTBEAT to the coordinator, given up once it is no longer registered (a paused
+        broker's lease lapses: the group has another coordinator then)."""
+        coordinator = await self._find_coordinator()
+
+        async def unregistered() -> GmsError | None:
+            try:
+                if coordinator in await self._runtime.routes.live_brokers():
+                    return None
+            except GmsError:
+                return None  # not known now: the heartbeat waits on
+            return ServiceUnavailableError(f"the coordinator {coordinator} of group {self._group} did not answer"
+                                           " and is no longer registered: heartbeat abandoned")
+
+        return await abandon_when(self._runtime.pool.request(coordinator, RequestCode.HEARTBEAT, fields),
+                                  unregistered, COORDINATOR_CHECK_INTERVAL_MS)
+
     async def _find_coordinator(self) -> str:
-        """The group's coordinator, asking the known brokers (then the live ones) if unknown."""
+        """The group's coordinator, asking the live brokers (then the others known) if unknown."""
         if self._coordinator is not None:
             return self._coordinator
         routes = self._runtime.routes
-        candidates = list(dict.fromkeys([*routes.brokers, *await routes.live_brokers()]))
+        # The registered brokers first: a paused one that lost its lease would not answer.
+        candidates = list(dict.fromkeys([*await routes.live_brokers(), *routes.brokers]))
         failures = []
         for broker in candidates:
             try:
@@ -330,9 +357,8 @@ class Membership:
         """(position, committed) of a newly assigned queue: the committed offset (the group's on
         the queue's leader, or this instance's own when broadcasting), else ``start_from``."""
         if self._clustering:
-            frame = await self._runtime.pool.request(
-                await leader_of(self._runtime.routes, queue), RequestCode.FETCH_OFFSET,
-                {"group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
+            frame = await self._leader_request(queue, RequestCode.FETCH_OFFSET, {
+                "group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
             committed: int | None = frame.fields["offsets"][0]
         else:
             committed = None if self._local_offsets is None else self._local_offsets.get(queue)
@@ -350,5 +376,11 @@ class Membership:
         else:
             code = RequestCode.QUERY_OFFSET_BY_TIME
             fields["timestamp_ms"] = int(where)
-        frame = await self._runtime.pool.request(await leader_of(self._runtime.routes, queue), code, fields)
+        frame = await self._leader_request(queue, code, fields)
         return int(frame.fields["offset"])
+
+    async def _leader_request(self, queue: TopicQueue, code: int, fields: Mapping[str, Any]) -> Frame:
+        """``code`` to ``queue``'s leader, given up once another broker leads it (LeaderMovedError)."""
+        routes = self._runtime.routes
+        return await leader_request(routes, self._runtime.pool, queue.topic, queue.queue_id,
+                                    await leader_of(routes, queue), code, fields)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from gms.client.connections import ConnectionPool, parse_address
@@ -25,7 +25,7 @@ from gms.errors import (
 )
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
-from gms.protocol.frame import Frame
+from gms.protocol.frame import Body, Frame
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,12 @@ NAMESERVER_REQUEST_TIMEOUT_MS = 3000
 FAULT_PENALTY_MS = 5000
 # Failures that say "this broker is unreachable" rather than "this request is wrong".
 UNREACHABLE_ERRORS = (ServiceUnavailableError, ConnectionClosedError, RequestTimeoutError)
+# A request to a replicated queue's leader that has waited this long has the routes checked (again
+# at this interval, one GET_ROUTE per topic for all its waiting requests): a paused or cut-off
+# leader answers nothing, and once another broker leads the queue the request is abandoned.
+LEADER_CHECK_INTERVAL_MS = 250
+# The same for long polls (PULL, POP), which wait on a healthy leader too: less often.
+LONG_POLL_LEADER_CHECK_INTERVAL_MS = 1000
 
 
 class QueueRoute(NamedTuple):
@@ -67,7 +73,22 @@ class RouteProvider(Protocol):
     def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
         """Where to send to a topic no route names (None: the topic does not exist)."""
 
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        """The broker leading ``topic``'s queue ``queue_id`` (None: any of its queues) in routes at
+        most ``max_age_s`` old, if ``broker`` no longer leads it; None while it does, or if unknown."""
+
     def invalidate(self) -> None: ...
+
+
+class LeaderMovedError(RequestTimeoutError):
+    """A request abandoned unanswered because another broker leads its queue now (its broker lost
+    its lease: paused, cut off). Like a timeout, it may have taken effect there; retry at
+    ``leader``, where an idempotent producer's retry is recognised if it did."""
+
+    def __init__(self, topic: str, queue_id: int | None, broker: str, leader: str) -> None:
+        where = f"{topic}/{queue_id}" if queue_id is not None else f"any queue of {topic}"
+        super().__init__(f"{broker} did not answer and no longer leads {where} ({leader} does): request abandoned")
+        self.leader = leader
 
 
 class NameserversUnavailableError(ServiceUnavailableError):
@@ -121,6 +142,9 @@ class StaticRoutes:
 
     def invalidate(self) -> None:
         self._fetched_at = float("-inf")
+
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        return None  # unreplicated brokers: a queue never moves to another one
 
     async def refresh(self) -> None:
         """Ask every broker for its topics (one refresh at a time, shared by all callers)."""
@@ -206,13 +230,26 @@ class NameserverRoutes:
         return entry.routes
 
     async def routes(self, topic: str) -> list[QueueRoute]:
-        found = self.cached(topic)
-        if found is not None:
-            return found
+        return await self._routes(topic, self._refresh_interval_s)
+
+    async def _routes(self, topic: str, max_age_s: float) -> list[QueueRoute]:
+        entry = self._table.get(topic)
+        if entry is not None and time.monotonic() - entry.fetched_at <= max_age_s:
+            return entry.routes
         task = self._fetching.get(topic)
         if task is None or task.done():  # one fetch per topic at a time, shared by all callers
             task = self._fetching[topic] = asyncio.ensure_future(self._fetch(topic))
         return await asyncio.shield(task)
+
+    async def new_leader(self, topic: str, queue_id: int | None, broker: str, max_age_s: float) -> str | None:
+        try:
+            routes = await self._routes(topic, max_age_s)
+        except GmsError:
+            return None  # no answer now: the request waits on
+        leaders = {r.broker for r in routes if queue_id is None or r.queue_id == queue_id}
+        if not leaders or broker in leaders:
+            return None  # a queue whose leader is not registered is left out: no successor yet
+        return min(leaders)
 
     def unknown_topic_route(self, topic: str, queue: int | None) -> QueueRoute | None:
         return None  # the nameservers are the authority: an unknown topic does not exist
@@ -281,6 +318,45 @@ class NameserverRoutes:
                 f"no queue of topic {topic!r} has a live broker now; retry when a broker is back")
         self._table[topic] = _CachedRoute(routes, time.monotonic())
         return routes
+
+async def abandon_when(request: Awaitable[Frame], check: Callable[[], Awaitable[GmsError | None]],
+                       check_interval_ms: float) -> Frame:
+    """``request``'s answer. While it waits, ``check()`` is asked every ``check_interval_ms``: an
+    error it returns gives the request up (a late answer is dropped) and is raised."""
+    task = asyncio.ensure_future(request)
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=check_interval_ms / 1000)
+            if done:
+                return task.result()
+            error = await check()
+            if error is not None and not task.done():
+                raise error
+    finally:
+        task.cancel()  # a no-op once done
+
+
+async def leader_moved(routes: RouteProvider, topic: str, queue_id: int | None, broker: str,
+                       max_age_s: float) -> LeaderMovedError | None:
+    """The error to give a request to ``broker`` up with if routes at most ``max_age_s`` old name
+    another leader of ``topic``'s queue ``queue_id`` (None: ``broker`` leads none of the topic's)."""
+    leader = await routes.new_leader(topic, queue_id, broker, max_age_s)
+    return None if leader is None else LeaderMovedError(topic, queue_id, broker, leader)
+
+
+async def leader_request(routes: RouteProvider, pool: ConnectionPool, topic: str, queue_id: int | None,
+                         broker: str, code: int, fields: Mapping[str, Any] | None = None, body: Body = b"", *,
+                         timeout_ms: float | None = None,
+                         check_interval_ms: float = LEADER_CHECK_INTERVAL_MS) -> Frame:
+    """``code`` to ``broker``, the leader of ``topic``'s queue ``queue_id`` (None: of some queue of
+    ``topic``) when the routes were read, given up with :class:`LeaderMovedError` as soon as the
+    routes (checked every ``check_interval_ms`` while it waits) name another leader, instead of
+    waiting out ``timeout_ms`` on a broker that lost its lease (a paused process keeps its
+    connections open and answers nothing)."""
+    max_age_s = check_interval_ms / 1000
+    return await abandon_when(pool.request(broker, code, fields, body, timeout_ms=timeout_ms),
+                              lambda: leader_moved(routes, topic, queue_id, broker, max_age_s), check_interval_ms)
+
 
 class BrokerFaults:
     """Brokers that just failed, avoided by queue selection for ``penalty_ms``.

@@ -26,6 +26,7 @@ from gms.client.fetcher import LEADER_LOST_ERRORS, TopicQueue, leader_of
 from gms.client.producer import Producer
 from gms.client.rebalance import StartFrom
 from gms.client.retries import ensure_topic, load_group_settings, retry_delay_ms, retry_plan
+from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, leader_request
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
 from gms.client.subscriptions import Sql, parse_subscription
@@ -112,8 +113,11 @@ class PopClient:
             "start": self.start_from, "fifo": self.fifo}
         if self.subscription[topic].sql:
             fields["sql"] = self.subscription[topic].sql
-        frame = await self.runtime.pool.request(broker, RequestCode.POP_MESSAGE, fields,
-                                                timeout_ms=wait_ms + self.runtime.request_timeout_ms)
+        # Given up once ``broker`` leads no queue of the topic any more (it lost its lease).
+        frame = await leader_request(self.runtime.routes, self.runtime.pool, topic, None, broker,
+                                     RequestCode.POP_MESSAGE, fields,
+                                     timeout_ms=wait_ms + self.runtime.request_timeout_ms,
+                                     check_interval_ms=LONG_POLL_LEADER_CHECK_INTERVAL_MS)
         body = frame.body
         if not body:
             return Popped(ReceivedMessages(), ReceivedMessages())
@@ -154,7 +158,8 @@ class PopClient:
 
     async def _ack(self, topic: str, broker: str, queue_ids: np.ndarray, offsets: np.ndarray,
                    attempts: np.ndarray) -> list[ReceiptHandle]:
-        frame = await self.runtime.pool.request(broker, RequestCode.ACK_MESSAGE, {
+        frame = await leader_request(self.runtime.routes, self.runtime.pool, topic, int(queue_ids[0]), broker,
+                                     RequestCode.ACK_MESSAGE, {
             "group": self.group, "topic": topic, "queue_ids": int_array(queue_ids, QUEUE_ID_ARRAY),
             "offsets": int_array(offsets, OFFSET_ARRAY), "attempts": int_array(attempts, QUEUE_ID_ARRAY)})
         expired = {(q, o) for q, o in frame.fields.get("expired", [])}
@@ -170,7 +175,8 @@ class PopClient:
         for attempt in range(ROUTE_RETRIES + 1):
             broker = await leader_of(self.runtime.routes, TopicQueue(handle.topic, handle.queue_id))
             try:
-                frame = await self.runtime.pool.request(broker, RequestCode.CHANGE_INVISIBLE_DURATION, fields)
+                frame = await leader_request(self.runtime.routes, self.runtime.pool, handle.topic, handle.queue_id,
+                                             broker, RequestCode.CHANGE_INVISIBLE_DURATION, fields)
                 return int(frame.fields["visible_at"])
             except LEADER_LOST_ERRORS:
                 if attempt == ROUTE_RETRIES:

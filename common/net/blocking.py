@@ -15,11 +15,12 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gms.errors import (
     ConnectionClosedError,
+    GmsError,
     ProtocolError,
     RequestTimeoutError,
     ServiceUnavailableError,
@@ -42,6 +43,18 @@ _SEND_BUFFERS_MAX = 16
 # SO_RCVTIMEO / SO_SNDTIMEO take a struct timeval; 0 would mean "no timeout".
 _TIMEVAL = struct.Struct("@ll")
 _TIMEOUT_US_MIN = 1
+
+
+# A kernel timeout fails with EAGAIN (under TLS: the SSL layer's "want read/write").
+_TIMEOUT_ERRORS = (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class _Abandoned(Exception):
+    """Carries the error an ``abandon`` check gave past the timeout handling."""
+
+    def __init__(self, error: GmsError) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def _nbytes(part: Buffer) -> int:
@@ -116,10 +129,13 @@ class BlockingConnection:
             self._timeout_s = timeout_s
 
     def request(self, code: int, fields: Mapping[str, Any] | None = None, body: Body = b"", *,
-                timeout_ms: float) -> Frame:
+                timeout_ms: float, abandon: Callable[[], GmsError | None] | None = None,
+                check_interval_ms: float = 0) -> Frame:
         """Send a request and wait for its response; non-success statuses raise.
 
-        Any failure but an error status closes the connection: a late response would
+        ``abandon`` is asked every ``check_interval_ms`` while no response came: an error it
+        returns is raised at once (the request is given up; it may still take effect), None waits
+        on. Any failure but an error status closes the connection: a late response would
         otherwise be read as the answer to the next request."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self._peer()} closed")
@@ -127,17 +143,22 @@ class BlockingConnection:
         parts = encode_frame(code, request_id, fields=fields, body=body,
                              frame_size_max_bytes=self._frame_size_max_bytes)
         timeout_s = timeout_ms / 1000
+        wait_s = timeout_s if abandon is None else min(timeout_s, check_interval_ms / 1000)
         try:
-            self._set_timeout(timeout_s)
+            self._set_timeout(wait_s)
             deadline = time.monotonic() + timeout_s
             if len(parts) > _SEND_BUFFERS_MAX or self._tls:
                 parts = [b"".join(parts)]
             sent = self._sock.sendmsg(parts) if not self._tls else self._sock.send(parts[0])
-            if sent < sum(map(_nbytes, parts)):  # socket buffer full
+            if sent < sum(map(_nbytes, parts)):  # socket buffer full: the rest may take the whole timeout
+                self._set_timeout(timeout_s)
                 self._sock.sendall(memoryview(b"".join(parts))[sent:])
-            response = self._read_response(request_id, deadline)
-        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError) as err:
-            # A kernel timeout fails with EAGAIN (under TLS: the SSL layer's "want read/write").
+                self._set_timeout(wait_s)
+            response = self._read_response(request_id, deadline, wait_s, abandon)
+        except _Abandoned as abandoned:
+            self.close()
+            raise abandoned.error from None
+        except _TIMEOUT_ERRORS as err:
             self.close()
             raise RequestTimeoutError(f"no response from {self._peer()} within {timeout_ms} ms") from err
         except OSError as err:
@@ -150,7 +171,10 @@ class BlockingConnection:
             raise error_for_status(response.status, response.error, response.fields)
         return response
 
-    def _read_response(self, request_id: int, deadline: float) -> Frame:
+    def _read_response(self, request_id: int, deadline: float, wait_s: float,
+                       abandon: Callable[[], GmsError | None] | None) -> Frame:
+        """The response to ``request_id``, each receive waiting at most ``wait_s`` (the socket's
+        timeout as set), then asking ``abandon``; the whole response keeps to ``deadline``."""
         decoder = self._decoder
         first = True
         while True:
@@ -167,17 +191,25 @@ class BlockingConnection:
                     f"response {frame.request_id} from {self._peer()} does not answer request {request_id}")
             if frame is Event.CLOSED:
                 raise ConnectionClosedError(f"connection closed by {self._peer()}")
-            if not first:  # a response in pieces: the whole request keeps to its timeout
+            if not first:  # a response in pieces, or a wait checked: the whole request keeps to its timeout
                 remaining_s = deadline - time.monotonic()
                 if remaining_s <= 0:
                     raise TimeoutError("the response did not arrive in time")
-                self._set_timeout(remaining_s)
+                self._set_timeout(min(remaining_s, wait_s))
             received = None
             if first and self._busy_poll_us:  # polled once per request: its first bytes
                 received = recv_polling(self._sock, self._recv_buffer, self._busy_poll_us)
-            if received is None:
-                received = self._sock.recv_into(self._recv_buffer)
             first = False
+            if received is None:
+                try:
+                    received = self._sock.recv_into(self._recv_buffer)
+                except _TIMEOUT_ERRORS:
+                    if abandon is None or time.monotonic() >= deadline:
+                        raise
+                    error = abandon()
+                    if error is not None:
+                        raise _Abandoned(error) from None
+                    continue
             decoder.feed(bytes(self._recv_view[:received]))  # b"" (end of stream) when nothing came
 
     def close(self) -> None:
