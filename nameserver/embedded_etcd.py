@@ -66,7 +66,9 @@ ROOT_USER = "root"
 ROOT_ROLE = "root"
 # The role that carries the gms user's permission on the gms prefix.
 GMS_ROLE = "gms"
-AUTH_SETUP_TIMEOUT_S = 5.0
+# etcd answers its health check before its gRPC side keeps up on a loaded host (seen: a connection
+# not set up within 5 s); a wrong root password still fails at once.
+AUTH_SETUP_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True)
