@@ -136,6 +136,10 @@ class GetResult(NamedTuple):
     offsets: np.ndarray | None = None  # the queue offsets of the records served (status FOUND)
 
 
+# (a commitlog file's view, starts of records in it) -> which of those records to serve (bool mask)
+RecordSelector = Callable[[memoryview, np.ndarray], np.ndarray]
+
+
 class TimerRecord(NamedTuple):
     """A stored record the timer service follows: scheduled, a delivered copy or a cancel."""
 
@@ -962,14 +966,16 @@ class MessageStore:
 
     def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
             max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None,
-            read_limit: int | None = None, coalesce: bool = False) -> GetResult:
+            read_limit: int | None = None, coalesce: bool = False, select: RecordSelector | None = None) -> GetResult:
         """Up to ``max_msgs`` records (and about ``max_bytes``, at least one) from ``offset``,
         skipping entries whose tag hash is not subscribed without reading the commitlog.
 
         ``read_limit`` (a replicated queue's high watermark) hides the offsets at and past it:
         they are answered like the end of the queue, and ``max_offset`` reports the limit.
         ``coalesce`` returns adjacent records as one view (a pull answer sent as-is: a view per
-        record would cost a Python object and a write buffer per message)."""
+        record would cost a Python object and a write buffer per message). ``select`` (an SQL
+        filter's) keeps only the records it selects of those read, once their CRCs held: the
+        others cost no view; none selected (and none damaged) answers NO_MATCHED_MESSAGE."""
         commitlog = self._cl()
         commitlog.reads += 1
         cq = self._queue(topic, queue_id)
@@ -1017,6 +1023,13 @@ class MessageStore:
                 keep[bad] = False
                 phys, sizes, served = phys[keep], sizes[keep], served[keep]
                 runs = self._file_runs(commitlog, phys) if len(phys) else []
+            if select is not None and len(phys):
+                keep = np.concatenate([select(f.view, phys[a:b] - f.base_offset) for f, a, b in runs])
+                if not keep.all():
+                    phys, sizes, served = phys[keep], sizes[keep], served[keep]
+                    runs = self._file_runs(commitlog, phys) if len(phys) else []
+                if not len(phys) and not damaged:
+                    return GetResult(GetStatus.NO_MATCHED_MESSAGE, next_offset, lo, hi, [])
             if coalesce and len(phys):
                 phys, sizes = _runs(phys, sizes)
                 runs = self._file_runs(commitlog, phys)

@@ -390,6 +390,91 @@ static PyObject *slices(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(property_values_doc,
+"property_values(buf, at, lengths, names) -> list[list[str | None]]\n\n"
+"For each name of names (bytes), the value of that property in the properties field of every\n"
+"record (lengths[i] bytes at at[i] of buf, the encoding of record.py: name \\x01 value \\x02 ...),\n"
+"decoded as utf-8 with errors replaced; None where a record lacks it. A value runs to its\n"
+"property's \\x02 (an unterminated last property is no property); of a name given twice the\n"
+"last value counts. at and lengths: contiguous int64 arrays of one length, inside buf.");
+
+#define PROP_NAME_VALUE_SEPARATOR 0x01
+#define PROP_SEPARATOR 0x02
+
+static PyObject *property_values(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *at_obj, *lengths_obj, *names_obj;
+    if (!PyArg_ParseTuple(args, "OOOO!:property_values", &buf_obj, &at_obj, &lengths_obj, &PyTuple_Type, &names_obj))
+        return NULL;
+    Py_ssize_t n_names = PyTuple_GET_SIZE(names_obj);
+    for (Py_ssize_t k = 0; k < n_names; k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(names_obj, k))) {
+            PyErr_SetString(PyExc_TypeError, "names must be a tuple of bytes");
+            return NULL;
+        }
+    }
+    Py_buffer buf, at_view, lengths_view;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = get_int64s(at_obj, &at_view, "at");
+    if (n < 0) goto release_buf;
+    Py_ssize_t n_lengths = get_int64s(lengths_obj, &lengths_view, "lengths");
+    if (n_lengths < 0) goto release_at;
+    const int64_t *at = at_view.buf, *lengths = lengths_view.buf;
+    if (n_lengths != n) {
+        PyErr_SetString(PyExc_ValueError, "at and lengths differ in length");
+        goto release_lengths;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (at[i] < 0 || lengths[i] < 0 || lengths[i] > (int64_t)buf.len - at[i]) {
+            PyErr_Format(PyExc_ValueError, "properties %zd ([%lld, +%lld)) are not inside the %zd-byte buffer", i,
+                         (long long)at[i], (long long)lengths[i], buf.len);
+            goto release_lengths;
+        }
+    }
+    out = PyList_New(n_names);
+    for (Py_ssize_t k = 0; out != NULL && k < n_names; k++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(column, i, Py_NewRef(Py_None));
+        PyList_SET_ITEM(out, k, column);
+    }
+    const uint8_t *base = buf.buf;
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        const uint8_t *p = base + at[i], *end = p + lengths[i];
+        while (p < end) {
+            const uint8_t *stop = memchr(p, PROP_SEPARATOR, (size_t)(end - p));
+            if (stop == NULL) break;  /* unterminated: no property */
+            const uint8_t *sep = memchr(p, PROP_NAME_VALUE_SEPARATOR, (size_t)(stop - p));
+            if (sep != NULL) {
+                size_t name_len = (size_t)(sep - p);
+                for (Py_ssize_t k = 0; k < n_names; k++) {
+                    PyObject *name = PyTuple_GET_ITEM(names_obj, k);
+                    if ((size_t)PyBytes_GET_SIZE(name) != name_len || memcmp(PyBytes_AS_STRING(name), p, name_len))
+                        continue;
+                    PyObject *value = PyUnicode_DecodeUTF8((const char *)sep + 1, stop - sep - 1, "replace");
+                    if (value == NULL) {
+                        Py_CLEAR(out);
+                        break;
+                    }
+                    PyList_SetItem(PyList_GET_ITEM(out, k), i, value);  /* drops the None or earlier value */
+                }
+                if (out == NULL) break;
+            }
+            p = stop + 1;
+        }
+    }
+release_lengths:
+    PyBuffer_Release(&lengths_view);
+release_at:
+    PyBuffer_Release(&at_view);
+release_buf:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 PyDoc_STRVAR(crc32_doc, "crc32(data) -> int\n\nzlib's CRC-32 of data (the kernel the batch checks use).");
 
 static PyObject *crc32(PyObject *self, PyObject *arg) {
@@ -515,6 +600,7 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
+    {"property_values", property_values, METH_VARARGS, property_values_doc},
     {"crc32", crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
 };
