@@ -43,7 +43,7 @@ from gms.broker.checkpoint import (
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, RESIDENT_TAIL_BYTES, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired, pick_tags
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile, run_when_idle
@@ -996,12 +996,10 @@ class MessageStore:
         if tag_hashes is None:
             visible = entries["tag_hash"] != HIDDEN_TAG_HASH  # scheduled messages not yet due, cancels
             picked = np.arange(window) if visible.all() else np.flatnonzero(visible)
-            if not picked.size:
-                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
-        else:
-            picked = np.flatnonzero(np.isin(entries["tag_hash"], np.fromiter(tag_hashes, np.int64)))
-            if not picked.size:
-                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
+        else:  # the window's entries of those tags, scanned only until max_msgs are found
+            picked, window = pick_tags(entries, np.fromiter(tag_hashes, np.int64), max(max_msgs, 1))
+        if not picked.size:
+            return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
         sizes = entries["size"][picked].astype(np.int64)
         take = min(max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1), max_msgs)
         next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1

@@ -390,6 +390,75 @@ static PyObject *slices(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(pick_tags_doc,
+"pick_tags(entries, itemsize, hash_at, wanted, max_picks) -> (picked: bytes, scanned)\n\n"
+"The indexes (native int64s) of the index entries (itemsize bytes each, one after the other in\n"
+"entries) whose big-endian int64 tag hash at byte hash_at is one of wanted (contiguous int64s),\n"
+"in order, at most max_picks; scanned is how many entries were looked at (all of them unless\n"
+"max_picks were found first: then one past the last picked).");
+
+static int compare_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Up to this many wanted hashes are compared one by one; more are searched in a sorted copy. */
+#define PICK_LINEAR_MAX 8
+
+static PyObject *pick_tags(PyObject *self, PyObject *args) {
+    PyObject *entries_obj, *wanted_obj;
+    Py_ssize_t itemsize, hash_at, max_picks;
+    if (!PyArg_ParseTuple(args, "OnnOn:pick_tags", &entries_obj, &itemsize, &hash_at, &wanted_obj, &max_picks))
+        return NULL;
+    if (itemsize <= 0 || hash_at < 0 || hash_at > itemsize - 8 || max_picks < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad itemsize, hash_at or max_picks");
+        return NULL;
+    }
+    Py_buffer entries, wanted_view;
+    if (PyObject_GetBuffer(entries_obj, &entries, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_wanted = get_int64s(wanted_obj, &wanted_view, "wanted");
+    if (n_wanted < 0) goto release_entries;
+    if (entries.len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "entries is not a whole number of items");
+        goto release_wanted;
+    }
+    Py_ssize_t n = entries.len / itemsize;
+    int64_t *wanted = PyMem_Malloc((size_t)(n_wanted ? n_wanted : 1) * sizeof(int64_t));
+    int64_t *picked = PyMem_Malloc((size_t)(max_picks < n ? max_picks : n ? n : 1) * sizeof(int64_t));
+    if (wanted == NULL || picked == NULL) {
+        PyErr_NoMemory();
+        goto free_arrays;
+    }
+    memcpy(wanted, wanted_view.buf, (size_t)n_wanted * sizeof(int64_t));
+    qsort(wanted, (size_t)n_wanted, sizeof(int64_t), compare_int64);
+    const uint8_t *at = (const uint8_t *)entries.buf + hash_at;
+    Py_ssize_t count = 0, scanned = 0;
+    for (; scanned < n && count < max_picks; scanned++, at += itemsize) {
+        int64_t hash = (int64_t)load_be64(at);
+        int found = 0;
+        if (n_wanted <= PICK_LINEAR_MAX) {
+            for (Py_ssize_t k = 0; k < n_wanted && !found; k++) found = wanted[k] == hash;
+        } else {
+            found = bsearch(&hash, wanted, (size_t)n_wanted, sizeof(int64_t), compare_int64) != NULL;
+        }
+        if (found) picked[count++] = scanned;
+    }
+    PyObject *indexes = PyBytes_FromStringAndSize((const char *)picked, count * (Py_ssize_t)sizeof(int64_t));
+    if (indexes != NULL) {
+        result = Py_BuildValue("(On)", indexes, scanned);
+        Py_DECREF(indexes);
+    }
+free_arrays:
+    PyMem_Free(wanted);
+    PyMem_Free(picked);
+release_wanted:
+    PyBuffer_Release(&wanted_view);
+release_entries:
+    PyBuffer_Release(&entries);
+    return result;
+}
+
 PyDoc_STRVAR(property_values_doc,
 "property_values(buf, at, lengths, names) -> list[list[str | None]]\n\n"
 "For each name of names (bytes), the value of that property in the properties field of every\n"
@@ -600,6 +669,7 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
+    {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
     {"property_values", property_values, METH_VARARGS, property_values_doc},
     {"crc32", crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
