@@ -42,12 +42,3 @@ def selected_at(sql: SqlFilter, buf: memoryview | bytes, starts: np.ndarray) -> 
 def selector(sql: SqlFilter) -> RecordSelector:
     """``sql`` as the store's ``get`` applies it to the records it reads."""
     return functools.partial(selected_at, sql)
-
-
-def selected(sql: SqlFilter, records: list[memoryview]) -> np.ndarray:
-    """A boolean mask over ``records`` (one stored record each): those ``sql`` selects."""
-    if not records:
-        return np.zeros(0, bool)
-    lengths = np.fromiter(map(len, records), np.int64, len(records))
-    starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
-    return selected_at(sql, b"".join(records), starts)
