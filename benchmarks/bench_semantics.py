@@ -39,6 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_peers import gms_standalone, pct
 
+from gms.client import SendFuture
+
 LEAD_MS = 1000  # how far ahead each timed message is scheduled
 TOPIC_SETTLE_S = 0.5
 QUICK = {"timed": 20_000, "rate": 10_000, "pending": 200_000, "fifo": 50_000, "retries": 2_000, "pop": 200_000}
@@ -68,18 +70,22 @@ def timer_lateness(nameserver: str, timed: int, rate: int) -> dict[str, float]:
     with Admin(nameserver=nameserver) as admin:
         admin.create_topic("bench-timers", queues=4)
     time.sleep(TOPIC_SETTLE_S)
+    # The topic is new: from its first offsets the group reads every message sent, however late
+    # its queues are assigned ("last" would skip the copies stored before that).
     consumer = Consumer(nameserver=nameserver, group="bench-timers", subscription={"bench-timers": "*"},
-                        start_from="last")
+                        start_from="first")
     late: list[int] = []
-    consumer.poll(timeout_ms=500)  # joined: the group reads from here on
+    sent_ok = [timed]  # lowered once the sends are answered, if some failed
+    consumer.poll(timeout_ms=500)  # joined before the first message comes due
 
     def consume() -> None:  # its own thread, polling all the time, as an application would
         deadline = time.monotonic() + timed / rate + LEAD_MS / 1000 + 30
-        while len(late) < timed and time.monotonic() < deadline:
+        while len(late) < sent_ok[0] and time.monotonic() < deadline:
             late.extend(_lateness(consumer.poll(timeout_ms=100), DELIVER_AT_PROPERTY))
 
     reader = threading.Thread(target=consume)
     reader.start()
+    sends = Sends()
     try:
         with Producer(nameserver=nameserver, linger_ms=2) as producer:
             started = time.monotonic()
@@ -87,18 +93,41 @@ def timer_lateness(nameserver: str, timed: int, rate: int) -> dict[str, float]:
                 ahead = started + i / rate - time.monotonic()
                 if ahead > 0.002:
                     time.sleep(ahead)
-                producer.send_async("bench-timers", b"t", deliver_at=int(time.time() * 1000) + LEAD_MS)
+                sends.add(producer.send_async("bench-timers", b"t", deliver_at=int(time.time() * 1000) + LEAD_MS))
             producer.flush()
+            sent_ok[0] = timed - len(sends.failures())
         reader.join()
     finally:
         consumer.close()
+    sends.check("scheduled")
     if len(late) != timed:
-        raise RuntimeError(f"{len(late)} of {timed} scheduled messages arrived")
+        raise RuntimeError(f"{len(late)} of {timed} scheduled messages arrived (every send was acknowledged)")
     late.sort()
     FIRED_LATE.sort()
     return {"timer_fire_late_p50_ms": pct(late, 50), "timer_fire_late_p99_ms": pct(late, 99),
             "timer_fire_late_max_ms": late[-1], "timer_stored_late_p50_ms": pct(FIRED_LATE, 50),
             "timer_stored_late_p99_ms": pct(FIRED_LATE, 99), "timer_rate_per_s": rate, "timed_messages": timed}
+
+
+class Sends:
+    """The futures of a part's ``send_async`` calls: a send the broker refused is reported as
+    such, not as a message that did not arrive."""
+
+    def __init__(self) -> None:
+        self._futures: list[SendFuture] = []
+
+    def add(self, future: SendFuture) -> None:
+        self._futures.append(future)
+
+    def failures(self) -> list[BaseException]:
+        """The errors of the failed sends (after the producer's flush: every future is done)."""
+        return [e for e in map(SendFuture.exception, self._futures) if e is not None]
+
+    def check(self, what: str) -> None:
+        failed = self.failures()
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(self._futures)} {what} sends failed, the first with "
+                               f"{type(failed[0]).__name__}: {failed[0]}")
 
 
 def _lateness(messages: object, prop: str) -> list[int]:
@@ -122,10 +151,12 @@ def pending_memory(nameserver: str, broker_pid: int, pending: int) -> dict[str, 
     time.sleep(TOPIC_SETTLE_S)
     idle, idle_anon = rss_mb(broker_pid), rss_mb(broker_pid, "RssAnon")
     at = int(time.time() * 1000) + 3_600_000
+    sends = Sends()
     with Producer(nameserver=nameserver, linger_ms=5) as producer:
         for i in range(pending):
-            producer.send_async("bench-pending", b"p", deliver_at=at + i % 60_000)
+            sends.add(producer.send_async("bench-pending", b"p", deliver_at=at + i % 60_000))
         producer.flush()
+    sends.check("pending scheduled")
     time.sleep(1.0)
     full, full_anon = rss_mb(broker_pid), rss_mb(broker_pid, "RssAnon")
     scaled = idle + (full - idle) * 1_000_000 / pending
@@ -141,10 +172,12 @@ def fifo_throughput(nameserver: str, count: int) -> dict[str, float]:
     with Admin(nameserver=nameserver) as admin:
         admin.create_topic("bench-fifo", queues=8)
     time.sleep(TOPIC_SETTLE_S)
+    sends = Sends()
     with Producer(nameserver=nameserver, linger_ms=5) as producer:
         for i in range(count):
-            producer.send_async("bench-fifo", b"f" * 100, message_group=f"g{i % FIFO_GROUPS}")
+            sends.add(producer.send_async("bench-fifo", b"f" * 100, message_group=f"g{i % FIFO_GROUPS}"))
         producer.flush()
+    sends.check("FIFO")
     consumer = Consumer(nameserver=nameserver, group="bench-fifo", subscription={"bench-fifo": "*"},
                         start_from="first", fifo=True)
     got = [0]
@@ -168,10 +201,12 @@ def retry_lateness(nameserver: str, count: int) -> dict[str, float]:
     with Admin(nameserver=nameserver) as admin:
         admin.create_topic("bench-retry", queues=4)
     time.sleep(TOPIC_SETTLE_S)
+    sends = Sends()
     with Producer(nameserver=nameserver, linger_ms=5) as producer:
         for i in range(count):
-            producer.send_async("bench-retry", str(i).encode())
+            sends.add(producer.send_async("bench-retry", str(i).encode()))
         producer.flush()
+    sends.check("retried")
     consumer = Consumer(nameserver=nameserver, group="bench-retry", subscription={"bench-retry": "*"},
                         start_from="first")
     nacked: dict[bytes, float] = {}

@@ -20,8 +20,8 @@ from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.producer_state import DuplicateBatch
 from gms.broker.queue_claims import QueueClaims
-from gms.broker.sql_filters import selected, sql_filter
-from gms.broker.store import AppendResult, GetResult, GetStatus, MessageStore
+from gms.broker.sql_filters import selector, sql_filter
+from gms.broker.store import AppendResult, GetStatus, MessageStore
 from gms.broker.timers import TimerService
 from gms.errors import (
     BadRequestError,
@@ -39,7 +39,6 @@ from gms.record import HEADER_SIZE as RECORD_HEADER_SIZE
 from gms.record import OFF_PHYS_OFFSET, OFF_QUEUE_ID, decode_record
 from gms.record.batch import parse_one
 from gms.record.layout import FLAG_SCHEDULED, PRODUCER_FLAGS
-from gms.sql92 import SqlFilter
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
 
@@ -195,7 +194,7 @@ class MessageHandlers:
         except BadTagExpression as err:
             raise BadTagExpressionError(str(err)) from err
         sql_expression = field(fields, "sql", str, "")
-        sql = sql_filter(sql_expression) if sql_expression else None
+        select = selector(sql_filter(sql_expression)) if sql_expression else None
         group, member = field(fields, "group", str, ""), field(fields, "member", str, "")
         if group and self.metrics is not None:
             self.metrics.subscriptions[group, topic] = tag_hashes
@@ -207,9 +206,7 @@ class MessageHandlers:
         while True:
             limit = None if replicas is None else replicas.read_limit((topic, queue_id))
             result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit,
-                                    coalesce=sql is None)
-            if sql is not None and result.status is GetStatus.FOUND:
-                result = _keep_selected(result, sql)
+                                    coalesce=True, select=select)
             status = result.status
             if status is GetStatus.OFFSET_OVERFLOW:
                 raise OffsetIllegalError(
@@ -345,13 +342,3 @@ def _queue_fields(request: Frame) -> tuple[str, int]:
     return field(request.fields, "topic", str), field(request.fields, "queue_id", INT32)
 
 
-def _keep_selected(result: GetResult, sql: SqlFilter) -> GetResult:
-    """A FOUND result with only the records ``sql`` selects; none selected reads as a window
-    without a match (the pull scans on from its next offset)."""
-    mask = selected(sql, result.records)
-    if mask.all():
-        return result
-    if not mask.any():
-        return result._replace(status=GetStatus.NO_MATCHED_MESSAGE, records=[], offsets=None)
-    kept = [record for record, keep in zip(result.records, mask.tolist(), strict=True) if keep]
-    return result._replace(records=kept, offsets=None if result.offsets is None else result.offsets[mask])

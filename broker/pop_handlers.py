@@ -21,7 +21,7 @@ from gms.broker.group_handlers import group_name_field
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.pop import INVISIBLE_MS_MAX, GroupQueue, PopQueue, PopService, QueueKey, StartFrom
-from gms.broker.sql_filters import selected, sql_filter
+from gms.broker.sql_filters import selector, sql_filter
 from gms.broker.store import GetStatus
 from gms.errors import (
     BadRequestError,
@@ -196,7 +196,8 @@ class PopHandlers:
         if want <= 0 or taken.bytes >= max_bytes:
             return
         result = self.store.get(topic, queue_id, state.next, want, max_bytes - taken.bytes, tags.hashes,
-                                self.read_limit((topic, queue_id)), coalesce=sql is None)
+                                self.read_limit((topic, queue_id)), coalesce=True,
+                                select=None if sql is None else selector(sql))
         if result.status is GetStatus.OFFSET_OVERFLOW:  # the queue was cut back below our position
             state.drop([o for o in state.inflight if o >= result.max_offset])
             state.next = result.max_offset
@@ -211,10 +212,6 @@ class PopHandlers:
         views, offsets = result.records, result.offsets
         if views and tags.tags is not None:
             views, offsets = _exact_tags(views, tags.tags)
-        if views and sql is not None:  # one record per view (not coalesced)
-            mask = selected(sql, views)
-            views = [view for view, keep in zip(views, mask.tolist(), strict=True) if keep]
-            offsets = np.asarray(offsets)[mask]
         handed = offsets.tolist() if offsets is not None and len(views) else []
         taken.passed = taken.passed or (not handed and result.next_offset > state.next)
         state.hand_out(handed, visible_at, result.next_offset)

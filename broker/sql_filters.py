@@ -1,6 +1,6 @@
-"""Broker-side SQL92 filtering of a pull's records: the window the tag filter let through is
-read as property columns and the subscription's expression (:mod:`gms.sql92`) keeps the records
-it selects, so the others never cross the network."""
+"""Broker-side SQL92 filtering of a pull's records: the records read are decoded as property
+columns (in C, from the records where they are stored) and the subscription's expression
+(:mod:`gms.sql92`) keeps the ones it selects, so the others never cross the network."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import functools
 
 import numpy as np
 
+from gms.broker.store import RecordSelector
 from gms.errors import BadTagExpressionError
 from gms.record.columns import property_columns, read_field_offsets
 from gms.sql92 import BadFilterExpression, SqlFilter, compile_filter
@@ -29,12 +30,15 @@ def sql_filter(expression: str) -> SqlFilter:
         raise BadTagExpressionError(str(err)) from err
 
 
-def selected(sql: SqlFilter, records: list[memoryview]) -> np.ndarray:
-    """A boolean mask over ``records`` (one stored record each): those ``sql`` selects."""
-    if not records:
+def selected_at(sql: SqlFilter, buf: memoryview | bytes, starts: np.ndarray) -> np.ndarray:
+    """A boolean mask over the records at ``starts`` of ``buf``: those ``sql`` selects. Every
+    header is checked first (CorruptRecord names the first inconsistent one)."""
+    if not len(starts):
         return np.zeros(0, bool)
-    lengths = np.fromiter(map(len, records), np.int64, len(records))
-    starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
-    joined = b"".join(records)
-    columns = property_columns(joined, read_field_offsets(joined, starts), sql.names)
-    return sql.select(columns, len(records))
+    columns = property_columns(buf, read_field_offsets(buf, starts), sql.names)
+    return sql.select(columns, len(starts))
+
+
+def selector(sql: SqlFilter) -> RecordSelector:
+    """``sql`` as the store's ``get`` applies it to the records it reads."""
+    return functools.partial(selected_at, sql)

@@ -43,7 +43,7 @@ from gms.broker.checkpoint import (
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, RESIDENT_TAIL_BYTES, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired, pick_tags
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile, run_when_idle, tree_disk_bytes
@@ -134,6 +134,10 @@ class GetResult(NamedTuple):
     # out of ``records`` (damage is never served as data), their offsets consumed all the same
     damaged: tuple[tuple[int, int], ...] = ()
     offsets: np.ndarray | None = None  # the queue offsets of the records served (status FOUND)
+
+
+# (a commitlog file's view, starts of records in it) -> which of those records to serve (bool mask)
+RecordSelector = Callable[[memoryview, np.ndarray], np.ndarray]
 
 
 class TimerRecord(NamedTuple):
@@ -977,14 +981,16 @@ class MessageStore:
 
     def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
             max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None,
-            read_limit: int | None = None, coalesce: bool = False) -> GetResult:
+            read_limit: int | None = None, coalesce: bool = False, select: RecordSelector | None = None) -> GetResult:
         """Up to ``max_msgs`` records (and about ``max_bytes``, at least one) from ``offset``,
         skipping entries whose tag hash is not subscribed without reading the commitlog.
 
         ``read_limit`` (a replicated queue's high watermark) hides the offsets at and past it:
         they are answered like the end of the queue, and ``max_offset`` reports the limit.
         ``coalesce`` returns adjacent records as one view (a pull answer sent as-is: a view per
-        record would cost a Python object and a write buffer per message)."""
+        record would cost a Python object and a write buffer per message). ``select`` (an SQL
+        filter's) keeps only the records it selects of those read, once their CRCs held: the
+        others cost no view; none selected (and none damaged) answers NO_MATCHED_MESSAGE."""
         commitlog = self._cl()
         commitlog.reads += 1
         cq = self._queue(topic, queue_id)
@@ -1005,12 +1011,10 @@ class MessageStore:
         if tag_hashes is None:
             visible = entries["tag_hash"] != HIDDEN_TAG_HASH  # scheduled messages not yet due, cancels
             picked = np.arange(window) if visible.all() else np.flatnonzero(visible)
-            if not picked.size:
-                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
-        else:
-            picked = np.flatnonzero(np.isin(entries["tag_hash"], np.fromiter(tag_hashes, np.int64)))
-            if not picked.size:
-                return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
+        else:  # the window's entries of those tags, scanned only until max_msgs are found
+            picked, window = pick_tags(entries, np.fromiter(tag_hashes, np.int64), max(max_msgs, 1))
+        if not picked.size:
+            return GetResult(GetStatus.NO_MATCHED_MESSAGE, offset + window, lo, hi, [])
         sizes = entries["size"][picked].astype(np.int64)
         take = min(max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1), max_msgs)
         next_offset = offset + window if take == len(picked) else offset + int(picked[take - 1]) + 1
@@ -1032,6 +1036,13 @@ class MessageStore:
                 keep[bad] = False
                 phys, sizes, served = phys[keep], sizes[keep], served[keep]
                 runs = self._file_runs(commitlog, phys) if len(phys) else []
+            if select is not None and len(phys):
+                keep = np.concatenate([select(f.view, phys[a:b] - f.base_offset) for f, a, b in runs])
+                if not keep.all():
+                    phys, sizes, served = phys[keep], sizes[keep], served[keep]
+                    runs = self._file_runs(commitlog, phys) if len(phys) else []
+                if not len(phys) and not damaged:
+                    return GetResult(GetStatus.NO_MATCHED_MESSAGE, next_offset, lo, hi, [])
             if coalesce and len(phys):
                 phys, sizes = _runs(phys, sizes)
                 runs = self._file_runs(commitlog, phys)

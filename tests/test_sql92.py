@@ -8,8 +8,10 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gms.record import Message, encode_batch
+from gms.record import Message, _recordcheck, encode_batch
 from gms.record.columns import property_columns, read_field_offsets
 from gms.sql92 import BadFilterExpression, compile_filter
 
@@ -92,3 +94,32 @@ def test_a_name_that_ends_another_is_not_it():
                         Message(topic="t", body=b"", properties={"xamount": "3"})])
     columns = property_columns(buf, read_field_offsets(buf, starts_of(buf)), ["amount"])
     assert columns["amount"].tolist() == ["2", None]
+
+
+_PROPERTY_NAMES = st.sampled_from(["a", "b", "ab", "region", "x.y", "TAGS"])
+_TEXTS = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(_PROPERTY_NAMES, _TEXTS, max_size=4), st.binary(max_size=24)),
+                min_size=1, max_size=6))
+def test_property_columns_read_what_the_codec_decodes(records):
+    """Every record's column value is its decoded property (bodies holding names and separators
+    included: only the properties field is read)."""
+    buf = encode_batch([Message(topic="t", body=body, properties=props) for props, body in records])
+    names = ["a", "b", "ab", "region", "x.y", "zz"]
+    columns = property_columns(buf, read_field_offsets(buf, starts_of(buf)), names)
+    for name in names:
+        assert columns[name].tolist() == [props.get(name) for props, _ in records]
+
+
+def test_property_values_of_damaged_encodings():
+    """What a malformed properties field reads as: invalid utf-8 replaced, a property without its
+    terminator is none, of a name given twice the last value counts, a value may hold 0x01."""
+    fields = [b"a\x01\xff1\x02", b"a\x01x\x02a", b"a\x01x\x02a\x01y\x02", b"a\x01b\x01c\x02", b""]
+    buf = b"".join(fields)
+    at = np.cumsum([0] + [len(f) for f in fields[:-1]]).astype(np.int64)
+    lengths = np.array([len(f) for f in fields], np.int64)
+    assert _recordcheck.property_values(buf, at, lengths, (b"a",)) == [["\ufffd1", "x", "y", "b\x01c", None]]
+    with pytest.raises(ValueError, match="not inside"):
+        _recordcheck.property_values(buf, at, lengths + 1, (b"a",))

@@ -20,6 +20,7 @@ import numpy as np
 
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
+from gms.record import _recordcheck
 from gms.store_errors import StoreError
 
 CQ_UNIT = struct.Struct(">qiq")
@@ -28,6 +29,14 @@ assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
 _TAG_HASH = struct.Struct(">q")
 _TAG_HASH_AT = 12  # after the commitlog offset and the size
 assert CQ_UNIT.size == _TAG_HASH_AT + _TAG_HASH.size
+
+
+def pick_tags(entries: np.ndarray, tag_hashes: np.ndarray, max_picks: int) -> tuple[np.ndarray, int]:
+    """The indexes of ``entries`` (a :meth:`ConsumeQueue.read`) whose tag hash is one of
+    ``tag_hashes``, at most ``max_picks``, and how many entries were scanned to find them (all,
+    unless ``max_picks`` were found first): one C pass that stops when it has enough."""
+    found, scanned = _recordcheck.pick_tags(entries, CQ_UNIT.size, _TAG_HASH_AT, tag_hashes, max_picks)
+    return np.frombuffer(found, np.int64), scanned
 
 
 class OffsetExpired(StoreError):

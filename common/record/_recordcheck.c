@@ -390,6 +390,160 @@ static PyObject *slices(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(pick_tags_doc,
+"pick_tags(entries, itemsize, hash_at, wanted, max_picks) -> (picked: bytes, scanned)\n\n"
+"The indexes (native int64s) of the index entries (itemsize bytes each, one after the other in\n"
+"entries) whose big-endian int64 tag hash at byte hash_at is one of wanted (contiguous int64s),\n"
+"in order, at most max_picks; scanned is how many entries were looked at (all of them unless\n"
+"max_picks were found first: then one past the last picked).");
+
+static int compare_int64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Up to this many wanted hashes are compared one by one; more are searched in a sorted copy. */
+#define PICK_LINEAR_MAX 8
+
+static PyObject *pick_tags(PyObject *self, PyObject *args) {
+    PyObject *entries_obj, *wanted_obj;
+    Py_ssize_t itemsize, hash_at, max_picks;
+    if (!PyArg_ParseTuple(args, "OnnOn:pick_tags", &entries_obj, &itemsize, &hash_at, &wanted_obj, &max_picks))
+        return NULL;
+    if (itemsize <= 0 || hash_at < 0 || hash_at > itemsize - 8 || max_picks < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad itemsize, hash_at or max_picks");
+        return NULL;
+    }
+    Py_buffer entries, wanted_view;
+    if (PyObject_GetBuffer(entries_obj, &entries, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_wanted = get_int64s(wanted_obj, &wanted_view, "wanted");
+    if (n_wanted < 0) goto release_entries;
+    if (entries.len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "entries is not a whole number of items");
+        goto release_wanted;
+    }
+    Py_ssize_t n = entries.len / itemsize;
+    int64_t *wanted = PyMem_Malloc((size_t)(n_wanted ? n_wanted : 1) * sizeof(int64_t));
+    int64_t *picked = PyMem_Malloc((size_t)(max_picks < n ? max_picks : n ? n : 1) * sizeof(int64_t));
+    if (wanted == NULL || picked == NULL) {
+        PyErr_NoMemory();
+        goto free_arrays;
+    }
+    memcpy(wanted, wanted_view.buf, (size_t)n_wanted * sizeof(int64_t));
+    qsort(wanted, (size_t)n_wanted, sizeof(int64_t), compare_int64);
+    const uint8_t *at = (const uint8_t *)entries.buf + hash_at;
+    Py_ssize_t count = 0, scanned = 0;
+    for (; scanned < n && count < max_picks; scanned++, at += itemsize) {
+        int64_t hash = (int64_t)load_be64(at);
+        int found = 0;
+        if (n_wanted <= PICK_LINEAR_MAX) {
+            for (Py_ssize_t k = 0; k < n_wanted && !found; k++) found = wanted[k] == hash;
+        } else {
+            found = bsearch(&hash, wanted, (size_t)n_wanted, sizeof(int64_t), compare_int64) != NULL;
+        }
+        if (found) picked[count++] = scanned;
+    }
+    PyObject *indexes = PyBytes_FromStringAndSize((const char *)picked, count * (Py_ssize_t)sizeof(int64_t));
+    if (indexes != NULL) {
+        result = Py_BuildValue("(On)", indexes, scanned);
+        Py_DECREF(indexes);
+    }
+free_arrays:
+    PyMem_Free(wanted);
+    PyMem_Free(picked);
+release_wanted:
+    PyBuffer_Release(&wanted_view);
+release_entries:
+    PyBuffer_Release(&entries);
+    return result;
+}
+
+PyDoc_STRVAR(property_values_doc,
+"property_values(buf, at, lengths, names) -> list[list[str | None]]\n\n"
+"For each name of names (bytes), the value of that property in the properties field of every\n"
+"record (lengths[i] bytes at at[i] of buf, the encoding of record.py: name \\x01 value \\x02 ...),\n"
+"decoded as utf-8 with errors replaced; None where a record lacks it. A value runs to its\n"
+"property's \\x02 (an unterminated last property is no property); of a name given twice the\n"
+"last value counts. at and lengths: contiguous int64 arrays of one length, inside buf.");
+
+#define PROP_NAME_VALUE_SEPARATOR 0x01
+#define PROP_SEPARATOR 0x02
+
+static PyObject *property_values(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *at_obj, *lengths_obj, *names_obj;
+    if (!PyArg_ParseTuple(args, "OOOO!:property_values", &buf_obj, &at_obj, &lengths_obj, &PyTuple_Type, &names_obj))
+        return NULL;
+    Py_ssize_t n_names = PyTuple_GET_SIZE(names_obj);
+    for (Py_ssize_t k = 0; k < n_names; k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(names_obj, k))) {
+            PyErr_SetString(PyExc_TypeError, "names must be a tuple of bytes");
+            return NULL;
+        }
+    }
+    Py_buffer buf, at_view, lengths_view;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = get_int64s(at_obj, &at_view, "at");
+    if (n < 0) goto release_buf;
+    Py_ssize_t n_lengths = get_int64s(lengths_obj, &lengths_view, "lengths");
+    if (n_lengths < 0) goto release_at;
+    const int64_t *at = at_view.buf, *lengths = lengths_view.buf;
+    if (n_lengths != n) {
+        PyErr_SetString(PyExc_ValueError, "at and lengths differ in length");
+        goto release_lengths;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (at[i] < 0 || lengths[i] < 0 || lengths[i] > (int64_t)buf.len - at[i]) {
+            PyErr_Format(PyExc_ValueError, "properties %zd ([%lld, +%lld)) are not inside the %zd-byte buffer", i,
+                         (long long)at[i], (long long)lengths[i], buf.len);
+            goto release_lengths;
+        }
+    }
+    out = PyList_New(n_names);
+    for (Py_ssize_t k = 0; out != NULL && k < n_names; k++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(column, i, Py_NewRef(Py_None));
+        PyList_SET_ITEM(out, k, column);
+    }
+    const uint8_t *base = buf.buf;
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        const uint8_t *p = base + at[i], *end = p + lengths[i];
+        while (p < end) {
+            const uint8_t *stop = memchr(p, PROP_SEPARATOR, (size_t)(end - p));
+            if (stop == NULL) break;  /* unterminated: no property */
+            const uint8_t *sep = memchr(p, PROP_NAME_VALUE_SEPARATOR, (size_t)(stop - p));
+            if (sep != NULL) {
+                size_t name_len = (size_t)(sep - p);
+                for (Py_ssize_t k = 0; k < n_names; k++) {
+                    PyObject *name = PyTuple_GET_ITEM(names_obj, k);
+                    if ((size_t)PyBytes_GET_SIZE(name) != name_len || memcmp(PyBytes_AS_STRING(name), p, name_len))
+                        continue;
+                    PyObject *value = PyUnicode_DecodeUTF8((const char *)sep + 1, stop - sep - 1, "replace");
+                    if (value == NULL) {
+                        Py_CLEAR(out);
+                        break;
+                    }
+                    PyList_SetItem(PyList_GET_ITEM(out, k), i, value);  /* drops the None or earlier value */
+                }
+                if (out == NULL) break;
+            }
+            p = stop + 1;
+        }
+    }
+release_lengths:
+    PyBuffer_Release(&lengths_view);
+release_at:
+    PyBuffer_Release(&at_view);
+release_buf:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 PyDoc_STRVAR(crc32_doc, "crc32(data) -> int\n\nzlib's CRC-32 of data (the kernel the batch checks use).");
 
 static PyObject *crc32(PyObject *self, PyObject *arg) {
@@ -515,6 +669,8 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
+    {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
+    {"property_values", property_values, METH_VARARGS, property_values_doc},
     {"crc32", crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from itertools import repeat
 from typing import NamedTuple
@@ -11,6 +10,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from gms.naming import TOPIC_NAME_BYTES_MAX
+from gms.record import _recordcheck
 from gms.record.checks import batch_headers
 from gms.record.codec import decode_keys
 from gms.record.layout import (
@@ -18,8 +18,6 @@ from gms.record.layout import (
     HEADER_SIZE,
     KEY_SEPARATOR,
     MAGIC_V1,
-    PROP_NAME_VALUE_SEPARATOR,
-    PROP_SEPARATOR,
 )
 from gms.store_errors import CorruptRecord
 
@@ -304,32 +302,20 @@ def exact_tag_mask(buf: bytes | memoryview, offsets: FieldOffsets, tags: frozens
 
 def property_columns(buf: bytes | memoryview, offsets: FieldOffsets, names: Iterable[str]) -> dict[str, np.ndarray]:
     """For each property name, an object array with each record's value (``None`` where a
-    record lacks it): one regular-expression scan of the buffer per name, matches kept only at a
-    property's start inside its record's properties. ``TAGS`` is the record's tag (SQL filters)."""
-    data = bytes(buf) if isinstance(buf, memoryview) else buf
-    count = len(offsets.props_at)
-    props_at, props_end = np.asarray(offsets.props_at, np.int64), np.asarray(offsets.body_at, np.int64)
+    record lacks it), read in one C pass over the records' properties fields (never their
+    bodies). ``TAGS`` is the record's tag (SQL filters)."""
+    count, names = len(offsets.props_at), list(names)
     columns: dict[str, np.ndarray] = {}
-    for name in names:
-        column = np.full(count, None, dtype=object)
-        if name == "TAGS":
-            headers = offsets.headers
-            column[:] = text_column(data, offsets.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
-            columns[name] = column
-            continue
-        pattern = re.compile(re.escape(name.encode()) + PROP_NAME_VALUE_SEPARATOR.encode()
-                             + b"([^" + PROP_SEPARATOR.encode() + b"]*)")
-        matches = list(pattern.finditer(data))
-        if matches:
-            starts = np.fromiter((m.start() for m in matches), np.int64, len(matches))
-            ends = np.fromiter((m.end() for m in matches), np.int64, len(matches))
-            record = np.searchsorted(props_at, starts, side="right") - 1
-            inside = record >= 0
-            record = np.maximum(record, 0)
-            inside &= (ends <= props_end[record]) & (starts < props_end[record])
-            previous = np.frombuffer(data, np.uint8)[np.maximum(starts - 1, 0)]
-            inside &= (starts == props_at[record]) | (previous == ord(PROP_SEPARATOR))
-            for index in np.flatnonzero(inside).tolist():
-                column[record[index]] = matches[index].group(1).decode("utf-8", "replace")
-        columns[name] = column
+    wanted = [name for name in names if name != "TAGS"]
+    if wanted:
+        props_at = np.ascontiguousarray(offsets.props_at, np.int64)
+        values = _recordcheck.property_values(buf, props_at, np.ascontiguousarray(offsets.body_at, np.int64) - props_at,
+                                              tuple(name.encode() for name in wanted))
+        for name, value in zip(wanted, values, strict=True):
+            column = columns[name] = np.empty(count, object)
+            column[:] = value
+    if "TAGS" in names:
+        headers = offsets.headers
+        column = columns["TAGS"] = np.empty(count, object)
+        column[:] = text_column(buf, offsets.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
     return columns

@@ -39,6 +39,24 @@ def test_only_selected_messages_arrive(broker, topic):
     assert sorted(int(m.body[1:]) for m in got) == expected
 
 
+def test_a_body_holding_a_property_name_hides_no_other_message(broker, topic):
+    """Properties are read from each record's properties field only: a body ending with
+    ``region\x01`` (a name and its separator, as the encoding writes them) once made the broker's
+    scan of the whole window run on into the next record and miss its ``region``."""
+    # No stamp property before "region", and no 0x02 among the header's lengths (a born host of 2
+    # bytes, e.g. "vm", would end the old scan before it reached the next record).
+    with Producer([broker.address], idempotence=False, born_host="producer-host") as producer:
+        producer.send_batch([
+            ProducerRecord(topic, b"decoy region\x01" if i % 2 == 0 else b"m%04d" % i, queue=0,
+                           properties=None if i % 2 == 0 else {"region": "eu"})
+            for i in range(200)])
+    expected = list(range(1, 200, 2))
+    with Consumer([broker.address], group="sql-decoys", subscription={topic: Sql("region = 'eu'")},
+                  start_from="first") as consumer:
+        got = consume_all(consumer, len(expected))
+    assert sorted(int(m.body[1:]) for m in got) == expected
+
+
 def test_pop_consumers_receive_only_selected_messages(broker, topic):
     """A SimpleConsumer with a SQL92 subscription: the broker hands out the selected messages only,
     passing long runs of others within one request."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from gms_cluster import LocalCluster
 
-from gms.client import Admin, Consumer, DamagedRecord, DamagedRecordError, Producer, ProducerRecord
+from gms.client import Admin, Consumer, DamagedRecord, DamagedRecordError, Producer, ProducerRecord, Sql
 from gms.record import decode_record, scan_records
 
 TOPIC = "bitflip"
@@ -80,6 +80,17 @@ def flip_body_bit(queue_offset: int):
     return damage
 
 
+def flip_value_bit(queue_offset: int, value: bytes):
+    """Flip bit 0x10 of the first byte of a property value of the record (``u`` becomes ``e``)."""
+    def damage(commitlog: Path) -> None:
+        path, pos, size, _ = next(r for r in records(commitlog) if r[3] == queue_offset)
+        at = pos + path.read_bytes()[pos: pos + size].index(b"\x01" + value + b"\x02") + 1
+        with open(path, "r+b") as fh:
+            fh.seek(at)
+            fh.write(bytes([value[0] ^ 0x10]))
+    return damage
+
+
 def tear_last_record(commitlog: Path) -> None:
     path, pos, size, _ = records(commitlog)[-1]
     with open(path, "r+b") as fh:  # only the first part of the record reached the disk
@@ -87,11 +98,12 @@ def tear_last_record(commitlog: Path) -> None:
         fh.write(bytes(size - 40))
 
 
-def consume(cluster: LocalCluster, expected: int, **options) -> tuple[list[tuple[int, bytes]], list[DamagedRecord]]:
+def consume(cluster: LocalCluster, expected: int, subscription: str | Sql = "*",
+            **options) -> tuple[list[tuple[int, bytes]], list[DamagedRecord]]:
     """(offset, body) of every message from the first, and the damaged records passed."""
     damaged: list[DamagedRecord] = []
     got: list[tuple[int, bytes]] = []
-    with Consumer(nameserver=cluster.nameserver, group=f"g{time.monotonic_ns()}", subscription={TOPIC: "*"},
+    with Consumer(nameserver=cluster.nameserver, group=f"g{time.monotonic_ns()}", subscription={TOPIC: subscription},
                   start_from="first", on_damaged=damaged.append, **options) as consumer:
         deadline = time.monotonic() + CONSUME_TIMEOUT_S
         while len(got) < expected and time.monotonic() < deadline:
@@ -158,6 +170,26 @@ def test_consumers_pass_a_damaged_record_raise_and_tail(cluster):
     assert f"{TOPIC}/0@{VICTIM}  DAMAGED" in "\n".join(lines)
     assert len([line for line in lines if "DAMAGED" in line]) == 1
     assert len([line for line in lines if "acked-" in line]) == len(intact)
+
+
+@pytest.mark.parametrize("subscription", [Sql("region = 'eu'"), "eu"], ids=["sql", "tag"])
+def test_filtered_reads_never_serve_a_damaged_record(cluster, subscription):
+    """Bits flipped under the running broker (no recovery sees them): the body of a message the
+    filter selects, and a property value of one it does not ('uu' made 'eu'). A filtered read
+    checks the CRC of what it reads before filtering: neither is served, the SQL read (which reads
+    both) passes both as damaged, the tag read (which reads only entries of its tag) the first."""
+    regions = ["eu" if i % 10 == 0 else "uu" for i in range(SENT)]
+    with Producer(nameserver=cluster.nameserver) as producer:
+        producer.send_batch([ProducerRecord(TOPIC, body(i), tag=regions[i], properties={"region": regions[i]})
+                             for i in range(SENT)])
+    commitlog = cluster.brokers[0].store_dir / "store" / "commitlog"
+    flip_value_bit(VICTIM + 1, b"uu")(commitlog)  # first: the scan that finds records stops at damage
+    flip_body_bit(VICTIM)(commitlog)
+    expected = [(i, body(i)) for i in range(SENT) if regions[i] == "eu" and i != VICTIM]
+
+    got, damaged = consume(cluster, len(expected), subscription)
+    assert got == expected
+    assert [d.queue_offset for d in damaged] == ([VICTIM, VICTIM + 1] if isinstance(subscription, Sql) else [VICTIM])
 
 
 def test_torn_tail_is_still_truncated(cluster):

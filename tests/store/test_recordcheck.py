@@ -175,3 +175,21 @@ def test_bad_arguments_raise_not_crash():
         _recordcheck.walk(buf, 10, 300, 5, True)
     with pytest.raises(TypeError):
         _recordcheck.slices(buf, np.zeros(1, np.int64), np.ones(1, np.int64))  # a view, not bytes
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(-3, 12), max_size=200), st.lists(st.integers(-3, 12), max_size=12, unique=True),
+       st.integers(0, 60))
+def test_pick_tags_is_isin_up_to_max_picks(hashes, wanted, max_picks):
+    """The consumeQueue scan of a tag filter: numpy's isin, cut after max_picks; the scan stops
+    one past the last pick then (few wanted hashes are compared one by one, many searched)."""
+    from gms.broker.consumequeue.consume_queue import CQ_DTYPE, pick_tags
+
+    entries = np.zeros(len(hashes), CQ_DTYPE)
+    entries["tag_hash"] = hashes
+    entries["phys"] = -1  # bytes around the hash that must not be read as one
+    expected = np.flatnonzero(np.isin(np.array(hashes, np.int64), np.array(wanted, np.int64)))
+    picked, scanned = pick_tags(entries, np.array(wanted, np.int64), max_picks)
+    assert picked.tolist() == expected[:max_picks].tolist()
+    assert scanned == (int(expected[max_picks - 1]) + 1 if 0 < max_picks <= len(expected) else
+                       0 if max_picks == 0 else len(hashes))
