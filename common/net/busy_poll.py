@@ -18,6 +18,13 @@ Each turn of a poll yields the CPU to any other runnable thread first, so pollin
 up other work on the core (on a 2-core machine, without the yields, a client and a broker
 polling at once left the kernel's writeback no core: W3's p99 went from ~155 to ~260 µs). A
 window of 0 turns it off.
+
+Polling pays only while a CPU would otherwise idle. When other tasks want every CPU (a loaded
+machine), each yield hands the CPU to one of them for its whole time slice, milliseconds, where a
+thread that had blocked would have been woken by its packet ahead of them: beside a loaded
+2-core machine's other work W3's p99 was 5-8 ms polling and ~150 µs without. So a yield that
+loses the CPU for ``YIELD_LOST_US`` or more pauses all polling in the process for
+``CONTENDED_PAUSE_S``; then it is tried again.
 """
 
 from __future__ import annotations
@@ -35,6 +42,26 @@ SERVER_WINDOW_US = 50
 CLIENT_WINDOW_US = 150
 _NS_PER_US = 1000
 _DONTWAIT = socket.MSG_DONTWAIT
+# A yield that kept the CPU from this thread this long gave it to another task's time slice: no
+# peer's handling of a small request takes that long (~50 µs here), a slice lasts milliseconds.
+YIELD_LOST_US = 500
+CONTENDED_PAUSE_S = 1.0
+
+
+class _Pause:
+    until_ns = 0  # no polling in this process before then (monotonic ns)
+
+
+def _yield_cpu() -> bool:
+    """Yield the CPU to any other runnable thread; False if it was lost for ``YIELD_LOST_US`` or
+    more (the machine is contended: polling pauses, see the module's doc)."""
+    before = time.monotonic_ns()
+    os.sched_yield()
+    after = time.monotonic_ns()
+    if after - before < YIELD_LOST_US * _NS_PER_US:
+        return True
+    _Pause.until_ns = after + int(CONTENDED_PAUSE_S * 1e9)
+    return False
 
 
 class LoopBusyPoll:
@@ -52,7 +79,10 @@ class LoopBusyPoll:
         """I/O happened: poll for the window from now."""
         if not self._window_ns:
             return
-        self._until_ns = time.monotonic_ns() + self._window_ns
+        now = time.monotonic_ns()
+        if now < _Pause.until_ns:
+            return
+        self._until_ns = now + self._window_ns
         if not self._polling:
             self._polling = True
             self._loop.call_soon(self._turn)
@@ -60,8 +90,7 @@ class LoopBusyPoll:
     def _turn(self) -> None:
         # A ready callback makes the loop's next poll return at once (a zero timeout). The loop's
         # clock is no use here: uvloop's counts whole milliseconds.
-        if time.monotonic_ns() < self._until_ns:
-            os.sched_yield()
+        if time.monotonic_ns() < self._until_ns and _yield_cpu():
             self._loop.call_soon(self._turn)
         else:
             self._polling = False
@@ -77,9 +106,9 @@ _polling = threading.Lock()
 def recv_polling(sock: socket.socket, buffer: bytearray, window_us: int) -> int | None:
     """Receive into ``buffer`` what has arrived on the blocking ``sock``, polling for up to
     ``window_us`` for something to arrive: the bytes received (0 at end of stream), or None if
-    nothing came or another thread is polling (then block as usual). Not for TLS sockets
-    (their recv takes no flags)."""
-    if not _polling.acquire(blocking=False):
+    nothing came, another thread is polling or polling is paused (then block as usual). Not for
+    TLS sockets (their recv takes no flags)."""
+    if time.monotonic_ns() < _Pause.until_ns or not _polling.acquire(blocking=False):
         return None
     try:
         deadline_ns = time.monotonic_ns() + window_us * _NS_PER_US
@@ -88,8 +117,7 @@ def recv_polling(sock: socket.socket, buffer: bytearray, window_us: int) -> int 
             try:
                 return recv_into(buffer, 0, _DONTWAIT)
             except BlockingIOError:
-                if time.monotonic_ns() >= deadline_ns:
+                if time.monotonic_ns() >= deadline_ns or not _yield_cpu():
                     return None
-                os.sched_yield()
     finally:
         _polling.release()

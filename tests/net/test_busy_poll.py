@@ -1,10 +1,15 @@
 """Busy polling: a client polls its socket for a while before blocking; a server's loop keeps
-polling after I/O instead of sleeping, and stops when the window has passed."""
+polling after I/O instead of sleeping, and stops when the window has passed, or at once when
+another task wants the CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,11 +19,40 @@ import pytest
 from gms.broker.config import BrokerConfig
 from gms.broker.store_config import StoreConfig
 from gms.client import Producer
+from gms.net import busy_poll
 from gms.net.blocking import BlockingConnection
 from gms.net.busy_poll import LoopBusyPoll, recv_polling
 from gms.net.loop import LoopThread
 from gms.net.server import RpcServer, ServerConfig
 from gms.protocol.codes import RequestCode
+
+YIELD_LOST_US = busy_poll.YIELD_LOST_US
+
+
+@pytest.fixture(autouse=True)
+def uncontended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling as on an idle machine: a loaded test host must not pause it (the contention
+    tests below turn the pause back on)."""
+    monkeypatch.setattr(busy_poll, "YIELD_LOST_US", 10**12)
+    monkeypatch.setattr(busy_poll._Pause, "until_ns", 0)
+
+
+@pytest.fixture
+def cpu_hog(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This thread and a process that never sleeps share one CPU; polling pauses as it would."""
+    monkeypatch.setattr(busy_poll, "YIELD_LOST_US", YIELD_LOST_US)
+    monkeypatch.setattr(busy_poll, "CONTENDED_PAUSE_S", 600.0)  # paused for the whole test
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # 0: this thread
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.kill()
+        hog.wait()
 
 
 @pytest.fixture
@@ -149,3 +183,40 @@ def test_one_thread_polls_at_a_time(pair: tuple[socket.socket, socket.socket]) -
     polling.join()
     c.close()
     d.close()
+
+
+def test_recv_polling_pauses_when_another_task_wants_the_cpu(pair: tuple[socket.socket, socket.socket],
+                                                             cpu_hog: None) -> None:
+    # Its first yield hands the CPU to the hog for a time slice: polling would only lose more.
+    a, _ = pair
+    start = time.monotonic()
+    assert recv_polling(a, bytearray(64), 20_000_000) is None
+    assert time.monotonic() - start < 10  # not the 20 s window
+    start = time.monotonic()
+    assert recv_polling(a, bytearray(64), 20_000_000) is None  # paused: no polling at all
+    assert time.monotonic() - start < 10
+
+
+def _loop_switches(window_us: int, wall_s: float) -> int:
+    """How often the loop's thread lost its CPU while runnable (a yield counts) during ``wall_s``
+    of waiting after a touch."""
+    loop = asyncio.new_event_loop()
+    try:
+        poll = LoopBusyPoll(loop, window_us)
+
+        async def wait() -> int:
+            start = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+            poll.touch()
+            await asyncio.sleep(wall_s)
+            return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw - start
+
+        return loop.run_until_complete(wait())
+    finally:
+        loop.close()
+
+
+def test_loop_stops_polling_when_another_task_wants_the_cpu(cpu_hog: None) -> None:
+    # A 20 s window, 2 s of it waited: polling, every turn's yield would give the hog a time slice
+    # (hundreds); paused, the loop sleeps until its timer.
+    assert _loop_switches(20_000_000, 2) < 50
+    assert _loop_switches(20_000_000, 2) < 50  # paused: a touch starts no polling
