@@ -114,7 +114,8 @@ def test_scheduled_messages_from_the_command_line(env, topic):
     delay_s = 8
     produced_at = time.time()
     kept = json.loads(gms(env, "produce", topic, "kept", "--delay", str(delay_s), "--json").stdout)["results"][0]
-    recalled = json.loads(gms(env, "produce", topic, "recalled", "--delay", str(delay_s), "--json").stdout)["results"][0]
+    recalled = json.loads(
+        gms(env, "produce", topic, "recalled", "--delay", str(delay_s), "--json").stdout)["results"][0]
     shown = gms(env, "msg", "show", kept["msg_id"]).stdout
     assert "deliver at" in shown and "scheduled" in shown
     assert "cancelled" in gms(env, "msg", "cancel", recalled["msg_id"]).stdout
