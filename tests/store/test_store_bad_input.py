@@ -56,6 +56,7 @@ def assert_nothing_stored(store):
     assert store._commitlog.committed_pos == 0
 
 
+# Named ids: the records hold the time they were made, and every pytest-xdist worker must collect the same tests.
 @pytest.mark.parametrize("bad, error", [
     (raw_record(body=b""), EmptyBody),
     (raw_record(body=b"x" * 2049), BodyTooLarge),
@@ -68,7 +69,8 @@ def assert_nothing_stored(store):
     (raw_record(topic=b"\xff\xfe"), CorruptRecord),
     (non_utf8_tag(), CorruptRecord),
     (forged_tag_hash(rec.encode_record(topic="t", body=b"x", tag="a")), InvalidRecord),
-])
+], ids=["empty-body", "body-too-large", "topic-path", "topic-space", "topic-dots", "unknown-topic", "queue-4",
+        "queue-minus-1", "topic-not-utf8", "tag-not-utf8", "forged-tag-hash"])
 @AROUND
 def test_bad_record_rejects_whole_batch(store_dir, bad, error, around):
     with MessageStore(store_dir, small_config(body_size_max_bytes=2048, commitlog_file_size_bytes=1 << 20)) as store:
