@@ -189,8 +189,10 @@ class _Sender:
         queue was on its way (the broker expects it, or does not know the producer yet), or the
         lane started a new epoch while this attempt was out (its old number is fenced). A batch
         refused for its number although it was the ``oldest`` when it left starts that new epoch
-        (the broker forgot the producer, or expects a batch that will never come) and counts the
-        attempt."""
+        (the broker forgot the producer, or expects a batch that will never come, as after a send
+        the broker refused before storing it): numbered 0 then, it goes again without counting
+        the attempt. Only a batch 0 refused so counts it (no broker refuses one: a bound, not a
+        case)."""
         sequencer = cast(Sequencer, self.sequencer)
         if err.retriable:
             sequencer.failed(ticket)
@@ -198,9 +200,11 @@ class _Sender:
         if isinstance(err, (OutOfOrderSequenceError, UnknownProducerIdError)):
             if renumbered or not oldest:
                 return True
+            if ticket.sequence.sequence == 0:
+                return False
             log.info("%s; numbering the queue's batches from 0 again under a new epoch", err)
             sequencer.restart(ticket)
-            return False
+            return True
         if isinstance(err, ProducerFencedError) and renumbered:
             sequencer.failed(ticket)
             return True
