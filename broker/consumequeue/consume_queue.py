@@ -150,12 +150,14 @@ class ConsumeQueue:
             f = self._file(start, files)
             slot = start % self.entries_per_file
             take = min(count, self.entries_per_file - slot)
-            parts.append(f.array[slot * CQ_UNIT.size: (slot + take) * CQ_UNIT.size].view(CQ_DTYPE))
+            parts.append(f.array[slot * CQ_UNIT.size: (slot + take) * CQ_UNIT.size])
             start += take
             count -= take
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty(0, CQ_DTYPE)
+        if not parts:
+            return np.empty(0, CQ_DTYPE)
+        # Joined as bytes: numpy joins big-endian records into native-order ones, and readers of
+        # the raw entries (pick_tags) take them as stored.
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(CQ_DTYPE)
 
     def flush(self) -> None:
         """fdatasync the files written since the last flush (and close the deleted files readers
