@@ -70,6 +70,7 @@ def main() -> None:
         spark = (SparkSession.builder.master("local[2]").appName("bench_spark")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                  .config("spark.sql.shuffle.partitions", "2")
+                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         register(spark)

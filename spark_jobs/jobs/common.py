@@ -14,6 +14,7 @@ from gms.spark_jobs.datasource import SOURCE_NAME, register
 
 MASTER_DEFAULT = "local[*]"
 SPARK_SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set when spark-submit runs the Python driver
+LOCAL_IP_ENV = "SPARK_LOCAL_IP"  # the user's own choice of the driver's address
 
 
 def spark_session(app_name: str, master: str | None) -> SparkSession:
@@ -24,6 +25,9 @@ def spark_session(app_name: str, master: str | None) -> SparkSession:
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
+    if master and master.startswith("local") and LOCAL_IP_ENV not in os.environ:
+        # Spark otherwise binds the driver to the host's first interface: a local job stays on loopback.
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     spark = builder.getOrCreate()
     register(spark)
     return spark

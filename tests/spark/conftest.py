@@ -19,7 +19,9 @@ def spark():
 
     session = (SparkSession.builder.master("local[2]").appName("gms-tests")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     session.gms_corrupt = register(session)
     yield session
