@@ -18,7 +18,7 @@ from pathlib import Path
 class StoreHealth(enum.Enum):
     WRITABLE = "writable"
     READ_ONLY = "read_only"  # a flush failed: writes stop until a restart (which runs recovery)
-    DISK_FULL = "disk_full"  # the last append that needed a new file got no space (nothing lost)
+    DISK_FULL = "disk_full"  # the last append found no disk space for its bytes or a new file (nothing lost)
 
 
 def out_of_space(err: BaseException) -> bool:

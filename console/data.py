@@ -25,7 +25,7 @@ BROKER_STATUS_FIELDS = ("version", "uptime_s", "flush_mode", "store_health", "di
                         "connections", "error")
 STORE_TROUBLE = {  # BROKER_STATUS store_health values that need an operator, and what to do
     "read_only": "a disk flush failed and it refuses writes until restarted: check the disk, then restart it",
-    "disk_full": "no space for new store files: free disk space or shorten the retention",
+    "disk_full": "the disk is full: sends that need more space fail; free disk space or shorten the retention",
 }
 
 
