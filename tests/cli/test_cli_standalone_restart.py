@@ -33,13 +33,8 @@ def run_once(data_dir, *args: str) -> dict[str, str]:
     try:
         addresses = read_addresses(proc)
         assert wait_broker_registered(addresses["nameserver"]), "the broker did not register"
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        stop(proc)
     return addresses
 
 
