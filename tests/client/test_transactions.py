@@ -82,7 +82,7 @@ def test_commit_shows_every_message_once_in_order_and_rollback_none(broker_facto
     with Admin([broker.address]) as admin:
         admin.create_topic("orders", queues=2)
     with Producer([broker.address], group="shop") as producer:
-        producer.send("orders", b"plain before")
+        producer.send("orders", b"plain before", queue=0)
         with producer.begin_transaction() as tx:
             for i in range(4):
                 producer.send("orders", b"tx-%d" % i, tag="created", keys=[f"order-{i}"],
