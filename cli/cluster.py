@@ -99,7 +99,8 @@ def _survey(nameserver: str) -> tuple[dict[str, Any], list[dict[str, Any]], list
 
 _STORE_TROUBLE = {  # BROKER_STATUS store_health values that need an operator
     "read_only": "a disk flush failed, it refuses writes until restarted; check the disk first",
-    "disk_full": "the disk is full: sends that need more space fail (nothing acknowledged is lost); free space or shorten retention",
+    "disk_full": "the disk is full: sends that need more space fail (nothing acknowledged is lost);"
+                 " free space or shorten retention",
 }
 QUEUES_LISTED_MAX = 8  # a whole dead broker's queues would drown the message
 
