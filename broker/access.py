@@ -21,6 +21,7 @@ COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on to
 GET_CONSUMER_GROUP_MEMBERS, FIND_COORD.   describe on the group
 DELETE_GROUP                              admin on the group
 CREATE/UPDATE/DELETE_TOPIC                admin on the topic
+CREATE_TOPICS                             admin on every topic it names
 TOPIC_LIST, BROKER_STATUS                 describe on the cluster
 REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH    the replica principal of the very broker named
                                           in ``replica`` (a broker's own identity); nobody else
@@ -37,6 +38,7 @@ from gms.errors import BadRequestError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame
+from gms.protocol.topic_batch import topic_entries
 from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_topic
 from gms.security.gate import current_principal, forbidden
 from gms.security.users import Principal
@@ -92,6 +94,8 @@ POLICY: dict[int, Policy] = {
     RequestCode.FIND_COORDINATOR: _group("describe"),
     RequestCode.DELETE_GROUP: _group("admin"),
     RequestCode.CREATE_TOPIC: on_topic("admin"),
+    RequestCode.CREATE_TOPICS: lambda fields: [check for entry in topic_entries(fields)
+                                               for check in on_topic("admin")(entry)],
     RequestCode.UPDATE_TOPIC: on_topic("admin"),
     RequestCode.DELETE_TOPIC: on_topic("admin"),
     RequestCode.TOPIC_LIST: on_cluster("describe"),

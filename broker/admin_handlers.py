@@ -1,7 +1,7 @@
 """Topic administration, broker status, and the group offsets an operator sets or deletes
 (``gms group reset-offsets`` / ``gms group delete``).
 
-CREATE_TOPIC, UPDATE_TOPIC and DELETE_TOPIC are a standalone broker's own. A broker in a
+CREATE_TOPIC, CREATE_TOPICS, UPDATE_TOPIC and DELETE_TOPIC are a standalone broker's own. A broker in a
 cluster (started with ``--nameserver``) refuses them: its topics follow the queue assignments
 the nameservers write to etcd, and a topic created, changed or deleted on one replica alone
 would disagree with the routes (a direct DELETE_TOPIC wiped a replica the nameserver kept
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 from gms import __version__
 from gms.broker.group_handlers import group_name_field, queue_rows
 from gms.broker.topics import TopicLimits
-from gms.errors import BadRequestError, GroupNotEmptyError
+from gms.errors import BadRequestError, GmsError, GroupNotEmptyError
 from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
+from gms.protocol.topic_batch import entry_name, error_row, ok_row, topic_entries
 from gms.store_errors import UnknownTopic
 
 if TYPE_CHECKING:
@@ -48,6 +49,21 @@ class AdminHandlers:
         topic = check_creatable(field(request.fields, "topic", str), system)
         self.store.create_topic(topic, queues, limits)
         return Response()
+
+    async def create_topics(self, request: Frame) -> Response:
+        """Each entry as its own CREATE_TOPIC would create it; a result row per entry, one
+        topic's failure not failing the others (docs/protocol.md)."""
+        entries = topic_entries(request.fields)
+        self._refuse_in_cluster("create", " ".join(str(entry_name(e)) for e in entries))
+        rows = []
+        for entry in entries:  # a name given twice: the second finds the first created
+            name = entry_name(entry)
+            try:
+                await self.create_topic(request._replace(fields=entry))
+                rows.append(ok_row(name, queues=self.store.topics()[name]))
+            except GmsError as err:
+                rows.append(error_row(name, err))
+        return Response({"topics": rows})
 
     async def update_topic(self, request: Frame) -> Response:
         """Grow the queue count and/or change the settings named (a standalone broker's topics)."""

@@ -384,6 +384,7 @@ class BrokerServer:
             RequestCode.GET_CONSUMER_GROUP_MEMBERS: groups.describe,
             RequestCode.FIND_COORDINATOR: groups.find_coordinator,
             RequestCode.CREATE_TOPIC: admin.create_topic,
+            RequestCode.CREATE_TOPICS: admin.create_topics,
             RequestCode.UPDATE_TOPIC: admin.update_topic,
             RequestCode.DELETE_TOPIC: admin.delete_topic,
             RequestCode.TOPIC_LIST: admin.topic_list,

@@ -16,7 +16,8 @@ from gms.cli.options import (
     topic_setting_options,
     topic_settings,
 )
-from gms.cli.output import print_json, show, table
+from gms.cli.output import error_text, print_json, show, table
+from gms.client.admin import TopicResult, TopicSpec
 from gms.naming import is_group_topic
 
 
@@ -54,26 +55,51 @@ def duration_text(ms: int) -> str:
 
 
 @topic.command()
-@topic_argument
+@click.argument("topics", metavar="TOPIC...", nargs=-1, required=True)
 @queues_option
 @click.option("--replicas", "-r", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Copies of each queue, on different brokers.")
 @topic_setting_options
 @nameserver_option
 @json_option
-def create(topic: str, queues: int | None, replicas: int, nameserver: str, as_json: bool,
-           **setting_options: Any) -> None:
-    """Create TOPIC; its queues are spread over the live brokers. Settings not given take their
-    defaults."""
+@click.pass_context
+def create(ctx: click.Context, topics: tuple[str, ...], queues: int | None, replicas: int, nameserver: str,
+           as_json: bool, **setting_options: Any) -> None:
+    """Create TOPIC (several: all in one request); the queues are spread over the live brokers.
+    Settings not given take their defaults. With several topics, a line per topic; one that
+    cannot be created (exists, invalid name) does not stop the others, and the exit code is 1."""
     settings = topic_settings(**setting_options)
     with open_admin(nameserver) as admin:
-        route = admin.create_topic(topic, queues or 8, replicas=replicas, settings=settings)
+        if len(topics) > 1:
+            specs = [TopicSpec(name, queues or 8, settings, replicas) for name in topics]
+            results = admin.create_topics(specs)
+        else:
+            route = admin.create_topic(topics[0], queues or 8, replicas=replicas, settings=settings)
+    if len(topics) > 1:
+        _show_created(results, as_json)
+        ctx.exit(0 if all(r.created for r in results) else 1)
     if as_json:
         print_json(route)
         return
     brokers = {q["leader"] for q in route["queues"]}
-    click.echo(f"created topic {topic}: {len(route['queues'])} queues on {len(brokers)} broker(s)")
+    click.echo(f"created topic {topics[0]}: {len(route['queues'])} queues on {len(brokers)} broker(s)")
     show(_route_table(route), _settings_table(route))
+
+
+def _show_created(results: list[TopicResult], as_json: bool) -> None:
+    """A line per topic of a many-topic create (the failed ones on stderr), or a JSON list."""
+    if as_json:
+        print_json([{"topic": r.topic, "created": r.created, "error": None if r.error is None else str(r.error),
+                     "queues": r.queues, "replication_factor": r.replication_factor, "brokers": list(r.brokers)}
+                    for r in results])
+        return
+    for r in results:
+        if r.error is None:
+            click.echo(f"created topic {r.topic}: {r.queues} queues on {len(r.brokers)} broker(s)")
+        else:
+            click.echo(f"cannot create topic {r.topic}: {error_text(r.error)}", err=True)
+    failed = sum(not r.created for r in results)
+    click.echo(f"{len(results) - failed} of {len(results)} topics created", err=bool(failed))
 
 
 @topic.command()

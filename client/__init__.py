@@ -8,7 +8,7 @@ Routes come from nameservers (``nameserver="host:9876,host2:9876"``) or a fixed 
         for msg in c: ...
 """
 
-from gms.client.admin import Admin
+from gms.client.admin import Admin, TopicResult, TopicSpec
 from gms.client.consumer import Consumer, Sql
 from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
@@ -48,6 +48,8 @@ __all__ = [
     "Sql",
     "StaticRoutes",
     "TopicQueue",
+    "TopicResult",
+    "TopicSpec",
     "Transaction",
     "TransactionState",
 ]

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gms.client.connections import msg_id_prefix
@@ -33,10 +33,12 @@ from gms.errors import (
     ServiceUnavailableError,
     TopicNotFoundError,
     TransactionNotFoundError,
+    error_for_status,
 )
 from gms.msgid import MessageId, decode_msg_id
-from gms.protocol.codes import RequestCode
+from gms.protocol.codes import RequestCode, Status
 from gms.protocol.frame import Frame
+from gms.protocol.topic_batch import CREATE_TOPICS_MAX
 from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
 from gms.security.scram import Credential
@@ -45,6 +47,48 @@ from gms.tags import MATCH_ALL
 
 DEFAULT_QUEUE_COUNT = 8
 TRACE_RECORDS_MAX = 256  # trace records of one message each broker answers (FIND_BY_KEY)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicSpec:
+    """One topic of :meth:`Admin.create_topics` (the arguments of ``create_topic``)."""
+
+    name: str
+    queues: int = DEFAULT_QUEUE_COUNT
+    settings: Mapping[str, Any] | None = None
+    replicas: int = 1
+
+    def fields(self, *, replicas: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {"topic": self.name, "queues": self.queues}
+        if self.settings:
+            fields["settings"] = dict(self.settings)
+        if replicas:
+            fields["replicas"] = self.replicas
+        return fields
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicResult:
+    """What became of one topic of :meth:`Admin.create_topics`: created when ``error`` is None
+    (then ``queues``, and with a nameserver ``replication_factor`` and ``brokers``: the
+    addresses holding its queues), else the error its own ``create_topic`` would have raised
+    (TopicAlreadyExistsError, InvalidTopicError, NotEnoughReplicasError...)."""
+
+    topic: str
+    error: GmsError | None = None
+    queues: int | None = None
+    replication_factor: int | None = None
+    brokers: tuple[str, ...] = ()
+
+    @property
+    def created(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def from_row(cls, topic: str, row: Mapping[str, Any]) -> TopicResult:
+        if row["status"] != Status.SUCCESS:
+            return cls(topic, error_for_status(row["status"], row.get("error", "")))
+        return cls(topic, None, row.get("queues"), row.get("replication_factor"), tuple(row.get("brokers", ())))
 
 
 class Admin:
@@ -92,6 +136,32 @@ class Admin:
             self._ask(self.brokers(), RequestCode.CREATE_TOPIC, fields)
             return {}
         return self._ask_nameserver(RequestCode.CREATE_TOPIC, {**fields, "replicas": replicas})
+
+    def create_topics(self, topics: Iterable[TopicSpec | tuple[Any, ...] | str]) -> list[TopicResult]:
+        """Create many topics in one round trip (per CREATE_TOPICS_MAX of them): each a TopicSpec,
+        a tuple of its fields (``(name, queues, settings)``) or a name (8 queues). A result per
+        topic, in order; one topic's failure (invalid, already exists, named twice) does not fail
+        the others. With a nameserver they are placed together and written to etcd in a few
+        transactions, and each created topic is routed when this returns; given brokers, each
+        broker creates them. Errors of the request itself (nameserver or etcd unreachable, not
+        allowed) raise."""
+        specs = [t if isinstance(t, TopicSpec) else TopicSpec(t) if isinstance(t, str) else TopicSpec(*t)
+                 for t in topics]
+        results: list[TopicResult] = []
+        for start in range(0, len(specs), CREATE_TOPICS_MAX):
+            part = specs[start:start + CREATE_TOPICS_MAX]
+            fields = {"topics": [spec.fields(replicas=self._nameserver is not None) for spec in part]}
+            rows = self._topic_rows(fields)
+            results += [TopicResult.from_row(spec.name, row) for spec, row in zip(part, rows, strict=True)]
+        return results
+
+    def _topic_rows(self, fields: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """CREATE_TOPICS' result rows; given brokers, a topic's row is the first broker's failure."""
+        if self._nameserver is not None:
+            return list(self._ask_nameserver(RequestCode.CREATE_TOPICS, fields)["topics"])
+        answers = [answer["topics"] for answer in self._ask(self.brokers(), RequestCode.CREATE_TOPICS, fields)]
+        return [next((row for row in rows if row["status"] != Status.SUCCESS), rows[0])
+                for rows in zip(*answers, strict=True)]
 
     def update_topic(self, topic: str, queues: int | None = None, *,
                      settings: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -7,6 +7,8 @@ GET_BROKER_LIST                                any authenticated user (clients f
 TOPIC_LIST, CLUSTER_STATUS                     describe on the cluster
 CREATE/UPDATE/DELETE_TOPIC                     admin on the topic (creating a group's retry or
                                                dead-letter topic: subscribe on the group)
+CREATE_TOPICS                                  as CREATE_TOPIC, on every topic it names (one
+                                               refused refuses the request)
 GROUP_SETTINGS_PUT / _DELETE                   admin on the group
 GROUP_SETTINGS_GET                             describe on the group (its consumers read it)
 INIT_PRODUCER_ID                               any authenticated user (an idempotent producer's id)
@@ -17,10 +19,14 @@ USER_* and ACL_*                               super users only
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from gms.naming import group_of_topic
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame
+from gms.protocol.topic_batch import topic_entries
 from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_topic
 from gms.security.gate import forbidden
 from gms.security.users import Principal
@@ -32,6 +38,10 @@ def _create_topic(topic: str) -> list[Check]:
     return [("group", group, "subscribe")] if group is not None else [("topic", topic, "admin")]
 
 
+def _create_topics(fields: Mapping[str, Any]) -> list[Check]:
+    return [check for entry in topic_entries(fields) for check in _create_topic(field(entry, "topic", str))]
+
+
 POLICY: dict[int, Policy] = {
     RequestCode.GET_ROUTE: on_topic("describe"),
     RequestCode.TOPIC_LIST: on_cluster("describe"),
@@ -39,6 +49,7 @@ POLICY: dict[int, Policy] = {
     RequestCode.INIT_PRODUCER_ID: lambda fields: [],
     RequestCode.CLUSTER_STATUS: on_cluster("describe"),
     RequestCode.CREATE_TOPIC: lambda fields: _create_topic(field(fields, "topic", str)),
+    RequestCode.CREATE_TOPICS: _create_topics,
     RequestCode.UPDATE_TOPIC: on_topic("admin"),
     RequestCode.DELETE_TOPIC: on_topic("admin"),
     RequestCode.GROUP_SETTINGS_PUT: lambda fields: [("group", field(fields, "group", str), "admin")],

@@ -3,7 +3,7 @@ administration through etcd transactions.
 
 Reads (GET_ROUTE, GET_BROKER_LIST, TOPIC_LIST) never touch etcd: they come from
 :class:`ClusterView`, so they keep answering while etcd is down. Writes (CREATE/UPDATE/
-DELETE_TOPIC) are etcd round trips run off the event loop; with etcd unreachable they fail with
+DELETE_TOPIC, CREATE_TOPICS) are etcd round trips run off the event loop; with etcd unreachable they fail with
 SERVICE_UNAVAILABLE. After a write, the handler waits (briefly) until this nameserver's own view
 shows it, so a client that creates a topic and then asks the same nameserver for its route finds
 it. Each nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster
@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -27,8 +27,16 @@ from gms.cluster.cluster_view import ClusterView, TopicRoute, ViewChange, comput
 from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.lease import LeaseKeeper
-from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys
-from gms.cluster.model import DEFAULT_QUEUE_COUNT, BrokerInfo, GroupSettings, TopicMetadata, TopicSettings
+from gms.cluster.metadata import DEFAULT_PREFIX, ClusterMetadata, Keys, NewTopic
+from gms.cluster.model import (
+    DEFAULT_QUEUE_COUNT,
+    BrokerInfo,
+    GroupSettings,
+    TopicMetadata,
+    TopicSettings,
+    validate_queue_count,
+    validate_replicas,
+)
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError, TopicNotFoundError
 from gms.monitoring.http import MonitoringServer
 from gms.nameserver.access import NameserverAccess
@@ -39,6 +47,7 @@ from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
+from gms.protocol.topic_batch import entry_name, error_row, ok_row, repeated_name, topic_entries
 from gms.security.acl import AclRule, AclTable
 from gms.security.authorizer import Authorizer
 from gms.security.config import SecurityConfig
@@ -157,6 +166,7 @@ class NameServer:
                 RequestCode.REGISTER_BROKER: self._register_broker,
                 RequestCode.TOPIC_LIST: self._topic_list,
                 RequestCode.CREATE_TOPIC: self._create_topic,
+                RequestCode.CREATE_TOPICS: self._create_topics,
                 RequestCode.UPDATE_TOPIC: self._update_topic,
                 RequestCode.DELETE_TOPIC: self._delete_topic,
                 RequestCode.GROUP_SETTINGS_PUT: self._put_group_settings,
@@ -382,10 +392,12 @@ class NameServer:
         try:
             return await asyncio.to_thread(fn)
         except EtcdUnavailable as err:
-            raise ServiceUnavailableError(
-                f"cannot {what}: etcd ({self.etcd_endpoints}) is unreachable; topic changes need"
-                " etcd, existing routes are still served. Retry once etcd is back."
-            ) from err
+            raise self._unavailable(what) from err
+
+    def _unavailable(self, what: str) -> ServiceUnavailableError:
+        return ServiceUnavailableError(
+            f"cannot {what}: etcd ({self.etcd_endpoints}) is unreachable; topic changes need"
+            " etcd, existing routes are still served. Retry once etcd is back.")
 
     async def _create_topic(self, request: Frame) -> Response:
         fields = request.fields
@@ -400,6 +412,52 @@ class NameServer:
         )
         await self._until_view(lambda: name in self._topic_names())
         return Response(fields=self._placement(topic))
+
+    async def _create_topics(self, request: Frame) -> Response:
+        """Many topics in one request (docs/protocol.md): each entry checked as CREATE_TOPIC checks
+        its fields, the valid ones written together (``ClusterMetadata.create_topics``); a row
+        per entry, in request order, says what became of it."""
+        rows: list[dict[str, Any] | None] = []
+        specs: list[NewTopic] = []
+        seen: set[str] = set()
+        for entry in topic_entries(request.fields):
+            try:
+                specs.append(self._new_topic(entry, seen))
+                rows.append(None)
+            except GmsError as err:
+                rows.append(error_row(entry_name(entry), err))
+        metadata = self._require_metadata()
+        written: list[TopicMetadata | GmsError] = await self._write(
+            f"create {len(specs)} topics", lambda: metadata.create_topics(specs)) if specs else []
+        created = {t.name for t in written if isinstance(t, TopicMetadata)}
+        await self._until_view(lambda: created <= self._topic_names())
+        addresses = {b.broker_id: b.address for b in self.view.brokers()}
+        results = iter(zip(specs, written, strict=True))
+        for n, row in enumerate(rows):
+            if row is None:
+                rows[n] = self._created_row(*next(results), addresses)
+        return Response(fields={"topics": rows})
+
+    @staticmethod
+    def _new_topic(entry: Mapping[str, Any], seen: set[str]) -> NewTopic:
+        name = check_creatable(field(entry, "topic", str), field(entry, SYSTEM_TOPIC_FIELD, bool, False))
+        spec = NewTopic(name, validate_queue_count(field(entry, "queues", int, DEFAULT_QUEUE_COUNT)),
+                        validate_replicas(field(entry, "replicas", int, 1)),
+                        TopicSettings.from_dict(field(entry, "settings", dict, {})))
+        repeated_name(name, seen)  # only a valid entry takes its name
+        return spec
+
+    def _created_row(self, spec: NewTopic, result: TopicMetadata | GmsError,
+                     addresses: Mapping[str, str]) -> dict[str, Any]:
+        """A written topic's row: its queue count, replication factor and the brokers holding it
+        (not the route: a thousand routes would not fit one answer)."""
+        if isinstance(result, EtcdUnavailable):
+            return error_row(spec.name, self._unavailable(f"create topic {spec.name}"))
+        if isinstance(result, GmsError):
+            return error_row(spec.name, result)
+        brokers = sorted({addresses.get(r, r) for q in result.queues for r in q.replicas})
+        return ok_row(result.name, queues=result.queue_count, replication_factor=result.replication_factor,
+                      brokers=brokers)
 
     async def _update_topic(self, request: Frame) -> Response:
         fields = request.fields

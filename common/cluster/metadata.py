@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from gms.cluster.errors import ConcurrentUpdate, ControllerFenced
+from gms.cluster.errors import ConcurrentUpdate, ControllerFenced, EtcdUnavailable
 from gms.cluster.etcd_client import (
     Compare,
     CreateRevisionIs,
@@ -41,7 +41,7 @@ from gms.cluster.model import (
     new_topic,
     validate_name,
 )
-from gms.errors import BadRequestError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.errors import BadRequestError, GmsError, TopicAlreadyExistsError, TopicNotFoundError
 from gms.security.acl import AclRule
 from gms.security.users import User, check_user_name
 
@@ -51,6 +51,10 @@ CAS_ATTEMPTS_MAX = 8  # compare-and-swap retries before reporting a concurrent w
 # ISR updates of different queues of one topic race on the same key (every leader of every
 # queue may shrink at once after a broker dies), so they get more attempts.
 ISR_CAS_ATTEMPTS_MAX = 64
+# etcd's defaults: --max-txn-ops 128 (compares and puts counted apart) and --max-request-bytes
+# 1.5 MiB; a batch of new topics is written in transactions within both.
+TXN_OPS_MAX = 128
+TXN_VALUE_BYTES_MAX = 1024 * 1024
 
 
 class Keys:
@@ -223,18 +227,69 @@ class ClusterMetadata:
         """Place the queues on the live brokers and write the topic in one transaction that
         fails if the topic exists or any chosen broker's registration changed meanwhile."""
         validate_name("topic", name)
-        key = self.keys.topic(name)
+        (result,) = self.create_topics([NewTopic(name, queue_count, replicas, settings or TopicSettings())])
+        if isinstance(result, GmsError):
+            raise result
+        return result
+
+    def create_topics(self, specs: Sequence[NewTopic]) -> list[TopicMetadata | GmsError]:
+        """Create many topics: each one's written topic, or the error that topic alone met
+        (invalid, already exists, too few brokers, etcd lost mid-way). The live brokers are read
+        once and every topic placed on them; the topics are then written as few transactions as
+        etcd takes (:func:`_txn_chunks`), each failing if one of its topics exists or a broker's
+        registration changed meanwhile. A failed transaction's topics that exist are reported;
+        the others are placed again and retried. EtcdUnavailable fails the call while nothing is
+        written, else the topics not written yet."""
+        results: list[TopicMetadata | GmsError | None] = [None] * len(specs)
+        pending = list(range(len(specs)))
         for _ in range(CAS_ATTEMPTS_MAX):
-            broker_kvs = self._broker_kvs()
-            broker_ids = [BrokerInfo.from_json(kv.value).broker_id for kv in broker_kvs]
-            topic = new_topic(name, queue_count, replicas, settings or TopicSettings(), broker_ids)
-            compare: list[Compare] = [KeyMissing(key)]
-            compare += [ModRevisionIs(kv.key.decode(), kv.mod_revision) for kv in broker_kvs]
-            if self.client.txn(compare, [Put(key, topic.to_json())]):
-                return topic
-            if self.client.get(key) is not None:
-                raise TopicAlreadyExistsError(f"topic {name} already exists")
-        raise ConcurrentUpdate(f"brokers kept changing while creating topic {name}")
+            try:
+                pending = self._place_and_write(specs, pending, results)
+            except EtcdUnavailable as err:
+                if not any(isinstance(r, TopicMetadata) for r in results):
+                    raise
+                results = [err if r is None else r for r in results]
+                pending = []
+            if not pending:
+                break
+        for i in pending:
+            results[i] = ConcurrentUpdate(f"brokers kept changing while creating topic {specs[i].name}")
+        return [r for r in results if r is not None]
+
+    def _place_and_write(self, specs: Sequence[NewTopic], pending: list[int],
+                         results: list[TopicMetadata | GmsError | None]) -> list[int]:
+        """Place the ``pending`` topics on the live brokers and write them; those to place again."""
+        broker_kvs = self._broker_kvs()
+        broker_ids = [BrokerInfo.from_json(kv.value).broker_id for kv in broker_kvs]
+        fences: list[Compare] = [ModRevisionIs(kv.key.decode(), kv.mod_revision) for kv in broker_kvs]
+        placed: dict[int, TopicMetadata] = {}
+        for i in pending:
+            try:
+                placed[i] = new_topic(*specs[i], broker_ids)
+            except GmsError as err:
+                results[i] = err
+        again: list[int] = []
+        for chunk in _txn_chunks([(i, topic.to_json()) for i, topic in placed.items()], len(fences)):
+            again += self._write_new_topics(chunk, fences, specs, placed, results)
+        return again
+
+    def _write_new_topics(self, chunk: list[tuple[int, bytes]], fences: list[Compare], specs: Sequence[NewTopic],
+                          placed: dict[int, TopicMetadata], results: list[TopicMetadata | GmsError | None],
+                          ) -> list[int]:
+        """One transaction of new topics; those to place again (a broker changed) are returned."""
+        keys = {i: self.keys.topic(specs[i].name) for i, _ in chunk}
+        compare = fences + [KeyMissing(keys[i]) for i, _ in chunk]
+        if self.client.txn(compare, [Put(keys[i], value) for i, value in chunk]):
+            for i, _ in chunk:
+                results[i] = placed[i]
+            return []
+        again = []
+        for i, _ in chunk:
+            if self.client.get(keys[i]) is not None:
+                results[i] = TopicAlreadyExistsError(f"topic {specs[i].name} already exists")
+            else:
+                again.append(i)
+        return again
 
     def get_topic(self, name: str) -> TopicMetadata:
         kv = self.client.get(self.keys.topic(validate_name("topic", name)))
@@ -365,3 +420,27 @@ class ClusterMetadata:
 
     def _live_broker_ids(self) -> Sequence[str]:
         return [info.broker_id for info in self.live_brokers()]
+
+
+class NewTopic(NamedTuple):
+    """A topic to create: what ``new_topic`` places."""
+
+    name: str
+    queue_count: int = DEFAULT_QUEUE_COUNT
+    replicas: int = 1
+    settings: TopicSettings = TopicSettings()
+
+
+def _txn_chunks(values: list[tuple[int, bytes]], fences: int) -> list[list[tuple[int, bytes]]]:
+    """``values`` in runs one etcd transaction takes: at most TXN_OPS_MAX compares (the
+    ``fences`` plus one per topic) and TXN_VALUE_BYTES_MAX of values (one topic at least)."""
+    per_txn = max(1, TXN_OPS_MAX - fences)
+    chunks: list[list[tuple[int, bytes]]] = []
+    size = 0
+    for item in values:
+        if not chunks or len(chunks[-1]) >= per_txn or size + len(item[1]) > TXN_VALUE_BYTES_MAX:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += len(item[1])
+    return chunks

@@ -51,6 +51,7 @@ class RequestCode(IntEnum):
     RESET_OFFSETS = 56
     DELETE_GROUP = 57
     LIST_TRANSACTIONS = 58  # the open transactions a broker holds (``gms tx list``)
+    CREATE_TOPICS = 59  # many topics in one request, a result per topic (nameserver and standalone broker)
 
     # 100-119: nameserver.
     REGISTER_BROKER = 100

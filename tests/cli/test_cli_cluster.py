@@ -171,3 +171,24 @@ def test_group_config_sets_what_the_groups_consumers_use(gms, cluster, topic):
 
     gms("group", "config", "settled", "--reset")
     assert json.loads(gms("group", "config", "settled", "--json").stdout)["own"] is False
+
+
+def test_topic_create_many_names_in_one_call(gms, cluster):
+    first, second, third = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    made = gms("topic", "create", first, second, "--queues", str(QUEUES))
+    assert made.stdout.splitlines() == [f"created topic {first}: {QUEUES} queues on {BROKERS} broker(s)",
+                                        f"created topic {second}: {QUEUES} queues on {BROKERS} broker(s)",
+                                        "2 of 2 topics created"]
+    mixed = gms("topic", "create", third, first, "bad/name", third, "--json", ok=False)
+    assert mixed.returncode == 1
+    rows = json.loads(mixed.stdout)
+    assert [(r["topic"], r["created"], r["queues"]) for r in rows] == [
+        (third, True, 8), (first, False, None), ("bad/name", False, None), (third, False, None)]
+    assert "already exists" in rows[1]["error"] and "named more than once" in rows[3]["error"]
+    assert "bad/name" in rows[2]["error"]
+    failed = gms("topic", "create", first, f"{third}x", ok=False)
+    assert failed.returncode == 1
+    assert failed.stdout == f"created topic {third}x: 8 queues on {BROKERS} broker(s)\n"
+    assert failed.stderr == f"cannot create topic {first}: topic {first} already exists\n1 of 2 topics created\n"
+    listed = json.loads(gms("topic", "list", "--json").stdout)
+    assert (listed[first], listed[second], listed[third], listed[f"{third}x"]) == (QUEUES, QUEUES, 8, 8)

@@ -40,6 +40,7 @@ def test_etcd_killed_and_restarted(tmp_path):
         assert ns.call(C.TOPIC_LIST) == {"topics": {"t": 2}}
         for code, fields in [
             (C.CREATE_TOPIC, {"topic": "u"}),
+            (C.CREATE_TOPICS, {"topics": [{"topic": "u"}, {"topic": "v"}]}),
             (C.UPDATE_TOPIC, {"topic": "t", "queues": 4}),
             (C.DELETE_TOPIC, {"topic": "t"}),
         ]:

@@ -10,7 +10,7 @@ import pytest
 from processes import wait_until
 from secured_cluster import SecuredCluster
 
-from gms.client import Consumer, Producer
+from gms.client import Admin, Consumer, Producer
 from gms.errors import ForbiddenError, GmsError, ServiceUnavailableError, UnauthenticatedError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
@@ -129,6 +129,17 @@ def test_a_batch_with_one_forbidden_topic_stores_nothing(cluster):
     with cluster.admin() as admin:
         assert {q["max_offset"] for q in admin.topic_stats("sec-batch-ok")} == {0}
         assert {q["max_offset"] for q in admin.topic_stats("sec-batch-no")} == {0}
+
+
+def test_create_topics_needs_admin_on_every_topic_it_names(cluster):
+    """CREATE_TOPICS naming a topic the user may not administer is refused whole: none created."""
+    grant(cluster, AclRule("alice", "topic", "sec-many-ok", "admin"))
+    with Admin(nameserver=cluster.nameserver, security=cluster.security("alice")) as alice:
+        with pytest.raises(ForbiddenError, match="sec-many-no"):
+            alice.create_topics(["sec-many-ok", "sec-many-no"])
+        assert [r.created for r in alice.create_topics([("sec-many-ok", 1)])] == [True]
+    with cluster.admin() as admin:
+        assert "sec-many-no" not in admin.topics()
 
 
 def test_prefix_acls_and_deny_beats_allow(cluster):
