@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from gms.cluster.cluster_view import ChangeKind, ClusterView, TopicRoute, ViewChange
@@ -82,21 +82,28 @@ def assignments_for(
     addresses = {b.broker_id: b.address for b in brokers or ()}
     result: Assignments = {}
     for topic in topics:
-        held = [q for q in topic.queues if broker_id in q.replicas or q.leader == broker_id]
-        if not held:
-            continue
-        led = tuple(q.queue_id for q in held if q.leader == broker_id)
-        followed = tuple(q.queue_id for q in held if q.leader != broker_id)
-        queues = tuple(
-            QueueAssignment(q.queue_id, q.leader, addresses.get(q.leader) if q.leader else None,
-                            q.leader_epoch, tuple(q.isr), tuple(q.replicas))
-            for q in held
-        )
-        result[topic.name] = TopicAssignment(
-            topic.queue_count, led, followed, topic.settings, queues,
-            topic.settings.min_insync_replicas or 1,  # always resolved in a TopicMetadata
-        )
+        assignment = topic_assignment(broker_id, topic, addresses)
+        if assignment is not None:
+            result[topic.name] = assignment
     return result
+
+
+def topic_assignment(broker_id: str, topic: TopicMetadata, addresses: Mapping[str, str]) -> TopicAssignment | None:
+    """The queues of ``topic`` on ``broker_id`` (None: none); ``addresses``: broker id → address."""
+    held = [q for q in topic.queues if broker_id in q.replicas or q.leader == broker_id]
+    if not held:
+        return None
+    led = tuple(q.queue_id for q in held if q.leader == broker_id)
+    followed = tuple(q.queue_id for q in held if q.leader != broker_id)
+    queues = tuple(
+        QueueAssignment(q.queue_id, q.leader, addresses.get(q.leader) if q.leader else None,
+                        q.leader_epoch, tuple(q.isr), tuple(q.replicas))
+        for q in held
+    )
+    return TopicAssignment(
+        topic.queue_count, led, followed, topic.settings, queues,
+        topic.settings.min_insync_replicas or 1,  # always resolved in a TopicMetadata
+    )
 
 
 async def ask_etcd_endpoints(nameserver: str, timeout_ms: float,
@@ -155,6 +162,9 @@ class BrokerRegistration:
         self._watchdog: threading.Thread | None = None
         self._lock = threading.Lock()  # serialises assignment computation and callbacks
         self._assignments: Assignments | None = None
+        # What _refresh computed last: broker addresses, and per topic its metadata and assignment.
+        self._addresses: dict[str, str] = {}
+        self._by_topic: dict[str, tuple[TopicMetadata, TopicAssignment | None]] = {}
         self._client: EtcdClient | None = None
         self._registration: EtcdRegistration | None = None
         self._metadata: ClusterMetadata | None = None
@@ -354,7 +364,21 @@ class BrokerRegistration:
         if view is None:
             return
         with self._lock:
-            current = assignments_for(self.info.broker_id, view.topics(), view.brokers())
+            addresses = {b.broker_id: b.address for b in view.brokers()}
+            if addresses != self._addresses:  # every leader address may have moved
+                self._addresses, self._by_topic = addresses, {}
+            # A topic whose metadata is the same object as last time has the same assignment:
+            # only the changed topics are computed again (one change per new topic).
+            by_topic: dict[str, tuple[TopicMetadata, TopicAssignment | None]] = {}
+            current: Assignments = {}
+            for topic in view.topics():
+                known = self._by_topic.get(topic.name)
+                assignment = (known[1] if known is not None and known[0] is topic
+                              else topic_assignment(self.info.broker_id, topic, addresses))
+                by_topic[topic.name] = (topic, assignment)
+                if assignment is not None:
+                    current[topic.name] = assignment
+            self._by_topic = by_topic
             if current == self._assignments:
                 return
             self._assignments = current

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from gms.broker.mapped_file import MappedFile, list_files
+from gms.broker.mapped_file import MappedFile, fsync_dir, list_files
 from gms.private_files import make_private_dir
 
 log = logging.getLogger(__name__)
@@ -33,9 +33,11 @@ class SegmentList:
 
     @classmethod
     def load(cls, directory: Path, file_size_bytes: int) -> SegmentList:
-        """Map the files of ``directory`` (created if missing). After a hole (files deleted by
-        hand) only the newest contiguous run is mapped; the older files are left on disk."""
-        make_private_dir(directory)
+        """Map the files of ``directory``. After a hole (files deleted by hand) only the newest
+        contiguous run is mapped; the older files are left on disk. A missing directory is an
+        empty list: it is made with its first file (an empty queue costs no disk)."""
+        if not directory.is_dir():
+            return cls(directory, file_size_bytes, [])
         found = []
         for base, path in list_files(directory):
             if path.stat().st_size == 0:  # a crash between creating it and allocating it: nothing in it
@@ -72,6 +74,7 @@ class SegmentList:
     def create(self, base_offset: int) -> MappedFile:
         """A new file of this list's directory and size (not in the list yet: see :meth:`append`),
         without blocks: its writer allocates them as it goes (:meth:`MappedFile.allocate_to`)."""
+        _make_durable_dir(self.directory)
         return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0)
 
     def append(self, f: MappedFile) -> None:
@@ -120,3 +123,13 @@ class SegmentList:
         for f in self.files:
             f.try_close()
         self.close_released()
+
+
+def _make_durable_dir(directory: Path) -> None:
+    """Make ``directory`` and its missing parents, each made one synced into its parent (a
+    crash keeps the file about to be created in it reachable)."""
+    if directory.is_dir():
+        return
+    _make_durable_dir(directory.parent)
+    make_private_dir(directory)
+    fsync_dir(directory.parent)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -109,6 +110,9 @@ class BrokerServer:
         # With a nameserver, the queues of each topic this broker leads; None = standalone
         # broker serving every queue of its topics.
         self._led_queues: dict[str, list[int]] | None = None
+        # The newest assignments from the etcd watch thread not yet applied on the event loop.
+        self._assignments_lock = threading.Lock()
+        self._assignments_next: Assignments | None = None
 
     @property
     def port(self) -> int:
@@ -212,8 +216,14 @@ class BrokerServer:
         )
 
         def on_assignments(assignments: Assignments) -> None:
-            # Called on the etcd watch thread: hand the change to the event loop.
-            loop.call_soon_threadsafe(self._apply_assignments, assignments)
+            # Called on the etcd watch thread: hand the change to the event loop. Each change is
+            # the whole picture, so changes that arrive while one is waiting replace it: a burst
+            # of topic creations is applied in a few steps, not one (O(queues)) step each.
+            with self._assignments_lock:
+                scheduled = self._assignments_next is not None
+                self._assignments_next = assignments
+            if not scheduled:
+                loop.call_soon_threadsafe(self._apply_latest_assignments)
 
         security = self.config.security
         # Secured: this broker's own replica identity, its password only in this process's memory;
@@ -298,18 +308,28 @@ class BrokerServer:
                                        allowed_flags=TIMER_FLAGS)
             replicas.on_appended(result.touched_queues)
 
+    def _apply_latest_assignments(self) -> None:
+        with self._assignments_lock:
+            assignments, self._assignments_next = self._assignments_next, None
+        if assignments is not None:
+            self._apply_assignments(assignments)
+
     def _apply_assignments(self, assignments: Assignments) -> None:
         """Create or grow local topics for the queues the cluster placed here; drop removed ones."""
         local = self.store.topics()
+        new: dict[str, tuple[int, TopicLimits]] = {}
         for topic, assignment in assignments.items():
             count = local.get(topic)
             settings = assignment.settings
             limits = TopicLimits(settings.retention_ms, settings.message_size_bytes_max, settings.message_type)
             if count is None:
-                self.store.create_topic(topic, assignment.queue_count, limits)
-                log.info("topic %s: created locally (queues %s)", topic, list(assignment.leader_queue_ids))
+                new[topic] = (assignment.queue_count, limits)
             else:  # grows the queue count, follows settings changes (saved only if anything changed)
                 self.store.update_topic(topic, max(count, assignment.queue_count), limits)
+        if new:  # one save of the topic table for all of them
+            self.store.create_topics(new)
+            for topic in new:
+                log.info("topic %s: created locally (queues %s)", topic, list(assignments[topic].leader_queue_ids))
         for topic in set(self._led_queues or {}) - set(assignments):
             if topic in local:
                 self.store.delete_topic(topic)

@@ -24,7 +24,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -411,8 +411,12 @@ class MessageStore:
     def create_topic(self, name: str, queue_count: int, limits: TopicLimits | None = None) -> None:
         """A new incarnation of ``name``: records of a deleted earlier one (still in the commitlog)
         are never indexed under it, even by a crash recovery or an index rebuild."""
+        self.create_topics({name: (queue_count, limits or TopicLimits())})
+
+    def create_topics(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> None:
+        """Create many topics (name: (queue count, limits)) with one save of the topic table."""
         with self._write_lock:
-            self._topics.create(name, queue_count, limits, created_at_offset=self._cl().committed_pos)
+            self._topics.create_many(topics, created_at_offset=self._cl().committed_pos)
 
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""

@@ -103,12 +103,20 @@ class TopicTable:
 
     def create(self, name: str, queue_count: int, limits: TopicLimits | None = None,
                created_at_offset: int = 0) -> None:
-        validate_topic_name(name)
-        self._check_count(queue_count)
+        self.create_many({name: (queue_count, limits or TopicLimits())}, created_at_offset)
+
+    def create_many(self, topics: Mapping[str, tuple[int, TopicLimits]], created_at_offset: int = 0) -> None:
+        """Create every topic of ``topics`` (name: (queue count, limits)) in one save of the
+        table, all or none."""
+        for name, (queue_count, _) in topics.items():
+            validate_topic_name(name)
+            self._check_count(queue_count)
         with self._lock:
-            if name in self._topics:
-                raise TopicExists(name)
-            self._save({**self._topics, name: _Topic(queue_count, limits or TopicLimits(), created_at_offset)})
+            for name in topics:
+                if name in self._topics:
+                    raise TopicExists(name)
+            self._save({**self._topics, **{name: _Topic(queue_count, limits, created_at_offset)
+                                           for name, (queue_count, limits) in topics.items()}})
 
     def update(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Change the queue count and/or the limits; saved only if something changed."""

@@ -32,6 +32,7 @@ class EpochEnd(NamedTuple):
 class EpochHistory:
     def __init__(self, entries: Iterable[Sequence[int]] = ()) -> None:
         """``entries``: (epoch, start offset) pairs, oldest first (as :meth:`to_list` gives)."""
+        # Replaced on every change, never changed in place (copies share it).
         self.entries: list[EpochEntry] = [EpochEntry(int(e), int(s)) for e, s in entries]
 
     @property
@@ -45,8 +46,7 @@ class EpochHistory:
         wrote one): they are replaced. An older epoch is ignored."""
         if epoch <= self.latest_epoch:
             return False
-        self.entries = [e for e in self.entries if e.start_offset < start_offset]
-        self.entries.append(EpochEntry(epoch, start_offset))
+        self.entries = [*(e for e in self.entries if e.start_offset < start_offset), EpochEntry(epoch, start_offset)]
         return True
 
     def end_for(self, epoch: int, log_end_offset: int) -> EpochEnd:
@@ -61,6 +61,13 @@ class EpochHistory:
     def truncate_from(self, offset: int) -> None:
         """The queue was cut at ``offset``: forget epochs that start at or after it."""
         self.entries = [e for e in self.entries if e.start_offset < offset]
+
+    def copy(self) -> EpochHistory:
+        """A copy that later changes of this one leave alone (cheap: ``entries`` is never
+        changed in place, only replaced)."""
+        twin = EpochHistory()
+        twin.entries = self.entries
+        return twin
 
     def to_list(self) -> list[list[int]]:
         return [[e.epoch, e.start_offset] for e in self.entries]

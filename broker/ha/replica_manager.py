@@ -105,18 +105,22 @@ class ReplicaManager:
     def apply(self, assignments: Assignments) -> None:
         """Take the cluster's view of every queue held here; become leader or follower."""
         seen: set[QueueKey] = set()
+        histories_changed = False
         for topic, assignment in assignments.items():
             for queue in assignment.queues:
                 key = (topic, queue.queue_id)
                 seen.add(key)
-                self._apply_queue(self._partition(key), queue, assignment.min_insync_replicas or 1)
+                histories_changed |= self._apply_queue(self._partition(key), queue,
+                                                       assignment.min_insync_replicas or 1)
         gone = set(self.partitions) - seen
         for key in gone:  # topic deleted (or replica moved): a recreated one starts afresh
             p = self.partitions.pop(key)
             p.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
             self._histories.pop(key, None)
             self._saved_hws.pop(key, None)
-        if gone:
+        if gone or histories_changed:
+            # One write for every queue that changed, before the loop goes on: no queue takes an
+            # append (nor answers one) before its new epoch is on disk.
             self.save_state()
         self.fetchers.rebalance()
         self.check_caught_up()
@@ -128,19 +132,20 @@ class ReplicaManager:
             p = self.partitions[key] = Partition(key, history, hw=self._saved_hws.get(key, 0))
         return p
 
-    def _apply_queue(self, p: Partition, queue: QueueAssignment, min_insync: int) -> None:
+    def _apply_queue(self, p: Partition, queue: QueueAssignment, min_insync: int) -> bool:
+        """Whether the queue's epoch history changed (the caller saves it)."""
         role = (Role.LEADER if queue.leader_id == self.broker_id
                 else Role.OFFLINE if queue.leader_id is None or self.broker_id not in queue.replicas
                 else Role.FOLLOWER)
         changed = role is not p.role or queue.leader_epoch != p.leader_epoch or queue.leader_id != p.leader_id
         p.replicas, p.min_insync, p.leader_address = queue.replicas, min_insync, queue.leader_address
         if p.leader_epoch > queue.leader_epoch:
-            return  # an older snapshot than what we already acted on
+            return False  # an older snapshot than what we already acted on
         p.stored_isr = queue.isr
         if not changed:
             if role is Role.LEADER and not p.isr_update_pending:
                 self._set_isr(p, queue.isr)
-            return
+            return False
         previous = p.role
         p.role, p.leader_id, p.leader_epoch, p.isr = role, queue.leader_id, queue.leader_epoch, queue.isr
         p.fetch_paused_until = 0.0
@@ -149,22 +154,25 @@ class ReplicaManager:
         if previous is Role.LEADER and role is not Role.LEADER:
             p.fail_waiters(NotLeaderError(f"queue {p.key[0]}/{p.key[1]}: leadership moved",
                                           fields=_leader_fields(p)))
+        history_changed = False
         if role is Role.LEADER:
-            self._become_leader(p)
+            history_changed = self._become_leader(p)
         elif role is Role.FOLLOWER:
             p.needs_truncation = True
         log.info("queue %s/%d: %s in epoch %d (leader %s, isr %s)", *p.key, role.value,
                  queue.leader_epoch, queue.leader_id, list(queue.isr))
+        return history_changed
 
-    def _become_leader(self, p: Partition) -> None:
+    def _become_leader(self, p: Partition) -> bool:
+        """Lead the queue; whether its epoch history changed."""
         leo = self.store.max_offset(*p.key)
-        if p.history.assign(p.leader_epoch, leo):
-            self.save_state()
+        history_changed = p.history.assign(p.leader_epoch, leo)
         now = time.monotonic()
         # Kafka: every ISR member counts as caught up now; it has the lag window to show it.
         p.followers = {b: FollowerProgress(last_caught_up_s=now) for b in p.replicas if b != self.broker_id}
         p.hw = min(p.hw, leo)
         self._advance(p, leo)
+        return history_changed
 
     def _set_isr(self, p: Partition, isr: tuple[str, ...]) -> None:
         if isr == p.isr:
@@ -364,7 +372,7 @@ class ReplicaManager:
         writer thread can write them while the loop goes on changing the originals."""
         self._hw_dirty = False
         self._saved_hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
-        return {k: EpochHistory(h.to_list()) for k, h in self._histories.items()}, dict(self._saved_hws)
+        return {k: h.copy() for k, h in self._histories.items()}, dict(self._saved_hws)
 
 
 def _leader_fields(p: Partition) -> dict[str, object]:

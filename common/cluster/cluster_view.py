@@ -241,10 +241,11 @@ class ClusterView:
                     acls_touched = True
                 else:
                     changes.append(self._apply(event.kv, event.deleted, brokers, topics))
-            self._brokers, self._topics, self._users = brokers, topics, users
             if acls_touched:
                 self._acl_rules, self._acls = acl_rules, AclTable(acl_rules.values())
-            self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
+            self._routes = _routes_after(self._routes, topics, brokers,
+                                         None if brokers != self._brokers else changes)
+            self._brokers, self._topics, self._users = brokers, topics, users
             self._revision = response.revision
         self._emit([c for c in changes if c is not None])
 
@@ -305,6 +306,23 @@ class ClusterView:
                     callback(change)
                 except Exception:  # a subscriber's bug must not stop the view
                     log.exception("cluster view: change callback failed")
+
+
+def _routes_after(routes: dict[str, TopicRoute], topics: dict[str, TopicMetadata], brokers: dict[str, BrokerInfo],
+                  changes: list[ViewChange | None] | None) -> dict[str, TopicRoute]:
+    """The routes after ``changes``: only the changed topics' are computed again, unless the
+    brokers changed (``changes`` None), which may move any route."""
+    if changes is None:
+        return {name: compute_route(t, brokers) for name, t in topics.items()}
+    routes = dict(routes)
+    for change in changes:
+        if change is not None and change.kind in (ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED):
+            topic = topics.get(change.name)
+            if topic is None:
+                routes.pop(change.name, None)
+            else:
+                routes[change.name] = compute_route(topic, brokers)
+    return routes
 
 
 def _diff(

@@ -40,10 +40,14 @@ def test_load_maps_the_newest_contiguous_run_and_leaves_older_files_on_disk(tmp_
     assert all(f.closed for f in segments.files)
 
 
-def test_load_of_a_missing_directory_creates_it_empty(tmp_path):
+def test_a_missing_directory_is_an_empty_list_made_with_its_first_file(tmp_path):
     segments = SegmentList.load(tmp_path / "a" / "b", SIZE)
     assert segments.files == [] and segments.file_for(0) is None
-    assert (tmp_path / "a" / "b").is_dir()
+    assert not (tmp_path / "a").exists()  # an empty queue costs no disk
+    f = segments.create(0)
+    segments.append(f)
+    assert f.path.parent == tmp_path / "a" / "b" and f.path.exists()
+    segments.close()
 
 
 def test_delete_oldest_deletes_a_held_file_at_once_and_closes_it_once_released(tmp_path):
