@@ -37,6 +37,18 @@ def uncontended(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(busy_poll._Pause, "until_ns", 0)
 
 
+def test_one_lost_yield_ends_a_poll_but_only_lost_yields_in_a_row_pause_polling(monkeypatch: pytest.MonkeyPatch):
+    """A quiet machine loses a yield now and then (another thread runs a while): pausing at each
+    halved W3's polling. Polling pauses once yields keep losing the CPU."""
+    monkeypatch.setattr(busy_poll, "YIELD_LOST_US", 0)  # every yield counts as lost
+    monkeypatch.setattr(busy_poll._Pause, "lost", busy_poll.deque(maxlen=busy_poll.LOST_YIELDS_TO_PAUSE))
+    paused = []
+    for _ in range(busy_poll.LOST_YIELDS_TO_PAUSE):
+        assert not busy_poll._yield_cpu()  # the poll at hand ends
+        paused.append(busy_poll._Pause.until_ns > time.monotonic_ns())
+    assert paused == [False] * (busy_poll.LOST_YIELDS_TO_PAUSE - 1) + [True]
+
+
 @pytest.fixture
 def cpu_hog(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This thread and a process that never sleeps share one CPU; polling pauses as it would."""
