@@ -158,10 +158,14 @@ def standalone_until_rocketmq_line(data_dir: Path, env: dict[str, str], *args: s
     out = ""
     try:
         assert proc.stdout is not None
+        banner = False
         for line in proc.stdout:
             out += line
             if line.strip().startswith("rocketmq"):
+                banner = True
                 break
+        if not banner:  # its output ended: it is exiting (poll() may not know yet)
+            proc.wait(timeout=30)
         running = proc.poll() is None
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
