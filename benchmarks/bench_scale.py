@@ -140,13 +140,159 @@ def run(topics: int) -> dict[str, float]:
         }
 
 
+# --- the control plane (scenario_control) ------------------------------------------------------
+
+CONTROL_QUEUES = 4
+CONTROL_ROUTE_LOOKUPS = 2000
+CONTROL_SETTLE_TIMEOUT_S = 600
+
+
+def etcd_txns(metrics: str) -> float:
+    """The nameserver's etcd transactions so far (its ``gms_nameserver_etcd_request_seconds``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith('gms_nameserver_etcd_request_seconds_count{op="txn"}'):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def led_queues(view: Any, broker_id: str) -> list[tuple[str, int]]:
+    """The queues ``broker_id`` leads in the cluster view ``view``."""
+    return [(t.name, q.queue_id) for t in view.topics() for q in t.queues if q.leader == broker_id]
+
+
+def scenario_control(quick: bool) -> dict[str, float]:
+    """A nameserver (embedded etcd) and 2 brokers; topics of 4 queues with 2 replicas (quick: 600
+    topics, each broker leading 1,200 queues; full: 2,500 topics, 10,000 queues, each broker leading
+    5,000) created in one Admin.create_topics call: ``leadership_assign_s`` and the nameserver's etcd
+    transactions meanwhile, ``leadership_txns``. Then ``route_lookup_p50_ms`` / ``_p99_ms``: Admin.route
+    of a random topic, CONTROL_ROUTE_LOOKUPS times. Then one broker is SIGKILLed: ``failover_s`` from the
+    kill until none of the ``failover_queues`` it led has it as leader in etcd (a ClusterView watching,
+    as the nameserver's does), then checked through the nameserver's routes; ``failover_detect_s`` until
+    the controller's first write, ``lease_ttl_s`` the brokers' lease TTL."""
+    import random
+    import signal
+    import subprocess
+    import threading
+
+    from bench_peers import wait_until_idle
+    from bench_procs import start_server, stop_servers
+
+    from gms.broker.config import BrokerConfig
+    from gms.client import Admin
+    from gms.client.admin import TopicSpec
+    from gms.cluster.cluster_view import ClusterView
+    from gms.cluster.etcd_client import EtcdClient
+    from gms.protocol.codes import RequestCode
+
+    topics = 600 if quick else 2500
+    ttl_s = BrokerConfig().lease_ttl_s
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-control-") as tmp:
+        root = Path(tmp)
+        try:
+            ns, ns_port = start_server("gms.nameserver", root, "ns", "--data-dir", str(root / "ns"),
+                                       "--metrics-listen", "127.0.0.1:0",
+                                       "--metrics-port-file", str(root / "ns.metrics"))
+            procs.append(ns)
+            nameserver, metrics = f"127.0.0.1:{ns_port}", f"127.0.0.1:{(root / 'ns.metrics').read_text()}"
+            brokers: dict[str, subprocess.Popen[bytes]] = {}
+            for i in range(2):
+                (root / f"b{i}.toml").write_text("[store]\ncommitlog_file_size_bytes = 67108864\n")
+                proc, port = start_server("gms.broker", root, f"b{i}", "--store-dir", str(root / f"b{i}"),
+                                          "--nameserver", nameserver, "--config", str(root / f"b{i}.toml"))
+                procs.append(proc)
+                brokers[f"127.0.0.1:{port}"] = proc
+            admin = Admin(nameserver=nameserver)
+            end = time.monotonic() + SETTLE_TIMEOUT_S
+            while len(admin.brokers()) < 2:
+                if time.monotonic() > end:
+                    raise TimeoutError("the brokers did not register")
+                time.sleep(0.1)
+            etcd = admin._ask_nameserver(RequestCode.REGISTER_BROKER)
+            client = EtcdClient(etcd["etcd"], timeout_s=10)
+            view = ClusterView(client, etcd["prefix"]).start()
+
+            names = [f"c{i:05d}" for i in range(topics)]
+            txns = etcd_txns(metrics)
+            t0 = time.perf_counter()
+            results = admin.create_topics([TopicSpec(n, CONTROL_QUEUES, replicas=2) for n in names])
+            assign_s = time.perf_counter() - t0
+            txns = etcd_txns(metrics) - txns
+            if not all(r.created for r in results):
+                raise RuntimeError(f"topics not created: {[r for r in results if not r.created][:3]}")
+            for proc in brokers.values():  # the brokers take their queues up
+                wait_until_idle(proc.pid)
+
+            rng = random.Random(1)
+            lat = []
+            for _ in range(CONTROL_ROUTE_LOOKUPS):
+                t1 = time.perf_counter_ns()
+                admin.route(rng.choice(names))
+                lat.append(time.perf_counter_ns() - t1)
+            lat.sort()
+
+            by_address = {b.address: b.broker_id for b in view.brokers()}
+            address = max(brokers, key=lambda a: len(led_queues(view, by_address[a])))
+            victim = by_address[address]
+            queues = led_queues(view, victim)
+            remaining: dict[str, set[int]] = {}
+            for topic, queue_id in queues:
+                remaining.setdefault(topic, set()).add(queue_id)
+            moved = threading.Event()
+            first_write: list[float] = []
+
+            def on_change(change: Any) -> None:  # the view's watch thread: O(one topic) per change
+                if change.kind.value != "topic_updated" or change.name not in remaining:
+                    return
+                if not first_write:
+                    first_write.append(time.perf_counter())
+                states = view.topic(change.name).queues
+                left = {i for i in remaining[change.name] if states[i].leader in (None, victim)}
+                if left:
+                    remaining[change.name] = left
+                    return
+                del remaining[change.name]
+                if not remaining:
+                    moved.set()
+
+            view.subscribe(on_change)
+            brokers[address].send_signal(signal.SIGKILL)
+            killed = time.perf_counter()
+            if not moved.wait(CONTROL_SETTLE_TIMEOUT_S):
+                raise TimeoutError(f"{sum(map(len, remaining.values()))} queues still without a new leader")
+            failover = time.perf_counter() - killed
+            leaders = {n: [q["leader"] for q in admin.route(n)["queues"]] for n in {t for t, _ in queues}}
+            stale = sum(leaders[t][q] in (None, address) for t, q in queues)
+            if stale:
+                raise RuntimeError(f"{stale} queues without a new leader in the nameserver's routes")
+            view.stop()
+            client.close()
+            admin.close()
+        finally:
+            stop_servers(procs)
+    return {
+        "control_topics": topics, "control_queues": topics * CONTROL_QUEUES,
+        "leadership_assign_s": assign_s, "leadership_txns": txns,
+        "route_lookup_p50_ms": pct(lat, 50) / 1e6, "route_lookup_p99_ms": pct(lat, 99) / 1e6,
+        "failover_queues": len(queues), "failover_s": failover, "lease_ttl_s": ttl_s,
+        "failover_over_ttl_s": failover - ttl_s,
+        "failover_detect_s": first_write[0] - killed if first_write else -1,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="300 topics (full: 1,000)")
     parser.add_argument("--topics", type=int, help="the number of topics to create")
+    parser.add_argument("--only", choices=["control"], help="run only this scenario")
     args = parser.parse_args()
     topics = args.topics or (300 if args.quick else 1000)
-    print(json.dumps(run(topics)), flush=True)
+    result = {} if args.only else run(topics)
+    result.update(scenario_control(args.quick) if args.only in (None, "control") else {})
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
