@@ -5,8 +5,13 @@ queues whose leader broker is gone and takes gone brokers out of every ISR (rule
 Why event-driven: a broker's death is its etcd key's deletion when its lease expires; the
 ClusterView's watch delivers that as BROKER_DOWN within milliseconds, and the controller acts
 on it at once, so failover takes the broker lease TTL plus a few etcd round trips. Nothing
-polls. The callback only marks topics dirty; a worker thread does the etcd writes, one fenced
-transaction per topic, re-reading the topic so a concurrent ISR change is never overwritten.
+polls. The callback only marks topics dirty; a worker thread takes every dirty topic at once,
+computes their new states from the view (no etcd read) and writes the changed ones in as few
+fenced transactions as etcd takes (up to 127 topics each: a broker that led 5,000 queues of 2,500
+topics moves them in 20), as Kafka's controller sends one LeaderAndIsr per broker, not per
+partition. Each transaction also compares every topic's mod revision, so a concurrent ISR change
+is never overwritten: a refused transaction reads its topics back in the same round trip, and
+only those changed meanwhile are computed again (:meth:`ClusterMetadata.update_topics`).
 
 Epoch and fencing: the controller epoch is the create revision of this controller's election
 key (see :mod:`gms.nameserver.election`); every write also compares that key, so a deposed
@@ -46,9 +51,11 @@ class ControllerStatus:
 
 class Controller:
     """``on_leaders_moved(count)`` hears, from the worker thread, of each write that changed the
-    leaders of ``count`` queues (the failovers metric). ``before_write(topic)``, for tests only,
-    runs on the worker thread after the topic is read and before the fenced write: it lets a
-    test stop a controller mid-failover."""
+    leaders of ``count`` queues (the failovers metric); ``on_txn(topics)`` of each transaction
+    sent, with the number of topics it wrote (0: refused, a topic changed meanwhile).
+    ``before_write(topic)``, for tests only, runs on the worker thread when the topic's new state
+    is computed, before the fenced transaction that writes it: it lets a test stop a controller
+    mid-failover or change the topic concurrently."""
 
     def __init__(
         self,
@@ -59,11 +66,13 @@ class Controller:
         prefix: str = DEFAULT_PREFIX,
         ttl_s: int = DEFAULT_ELECTION_TTL_S,
         on_leaders_moved: Callable[[int], None] | None = None,
+        on_txn: Callable[[int], None] | None = None,
         before_write: Callable[[str], None] | None = None,
     ) -> None:
         self._metadata = ClusterMetadata(client, prefix)
         self._view = view
         self._on_leaders_moved = on_leaders_moved
+        self._on_txn = on_txn
         self._before_write = before_write
         self._lock = threading.Lock()
         self._dirty: set[str] = set()
@@ -164,23 +173,19 @@ class Controller:
             names = self._take()
             if not self._election.is_leader:
                 continue  # whoever leads does the work; on gaining leadership we re-scan
-            for i, name in enumerate(names):
-                if self._stop.is_set() or not self._election.is_leader:
-                    break
-                try:
-                    self._reconcile(name)
-                except ControllerFenced as err:
-                    log.warning("controller: deposed, stopping this pass: %s", err)
-                    break
-                except ClusterError as err:
-                    log.warning("controller: topic %s: %s; retrying", name, err)
-                    self._mark(names[i:])
-                    self._stop.wait(RETRY_AFTER_ERROR_S)  # _mark woke us for the retry
-                    break
-                except Exception:  # e.g. an undecodable topic: keep failing over the others
-                    log.exception("controller: topic %s skipped", name)
+            try:
+                self._reconcile(names)
+            except ControllerFenced as err:
+                log.warning("controller: deposed, stopping this pass: %s", err)
+            except ClusterError as err:
+                log.warning("controller: %d topics: %s; retrying", len(names), err)
+                self._mark(names)  # those written meanwhile are no-ops next time
+                self._stop.wait(RETRY_AFTER_ERROR_S)  # _mark woke us for the retry
+            except Exception:  # a bug must not end failovers for good: the next event retries
+                log.exception("controller: pass over %d topics failed", len(names))
 
-    def _reconcile(self, name: str) -> None:
+    def _reconcile(self, names: list[str]) -> None:
+        """Bring the topics ``names`` to their wanted states, in batched fenced transactions."""
         fence = self._election.fence()
         if fence is None:
             return
@@ -188,32 +193,44 @@ class Controller:
         brokers = self._view.brokers()
         live = frozenset(b.broker_id for b in brokers)
         catching_up = frozenset(b.broker_id for b in brokers if not b.caught_up)
-        try:
-            seen = self._view.topic(name)
-        except TopicNotFoundError:
-            return  # deleted meanwhile
-        if reassign_leaders(seen, live, controller_epoch=epoch, catching_up=catching_up) is seen:
-            return  # the common case (ISR changes, healthy topics): no etcd round trip
-        read: list[TopicMetadata] = []
+
+        def wanted(topic: TopicMetadata) -> TopicMetadata:
+            return reassign_leaders(topic, live, controller_epoch=epoch, catching_up=catching_up)
 
         def change(stored: TopicMetadata) -> TopicMetadata:
-            read[:] = [stored]
             if self._before_write is not None:
-                self._before_write(name)
-            return reassign_leaders(stored, live, controller_epoch=epoch, catching_up=catching_up)
+                self._before_write(stored.name)
+            return wanted(stored)
 
-        written = self._metadata.update_queues(name, change, fence=fence)
-        if written is None:
+        stale = []
+        for name in names:
+            try:
+                seen, revision = self._view.topic_state(name)
+            except TopicNotFoundError:
+                continue  # deleted meanwhile
+            if wanted(seen) is not seen:  # the common case (ISR changes, healthy topics): nothing to write
+                stale.append((seen, revision))
+        if not stale:
             return
+        for written in self._metadata.update_topics(stale, change, fence=fence):
+            self._written(epoch, written)
+            if self._stop.is_set() or not self._election.is_leader:
+                return  # the rest is the next controller's (it re-scans on election)
+
+    def _written(self, epoch: int, written: list[tuple[TopicMetadata, TopicMetadata]]) -> None:
+        """Log and count one transaction's topics, as (as stored, as written)."""
+        if self._on_txn is not None:
+            self._on_txn(len(written))
         moved = 0
-        for old, new in zip(read[0].queues, written.queues, strict=False):  # (the topic may have grown meanwhile)
-            if old != new:
-                moved += old.leader != new.leader
-                log.info(
-                    "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",
-                    epoch, name, new.queue_id, old.leader, new.leader,
-                    old.leader_epoch, new.leader_epoch, list(new.isr),
-                )
+        for old, new in written:
+            for before, after in zip(old.queues, new.queues, strict=True):
+                if before != after:
+                    moved += before.leader != after.leader
+                    log.info(
+                        "controller epoch %d: %s/%d leader %s -> %s, leader epoch %d -> %d, isr %s",
+                        epoch, new.name, after.queue_id, before.leader, after.leader,
+                        before.leader_epoch, after.leader_epoch, list(after.isr),
+                    )
         if moved and self._on_leaders_moved is not None:
             self._on_leaders_moved(moved)
 

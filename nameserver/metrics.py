@@ -2,8 +2,8 @@
 
 Counted as things happen, once per request or etcd call: requests per code and status, route
 lookups by result, etcd calls per operation (their time and errors, from the etcd client's
-observer) and the queue leader changes this nameserver wrote as controller. Everything else is
-read when Prometheus scrapes (:class:`_NameserverCollector`): brokers and topics in the cluster
+observer), the queue leader changes this nameserver wrote as controller, its transactions and
+the topics they wrote. Everything else is read when Prometheus scrapes (:class:`_NameserverCollector`): brokers and topics in the cluster
 view, its health, the controller's epoch and whether it is this nameserver, the up time.
 """
 
@@ -33,12 +33,22 @@ class NameserverMetrics:
         self.route_not_found = lookups.labels("not_found")
         self.failovers = Counter("gms_nameserver_failovers", "Queue leader changes this nameserver wrote as the"
                                  " controller", registry=self.registry)
+        self._controller_txns = Counter("gms_nameserver_controller_transactions", "Fenced etcd transactions this"
+                                        " nameserver sent as the controller (each writes up to 127 topics)",
+                                        registry=self.registry)
+        self._controller_topics = Counter("gms_nameserver_controller_topic_writes", "Topics this nameserver"
+                                          " wrote as the controller (leaders or ISRs changed)", registry=self.registry)
         self._etcd_seconds = Histogram("gms_nameserver_etcd_request_seconds", "Time of an etcd call, per operation",
                                        ["op"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self._etcd_errors = Counter("gms_nameserver_etcd_errors", "etcd calls that failed, per operation", ["op"],
                                     registry=self.registry)
         self._etcd_children: dict[str, tuple[Histogram, Counter]] = {}
         self.registry.register(_NameserverCollector(server))
+
+    def controller_txn(self, topics: int) -> None:
+        """The controller's ``on_txn``: one transaction sent, ``topics`` written by it."""
+        self._controller_txns.inc()
+        self._controller_topics.inc(topics)
 
     def etcd_call(self, op: str, seconds: float, error: Exception | None) -> None:
         """The etcd client's observer (:data:`gms.cluster.etcd_client.EtcdObserver`)."""

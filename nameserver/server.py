@@ -241,6 +241,7 @@ class NameServer:
             self._controller = Controller(
                 self._client, self._view, self.address, prefix=self._keys.prefix, ttl_s=self._ttl_s,
                 on_leaders_moved=self.metrics.failovers.inc,
+                on_txn=self.metrics.controller_txn,
             )
             await asyncio.to_thread(self._controller.start)
             self.started_monotonic = time.monotonic()
@@ -410,7 +411,7 @@ class NameServer:
             f"create topic {name}",
             lambda: metadata.create_topic(name, queues, replicas, settings),
         )
-        await self._until_view(lambda: name in self._topic_names())
+        await self._until_view(lambda: self.view.has_topic(name))
         return Response(fields=self._placement(topic))
 
     async def _create_topics(self, request: Frame) -> Response:
@@ -430,7 +431,7 @@ class NameServer:
         written: list[TopicMetadata | GmsError] = await self._write(
             f"create {len(specs)} topics", lambda: metadata.create_topics(specs)) if specs else []
         created = {t.name for t in written if isinstance(t, TopicMetadata)}
-        await self._until_view(lambda: created <= self._topic_names())
+        await self._until_view(lambda: all(map(self.view.has_topic, created)))
         addresses = {b.broker_id: b.address for b in self.view.brokers()}
         results = iter(zip(specs, written, strict=True))
         for n, row in enumerate(rows):
@@ -479,7 +480,7 @@ class NameServer:
         name = field(request.fields, "topic", str)
         metadata = self._require_metadata()
         await self._write(f"delete topic {name}", lambda: metadata.delete_topic(name))
-        await self._until_view(lambda: name not in self._topic_names())
+        await self._until_view(lambda: not self.view.has_topic(name))
         return Response()
 
     # -- consumer group settings -----------------------------------------------------------------
@@ -591,9 +592,6 @@ class NameServer:
         if self._metadata is None:
             raise ServiceUnavailableError("nameserver is not started")
         return self._metadata
-
-    def _topic_names(self) -> set[str]:
-        return {t.name for t in self.view.topics()}
 
     def _view_has(self, topic: TopicMetadata) -> bool:
         try:

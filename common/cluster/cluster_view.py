@@ -85,6 +85,7 @@ class ClusterView:
         self._lock = threading.Lock()  # serialises writers; readers take immutable snapshots
         self._brokers: dict[str, BrokerInfo] = {}
         self._topics: dict[str, TopicMetadata] = {}
+        self._revisions: dict[str, int] = {}  # each topic's key's mod revision: the controller's CAS
         self._routes: dict[str, TopicRoute] = {}
         self._users: dict[str, User] = {}
         self._acl_rules: dict[str, AclRule] = {}  # by the id in the key
@@ -121,6 +122,17 @@ class ClusterView:
         if topic is None:
             raise TopicNotFoundError(f"topic {name} does not exist")
         return topic
+
+    def topic_state(self, name: str) -> tuple[TopicMetadata, int]:
+        """A topic and the mod revision of its key as this view holds it (one snapshot)."""
+        with self._lock:
+            topic = self._topics.get(name)
+            if topic is None:
+                raise TopicNotFoundError(f"topic {name} does not exist")
+            return topic, self._revisions[name]
+
+    def has_topic(self, name: str) -> bool:
+        return name in self._topics
 
     def topics(self) -> list[TopicMetadata]:
         return sorted(self._topics.values(), key=lambda t: t.name)
@@ -192,14 +204,15 @@ class ClusterView:
             generation = self._generation
             brokers: dict[str, BrokerInfo] = {}
             topics: dict[str, TopicMetadata] = {}
+            revisions: dict[str, int] = {}
             users: dict[str, User] = {}
             acl_rules: dict[str, AclRule] = {}
             for kv in snapshot.kvs:
                 if not self._user_change(kv, False, users) and not self._acl_change(kv, False, acl_rules):
-                    self._decode_into(kv, brokers, topics)
+                    self._decode_into(kv, brokers, topics, revisions)
             changes = _diff(self._brokers, brokers, ChangeKind.BROKER_UP, ChangeKind.BROKER_DOWN)
             changes += _diff(self._topics, topics, ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED)
-            self._brokers, self._topics, self._users = brokers, topics, users
+            self._brokers, self._topics, self._revisions, self._users = brokers, topics, revisions, users
             if acl_rules != self._acl_rules:
                 self._acl_rules, self._acls = acl_rules, AclTable(acl_rules.values())
             self._routes = {name: compute_route(t, brokers) for name, t in topics.items()}
@@ -231,6 +244,7 @@ class ClusterView:
             if generation != self._generation:
                 return
             brokers, topics, users = dict(self._brokers), dict(self._topics), dict(self._users)
+            revisions = dict(self._revisions)
             acl_rules = dict(self._acl_rules)
             acls_touched = False
             changes = []
@@ -240,12 +254,12 @@ class ClusterView:
                 if self._acl_change(event.kv, event.deleted, acl_rules):
                     acls_touched = True
                 else:
-                    changes.append(self._apply(event.kv, event.deleted, brokers, topics))
+                    changes.append(self._apply(event.kv, event.deleted, brokers, topics, revisions))
             if acls_touched:
                 self._acl_rules, self._acls = acl_rules, AclTable(acl_rules.values())
             self._routes = _routes_after(self._routes, topics, brokers,
                                          None if brokers != self._brokers else changes)
-            self._brokers, self._topics, self._users = brokers, topics, users
+            self._brokers, self._topics, self._revisions, self._users = brokers, topics, revisions, users
             self._revision = response.revision
         self._emit([c for c in changes if c is not None])
 
@@ -255,6 +269,7 @@ class ClusterView:
         deleted: bool,
         brokers: dict[str, BrokerInfo],
         topics: dict[str, TopicMetadata],
+        revisions: dict[str, int],
     ) -> ViewChange | None:
         key = kv.key.decode()
         if key.startswith(self._keys.brokers):
@@ -264,10 +279,11 @@ class ClusterView:
         elif key.startswith(self._keys.topics):
             name = key[len(self._keys.topics) :]
             if deleted:
+                revisions.pop(name, None)
                 return ViewChange(ChangeKind.TOPIC_DELETED, name) if topics.pop(name, None) else None
         else:
             return None  # election keys and other subtrees are not the view's business
-        return self._decode_into(kv, brokers, topics)
+        return self._decode_into(kv, brokers, topics, revisions)
 
     def _user_change(self, kv: KeyValue, deleted: bool, users: dict[str, User]) -> bool:
         """Apply ``kv`` to ``users`` if it is a user's key (whether it was)."""
@@ -278,7 +294,8 @@ class ClusterView:
         return _keyed_change(kv, deleted, self._keys.acls, rules, AclRule.from_json, "ACL rule")
 
     def _decode_into(
-        self, kv: KeyValue, brokers: dict[str, BrokerInfo], topics: dict[str, TopicMetadata]
+        self, kv: KeyValue, brokers: dict[str, BrokerInfo], topics: dict[str, TopicMetadata],
+        revisions: dict[str, int],
     ) -> ViewChange | None:
         key = kv.key.decode()
         try:
@@ -289,6 +306,7 @@ class ClusterView:
             if key.startswith(self._keys.topics):
                 topic = TopicMetadata.from_json(kv.value)
                 topics[topic.name] = topic
+                revisions[topic.name] = kv.mod_revision
                 return ViewChange(ChangeKind.TOPIC_UPDATED, topic.name)
         except (ClusterError, ValueError, KeyError, TypeError) as err:
             log.error("cluster view: skipping undecodable %s: %s", key, err)

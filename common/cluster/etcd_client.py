@@ -381,6 +381,13 @@ def _kv(raw: object) -> KeyValue:
     )
 
 
+def _kv_read(found: tuple[bytes, Any]) -> KeyValue:
+    """A KeyValue from a transaction's range result: (value, pyetcd's KVMetadata)."""
+    value, meta = found
+    return KeyValue(key=meta.key, value=value, create_revision=meta.create_revision,
+                    mod_revision=meta.mod_revision, version=meta.version, lease_id=meta.lease_id)
+
+
 def _prefix_end(prefix: str) -> bytes:
     return etcd_utils.prefix_range_end(prefix.encode())
 
@@ -603,6 +610,23 @@ class EtcdClient:
             failure=[self._op(op) for op in failure],
         )
         return bool(succeeded)
+
+    @_etcd_call
+    def txn_or_read(
+        self, compare: Sequence[Compare], success: Sequence[Op], read: Sequence[str]
+    ) -> tuple[bool, list[KeyValue | None]]:
+        """As :meth:`txn` without failure ops, but when a compare fails the same round trip reads
+        the keys ``read`` (each one's KeyValue, None if missing, in order; all at one revision),
+        so a caller learns which of its compares failed and what to compare against next.
+        ``(True, [])`` when the compares held."""
+        succeeded, responses = self._client.transaction(
+            compare=[self._compare(c) for c in compare],
+            success=[self._op(op) for op in success],
+            failure=[etcd_txn.Get(key) for key in read],
+        )
+        if succeeded:
+            return True, []
+        return False, [_kv_read(found[0]) if found else None for found in responses]
 
     @staticmethod
     def _compare(c: Compare) -> etcd_txn.BaseCompare:

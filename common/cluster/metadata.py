@@ -16,9 +16,10 @@ etcd transaction that either happens entirely or not at all (and stays clear of 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from gms.cluster.errors import ConcurrentUpdate, ControllerFenced, EtcdUnavailable
 from gms.cluster.etcd_client import (
@@ -44,6 +45,10 @@ from gms.cluster.model import (
 from gms.errors import BadRequestError, GmsError, TopicAlreadyExistsError, TopicNotFoundError
 from gms.security.acl import AclRule
 from gms.security.users import User, check_user_name
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_PREFIX = "/gms/"
 DEFAULT_BROKER_TTL_S = 10
@@ -383,40 +388,67 @@ class ClusterMetadata:
                 return True
         raise ConcurrentUpdate(f"topic {topic} kept changing; ISR of queue {queue_id} not written")
 
-    def update_queues(
+    def update_topics(
         self,
-        name: str,
+        topics: Iterable[tuple[TopicMetadata, int]],
         change: Callable[[TopicMetadata], TopicMetadata],
         *,
         fence: CreateRevisionIs,
-    ) -> TopicMetadata | None:
-        """The controller's write: ``change`` maps the topic as stored to the wanted one (any
-        number of queues changed), written in one transaction that also requires ``fence``
-        (the controller's election key, see ``Election.fence``). Returns the written topic, or
-        None if the topic is gone or ``change`` left it as is. A concurrent write to the topic
-        is retried with a fresh read; a failed fence raises :class:`ControllerFenced`."""
-        key = self.keys.topic(validate_name("topic", name))
+    ) -> Iterator[list[tuple[TopicMetadata, TopicMetadata]]]:
+        """The controller's write: ``change`` maps a topic as stored to the wanted one (any number
+        of queues changed). ``topics`` are (topic, its key's mod revision) as last seen, e.g. from
+        a ClusterView. The changed ones are written in as few transactions as etcd takes
+        (:func:`_txn_chunks`), each requiring ``fence`` (the controller's election key, see
+        ``Election.fence``) and every one of its topics' mod revisions. A transaction refused
+        reads its keys in the same round trip: a failed fence raises :class:`ControllerFenced`;
+        only the topics changed meanwhile (a leader's ISR update, say) are changed again from
+        what is now stored, then written again with the others of that transaction (deleted
+        ones are dropped).
+        Yields, per transaction sent (but one the fence refused), the (as stored, as written)
+        pairs it wrote (none if refused), so the caller can stop between transactions;
+        ConcurrentUpdate after CAS_ATTEMPTS_MAX rounds that left topics unwritten."""
+        pending = list(topics)
         for _ in range(CAS_ATTEMPTS_MAX):
-            kv = self.client.get(key)
-            if kv is None:
-                return None
-            current = TopicMetadata.from_json(kv.value)
-            updated = change(current)
-            if updated == current:
-                return None
-            compare: list[Compare] = [fence, ModRevisionIs(key, kv.mod_revision)]
-            if self.client.txn(compare, [Put(key, updated.to_json())]):
-                return updated
-            if not self._fence_holds(fence):
-                raise ControllerFenced(
-                    f"election key {fence.key} (epoch {fence.create_revision}) is gone;"
-                    f" write to topic {name} refused"
-                )
-        raise ConcurrentUpdate(f"topic {name} kept changing; controller update not applied")
+            todo, pending = pending, []
+            changed = ((stored, revision, change(stored)) for stored, revision in todo)
+            values = (((stored, revision, new), new.to_json()) for stored, revision, new in changed if new != stored)
+            for chunk in _txn_chunks(values, 1):
+                pending += yield from self._write_topics([item for item, _ in chunk], [value for _, value in chunk],
+                                                         fence)
+            if not pending:
+                return
+        raise ConcurrentUpdate(f"topics {', '.join(t.name for t, _ in pending[:5])} kept changing;"
+                               " controller update not applied")
 
-    def _fence_holds(self, fence: CreateRevisionIs) -> bool:
-        kv = self.client.get(fence.key)
-        return kv is not None and kv.create_revision == fence.create_revision
+    def _write_topics(self, items: list[tuple[TopicMetadata, int, TopicMetadata]], values: list[bytes],
+                      fence: CreateRevisionIs,
+                      ) -> Generator[list[tuple[TopicMetadata, TopicMetadata]], None, list[tuple[TopicMetadata, int]]]:
+        """One fenced transaction of changed topics (see :meth:`update_topics`); returns the
+        topics to change again, with what is stored now."""
+        keys = [self.keys.topic(stored.name) for stored, _, _ in items]
+        compare: list[Compare] = [fence, *(ModRevisionIs(k, rev) for k, (_, rev, _) in zip(keys, items, strict=True))]
+        puts = [Put(k, v) for k, v in zip(keys, values, strict=True)]
+        written, current = self.client.txn_or_read(compare, puts, [fence.key, *keys])
+        if written:
+            yield [(stored, new) for stored, _, new in items]
+            return []
+        election = current[0]
+        if election is None or election.create_revision != fence.create_revision:
+            raise ControllerFenced(f"election key {fence.key} (epoch {fence.create_revision}) is gone;"
+                                   f" writes to {len(items)} topics refused")
+        yield []
+        again: list[tuple[TopicMetadata, int]] = []
+        for (stored, revision, _), kv in zip(items, current[1:], strict=True):
+            if kv is None:
+                continue  # deleted meanwhile
+            if kv.mod_revision == revision:
+                again.append((stored, revision))  # refused for another topic's sake
+                continue
+            try:
+                again.append((TopicMetadata.from_json(kv.value), kv.mod_revision))
+            except (ValueError, KeyError, TypeError) as err:
+                log.error("topic %s: undecodable value left as it is: %s", stored.name, err)
+        return again
 
     def _live_broker_ids(self) -> Sequence[str]:
         return [info.broker_id for info in self.live_brokers()]
@@ -431,16 +463,21 @@ class NewTopic(NamedTuple):
     settings: TopicSettings = TopicSettings()
 
 
-def _txn_chunks(values: list[tuple[int, bytes]], fences: int) -> list[list[tuple[int, bytes]]]:
+def _txn_chunks(values: Iterable[tuple[T, bytes]], fences: int) -> Iterator[list[tuple[T, bytes]]]:
     """``values`` in runs one etcd transaction takes: at most TXN_OPS_MAX compares (the
-    ``fences`` plus one per topic) and TXN_VALUE_BYTES_MAX of values (one topic at least)."""
+    ``fences`` plus one per value; as many reads if refused) and TXN_VALUE_BYTES_MAX of values
+    (one at least). Lazy: a full run is yielded before the next value is asked for."""
     per_txn = max(1, TXN_OPS_MAX - fences)
-    chunks: list[list[tuple[int, bytes]]] = []
+    chunk: list[tuple[T, bytes]] = []
     size = 0
     for item in values:
-        if not chunks or len(chunks[-1]) >= per_txn or size + len(item[1]) > TXN_VALUE_BYTES_MAX:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(item)
+        if chunk and size + len(item[1]) > TXN_VALUE_BYTES_MAX:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
         size += len(item[1])
-    return chunks
+        if len(chunk) >= per_txn:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk

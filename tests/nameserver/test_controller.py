@@ -12,12 +12,13 @@ import pytest
 from processes import wait_until
 from test_server_helpers import RunningNameServer
 
+from gms.cluster import metadata as metadata_module
 from gms.cluster.cluster_view import ClusterView
 from gms.cluster.errors import ControllerFenced
-from gms.cluster.etcd_client import EtcdClient
+from gms.cluster.etcd_client import CreateRevisionIs, EtcdClient
 from gms.cluster.metadata import BrokerRegistration, ClusterMetadata
-from gms.cluster.model import BrokerInfo, QueueState, TopicSettings
-from gms.errors import BadRequestError
+from gms.cluster.model import BrokerInfo, QueueState, TopicMetadata, TopicSettings
+from gms.errors import BadRequestError, TopicNotFoundError
 from gms.nameserver.controller import Controller
 from gms.nameserver.election import Election
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
@@ -160,9 +161,10 @@ def test_two_controllers_only_the_elected_one_acts(h: Harness):
 
 
 def test_controller_killed_mid_failover_is_finished_by_the_next_and_fenced(
-    h: Harness, caplog: pytest.LogCaptureFixture
+    h: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):
     caplog.set_level(logging.WARNING, logger="gms.nameserver.controller")
+    monkeypatch.setattr(metadata_module, "TXN_OPS_MAX", 2)  # the fence and one topic: a transaction per topic
     blocked, release = threading.Event(), threading.Event()
 
     def pause_on_b(topic: str) -> None:
@@ -206,15 +208,25 @@ def test_deposed_controller_write_is_rejected(h: Harness):
         return topic.__class__(topic.name, topic.replication_factor, topic.settings,
                                (QueueState(0, q.replicas, q.leader, q.isr, q.leader_epoch + 1),))
 
-    assert h.metadata.update_queues("t", bump, fence=fence).queues[0].leader_epoch == 1
+    def update(fence: CreateRevisionIs | None) -> list[list[tuple[TopicMetadata, TopicMetadata]]]:
+        assert fence is not None
+        kv = h.client.get(h.metadata.keys.topic("t"))
+        assert kv is not None
+        return list(h.metadata.update_topics([(h.metadata.get_topic("t"), kv.mod_revision)], bump, fence=fence))
+
+    [[(_, written)]] = update(fence)
+    assert written.queues[0].leader_epoch == 1
     election.close()  # resigned: its key is gone
     successor = Election(h.client, "controller", "new", ttl_s=TTL_S, prefix=h.prefix).start()
     try:
         wait_until(lambda: successor.is_leader, 10)
         with pytest.raises(ControllerFenced):
-            h.metadata.update_queues("t", bump, fence=fence)
+            update(fence)
         assert h.queue("t").leader_epoch == 1
-        assert h.metadata.update_queues("nope", bump, fence=successor.fence()) is None
+        h.metadata.delete_topic("t")  # gone meanwhile: dropped, not written again
+        assert list(h.metadata.update_topics([(written, 1)], bump, fence=successor.fence())) == [[]]
+        with pytest.raises(TopicNotFoundError):
+            h.metadata.get_topic("t")
     finally:
         successor.close()
 
