@@ -16,7 +16,7 @@ from gms.cluster import metadata as metadata_module
 from gms.cluster.cluster_view import ClusterView
 from gms.cluster.errors import ControllerFenced
 from gms.cluster.etcd_client import CreateRevisionIs, EtcdClient
-from gms.cluster.metadata import BrokerRegistration, ClusterMetadata
+from gms.cluster.metadata import BrokerRegistration, ClusterMetadata, NewTopic
 from gms.cluster.model import BrokerInfo, QueueState, TopicMetadata, TopicSettings
 from gms.errors import BadRequestError, TopicNotFoundError
 from gms.nameserver.controller import Controller
@@ -45,11 +45,12 @@ class Harness:
         """``wait_lease``: as a crash (the key goes when the lease expires), else a clean stop."""
         self.brokers.pop(broker_id).close(deregister=not wait_lease)
 
-    def controller(self, cid: str, before_write: Callable[[str], None] | None = None) -> Controller:
+    def controller(self, cid: str, before_write: Callable[[str], None] | None = None,
+                   on_txn: Callable[[int], None] | None = None) -> Controller:
         view = ClusterView(self.client, self.prefix).start()
         self.views.append(view)
         c = Controller(self.client, view, cid, prefix=self.prefix, ttl_s=TTL_S,
-                       before_write=before_write).start()
+                       before_write=before_write, on_txn=on_txn).start()
         self.controllers.append(c)
         return c
 
@@ -92,6 +93,52 @@ def test_broker_lease_loss_moves_every_queue_it_led_within_ttl(h: Harness):
     assert [q.leader_epoch for q in t.queues] == [0, 1, 0] and u.queues[0].leader_epoch == 0
     assert [q.isr for q in t.queues] == [("b0", "b2"), ("b2", "b0"), ("b2", "b0")]
     assert u.queues[0].isr == ("b0",) and t.queues[0].controller_epoch == c.epoch
+
+
+def test_failover_of_hundreds_of_queues_is_written_in_batches(h: Harness):
+    """A broker leading 300 queues of 150 topics: every queue moves, in a transaction per 127
+    topics (etcd's 128 compares: the fence and one per topic), not one per topic."""
+    h.register("b0", "b1")
+    created = h.metadata.create_topics([NewTopic(f"t{i:03d}", 4, 2) for i in range(150)])
+    assert all(isinstance(t, TopicMetadata) for t in created)
+    led = {(t.name, q.queue_id) for t in h.metadata.list_topics() for q in t.queues if q.leader == "b0"}
+    assert len(led) == 300
+    txns: list[int] = []
+    c = h.controller("c1", on_txn=txns.append)
+    wait_until(lambda: c.is_leader, 10)
+    h.kill("b0", wait_lease=True)
+    wait_until(lambda: sum(txns) == 150, TTL_S + 10)
+    topics = h.metadata.list_topics()
+    assert all(q.leader == "b1" and q.isr == ("b1",) for t in topics for q in t.queues)
+    assert {(t.name, q.queue_id) for t in topics for q in t.queues if q.leader_epoch == 1} == led
+    assert all(q.controller_epoch == c.epoch for t in topics for q in t.queues)
+    assert txns == [127, 23]
+
+
+def test_isr_change_mid_batch_is_not_overwritten(h: Harness):
+    """A leader shrinks its ISR while the controller's batch is in flight: the transaction is
+    refused, only that topic is read again (and needs no write any more), the others are
+    written in the next one; the leader's ISR stands."""
+    h.register("b0", "b1", "b2")
+    h.metadata.create_topics([NewTopic(f"t{i}", 1, 3) for i in range(10)])  # each led by b0, ISR of 3
+    shrunk: list[str] = []
+
+    def shrink_isr_meanwhile(topic: str) -> None:
+        if topic == "t9" and not shrunk:  # the batch's last topic: t3's new state is computed
+            shrunk.append(topic)
+            assert h.metadata.update_isr("t3", 0, leader_id="b0", leader_epoch=0, isr=["b0"])
+
+    txns: list[int] = []
+    c = h.controller("c1", shrink_isr_meanwhile, txns.append)
+    wait_until(lambda: c.is_leader, 10)
+    h.kill("b1")
+    wait_until(lambda: sum(txns) == 9, 10)
+    assert txns == [0, 9]
+    assert h.queue("t3").isr == ("b0",)  # not the controller's (b0, b2)
+    for t in h.metadata.list_topics():
+        q = t.queues[0]
+        assert q.leader == "b0" and q.leader_epoch == 0
+        assert (q.isr, q.controller_epoch) == ((("b0",), 0) if t.name == "t3" else (("b0", "b2"), c.epoch))
 
 
 def test_queue_offline_until_an_isr_member_returns(h: Harness):
