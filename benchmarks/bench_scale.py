@@ -147,15 +147,32 @@ CONTROL_ROUTE_LOOKUPS = 2000
 CONTROL_SETTLE_TIMEOUT_S = 600
 
 
-def etcd_txns(metrics: str) -> float:
-    """The nameserver's etcd transactions so far (its ``gms_nameserver_etcd_request_seconds``)."""
+def metric(metrics: str, series: str) -> float:
+    """The value of ``series`` (name and labels, as exposed) on the monitoring endpoint ``metrics``."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as answer:
         for line in answer.read().decode().splitlines():
-            if line.startswith('gms_nameserver_etcd_request_seconds_count{op="txn"}'):
+            if line.startswith(series + " "):
                 return float(line.split()[-1])
     return 0.0
+
+
+ETCD_TXNS = 'gms_nameserver_etcd_request_seconds_count{op="txn"}'
+CONTROLLER_TXNS = "gms_nameserver_controller_transactions_total"
+
+
+def route_latencies(admin: Any, names: list[str]) -> list[int]:
+    """CONTROL_ROUTE_LOOKUPS Admin.route calls of topics drawn from ``names``: their latencies (ns), sorted."""
+    import random
+
+    rng = random.Random(1)
+    lat = []
+    for _ in range(CONTROL_ROUTE_LOOKUPS):
+        t0 = time.perf_counter_ns()
+        admin.route(rng.choice(names))
+        lat.append(time.perf_counter_ns() - t0)
+    return sorted(lat)
 
 
 def led_queues(view: Any, broker_id: str) -> list[tuple[str, int]]:
@@ -168,12 +185,13 @@ def scenario_control(quick: bool) -> dict[str, float]:
     topics, each broker leading 1,200 queues; full: 2,500 topics, 10,000 queues, each broker leading
     5,000) created in one Admin.create_topics call: ``leadership_assign_s`` and the nameserver's etcd
     transactions meanwhile, ``leadership_txns``. Then ``route_lookup_p50_ms`` / ``_p99_ms``: Admin.route
-    of a random topic, CONTROL_ROUTE_LOOKUPS times. Then one broker is SIGKILLed: ``failover_s`` from the
+    of a random topic, CONTROL_ROUTE_LOOKUPS times (``route_lookup_1topic_*``: the same before the topics
+    were created, with one topic registered). Then one broker is SIGKILLed: ``failover_s`` from the
     kill until none of the ``failover_queues`` it led has it as leader in etcd (a ClusterView watching,
     as the nameserver's does); ``failover_routes_s`` until the nameserver's routes show them all
-    (Admin.route of every topic involved); ``failover_detect_s`` until the controller's first write,
-    ``lease_ttl_s`` the brokers' lease TTL."""
-    import random
+    (Admin.route of every topic involved); ``failover_detect_s`` until its lease expired (its key's
+    deletion seen), ``failover_controller_txns`` the transactions the controller sent meanwhile (refused
+    ones too), ``lease_ttl_s`` the brokers' lease TTL."""
     import signal
     import subprocess
     import threading
@@ -216,24 +234,20 @@ def scenario_control(quick: bool) -> dict[str, float]:
             client = EtcdClient(etcd["etcd"], timeout_s=10)
             view = ClusterView(client, etcd["prefix"]).start()
 
+            admin.create_topic("c-one", CONTROL_QUEUES, replicas=2)
+            lat_one = route_latencies(admin, ["c-one"])  # the same lookups with one topic registered
             names = [f"c{i:05d}" for i in range(topics)]
-            txns = etcd_txns(metrics)
+            txns = metric(metrics, ETCD_TXNS)
             t0 = time.perf_counter()
             results = admin.create_topics([TopicSpec(n, CONTROL_QUEUES, replicas=2) for n in names])
             assign_s = time.perf_counter() - t0
-            txns = etcd_txns(metrics) - txns
+            txns = metric(metrics, ETCD_TXNS) - txns
             if not all(r.created for r in results):
                 raise RuntimeError(f"topics not created: {[r for r in results if not r.created][:3]}")
             for proc in brokers.values():  # the brokers take their queues up
                 wait_until_idle(proc.pid)
 
-            rng = random.Random(1)
-            lat = []
-            for _ in range(CONTROL_ROUTE_LOOKUPS):
-                t1 = time.perf_counter_ns()
-                admin.route(rng.choice(names))
-                lat.append(time.perf_counter_ns() - t1)
-            lat.sort()
+            lat = route_latencies(admin, names)
 
             by_address = {b.address: b.broker_id for b in view.brokers()}
             address = max(brokers, key=lambda a: len(led_queues(view, by_address[a])))
@@ -243,13 +257,13 @@ def scenario_control(quick: bool) -> dict[str, float]:
             for topic, queue_id in queues:
                 remaining.setdefault(topic, set()).add(queue_id)
             moved = threading.Event()
-            first_write: list[float] = []
+            detected: list[float] = []
 
             def on_change(change: Any) -> None:  # the view's watch thread: O(one topic) per change
+                if change.kind.value == "broker_down" and change.name == victim:
+                    detected.append(time.perf_counter())
                 if change.kind.value != "topic_updated" or change.name not in remaining:
                     return
-                if not first_write:
-                    first_write.append(time.perf_counter())
                 states = view.topic(change.name).queues
                 left = {i for i in remaining[change.name] if states[i].leader in (None, victim)}
                 if left:
@@ -260,6 +274,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
                     moved.set()
 
             view.subscribe(on_change)
+            controller_txns = metric(metrics, CONTROLLER_TXNS)
             brokers[address].send_signal(signal.SIGKILL)
             killed = time.perf_counter()
             if not moved.wait(CONTROL_SETTLE_TIMEOUT_S):
@@ -272,6 +287,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
                 unrouted = {t for t in unrouted if any(q["leader"] in (None, address)
                                                        for q in admin.route(t)["queues"])}
             routed = time.perf_counter() - killed
+            controller_txns = metric(metrics, CONTROLLER_TXNS) - controller_txns
             view.stop()
             client.close()
             admin.close()
@@ -281,9 +297,11 @@ def scenario_control(quick: bool) -> dict[str, float]:
         "control_topics": topics, "control_queues": topics * CONTROL_QUEUES,
         "leadership_assign_s": assign_s, "leadership_txns": txns,
         "route_lookup_p50_ms": pct(lat, 50) / 1e6, "route_lookup_p99_ms": pct(lat, 99) / 1e6,
+        "route_lookup_1topic_p50_ms": pct(lat_one, 50) / 1e6, "route_lookup_1topic_p99_ms": pct(lat_one, 99) / 1e6,
         "failover_queues": len(queues), "failover_s": failover, "lease_ttl_s": ttl_s,
         "failover_over_ttl_s": failover - ttl_s,
-        "failover_detect_s": first_write[0] - killed if first_write else -1, "failover_routes_s": routed,
+        "failover_detect_s": detected[0] - killed if detected else -1, "failover_routes_s": routed,
+        "failover_controller_txns": controller_txns,
     }
 
 
