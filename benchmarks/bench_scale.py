@@ -145,6 +145,7 @@ def run(topics: int) -> dict[str, float]:
 CONTROL_QUEUES = 4
 CONTROL_ROUTE_LOOKUPS = 2000
 CONTROL_SETTLE_TIMEOUT_S = 600
+CONTROL_SERVING_SAMPLE = 20
 
 
 def metric(metrics: str, series: str) -> float:
@@ -191,7 +192,9 @@ def scenario_control(quick: bool) -> dict[str, float]:
     as the nameserver's does); ``failover_routes_s`` until the nameserver's routes show them all
     (Admin.route of every topic involved); ``failover_detect_s`` until its lease expired (its key's
     deletion seen), ``failover_controller_txns`` the transactions the controller sent meanwhile (refused
-    ones too), ``lease_ttl_s`` the brokers' lease TTL."""
+    ones too), ``failover_serving_s`` until a send to each of CONTROL_SERVING_SAMPLE of its queues, drawn at
+    random, was acknowledged by the new leader, ``lease_ttl_s`` the brokers' lease TTL."""
+    import random
     import signal
     import subprocess
     import threading
@@ -200,10 +203,11 @@ def scenario_control(quick: bool) -> dict[str, float]:
     from bench_procs import start_server, stop_servers
 
     from gms.broker.config import BrokerConfig
-    from gms.client import Admin
+    from gms.client import Admin, Producer
     from gms.client.admin import TopicSpec
     from gms.cluster.cluster_view import ClusterView
     from gms.cluster.etcd_client import EtcdClient
+    from gms.errors import GmsError
     from gms.protocol.codes import RequestCode
 
     topics = 600 if quick else 2500
@@ -288,6 +292,17 @@ def scenario_control(quick: bool) -> dict[str, float]:
                                                        for q in admin.route(t)["queues"])}
             routed = time.perf_counter() - killed
             controller_txns = metric(metrics, CONTROLLER_TXNS) - controller_txns
+            with Producer(nameserver=nameserver) as producer:  # the broker side: do they take sends?
+                for topic, queue_id in random.Random(2).sample(queues, min(len(queues), CONTROL_SERVING_SAMPLE)):
+                    while True:
+                        try:
+                            producer.send(topic, b"after failover", queue=queue_id)
+                            break
+                        except GmsError:
+                            if time.perf_counter() - killed > CONTROL_SETTLE_TIMEOUT_S:
+                                raise
+                            time.sleep(0.02)
+            serving = time.perf_counter() - killed
             view.stop()
             client.close()
             admin.close()
@@ -301,7 +316,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
         "failover_queues": len(queues), "failover_s": failover, "lease_ttl_s": ttl_s,
         "failover_over_ttl_s": failover - ttl_s,
         "failover_detect_s": detected[0] - killed if detected else -1, "failover_routes_s": routed,
-        "failover_controller_txns": controller_txns,
+        "failover_controller_txns": controller_txns, "failover_serving_s": serving,
     }
 
 

@@ -3,8 +3,9 @@
 Counted as things happen, once per request or etcd call: requests per code and status, route
 lookups by result, etcd calls per operation (their time and errors, from the etcd client's
 observer), the queue leader changes this nameserver wrote as controller, its transactions and
-the topics they wrote. Everything else is read when Prometheus scrapes (:class:`_NameserverCollector`): brokers and topics in the cluster
-view, its health, the controller's epoch and whether it is this nameserver, the up time.
+the topics they wrote. Everything else is read when Prometheus scrapes
+(:class:`_NameserverCollector`): brokers and topics in the cluster view, its health, the
+controller's epoch and whether it is this nameserver, the up time.
 """
 
 from __future__ import annotations

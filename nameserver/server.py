@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gms.address import advertised_address, join_address, split_address
-from gms.cluster.cluster_view import ClusterView, TopicRoute, ViewChange, compute_route
+from gms.cluster.cluster_view import ChangeKind, ClusterView, TopicRoute, ViewChange, compute_route
 from gms.cluster.errors import ClusterError, EtcdUnavailable
 from gms.cluster.etcd_client import EtcdClient, parse_endpoints
 from gms.cluster.lease import LeaseKeeper
@@ -297,6 +297,8 @@ class NameServer:
 
     # -- view change notifications (from the watch thread) ---------------------------------
     def _on_view_change(self, change: ViewChange) -> None:
+        if change.kind is ChangeKind.TOPIC_DELETED:
+            self._route_cache.pop(change.name, None)  # a deleted topic's answer is not kept
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
