@@ -182,18 +182,24 @@ def led_queues(view: Any, broker_id: str) -> list[tuple[str, int]]:
 
 
 def scenario_control(quick: bool) -> dict[str, float]:
-    """A nameserver (embedded etcd) and 2 brokers; topics of 4 queues with 2 replicas (quick: 600
-    topics, each broker leading 1,200 queues; full: 2,500 topics, 10,000 queues, each broker leading
-    5,000) created in one Admin.create_topics call: ``leadership_assign_s`` and the nameserver's etcd
-    transactions meanwhile, ``leadership_txns``. Then ``route_lookup_p50_ms`` / ``_p99_ms``: Admin.route
-    of a random topic, CONTROL_ROUTE_LOOKUPS times (``route_lookup_1topic_*``: the same before the topics
-    were created, with one topic registered). Then one broker is SIGKILLed: ``failover_s`` from the
-    kill until none of the ``failover_queues`` it led has it as leader in etcd (a ClusterView watching,
-    as the nameserver's does); ``failover_routes_s`` until the nameserver's routes show them all
-    (Admin.route of every topic involved); ``failover_detect_s`` until its lease expired (its key's
-    deletion seen), ``failover_controller_txns`` the transactions the controller sent meanwhile (refused
-    ones too), ``failover_serving_s`` until a send to each of CONTROL_SERVING_SAMPLE of its queues, drawn at
-    random, was acknowledged by the new leader, ``lease_ttl_s`` the brokers' lease TTL."""
+    """The control plane at scale: a nameserver (embedded etcd) and 2 brokers, topics of 4 queues with
+    2 replicas (quick: 600 topics, each broker leading 1,200 queues; full: 2,500 topics, 10,000 queues,
+    each broker leading 5,000).
+
+    - ``leadership_assign_s``: creating them in one Admin.create_topics call, which places every queue
+      and its leader; ``leadership_txns``: the nameserver's etcd transactions meanwhile;
+    - ``route_lookup_p50_ms`` / ``_p99_ms``: Admin.route of a random topic, CONTROL_ROUTE_LOOKUPS times;
+      ``route_lookup_1topic_*`` the same with one topic registered, before the others were created;
+      ``route_lookup_etcd_writes``: etcd writes meanwhile (the brokers' ISR updates...), which the
+      nameserver's watch applies while it answers;
+    - then the broker leading the most queues is SIGKILLed: ``failover_s`` from the kill until none of
+      the ``failover_queues`` it led has it (or no one) as leader in etcd, as a ClusterView sees it;
+      ``failover_detect_s`` until its lease expired (its key's deletion seen); ``failover_routes_s``
+      until the nameserver routes the last of them anew (hence all: its watch applies in order);
+      ``failover_controller_txns`` the controller's transactions meanwhile (refused ones too);
+      ``failover_serving_s`` until a send to each of CONTROL_SERVING_SAMPLE of those queues, drawn at
+      random, was acknowledged by its new leader (the broker side); ``lease_ttl_s``: the brokers' lease
+      TTL (their default)."""
     import random
     import signal
     import subprocess
@@ -251,7 +257,9 @@ def scenario_control(quick: bool) -> dict[str, float]:
             for proc in brokers.values():  # the brokers take their queues up
                 wait_until_idle(proc.pid)
 
+            revision = view.revision
             lat = route_latencies(admin, names)
+            lookup_writes = view.revision - revision  # etcd writes (brokers' ISR updates...) meanwhile
 
             by_address = {b.address: b.broker_id for b in view.brokers()}
             address = max(brokers, key=lambda a: len(led_queues(view, by_address[a])))
@@ -262,6 +270,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
                 remaining.setdefault(topic, set()).add(queue_id)
             moved = threading.Event()
             detected: list[float] = []
+            last_moved: list[str] = []
 
             def on_change(change: Any) -> None:  # the view's watch thread: O(one topic) per change
                 if change.kind.value == "broker_down" and change.name == victim:
@@ -275,6 +284,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
                     return
                 del remaining[change.name]
                 if not remaining:
+                    last_moved.append(change.name)
                     moved.set()
 
             view.subscribe(on_change)
@@ -284,13 +294,18 @@ def scenario_control(quick: bool) -> dict[str, float]:
             if not moved.wait(CONTROL_SETTLE_TIMEOUT_S):
                 raise TimeoutError(f"{sum(map(len, remaining.values()))} queues still without a new leader")
             failover = time.perf_counter() - killed
-            unrouted = {t for t, _ in queues}  # until the nameserver's routes show it too
-            while unrouted:
+            def unrouted(names: set[str]) -> set[str]:
+                """Those of ``names`` with a queue the nameserver routes to the killed broker or nowhere."""
+                return {t for t in names if any(q["leader"] in (None, address) for q in admin.route(t)["queues"])}
+
+            # The nameserver's watch applies etcd's changes in order: once the topic moved last is
+            # routed anew, so is every other (checked below, untimed).
+            while unrouted(set(last_moved)):
                 if time.perf_counter() - killed > CONTROL_SETTLE_TIMEOUT_S:
-                    raise TimeoutError(f"{len(unrouted)} topics still routed to the killed broker")
-                unrouted = {t for t in unrouted if any(q["leader"] in (None, address)
-                                                       for q in admin.route(t)["queues"])}
+                    raise TimeoutError(f"{last_moved[0]} still routed to the killed broker")
             routed = time.perf_counter() - killed
+            if stale := unrouted({t for t, _ in queues}):
+                raise RuntimeError(f"{len(stale)} topics still routed to the killed broker: {sorted(stale)[:5]}")
             controller_txns = metric(metrics, CONTROLLER_TXNS) - controller_txns
             with Producer(nameserver=nameserver) as producer:  # the broker side: do they take sends?
                 for topic, queue_id in random.Random(2).sample(queues, min(len(queues), CONTROL_SERVING_SAMPLE)):
@@ -312,6 +327,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
         "control_topics": topics, "control_queues": topics * CONTROL_QUEUES,
         "leadership_assign_s": assign_s, "leadership_txns": txns,
         "route_lookup_p50_ms": pct(lat, 50) / 1e6, "route_lookup_p99_ms": pct(lat, 99) / 1e6,
+        "route_lookup_etcd_writes": lookup_writes,
         "route_lookup_1topic_p50_ms": pct(lat_one, 50) / 1e6, "route_lookup_1topic_p99_ms": pct(lat_one, 99) / 1e6,
         "failover_queues": len(queues), "failover_s": failover, "lease_ttl_s": ttl_s,
         "failover_over_ttl_s": failover - ttl_s,
