@@ -191,7 +191,8 @@ def scenario_control(quick: bool) -> dict[str, float]:
     - ``route_lookup_p50_ms`` / ``_p99_ms``: Admin.route of a random topic, CONTROL_ROUTE_LOOKUPS times;
       ``route_lookup_1topic_*`` the same with one topic registered, before the others were created;
       ``route_lookup_etcd_writes``: etcd writes meanwhile (the brokers' ISR updates...), which the
-      nameserver's watch applies while it answers;
+      nameserver's watch applies while it answers; ``route_lookup_brokers_cpu``: the cores the two brokers
+      used meanwhile (their replica fetchers of 10,000 queues...);
     - then the broker leading the most queues is SIGKILLed: ``failover_s`` from the kill until none of
       the ``failover_queues`` it led has it (or no one) as leader in etcd, as a ClusterView sees it;
       ``failover_detect_s`` until its lease expired (its key's deletion seen); ``failover_routes_s``
@@ -205,7 +206,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
     import subprocess
     import threading
 
-    from bench_peers import wait_until_idle
+    from bench_peers import cpu_seconds, wait_until_idle
     from bench_procs import start_server, stop_servers
 
     from gms.broker.config import BrokerConfig
@@ -257,9 +258,10 @@ def scenario_control(quick: bool) -> dict[str, float]:
             for proc in brokers.values():  # the brokers take their queues up
                 wait_until_idle(proc.pid)
 
-            revision = view.revision
+            revision, cpu, t1 = view.revision, sum(cpu_seconds(p.pid) for p in brokers.values()), time.perf_counter()
             lat = route_latencies(admin, names)
             lookup_writes = view.revision - revision  # etcd writes (brokers' ISR updates...) meanwhile
+            lookup_brokers_cpu = (sum(cpu_seconds(p.pid) for p in brokers.values()) - cpu) / (time.perf_counter() - t1)
 
             by_address = {b.address: b.broker_id for b in view.brokers()}
             address = max(brokers, key=lambda a: len(led_queues(view, by_address[a])))
@@ -327,7 +329,7 @@ def scenario_control(quick: bool) -> dict[str, float]:
         "control_topics": topics, "control_queues": topics * CONTROL_QUEUES,
         "leadership_assign_s": assign_s, "leadership_txns": txns,
         "route_lookup_p50_ms": pct(lat, 50) / 1e6, "route_lookup_p99_ms": pct(lat, 99) / 1e6,
-        "route_lookup_etcd_writes": lookup_writes,
+        "route_lookup_etcd_writes": lookup_writes, "route_lookup_brokers_cpu": lookup_brokers_cpu,
         "route_lookup_1topic_p50_ms": pct(lat_one, 50) / 1e6, "route_lookup_1topic_p99_ms": pct(lat_one, 99) / 1e6,
         "failover_queues": len(queues), "failover_s": failover, "lease_ttl_s": ttl_s,
         "failover_over_ttl_s": failover - ttl_s,
