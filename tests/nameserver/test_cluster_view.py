@@ -84,6 +84,30 @@ def test_view_starts_from_existing_state(client: EtcdClient, prefix: str, metada
         reg.close()
 
 
+def test_topic_state_carries_the_key_mod_revision(client: EtcdClient, prefix: str, metadata: ClusterMetadata):
+    """The controller's compare-and-swap revisions come from the view: from the snapshot, then
+    from the watch."""
+    reg = metadata.register_broker(BrokerInfo("b0", "127.0.0.1:1"), ttl_s=SHORT_TTL_S)
+    try:
+        metadata.create_topic("t", queue_count=1)
+        with ClusterView(client, prefix).start() as view:
+            def stored_revision() -> int:
+                kv = client.get(metadata.keys.topic("t"))
+                assert kv is not None
+                return kv.mod_revision
+
+            assert view.topic_state("t") == (view.topic("t"), stored_revision())
+            metadata.update_topic("t", queue_count=2)
+            wait_until(lambda: view.topic_state("t")[1] == stored_revision(), PROMPT_S)
+            assert view.topic_state("t")[0].queue_count == 2 and view.has_topic("t")
+            metadata.delete_topic("t")
+            wait_until(lambda: not view.has_topic("t"), PROMPT_S)
+            with pytest.raises(TopicNotFoundError):
+                view.topic_state("t")
+    finally:
+        reg.close()
+
+
 def test_etcd_death_keeps_cached_routes_and_recovers(tmp_path):
     etcd = EmbeddedEtcd(tmp_path / "etcd").start()
     port = int(etcd.endpoint.rpartition(":")[2])
