@@ -113,3 +113,6 @@ def test_failovers_counted_by_the_controller_that_wrote_them(cluster):
     wait_until(lambda: sample(port, "gms_nameserver_failovers_total") >= 1, FAILOVER_TIMEOUT_S)
     assert sample(port, "gms_nameserver_brokers") == 1
     assert sample(port, "gms_nameserver_failovers_total") == 1  # its one queue moved, once
+    # in one write of the topic, by one transaction (or more, if a broker's ISR write refused one)
+    assert sample(port, "gms_nameserver_controller_topic_writes_total") == 1
+    assert sample(port, "gms_nameserver_controller_transactions_total") >= 1
