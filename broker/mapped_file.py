@@ -362,6 +362,13 @@ class MappedFile:
         if dirty:
             self.flush()
 
+    def data_end(self) -> int:
+        """Where the last stretch the filesystem holds as data ends (``SEEK_DATA``/``SEEK_HOLE``;
+        the file's size where it cannot tell): everything past it reads as zeros, so a scan for
+        the end of what was written stops there instead of faulting in a file of holes."""
+        stretches = self._data_stretches(0)
+        return stretches[-1][1] if stretches else 0
+
     def _data_stretches(self, pos: int) -> list[tuple[int, int]]:
         """[lo, hi) stretches from ``pos`` on that may hold data (all of it where the filesystem
         cannot tell)."""

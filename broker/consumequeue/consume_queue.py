@@ -39,6 +39,14 @@ def pick_tags(entries: np.ndarray, tag_hashes: np.ndarray, max_picks: int) -> tu
     return np.frombuffer(found, np.int64), scanned
 
 
+def _written_sizes(f: MappedFile) -> np.ndarray:
+    """The size column of the entries of ``f`` that may have been written: those before the end
+    of its data on disk (the rest is holes, all zeros). Only that much of the map is read, so
+    opening a queue costs what it holds, not a whole file's pages."""
+    entries = min(-(-f.data_end() // CQ_UNIT.size), f.size_bytes // CQ_UNIT.size)
+    return f.array[: entries * CQ_UNIT.size].view(CQ_DTYPE)["size"]
+
+
 class OffsetExpired(StoreError):
     """Entries asked for lie below a minimum that retention has just moved (answer as below min)."""
 
@@ -61,11 +69,13 @@ class ConsumeQueue:
             while newest > 0 and files[newest].array.view(CQ_DTYPE)["size"][0] <= 0:
                 newest -= 1
             last = files[newest]
-            unwritten = np.flatnonzero(last.array.view(CQ_DTYPE)["size"] <= 0)
-            used = int(unwritten[0]) if unwritten.size else self.entries_per_file
+            sizes = _written_sizes(last)
+            unwritten = np.flatnonzero(sizes <= 0)
+            used = int(unwritten[0]) if unwritten.size else len(sizes)
             self.max_offset = last.base_offset // CQ_UNIT.size + used
-            first_sizes = files[0].array.view(CQ_DTYPE)["size"]
-            self.min_offset = files[0].base_offset // CQ_UNIT.size + int(np.argmax(first_sizes > 0))
+            first_sizes = sizes if newest == 0 else _written_sizes(files[0])
+            first = int(np.argmax(first_sizes > 0)) if first_sizes.size else 0
+            self.min_offset = files[0].base_offset // CQ_UNIT.size + first
         self._flushed_offset = self.max_offset
 
     @property
