@@ -24,6 +24,7 @@ from gms.record import _recordcheck
 from gms.store_errors import StoreError
 
 CQ_UNIT = struct.Struct(">qiq")
+SCAN_CHUNK_ENTRIES = 3_276  # entries (64 KiB) read at a time to find a queue's ends on open
 CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tag_hash", ">i8")])
 assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
 _TAG_HASH = struct.Struct(">q")
@@ -39,12 +40,26 @@ def pick_tags(entries: np.ndarray, tag_hashes: np.ndarray, max_picks: int) -> tu
     return np.frombuffer(found, np.int64), scanned
 
 
-def _written_sizes(f: MappedFile) -> np.ndarray:
-    """The size column of the entries of ``f`` that may have been written: those before the end
-    of its data on disk (the rest is holes, all zeros). Only that much of the map is read, so
-    opening a queue costs what it holds, not a whole file's pages."""
-    entries = min(-(-f.data_end() // CQ_UNIT.size), f.size_bytes // CQ_UNIT.size)
-    return f.array[: entries * CQ_UNIT.size].view(CQ_DTYPE)["size"]
+def _entry(f: MappedFile, slot: int) -> np.void:
+    """Entry ``slot`` of ``f``, read with pread (see :func:`_first_slot`)."""
+    pos = slot * CQ_UNIT.size
+    return np.frombuffer(b"".join(f.read_chunks(pos, pos + CQ_UNIT.size, CQ_UNIT.size)), CQ_DTYPE)[0]
+
+
+def _first_slot(f: MappedFile, written: bool) -> int | None:
+    """The slot in ``f`` of its first entry that is written (size > 0; else: that is not), None
+    if there is none. Only the entries before the end of the file's data on disk are read (the
+    rest is holes, all zeros), in chunks, through pread: opening a queue costs neither a
+    whole file's worth of page faults nor resident memory."""
+    end = min(-(-f.data_end() // CQ_UNIT.size), f.size_bytes // CQ_UNIT.size)
+    slot = 0
+    for raw in f.read_chunks(0, end * CQ_UNIT.size, SCAN_CHUNK_ENTRIES * CQ_UNIT.size):
+        sizes = np.frombuffer(raw, CQ_DTYPE, len(raw) // CQ_UNIT.size)["size"]
+        hits = np.flatnonzero(sizes > 0 if written else sizes <= 0)
+        if hits.size:
+            return slot + int(hits[0])
+        slot += len(sizes)
+    return None if written or end == f.size_bytes // CQ_UNIT.size else end
 
 
 class OffsetExpired(StoreError):
@@ -66,16 +81,12 @@ class ConsumeQueue:
         files = self.files
         if files:
             newest = len(files) - 1  # files reserved by an append that then failed are empty
-            while newest > 0 and files[newest].array.view(CQ_DTYPE)["size"][0] <= 0:
+            while newest > 0 and _entry(files[newest], 0)["size"] <= 0:
                 newest -= 1
             last = files[newest]
-            sizes = _written_sizes(last)
-            unwritten = np.flatnonzero(sizes <= 0)
-            used = int(unwritten[0]) if unwritten.size else len(sizes)
-            self.max_offset = last.base_offset // CQ_UNIT.size + used
-            first_sizes = sizes if newest == 0 else _written_sizes(files[0])
-            first = int(np.argmax(first_sizes > 0)) if first_sizes.size else 0
-            self.min_offset = files[0].base_offset // CQ_UNIT.size + first
+            used = _first_slot(last, written=False)
+            self.max_offset = last.base_offset // CQ_UNIT.size + (entries_per_file if used is None else used)
+            self.min_offset = files[0].base_offset // CQ_UNIT.size + (_first_slot(files[0], written=True) or 0)
         self._flushed_offset = self.max_offset
 
     @property
@@ -208,6 +219,12 @@ class ConsumeQueue:
     def offset_of_phys(self, phys: int) -> int:
         """The first queue offset whose entry points at or after commitlog offset ``phys``."""
         lo, hi = self.min_offset, self.max_offset
+        # The answer is mostly an end (recovery and retention ask every queue on open): those
+        # two entries are read with pread, so a queue nobody reads gets no pages mapped.
+        if lo == hi or self._phys_at(lo) >= phys:
+            return lo
+        if self._phys_at(hi - 1) < phys:
+            return hi
         while lo < hi:  # entries are in commitlog order, so the phys column is sorted
             mid = (lo + hi) // 2
             if int(self.read(mid, 1)["phys"][0]) < phys:
@@ -215,6 +232,9 @@ class ConsumeQueue:
             else:
                 hi = mid
         return lo
+
+    def _phys_at(self, offset: int) -> int:
+        return int(_entry(self._file(offset, self.files), offset % self.entries_per_file)["phys"])
 
     def truncate_to_phys(self, phys_end: int) -> None:
         """Drop entries pointing at or past ``phys_end`` (the commitlog was cut there)."""
