@@ -12,6 +12,7 @@ import pytest
 from gms_cluster import LocalCluster
 
 from gms.client import Admin, Consumer, Producer
+from gms.errors import ServiceUnavailableError
 
 TOPICS = 500
 QUEUES = 4
@@ -51,8 +52,17 @@ def send(producer: Producer, topic: str, queue: int, body: bytes, timeout_s: flo
 def read_all(nameserver: str, topics: list[str], want: set[bytes], group: str, offset_dir: Path) -> set[bytes]:
     """The bodies a consumer of every topic reads from the start, once it has ``want`` (or time is up)."""
     got: set[bytes] = set()
-    with Consumer(nameserver=nameserver, group=group, mode="broadcasting", subscription=dict.fromkeys(topics, "*"),
-                  start_from="first", offset_dir=offset_dir) as consumer:
+    deadline = time.monotonic() + SERVE_AGAIN_S
+    while True:  # after a restart, until every queue has its leader back
+        try:
+            consumer = Consumer(nameserver=nameserver, group=group, mode="broadcasting",
+                                subscription=dict.fromkeys(topics, "*"), start_from="first", offset_dir=offset_dir)
+            break
+        except ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with consumer:
         deadline = time.monotonic() + SEND_TIMEOUT_S
         while not want <= got and time.monotonic() < deadline:
             got |= {bytes(m.body) for m in consumer.poll(timeout_ms=500)}
