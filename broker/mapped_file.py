@@ -154,6 +154,20 @@ def run_when_idle() -> None:
 class MappedFile:
     """One mapped file; ``view`` and ``array`` are cached zero-copy windows on the map."""
 
+    # Slots: a broker holds one per consumeQueue file, thousands of them.
+    __slots__ = (
+        "_address",
+        "_array",
+        "_mm",
+        "_view",
+        "allocated",
+        "base_offset",
+        "closed",
+        "deleted",
+        "path",
+        "size_bytes",
+    )
+
     def __init__(self, path: Path, base_offset: int, size_bytes: int, mm: mmap.mmap, allocated: int) -> None:
         self.path = path
         self.base_offset = base_offset
@@ -349,15 +363,18 @@ class MappedFile:
 
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end (recovery truncation) and make it durable.
-        Only what holds data is written: the stretches the filesystem reports as data
-        (``SEEK_DATA``; allocated, never written blocks are holes to it), and of those only the
-        chunks that are not zeros already -- a preallocated 1 GiB file is not rewritten whole."""
-        array, dirty = self.array, False
+        Only what holds data is looked at: the stretches the filesystem reports as data
+        (``SEEK_DATA``; allocated, never written blocks are holes to it), read with pread, and
+        of each chunk only the bytes from its first to its last non-zero one are written -- a
+        preallocated 1 GiB file is not rewritten whole, and a queue cut back by a few entries
+        maps the page or two it writes, not the file's pages."""
+        dirty = False
         for lo, hi in self._data_stretches(pos):
-            for start in range(lo, hi, ZERO_CHUNK_BYTES):
-                chunk = array[start: min(start + ZERO_CHUNK_BYTES, hi)]
-                if chunk.any():
-                    chunk[:] = 0
+            for i, raw in enumerate(self.read_chunks(lo, hi, ZERO_CHUNK_BYTES)):
+                nonzero = np.flatnonzero(np.frombuffer(raw, np.uint8))
+                if nonzero.size:
+                    start = lo + i * ZERO_CHUNK_BYTES
+                    self.array[start + int(nonzero[0]): start + int(nonzero[-1]) + 1] = 0
                     dirty = True
         if dirty:
             self.flush()

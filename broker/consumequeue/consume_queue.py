@@ -71,6 +71,8 @@ class OffsetExpired(StoreError):
 
 
 class ConsumeQueue:
+    __slots__ = ("_flushed_offset", "_segments", "entries_per_file", "file_size_bytes", "max_offset", "min_offset")
+
     def __init__(self, directory: Path, entries_per_file: int) -> None:
         """Map the queue's files and find its minimum and end."""
         self.entries_per_file = entries_per_file
