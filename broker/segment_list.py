@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 
 class SegmentList:
-    __slots__ = ("closing", "directory", "file_size_bytes", "files")  # one per queue
-
     def __init__(self, directory: Path, file_size_bytes: int, files: list[MappedFile]) -> None:
         self.directory = directory
         self.file_size_bytes = file_size_bytes
