@@ -29,10 +29,11 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_peers import gms_standalone, pct
+from bench_peers import gms_standalone, pct, stop_process
 
 QUEUES = 4
 PAYLOAD = 100
@@ -338,16 +339,168 @@ def scenario_control(quick: bool) -> dict[str, float]:
     }
 
 
+def scenario_queues(quick: bool) -> dict[str, float]:
+    """10,000 queues (quick: 2,000) on one broker of its own etcd + nameserver: what an empty
+    queue costs in memory, and how long a restart (clean, then after SIGKILL while a producer
+    sends) takes until a send to a queue created last and a pull of an old message succeed.
+
+    ``broker_kib_per_queue``: RSS growth from one topic to all of them (a quarter of the queues
+    holding a message), per queue; ``restart_{clean,sigkill}_s``: from starting the broker until
+    that send and pull succeed, ``..._all_queues_s``: until every queue has a live leader again
+    (a consumer of every topic can start); ``broker_rss_mb_after_restart_*``: RSS once it serves."""
+    import signal
+    import subprocess
+    import threading
+
+    from gms.client import Admin, Consumer, Producer
+    from gms.nameserver.embedded_etcd import EmbeddedEtcd
+
+    queues = 2_000 if quick else 10_000
+    topics = [f"q{i:05d}" for i in range(queues // QUEUES)]
+    old_topic, last_topic = topics[0], topics[-1]
+
+    def serve(module: str, root: Path, args: list[str], port: int = 0) -> tuple[subprocess.Popen[Any], int]:
+        port_file = root / f"{module}.port"
+        port_file.unlink(missing_ok=True)
+        with open(root / f"{module}.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-P", "-m", module, "--listen", f"127.0.0.1:{port}",
+                                     "--port-file", str(port_file), "--log-level", "warning", *args],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + SETTLE_TIMEOUT_S
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"{module} did not start (see {root / module}.log)")
+            time.sleep(0.01)
+        return proc, int(port_file.read_text())
+
+    def serving(nameserver: str, offset_dir: Path) -> None:
+        """Until a send to the last created queue and a pull of the first message succeed."""
+        with Producer(nameserver=nameserver) as producer:
+            end = time.monotonic() + SETTLE_TIMEOUT_S
+            while True:
+                try:
+                    producer.send(last_topic, b"after", queue=QUEUES - 1)
+                    break
+                except Exception:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.01)
+        with Consumer(nameserver=nameserver, group=f"g{time.monotonic_ns()}", mode="broadcasting",
+                      subscription={old_topic: "*"}, start_from="first", offset_dir=offset_dir) as consumer:
+            end = time.monotonic() + SETTLE_TIMEOUT_S
+            while not any(bytes(m.body) == b"old" for m in consumer.poll(timeout_ms=100)):
+                if time.monotonic() > end:
+                    raise TimeoutError("the old message was not pulled after the restart")
+
+    def every_queue_routed(nameserver: str) -> Consumer:
+        """Until every queue has a live leader: a consumer of every topic can start (returned to be
+        closed out of the timing: closing one of thousands of queues takes seconds)."""
+        from gms.errors import ServiceUnavailableError
+
+        end = time.monotonic() + SETTLE_TIMEOUT_S
+        while True:
+            try:
+                return Consumer(nameserver=nameserver, group=f"g{time.monotonic_ns()}", mode="broadcasting",
+                                subscription=dict.fromkeys(topics, "*"), offset_dir=Path(tmp) / "offsets-all")
+            except ServiceUnavailableError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+
+    with tempfile.TemporaryDirectory(prefix="bench-queues-") as tmp:
+        root = Path(tmp)
+        etcd = EmbeddedEtcd(root / "etcd").start()
+        procs: list[subprocess.Popen[Any]] = []
+        try:
+            ns_proc, ns_port = serve("gms.nameserver", root, ["--etcd", etcd.endpoint])
+            procs.append(ns_proc)
+            nameserver = f"127.0.0.1:{ns_port}"
+            broker_args = ["--store-dir", str(root / "broker"), "--nameserver", nameserver,
+                           "--commitlog-file-size", str(1 << 30)]
+            broker, port = serve("gms.broker", root, broker_args)
+            procs.append(broker)
+            with Admin(nameserver=nameserver) as admin, Producer(nameserver=nameserver) as producer:
+                admin.create_topics([(old_topic, QUEUES)])
+                send_until_acknowledged(producer, old_topic, b"old", SETTLE_TIMEOUT_S)
+                time.sleep(1)
+                rss_one = rss_mb(broker.pid)
+                for start in range(1, len(topics), 500):
+                    admin.create_topics([(t, QUEUES) for t in topics[start:start + 500]])
+                for i, topic in enumerate(topics[1:], 1):  # a quarter of the queues hold a message
+                    end = time.monotonic() + SETTLE_TIMEOUT_S
+                    while True:
+                        try:
+                            producer.send(topic, b"x" * PAYLOAD, queue=i % QUEUES)
+                            break
+                        except Exception:
+                            if time.monotonic() > end:
+                                raise
+                            time.sleep(0.02)
+            time.sleep(2)
+            rss_all = rss_mb(broker.pid)
+            figures: dict[str, float] = {
+                "queues": queues,
+                "broker_rss_mb_10k_queues": rss_all,
+                "broker_rss_mb_1_topic": rss_one,
+                "broker_kib_per_queue": (rss_all - rss_one) * 1024 / (queues - QUEUES),
+            }
+            for kind in ("clean", "sigkill"):
+                stop_sending = threading.Event()
+
+                def keep_sending(stop: threading.Event) -> None:
+                    with Producer(nameserver=nameserver) as p:
+                        i = 0
+                        while not stop.is_set():
+                            try:
+                                p.send(topics[i % len(topics)], b"y" * PAYLOAD)
+                            except Exception:  # noqa: BLE001 - the broker is down for a while
+                                time.sleep(0.01)
+                            i += 1
+
+                sender = threading.Thread(target=keep_sending, args=(stop_sending,), daemon=True)
+                if kind == "sigkill":
+                    sender.start()
+                    time.sleep(1)
+                broker.send_signal(signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
+                broker.wait(SETTLE_TIMEOUT_S)
+                procs.remove(broker)
+                t0 = time.monotonic()
+                broker, _ = serve("gms.broker", root, broker_args, port)
+                procs.append(broker)
+                serving(nameserver, root / f"offsets-{kind}")
+                figures[f"restart_{kind}_s"] = time.monotonic() - t0
+                figures[f"broker_rss_mb_after_restart_{kind}"] = rss_mb(broker.pid)
+                consumer = every_queue_routed(nameserver)
+                figures[f"restart_{kind}_all_queues_s"] = time.monotonic() - t0
+                consumer.close()
+                stop_sending.set()
+                if sender.is_alive():
+                    sender.join(SETTLE_TIMEOUT_S)
+            return figures
+        finally:
+            for proc in reversed(procs):
+                stop_process(proc)
+            etcd.stop()
+
+
+SCENARIOS: dict[str, Callable[[bool], dict[str, float]]] = {
+    "control": scenario_control,
+    "queues": scenario_queues,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="300 topics (full: 1,000)")
+    parser.add_argument("--quick", action="store_true", help="smaller runs (creation: 300 topics, full: 1,000)")
     parser.add_argument("--topics", type=int, help="the number of topics to create")
-    parser.add_argument("--only", choices=["control"], help="run only this scenario")
+    parser.add_argument("--only", choices=["create", *SCENARIOS], help="run only this scenario")
     args = parser.parse_args()
     topics = args.topics or (300 if args.quick else 1000)
-    result = {} if args.only else run(topics)
-    result.update(scenario_control(args.quick) if args.only in (None, "control") else {})
-    print(json.dumps(result), flush=True)
+    figures = run(topics) if args.only in (None, "create") else {}
+    for name, scenario in SCENARIOS.items():
+        if args.only in (None, name):
+            figures |= scenario(args.quick)
+    print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -153,6 +153,20 @@ def run_when_idle() -> None:
 
 class MappedFile:
     """One mapped file; ``view`` and ``array`` are cached zero-copy windows on the map."""
+
+    # Slots: a broker holds one per consumeQueue file, thousands of them.
+    __slots__ = (
+        "_address",
+        "_array",
+        "_mm",
+        "_view",
+        "allocated",
+        "base_offset",
+        "closed",
+        "deleted",
+        "path",
+        "size_bytes",
+    )
 
     def __init__(self, path: Path, base_offset: int, size_bytes: int, mm: mmap.mmap, allocated: int) -> None:
         self.path = path
@@ -349,18 +363,43 @@ class MappedFile:
 
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end (recovery truncation) and make it durable.
-        Only what holds data is written: the stretches the filesystem reports as data
-        (``SEEK_DATA``; allocated, never written blocks are holes to it), and of those only the
-        chunks that are not zeros already -- a preallocated 1 GiB file is not rewritten whole."""
-        array, dirty = self.array, False
+        Only what holds data is looked at: the stretches the filesystem reports as data
+        (``SEEK_DATA``; allocated, never written blocks are holes to it), read with pread, and
+        of each chunk only the bytes from its first to its last non-zero one are written -- a
+        preallocated 1 GiB file is not rewritten whole, and a queue cut back by a few entries
+        maps the page or two it writes, not the file's pages."""
+        dirty = False
         for lo, hi in self._data_stretches(pos):
-            for start in range(lo, hi, ZERO_CHUNK_BYTES):
-                chunk = array[start: min(start + ZERO_CHUNK_BYTES, hi)]
-                if chunk.any():
-                    chunk[:] = 0
+            for i, raw in enumerate(self.read_chunks(lo, hi, ZERO_CHUNK_BYTES)):
+                nonzero = np.flatnonzero(np.frombuffer(raw, np.uint8))
+                if nonzero.size:
+                    start = lo + i * ZERO_CHUNK_BYTES
+                    self.array[start + int(nonzero[0]): start + int(nonzero[-1]) + 1] = 0
                     dirty = True
         if dirty:
             self.flush()
+
+    def read_chunks(self, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+        """The bytes of [start, end) in pieces of ``chunk_bytes``, read with pread, not through
+        the map: a scan of a file at open leaves no pages in the process's resident set."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as err:
+            raise StoreIOError(f"cannot open {self.path}: {err}") from err
+        try:
+            for pos in range(start, min(end, self.size_bytes), chunk_bytes):
+                yield os.pread(fd, min(chunk_bytes, end - pos), pos)
+        except OSError as err:
+            raise StoreIOError(f"cannot read {self.path}: {err}") from err
+        finally:
+            os.close(fd)
+
+    def data_end(self) -> int:
+        """Where the last stretch the filesystem holds as data ends (``SEEK_DATA``/``SEEK_HOLE``;
+        the file's size where it cannot tell): everything past it reads as zeros, so a scan for
+        the end of what was written stops there instead of faulting in a file of holes."""
+        stretches = self._data_stretches(0)
+        return stretches[-1][1] if stretches else 0
 
     def _data_stretches(self, pos: int) -> list[tuple[int, int]]:
         """[lo, hi) stretches from ``pos`` on that may hold data (all of it where the filesystem

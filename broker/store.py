@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import os
 import shutil
 import struct
 import threading
@@ -442,12 +443,18 @@ class MessageStore:
         return self._topics.snapshot()
 
     def _load_queues(self) -> None:
-        for topic in self._topics.snapshot():
-            topic_dir = self.paths.consumequeue / topic
-            if topic_dir.is_dir():
-                for qdir in topic_dir.iterdir():
-                    if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX:
-                        self._queue_for(topic, int(qdir.name))
+        """Open the queues that have a directory (those that ever held data: an empty queue has
+        none) with one listing of the consumeQueue root, not a look-up per known topic."""
+        topics = self._topics.snapshot()
+        try:
+            with os.scandir(self.paths.consumequeue) as entries:
+                topic_dirs = [Path(e.path) for e in entries if e.name in topics and e.is_dir()]
+        except FileNotFoundError:
+            return
+        for topic_dir in topic_dirs:
+            for qdir in topic_dir.iterdir():
+                if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX:
+                    self._queue_for(topic_dir.name, int(qdir.name))
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         count = self._topics.queue_count(topic)
