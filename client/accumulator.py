@@ -28,6 +28,7 @@ from typing import cast
 
 from gms.client._append import AppenderBase
 from gms.client.routing import QueueRoute
+from gms.client.sender import FIRST_ANSWER
 from gms.client.structs import SendFuture, SendResult
 from gms.errors import ProtocolError
 from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
@@ -60,6 +61,21 @@ class _OpenBatch(BatchBuilder):
         self.ready = False  # in its broker's ready batches (on the loop)
         # One Future for the batch: each message's SendFuture reads its result out of it.
         self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
+
+
+class _Slot:
+    """One of a broker's requests in flight: freed once (its first answer, or its end)."""
+
+    __slots__ = ("accumulator", "broker")
+
+    def __init__(self, accumulator: Accumulator, broker: str) -> None:
+        self.accumulator: Accumulator | None = accumulator
+        self.broker = broker
+
+    def __call__(self) -> None:
+        accumulator, self.accumulator = self.accumulator, None
+        if accumulator is not None:
+            accumulator._free_slot(self.broker)
 
 
 class Accumulator(AppenderBase):
@@ -188,15 +204,21 @@ class Accumulator(AppenderBase):
         self._drain(broker)
 
     def _drain(self, broker: str) -> None:
-        """Send ``broker``'s ready batches while it has fewer than REQUESTS_PER_BROKER requests in flight."""
+        """Send ``broker``'s ready batches while it has fewer than REQUESTS_PER_BROKER requests
+        whose first attempt is unanswered (a batch being retried, or waiting for its queue's turn,
+        takes no slot: the broker's other queues go on)."""
         ready = self._ready.get(broker)
         while ready and self._requests.get(broker, 0) < REQUESTS_PER_BROKER:
             with self._lock:
                 taken = self._take_ready(ready)
             self._requests[broker] = self._requests.get(broker, 0) + 1
-            task = self._loop.create_task(self._send_request(broker, taken))
+            task = self._loop.create_task(self._send_request(broker, taken, _Slot(self, broker)))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
+
+    def _free_slot(self, broker: str) -> None:
+        self._requests[broker] -= 1
+        self._drain(broker)
 
     def _take_ready(self, ready: list[_OpenBatch]) -> list[_OpenBatch]:
         """The batches of the next request, out of ``ready`` and closed (under the lock): the oldest,
@@ -228,15 +250,15 @@ class Accumulator(AppenderBase):
         """Whether ``batch`` may share a request (a replicated queue's send follows its leader alone)."""
         return batch.size_bytes <= REQUEST_BYTES_MAX and not batch.route.replicated
 
-    async def _send_request(self, broker: str, batches: list[_OpenBatch]) -> None:
+    async def _send_request(self, broker: str, batches: list[_OpenBatch], slot: _Slot) -> None:
+        FIRST_ANSWER.set(slot)  # this task's own context (and that of the tasks it starts)
         try:
             if len(batches) == 1:
                 await self._send_batch(batches[0])
             else:
                 await self._send_batches(broker, batches)
         finally:
-            self._requests[broker] -= 1
-            self._drain(broker)
+            slot()
 
     async def _send_batches(self, broker: str, batches: list[_OpenBatch]) -> None:
         """Several batches of ``broker`` in one request (``SendManyFn``)."""

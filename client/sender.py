@@ -13,7 +13,8 @@ import asyncio
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar, copy_context
 from typing import Any, cast
 
 import numpy as np
@@ -59,6 +60,10 @@ NOT_STORED_ERRORS = (NotLeaderError, TopicNotFoundError, QueueNotFoundError, Ser
                       ServerBusyError, OutOfOrderSequenceError, UnknownProducerIdError, NotEnoughReplicasError)
 # A broker's answers that refuse a send before anything of it is stored (an append is all or
 # nothing): the batches of a refused send of several may go again at once, each alone.
+# Set by the caller of a send (the accumulator, for its requests in flight per broker): called once
+# the send's first request is answered or failed, or the send waits for its queue's turn; its
+# retries and its waits take no slot of the broker's.
+FIRST_ANSWER: ContextVar[Callable[[], None] | None] = ContextVar("first_answer", default=None)
 REFUSED_ERRORS = (*NOT_STORED_ERRORS, DuplicateBatchError, ProducerFencedError, ForbiddenError,
                   UnauthenticatedError, MessageIllegalError, BadRequestError)
 
@@ -103,6 +108,7 @@ class Sender:
                         raise failed
                     if ticket is not None:
                         if not sequencer.may_go(ticket):
+                            answered()
                             await sequencer.turn(ticket)
                         if ticket.sequence != stamped:  # its lane started a new epoch
                             stamped = ticket.sequence
@@ -114,6 +120,7 @@ class Sender:
                         return []
                     frame = await self._request(route, acks, body)
                 except (TopicNotFoundError, QueueNotFoundError) as err:
+                    answered()
                     # The route may be newer than the broker's queues (created a moment ago) or stale.
                     if attempt >= self._retries or not await self._still_routed(route):
                         raise
@@ -121,6 +128,7 @@ class Sender:
                         sequencer.failed(ticket)
                     log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
                 except GmsError as err:
+                    answered()
                     if ticket is not None and self._out_of_turn(ticket, stamped, oldest, err):
                         continue  # sent again in its turn, after the batches before it
                     if not err.retriable or attempt >= self._retries:
@@ -131,6 +139,7 @@ class Sender:
                     maybe_stored = (maybe_stored or not isinstance(err, NOT_STORED_ERRORS)
                                     or bool(err.fields.get(STORED_FIELD)))
                 else:
+                    answered()
                     if ticket is not None:
                         sequencer.acked(ticket)
                     return results(route.topic, frame.fields)
@@ -207,17 +216,19 @@ class Sender:
                 continue
             semaphore = sequencer.in_flight(route.topic, route.queue_id)
             if semaphore.locked():
-                outcomes[i] = asyncio.ensure_future(self.send_bodies(route, [(body, count)]))
+                outcomes[i] = _on_its_own(self.send_bodies(route, [(body, count)]))
                 continue
             await semaphore.acquire()  # free: returns at once
             ticket = sequencer.stamp(body, route.topic, route.queue_id, count)
             if sequencer.may_go(ticket):
                 together.append((i, ticket, semaphore))
             else:
-                outcomes[i] = asyncio.ensure_future(self._alone(route, body, ticket, semaphore))
+                outcomes[i] = _on_its_own(self._alone(route, body, ticket, semaphore))
         if len(together) == 1:  # the others went alone: no request of several
             i, one_ticket, one_semaphore = together.pop()
             outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], one_ticket, one_semaphore))
+        elif not together:
+            answered()  # no request: each batch waits for its queue
         if together:
             for i, answer in zip([i for i, _, _ in together], await self._send_together(broker, batches, together),
                                  strict=True):
@@ -236,16 +247,17 @@ class Sender:
                 return [_done([]) for _ in together]
             frame = await self._runtime.pool.request(broker, RequestCode.SEND_BATCH, {"acks": self._acks}, parts)
         except GmsError as err:
+            answered()
             first_error = None if isinstance(err, REFUSED_ERRORS) and not err.fields.get(STORED_FIELD) else err
             log.debug("a send of %d batches to %s failed (%r): each goes alone", len(together), broker, err)
-            return [asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], ticket, semaphore, first_error))
+            return [_on_its_own(self._alone(batches[i][0], batches[i][1], ticket, semaphore, first_error))
                     for i, ticket, semaphore in together]
         except BaseException:
             for _, ticket, semaphore in together:
                 self._settled(ticket, semaphore, maybe_stored=True)
             raise
-        fields = frame.fields
-        answer = results("", fields)
+        answered()
+        answer = results("", frame.fields)
         counts = [batches[i][2] for i, _, _ in together]
         if len(answer) != sum(counts):
             mismatch = ProtocolError(f"{len(answer)} results for a send of {sum(counts)} messages", must_close=False)
@@ -293,7 +305,10 @@ class Sender:
             answers = [await self.send(route, body, movable=movable) for body, _ in bodies]
         else:
             await sequencer.ready()
-            async with sequencer.in_flight(route.topic, route.queue_id):
+            semaphore = sequencer.in_flight(route.topic, route.queue_id)
+            if semaphore.locked():
+                answered()
+            async with semaphore:
                 answers = [await self.send(route, body, movable=movable,
                                            ticket=sequencer.stamp(body, route.topic, route.queue_id, count))
                            for body, count in bodies]
@@ -326,6 +341,21 @@ class Sender:
                 return moved
         same_queue = [r for r in routes if r.queue_id == route.queue_id]
         return same_queue[0] if same_queue else route
+
+
+def answered() -> None:
+    """The current send's first request is answered (or it waits): call FIRST_ANSWER, once."""
+    hook = FIRST_ANSWER.get()
+    if hook is not None:
+        FIRST_ANSWER.set(None)
+        hook()
+
+
+def _on_its_own(send: Awaitable[Sequence[SendResult]]) -> asyncio.Future[Sequence[SendResult]]:
+    """A task for a batch of send_many sent alone: not the request that holds the caller's slot."""
+    context = copy_context()
+    context.run(FIRST_ANSWER.set, None)
+    return asyncio.get_running_loop().create_task(cast(Any, send), context=context)
 
 
 def _done(answer: Sequence[SendResult]) -> asyncio.Future[Sequence[SendResult]]:

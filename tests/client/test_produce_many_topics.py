@@ -116,3 +116,23 @@ def test_a_batch_refused_in_a_request_of_many_fails_alone(watched):
     with Admin([broker.address]) as admin:
         for topic in topics:
             assert sum(q["max_offset"] - q["min_offset"] for q in admin.topic_stats(topic)) == 2
+
+
+def test_batches_being_retried_do_not_hold_back_the_brokers_other_batches(watched):
+    """More batches than a broker's requests in flight keep failing and retrying (a queue the
+    topic does not have, retried with long backoffs): a good batch sent meanwhile is stored at
+    once, before any of them gives up."""
+    broker, _, topics = watched
+    with Producer([broker.address], linger_ms=1, retries=3, retry_backoff_ms=1000) as producer:
+        producer.send(topics[0], b"warm-up")
+        failing = []
+        for topic in topics[:8]:  # each due alone: the broker has answered the one before
+            failing.append(producer.send_async(topic, b"nowhere", queue=99))
+            time.sleep(0.05)
+        good = producer.send_async(topics[-1], b"good")
+        result = good.result(timeout=60)
+        assert not any(f.done() for f in failing)
+        assert result.topic == topics[-1]
+        for future in failing:
+            with pytest.raises(QueueNotFoundError):
+                future.result(timeout=60)
