@@ -158,9 +158,13 @@ class Accumulator(AppenderBase):
         return SendFuture(batch.future, batch.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
-        """Take ``batch`` out of the open ones (under the lock): no message joins it any more."""
+        """Take ``batch`` out of the open ones (under the lock): no message joins it any more. (A
+        batch closed before may have a successor open on its route.)"""
+        if batch.closed:
+            return
         batch.closed = True
-        self._open.pop(batch.route, None)
+        if self._open.get(batch.route) is batch:
+            del self._open[batch.route]
         if self._sticky.get(batch.route.topic) is batch:
             del self._sticky[batch.route.topic]
 
@@ -230,15 +234,12 @@ class Accumulator(AppenderBase):
             return [first]
         taken, left, routes = [first], [], {first.route}
         size = first.size_bytes + STAMP_BYTES
-        for batch in ready[1:]:
+        for batch in ready[1:]:  # under the lock their sizes hold still; the ones left stay open
             if batch.route in routes or not self._combinable(batch) or (
                     size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES):
                 left.append(batch)
                 continue
-            self._close(batch)  # its size is final now
-            if size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES:
-                left.append(batch)  # it grew since: the next request's
-                continue
+            self._close(batch)
             size += batch.size_bytes + STAMP_BYTES
             taken.append(batch)
             routes.add(batch.route)
