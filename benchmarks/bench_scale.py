@@ -483,7 +483,45 @@ def scenario_queues(quick: bool) -> dict[str, float]:
             etcd.stop()
 
 
+def scenario_produce(quick: bool) -> dict[str, float]:
+    """``send_async`` of 100 B messages round-robin over 1, 10, 100 and N topics of 4 queues
+    (quick: N = 300, full: 1,000) on one gms standalone, each point acknowledged in full (flush),
+    back to back in one run: msg/s per point and N topics' rate over one topic's."""
+    from gms.client import Admin, Producer, TopicSpec
+
+    many = 300 if quick else 1000
+    counts = [1, 10, 100, many]
+    messages = 200_000 if quick else 400_000
+    payload = os.urandom(PAYLOAD)
+    rates: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-produce-") as tmp, \
+            gms_standalone(Path(tmp)) as (nameserver, _), Admin(nameserver=nameserver) as admin:
+        names = [f"p{i:05d}" for i in range(many)]
+        admin.create_topics([TopicSpec(name, QUEUES) for name in names])
+        with Producer(nameserver=nameserver) as producer:
+            send_until_acknowledged(producer, names[-1], payload, FIRST_SEND_TIMEOUT_S)
+            for name in names:  # every queue written once: a queue's first write is not the point here
+                for queue in range(QUEUES):
+                    producer.send_async(name, payload, queue=queue)
+            producer.flush()
+            for n in counts:
+                topics = names[:n]
+                for rep in range(2):  # a warm-up pass (routes, connections, pages), then the measured one
+                    total = messages // 4 if rep == 0 else messages
+                    t0 = time.perf_counter()
+                    for i in range(total):
+                        producer.send_async(topics[i % n], payload)
+                    producer.flush()
+                    rates[n] = total / (time.perf_counter() - t0)
+    figures: dict[str, float] = {f"send_async_msgs_per_s_{n}_topic{'s' if n > 1 else ''}": rates[n] for n in counts}
+    figures["produce_topics"] = many
+    figures["send_async_msgs_per_s_many_topics"] = rates[many]
+    figures["send_async_many_topics_ratio"] = rates[many] / rates[1]
+    return figures
+
+
 SCENARIOS: dict[str, Callable[[bool], dict[str, float]]] = {
+    "produce": scenario_produce,
     "control": scenario_control,
     "queues": scenario_queues,
 }

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several times faster
@@ -57,7 +57,7 @@ from gms.broker.store_layout import check_layout
 from gms.broker.store_paths import StorePaths
 from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
-from gms.errors import MessageNotFoundError
+from gms.errors import DuplicateBatchError, MessageNotFoundError
 from gms.private_files import make_private_dir, tighten_tree
 from gms.record import (
     HEADER_SIZE,
@@ -543,7 +543,7 @@ class MessageStore:
                 admit([group.key for group in groups])
             sequenced = flagged and bool((flags & FLAG_SEQUENCED).any())
             if sequenced and not replicated:
-                self._check_sequence(buf, flags, groups, len(queue_ids))
+                self._check_sequence(buf, parsed, flags, groups)
             envelope = np.empty(len(queue_ids), ENVELOPE_DTYPE)
             if replicated:
                 queue_offsets = self._check_replicated_offsets(groups, parsed)
@@ -653,19 +653,41 @@ class MessageStore:
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
 
-    def _check_sequence(self, buf: memoryview, flags: np.ndarray, groups: list[_QueueGroup], n: int) -> None:
-        """An idempotent producer's batch: its stamp on the first record of a batch to one queue."""
+    def _check_sequence(self, buf: memoryview, parsed: ParsedRecords, flags: np.ndarray,
+                        groups: list[_QueueGroup]) -> None:
+        """An idempotent producer's batches: each queue's records one contiguous batch, stamped on
+        its first record. A body of several queues' batches (a producer's batches for one broker
+        sent together) is admitted whole or not at all: each is checked in body order, and one
+        stored before refuses the body (``DuplicateBatchError``: the producer sends each alone,
+        answered with where it is), as does any other refusal."""
         stamped = np.flatnonzero(flags & FLAG_SEQUENCED)
-        if len(stamped) != 1 or stamped[0] != 0 or len(groups) != 1:
-            raise InvalidRecord(SEQUENCE_PROPERTY, "only the first record of a batch to one queue carries a"
-                                                   " producer sequence")
-        cq, _, key = groups[0]
-        self._admit_sequence(buf, cq, key, n)
+        n = len(flags)
+        if len(groups) == 1:
+            if len(stamped) != 1 or stamped[0] != 0:
+                raise InvalidRecord(SEQUENCE_PROPERTY, "only the first record of a queue's batch carries a"
+                                                       " producer sequence")
+            cq, _, key = groups[0]
+            self._admit_sequence(buf, cq, key, n)
+            return
+        indices = [cast(np.ndarray, idx) for _, idx, _ in groups]  # several groups: index arrays
+        firsts = [int(idx[0]) for idx in indices]
+        if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or any(
+                int(idx[-1]) - int(idx[0]) + 1 != len(idx) for idx in indices):
+            raise InvalidRecord(SEQUENCE_PROPERTY, "each queue's records in a send are one batch, in a row,"
+                                                   " stamped with a producer sequence on its first record")
+        for first, idx, (cq, _, key) in sorted(zip(firsts, indices, groups, strict=True), key=lambda g: g[0]):
+            try:
+                self._admit_sequence(buf, cq, key, len(idx), int(parsed.starts[first]))
+            except DuplicateBatch as duplicate:
+                raise DuplicateBatchError(
+                    f"{duplicate}; in a send of {len(groups)} queues' batches: nothing was stored, send each"
+                    " batch alone", fields={"topic": key[0], "queue_id": key[1]}) from None
 
-    def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int) -> BatchSequence:
-        """The stamp of a batch of ``n`` records to ``key``: refused if out of order or fenced,
-        DuplicateBatch if stored before (docs/idempotence.md)."""
-        sequence = read_sequence(buf)
+    def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int,
+                        pos: int = 0) -> BatchSequence:
+        """The stamp of a batch of ``n`` records to ``key`` (its first at ``pos``): refused if out
+        of order or fenced, DuplicateBatch if stored before (docs/idempotence.md)."""
+        sequence = read_sequence(buf, pos)
         if sequence.records != n:
             raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds {n} records, its sequence says {sequence.records}")
         known = self.producers.check(key, sequence, cq.max_offset)

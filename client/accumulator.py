@@ -8,6 +8,14 @@ over a topic's queues, and a message costs no routing. Callers append from any t
 one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
 bounds the memory of unsent messages: appends block while it is reached. A batch over the
 broker's limit per send request goes out as several requests (``BatchBuilder.seal_counted``).
+
+A batch that is due (full, or ``linger_ms`` old) is ready for its broker; the ready batches of a
+broker go out together, as one request (``SendManyFn``: the broker stores them in one append),
+whenever that broker has fewer than ``REQUESTS_PER_BROKER`` requests in flight. While it has that
+many, a lingered batch stays open and keeps taking messages: a producer spread over many topics
+sends fewer, fuller requests the busier its broker is (Kafka's sender drains a broker's ready
+batches into one request too). A batch alone, one over the limit per request, one of a
+replicated queue and every batch when there is no ``SendManyFn`` go through ``SendFn``.
 """
 
 from __future__ import annotations
@@ -16,32 +24,58 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import cast
 
 from gms.client._append import AppenderBase
 from gms.client.routing import QueueRoute
+from gms.client.sender import FIRST_ANSWER
 from gms.client.structs import SendFuture, SendResult
 from gms.errors import ProtocolError
-from gms.record.builder import BatchBuilder, RecordEncoder
+from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
+from gms.record.builder import REQUEST_BYTES_MAX, BatchBuilder, RecordEncoder
+from gms.record.sequence import STAMP_BYTES
 
 # Sends one batch, sealed as one or more request bodies (with their record counts), to ``route``;
 # results in order.
 SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[SendResult]]]
+# Sends sealed batches of different queues of one broker (route, body, record count) as one
+# request; per batch, its results or the error it failed with.
+SendManyFn = Callable[[str, list[tuple[QueueRoute, bytearray, int]]],
+                      Awaitable[list[Sequence[SendResult] | BaseException]]]
 # How long a thread that filled a batch waits for the loop to take it (see Accumulator._filled).
 HANDOFF_WAIT_S = 0.002
+# Requests in flight per broker before its ready batches wait (and grow) for the next one.
+REQUESTS_PER_BROKER = 4
 
 
 class _OpenBatch(BatchBuilder):
     """A batch being filled: ``closed`` once taken out of the open batches (sent, or being sent)."""
 
-    __slots__ = ("future", "route")
+    __slots__ = ("future", "ready", "route")
 
     def __new__(cls, route: QueueRoute) -> _OpenBatch:
         return super().__new__(cls, route.queue_id)
 
     def __init__(self, route: QueueRoute) -> None:
         self.route = route
+        self.ready = False  # in its broker's ready batches (on the loop)
         # One Future for the batch: each message's SendFuture reads its result out of it.
         self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
+
+
+class _Slot:
+    """One of a broker's requests in flight: freed once (its first answer, or its end)."""
+
+    __slots__ = ("accumulator", "broker")
+
+    def __init__(self, accumulator: Accumulator, broker: str) -> None:
+        self.accumulator: Accumulator | None = accumulator
+        self.broker = broker
+
+    def __call__(self) -> None:
+        accumulator, self.accumulator = self.accumulator, None
+        if accumulator is not None:
+            accumulator._free_slot(self.broker)
 
 
 class Accumulator(AppenderBase):
@@ -50,12 +84,13 @@ class Accumulator(AppenderBase):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, encoder: RecordEncoder, send: SendFn,
                  choose: Callable[[str], QueueRoute], *, linger_ms: float, batch_bytes: int,
-                 buffer_bytes_max: int) -> None:
+                 buffer_bytes_max: int, send_many: SendManyFn | None = None) -> None:
         """``choose(topic)``: the queue a topic's plain messages go to next (it may look the
         routes up: called outside the lock)."""
         self._loop = loop
         self._encoder = encoder
         self._send = send
+        self._send_many = send_many
         self._choose = choose
         self._linger_s = linger_ms / 1000
         self._batch_bytes = batch_bytes
@@ -67,6 +102,9 @@ class Accumulator(AppenderBase):
         self._sticky: dict[str, _OpenBatch] = {}  # topic -> the open batch its plain messages fill
         self._buffered_bytes = 0
         self._in_flight: set[asyncio.Task[None]] = set()
+        # On the loop: per broker, its ready batches (oldest first) and its requests in flight.
+        self._ready: dict[str, list[_OpenBatch]] = {}
+        self._requests: dict[str, int] = {}
 
     def _append_plain_slow(self, topic: str, body: bytes, tag: str | None) -> SendFuture:
         """``append_plain`` in Python: waits while the buffer is full, packs a new shape, opens
@@ -120,9 +158,13 @@ class Accumulator(AppenderBase):
         return SendFuture(batch.future, batch.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
-        """Take ``batch`` out of the open ones (under the lock): no message joins it any more."""
+        """Take ``batch`` out of the open ones (under the lock): no message joins it any more. (A
+        batch closed before may have a successor open on its route.)"""
+        if batch.closed:
+            return
         batch.closed = True
-        self._open.pop(batch.route, None)
+        if self._open.get(batch.route) is batch:
+            del self._open[batch.route]
         if self._sticky.get(batch.route.topic) is batch:
             del self._sticky[batch.route.topic]
 
@@ -139,7 +181,7 @@ class Accumulator(AppenderBase):
         except RuntimeError:
             on_loop = False
         if on_loop:
-            self._dispatch(batch.route, batch)
+            self._make_ready(batch)
             return
         taken = threading.Event()
         self._loop.call_soon_threadsafe(self._take, batch, taken)
@@ -147,48 +189,123 @@ class Accumulator(AppenderBase):
 
     def _take(self, batch: _OpenBatch, taken: threading.Event) -> None:
         taken.set()
-        self._dispatch(batch.route, batch)
+        self._make_ready(batch)
 
     def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
-        self._loop.call_later(self._linger_s, self._linger_expired, route, batch)
+        self._loop.call_later(self._linger_s, self._make_ready, batch)
 
-    def _linger_expired(self, route: QueueRoute, batch: _OpenBatch) -> None:
-        with self._lock:
-            if batch.closed:
-                return  # already sent because it filled up, or flushed
+    def _make_ready(self, batch: _OpenBatch) -> None:
+        """``batch`` is due (full or lingered; on the loop): send it with its broker's next request.
+        Until then an open one takes more messages."""
+        if batch.ready:
+            return
+        batch.ready = True
+        broker = batch.route.broker
+        ready = self._ready.get(broker)
+        if ready is None:
+            ready = self._ready[broker] = []
+        ready.append(batch)
+        self._drain(broker)
+
+    def _drain(self, broker: str) -> None:
+        """Send ``broker``'s ready batches while it has fewer than REQUESTS_PER_BROKER requests
+        whose first attempt is unanswered (a batch being retried, or waiting for its queue's turn,
+        takes no slot: the broker's other queues go on)."""
+        ready = self._ready.get(broker)
+        while ready and self._requests.get(broker, 0) < REQUESTS_PER_BROKER:
+            with self._lock:
+                taken = self._take_ready(ready)
+            self._requests[broker] = self._requests.get(broker, 0) + 1
+            task = self._loop.create_task(self._send_request(broker, taken, _Slot(self, broker)))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    def _free_slot(self, broker: str) -> None:
+        self._requests[broker] -= 1
+        self._drain(broker)
+
+    def _take_ready(self, ready: list[_OpenBatch]) -> list[_OpenBatch]:
+        """The batches of the next request, out of ``ready`` and closed (under the lock): the oldest,
+        alone if it must go alone, else with the others that fit one request, one per queue."""
+        first = ready[0]
+        self._close(first)
+        if self._send_many is None or not self._combinable(first):
+            del ready[0]
+            return [first]
+        taken, left, routes = [first], [], {first.route}
+        size = first.size_bytes + STAMP_BYTES
+        for batch in ready[1:]:  # under the lock their sizes hold still; the ones left stay open
+            if batch.route in routes or not self._combinable(batch) or (
+                    size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES):
+                left.append(batch)
+                continue
             self._close(batch)
-        self._dispatch(route, batch)
+            size += batch.size_bytes + STAMP_BYTES
+            taken.append(batch)
+            routes.add(batch.route)
+        ready[:] = left
+        return taken
 
-    def _dispatch(self, route: QueueRoute, batch: _OpenBatch) -> None:
-        task = self._loop.create_task(self._send_batch(route, batch))
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+    @staticmethod
+    def _combinable(batch: _OpenBatch) -> bool:
+        """Whether ``batch`` may share a request (a replicated queue's send follows its leader alone)."""
+        return batch.size_bytes <= REQUEST_BYTES_MAX and not batch.route.replicated
 
-    async def _send_batch(self, route: QueueRoute, batch: _OpenBatch) -> None:
+    async def _send_request(self, broker: str, batches: list[_OpenBatch], slot: _Slot) -> None:
+        FIRST_ANSWER.set(slot)  # this task's own context (and that of the tasks it starts)
         try:
-            results = await self._send(route, batch.seal_counted())
+            if len(batches) == 1:
+                await self._send_batch(batches[0])
+            else:
+                await self._send_batches(broker, batches)
+        finally:
+            slot()
+
+    async def _send_batches(self, broker: str, batches: list[_OpenBatch]) -> None:
+        """Several batches of ``broker`` in one request (``SendManyFn``)."""
+        outcomes: list[Sequence[SendResult] | BaseException]
+        try:
+            outcomes = await cast(SendManyFn, self._send_many)(
+                broker, [(batch.route, batch.seal(), batch.count) for batch in batches])
         except BaseException as err:
-            batch.future.set_exception(err)
+            outcomes = [err] * len(batches)
             if not isinstance(err, Exception):
                 raise
-        else:
-            if results and len(results) != batch.count:
-                batch.future.set_exception(ProtocolError(
-                    f"{len(results)} results for a batch of {batch.count} messages", must_close=False))
-            else:
-                batch.future.set_result(results)  # acks=0: none, each message's result is None
         finally:
-            with self._lock:
-                self._buffered_bytes -= batch.size_bytes
-                self._space.notify_all()
+            for batch, outcome in zip(batches, outcomes, strict=True):
+                self._settle(batch, outcome)
+
+    async def _send_batch(self, batch: _OpenBatch) -> None:
+        outcome: Sequence[SendResult] | BaseException
+        try:
+            outcome = await self._send(batch.route, batch.seal_counted())
+        except BaseException as err:
+            outcome = err
+            if not isinstance(err, Exception):
+                raise
+        finally:
+            self._settle(batch, outcome)
+
+    def _settle(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
+        """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""
+        if isinstance(outcome, BaseException):
+            batch.future.set_exception(outcome)
+        elif outcome and len(outcome) != batch.count:
+            batch.future.set_exception(ProtocolError(
+                f"{len(outcome)} results for a batch of {batch.count} messages", must_close=False))
+        else:
+            batch.future.set_result(outcome)
+        with self._lock:
+            self._buffered_bytes -= batch.size_bytes
+            self._space.notify_all()
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
         with self._lock:
-            batches = dict(self._open)
-            for batch in batches.values():
+            batches = list(self._open.values())
+            for batch in batches:
                 self._close(batch)
-        for route, batch in batches.items():
-            self._dispatch(route, batch)
+        for batch in batches:
+            self._make_ready(batch)
         while self._in_flight:
             await asyncio.gather(*list(self._in_flight), return_exceptions=True)

@@ -1,7 +1,8 @@
 """The producer: sync ``send``/``send_batch``, batched ``send_async``, ``send_oneway``.
 
 Every send goes through one async path (:meth:`gms.client.sender.Sender.send`: one SEND_BATCH request for one
-target queue, retried with backoff on retriable errors). A batch over the broker's limit per
+target queue, retried with backoff on retriable errors); ``send_async``'s batches due together for
+one broker go out as one request first (:meth:`gms.client.sender.Sender.send_many`). A batch over the broker's limit per
 request (``SEND_BODY_SIZE_MAX_BYTES``) goes out as several requests, one after the other. Queue
 choice: an explicit ``queue``, else a stable hash of ``key`` (same key → same queue → ordered),
 else round robin from a random queue.
@@ -151,6 +152,7 @@ class Producer:
             self._runtime.loop, self._encoder,
             self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
             self._route_any, linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
+            send_many=self._sender.send_many if self._trace is None else None,  # traced: each batch alone
         )
         # A random start: short-lived producers (one per `gms produce`) would all begin at queue 0.
         self._round_robin = itertools.count(random.randrange(ROUND_ROBIN_START_RANGE))

@@ -1,6 +1,10 @@
 """Sending sealed batches: one SEND_BATCH request per target queue, retried with backoff on
 retriable errors, in the order of the idempotent producer's batches (client/idempotence.py), and
 followed to a queue's new leader. The answers as :class:`SendResult` sequences.
+
+``send_many`` sends the first attempts of batches of different queues of one broker as one
+request (the broker stores them in one append, all or nothing); a batch that request did not
+store goes on alone, through ``send``.
 """
 
 from __future__ import annotations
@@ -9,7 +13,8 @@ import asyncio
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar, copy_context
 from typing import Any, cast
 
 import numpy as np
@@ -21,15 +26,21 @@ from gms.client.runtime import ClientRuntime
 from gms.client.structs import SendResult, SendResults
 from gms.errors import (
     STORED_FIELD,
+    BadRequestError,
+    DuplicateBatchError,
+    ForbiddenError,
     GmsError,
+    MessageIllegalError,
     NotEnoughReplicasError,
     NotLeaderError,
     OutOfOrderSequenceError,
     ProducerFencedError,
+    ProtocolError,
     QueueNotFoundError,
     ServerBusyError,
     ServiceUnavailableError,
     TopicNotFoundError,
+    UnauthenticatedError,
     UnknownProducerIdError,
 )
 from gms.protocol.codes import RequestCode
@@ -47,6 +58,14 @@ _I64 = struct.Struct(">q")  # an offset of a send's answer
 # the broker recognises it if it was (idempotence).
 NOT_STORED_ERRORS = (NotLeaderError, TopicNotFoundError, QueueNotFoundError, ServiceUnavailableError,
                       ServerBusyError, OutOfOrderSequenceError, UnknownProducerIdError, NotEnoughReplicasError)
+# A broker's answers that refuse a send before anything of it is stored (an append is all or
+# nothing): the batches of a refused send of several may go again at once, each alone.
+# Set by the caller of a send (the accumulator, for its requests in flight per broker): called once
+# the send's first request is answered or failed, or the send waits for its queue's turn; its
+# retries and its waits take no slot of the broker's.
+FIRST_ANSWER: ContextVar[Callable[[], None] | None] = ContextVar("first_answer", default=None)
+REFUSED_ERRORS = (*NOT_STORED_ERRORS, DuplicateBatchError, ProducerFencedError, ForbiddenError,
+                  UnauthenticatedError, MessageIllegalError, BadRequestError)
 
 
 class Sender:
@@ -89,6 +108,7 @@ class Sender:
                         raise failed
                     if ticket is not None:
                         if not sequencer.may_go(ticket):
+                            answered()
                             await sequencer.turn(ticket)
                         if ticket.sequence != stamped:  # its lane started a new epoch
                             stamped = ticket.sequence
@@ -100,6 +120,7 @@ class Sender:
                         return []
                     frame = await self._request(route, acks, body)
                 except (TopicNotFoundError, QueueNotFoundError) as err:
+                    answered()
                     # The route may be newer than the broker's queues (created a moment ago) or stale.
                     if attempt >= self._retries or not await self._still_routed(route):
                         raise
@@ -107,6 +128,7 @@ class Sender:
                         sequencer.failed(ticket)
                     log.debug("%s not on %s yet (%r), retry %d", route, route.broker, err, attempt + 1)
                 except GmsError as err:
+                    answered()
                     if ticket is not None and self._out_of_turn(ticket, stamped, oldest, err):
                         continue  # sent again in its turn, after the batches before it
                     if not err.retriable or attempt >= self._retries:
@@ -117,6 +139,7 @@ class Sender:
                     maybe_stored = (maybe_stored or not isinstance(err, NOT_STORED_ERRORS)
                                     or bool(err.fields.get(STORED_FIELD)))
                 else:
+                    answered()
                     if ticket is not None:
                         sequencer.acked(ticket)
                     return results(route.topic, frame.fields)
@@ -173,6 +196,105 @@ class Sender:
         return leader_request(runtime.routes, runtime.pool, route.topic, route.queue_id, route.broker,
                               RequestCode.SEND_BATCH, {"acks": acks}, body)
 
+    async def send_many(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
+                        ) -> list[Sequence[SendResult] | BaseException]:
+        """Send sealed batches (route, body, record count) of different queues of ``broker`` as one
+        request; per batch, its results or the error it failed with. The request carries first
+        attempts only: an idempotent producer's batch goes alone (:meth:`send`) when an earlier
+        one of its queue waits for its turn or its queue has IN_FLIGHT_PER_QUEUE batches out. If
+        the broker refused the request (nothing of it is stored), each batch is sent again alone
+        at once, and meets there the error that was its own; after any other failure (it may be
+        stored) each is retried alone as after its own first attempt, on its queue."""
+        sequencer = self.sequencer if self._acks else None
+        if sequencer is not None:
+            await sequencer.ready()
+        outcomes: list[asyncio.Future[Sequence[SendResult]] | None] = [None] * len(batches)
+        together: list[tuple[int, Ticket | None, asyncio.Semaphore | None]] = []
+        for i, (route, body, count) in enumerate(batches):
+            if sequencer is None:
+                together.append((i, None, None))
+                continue
+            semaphore = sequencer.in_flight(route.topic, route.queue_id)
+            if semaphore.locked():
+                outcomes[i] = _on_its_own(self.send_bodies(route, [(body, count)]))
+                continue
+            await semaphore.acquire()  # free: returns at once
+            ticket = sequencer.stamp(body, route.topic, route.queue_id, count)
+            if sequencer.may_go(ticket):
+                together.append((i, ticket, semaphore))
+            else:
+                outcomes[i] = _on_its_own(self._alone(route, body, ticket, semaphore))
+        if len(together) == 1:  # the others went alone: no request of several
+            i, one_ticket, one_semaphore = together.pop()
+            outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], one_ticket, one_semaphore))
+        elif not together:
+            answered()  # no request: each batch waits for its queue
+        if together:
+            for i, answer in zip([i for i, _, _ in together], await self._send_together(broker, batches, together),
+                                 strict=True):
+                outcomes[i] = answer
+        return list(await asyncio.gather(*cast(list[asyncio.Future[Sequence[SendResult]]], outcomes),
+                                         return_exceptions=True))
+
+    async def _send_together(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
+                             together: list[tuple[int, Ticket | None, asyncio.Semaphore | None]],
+                             ) -> list[asyncio.Future[Sequence[SendResult]]]:
+        """The one request of :meth:`send_many`: per batch, what gives its results."""
+        parts = [batches[i][1] for i, _, _ in together]
+        try:
+            if self._acks == 0:
+                await self._runtime.pool.oneway(broker, RequestCode.SEND_BATCH, {"acks": 0}, parts)
+                return [_done([]) for _ in together]
+            frame = await self._runtime.pool.request(broker, RequestCode.SEND_BATCH, {"acks": self._acks}, parts)
+        except GmsError as err:
+            answered()
+            first_error = None if isinstance(err, REFUSED_ERRORS) and not err.fields.get(STORED_FIELD) else err
+            log.debug("a send of %d batches to %s failed (%r): each goes alone", len(together), broker, err)
+            return [_on_its_own(self._alone(batches[i][0], batches[i][1], ticket, semaphore, first_error))
+                    for i, ticket, semaphore in together]
+        except BaseException:
+            for _, ticket, semaphore in together:
+                self._settled(ticket, semaphore, maybe_stored=True)
+            raise
+        answered()
+        answer = results("", frame.fields)
+        counts = [batches[i][2] for i, _, _ in together]
+        if len(answer) != sum(counts):
+            mismatch = ProtocolError(f"{len(answer)} results for a send of {sum(counts)} messages", must_close=False)
+            for _, ticket, semaphore in together:
+                self._settled(ticket, semaphore, maybe_stored=True)
+            return [_failed(mismatch) for _ in together]
+        prefix, queue_ids, queue_offsets, phys_offsets = answer.arrays()
+        split: list[asyncio.Future[Sequence[SendResult]]] = []
+        start = 0
+        for (i, ticket, semaphore), count in zip(together, counts, strict=True):
+            end = start + count
+            split.append(_done(SendResults(batches[i][0].topic, answer.broker, prefix, queue_ids[start:end],
+                                           queue_offsets[start:end], phys_offsets[start:end])))
+            self._settled(ticket, semaphore, acked=True)
+            start = end
+        return split
+
+    async def _alone(self, route: QueueRoute, body: bytearray, ticket: Ticket | None,
+                     semaphore: asyncio.Semaphore | None, first_error: GmsError | None = None) -> Sequence[SendResult]:
+        """``send`` of one numbered batch of :meth:`send_many`, its queue's slot in flight held until done."""
+        try:
+            return await self.send(route, body, ticket=ticket, first_error=first_error)
+        finally:
+            if semaphore is not None:
+                semaphore.release()
+
+    def _settled(self, ticket: Ticket | None, semaphore: asyncio.Semaphore | None, *, acked: bool = False,
+                 maybe_stored: bool = False) -> None:
+        if ticket is not None:
+            sequencer = cast(Sequencer, self.sequencer)
+            if acked:
+                sequencer.acked(ticket)
+            else:
+                sequencer.gave_up(ticket, maybe_stored)
+        if semaphore is not None:
+            semaphore.release()
+
     async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
                           movable: bool = False) -> SendResults | list[SendResult]:
         """Send one batch sealed as several request bodies of so many records each
@@ -183,7 +305,10 @@ class Sender:
             answers = [await self.send(route, body, movable=movable) for body, _ in bodies]
         else:
             await sequencer.ready()
-            async with sequencer.in_flight(route.topic, route.queue_id):
+            semaphore = sequencer.in_flight(route.topic, route.queue_id)
+            if semaphore.locked():
+                answered()
+            async with semaphore:
                 answers = [await self.send(route, body, movable=movable,
                                            ticket=sequencer.stamp(body, route.topic, route.queue_id, count))
                            for body, count in bodies]
@@ -216,6 +341,33 @@ class Sender:
                 return moved
         same_queue = [r for r in routes if r.queue_id == route.queue_id]
         return same_queue[0] if same_queue else route
+
+
+def answered() -> None:
+    """The current send's first request is answered (or it waits): call FIRST_ANSWER, once."""
+    hook = FIRST_ANSWER.get()
+    if hook is not None:
+        FIRST_ANSWER.set(None)
+        hook()
+
+
+def _on_its_own(send: Awaitable[Sequence[SendResult]]) -> asyncio.Future[Sequence[SendResult]]:
+    """A task for a batch of send_many sent alone: not the request that holds the caller's slot."""
+    context = copy_context()
+    context.run(FIRST_ANSWER.set, None)
+    return asyncio.get_running_loop().create_task(cast(Any, send), context=context)
+
+
+def _done(answer: Sequence[SendResult]) -> asyncio.Future[Sequence[SendResult]]:
+    future: asyncio.Future[Sequence[SendResult]] = asyncio.get_running_loop().create_future()
+    future.set_result(answer)
+    return future
+
+
+def _failed(err: GmsError) -> asyncio.Future[Sequence[SendResult]]:
+    future: asyncio.Future[Sequence[SendResult]] = asyncio.get_running_loop().create_future()
+    future.set_exception(err)
+    return future
 
 
 def set_queue_ids(body: bytearray, queue_id: int) -> None:

@@ -198,6 +198,15 @@ class ProducerFencedError(GmsError):
     status = Status.PRODUCER_FENCED
 
 
+class DuplicateBatchError(GmsError):
+    """A send of an idempotent producer's batches for several queues holds one the broker stored
+    before (``fields``: its ``topic`` and ``queue_id``): nothing of the send was stored. Sent alone,
+    each batch is stored, or answered with where it was stored (docs/idempotence.md)."""
+
+    status = Status.DUPLICATE_BATCH
+    retriable = True
+
+
 class TransactionNotFoundError(GmsError):
     """No open transaction with that id on this broker: never begun here, lost, or already
     decided the other way (``fields["state"]``: ``committed`` / ``rolled_back`` when known)."""
@@ -322,6 +331,7 @@ _ERROR_FOR_STATUS: dict[int, type[GmsError]] = {
         OutOfOrderSequenceError,
         UnknownProducerIdError,
         ProducerFencedError,
+        DuplicateBatchError,
         TransactionNotFoundError,
         GroupNotFoundError,
         NotCoordinatorError,

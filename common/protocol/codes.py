@@ -109,6 +109,7 @@ class Status(IntEnum):
     PRODUCER_FENCED = 49  # an idempotent producer's batch of an older epoch than the broker knows
     TRANSACTION_NOT_FOUND = 50  # no open transaction with that id on this broker
     UNKNOWN_PRODUCER_ID = 51  # an idempotent producer's batch past 0 on a queue whose broker does not know it
+    DUPLICATE_BATCH = 52  # a send of several queues' batches holds one stored before: nothing stored
 
     # 60-79: consumer groups.
     GROUP_NOT_FOUND = 60

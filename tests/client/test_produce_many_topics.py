@@ -1,0 +1,138 @@
+"""send_async spread over many topics against a real broker: the batches due together for the
+broker go out as one request (fewer SEND_BATCH requests than batches, seen on the broker's
+/metrics), each message stored where its result says; an idempotent producer's request of many
+batches that times out and is retried stores nothing twice; one batch refused in such a request
+fails alone, the others are stored."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from processes import free_port
+from scrape import scrape
+
+from gms.client import Admin, Producer
+from gms.errors import QueueNotFoundError
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPICS = 30
+PER_TOPIC = 5
+# Batches wait for flush() (never for their linger): then all are due at once.
+LINGER_MS = 60_000
+
+
+def _sends(metrics_port: int, status: str = "SUCCESS") -> float:
+    return sum(v for (name, labels), v in scrape(metrics_port).items()
+               if name == "gms_broker_request_seconds_count"
+               and dict(labels) == {"code": "SEND_BATCH", "status": status})
+
+
+@pytest.fixture
+def watched(broker_factory):
+    """A broker with its metrics endpoint, and TOPICS topics of 4 queues on it."""
+    port = free_port()
+    broker = broker_factory("--metrics-listen", f"127.0.0.1:{port}")
+    prefix = f"many-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(TOPICS)]
+    with Admin([broker.address]) as admin:
+        for topic in topics:
+            admin.create_topic(topic, queues=4)
+    return broker, port, topics
+
+
+def _check_stored(address: str, futures: dict[bytes, object]) -> None:
+    """Every message is read back at the topic, queue and offset its result names."""
+    with Admin([address]) as admin:
+        for body, future in futures.items():
+            result = future.result(timeout=30)  # type: ignore[attr-defined]
+            message = admin.view_message(result.msg_id)
+            assert (message.body, message.topic, message.queue_id, message.queue_offset) == (
+                body, result.topic, result.queue_id, result.queue_offset)
+
+
+def test_batches_of_many_topics_share_requests_and_land_where_their_results_say(watched):
+    broker, port, topics = watched
+    with Producer([broker.address], linger_ms=LINGER_MS) as producer:
+        for topic in topics:  # routes looked up, connections open
+            producer.send(topic, b"warm-up")
+        before = _sends(port)
+        futures = {b"%s/%d" % (topic.encode(), i): None for topic in topics for i in range(PER_TOPIC)}
+        for body in futures:
+            futures[body] = producer.send_async(body.decode().rsplit("/", 1)[0], body)
+        producer.flush()
+        requests = _sends(port) - before
+        batches = {(f.result().topic, f.result().queue_id) for f in futures.values()}  # type: ignore[union-attr]
+    assert len(batches) >= TOPICS  # each topic's messages fill one sticky batch at least
+    assert 1 <= requests < len(batches) / 2
+    _check_stored(broker.address, futures)
+
+
+def test_an_idempotent_request_of_many_batches_retried_after_timeouts_is_stored_once(watched):
+    """The request of many batches waits in the stopped broker's socket; the producer times out
+    and retries each batch alone; the broker, resumed, stores the request, then answers each
+    retry with where its batch is."""
+    broker, _, topics = watched
+    with Producer([broker.address], linger_ms=LINGER_MS, request_timeout_ms=300, retries=20,
+                  retry_backoff_ms=20) as producer:
+        for topic in topics:
+            producer.send(topic, b"warm-up")
+        futures = {b"%s/%d" % (topic.encode(), i): producer.send_async(topic, b"%s/%d" % (topic.encode(), i))
+                   for topic in topics for i in range(PER_TOPIC)}
+        broker.pause()
+        try:
+            flusher = threading.Thread(target=producer.flush)
+            flusher.start()
+            time.sleep(1.5)  # several timeouts and retries
+        finally:
+            broker.resume()
+        flusher.join(60)
+        assert not flusher.is_alive()
+    _check_stored(broker.address, futures)
+    with Admin([broker.address]) as admin:
+        for topic in topics:  # the warm-up and PER_TOPIC messages, each once
+            assert sum(q["max_offset"] - q["min_offset"] for q in admin.topic_stats(topic)) == 1 + PER_TOPIC
+
+
+def test_a_batch_refused_in_a_request_of_many_fails_alone(watched):
+    """A batch for a queue the topic does not have shares a request with the others: the broker
+    refuses the request whole (stores nothing of it); each batch then goes alone, the others are
+    stored and the refused one fails with the broker's error."""
+    broker, port, topics = watched
+    with Producer([broker.address], linger_ms=LINGER_MS, retries=0) as producer:
+        for topic in topics:
+            producer.send(topic, b"warm-up")
+        futures = {b"%s/0" % topic.encode(): producer.send_async(topic, b"%s/0" % topic.encode())
+                   for topic in topics}
+        refused = producer.send_async(topics[0], b"nowhere", queue=99)
+        producer.flush()
+    with pytest.raises(QueueNotFoundError):
+        refused.result(timeout=30)
+    assert _sends(port, "QUEUE_NOT_FOUND") == 2  # the request of many, then the batch alone
+    _check_stored(broker.address, futures)
+    with Admin([broker.address]) as admin:
+        for topic in topics:
+            assert sum(q["max_offset"] - q["min_offset"] for q in admin.topic_stats(topic)) == 2
+
+
+def test_batches_being_retried_do_not_hold_back_the_brokers_other_batches(watched):
+    """More batches than a broker's requests in flight keep failing and retrying (a queue the
+    topic does not have, retried with long backoffs): a good batch sent meanwhile is stored at
+    once, before any of them gives up."""
+    broker, _, topics = watched
+    with Producer([broker.address], linger_ms=1, retries=3, retry_backoff_ms=1000) as producer:
+        producer.send(topics[0], b"warm-up")
+        failing = []
+        for topic in topics[:8]:  # each due alone: the broker has answered the one before
+            failing.append(producer.send_async(topic, b"nowhere", queue=99))
+            time.sleep(0.05)
+        good = producer.send_async(topics[-1], b"good")
+        result = good.result(timeout=60)
+        assert not any(f.done() for f in failing)
+        assert result.topic == topics[-1]
+        for future in failing:
+            with pytest.raises(QueueNotFoundError):
+                future.result(timeout=60)
