@@ -24,7 +24,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -228,6 +228,8 @@ class MessageStore:
         self.paths = paths = StorePaths(self.root)
         self.config = config or StoreConfig()
         self._topics = TopicTable(paths.topics)
+        # Topic creations and the files of deleted topics, in the order they were asked for.
+        self._topic_worker = ThreadPoolExecutor(1, thread_name_prefix="gms-topic-admin")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -321,6 +323,7 @@ class MessageStore:
         if self._closed:
             return
         commitlog, flusher = self._commitlog, self._flusher
+        self._topic_worker.shutdown(wait=True)
         self._housekeeper.stop()
         with self._write_lock:
             flushed = flusher.stop()
@@ -414,29 +417,70 @@ class MessageStore:
         self.create_topics({name: (queue_count, limits or TopicLimits())})
 
     def create_topics(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> None:
-        """Create many topics (name: (queue count, limits)) with one save of the topic table."""
-        with self._write_lock:
-            self._topics.create_many(topics, created_at_offset=self._cl().committed_pos)
+        """Create many topics (name: (queue count, limits)) with one save of the topic table;
+        they take records once it is on disk. Blocks on that write: off the event loop, call
+        :meth:`create_topics_async`."""
+        with self._write_lock:  # no record of an earlier incarnation is stored past this
+            created_at_offset = self._cl().committed_pos
+        for name in topics:
+            self._drop_leftover_queues(name)
+        self._topics.create_many(topics, created_at_offset=created_at_offset)
+
+    def create_topics_async(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> Future[None]:
+        """:meth:`create_topics` on the topic worker, after every deletion handed to it before."""
+        return self._topic_worker.submit(self.create_topics, topics)
+
+    def _drop_leftover_queues(self, name: str) -> None:
+        """Remove the index files of a deleted incarnation of ``name`` that a crash left behind (the
+        topic table had dropped it, its files were still being removed): a new one starts empty."""
+        leftover = self.paths.consumequeue / name
+        if self._topics.get(name) is None and leftover.exists():
+            log.warning("topic %s: removing the index files a deleted topic of this name left", name)
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""
         self._topics.update(name, queue_count, limits)
 
+    def update_topic_async(self, name: str, queue_count: int | None = None,
+                           limits: TopicLimits | None = None) -> Future[None]:
+        """:meth:`update_topic` on the topic worker (it may write the topic table)."""
+        return self._topic_worker.submit(self.update_topic, name, queue_count, limits)
+
     def topic_limits(self, name: str) -> TopicLimits:
         return self._topics.limits(name)
 
     def delete_topic(self, name: str) -> None:
+        self.delete_topics([name]).result()
+
+    def delete_topics(self, names: Iterable[str]) -> Future[None]:
+        """Delete topics: from now on they take no record and serve none (call it on the thread
+        that appends: O(their queues), no I/O). Their files go on the topic worker: the topic
+        table without them first (so a crash never leaves a listed topic missing records), then
+        their index files; the future resolves when that is done. UnknownTopic, deleting none,
+        if one is not here."""
         with self._write_lock:
-            self._topics.delete(name)
-            self._truncations.drop_topic(name)
-            with self._index_lock:
-                with self._queues_lock:
-                    for key in [k for k in self._queues if k[0] == name]:
-                        self._queues.pop(key).close()
-                shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
-            self._save_min_offsets()  # a topic created again under this name starts at 0
-            self.producers.deleted(name)
-        self._timers.deleted(name)
+            counts = self._topics.remove(names)
+            with self._queues_lock:
+                queues = [cq for name, count in counts.items() for queue_id in range(count)
+                          if (cq := self._queues.pop((name, queue_id), None)) is not None]
+            for name in counts:
+                self.producers.deleted(name)
+        for name in counts:
+            self._timers.deleted(name)
+        return self._topic_worker.submit(self._remove_topic_files, list(counts), queues)
+
+    def _remove_topic_files(self, names: list[str], queues: list[ConsumeQueue]) -> None:
+        self._topics.persist()
+        with self._write_lock:
+            for name in names:
+                self._truncations.drop_topic(name)
+        with self._index_lock:
+            for cq in queues:
+                cq.close()
+        for name in names:
+            shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
+        self._save_min_offsets()  # a topic created again under one of the names starts at 0
 
     def topics(self) -> dict[str, int]:
         return self._topics.snapshot()

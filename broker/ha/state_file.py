@@ -1,6 +1,7 @@
 """Durable replication state of a broker's queues: leader-epoch histories and high watermarks.
 
-One small JSON file (``<store>/config/replication.json``) replaced atomically. Epoch histories
+One JSON file (``<store>/config/replication.json``) replaced atomically, by a writer thread that
+keeps what the file holds: the broker hands over only the queues that changed. Epoch histories
 change only on leader changes and truncations and are written at once; high watermarks move
 with every acknowledged batch and are checkpointed periodically (Kafka's
 replication-offset-checkpoint): a restarted replica starts from a watermark that may be a
@@ -29,6 +30,9 @@ class ReplicationStateFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gms-replication-state")
+        # What the file holds (the writer thread's own copy): epoch history and HW per queue.
+        self._epochs: dict[QueueKey, list[list[int]]] = {}
+        self._hws: dict[QueueKey, int] = {}
 
     def load(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
         """(epoch histories, high watermarks) per queue; empty when no file exists yet."""
@@ -47,24 +51,34 @@ class ReplicationStateFile:
                     key = (topic, int(queue_id))
                     epochs[key] = EpochHistory(state["epochs"])
                     hws[key] = int(state["hw"])
+        self._epochs = {key: history.to_list() for key, history in epochs.items()}
+        self._hws = dict(hws)
         return epochs, hws
 
-    def save(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> Future[None]:
-        """Queue a write of this snapshot (the caller hands it over: it must not change it); the
-        future resolves once it is on disk, after every snapshot handed over before it."""
-        return self._writer.submit(self._write, epochs, hws)
+    def save(self, epochs: dict[QueueKey, list[list[int]]], hws: dict[QueueKey, int],
+             removed: set[QueueKey] | None = None) -> Future[None]:
+        """Queue a write of these changes (the caller hands them over: it must not change them):
+        the epoch histories and HWs of the queues named, the ``removed`` queues gone, the others
+        as written before. The future resolves once it is on disk, after every change handed
+        over before it."""
+        return self._writer.submit(self._write, epochs, hws, removed or set())
 
     def close(self) -> None:
         """Write what was handed over, then stop the writer."""
         self._writer.shutdown(wait=True)
 
-    def _write(self, epochs: dict[QueueKey, EpochHistory], hws: dict[QueueKey, int]) -> None:
+    def _write(self, epochs: dict[QueueKey, list[list[int]]], hws: dict[QueueKey, int],
+               removed: set[QueueKey]) -> None:
+        self._epochs.update(epochs)
+        self._hws.update(hws)
+        for key in removed:
+            self._epochs.pop(key, None)
+            self._hws.pop(key, None)
         queues: dict[str, dict[str, dict[str, object]]] = {}
-        for key in set(epochs) | set(hws):
-            history = epochs.get(key)
+        for key in self._epochs.keys() | self._hws.keys():
             queues.setdefault(key[0], {})[str(key[1])] = {
-                "epochs": history.to_list() if history else [], "hw": hws.get(key, 0),
+                "epochs": self._epochs.get(key, []), "hw": self._hws.get(key, 0),
             }
-        data = json.dumps({"v": STATE_VERSION, "queues": queues}, sort_keys=True).encode()
+        data = json.dumps({"v": STATE_VERSION, "queues": queues}, separators=(",", ":")).encode()
         make_private_dir(self.path.parent)
         write_atomically(self.path, data)
