@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gms.broker.ha.epochs import EpochHistory
@@ -129,12 +130,41 @@ class ReplicaManager:
             self._histories.pop(key, None)
             self._saved_hws.pop(key, None)
         if gone or histories_changed:
-            # One write for every queue that changed, before the loop goes on: no queue takes an
-            # append (nor answers one) before its new epoch is on disk.
-            self.save_state(histories_changed, gone)
+            # One write for every queue that changed, off the loop; a queue whose new epoch is
+            # not on disk yet takes no append (check_produce) until it is.
+            self._save_epochs(histories_changed, gone)
         if followers_moved:
             self.fetchers.rebalance()
         self.check_caught_up()
+
+    def _save_epochs(self, keys: list[QueueKey], removed: Iterable[QueueKey] = ()) -> None:
+        """Write the epoch histories of ``keys`` (and forget ``removed``) in the background; the
+        queues of ``keys`` take appends again once it is done (retried every second on failure)."""
+        epochs = {}
+        for key in keys:
+            p = self.partitions[key]
+            p.unsaved_epoch = epochs[key] = p.leader_epoch
+        saved = self._state_file.save(*self._snapshot(keys), set(removed))
+        if not keys:
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_disk(future: Future[None]) -> None:
+            err = future.exception()
+            if err is not None:
+                log.error("cannot write the replication state (%s): %d queue(s) take no appends until it is"
+                          " written; retrying", err, len(keys))
+                loop.call_later(1.0, self._save_epochs, [k for k in keys if self._unsaved(k, epochs[k])])
+                return
+            for key, epoch in epochs.items():
+                if self._unsaved(key, epoch):
+                    self.partitions[key].unsaved_epoch = None
+
+        saved.add_done_callback(lambda future: loop.call_soon_threadsafe(on_disk, future))
+
+    def _unsaved(self, key: QueueKey, epoch: int) -> bool:
+        p = self.partitions.get(key)
+        return p is not None and p.unsaved_epoch == epoch
 
     def _partition(self, key: QueueKey) -> Partition:
         p = self.partitions.get(key)
@@ -214,6 +244,9 @@ class ReplicaManager:
         in sync — never a silent downgrade to acks=1."""
         for key in keys:
             p = self.leader_of(key)
+            if p.unsaved_epoch is not None:
+                raise NotLeaderError(f"queue {key[0]}/{key[1]}: taking over its leadership (epoch"
+                                     f" {p.unsaved_epoch} is being written)", fields=_leader_fields(p))
             if not self._lease_alive():
                 raise NotLeaderError(f"this broker lost its cluster lease; {key[0]}/{key[1]} may have"
                                      " a new leader", fields=_leader_fields(p))
