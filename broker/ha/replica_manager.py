@@ -404,10 +404,13 @@ class ReplicaManager:
                     await asyncio.wrap_future(self._state_file.save(*self._hw_checkpoint()))
 
     def _hw_checkpoint(self) -> tuple[dict[QueueKey, list[list[int]]], dict[QueueKey, int]]:
-        """Every queue's HW (no epoch history: those are written when they change)."""
+        """The HWs that moved since the last checkpoint (no epoch history: those are written when
+        they change)."""
         self._hw_dirty = False
-        self._saved_hws.update({key: p.hw for key, p in self.partitions.items()})
-        return {}, dict(self._saved_hws)
+        saved = self._saved_hws
+        moved = {key: p.hw for key, p in self.partitions.items() if saved.get(key) != p.hw}
+        saved.update(moved)
+        return {}, moved
 
     def hw_moved(self) -> None:
         """A follower's HW moved: include it in the next checkpoint."""

@@ -19,6 +19,7 @@ import json
 import threading
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from gms.broker.atomic_file import parsing, write_atomically
 from gms.broker.ha.epochs import EpochHistory
@@ -32,9 +33,10 @@ _Change = tuple[dict[QueueKey, list[list[int]]], dict[QueueKey, int], set[QueueK
 class ReplicationStateFile:
     def __init__(self, path: Path) -> None:
         self.path = path
-        # What the file holds (the writer thread's own copy): epoch history and HW per queue.
-        self._epochs: dict[QueueKey, list[list[int]]] = {}
-        self._hws: dict[QueueKey, int] = {}
+        # What the file holds (the writer thread's own copy): per topic, per queue id (a string),
+        # {"epochs": [[epoch, start offset], ...], "hw": high watermark}.
+        self._queues: dict[str, dict[str, dict[str, Any]]] = {}
+        self._fragments: dict[str, str] = {}  # per topic, its part of the file as last written
         self._lock = threading.Condition()
         self._queued: list[tuple[_Change, Future[None]]] = []  # handed over, not written yet
         self._closing = False
@@ -57,8 +59,10 @@ class ReplicationStateFile:
                     key = (topic, int(queue_id))
                     epochs[key] = EpochHistory(state["epochs"])
                     hws[key] = int(state["hw"])
-        self._epochs = {key: history.to_list() for key, history in epochs.items()}
-        self._hws = dict(hws)
+        self._queues = {topic: {str(int(queue_id)): {"epochs": state["epochs"], "hw": int(state["hw"])}
+                                for queue_id, state in queues.items()}
+                        for topic, queues in data["queues"].items()}
+        self._fragments = {}
         return epochs, hws
 
     def save(self, epochs: dict[QueueKey, list[list[int]]], hws: dict[QueueKey, int],
@@ -98,11 +102,7 @@ class ReplicationStateFile:
             if not batch:
                 return
             for (epochs, hws, removed), _ in batch:
-                self._epochs.update(epochs)
-                self._hws.update(hws)
-                for key in removed:
-                    self._epochs.pop(key, None)
-                    self._hws.pop(key, None)
+                self._merge(epochs, hws, removed)
             try:
                 self._write()
             except OSError as err:  # kept: the next write carries these changes too
@@ -112,12 +112,41 @@ class ReplicationStateFile:
                 for _, future in batch:
                     future.set_result(None)
 
+    def _merge(self, epochs: dict[QueueKey, list[list[int]]], hws: dict[QueueKey, int],
+               removed: set[QueueKey]) -> None:
+        for (topic, queue_id), history in epochs.items():
+            state = self._queue_state(topic, queue_id)
+            if state["epochs"] != history:
+                state["epochs"] = history
+                self._fragments.pop(topic, None)
+        for (topic, queue_id), hw in hws.items():
+            state = self._queue_state(topic, queue_id)
+            if state["hw"] != hw:
+                state["hw"] = hw
+                self._fragments.pop(topic, None)
+        for topic, queue_id in removed:
+            queues = self._queues.get(topic)
+            if queues is not None and queues.pop(str(queue_id), None) is not None:
+                self._fragments.pop(topic, None)
+                if not queues:
+                    del self._queues[topic]
+
+    def _queue_state(self, topic: str, queue_id: int) -> dict[str, Any]:
+        queues = self._queues.setdefault(topic, {})
+        state = queues.get(str(queue_id))
+        if state is None:
+            state = queues[str(queue_id)] = {"epochs": [], "hw": 0}
+            self._fragments.pop(topic, None)
+        return state
+
     def _write(self) -> None:
-        queues: dict[str, dict[str, dict[str, object]]] = {}
-        for key in self._epochs.keys() | self._hws.keys():
-            queues.setdefault(key[0], {})[str(key[1])] = {
-                "epochs": self._epochs.get(key, []), "hw": self._hws.get(key, 0),
-            }
-        data = json.dumps({"v": STATE_VERSION, "queues": queues}, separators=(",", ":")).encode()
+        """The file, each topic's part encoded again only if it changed since the last write (the
+        HWs of a few busy queues change every checkpoint; encoding every queue's would hold the
+        GIL from the event loop for milliseconds per thousand queues)."""
+        for topic, queues in self._queues.items():
+            if topic not in self._fragments:
+                self._fragments[topic] = f"{json.dumps(topic)}:{json.dumps(queues, separators=(',', ':'))}"
+        parts = [self._fragments[topic] for topic in self._queues]
+        data = f'{{"v":{STATE_VERSION},"queues":{{{",".join(parts)}}}}}'.encode()
         make_private_dir(self.path.parent)
         write_atomically(self.path, data)
