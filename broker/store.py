@@ -894,9 +894,7 @@ class MessageStore:
             keep = np.flatnonzero(known)
             if not keep.size:
                 return
-            parsed = ParsedRecords(parsed.starts[keep], parsed.headers[keep], parsed.topics,
-                                   parsed.topic_index[keep])
-            queue_ids, phys = queue_ids[keep], phys[keep]
+            parsed, queue_ids, phys = _kept(parsed, keep), queue_ids[keep], phys[keep]
         groups = self._group_by_queue(parsed, queue_ids)
         queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
         if self._truncations:  # a replica cut these records off: never index them again
@@ -1563,6 +1561,16 @@ class MessageStore:
 
 class Reconciled(NamedTuple):
     offsets: np.ndarray  # the queue offset each record is indexed at; -1: not indexed
+
+
+def _kept(parsed: ParsedRecords, keep: np.ndarray) -> ParsedRecords:
+    """The records ``keep`` of ``parsed``, naming only their own topics (a deleted topic's name
+    would fail the grouping, which takes every topic named for one to store to)."""
+    index = parsed.topic_index[keep]
+    used = np.unique(index)
+    remap = np.zeros(len(parsed.topics), np.int64)
+    remap[used] = np.arange(len(used))
+    return ParsedRecords(parsed.starts[keep], parsed.headers[keep], [parsed.topics[i] for i in used], remap[index])
 
 
 def reconcile_offsets(carried: np.ndarray, expected: int) -> Reconciled:
