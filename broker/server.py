@@ -113,6 +113,7 @@ class BrokerServer:
         self._assignments_next: Assignments | None = None
         self._applying: asyncio.Task[None] | None = None
         self._applied: Assignments = {}  # the assignments applied last, per topic
+        self._strays_checked = False  # local topics the cluster no longer has: removed once, at the start
 
     @property
     def port(self) -> int:
@@ -333,6 +334,18 @@ class BrokerServer:
         changed = {t: a for t, a in assignments.items() if applied.get(t) is not a}
         gone = [t for t in applied if t not in assignments]
         local = self.store.topics()
+        if not self._strays_checked and assignments:
+            # The first assignment after joining: a local topic the cluster does not place here
+            # was deleted (or moved away) while this broker was down or before it had removed it
+            # (a crash mid-deletion). It is removed, as the deletion would have: kept, a topic
+            # created again under its name would serve the old one's messages. An empty
+            # assignment removes nothing (a wiped or wrong etcd must not wipe the store).
+            self._strays_checked = True
+            strays = sorted(local.keys() - assignments.keys() - applied.keys())
+            if strays:
+                log.warning("%d local topic(s) the cluster does not place here (deleted or moved while this"
+                            " broker was away): removing them: %s", len(strays), ", ".join(strays[:10]))
+                gone += strays
         removed = [t for t in gone if t in local]
         if removed:
             self.store.delete_topics(removed).add_done_callback(_log_failure("removing deleted topics' files"))

@@ -310,6 +310,7 @@ class MessageStore:
                                         " retention deleted", registry=None)
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
         self._housekeeper.start()
+        self._topic_worker.submit(self._drop_orphan_queues)
 
     @classmethod
     def open(cls, root_dir: str | Path, config: StoreConfig | None = None) -> MessageStore:
@@ -437,6 +438,15 @@ class MessageStore:
         if self._topics.get(name) is None and leftover.exists():
             log.warning("topic %s: removing the index files a deleted topic of this name left", name)
             shutil.rmtree(leftover, ignore_errors=True)
+
+    def _drop_orphan_queues(self) -> None:
+        """Remove the index files of every topic the table does not list (see above)."""
+        try:
+            names = [d.name for d in self.paths.consumequeue.iterdir()]
+        except FileNotFoundError:
+            return
+        for name in names:
+            self._drop_leftover_queues(name)
 
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""

@@ -109,8 +109,15 @@ class ReplicaManager:
         assignment changed, or all of them) and drop those of the ``removed`` topics: become
         leader or follower. Costs what changed, however many queues the broker holds."""
         gone: set[QueueKey] = set()
+        unheld: set[str] = set()
         for topic in removed:
-            gone.update(self._held.pop(topic, ()))
+            held = self._held.pop(topic, None)
+            if held is None:
+                unheld.add(topic)
+            else:
+                gone.update(held)
+        if unheld:  # a topic removed from the store at the start: forget the state the file kept of it
+            gone.update(key for key in self._histories.keys() | self._saved_hws.keys() if key[0] in unheld)
         histories_changed: list[QueueKey] = []
         followers_moved = False
         for topic, assignment in changed.items():
@@ -124,9 +131,10 @@ class ReplicaManager:
                     histories_changed.append(key)
                 followers_moved |= (p.role, p.leader_address) != before and Role.FOLLOWER in (p.role, before[0])
         for key in gone:  # topic deleted (or replica moved): a recreated one starts afresh
-            p = self.partitions.pop(key)
-            followers_moved |= p.role is Role.FOLLOWER
-            p.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
+            dropped = self.partitions.pop(key, None)
+            if dropped is not None:
+                followers_moved |= dropped.role is Role.FOLLOWER
+                dropped.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
             self._histories.pop(key, None)
             self._saved_hws.pop(key, None)
         if gone or histories_changed:
