@@ -360,7 +360,8 @@ class BrokerServer:
             count = local.get(topic)
             if count is None:
                 new[topic] = (assignment.queue_count, limits)
-            else:  # grows the queue count, follows settings changes (saved only if anything changed)
+            elif count < assignment.queue_count or self.store.topic_limits(topic) != limits:
+                # grows the queue count, follows settings changes (a leader change changes neither)
                 waits[topic] = self.store.update_topic_async(topic, max(count, assignment.queue_count), limits)
         if new:  # one save of the topic table for all of them
             created = self.store.create_topics_async(new)

@@ -481,13 +481,13 @@ class MessageStore:
         return self._topic_worker.submit(self._remove_topic_files, list(counts), queues)
 
     def _remove_topic_files(self, names: list[str], queues: list[ConsumeQueue]) -> None:
-        self._topics.persist()
-        with self._write_lock:
-            for name in names:
-                self._truncations.drop_topic(name)
         with self._index_lock:
             for cq in queues:
                 cq.close()
+        self._topics.persist()  # raises on a failure: the files stay, listed until a later write drops them
+        with self._write_lock:
+            for name in names:
+                self._truncations.drop_topic(name)
         for name in names:
             shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
         self._save_min_offsets()  # a topic created again under one of the names starts at 0
