@@ -20,9 +20,11 @@ TOPICS = 150
 QUEUES = 4
 SEND_TIMEOUT_S = 60
 # Generous for a slow CI host: before the broker applied a burst of assignments in one step,
-# the live producer's worst send while 300 topics were created was over 5 s on a 2-core machine;
-# before deletions wrote the topic table off the event loop, 3.7 s while 300 were deleted.
+# the live producer's worst send while 300 topics were created was over 5 s on a 2-core machine.
 LIVE_SEND_MAX_S = 3.0
+# While 300 topics are deleted: 1.3 s (33 sends in all) when each deletion rewrote the topic table
+# on the event loop, 24 ms (6,400 sends) since, on the same 2-core machine.
+LIVE_SEND_MAX_DELETE_S = 1.0
 
 
 @pytest.fixture
@@ -155,7 +157,7 @@ def test_deleting_topics_does_not_stall_a_live_producer(cluster):
             for name in names:
                 admin.delete_topic(name)
         wait_until(lambda: not set(names) & set(broker_topics(broker.address)), "the broker dropped the topics")
-    assert latencies and max(latencies) < LIVE_SEND_MAX_S, (len(latencies), max(latencies, default=None))
+    assert latencies and max(latencies) < LIVE_SEND_MAX_DELETE_S, (len(latencies), max(latencies, default=None))
     wait_until(lambda: not {t for t, _ in queue_dirs(broker.store_dir)} & set(names), "their files are removed")
 
 
