@@ -179,10 +179,6 @@ class TopicTable:
             self._version += 1
         return counts
 
-    def delete(self, name: str) -> None:
-        self.remove([name])
-        self.persist()
-
     def _entry(self, name: str) -> _Topic:
         try:
             return self._topics[name]
