@@ -123,12 +123,13 @@ class TopicTable:
 
     def _change(self, changed: Mapping[str, _Topic], *, new: bool = False) -> None:
         """Save ``changed``, then show it; on a failed save, drop it. ``new``: TopicExists if one
-        of them is here already (or on its way)."""
+        of them is here already (or on its way); else UnknownTopic if one was removed meanwhile."""
         with self._lock:
-            if new:
-                for name in changed:
-                    if name in self._topics or name in self._pending:
-                        raise TopicExists(name)
+            for name in changed:
+                if new and (name in self._topics or name in self._pending):
+                    raise TopicExists(name)
+                if not new and name not in self._topics:
+                    raise UnknownTopic(name)
             self._pending.update(changed)
             self._version += 1
         try:
