@@ -10,6 +10,7 @@ routing to). Group offsets (RESET_OFFSETS, DELETE_GROUP) stay broker requests in
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ class AdminHandlers:
         limits = TopicLimits().merged(field(request.fields, "settings", dict, {}))
         system = field(request.fields, SYSTEM_TOPIC_FIELD, bool, False)
         topic = check_creatable(field(request.fields, "topic", str), system)
-        self.store.create_topic(topic, queues, limits)
+        await asyncio.wrap_future(self.store.create_topics_async({topic: (queues, limits)}))
         return Response()
 
     async def create_topics(self, request: Frame) -> Response:
@@ -70,14 +71,16 @@ class AdminHandlers:
         self._refuse_in_cluster("update", request.fields.get("topic"))
         topic, settings = field(request.fields, "topic", str), field(request.fields, "settings", dict, {})
         limits = self.store.topic_limits(topic).merged(settings) if settings else None
-        self.store.update_topic(topic, field(request.fields, "queues", int, None), limits)
+        await asyncio.wrap_future(self.store.update_topic_async(topic, field(request.fields, "queues", int, None),
+                                                                limits))
         return Response()
 
     async def delete_topic(self, request: Frame) -> Response:
         self._refuse_in_cluster("delete", request.fields.get("topic"))
         topic = field(request.fields, "topic", str)
-        self.store.delete_topic(topic)
+        removed = self.store.delete_topics([topic])  # served no more; its files go in the background
         self.broker.offsets.delete_topic(topic)
+        await asyncio.wrap_future(removed)
         return Response()
 
     async def topic_list(self, request: Frame) -> Response:

@@ -26,6 +26,7 @@ import asyncio
 import json
 import secrets
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -177,14 +178,22 @@ class OffsetStore:
         return sorted(self._offsets)
 
     def delete_topic(self, topic: str) -> None:
-        for pop_key in [k for k in self._pop if k[1] == topic]:
+        self.delete_topics([topic])
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        """Forget every offset committed on the named topics (one pass, however many)."""
+        topics = set(names)
+        for pop_key in [k for k in self._pop if k[1] in topics]:
             del self._pop[pop_key]
-        for group, topics in list(self._offsets.items()):
-            if topics.pop(topic, None) is not None:
+        for group, committed in list(self._offsets.items()):
+            dropped = topics & committed.keys()
+            if dropped:
+                for topic in dropped:
+                    del committed[topic]
                 self._version += 1
-                if not topics:
+                if not committed:
                     del self._offsets[group]
-        for key in [k for k in self._commit_seqs if k[0] == topic]:
+        for key in [k for k in self._commit_seqs if k[0] in topics]:
             del self._commit_seqs[key]
 
     def snapshot(self) -> OffsetsSnapshot | None:

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from gms.address import advertised_address, split_address
@@ -107,12 +108,12 @@ class BrokerServer:
         self._group_handlers: GroupHandlers | None = None
         self._transaction_handlers: TransactionHandlers | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
-        # With a nameserver, the queues of each topic this broker leads; None = standalone
-        # broker serving every queue of its topics.
-        self._led_queues: dict[str, list[int]] | None = None
         # The newest assignments from the etcd watch thread not yet applied on the event loop.
         self._assignments_lock = threading.Lock()
         self._assignments_next: Assignments | None = None
+        self._applying: asyncio.Task[None] | None = None
+        self._applied: Assignments = {}  # the assignments applied last, per topic
+        self._strays_checked = False  # local topics the cluster no longer has: removed once, at the start
 
     @property
     def port(self) -> int:
@@ -208,7 +209,6 @@ class BrokerServer:
     async def _register(self) -> None:
         """Join the cluster: register under our own etcd lease and follow our queue assignment."""
         loop = asyncio.get_running_loop()
-        self._led_queues = {}
         info = BrokerInfo(
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
             caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
@@ -309,35 +309,77 @@ class BrokerServer:
             replicas.on_appended(result.touched_queues)
 
     def _apply_latest_assignments(self) -> None:
-        with self._assignments_lock:
-            assignments, self._assignments_next = self._assignments_next, None
-        if assignments is not None:
-            self._apply_assignments(assignments)
+        if self._applying is None or self._applying.done():
+            self._applying = asyncio.get_running_loop().create_task(self._apply_assignment_steps())
 
-    def _apply_assignments(self, assignments: Assignments) -> None:
-        """Create or grow local topics for the queues the cluster placed here; drop removed ones."""
+    async def _apply_assignment_steps(self) -> None:
+        """Apply the newest assignments, one step at a time, until none is waiting."""
+        while True:
+            with self._assignments_lock:
+                assignments, self._assignments_next = self._assignments_next, None
+            if assignments is None:
+                return
+            try:
+                await self._apply_assignments(assignments)
+            except Exception:  # the topics it failed on are applied again with the next change
+                log.exception("applying the cluster's queue assignment failed")
+
+    async def _apply_assignments(self, assignments: Assignments) -> None:
+        """Create or grow local topics for the queues the cluster placed here; drop removed ones.
+
+        Costs what changed: a topic whose assignment is the object applied last is skipped (the
+        registration reuses it while the topic's metadata is unchanged), and the topic table and
+        the files of deleted topics are written on the store's topic worker, never here."""
+        applied = self._applied
+        changed = {t: a for t, a in assignments.items() if applied.get(t) is not a}
+        gone = [t for t in applied if t not in assignments]
         local = self.store.topics()
+        if not self._strays_checked and assignments:
+            # The first assignment after joining: a local topic the cluster does not place here
+            # was deleted (or moved away) while this broker was down or before it had removed it
+            # (a crash mid-deletion). It is removed, as the deletion would have: kept, a topic
+            # created again under its name would serve the old one's messages. An empty
+            # assignment removes nothing (a wiped or wrong etcd must not wipe the store).
+            self._strays_checked = True
+            strays = sorted(local.keys() - assignments.keys() - applied.keys())
+            if strays:
+                log.warning("%d local topic(s) the cluster does not place here (deleted or moved while this"
+                            " broker was away): removing them: %s", len(strays), ", ".join(strays[:10]))
+                gone += strays
+        removed = [t for t in gone if t in local]
+        if removed:
+            self.store.delete_topics(removed).add_done_callback(_log_failure("removing deleted topics' files"))
+            self.offsets.delete_topics(removed)
+            log.info("%d topic(s) deleted from the cluster, removed locally: %s", len(removed),
+                     ", ".join(removed[:10]) + (" ..." if len(removed) > 10 else ""))
         new: dict[str, tuple[int, TopicLimits]] = {}
-        for topic, assignment in assignments.items():
-            count = local.get(topic)
+        waits: dict[str, Future[None]] = {}
+        for topic, assignment in changed.items():
             settings = assignment.settings
             limits = TopicLimits(settings.retention_ms, settings.message_size_bytes_max, settings.message_type)
+            count = local.get(topic)
             if count is None:
                 new[topic] = (assignment.queue_count, limits)
-            else:  # grows the queue count, follows settings changes (saved only if anything changed)
-                self.store.update_topic(topic, max(count, assignment.queue_count), limits)
+            elif count < assignment.queue_count or self.store.topic_limits(topic) != limits:
+                # grows the queue count, follows settings changes (a leader change changes neither)
+                waits[topic] = self.store.update_topic_async(topic, max(count, assignment.queue_count), limits)
         if new:  # one save of the topic table for all of them
-            self.store.create_topics(new)
-            for topic in new:
-                log.info("topic %s: created locally (queues %s)", topic, list(assignments[topic].leader_queue_ids))
-        for topic in set(self._led_queues or {}) - set(assignments):
-            if topic in local:
-                self.store.delete_topic(topic)
-                self.offsets.delete_topic(topic)
-                log.info("topic %s: deleted from the cluster, removed locally", topic)
-        self._led_queues = {t: sorted(a.leader_queue_ids) for t, a in assignments.items()}
+            created = self.store.create_topics_async(new)
+            waits.update(dict.fromkeys(new, created))
+        failed: set[str] = set()
+        for topic, done in waits.items():  # no queue is led before its topic is on disk
+            try:
+                await asyncio.wrap_future(done)
+            except Exception:
+                log.exception("topic %s: cannot take its assignment locally; retried with the next change", topic)
+                failed.add(topic)
+        for topic in new.keys() - failed:
+            log.info("topic %s: created locally (queues %s)", topic, list(assignments[topic].leader_queue_ids))
+        changed = {t: a for t, a in changed.items() if t not in failed}
+        self._applied = {t: applied[t] if t in failed else a for t, a in assignments.items()
+                         if t not in failed or t in applied}
         if self.replicas is not None:
-            self.replicas.apply(assignments)
+            self.replicas.apply(changed, gone)
         self.timers.leadership_changed()
         self.transactions.leadership_changed()
         self.pop.leadership_changed()
@@ -445,6 +487,9 @@ class BrokerServer:
         if self.registration is not None:
             await asyncio.to_thread(self.registration.stop)
             self.registration = None
+        if self._applying is not None:
+            self._applying.cancel()
+            await asyncio.gather(self._applying, return_exceptions=True)
         if self.replicas is not None:
             await self.replicas.stop()
         await self.transactions.stop()
@@ -463,6 +508,14 @@ class BrokerServer:
             await self.offsets.persist_async()
         finally:  # the store still flushes and checkpoints when the offsets cannot be written
             self.store.close()
+
+
+def _log_failure(what: str) -> Callable[[Future[None]], None]:
+    """A done callback logging the future's exception, if it has one."""
+    def done(future: Future[None]) -> None:
+        if not future.cancelled() and (err := future.exception()) is not None:
+            log.error("%s failed: %s", what, err, exc_info=err)
+    return done
 
 
 def broker_id_for(name: str) -> str:

@@ -25,7 +25,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple, Protocol, cast
@@ -229,6 +229,8 @@ class MessageStore:
         self.paths = paths = StorePaths(self.root)
         self.config = config or StoreConfig()
         self._topics = TopicTable(paths.topics)
+        # Topic creations and the files of deleted topics, in the order they were asked for.
+        self._topic_worker = ThreadPoolExecutor(1, thread_name_prefix="gms-topic-admin")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -309,6 +311,7 @@ class MessageStore:
                                         " retention deleted", registry=None)
         self._housekeeper = Housekeeper(self._housekeeping, self.config.retention_check_interval_ms)
         self._housekeeper.start()
+        self._topic_worker.submit(self._drop_orphan_queues)
 
     @classmethod
     def open(cls, root_dir: str | Path, config: StoreConfig | None = None) -> MessageStore:
@@ -322,6 +325,7 @@ class MessageStore:
         if self._closed:
             return
         commitlog, flusher = self._commitlog, self._flusher
+        self._topic_worker.shutdown(wait=True)
         self._housekeeper.stop()
         with self._write_lock:
             flushed = flusher.stop()
@@ -415,29 +419,79 @@ class MessageStore:
         self.create_topics({name: (queue_count, limits or TopicLimits())})
 
     def create_topics(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> None:
-        """Create many topics (name: (queue count, limits)) with one save of the topic table."""
-        with self._write_lock:
-            self._topics.create_many(topics, created_at_offset=self._cl().committed_pos)
+        """Create many topics (name: (queue count, limits)) with one save of the topic table;
+        they take records once it is on disk. Blocks on that write: off the event loop, call
+        :meth:`create_topics_async`."""
+        with self._write_lock:  # no record of an earlier incarnation is stored past this
+            created_at_offset = self._cl().committed_pos
+        for name in topics:
+            self._drop_leftover_queues(name)
+        self._topics.create_many(topics, created_at_offset=created_at_offset)
+
+    def create_topics_async(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> Future[None]:
+        """:meth:`create_topics` on the topic worker, after every deletion handed to it before."""
+        return self._topic_worker.submit(self.create_topics, topics)
+
+    def _drop_leftover_queues(self, name: str) -> None:
+        """Remove the index files of a deleted incarnation of ``name`` that a crash left behind (the
+        topic table had dropped it, its files were still being removed): a new one starts empty."""
+        leftover = self.paths.consumequeue / name
+        if self._topics.get(name) is None and leftover.exists():
+            log.warning("topic %s: removing the index files a deleted topic of this name left", name)
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def _drop_orphan_queues(self) -> None:
+        """Remove the index files of every topic the table does not list (see above)."""
+        try:
+            names = [d.name for d in self.paths.consumequeue.iterdir()]
+        except FileNotFoundError:
+            return
+        for name in names:
+            self._drop_leftover_queues(name)
 
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""
         self._topics.update(name, queue_count, limits)
 
+    def update_topic_async(self, name: str, queue_count: int | None = None,
+                           limits: TopicLimits | None = None) -> Future[None]:
+        """:meth:`update_topic` on the topic worker (it may write the topic table)."""
+        return self._topic_worker.submit(self.update_topic, name, queue_count, limits)
+
     def topic_limits(self, name: str) -> TopicLimits:
         return self._topics.limits(name)
 
     def delete_topic(self, name: str) -> None:
+        self.delete_topics([name]).result()
+
+    def delete_topics(self, names: Iterable[str]) -> Future[None]:
+        """Delete topics: from now on they take no record and serve none (call it on the thread
+        that appends: O(their queues), no I/O). Their files go on the topic worker: the topic
+        table without them first (so a crash never leaves a listed topic missing records), then
+        their index files; the future resolves when that is done. UnknownTopic, deleting none,
+        if one is not here."""
         with self._write_lock:
-            self._topics.delete(name)
-            self._truncations.drop_topic(name)
-            with self._index_lock:
-                with self._queues_lock:
-                    for key in [k for k in self._queues if k[0] == name]:
-                        self._queues.pop(key).close()
-                shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
-            self._save_min_offsets()  # a topic created again under this name starts at 0
-            self.producers.deleted(name)
-        self._timers.deleted(name)
+            counts = self._topics.remove(names)
+            with self._queues_lock:
+                queues = [cq for name, count in counts.items() for queue_id in range(count)
+                          if (cq := self._queues.pop((name, queue_id), None)) is not None]
+            for name in counts:
+                self.producers.deleted(name)
+        for name in counts:
+            self._timers.deleted(name)
+        return self._topic_worker.submit(self._remove_topic_files, list(counts), queues)
+
+    def _remove_topic_files(self, names: list[str], queues: list[ConsumeQueue]) -> None:
+        with self._index_lock:
+            for cq in queues:
+                cq.close()
+        self._topics.persist()  # raises on a failure: the files stay, listed until a later write drops them
+        with self._write_lock:
+            for name in names:
+                self._truncations.drop_topic(name)
+        for name in names:
+            shutil.rmtree(self.paths.consumequeue / name, ignore_errors=True)
+        self._save_min_offsets()  # a topic created again under one of the names starts at 0
 
     def topics(self) -> dict[str, int]:
         return self._topics.snapshot()
@@ -879,9 +933,7 @@ class MessageStore:
             keep = np.flatnonzero(known)
             if not keep.size:
                 return
-            parsed = ParsedRecords(parsed.starts[keep], parsed.headers[keep], parsed.topics,
-                                   parsed.topic_index[keep])
-            queue_ids, phys = queue_ids[keep], phys[keep]
+            parsed, queue_ids, phys = _kept(parsed, keep), queue_ids[keep], phys[keep]
         groups = self._group_by_queue(parsed, queue_ids)
         queue_offsets = parsed.headers["queue_offset"].astype(np.int64)
         if self._truncations:  # a replica cut these records off: never index them again
@@ -1548,6 +1600,16 @@ class MessageStore:
 
 class Reconciled(NamedTuple):
     offsets: np.ndarray  # the queue offset each record is indexed at; -1: not indexed
+
+
+def _kept(parsed: ParsedRecords, keep: np.ndarray) -> ParsedRecords:
+    """The records ``keep`` of ``parsed``, naming only their own topics (a deleted topic's name
+    would fail the grouping, which takes every topic named for one to store to)."""
+    index = parsed.topic_index[keep]
+    used = np.unique(index)
+    remap = np.zeros(len(parsed.topics), np.int64)
+    remap[used] = np.arange(len(used))
+    return ParsedRecords(parsed.starts[keep], parsed.headers[keep], [parsed.topics[i] for i in used], remap[index])
 
 
 def reconcile_offsets(carried: np.ndarray, expected: int) -> Reconciled:

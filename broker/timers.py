@@ -416,16 +416,22 @@ class TimerService:
     async def _checkpoints(self) -> None:
         while True:
             await asyncio.sleep(CHECKPOINT_INTERVAL_S)
-            try:
-                self._save_checkpoint()
+            lows = self._current_checkpoint()
+            if lows == self._saved:
+                continue
+            try:  # the encoding and the fsyncs off the event loop
+                await asyncio.to_thread(self._write_checkpoint, lows)
             except OSError as err:
                 log.warning("cannot save the timer checkpoint: %s", err)
 
     def _save_checkpoint(self) -> None:
         lows = self._current_checkpoint()
         if lows != self._saved:
-            write_atomically(self._checkpoint_path, json.dumps(lows, sort_keys=True).encode())
-            self._saved = lows
+            self._write_checkpoint(lows)
+
+    def _write_checkpoint(self, lows: dict[str, int]) -> None:
+        write_atomically(self._checkpoint_path, json.dumps(lows, sort_keys=True).encode())
+        self._saved = lows
 
     def _load_checkpoint(self) -> dict[str, int]:
         try:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +63,26 @@ class _Topic:
     created_at_offset: int = 0
 
 
+_LIMIT_FIELDS = tuple(f.name for f in fields(TopicLimits))
+
+
 class TopicTable:
+    """The topics in memory, saved whole to one JSON file.
+
+    Any thread may change it; :meth:`persist` writes the newest state (a change made while another
+    thread writes is written by the next call, so a burst of changes costs a few writes, not one
+    each). A new or grown topic is visible only once the file holds it: a record stored under it
+    must survive a crash recovery, which indexes only the topics of the file. A deletion is
+    visible at once (nothing is stored under the topic any more) and lasting once persisted."""
+
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the dicts and the version
+        self._file_lock = threading.Lock()  # one writer at a time
         self._topics: dict[str, _Topic] = {}
+        self._pending: dict[str, _Topic] = {}  # created or changed, visible once persisted
+        self._version = 0  # counts changes; the file holds every change up to _written
+        self._written = 0
         self.message_size_max = 0  # the largest message_size_bytes_max of a topic here (0: none has one)
 
     def load(self) -> None:
@@ -85,16 +100,48 @@ class TopicTable:
         self._topics = topics
         self.message_size_max = max((t.limits.message_size_bytes_max or 0 for t in topics.values()), default=0)
 
-    def _save(self, topics: dict[str, _Topic]) -> None:
-        doc = {"version": TOPICS_FORMAT_VERSION,
-               "topics": {name: {"queue_count": t.queue_count, "created_at_offset": t.created_at_offset,
-                                 **{k: v for k, v in asdict(t.limits).items() if v is not None}}
-                          for name, t in sorted(topics.items())}}
+    def persist(self) -> None:
+        """Write the table (pending changes included) unless the file already holds every change
+        made so far. Raises StoreIOError (a full disk): the changes stay pending, the next call
+        writes them."""
+        with self._file_lock:
+            with self._lock:
+                version = self._version
+                if version == self._written:
+                    return
+                topics = {**self._topics, **self._pending}
+            doc = {"version": TOPICS_FORMAT_VERSION,
+                   "topics": {name: {"queue_count": t.queue_count, "created_at_offset": t.created_at_offset,
+                                     **{k: getattr(t.limits, k) for k in _LIMIT_FIELDS
+                                        if getattr(t.limits, k) is not None}}
+                              for name, t in sorted(topics.items())}}
+            try:
+                write_atomically(self._path, json.dumps(doc, separators=(",", ":")).encode())
+            except OSError as err:  # a full disk: a clear, retriable error
+                raise StoreIOError(f"cannot save the topic table {self._path}: {err}") from err
+            self._written = version
+
+    def _change(self, changed: Mapping[str, _Topic], *, new: bool = False) -> None:
+        """Save ``changed``, then show it; on a failed save, drop it. ``new``: TopicExists if one
+        of them is here already (or on its way); else UnknownTopic if one was removed meanwhile."""
+        with self._lock:
+            for name in changed:
+                if new and (name in self._topics or name in self._pending):
+                    raise TopicExists(name)
+                if not new and name not in self._topics:
+                    raise UnknownTopic(name)
+            self._pending.update(changed)
+            self._version += 1
         try:
-            write_atomically(self._path, json.dumps(doc, indent=1).encode())
-        except OSError as err:  # a full disk: a clear, retriable error, and the table unchanged
-            raise StoreIOError(f"cannot save the topic table {self._path}: {err}") from err
-        self._set(topics)
+            self.persist()
+        except BaseException:
+            with self._lock:
+                for name in changed:
+                    self._pending.pop(name, None)
+                self._version += 1  # the next write leaves them out
+            raise
+        with self._lock:
+            self._set({**self._topics, **{name: self._pending.pop(name) for name in changed}})
 
     @staticmethod
     def _check_count(queue_count: int) -> None:
@@ -111,28 +158,27 @@ class TopicTable:
         for name, (queue_count, _) in topics.items():
             validate_topic_name(name)
             self._check_count(queue_count)
-        with self._lock:
-            for name in topics:
-                if name in self._topics:
-                    raise TopicExists(name)
-            self._save({**self._topics, **{name: _Topic(queue_count, limits, created_at_offset)
-                                           for name, (queue_count, limits) in topics.items()}})
+        self._change({name: _Topic(queue_count, limits, created_at_offset)
+                      for name, (queue_count, limits) in topics.items()}, new=True)
 
     def update(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Change the queue count and/or the limits; saved only if something changed."""
         if queue_count is not None:
             self._check_count(queue_count)
-        with self._lock:
-            current = self._entry(name)
-            updated = replace(current, queue_count=current.queue_count if queue_count is None else queue_count,
-                              limits=current.limits if limits is None else limits)
-            if updated != current:
-                self._save({**self._topics, name: updated})
+        current = self._entry(name)
+        updated = replace(current, queue_count=current.queue_count if queue_count is None else queue_count,
+                          limits=current.limits if limits is None else limits)
+        if updated != current:
+            self._change({name: updated})
 
-    def delete(self, name: str) -> None:
+    def remove(self, names: Iterable[str]) -> dict[str, int]:
+        """Drop the named topics from memory at once (name: its queue count); :meth:`persist`
+        makes it lasting. Raises UnknownTopic, removing none, if one is not here."""
         with self._lock:
-            self._entry(name)
-            self._save({k: v for k, v in self._topics.items() if k != name})
+            counts = {name: self._entry(name).queue_count for name in names}
+            self._set({k: v for k, v in self._topics.items() if k not in counts})
+            self._version += 1
+        return counts
 
     def _entry(self, name: str) -> _Topic:
         try:

@@ -123,20 +123,47 @@ def update(topic: str, queues: int | None, nameserver: str, as_json: bool, **set
 
 
 @topic.command()
-@topic_argument
+@click.argument("topics", metavar="TOPIC...", nargs=-1, required=True)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @nameserver_option
 @json_option
-def delete(topic: str, yes: bool, nameserver: str, as_json: bool) -> None:
-    """Delete TOPIC from the cluster (its messages go with it)."""
+@click.pass_context
+def delete(ctx: click.Context, topics: tuple[str, ...], yes: bool, nameserver: str, as_json: bool) -> None:
+    """Delete TOPIC from the cluster (its messages go with it). Several: their requests go
+    together, a line per topic; one that cannot be deleted (no such topic) does not stop the
+    others, and the exit code is 1."""
     if not yes:
-        click.confirm(f"Delete topic {topic} and all its messages?", abort=True, err=True)
+        what = f"topic {topics[0]}" if len(topics) == 1 else f"{len(topics)} topics ({', '.join(topics[:5])}" \
+            f"{', ...' if len(topics) > 5 else ''})"
+        click.confirm(f"Delete {what} and all {'its' if len(topics) == 1 else 'their'} messages?", abort=True,
+                      err=True)
     with open_admin(nameserver) as admin:
-        admin.delete_topic(topic)
+        if len(topics) > 1:
+            results = admin.delete_topics(topics)
+        else:
+            admin.delete_topic(topics[0])
+    if len(topics) > 1:
+        _show_deleted(results, as_json)
+        ctx.exit(0 if all(r.deleted for r in results) else 1)
     if as_json:
-        print_json({"deleted": topic})
+        print_json({"deleted": topics[0]})
     else:
-        click.echo(f"deleted topic {topic}")
+        click.echo(f"deleted topic {topics[0]}")
+
+
+def _show_deleted(results: list[TopicResult], as_json: bool) -> None:
+    """A line per topic of a many-topic delete (the failed ones on stderr), or a JSON list."""
+    if as_json:
+        print_json([{"topic": r.topic, "deleted": r.deleted, "error": None if r.error is None else str(r.error)}
+                    for r in results])
+        return
+    for r in results:
+        if r.error is None:
+            click.echo(f"deleted topic {r.topic}")
+        else:
+            click.echo(f"cannot delete topic {r.topic}: {error_text(r.error)}", err=True)
+    failed = sum(not r.deleted for r in results)
+    click.echo(f"{len(results) - failed} of {len(results)} topics deleted", err=bool(failed))
 
 
 @topic.command(name="list")

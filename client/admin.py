@@ -47,6 +47,7 @@ from gms.tags import MATCH_ALL
 
 DEFAULT_QUEUE_COUNT = 8
 TRACE_RECORDS_MAX = 256  # trace records of one message each broker answers (FIND_BY_KEY)
+DELETE_TOPICS_IN_FLIGHT = 32  # DELETE_TOPIC requests of one delete_topics call awaiting their answers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +70,11 @@ class TopicSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TopicResult:
-    """What became of one topic of :meth:`Admin.create_topics`: created when ``error`` is None
-    (then ``queues``, and with a nameserver ``replication_factor`` and ``brokers``: the
-    addresses holding its queues), else the error its own ``create_topic`` would have raised
-    (TopicAlreadyExistsError, InvalidTopicError, NotEnoughReplicasError...)."""
+    """What became of one topic of :meth:`Admin.create_topics` (or ``delete_topics``): created
+    (deleted) when ``error`` is None (then ``queues``, and with a nameserver
+    ``replication_factor`` and ``brokers``: the addresses holding its queues), else the error its
+    own ``create_topic`` would have raised (TopicAlreadyExistsError, InvalidTopicError,
+    NotEnoughReplicasError...)."""
 
     topic: str
     error: GmsError | None = None
@@ -82,6 +84,10 @@ class TopicResult:
 
     @property
     def created(self) -> bool:
+        return self.error is None
+
+    @property
+    def deleted(self) -> bool:
         return self.error is None
 
     @classmethod
@@ -182,6 +188,36 @@ class Admin:
             self._ask(self.brokers(), RequestCode.DELETE_TOPIC, {"topic": topic})
         else:
             self._ask_nameserver(RequestCode.DELETE_TOPIC, {"topic": topic})
+
+    def delete_topics(self, topics: Iterable[str]) -> list[TopicResult]:
+        """Delete many topics, their requests sent together (DELETE_TOPICS_IN_FLIGHT at a time,
+        pipelined). A result per topic, in order: deleted when ``error`` is None, else the error
+        its own ``delete_topic`` would have raised (TopicNotFoundError...); one topic's failure
+        does not stop the others. Errors that are not the topic's (a nameserver unreachable)
+        raise."""
+        names = list(topics)
+        brokers = self.brokers() if self._nameserver is None else []
+        in_flight = asyncio.Semaphore(DELETE_TOPICS_IN_FLIGHT)
+
+        async def delete(name: str) -> None:
+            fields = {"topic": name}
+            async with in_flight:
+                if self._nameserver is not None:
+                    await self._nameserver.request(RequestCode.DELETE_TOPIC, fields)
+                else:
+                    await asyncio.gather(*(self._runtime.pool.request(b, RequestCode.DELETE_TOPIC, fields)
+                                           for b in brokers))
+
+        async def delete_all() -> list[BaseException | None]:
+            return list(await asyncio.gather(*(delete(name) for name in names), return_exceptions=True))
+
+        results = []
+        for name, outcome in zip(names, self._runtime.run(delete_all()), strict=True):
+            if outcome is not None and (not isinstance(outcome, GmsError)
+                                        or isinstance(outcome, ServiceUnavailableError)):
+                raise outcome
+            results.append(TopicResult(name, outcome))
+        return results
 
     def topics(self) -> dict[str, int]:
         """Topic name → total queue count."""

@@ -59,6 +59,9 @@ class Partition:
     # monotonic time, when one of the two has learnt the new metadata.
     fetch_paused_until: float = 0.0
     isr_update_pending: bool = False
+    # Leader side: the leader epoch whose history entry is not on disk yet; no append is taken
+    # in it until it is (a restart must know where the epoch began).
+    unsaved_epoch: int | None = None
     # Follower side: (leader's offset-store session, seq) of the consumer-group commits of this
     # queue already copied from the leader (see OffsetStore.changed_since).
     offsets_seen: tuple[int, int] = (0, 0)

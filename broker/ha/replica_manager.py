@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gms.broker.ha.epochs import EpochHistory
@@ -72,6 +73,7 @@ class ReplicaManager:
         self._may_join_isr = may_join_isr
         self._on_caught_up = on_caught_up
         self.partitions: dict[QueueKey, Partition] = {}
+        self._held: dict[str, tuple[QueueKey, ...]] = {}  # per topic, its queues held here
         self._histories, self._saved_hws = state_file.load()
         self._hw_dirty = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -102,28 +104,75 @@ class ReplicaManager:
         self._state_file.close()
 
     # --- assignments ---------------------------------------------------------------------------
-    def apply(self, assignments: Assignments) -> None:
-        """Take the cluster's view of every queue held here; become leader or follower."""
-        seen: set[QueueKey] = set()
-        histories_changed = False
-        for topic, assignment in assignments.items():
-            for queue in assignment.queues:
-                key = (topic, queue.queue_id)
-                seen.add(key)
-                histories_changed |= self._apply_queue(self._partition(key), queue,
-                                                       assignment.min_insync_replicas or 1)
-        gone = set(self.partitions) - seen
+    def apply(self, changed: Assignments, removed: Iterable[str] = ()) -> None:
+        """Take the cluster's view of the queues of the topics in ``changed`` (the ones whose
+        assignment changed, or all of them) and drop those of the ``removed`` topics: become
+        leader or follower. Costs what changed, however many queues the broker holds."""
+        gone: set[QueueKey] = set()
+        unheld: set[str] = set()
+        for topic in removed:
+            held = self._held.pop(topic, None)
+            if held is None:
+                unheld.add(topic)
+            else:
+                gone.update(held)
+        if unheld:  # a topic removed from the store at the start: forget the state the file kept of it
+            gone.update(key for key in self._histories.keys() | self._saved_hws.keys() if key[0] in unheld)
+        histories_changed: list[QueueKey] = []
+        followers_moved = False
+        for topic, assignment in changed.items():
+            keys = tuple((topic, queue.queue_id) for queue in assignment.queues)
+            gone.update(set(self._held.get(topic, ())) - set(keys))
+            self._held[topic] = keys
+            for key, queue in zip(keys, assignment.queues, strict=True):
+                p = self._partition(key)
+                before = (p.role, p.leader_address)
+                if self._apply_queue(p, queue, assignment.min_insync_replicas or 1):
+                    histories_changed.append(key)
+                followers_moved |= (p.role, p.leader_address) != before and Role.FOLLOWER in (p.role, before[0])
         for key in gone:  # topic deleted (or replica moved): a recreated one starts afresh
-            p = self.partitions.pop(key)
-            p.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
+            dropped = self.partitions.pop(key, None)
+            if dropped is not None:
+                followers_moved |= dropped.role is Role.FOLLOWER
+                dropped.fail_waiters(NotLeaderError(f"queue {key[0]}/{key[1]} is no longer on this broker"))
             self._histories.pop(key, None)
             self._saved_hws.pop(key, None)
         if gone or histories_changed:
-            # One write for every queue that changed, before the loop goes on: no queue takes an
-            # append (nor answers one) before its new epoch is on disk.
-            self.save_state()
-        self.fetchers.rebalance()
+            # One write for every queue that changed, off the loop; a queue whose new epoch is
+            # not on disk yet takes no append (check_produce) until it is.
+            self._save_epochs(histories_changed, gone)
+        if followers_moved:
+            self.fetchers.rebalance()
         self.check_caught_up()
+
+    def _save_epochs(self, keys: list[QueueKey], removed: Iterable[QueueKey] = ()) -> None:
+        """Write the epoch histories of ``keys`` (and forget ``removed``) in the background; the
+        queues of ``keys`` take appends again once it is done (retried every second on failure)."""
+        epochs = {}
+        for key in keys:
+            p = self.partitions[key]
+            p.unsaved_epoch = epochs[key] = p.leader_epoch
+        saved = self._state_file.save(*self._snapshot(keys), set(removed))
+        if not keys:
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_disk(future: Future[None]) -> None:
+            err = future.exception()
+            if err is not None:
+                log.error("cannot write the replication state (%s): %d queue(s) take no appends until it is"
+                          " written; retrying", err, len(keys))
+                loop.call_later(1.0, self._save_epochs, [k for k in keys if self._unsaved(k, epochs[k])])
+                return
+            for key, epoch in epochs.items():
+                if self._unsaved(key, epoch):
+                    self.partitions[key].unsaved_epoch = None
+
+        saved.add_done_callback(lambda future: loop.call_soon_threadsafe(on_disk, future))
+
+    def _unsaved(self, key: QueueKey, epoch: int) -> bool:
+        p = self.partitions.get(key)
+        return p is not None and p.unsaved_epoch == epoch
 
     def _partition(self, key: QueueKey) -> Partition:
         p = self.partitions.get(key)
@@ -203,6 +252,9 @@ class ReplicaManager:
         in sync — never a silent downgrade to acks=1."""
         for key in keys:
             p = self.leader_of(key)
+            if p.unsaved_epoch is not None:
+                raise NotLeaderError(f"queue {key[0]}/{key[1]}: taking over its leadership (epoch"
+                                     f" {p.unsaved_epoch} is being written)", fields=_leader_fields(p))
             if not self._lease_alive():
                 raise NotLeaderError(f"this broker lost its cluster lease; {key[0]}/{key[1]} may have"
                                      " a new leader", fields=_leader_fields(p))
@@ -357,22 +409,41 @@ class ReplicaManager:
             if now - last_checkpoint >= self.config.hw_checkpoint_interval_ms / 1000:
                 last_checkpoint = now
                 if self._hw_dirty:
-                    await asyncio.wrap_future(self._state_file.save(*self._snapshot()))
+                    await asyncio.wrap_future(self._state_file.save(*self._hw_checkpoint()))
+
+    def _hw_checkpoint(self) -> tuple[dict[QueueKey, list[list[int]]], dict[QueueKey, int]]:
+        """The HWs that moved since the last checkpoint (no epoch history: those are written when
+        they change)."""
+        self._hw_dirty = False
+        saved = self._saved_hws
+        moved = {key: p.hw for key, p in self.partitions.items() if saved.get(key) != p.hw}
+        saved.update(moved)
+        return {}, moved
 
     def hw_moved(self) -> None:
         """A follower's HW moved: include it in the next checkpoint."""
         self._hw_dirty = True
 
-    def save_state(self) -> None:
-        """Write the state now (epoch histories must be on disk before the queue moves on)."""
-        self._state_file.save(*self._snapshot()).result()
+    def save_state(self, keys: Iterable[QueueKey] | None = None, removed: Iterable[QueueKey] = ()) -> None:
+        """Write the epoch histories of ``keys`` (None: of every queue) now, and forget the
+        ``removed`` queues: epoch histories must be on disk before the queue moves on."""
+        self._state_file.save(*self._snapshot(keys), set(removed)).result()
 
-    def _snapshot(self) -> tuple[dict[QueueKey, EpochHistory], dict[QueueKey, int]]:
-        """Copies of the histories and HWs, taken on the event loop so that the state file's
-        writer thread can write them while the loop goes on changing the originals."""
-        self._hw_dirty = False
-        self._saved_hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
-        return {k: h.copy() for k, h in self._histories.items()}, dict(self._saved_hws)
+    def _snapshot(self, keys: Iterable[QueueKey] | None = None) -> tuple[dict[QueueKey, list[list[int]]],
+                                                                         dict[QueueKey, int]]:
+        """Copies of the epoch histories and HWs of ``keys`` (None: of every queue), taken on the
+        event loop so that the state file's writer thread can write them while the loop goes on
+        changing the originals."""
+        if keys is None:
+            self._hw_dirty = False
+            self._saved_hws = {**self._saved_hws, **{key: p.hw for key, p in self.partitions.items()}}
+            return {k: h.to_list() for k, h in self._histories.items()}, dict(self._saved_hws)
+        histories, hws = {}, {}
+        for key in keys:
+            histories[key] = self._histories[key].to_list()
+            if (p := self.partitions.get(key)) is not None:
+                hws[key] = self._saved_hws[key] = p.hw
+        return histories, hws
 
 
 def _leader_fields(p: Partition) -> dict[str, object]:

@@ -192,3 +192,17 @@ def test_topic_create_many_names_in_one_call(gms, cluster):
     assert failed.stderr == f"cannot create topic {first}: topic {first} already exists\n1 of 2 topics created\n"
     listed = json.loads(gms("topic", "list", "--json").stdout)
     assert (listed[first], listed[second], listed[third], listed[f"{third}x"]) == (QUEUES, QUEUES, 8, 8)
+
+
+def test_topic_delete_many_names_in_one_call(gms, cluster):
+    first, second, third = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    gms("topic", "create", first, second, third, "--queues", "1")
+    deleted = gms("topic", "delete", first, second, "--yes")
+    assert deleted.stdout.splitlines() == [f"deleted topic {first}", f"deleted topic {second}", "2 of 2 topics deleted"]
+    mixed = gms("topic", "delete", third, first, "--yes", "--json", ok=False)
+    assert mixed.returncode == 1
+    rows = json.loads(mixed.stdout)
+    assert [(r["topic"], r["deleted"]) for r in rows] == [(third, True), (first, False)]
+    assert "does not exist" in rows[1]["error"]
+    listed = json.loads(gms("topic", "list", "--json").stdout)
+    assert not {first, second, third} & set(listed)

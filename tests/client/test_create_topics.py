@@ -11,7 +11,7 @@ from gms_cluster import LocalCluster
 
 from gms.client import Admin, Producer, TopicSpec
 from gms.cluster.metadata import TXN_OPS_MAX
-from gms.errors import InvalidTopicError, TopicAlreadyExistsError
+from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
 
 # More than one etcd transaction holds (the broker's registration fences each one), so the
 # nameserver writes them in several.
@@ -83,3 +83,14 @@ def test_a_standalone_broker_creates_a_batch(broker):
         assert isinstance(admin.create_topics([other])[0].error, TopicAlreadyExistsError)
     with Producer([broker.address]) as producer:
         assert producer.send(other, b"x").topic == other
+
+
+def test_delete_topics_deletes_each_and_reports_the_others(cluster):
+    first, second, missing = names(3)
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topics([(first, 1), (second, 1)])
+        results = admin.delete_topics([first, missing, second])
+        assert [r.topic for r in results] == [first, missing, second]
+        assert [r.deleted for r in results] == [True, False, True]
+        assert all(isinstance(r.error, TopicNotFoundError) for r in results if not r.deleted)
+        assert not {first, second} & set(admin.topics())

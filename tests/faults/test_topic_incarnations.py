@@ -12,6 +12,7 @@ from pathlib import Path
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
 from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.topics import TopicLimits
 from gms.client import Admin, Consumer, Producer
 from gms.record import Message, decode_record, encode_batch
 
@@ -58,6 +59,23 @@ def test_full_index_rebuild_indexes_only_the_new_incarnation(tmp_path):
     crash_with_no_checkpoint(root)
     with MessageStore(root, StoreConfig(**CONFIG)) as store:
         assert bodies(store) == [b"new-%d" % i for i in range(10)]
+
+
+def test_recovery_skips_a_deleted_topic_beside_kept_ones(tmp_path):
+    # Records of a deleted topic and of a kept one, interleaved in the commitlog: recovery indexes
+    # the kept ones (it failed to start: the deleted topic's name was looked up for the grouping).
+    root = tmp_path / "store"
+    with MessageStore(root, StoreConfig(**CONFIG)) as store:
+        store.create_topics({"t": (1, TopicLimits()), "k": (1, TopicLimits())})
+        for i in range(5):
+            store.append(encode_batch([Message("t", b"gone-%d" % i)]))
+            store.append(encode_batch([Message("k", b"kept-%d" % i)]))
+        store.delete_topic("t")
+    crash_with_no_checkpoint(root)
+    with MessageStore(root, StoreConfig(**CONFIG)) as store:
+        assert store.topics() == {"k": 1}
+        assert [bytes(decode_record(v).body) for v in store.get("k", 0, 0, 100).records] == [
+            b"kept-%d" % i for i in range(5)]
 
 
 def test_broker_killed_after_delete_and_recreate(broker_factory):

@@ -13,7 +13,6 @@ from store_helpers import batch, small_config
 
 from gms.broker.atomic_file import write_atomically
 from gms.broker.consumequeue.min_offsets import save_min_offsets
-from gms.broker.ha.epochs import EpochHistory
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.offsets import OffsetStore
 from gms.broker.store import MessageStore
@@ -38,7 +37,7 @@ def fill(data_dir):
         offsets.commit("g", "t", 0, 7)
         offsets.persist()
         state = ReplicationStateFile(store.paths.replication_state)
-        state.save({("t", 0): EpochHistory([(1, 0)])}, {("t", 0): 5}).result()
+        state.save({("t", 0): [[1, 0]]}, {("t", 0): 5}).result()
         state.close()
         assert not (store.paths.root / "abort").stat().st_mode & 0o077
     finally:
