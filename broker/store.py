@@ -103,6 +103,11 @@ log = logging.getLogger(__name__)
 
 OFF_FLAGS = OFFSETS["flags"]
 
+# A checkpoint syncs a consumeQueue once it took this many entries since its last sync (two pages,
+# RocketMQ's flushConsumeQueueLeastPages); every CQ_FLUSH_THOROUGH_CHECKPOINTS intervals (and at
+# close) it syncs all.
+CQ_FLUSH_LEAST_ENTRIES = 2 * 4096 // 20
+CQ_FLUSH_THOROUGH_CHECKPOINTS = 10
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads; more are extrapolated
 GET_BYTES_MAX_DEFAULT = 4 << 20
@@ -248,6 +253,7 @@ class MessageStore:
         self._last_store_ts_ms = 0
         # The first checkpoint comes one interval after opening, like every later one.
         self._last_checkpoint_ms = int(time.time() * 1000)
+        self._last_thorough_checkpoint_ms = self._last_checkpoint_ms
         self.recovered_damaged = 0  # damaged stretches the last recovery found
         self._rebuilding_all = False  # recovery from the oldest file: queues may start late
         # Queue offsets of records found damaged (by recovery or a read), for a follower to ask
@@ -331,7 +337,7 @@ class MessageStore:
             flushed = flusher.stop()
             if flusher.failure is None and flushed == commitlog.committed_pos:
                 try:
-                    self._checkpoint_at(flushed, int(time.time() * 1000))
+                    self._checkpoint_at(flushed, int(time.time() * 1000), thorough=True)
                     self._abort.clear()
                 except (OSError, StoreIOError) as err:
                     log.error("closed without a clean-shutdown marker, the next start recovers: %s", err)
@@ -1043,19 +1049,35 @@ class MessageStore:
                 log.error("checkpoint not written (the previous one stays valid): %s", err)
         return end
 
-    def _checkpoint_at(self, end: int, now_ms: int) -> None:
-        """Flush every index up to ``end`` (all entries below it are written) and record it."""
+    def _checkpoint_at(self, end: int, now_ms: int, *, thorough: bool = False) -> None:
+        """Flush the indexes up to ``end`` (all entries below it are written) and record from where
+        recovery must re-read the commitlog.
+
+        A consumeQueue with fewer than CQ_FLUSH_LEAST_ENTRIES new entries is not synced, except at a
+        thorough checkpoint (every CQ_FLUSH_THOROUGH_CHECKPOINTS intervals, and at close), and the checkpoint stops at
+        its first unsynced entry's record (RocketMQ's flushConsumeQueueLeastPages): with thousands
+        of queues each taking a few entries a second, syncing every queue's file every second was
+        thousands of fdatasyncs a second, and each synced page faulted again (write-protected) at
+        its next entry, on the request loop."""
+        thorough = thorough or (now_ms - self._last_thorough_checkpoint_ms
+                                >= CQ_FLUSH_THOROUGH_CHECKPOINTS * self.config.checkpoint_interval_ms)
+        least = 0 if thorough else CQ_FLUSH_LEAST_ENTRIES
+        safe = end
         with self._index_lock:
             with self._queues_lock:
                 queues = list(self._queues.values())
             for cq in queues:
-                cq.flush()
+                unsynced = cq.flush(least)
+                if unsynced is not None:
+                    safe = min(safe, unsynced)
             self._keys.flush()
             self._origins.sync()
         self.producers.save(end, now_ms)  # before the checkpoint: recovery from it re-reads what follows
-        write_checkpoint(self.paths.checkpoint, Checkpoint(end, end, self._last_store_ts_ms, now_ms))
+        write_checkpoint(self.paths.checkpoint, Checkpoint(end, safe, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms
-        self._checkpointed_offset = end
+        if thorough:
+            self._last_thorough_checkpoint_ms = now_ms
+        self._checkpointed_offset = safe
 
     # --- reads ---------------------------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> int:

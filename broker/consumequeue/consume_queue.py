@@ -183,13 +183,18 @@ class ConsumeQueue:
         # the raw entries (pick_tags) take them as stored.
         return (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(CQ_DTYPE)
 
-    def flush(self) -> None:
+    def flush(self, least_entries: int = 0) -> int | None:
         """fdatasync the files written since the last flush (and close the deleted files readers
-        have released: this runs at every checkpoint)."""
+        have released: this runs at every checkpoint), unless fewer than ``least_entries`` were
+        written since: then None if nothing waits, else the commitlog position of the first entry
+        left unflushed (recovery must re-read the commitlog from there)."""
         self._segments.close_released()
         end = self.max_offset
         if end == self._flushed_offset:
-            return
+            return None
+        if end - self._flushed_offset < least_entries:
+            first = max(self._flushed_offset, self.min_offset)  # retention may have taken the first
+            return int(self.read(first, 1)["phys"][0]) if first < end else None
         files = self.files
         first = max(self._flushed_offset, files[0].base_offset // CQ_UNIT.size)
         for f in files:
@@ -197,6 +202,7 @@ class ConsumeQueue:
             if hi > first and lo < end:
                 f.flush()
         self._flushed_offset = end
+        return None
 
     def truncate(self, offset: int) -> None:
         """Forget entries from ``offset`` on (recovery past a torn commitlog, or a replica's

@@ -118,10 +118,10 @@ def test_malformed_stamps_are_refused(store_dir):
         second = batch(0, 1, None) + batch(1, 1, 0)  # stamped, but not first
         with pytest.raises(InvalidRecord, match="first record"):
             store.append(second)
-        two_queues = batch(0, 1, None, queue_id=1)
+        unstamped_queue = batch(0, 1, None, queue_id=1)  # beside a stamped batch of another queue
         stamped = batch(0, 2, 0)
-        with pytest.raises(InvalidRecord, match="one queue"):
-            store.append(stamped + two_queues)
+        with pytest.raises(InvalidRecord, match="each queue's records in a send are one batch"):
+            store.append(stamped + unstamped_queue)
         assert store.max_offset("t", 0) == store.max_offset("t", 1) == 0
 
 
