@@ -93,6 +93,11 @@ class Permits:
         if self.free == 1 and self.on_free is not None:
             self.on_free()
 
+    @staticmethod
+    def release_all(permits: Sequence[Permits]) -> None:
+        for taken in permits:
+            taken.release()
+
 
 class QueueState:
     """One queue this consumer reads. ``position`` (next offset to hand out; None until the
