@@ -306,7 +306,9 @@ class _BrokerSession:
         self.broker = broker
         self.prefix = msg_id_prefix(broker)
         self.queues: dict[TopicQueue, QueueState] = {}
-        self.inflight: set[TopicQueue] = set()
+        # The queues asked for in a request now, and by which (a queue stopped and started again
+        # meanwhile, by a seek, goes out in a new request; the old one's answer is dropped).
+        self.inflight: dict[TopicQueue, object] = {}
         self.requests: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
         self._kicked = False
@@ -322,6 +324,7 @@ class _BrokerSession:
     def remove(self, state: QueueState) -> None:
         if self.queues.get(state.key) is state:
             del self.queues[state.key]
+        self.inflight.pop(state.key, None)
         state.session = None
         state.permits.on_free = None
 
@@ -355,8 +358,9 @@ class _BrokerSession:
         ready = ready[self._turn:] + ready[:self._turn]
         for start in range(0, len(ready), FETCH_QUEUES_MAX):
             part = ready[start:start + FETCH_QUEUES_MAX]
-            self.inflight.update(s.key for s in part)
-            task = self._loop.create_task(self._fetch(part))
+            token = object()
+            self.inflight.update((s.key, token) for s in part)
+            task = self._loop.create_task(self._fetch(part, token))
             self.requests.add(task)
             task.add_done_callback(self.requests.discard)
 
@@ -364,7 +368,7 @@ class _BrokerSession:
         self._timer = None
         self.kick()
 
-    async def _fetch(self, states: list[QueueState]) -> None:
+    async def _fetch(self, states: list[QueueState], token: object) -> None:
         fetcher = self.fetcher
         asked = [(state, state.epoch, state.fetch_offset) for state in states]
         topics = {state.key.topic for state in states}
@@ -381,7 +385,9 @@ class _BrokerSession:
                     lambda: self._moved(states), LONG_POLL_LEADER_CHECK_INTERVAL_MS)
                 rows = decode_fetch_answer(frame.fields, len(frame.body))
             finally:
-                self.inflight.difference_update(s.key for s in states)
+                for state in states:
+                    if self.inflight.get(state.key) is token:
+                        del self.inflight[state.key]
         except GmsError as err:
             self._request_failed(states, err)
             return
@@ -414,7 +420,7 @@ class _BrokerSession:
         the next request can go out at once; the rows to make chunks of, as (state, offset asked,
         row, where its records start in the body)."""
         current = {state.key: (state, offset) for state, epoch, offset in asked
-                   if state.epoch == epoch and state.session is self}
+                   if state.epoch == epoch and state.session is self and state.fetch_offset == offset}
         taken = []
         end = 0
         for row in rows:
