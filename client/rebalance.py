@@ -93,6 +93,7 @@ class Membership:
         self._beat_lock: asyncio.Lock | None = None
         # FETCH_OFFSET questions gathered per broker until the loop turns (see _committed).
         self._offset_batches: dict[str, list[tuple[TopicQueue, asyncio.Future[int]]]] = {}
+        self._missing: set[str] = set()  # subscribed topics deleted since joining
 
     # --- called from the polling thread (through runtime.run) or the loop ----------------------
 
@@ -246,10 +247,8 @@ class Membership:
             await self._heartbeat()
 
     async def _heartbeat(self) -> None:
-        for topic in self._subscription:
-            await self._runtime.routes.routes(topic)  # TopicNotFoundError for an unknown topic
         fields = {
-            "group": self._group, "member": self._member, "subscription": self._subscription,
+            "group": self._group, "member": self._member, "subscription": await self._existing_subscription(),
             "mode": "clustering" if self._clustering else "broadcasting",
             "held": [[q.topic, q.queue_id] for q in self.states],
         }
@@ -270,6 +269,25 @@ class Membership:
         assigned = {TopicQueue(topic, q) for topic, queue_ids in frame.fields["assignment"].items()
                     for q in queue_ids}
         self._apply(assigned)
+
+    async def _existing_subscription(self) -> dict[str, str]:
+        """The subscription of the topics that exist (their routes looked up together). Joining,
+        an unknown topic raises TopicNotFoundError; later, a topic deleted meanwhile is left out
+        (logged once): the coordinator takes its queues away, the other topics go on, and it is
+        read again if it comes back."""
+        topics = list(self._subscription)
+        found = await asyncio.gather(*(self._runtime.routes.routes(t) for t in topics), return_exceptions=True)
+        missing = set()
+        for topic, answer in zip(topics, found, strict=True):
+            if isinstance(answer, TopicNotFoundError) and self._last_beat_sent is not None:
+                missing.add(topic)
+            elif isinstance(answer, BaseException):
+                raise answer
+        for topic in sorted(missing - self._missing):
+            log.warning("%s/%s: subscribed topic %s no longer exists: its queues are given up (read again if it"
+                        " is created again)", self._group, self._member, topic)
+        self._missing = missing
+        return {t: e for t, e in self._subscription.items() if t not in missing}
 
     async def _beat(self, fields: dict[str, Any]) -> Frame:
         """One heartbeat to the coordinator. The routes named every subscribed topic, so a
