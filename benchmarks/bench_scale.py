@@ -150,7 +150,7 @@ def consume_rate(nameserver: str, group: str, topics: list[str], expected: int) 
 
     t0 = time.perf_counter()
     seen = 0
-    with Consumer(nameserver=nameserver, group=group, subscription={t: "*" for t in topics},
+    with Consumer(nameserver=nameserver, group=group, subscription=dict.fromkeys(topics, "*"),
                   start_from="first", auto_commit=False) as consumer:
         joined = time.perf_counter()
         end = time.monotonic() + CONSUME_TIMEOUT_S

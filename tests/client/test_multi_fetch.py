@@ -13,7 +13,7 @@ from gms.client import Admin, Consumer, Producer, ProducerRecord
 from gms.errors import BadRequestError, GmsError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode, Status
-from gms.protocol.fetch import FETCH_QUEUES_MAX, EARLIEST, decode_fetch_answer
+from gms.protocol.fetch import EARLIEST, FETCH_QUEUES_MAX, decode_fetch_answer
 
 TOPICS = 200
 QUEUES = 2
@@ -51,7 +51,7 @@ def test_a_group_of_200_topics_reads_every_message_once_in_queue_order(broker):
         producer.send_batch(records)
     got: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
     total = TOPICS * QUEUES * PER_QUEUE
-    with Consumer([broker.address], group=f"g-{prefix}", subscription={t: "*" for t in topics},
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
                   start_from="first", auto_commit=False) as consumer:
         deadline = time.monotonic() + 60
         count = 0
