@@ -95,9 +95,9 @@ class FetchHandlers:
                 if row.status == OK:
                     self.claims.refresh(req.group, req.member, row.topic, row.queue_id, now_ms)
         if self.metrics is not None and req.group:
-            for topic, (tags, _) in filters.items():
-                if not isinstance(tags, GmsError):
-                    self.metrics.subscriptions[req.group, topic] = tags
+            for topic, found in filters.items():
+                if not isinstance(found, GmsError):
+                    self.metrics.subscriptions[req.group, topic] = found[0]
         # crc_checked: every record in the body passed its CRC check here (the SDK then checks only
         # the framing); damaged ones are listed in their rows, not sent.
         return Response({"queues": [row.row() for row in rows], "crc_checked": True}, body=body)

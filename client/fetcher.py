@@ -478,7 +478,7 @@ class _BrokerSession:
             state.fetch_offset = _clamp(state.fetch_offset, err.fields)
             log.warning("%s: %s; continuing at offset %d", key, err, state.fetch_offset)
         elif isinstance(err, LEADER_LOST_ERRORS):
-            self.fetcher.reroute(state, err)  # type: ignore[arg-type]
+            self.fetcher.reroute(state, err)
         else:
             self.fetcher.failed(what, err, loud=not state.failing)
             if not state.failing and isinstance(err, (TopicNotFoundError, QueueNotFoundError)):
