@@ -127,7 +127,7 @@ class QueueState:
 
 
 class Chunk:
-    """One PULL answer's messages and the damaged records the broker passed among them."""
+    """One queue's messages of one FETCH answer and the damaged records the broker passed among them."""
 
     __slots__ = ("damaged", "holds_permit", "messages", "next_offset", "state")
 
@@ -146,11 +146,6 @@ class FetchBuffer:
     def __init__(self) -> None:
         self._ready = threading.Condition()
         self._chunks: deque[Chunk] = deque()
-
-    def put(self, chunk: Chunk) -> None:
-        with self._ready:
-            self._chunks.append(chunk)
-            self._ready.notify()
 
     def put_many(self, chunks: Sequence[Chunk]) -> None:
         with self._ready:
