@@ -44,6 +44,7 @@ PAYLOAD = 100
 SETTLE_TIMEOUT_S = 60
 FIRST_SEND_TIMEOUT_S = 600
 LIVE_TOPIC = "live"
+CONSUME_TIMEOUT_S = 600
 
 
 def allocated_bytes(root: Path) -> int:
@@ -557,8 +558,61 @@ def scenario_produce(quick: bool) -> dict[str, float]:
     return figures
 
 
+def consume_rate(nameserver: str, group: str, topics: list[str], expected: int) -> tuple[float, float]:
+    """(messages per second, seconds to join) of a fresh group subscribed to ``topics`` reading from
+    the start until it has read ``expected`` messages (every one made and its body touched). As
+    kafka-consumer-perf-test reports rebalance and fetch time apart, the rate is timed from the
+    Consumer's creation returning (the group joined, its assignment known) to the last message."""
+    from gms.client import Consumer
+
+    t0 = time.perf_counter()
+    seen = 0
+    with Consumer(nameserver=nameserver, group=group, subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False) as consumer:
+        joined = time.perf_counter()
+        end = time.monotonic() + CONSUME_TIMEOUT_S
+        while seen < expected:
+            if time.monotonic() > end:
+                raise TimeoutError(f"group {group} read {seen} of {expected} messages")
+            for message in consumer.poll(1000):
+                seen += len(message.body) > 0
+        elapsed = time.perf_counter() - joined
+    if seen != expected:
+        raise RuntimeError(f"group {group} read {seen} messages, {expected} were sent")
+    return expected / elapsed, joined - t0
+
+
+def scenario_consume(quick: bool) -> dict[str, float]:
+    """A group subscribed to N topics of 4 queues (quick: 300, full: 1,000) against one topic: the
+    same number of 100 B messages (quick: 100k, full: 200k) produced beforehand (not timed), into
+    one topic and round-robin over the N, then read by a fresh group from the start."""
+    from gms.client import Admin, Producer
+
+    count = 300 if quick else 1000
+    messages = 100_000 if quick else 200_000
+    many = [f"c{i:05d}" for i in range(count)]
+    with tempfile.TemporaryDirectory(prefix="bench-scale-consume-") as tmp, \
+            gms_standalone(Path(tmp)) as (nameserver, _):
+        with Admin(nameserver=nameserver) as admin:
+            failed = [r for r in admin.create_topics([("one", QUEUES), *((t, QUEUES) for t in many)]) if r.error]
+        if failed:
+            raise RuntimeError(f"{len(failed)} topics not created, first: {failed[0]}")
+        payload = os.urandom(PAYLOAD)
+        with Producer(nameserver=nameserver) as producer:
+            for i in range(messages):
+                producer.send_async("one", payload)
+                producer.send_async(many[i % count], payload)
+            producer.flush()
+        one, join_one = consume_rate(nameserver, "g-one", ["one"], messages)
+        spread, join_many = consume_rate(nameserver, "g-many", many, messages)
+    return {"consume_topics": count, "consume_msgs_per_s_1_topic": one,
+            "consume_msgs_per_s_many_topics": spread, "consume_many_topics_ratio": spread / one,
+            "consume_join_s_1_topic": join_one, "consume_join_s_many_topics": join_many}
+
+
 SCENARIOS: dict[str, Callable[[bool], dict[str, float]]] = {
     "produce": scenario_produce,
+    "consume": scenario_consume,
     "control": scenario_control,
     "queues": scenario_queues,
 }

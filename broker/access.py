@@ -7,6 +7,9 @@ SEND, SEND_BATCH                          publish on every topic in the batch (c
                                           as the store admits the batch: nothing is
                                           stored when one topic is refused)
 PULL                                      subscribe on the topic (and on the group)
+FETCH                                     subscribe on the group (if any) and on each
+                                          topic (checked by the handler: a forbidden
+                                          topic fails its queues' rows alone)
 POP_MESSAGE, ACK_MESSAGE, CHANGE_INVIS.   subscribe on the topic and on the group
 QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
@@ -57,6 +60,11 @@ def _pull(fields: Mapping[str, Any]) -> list[Check]:
     return checks
 
 
+def _fetch(fields: Mapping[str, Any]) -> list[Check]:
+    """The group's only: each topic is checked by the handler, a forbidden one fails its queues alone."""
+    return [("group", group_name_field(fields), "subscribe")] if field(fields, "group", str, "") else []
+
+
 def _topic_and_group(fields: Mapping[str, Any]) -> list[Check]:
     return [("topic", field(fields, "topic", str), "subscribe"), ("group", group_name_field(fields), "subscribe")]
 
@@ -77,6 +85,7 @@ def _group_queues(rows: str, width: int) -> Policy:
 
 POLICY: dict[int, Policy] = {
     RequestCode.PULL: _pull,
+    RequestCode.FETCH: _fetch,
     RequestCode.POP_MESSAGE: _topic_and_group,
     RequestCode.ACK_MESSAGE: _topic_and_group,
     RequestCode.CHANGE_INVISIBLE_DURATION: _topic_and_group,

@@ -20,6 +20,7 @@ from gms.address import advertised_address, split_address
 from gms.broker.access import BrokerAccess
 from gms.broker.admin_handlers import AdminHandlers
 from gms.broker.config import BrokerConfig
+from gms.broker.fetch_handlers import FetchHandlers
 from gms.broker.group_handlers import GroupHandlers
 from gms.broker.groups import GroupCoordinator, coordinator_index
 from gms.broker.ha.leader_handlers import LeaderHandlers
@@ -427,6 +428,8 @@ class BrokerServer:
             RequestCode.SEND: messages.send,
             RequestCode.SEND_BATCH: messages.send,
             RequestCode.PULL: messages.pull,
+            RequestCode.FETCH: FetchHandlers(self.store, self.waiters, self.claims, self.read_limit,
+                                             self.config.long_poll_max_ms, self.access, self.metrics).fetch,
             RequestCode.QUERY_MIN_OFFSET: messages.query_min_offset,
             RequestCode.QUERY_MAX_OFFSET: messages.query_max_offset,
             RequestCode.QUERY_OFFSET_BY_TIME: messages.query_offset_by_time,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -108,6 +109,9 @@ OFF_FLAGS = OFFSETS["flags"]
 # close) it syncs all.
 CQ_FLUSH_LEAST_ENTRIES = 2 * 4096 // 20
 CQ_FLUSH_THOROUGH_CHECKPOINTS = 10
+# A read far behind the writer maps its stretch of the commitlog at once only if the stretch is at
+# most this many times the bytes it serves (see MessageStore.get).
+POPULATE_SPAN_FACTOR_MAX = 4
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads; more are extrapolated
 GET_BYTES_MAX_DEFAULT = 4 << 20
@@ -1130,7 +1134,12 @@ class MessageStore:
             runs = self._file_runs(commitlog, phys) if len(phys) else []
             if len(phys) and int(phys[0]) < commitlog.released:  # far behind the writer: map the stretch at once
                 for f, first, last in runs:
-                    f.populate(int(phys[first]) - f.base_offset, int(phys[last - 1] + sizes[last - 1]) - f.base_offset)
+                    begin, end = int(phys[first]), int(phys[last - 1] + sizes[last - 1])
+                    # Unless the queue's records lie thinly among other queues' (one of many
+                    # topics): mapping the whole stretch would cost a page walk per page of
+                    # them all, for each queue read; their own pages fault in cheaper.
+                    if end - begin <= POPULATE_SPAN_FACTOR_MAX * int(sizes[first:last].sum()) + mmap.PAGESIZE:
+                        f.populate(begin - f.base_offset, end - f.base_offset)
             bad = self._checked(runs, phys, sizes, offset + picked[:take], queue_id)
             damaged: tuple[tuple[int, int], ...] = ()
             served = offset + picked[:take]

@@ -23,7 +23,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, QueueState, TopicQueue
+from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
@@ -216,7 +216,7 @@ class Consumer:
             timeout_ms = min(timeout_ms, max(0.0, min(u for u, _ in self._held.values()) - time.monotonic()) * 1000)
         chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
         messages: list[ReceivedMessages] = []
-        release = self._runtime.loop.call_soon_threadsafe
+        taken: list[Permits] = []  # given back in one call to the loop (not a wake-up per chunk)
         for index, chunk in enumerate(chunks):
             state = chunk.state
             if state.revoked:
@@ -231,7 +231,9 @@ class Consumer:
             messages.append(chunk.messages)
             state.position = chunk.next_offset
             if chunk.holds_permit:
-                release(state.permits.release)
+                taken.append(state.permits)
+        if taken:
+            self._runtime.loop.call_soon_threadsafe(Permits.release_all, taken)
         received = ReceivedMessages.concat(messages)
         if self._trace is not None:
             self._trace.polled(received)

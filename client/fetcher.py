@@ -1,10 +1,13 @@
-"""Per-queue background fetchers feeding one bounded, thread-safe buffer.
+"""Background fetchers feeding one bounded, thread-safe buffer.
 
-Each owned queue has a task on the I/O loop that finds where to start (unless told), then
-long-polls the queue's current leader (PULL with poll_ms) and puts what it gets into
-:class:`FetchBuffer` as one chunk per response. A queue may have at most ``PREFETCH_CHUNKS``
-unconsumed chunks (a semaphore permit per chunk, given back when ``poll`` takes the chunk), so
-memory is bounded by queues × chunks × fetch_max_bytes.
+Each owned queue first finds where to start (unless told) and which broker leads it; then the
+session of that broker fetches it, with every other queue that broker leads, in FETCH long polls
+(one request naming many queues, as Kafka's Fetch does) and puts what each queue got into
+:class:`FetchBuffer` as one chunk per queue and answer. A queue may have at most
+``PREFETCH_CHUNKS`` unconsumed chunks (a permit per chunk, given back when ``poll`` takes the
+chunk; a queue out of permits is left out of requests), so memory is bounded by
+queues × chunks × fetch_max_bytes. A queue's own failure (out of range, not the leader, held,
+deleted) affects that queue alone; a request's failure re-routes its queues.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from gms.client.connections import msg_id_prefix
-from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, LeaderMovedError, RouteProvider, leader_request
+from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, LeaderMovedError, RouteProvider, abandon_when
 from gms.client.runtime import ClientRuntime
 from gms.client.structs import DamagedRecord, MessageBatch, ReceivedMessages
 from gms.errors import (
@@ -28,9 +33,21 @@ from gms.errors import (
     NotLeaderError,
     OffsetIllegalError,
     QueueHeldError,
+    QueueNotFoundError,
     ServiceUnavailableError,
+    TopicNotFoundError,
+    error_for_status,
 )
 from gms.protocol.codes import RequestCode
+from gms.protocol.fetch import (
+    FETCH_QUEUES_MAX,
+    FETCH_TOTAL_BYTES_DEFAULT,
+    OK,
+    FetchedQueue,
+    FetchRequest,
+    QueueFetch,
+    decode_fetch_answer,
+)
 from gms.protocol.frame import Frame
 from gms.record import (
     FieldOffsets,
@@ -63,12 +80,36 @@ async def leader_of(routes: RouteProvider, queue: TopicQueue) -> str:
     raise ServiceUnavailableError(f"queue {queue.topic}/{queue.queue_id} has no live leader now")
 
 
+class Permits:
+    """How many more chunks a queue may put in the buffer (``PREFETCH_CHUNKS`` unconsumed at
+    most); ``release`` (on the loop) gives one back and wakes the queue's fetcher when it was out."""
+
+    __slots__ = ("free", "on_free")
+
+    def __init__(self) -> None:
+        self.free = PREFETCH_CHUNKS
+        self.on_free: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        self.free += 1
+        if self.free == 1 and self.on_free is not None:
+            self.on_free()
+
+    @staticmethod
+    def release_all(permits: Sequence[Permits]) -> None:
+        for taken in permits:
+            taken.release()
+
+
 class QueueState:
     """One queue this consumer reads. ``position`` (next offset to hand out; None until the
-    fetch task found where to start) is written by the polling thread once known; ``revoked``
-    is set by the loop when the queue is taken away, ``paused`` by ``Consumer.pause``."""
+    fetcher found where to start) is written by the polling thread once known; ``revoked``
+    is set by the loop when the queue is taken away, ``paused`` by ``Consumer.pause``. The
+    rest belongs to the fetcher (on the loop): where it fetches next, the broker session
+    fetching it, and ``epoch``, which a stop moves on so that answers asked before are dropped."""
 
-    __slots__ = ("committed", "key", "paused", "permits", "position", "revoked", "task")
+    __slots__ = ("committed", "epoch", "failing", "fetch_offset", "key", "paused", "permits", "position",
+                 "retry_at", "revoked", "session", "task")
 
     def __init__(self, key: TopicQueue) -> None:
         self.key = key
@@ -76,12 +117,17 @@ class QueueState:
         self.committed: int | None = None
         self.revoked = False
         self.paused = False
-        self.permits = asyncio.Semaphore(PREFETCH_CHUNKS)
-        self.task: asyncio.Task[None] | None = None
+        self.permits = Permits()
+        self.task: asyncio.Task[None] | None = None  # finding where it starts and who leads it
+        self.fetch_offset = 0
+        self.epoch = 0
+        self.session: _BrokerSession | None = None
+        self.retry_at = 0.0  # loop time before which it is not fetched (after a failure)
+        self.failing = False  # its last fetch failed (logged once per run of failures)
 
 
 class Chunk:
-    """One PULL answer's messages and the damaged records the broker passed among them."""
+    """One queue's messages of one FETCH answer and the damaged records the broker passed among them."""
 
     __slots__ = ("damaged", "holds_permit", "messages", "next_offset", "state")
 
@@ -101,9 +147,9 @@ class FetchBuffer:
         self._ready = threading.Condition()
         self._chunks: deque[Chunk] = deque()
 
-    def put(self, chunk: Chunk) -> None:
+    def put_many(self, chunks: Sequence[Chunk]) -> None:
         with self._ready:
-            self._chunks.append(chunk)
+            self._chunks.extend(chunks)
             self._ready.notify()
 
     def take(self, max_messages: int, timeout_s: float) -> list[Chunk]:
@@ -151,30 +197,65 @@ class FetchBuffer:
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.
 LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError, LeaderMovedError)
 
-# Where a queue starts: (position, committed offset or None), asked when no position is given.
+# Where a queue starts: (offset to fetch from, committed offset or None), asked when no position
+# is given; the offset may be FETCH's EARLIEST or LATEST.
 StartOffset = Callable[[TopicQueue], Awaitable[tuple[int, int | None]]]
 
 
 class Fetcher:
-    """Starts and runs the fetch task of each owned queue (on the I/O loop)."""
+    """Fetches the owned queues: one session per broker, each a FETCH long poll naming every
+    queue that broker leads (on the I/O loop)."""
 
     def __init__(self, runtime: ClientRuntime, buffer: FetchBuffer, filters: Mapping[str, TagFilter], *,
                  group: str | None, member: str | None, max_messages: int, max_bytes: int,
                  long_poll_ms: int, on_leader_lost: Callable[[], None] = lambda: None) -> None:
         """``on_leader_lost`` hears of a queue whose broker no longer leads it or is unreachable:
         the consumer refreshes its routes and heartbeats at once instead of at the next beat."""
-        self._runtime = runtime
-        self._on_leader_lost = on_leader_lost
-        self._buffer = buffer
-        self._filters = filters
-        self._owner: dict[str, Any] = {"group": group, "member": member} if member else {}
-        self._max_messages = max_messages
-        self._max_bytes = max_bytes
-        self._long_poll_ms = long_poll_ms
+        self.runtime = runtime
+        self.on_leader_lost = on_leader_lost
+        self.buffer = buffer
+        self.filters = filters
+        self.wire_filters = {topic: (f.expression, f.sql or "") for topic, f in filters.items()}
+        self.group = group or ""
+        self.member = member or ""
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.long_poll_ms = long_poll_ms
+        self._sessions: dict[str, _BrokerSession] = {}
 
     def start(self, state: QueueState, start_offset: StartOffset) -> None:
         """Fetch ``state``'s queue from its position, or from ``start_offset`` if it has none yet."""
-        state.task = asyncio.get_running_loop().create_task(self._run(state, start_offset))
+        state.task = asyncio.get_running_loop().create_task(self._place(state, start_offset))
+
+    def reroute(self, state: QueueState, why: GmsError) -> None:
+        """Take ``state`` from its session and place it again with its leader after a back-off."""
+        if state.session is not None:
+            state.session.remove(state)
+        state.task = asyncio.get_running_loop().create_task(self._place(state, None, why))
+
+    async def _place(self, state: QueueState, start_offset: StartOffset | None, after: GmsError | None = None) -> None:
+        """Find where ``state`` starts (unless known) and who leads it; hand it to that broker's session."""
+        key = state.key
+        if after is not None:
+            await self._back_off(f"fetch from {key.topic}/{key.queue_id}", after)
+        if start_offset is not None:  # placed for the first time: from its position, or where it starts
+            if state.position is None:
+                start, state.committed = await self._retrying(
+                    f"finding where {key.topic}/{key.queue_id} starts", lambda: start_offset(key))
+                # EARLIEST / LATEST: the first answer says where that is (an empty chunk moves the position)
+                state.position = start if start >= 0 else None
+            else:
+                start = state.position
+            state.fetch_offset = start
+        routes = self.runtime.routes
+        broker = await self._retrying(f"finding the leader of {key.topic}/{key.queue_id}",
+                                      lambda: leader_of(routes, key))
+        if state.revoked or state.paused:
+            return
+        session = self._sessions.get(broker)
+        if session is None:
+            session = self._sessions[broker] = _BrokerSession(self, broker)
+        session.add(state)
 
     async def stop(self, state: QueueState) -> None:
         """Stop fetching ``state``'s queue and forget what it fetched but ``poll`` did not take."""
@@ -182,8 +263,11 @@ class Fetcher:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._buffer.drop(lambda chunk: chunk.state is state)
-        state.permits = asyncio.Semaphore(PREFETCH_CHUNKS)
+        if state.session is not None:
+            state.session.remove(state)
+        state.epoch += 1
+        self.buffer.drop(lambda chunk: chunk.state is state)
+        state.permits = Permits()
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()`` until it succeeds, backing off after each failure."""
@@ -194,103 +278,224 @@ class Fetcher:
                 await self._back_off(what, err)
 
     async def _back_off(self, what: str, err: GmsError | CorruptRecord) -> None:
-        """Log a failed request (quietly if it will pass), re-route if the leader is gone, wait."""
-        quiet = isinstance(err, (BadRequestError, QueueHeldError)) or getattr(err, "retriable", False)
-        log.log(logging.DEBUG if quiet else logging.WARNING, "%s failed: %r", what, err)
-        if isinstance(err, LEADER_LOST_ERRORS):
-            self._on_leader_lost()
+        self.failed(what, err)
         await asyncio.sleep(FETCH_ERROR_BACKOFF_MS / 1000)
 
-    async def _run(self, state: QueueState, start_offset: StartOffset) -> None:
-        key = state.key
-        if state.position is None:
-            state.position, state.committed = await self._retrying(
-                f"finding where {key.topic}/{key.queue_id} starts", lambda: start_offset(key))
-        tag_filter = self._filters[key.topic]
-        fields = {"topic": key.topic, "queue_id": key.queue_id, "offset": state.position,
-                  "max_msgs": self._max_messages, "max_bytes": self._max_bytes,
-                  "tags": tag_filter.expression, "poll_ms": self._long_poll_ms, **self._owner}
-        if tag_filter.sql:
-            fields["sql"] = tag_filter.sql
-        timeout_ms = self._long_poll_ms + self._runtime.request_timeout_ms
-        pool = self._runtime.pool
-        routes = self._runtime.routes
+    def failed(self, what: str, err: GmsError | CorruptRecord, *, loud: bool = True) -> None:
+        """Log a failed request (quietly if it will pass, or ``loud`` is False), re-route if the
+        leader is gone."""
+        quiet = not loud or isinstance(err, (BadRequestError, QueueHeldError)) or getattr(err, "retriable", False)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "%s failed: %r", what, err)
+        if isinstance(err, LEADER_LOST_ERRORS):
+            self.on_leader_lost()
 
-        def pull(broker: str, fields: Mapping[str, Any]) -> Awaitable[Frame]:
-            """PULL from ``broker``, given up once another broker leads the queue (LeaderMovedError)."""
-            return leader_request(routes, pool, key.topic, key.queue_id, broker, RequestCode.PULL, fields,
-                                  timeout_ms=timeout_ms, check_interval_ms=LONG_POLL_LEADER_CHECK_INTERVAL_MS)
 
-        ahead: _ReadAhead | None = None
-        step = 0  # the offsets the last two answers each advanced by, when they agree; else 0
-        last_advanced = 0
+class _BrokerSession:
+    """The queues one broker leads, fetched with FETCH requests. Each queue is in one request at a
+    time; queues that become fetchable while a request waits (a permit given back, a queue
+    added) go out in another one at once, and an answer with nothing (its poll ran out) merges
+    the requests still waiting into the next one."""
+
+    def __init__(self, fetcher: Fetcher, broker: str) -> None:
+        self.fetcher = fetcher
+        self.broker = broker
+        self.prefix = msg_id_prefix(broker)
+        self.queues: dict[TopicQueue, QueueState] = {}
+        # The queues asked for in a request now, and by which (a queue stopped and started again
+        # meanwhile, by a seek, goes out in a new request; the old one's answer is dropped).
+        self.inflight: dict[TopicQueue, object] = {}
+        self.requests: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()
+        self._kicked = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._turn = 0  # where the next request starts in the queue list (fair share of max_total_bytes)
+
+    def add(self, state: QueueState) -> None:
+        self.queues[state.key] = state
+        state.session = self
+        state.permits.on_free = self.kick
+        self.kick()
+
+    def remove(self, state: QueueState) -> None:
+        if self.queues.get(state.key) is state:
+            del self.queues[state.key]
+        self.inflight.pop(state.key, None)
+        state.session = None
+        state.permits.on_free = None
+
+    def kick(self) -> None:
+        """Send the next request soon (once for all the reasons that arise meanwhile)."""
+        if not self._kicked:
+            self._kicked = True
+            self._loop.call_soon(self._issue)
+
+    def _issue(self) -> None:
+        self._kicked = False
+        now = self._loop.time()
+        ready: list[QueueState] = []
+        later = float("inf")
+        for key, state in list(self.queues.items()):
+            if state.revoked or state.paused:
+                self.remove(state)
+            elif key in self.inflight or state.permits.free <= 0:
+                continue
+            elif state.retry_at > now:
+                later = min(later, state.retry_at)
+            else:
+                ready.append(state)
+        if later != float("inf") and (self._timer is None or self._timer.when() > later):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(later, self._retry_due)
+        if not ready:
+            return
+        self._turn = (self._turn + 1) % len(ready)
+        ready = ready[self._turn:] + ready[:self._turn]
+        for start in range(0, len(ready), FETCH_QUEUES_MAX):
+            part = ready[start:start + FETCH_QUEUES_MAX]
+            token = object()
+            self.inflight.update((s.key, token) for s in part)
+            task = self._loop.create_task(self._fetch(part, token))
+            self.requests.add(task)
+            task.add_done_callback(self.requests.discard)
+
+    def _retry_due(self) -> None:
+        self._timer = None
+        self.kick()
+
+    async def _fetch(self, states: list[QueueState], token: object) -> None:
+        fetcher = self.fetcher
+        asked = [(state, state.epoch, state.fetch_offset) for state in states]
+        topics = {state.key.topic for state in states}
+        request = FetchRequest(
+            [QueueFetch(state.key.topic, state.key.queue_id, state.fetch_offset) for state in states],
+            {topic: fetcher.wire_filters[topic] for topic in topics}, fetcher.max_messages, fetcher.max_bytes,
+            FETCH_TOTAL_BYTES_DEFAULT, fetcher.long_poll_ms, fetcher.group, fetcher.member)
+        runtime = fetcher.runtime
         try:
-            while True:
-                await state.permits.acquire()
-                offset = fields["offset"]
+            try:
+                frame = await abandon_when(
+                    runtime.pool.request(self.broker, RequestCode.FETCH, request.fields(),
+                                         timeout_ms=fetcher.long_poll_ms + runtime.request_timeout_ms),
+                    lambda: self._moved(states), LONG_POLL_LEADER_CHECK_INTERVAL_MS)
+                rows = decode_fetch_answer(frame.fields, len(frame.body))
+            finally:
+                for state in states:
+                    if self.inflight.get(state.key) is token:
+                        del self.inflight[state.key]
+        except GmsError as err:
+            self._request_failed(states, err)
+            return
+        taken = self._advance(asked, rows)
+        self.kick()
+        if taken:
+            await asyncio.sleep(0)  # the next request goes out before this answer's records are decoded
+            self.fetcher.buffer.put_many(self._chunks(taken, frame))
+        elif not rows and len(self.requests) > 1:  # idle: wait on every queue in one request again
+            for other in self.requests:
+                if other is not asyncio.current_task():
+                    other.cancel()
+
+    def _request_failed(self, states: list[QueueState], err: GmsError) -> None:
+        """A whole request failed: its queues are placed again (the broker may be gone) or retried."""
+        self.fetcher.failed(f"fetch from {self.broker}", err)
+        mine = [s for s in states if s.session is self]
+        if isinstance(err, LEADER_LOST_ERRORS):
+            for state in mine:
+                self.fetcher.reroute(state, err)
+            return
+        retry_at = self._loop.time() + FETCH_ERROR_BACKOFF_MS / 1000
+        for state in mine:
+            state.retry_at = retry_at
+        self.kick()
+
+    def _advance(self, asked: list[tuple[QueueState, int, int]],
+                 rows: list[FetchedQueue]) -> list[tuple[QueueState, int, FetchedQueue, int]]:
+        """Move each queue of the answer on past what its row holds (or handle its error), so
+        the next request can go out at once; the rows to make chunks of, as (state, offset asked,
+        row, where its records start in the body)."""
+        current = {state.key: (state, offset) for state, epoch, offset in asked
+                   if state.epoch == epoch and state.session is self and state.fetch_offset == offset}
+        taken = []
+        end = 0
+        for row in rows:
+            start, end = end, end + row.size
+            found = current.get(TopicQueue(row.topic, row.queue_id))
+            if found is None:
+                continue  # stopped, moved or revoked meanwhile: not asked any more
+            state, offset = found
+            if row.status != OK:
+                self._queue_failed(state, error_for_status(
+                    row.status, row.error, {"min_offset": row.min_offset, "max_offset": row.max_offset}))
+                continue
+            state.failing = False
+            if row.size:
+                state.permits.free -= 1
+            elif row.next_offset == offset:
+                continue
+            state.fetch_offset = row.next_offset
+            taken.append((state, offset, row, start))
+        return taken
+
+    def _chunks(self, taken: list[tuple[QueueState, int, FetchedQueue, int]], frame: Frame) -> list[Chunk]:
+        """The rows' records as chunks for the buffer (a chunk of records holds a permit; one of
+        none moves the position past what the broker skipped: unmatched, expired, damaged)."""
+        filters = self.fetcher.filters
+        verify_crc = not frame.fields.get("crc_checked", False)
+        body = memoryview(frame.body)
+        spans = [(start, start + row.size, filters[state.key.topic]) for state, _, row, start in taken]
+        whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
+        chunks: list[Chunk] = []
+        for index, (state, offset, row, start) in enumerate(taken):
+            key = state.key
+            messages = ReceivedMessages()
+            if row.size:
                 try:
-                    if ahead is not None and ahead.offset == offset:
-                        broker, pending = ahead.broker, ahead.task
-                    else:
-                        broker = await leader_of(routes, key)
-                        pending = asyncio.ensure_future(pull(broker, fields))
-                    if ahead is not None and ahead.task is not pending:
-                        ahead.drop()
-                    ahead = None
-                    if step:  # ask for the answer after this one now: it is there, at offset + step
-                        ahead = _ReadAhead(offset + step, broker, asyncio.ensure_future(
-                            pull(broker, {**fields, "offset": offset + step})))
-                    frame = await pending
-                    messages = decode_pull_body(frame.body, msg_id_prefix(broker), tag_filter,
-                                                verify_crc=not frame.fields.get("crc_checked", False))
-                except OffsetIllegalError as err:
+                    messages = whole[index] if whole is not None else decode_pull_body(
+                        body[start:start + row.size], self.prefix, filters[key.topic], verify_crc=verify_crc)
+                except CorruptRecord as err:  # fetched again from where it was asked
+                    state.epoch += 1  # what was asked from past it meanwhile is dropped
+                    state.fetch_offset = offset
+                    self._queue_failed(state, err)
                     state.permits.release()
-                    step = 0
-                    fields["offset"] = _clamp(fields["offset"], err.fields)
-                    log.warning("%s: %s; continuing at offset %d", key, err, fields["offset"])
                     continue
-                except (GmsError, CorruptRecord) as err:
-                    state.permits.release()
-                    step = 0
-                    await self._back_off(f"pull from {key.topic}/{key.queue_id}", err)
-                    continue
-                next_offset = frame.fields["next_offset"]
-                damaged = [DamagedRecord(key.topic, key.queue_id, offset, f"{msg_id_prefix(broker)}{phys:016X}")
-                           for offset, phys in frame.fields.get("damaged", ())]
-                if messages:
-                    self._buffer.put(Chunk(state, messages, next_offset, True, damaged))
-                else:
-                    state.permits.release()
-                    if next_offset != fields["offset"]:  # skipped unmatched, expired or damaged entries
-                        self._buffer.put(Chunk(state, ReceivedMessages(), next_offset, False, damaged))
-                # Read ahead only while answers come full (more is stored than one answer holds)
-                # and alike: then the next answer most likely ends where this one's step says.
-                advanced = next_offset - offset
-                full = bool(messages) and next_offset + advanced < frame.fields.get("max_offset", 0)
-                step = advanced if full and advanced == last_advanced else 0
-                last_advanced = advanced if full else 0
-                fields["offset"] = next_offset
-        finally:
-            if ahead is not None:
-                ahead.drop()
+            damaged = [DamagedRecord(key.topic, key.queue_id, at, f"{self.prefix}{phys:016X}")
+                       for at, phys in row.damaged]
+            chunks.append(Chunk(state, messages, row.next_offset, bool(row.size), damaged))
+        return chunks
 
+    def _queue_failed(self, state: QueueState, err: GmsError | CorruptRecord) -> None:
+        """One queue's row failed: the others go on. Out of range: on at the nearest valid offset;
+        not the leader: placed again; else retried after a back-off (logged once per run)."""
+        key = state.key
+        what = f"fetch from {key.topic}/{key.queue_id}"
+        if isinstance(err, OffsetIllegalError):
+            state.fetch_offset = _clamp(state.fetch_offset, err.fields)
+            log.warning("%s: %s; continuing at offset %d", key, err, state.fetch_offset)
+        elif isinstance(err, LEADER_LOST_ERRORS):
+            self.fetcher.reroute(state, err)
+        else:
+            self.fetcher.failed(what, err, loud=not state.failing)
+            if not state.failing and isinstance(err, (TopicNotFoundError, QueueNotFoundError)):
+                self.fetcher.on_leader_lost()  # deleted: the routes and the group hear of it now
+            state.failing = True
+            state.retry_at = self._loop.time() + FETCH_ERROR_BACKOFF_MS / 1000
 
-class _ReadAhead(NamedTuple):
-    """A PULL sent before its turn, for the answer that most likely follows the awaited one."""
-
-    offset: int
-    broker: str
-    task: asyncio.Future[Any]
-
-    def drop(self) -> None:
-        """Forget it (the awaited answer ended elsewhere): cancel it or swallow what it got."""
-        self.task.cancel()
-        self.task.add_done_callback(_swallow)
-
-
-def _swallow(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+    async def _moved(self, states: list[QueueState]) -> GmsError | None:
+        """Why to give a waiting request up: its broker is no longer registered (paused or cut
+        off: its queues have other leaders), or the routes name another leader of one of its queues."""
+        routes = self.fetcher.runtime.routes
+        try:
+            if self.broker not in await routes.live_brokers():
+                return ServiceUnavailableError(f"{self.broker} is no longer registered: fetch abandoned")
+        except GmsError:
+            return None  # not known now: the request waits on
+        for state in states:
+            cached = routes.cached(state.key.topic)
+            for route in cached or ():
+                if route.queue_id == state.key.queue_id and route.broker != self.broker:
+                    return LeaderMovedError(state.key.topic, state.key.queue_id, self.broker, route.broker)
+        return None
 
 
 def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:
@@ -320,3 +525,41 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
             starts = starts[keep]
             offsets = FieldOffsets(*(column[keep] for column in offsets))
     return ReceivedMessages([MessageBatch(body, starts, prefix, offsets)])
+
+
+def decode_fetch_body(body: memoryview, spans: Sequence[tuple[int, int, TagFilter]], prefix: str, *,
+                      verify_crc: bool) -> list[ReceivedMessages] | None:
+    """The messages of each ``(start, end, filter)`` span of a FETCH answer's body, checked as
+    :func:`decode_pull_body` checks them, but scanned and decoded as one batch: a message batch's
+    columns cost a few numpy calls, paid once per answer instead of once per queue. None when
+    the body does not scan whole (then each span is decoded alone, to fail its queue only)."""
+    if not body:
+        return [ReceivedMessages() for _ in spans]
+    scan = scan_records(body, verify_crc=verify_crc)
+    if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
+        return None
+    starts = scan.starts
+    bounds = np.array([edge for start, end, _ in spans for edge in (start, end)], np.int64)
+    index = np.searchsorted(starts, bounds)
+    # Each span must begin and end on a record boundary (else a row's size lies: decode it alone).
+    if not (np.append(starts, len(body))[index] == bounds).all():
+        return None
+    try:
+        offsets = read_field_offsets(body, starts)
+    except CorruptRecord:
+        return None
+    keep: np.ndarray | None = None
+    for (_, _, tag_filter), first, last in zip(spans, index[0::2].tolist(), index[1::2].tolist(), strict=True):
+        if tag_filter.tags is not None and last > first:  # the broker matched tag hashes; drop collisions
+            span = exact_tag_mask(body, FieldOffsets(*(column[first:last] for column in offsets)), tag_filter.tags)
+            if not span.all():
+                if keep is None:
+                    keep = np.ones(len(starts), bool)
+                keep[first:last] = span
+    if keep is not None:
+        starts = starts[keep]
+        offsets = FieldOffsets(*(column[keep] for column in offsets))
+        index = np.concatenate(([0], np.cumsum(keep)))[index]
+    batch = MessageBatch(body, starts, prefix, offsets)
+    return [ReceivedMessages([(batch, first, last)])
+            for first, last in zip(index[0::2].tolist(), index[1::2].tolist(), strict=True)]

@@ -33,12 +33,14 @@ from gms.errors import (
     ForbiddenError,
     GmsError,
     NotCoordinatorError,
+    QueueHeldError,
     ServiceUnavailableError,
     TopicNotFoundError,
     UnauthenticatedError,
 )
 from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
+from gms.protocol.fetch import EARLIEST, LATEST
 from gms.protocol.frame import Frame
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,9 @@ class Membership:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._beat_lock: asyncio.Lock | None = None
+        # FETCH_OFFSET questions gathered per broker until the loop turns (see _committed).
+        self._offset_batches: dict[str, list[tuple[TopicQueue, asyncio.Future[int]]]] = {}
+        self._missing: set[str] = set()  # subscribed topics deleted since joining
 
     # --- called from the polling thread (through runtime.run) or the loop ----------------------
 
@@ -242,10 +247,8 @@ class Membership:
             await self._heartbeat()
 
     async def _heartbeat(self) -> None:
-        for topic in self._subscription:
-            await self._runtime.routes.routes(topic)  # TopicNotFoundError for an unknown topic
         fields = {
-            "group": self._group, "member": self._member, "subscription": self._subscription,
+            "group": self._group, "member": self._member, "subscription": await self._existing_subscription(),
             "mode": "clustering" if self._clustering else "broadcasting",
             "held": [[q.topic, q.queue_id] for q in self.states],
         }
@@ -266,6 +269,25 @@ class Membership:
         assigned = {TopicQueue(topic, q) for topic, queue_ids in frame.fields["assignment"].items()
                     for q in queue_ids}
         self._apply(assigned)
+
+    async def _existing_subscription(self) -> dict[str, str]:
+        """The subscription of the topics that exist (their routes looked up together). Joining,
+        an unknown topic raises TopicNotFoundError; later, a topic deleted meanwhile is left out
+        (logged once): the coordinator takes its queues away, the other topics go on, and it is
+        read again if it comes back."""
+        topics = list(self._subscription)
+        found = await asyncio.gather(*(self._runtime.routes.routes(t) for t in topics), return_exceptions=True)
+        missing = set()
+        for topic, answer in zip(topics, found, strict=True):
+            if isinstance(answer, TopicNotFoundError) and self._last_beat_sent is not None:
+                missing.add(topic)
+            elif isinstance(answer, BaseException):
+                raise answer
+        for topic in sorted(missing - self._missing):
+            log.warning("%s/%s: subscribed topic %s no longer exists: its queues are given up (read again if it"
+                        " is created again)", self._group, self._member, topic)
+        self._missing = missing
+        return {t: e for t, e in self._subscription.items() if t not in missing}
 
     async def _beat(self, fields: dict[str, Any]) -> Frame:
         """One heartbeat to the coordinator. The routes named every subscribed topic, so a
@@ -354,17 +376,58 @@ class Membership:
     # --- where a queue starts --------------------------------------------------------------------
 
     async def _start_offset(self, queue: TopicQueue) -> tuple[int, int | None]:
-        """(position, committed) of a newly assigned queue: the committed offset (the group's on
-        the queue's leader, or this instance's own when broadcasting), else ``start_from``."""
+        """(where to fetch from, committed) of a newly assigned queue: the committed offset (the
+        group's on the queue's leader, or this instance's own when broadcasting), else
+        ``start_from`` (``first`` / ``last`` as FETCH's EARLIEST / LATEST: the first answer says
+        where that is)."""
         if self._clustering:
-            frame = await self._leader_request(queue, RequestCode.FETCH_OFFSET, {
-                "group": self._group, "member": self._member, "queues": [[queue.topic, queue.queue_id]]})
-            committed: int | None = frame.fields["offsets"][0]
+            committed: int | None = await self._committed(queue)
         else:
             committed = None if self._local_offsets is None else self._local_offsets.get(queue)
         if committed is not None and committed >= 0:
             return committed, committed
+        if self._start_from in ("first", "last"):
+            return (EARLIEST if self._start_from == "first" else LATEST), None
         return await self.query_offset(queue, self._start_from), None
+
+    async def _committed(self, queue: TopicQueue) -> int:
+        """The group's committed offset of ``queue`` (-1: none), asked of its leader in one
+        FETCH_OFFSET with every other queue of that broker asked for meanwhile (a group of
+        thousands of queues starts with a request per broker, not per queue)."""
+        broker = await leader_of(self._runtime.routes, queue)
+        loop = asyncio.get_running_loop()
+        batch = self._offset_batches.get(broker)
+        if batch is None:
+            batch = self._offset_batches[broker] = []
+            loop.call_soon(lambda: loop.create_task(self._fetch_offsets(broker, batch)))
+        answer: asyncio.Future[int] = loop.create_future()
+        batch.append((queue, answer))
+        return await answer
+
+    async def _fetch_offsets(self, broker: str, batch: list[tuple[TopicQueue, asyncio.Future[int]]]) -> None:
+        if self._offset_batches.get(broker) is batch:
+            del self._offset_batches[broker]
+        first = batch[0][0]
+        try:
+            frame = await leader_request(
+                self._runtime.routes, self._runtime.pool, first.topic, first.queue_id, broker,
+                RequestCode.FETCH_OFFSET, {"group": self._group, "member": self._member,
+                                           "queues": [[q.topic, q.queue_id] for q, _ in batch]})
+        except QueueHeldError as err:
+            if len(batch) > 1:  # another member still reads some: ask for each alone, the others start
+                await asyncio.gather(*(self._fetch_offsets(broker, [one]) for one in batch))
+                return
+            if not batch[0][1].done():
+                batch[0][1].set_exception(err)
+            return
+        except GmsError as err:
+            for _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(err)
+            return
+        for (_, answer), offset in zip(batch, frame.fields["offsets"], strict=True):
+            if not answer.done():
+                answer.set_result(offset)
 
     async def query_offset(self, queue: TopicQueue, where: StartFrom) -> int:
         """The offset of ``queue`` at ``where``: "first", "last" or a timestamp in ms."""

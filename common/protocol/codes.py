@@ -32,6 +32,7 @@ class RequestCode(IntEnum):
     FIND_BY_KEY = 21  # the newest messages of a topic carrying a key (the store's key index)
     END_TRANSACTION = 22  # commit or roll back a transaction's half messages on this broker
     CHECK_TRANSACTIONS = 23  # a producer group's long poll for open transactions to resolve (check-back)
+    FETCH = 24  # many queues of one broker in one long poll, a result per queue (gms.protocol.fetch)
 
     # 30-49: consumer groups (broker).
     COMMIT_OFFSET = 30

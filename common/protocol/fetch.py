@@ -1,0 +1,147 @@
+"""FETCH, the multi-queue fetch (Kafka's Fetch): one request per broker names every queue the
+consumer reads there, the answer carries the records of those that have any. The one schema of
+its fields, shared by the broker's handler and the SDK's fetcher.
+
+Request fields:
+
+- ``queues``: rows ``[topic, queue_id, offset]``, 1..FETCH_QUEUES_MAX of them, each queue once;
+  ``offset`` EARLIEST (-1) reads from the queue's first record, LATEST (-2) from its end (the
+  answer's row says where that is, as Kafka's ListOffsets would);
+- ``filters``: ``{topic: [tags, sql]}`` (a topic left out reads everything: ``["*", ""]``);
+- ``max_msgs`` / ``max_bytes``: per queue; ``max_total_bytes``: the whole answer (each at least one
+  record); ``poll_ms``: how long to wait for the first record; ``group`` / ``member``: a clustering
+  member's claims, as PULL takes them.
+
+Answer fields: ``queues``, a row per queue with something to say (records, a new next offset, or
+an error of that queue alone) ``[topic, queue_id, status, next_offset, min_offset, max_offset,
+size, error, damaged]``; the body holds the rows' records back to back, ``size`` bytes each in row
+order. ``status`` is a wire status (SUCCESS, or e.g. OFFSET_ILLEGAL, NOT_LEADER, QUEUE_HELD,
+TOPIC_NOT_FOUND, FORBIDDEN) with ``error`` its message; ``damaged``: ``[offset, phys_offset]`` of
+records whose CRC failed, left out of the body and passed. ``crc_checked``: the broker checked
+every record's CRC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from gms.errors import BadRequestError, GmsError
+from gms.protocol.codes import Status
+from gms.protocol.fields import INT64, QUEUE_OFFSET_COLUMNS, field, topic_row
+
+# Queues one FETCH may name: far more than one consumer leads on a broker in practice, and the
+# request (and its answer's rows) stays well below the 1 MiB header bound.
+FETCH_QUEUES_MAX = 10_000
+FETCH_MSGS_MAX = 4096
+FETCH_BYTES_MAX = 16 << 20  # per queue
+FETCH_TOTAL_BYTES_MAX = 64 << 20
+FETCH_TOTAL_BYTES_DEFAULT = 16 << 20
+EARLIEST = -1  # a row's offset: from the queue's first record
+LATEST = -2  # a row's offset: from the queue's end
+
+
+class QueueFetch(NamedTuple):
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class FetchRequest(NamedTuple):
+    queues: list[QueueFetch]
+    filters: dict[str, tuple[str, str]]  # topic -> (tag expression, SQL expression or "")
+    max_msgs: int
+    max_bytes: int
+    max_total_bytes: int
+    poll_ms: int
+    group: str
+    member: str
+
+    def fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "queues": [list(q) for q in self.queues],
+            "filters": {topic: list(f) for topic, f in self.filters.items() if f != ("*", "")},
+            "max_msgs": self.max_msgs, "max_bytes": self.max_bytes, "max_total_bytes": self.max_total_bytes,
+            "poll_ms": self.poll_ms}
+        if self.member:
+            fields.update(group=self.group, member=self.member)
+        return fields
+
+
+def _bounded(fields: Mapping[str, Any], name: str, low: int, high: int, default: int) -> int:
+    return min(max(field(fields, name, INT64, default), low), high)
+
+
+def decode_fetch_request(fields: Mapping[str, Any], poll_ms_max: int) -> FetchRequest:
+    """The request checked: BadRequestError names the malformed field (or too many queues)."""
+    rows = field(fields, "queues", list)
+    if not 1 <= len(rows) <= FETCH_QUEUES_MAX:
+        raise BadRequestError(f"'queues' must list 1..{FETCH_QUEUES_MAX} queues, not {len(rows)}")
+    queues = [QueueFetch(*topic_row("queues", row, QUEUE_OFFSET_COLUMNS)) for row in rows]
+    if len({q[:2] for q in queues}) != len(queues):
+        raise BadRequestError("'queues' names a queue more than once")
+    filters: dict[str, tuple[str, str]] = {}
+    for topic, value in field(fields, "filters", dict, {}).items():
+        if (not isinstance(value, list) or len(value) != 2
+                or not all(isinstance(v, str) for v in value)):
+            raise BadRequestError(f"'filters' must map topics to [tags, sql], not {value!r} for {topic!r}")
+        filters[topic] = (value[0], value[1])
+    return FetchRequest(
+        queues, filters,
+        max_msgs=_bounded(fields, "max_msgs", 1, FETCH_MSGS_MAX, 32),
+        max_bytes=_bounded(fields, "max_bytes", 1, FETCH_BYTES_MAX, 1 << 20),
+        max_total_bytes=_bounded(fields, "max_total_bytes", 1, FETCH_TOTAL_BYTES_MAX, FETCH_TOTAL_BYTES_DEFAULT),
+        poll_ms=_bounded(fields, "poll_ms", 0, poll_ms_max, 0),
+        group=field(fields, "group", str, ""), member=field(fields, "member", str, ""))
+
+
+class FetchedQueue(NamedTuple):
+    """One answer row: what became of one queue."""
+
+    topic: str
+    queue_id: int
+    status: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    size: int  # bytes of the body holding its records
+    error: str = ""
+    damaged: Sequence[Sequence[int]] = ()  # [queue offset, commitlog offset] of records left out
+
+    @classmethod
+    def failed(cls, queue: QueueFetch, err: GmsError) -> FetchedQueue:
+        """The row of a queue whose read failed with ``err`` (its position unchanged)."""
+        bounds = err.fields or {}
+        return cls(queue.topic, queue.queue_id, int(err.status), queue.offset, int(bounds.get("min_offset", 0)),
+                   int(bounds.get("max_offset", 0)), 0, str(err))
+
+    def row(self) -> list[Any]:
+        return [self.topic, self.queue_id, self.status, self.next_offset, self.min_offset, self.max_offset,
+                self.size, self.error, [list(d) for d in self.damaged]]
+
+
+_ROW_TYPES = (str, int, int, int, int, int, int, str, list)
+
+
+def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[FetchedQueue]:
+    """The answer's rows, checked against the schema and the body's size (BadRequestError: a
+    broker that does not speak this schema)."""
+    rows = fields.get("queues")
+    if not isinstance(rows, list):
+        raise BadRequestError("FETCH answer without 'queues'")
+    found = []
+    total = 0
+    for row in rows:
+        if (not isinstance(row, list) or len(row) != len(_ROW_TYPES)
+                or not all(isinstance(v, t) for v, t in zip(row, _ROW_TYPES, strict=True))):
+            raise BadRequestError(f"FETCH answer row {row!r} is not [topic, queue_id, status, next_offset,"
+                                  " min_offset, max_offset, size, error, damaged]")
+        fetched = FetchedQueue(*row)
+        total += fetched.size
+        found.append(fetched)
+    if total != body_size:
+        raise BadRequestError(f"FETCH answer rows hold {total} bytes, its body {body_size}")
+    return found
+
+
+OK = int(Status.SUCCESS)

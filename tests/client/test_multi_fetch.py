@@ -1,0 +1,170 @@
+"""FETCH, the multi-queue fetch, against a real broker: a group of hundreds of topics reads
+every message once in queue order; a topic deleted while subscribed is given up alone; bad
+requests get clear errors and the broker serves on."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from gms.client import Admin, Consumer, Producer, ProducerRecord
+from gms.errors import BadRequestError, GmsError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode, Status
+from gms.protocol.fetch import EARLIEST, FETCH_QUEUES_MAX, decode_fetch_answer
+
+TOPICS = 200
+QUEUES = 2
+PER_QUEUE = 5
+
+
+def fetch(address: str, fields: dict, timeout_ms: float = 10_000):
+    """One FETCH on a connection of its own: (rows, body)."""
+    async def main():
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            frame = await conn.request(RequestCode.FETCH, fields, timeout_ms=timeout_ms)
+            return decode_fetch_answer(frame.fields, len(frame.body)), bytes(frame.body)
+        finally:
+            conn.close()
+
+    return run(main())
+
+
+def test_a_group_of_200_topics_reads_every_message_once_in_queue_order(broker):
+    prefix = f"mf-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:03d}" for i in range(TOPICS)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    expected: dict[tuple[str, int], list[bytes]] = {}
+    with Producer([broker.address]) as producer:
+        records = []
+        for n in range(PER_QUEUE):
+            for topic in topics:
+                for queue in range(QUEUES):
+                    body = f"{topic}/{queue}/{n}".encode()
+                    expected.setdefault((topic, queue), []).append(body)
+                    records.append(ProducerRecord(topic, body, queue=queue))
+        producer.send_batch(records)
+    got: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    total = TOPICS * QUEUES * PER_QUEUE
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False) as consumer:
+        deadline = time.monotonic() + 60
+        count = 0
+        while count < total and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                got.setdefault((m.topic, m.queue_id), []).append((m.queue_offset, m.body))
+                count += 1
+        time.sleep(0.5)  # nothing more comes (no message twice)
+        for m in consumer.poll(200):
+            got.setdefault((m.topic, m.queue_id), []).append((m.queue_offset, m.body))
+    assert {q: [b for _, b in messages] for q, messages in got.items()} == expected
+    assert all([o for o, _ in messages] == list(range(PER_QUEUE)) for messages in got.values())
+
+
+def test_a_topic_deleted_while_subscribed_is_given_up_and_the_others_go_on(broker, caplog):
+    doomed, kept = f"del-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
+    revoked: list = []
+    with Admin([broker.address]) as admin:
+        admin.create_topic(doomed, queues=2)
+        admin.create_topic(kept, queues=2)
+        with Producer([broker.address]) as producer, \
+                Consumer([broker.address], group=f"g-{doomed}", subscription={doomed: "*", kept: "*"},
+                         start_from="first", on_revoked=revoked.extend) as consumer:
+            producer.send(doomed, b"before")
+            producer.send(kept, b"before")
+            bodies = []
+            deadline = time.monotonic() + 20
+            while len(bodies) < 2 and time.monotonic() < deadline:
+                bodies += [m.body for m in consumer.poll(200)]
+            assert sorted(bodies) == [b"before", b"before"]
+            admin.delete_topic(doomed)
+            deadline = time.monotonic() + 30
+            while {q.topic for q in consumer.assignment()} != {kept}:
+                assert time.monotonic() < deadline, consumer.assignment()
+                consumer.poll(200)
+            producer.send(kept, b"after")
+            after = []
+            while not after:
+                assert time.monotonic() < deadline
+                after += [(m.topic, m.body) for m in consumer.poll(200)]
+            assert after == [(kept, b"after")]
+    assert {q.topic for q in revoked} == {doomed}
+    assert f"subscribed topic {doomed} no longer exists" in caplog.text
+
+
+def test_each_queue_fails_alone_and_the_broker_serves_on(broker, topic):
+    with Producer([broker.address]) as producer:
+        producer.send(topic, b"x", queue=0)
+    rows, body = fetch(broker.address, {"queues": [[topic, 0, 0], [topic, 1, 5], ["no-such-topic", 0, 0],
+                                                   [topic, 99, 0]]})
+    by_queue = {(r.topic, r.queue_id): r for r in rows}
+    assert by_queue[topic, 0].status == Status.SUCCESS and by_queue[topic, 0].next_offset == 1 and body
+    assert by_queue[topic, 1].status == Status.OFFSET_ILLEGAL and by_queue[topic, 1].max_offset == 0
+    assert by_queue["no-such-topic", 0].status == Status.TOPIC_NOT_FOUND
+    assert by_queue[topic, 99].status == Status.QUEUE_NOT_FOUND
+    rows, _ = fetch(broker.address, {"queues": [[topic, 0, EARLIEST], [topic, 1, EARLIEST]]})
+    assert [(r.queue_id, r.next_offset) for r in rows] == [(0, 1), (1, 0)]
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({}, "'queues' is required"),
+    ({"queues": "t"}, "'queues' must be list"),
+    ({"queues": []}, "must list 1..10000 queues"),
+    ({"queues": [["t", 0, 0]] * (FETCH_QUEUES_MAX + 1)}, "must list 1..10000 queues"),
+    ({"queues": [["t", "0", 0]]}, "queue_id"),
+    ({"queues": [["t", 0]]}, "rows of [topic, queue_id, offset]"),
+    ({"queues": [["t", 0, 1 << 63]]}, "offset"),
+    ({"queues": [["t", 0, 0], ["t", 0, 3]]}, "more than once"),
+    ({"queues": [["t", 0, 0]], "filters": {"t": "*"}}, "[tags, sql]"),
+    ({"queues": [["t", 0, 0]], "poll_ms": "soon"}, "'poll_ms'"),
+])
+def test_a_malformed_fetch_gets_bad_request_and_the_broker_serves_on(broker, topic, fields, says):
+    with pytest.raises(BadRequestError, match=None) as caught:
+        fetch(broker.address, fields)
+    assert says in str(caught.value)
+    rows, _ = fetch(broker.address, {"queues": [[topic, 0, 0]]})  # still serving
+    assert rows == [] or rows[0].status == Status.SUCCESS
+
+
+def test_a_bad_filter_fails_its_topic_only(broker, topic):
+    with Producer([broker.address]) as producer:
+        producer.send(topic, b"x", queue=0, tag="a")
+    rows, _ = fetch(broker.address, {"queues": [[topic, 0, 0], ["other", 0, 0]],
+                                     "filters": {topic: ["a ||| b", ""]}})
+    assert {r.topic: r.status for r in rows}[topic] == Status.BAD_TAG_EXPRESSION
+    with pytest.raises(GmsError):
+        fetch(broker.address, {"queues": [[topic, 0, 0]], "group": 5})
+
+
+def test_a_parked_fetch_answers_when_any_of_its_queues_gets_a_message(broker, admin):
+    topics = [f"park-{uuid.uuid4().hex[:6]}-{i}" for i in range(50)]
+    assert not [r for r in admin.create_topics([(t, 2) for t in topics]) if r.error]
+
+    async def main():
+        host, port = broker.address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            import asyncio
+            pending = asyncio.ensure_future(conn.request(
+                RequestCode.FETCH, {"queues": [[t, q, 0] for t in topics for q in range(2)], "poll_ms": 20_000},
+                timeout_ms=30_000))
+            await asyncio.sleep(0.5)
+            assert not pending.done()  # nothing yet: parked
+            await asyncio.to_thread(_send, broker.address, topics[37])
+            frame = await pending
+            return decode_fetch_answer(frame.fields, len(frame.body))
+        finally:
+            conn.close()
+
+    rows = run(main())
+    assert [(r.topic, r.queue_id, r.next_offset) for r in rows] == [(topics[37], 1, 1)]
+
+
+def _send(address: str, topic: str) -> None:
+    with Producer([address]) as producer:
+        producer.send(topic, b"wake", queue=1)
