@@ -254,6 +254,27 @@ class MappedFile:
             raise StoreIOError(f"cannot allocate {target - self.allocated} bytes for {self.path}: {err}") from err
         self.allocated = target
 
+    def cache_zero_pages(self, start: int, end: int) -> None:
+        """Write zeros over the whole pages from ``start`` (rounded up) to ``end`` (rounded up),
+        a stretch the caller knows holds only zeros and has blocks (:meth:`allocate_to`): it puts
+        those pages in the page cache. The first write through the map to a page that has blocks
+        but was never written reads it from the device first (a major fault: 0.6-1.3 ms on this
+        project's test machine), and a consumeQueue among thousands meets a new page at nearly
+        every append. Only the pages about to be written: pages in the cache near a fault are
+        mapped with it (fault-around) and count in the broker's resident memory."""
+        page = mmap.PAGESIZE
+        start, end = -(-start // page) * page, min(self.size_bytes, -(-end // page) * page)
+        if start >= end:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, bytes(end - start), start)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise StoreIOError(f"cannot write {end - start} bytes of {self.path}: {err}") from err
+
     def disk_bytes(self) -> int:
         """The blocks the file takes on disk (what ``du`` counts; 0 once deleted)."""
         try:

@@ -122,7 +122,10 @@ class ConsumeQueue:
         while offset <= last:
             f = self._file(offset, files)
             end = min(last + 1, f.end_offset // CQ_UNIT.size)
-            f.allocate_to((end - f.base_offset // CQ_UNIT.size) * CQ_UNIT.size)
+            first = f.base_offset // CQ_UNIT.size
+            f.allocate_to((end - first) * CQ_UNIT.size)
+            # Past max_offset a queue's files hold zeros (recovery zeroes what it cuts off).
+            f.cache_zero_pages((max(offset, first) - first) * CQ_UNIT.size, (end - first) * CQ_UNIT.size)
             offset = end
 
     def write(self, start_offset: int, entries: np.ndarray) -> None:

@@ -3,12 +3,14 @@ files without mapping their pages: a queue costs resident memory once it is read
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from store_helpers import batch, small_config
 
-from gms.broker.store import GetStatus, MessageStore
+from gms.broker.checkpoint import read_checkpoint
+from gms.broker.store import CQ_FLUSH_LEAST_ENTRIES, GetStatus, MessageStore
 from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
 
 TOPICS = 60
@@ -64,3 +66,31 @@ def test_opening_a_store_maps_no_queue_pages(store_dir, crash):
             assert (got.status, len(got.records)) == ((GetStatus.FOUND, expected) if expected
                                                       else (GetStatus.NO_NEW_MESSAGE, 0))
         assert {(d.parent.name, int(d.name)) for d in (store_dir / "consumequeue").glob("*/*")} == set(used)
+
+
+def test_a_checkpoint_syncs_busy_queues_and_stops_at_the_first_unsynced_entry(store_dir):
+    """A queue with fewer than CQ_FLUSH_LEAST_ENTRIES new entries is not synced at a checkpoint;
+    the checkpoint stops at its first unsynced entry's record, and a crash recovers every record
+    once. A thorough checkpoint (as at close) syncs every queue."""
+    config = small_config(checkpoint_interval_ms=3_600_000)  # only the checkpoints this test asks for
+    busy = CQ_FLUSH_LEAST_ENTRIES + 10
+    with MessageStore(store_dir, config) as store:
+        store.create_topic("quiet", 1)
+        store.create_topic("busy", 1)
+        quiet_phys = int(store.append(batch("quiet", n=3)).phys_offsets[0])
+        store.append(batch("busy", n=busy))
+        end = store.durable_future(store.stats().max_offset).result(timeout=30)
+        store._checkpoint_at(end, int(time.time() * 1000))
+        checkpoint = read_checkpoint(store_dir / CHECKPOINT_FILE)
+        assert checkpoint is not None and checkpoint.cq_safe_offset == quiet_phys < end
+        snapshot = (store_dir / CHECKPOINT_FILE).read_bytes()
+        store._checkpoint_at(end, int(time.time() * 1000), thorough=True)
+        thorough = read_checkpoint(store_dir / CHECKPOINT_FILE)
+        assert thorough is not None and thorough.cq_safe_offset == end
+    (store_dir / CHECKPOINT_FILE).write_bytes(snapshot)  # as a crash after the first checkpoint leaves it
+    (store_dir / ABORT_FILE).write_bytes(b"")
+    with MessageStore(store_dir, config) as store:
+        assert store.recovered_from_crash
+        for topic, count in (("quiet", 3), ("busy", busy)):
+            got = store.get(topic, 0, 0, busy + 10)
+            assert (got.status, len(got.records), store.max_offset(topic, 0)) == (GetStatus.FOUND, count, count)
