@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -88,18 +89,27 @@ def create(ctx: click.Context, topics: tuple[str, ...], queues: int | None, repl
 
 def _show_created(results: list[TopicResult], as_json: bool) -> None:
     """A line per topic of a many-topic create (the failed ones on stderr), or a JSON list."""
+    _show_many("create", results, as_json, lambda r: {
+        "created": r.created, "queues": r.queues, "replication_factor": r.replication_factor,
+        "brokers": list(r.brokers)}, lambda r: f"{r.queues} queues on {len(r.brokers)} broker(s)")
+
+
+def _show_many(verb: str, results: list[TopicResult], as_json: bool,
+               json_fields: Callable[[TopicResult], dict[str, Any]],
+               detail: Callable[[TopicResult], str] | None = None) -> None:
+    """What became of each topic of a many-topic ``verb`` (create, delete): a line per topic
+    (the failed ones on stderr) and a count, or a JSON list."""
     if as_json:
-        print_json([{"topic": r.topic, "created": r.created, "error": None if r.error is None else str(r.error),
-                     "queues": r.queues, "replication_factor": r.replication_factor, "brokers": list(r.brokers)}
+        print_json([{"topic": r.topic, **json_fields(r), "error": None if r.error is None else str(r.error)}
                     for r in results])
         return
     for r in results:
         if r.error is None:
-            click.echo(f"created topic {r.topic}: {r.queues} queues on {len(r.brokers)} broker(s)")
+            click.echo(f"{verb}d topic {r.topic}" + (f": {detail(r)}" if detail is not None else ""))
         else:
-            click.echo(f"cannot create topic {r.topic}: {error_text(r.error)}", err=True)
-    failed = sum(not r.created for r in results)
-    click.echo(f"{len(results) - failed} of {len(results)} topics created", err=bool(failed))
+            click.echo(f"cannot {verb} topic {r.topic}: {error_text(r.error)}", err=True)
+    failed = sum(r.error is not None for r in results)
+    click.echo(f"{len(results) - failed} of {len(results)} topics {verb}d", err=bool(failed))
 
 
 @topic.command()
@@ -143,27 +153,12 @@ def delete(ctx: click.Context, topics: tuple[str, ...], yes: bool, nameserver: s
         else:
             admin.delete_topic(topics[0])
     if len(topics) > 1:
-        _show_deleted(results, as_json)
+        _show_many("delete", results, as_json, lambda r: {"deleted": r.deleted})
         ctx.exit(0 if all(r.deleted for r in results) else 1)
     if as_json:
         print_json({"deleted": topics[0]})
     else:
         click.echo(f"deleted topic {topics[0]}")
-
-
-def _show_deleted(results: list[TopicResult], as_json: bool) -> None:
-    """A line per topic of a many-topic delete (the failed ones on stderr), or a JSON list."""
-    if as_json:
-        print_json([{"topic": r.topic, "deleted": r.deleted, "error": None if r.error is None else str(r.error)}
-                    for r in results])
-        return
-    for r in results:
-        if r.error is None:
-            click.echo(f"deleted topic {r.topic}")
-        else:
-            click.echo(f"cannot delete topic {r.topic}: {error_text(r.error)}", err=True)
-    failed = sum(not r.deleted for r in results)
-    click.echo(f"{len(results) - failed} of {len(results)} topics deleted", err=bool(failed))
 
 
 @topic.command(name="list")
