@@ -1,27 +1,21 @@
-"""Many topics on one broker: what creating them costs, and what it costs everyone else.
+"""Many topics and queues on one broker: what they cost, and what creating them costs everyone else.
 
-One ``gms standalone`` (embedded etcd + nameserver + broker, the broker's default commitlog file
-size) on free loopback ports, driven through the public SDK. A live producer (a process of its
-own) sends 100 B messages one at a time, each waiting for its acknowledgement, to a topic that
-exists before the run, while ``Admin.create_topic`` creates N topics of 4 queues, one call each,
-and then while ``Admin.delete_topics`` deletes them again.
+Real processes on free loopback ports, driven through the public SDK; one JSON line with the
+figures of every scenario (``--only NAME``: one of them):
 
-Prints one JSON line:
-- ``create_topics_s``: the time to create the N topics; ``create_ms_first`` / ``create_ms_last``:
-  the mean time of one create call over the first and the last 10 % of them;
-- ``live_send_p50_ms`` / ``live_send_p99_ms`` / ``live_send_max_ms`` / ``live_sends``: the live
-  producer's send latencies while the topics are created;
-- ``first_send_after_create_s``: from the last create call's return until a send to the last
-  created topic is acknowledged (the producer retries a send the broker refuses meanwhile);
-- ``data_dir_bytes_per_empty_queue``: the data dir's growth (allocated blocks, as ``du``) over the
-  creation, per new queue; ``broker_rss_mb``: the broker's resident memory after the creation;
-- ``delete_topics_s``: the time to delete the N topics (one call each);
-  ``live_send_p99_ms_delete`` / ``live_send_max_ms_delete``: the live producer's send latencies
-  from the first delete call until the broker has dropped the last deleted topic.
+- ``create`` (:func:`run`): one ``gms standalone``; a live producer (a process of its own) sends
+  100 B messages one at a time to a topic that exists before the run while ``Admin.create_topic``
+  creates N topics of 4 queues one call each, then ``Admin.delete_topic`` deletes them.
+  ``create_topics_s``, ``create_ms_first`` / ``create_ms_last`` (the mean call over the first and
+  last 10 %), ``live_send_p50_ms`` / ``_p99_ms`` / ``_max_ms`` while creating (``..._delete``
+  while deleting), ``first_send_after_create_s`` (from the last create call's return until a send
+  to that topic is acknowledged), ``data_dir_bytes_per_empty_queue`` (allocated blocks, as ``du``),
+  ``broker_rss_mb``, ``delete_topics_s``.
+- ``produce``, ``consume``, ``control``, ``queues``: see their functions' docstrings.
 
-    python benchmarks/bench_scale.py [--quick] [--topics N]
+    python benchmarks/bench_scale.py [--quick] [--topics N] [--only NAME]
 
-``--quick``: 300 topics; full: 1,000.
+``--quick``: smaller runs (creation: 300 topics; full: 1,000 topics and 10,000 queues).
 """
 
 from __future__ import annotations
