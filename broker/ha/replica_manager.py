@@ -203,6 +203,7 @@ class ReplicaManager:
         if previous is Role.LEADER and role is not Role.LEADER:
             p.fail_waiters(NotLeaderError(f"queue {p.key[0]}/{p.key[1]}: leadership moved",
                                           fields=_leader_fields(p)))
+            self._notify_readers((p.key,))  # parked pulls and fetches look again: not the leader any more
         history_changed = False
         if role is Role.LEADER:
             history_changed = self._become_leader(p)
