@@ -32,7 +32,7 @@ from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedM
 from gms.client.subscriptions import Sql, parse_subscription
 from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
-from gms.errors import GmsError, ReceiptHandleExpiredError
+from gms.errors import GmsError, ReceiptHandleExpiredError, TopicNotFoundError
 from gms.naming import dlq_topic
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array
@@ -95,9 +95,13 @@ class PopClient:
             try:
                 popped = await self._pop(topic, broker, max_messages, invisible_ms, wait_ms)
             except (GmsError, CorruptRecord) as err:
-                if isinstance(err, LEADER_LOST_ERRORS):
+                if isinstance(err, (*LEADER_LOST_ERRORS, TopicNotFoundError)):
                     self.runtime.routes.invalidate()
                 log.debug("pop from %s at %s failed: %r", topic, broker, err)
+                if isinstance(err, TopicNotFoundError):
+                    # Routed there but not applied there yet (created a moment ago): the next
+                    # receive asks the nameservers again, which say so if it was deleted.
+                    continue
                 last_error = err if isinstance(err, GmsError) else None
                 continue
             if len(popped.messages) or len(popped.exhausted):

@@ -12,7 +12,7 @@ from file_modes import not_private
 from gms_cluster import LocalCluster
 from processes import BrokerProcess
 
-from gms.errors import BadRequestError
+from gms.errors import BadRequestError, NotLeaderError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
 from gms.record import Message, encode_batch, iter_records
@@ -58,8 +58,16 @@ def test_cluster_broker_refuses_direct_topic_administration(cluster):
     wait_for(lambda: request(broker.address, C.TOPIC_LIST, {}).fields["topics"].get("orders") == 2)
     expected = [b"m%d" % i for i in range(SENT)]
     for queue_id in range(2):
-        request(broker.address, C.SEND_BATCH, {},
-                encode_batch([Message("orders", body, queue_id=queue_id) for body in expected]))
+        batch = encode_batch([Message("orders", body, queue_id=queue_id) for body in expected])
+        deadline = time.monotonic() + 10
+        while True:  # a new leader refuses sends (retriable, nothing stored) until its epoch is on disk
+            try:
+                request(broker.address, C.SEND_BATCH, {}, batch)
+                break
+            except NotLeaderError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     refused = {
         "delete": (C.DELETE_TOPIC, {"topic": "orders"}),

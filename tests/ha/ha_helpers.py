@@ -64,6 +64,10 @@ class HaCluster(LocalCluster):
             "settings": {"min_insync_replicas": min_isr}})
         # Every replica has the queue and every follower has fetched once (full ISR, HW known).
         wait_for(lambda: all(len(q.isr) == replicas for q in self.topic(name).queues), 20)
+        # Every replica has the topic in its table (a broker applies a new topic in the background).
+        for broker_id in {r for q in self.topic(name).queues for r in q.replicas}:
+            address = self.broker_by_id(broker_id).address
+            wait_for(lambda a=address: name in request(a, RequestCode.TOPIC_LIST, {})["topics"], 20)
         for q in self.topic(name).queues:
             address, fields = self.broker_by_id(q.leader).address, {"topic": name, "queue_id": q.queue_id}
             wait_for(lambda a=address, f=fields: request(a, RequestCode.QUERY_MAX_OFFSET, f), 20)
