@@ -9,10 +9,10 @@ import time
 
 import pytest
 from file_modes import not_private
-from gms_cluster import LocalCluster
+from gms_cluster import LocalCluster, retry_new_leader
 from processes import BrokerProcess
 
-from gms.errors import BadRequestError, NotLeaderError
+from gms.errors import BadRequestError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
 from gms.record import Message, encode_batch, iter_records
@@ -29,7 +29,7 @@ def request(address: str, code, fields, body=b""):
         finally:
             conn.close()
 
-    return run(main())
+    return retry_new_leader(lambda: run(main()))
 
 
 def wait_for(check, timeout_s=10.0):
@@ -58,16 +58,8 @@ def test_cluster_broker_refuses_direct_topic_administration(cluster):
     wait_for(lambda: request(broker.address, C.TOPIC_LIST, {}).fields["topics"].get("orders") == 2)
     expected = [b"m%d" % i for i in range(SENT)]
     for queue_id in range(2):
-        batch = encode_batch([Message("orders", body, queue_id=queue_id) for body in expected])
-        deadline = time.monotonic() + 10
-        while True:  # a new leader refuses sends (retriable, nothing stored) until its epoch is on disk
-            try:
-                request(broker.address, C.SEND_BATCH, {}, batch)
-                break
-            except NotLeaderError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        request(broker.address, C.SEND_BATCH, {},
+                encode_batch([Message("orders", body, queue_id=queue_id) for body in expected]))
 
     refused = {
         "delete": (C.DELETE_TOPIC, {"topic": "orders"}),
