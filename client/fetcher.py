@@ -386,6 +386,11 @@ class _BrokerSession:
         except GmsError as err:
             self._request_failed(states, err)
             return
+        except asyncio.CancelledError:
+            # Merged away by an idle answer, whose own next request may have gone out before
+            # these queues were free again: ask for them now, or they wait for the next kick.
+            self.kick()
+            raise
         taken = self._advance(asked, rows)
         self.kick()
         if taken:
