@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 from gms.broker.access import BrokerAccess
 from gms.broker.long_poll import PullWaiters
+from gms.broker.message_handlers import consumer_read
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selector, sql_filter
-from gms.broker.store import GetStatus, MessageStore, RecordSelector
-from gms.errors import BadTagExpressionError, GmsError, OffsetIllegalError
+from gms.broker.store import MessageStore, RecordSelector
+from gms.errors import BadTagExpressionError, GmsError
 from gms.protocol.fetch import EARLIEST, LATEST, OK, FetchedQueue, FetchRequest, QueueFetch, decode_fetch_request
 from gms.protocol.frame import Frame, Response
 from gms.tags import BadTagExpression, parse_tag_expression
@@ -130,13 +131,8 @@ class FetchHandlers:
                 offset = self.store.min_offset(topic, queue_id)
             elif offset == LATEST:
                 offset = self.store.max_offset(topic, queue_id) if limit is None else limit
-            result = self.store.get(topic, queue_id, offset, req.max_msgs, min(req.max_bytes, budget), tags,
-                                    limit, coalesce=True, select=select)
-            if result.status is GetStatus.OFFSET_OVERFLOW:
-                raise OffsetIllegalError(
-                    f"offset {offset} is beyond the end of {topic}/{queue_id} "
-                    f"(valid: {result.min_offset}..{result.max_offset})",
-                    fields={"min_offset": result.min_offset, "max_offset": result.max_offset})
+            result = consumer_read(self.store, topic, queue_id, offset, req.max_msgs, min(req.max_bytes, budget),
+                                   tags, limit, select)
         except GmsError as err:
             return FetchedQueue.failed(queue, err), []
         if result.next_offset == queue.offset and not result.records:

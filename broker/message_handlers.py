@@ -21,7 +21,7 @@ from gms.broker.metrics import BrokerMetrics
 from gms.broker.producer_state import DuplicateBatch
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selector, sql_filter
-from gms.broker.store import AppendResult, GetStatus, MessageStore
+from gms.broker.store import AppendResult, GetResult, GetStatus, MessageStore, RecordSelector
 from gms.broker.timers import TimerService
 from gms.errors import (
     BadRequestError,
@@ -205,14 +205,9 @@ class MessageHandlers:
         replicas = self.replicas
         while True:
             limit = None if replicas is None else replicas.read_limit((topic, queue_id))
-            result = self.store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit,
-                                    coalesce=True, select=select)
+            result = consumer_read(self.store, topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit,
+                                   select)
             status = result.status
-            if status is GetStatus.OFFSET_OVERFLOW:
-                raise OffsetIllegalError(
-                    f"offset {offset} is beyond the end of {topic}/{queue_id} "
-                    f"(valid: {result.min_offset}..{result.max_offset})",
-                )
             if status is GetStatus.NO_MATCHED_MESSAGE and result.next_offset < result.max_offset:
                 offset = result.next_offset  # keep scanning, but let other requests run
                 await asyncio.sleep(0)
@@ -223,9 +218,9 @@ class MessageHandlers:
                     self.claims.refresh(group, member, topic, queue_id, _now_ms())
                 # crc_checked: every record in the body passed its CRC check here (the SDK
                 # then checks only the framing); damaged ones are listed, not sent.
-                answer = {"result": status.value, "next_offset": result.next_offset,
-                          "min_offset": result.min_offset, "max_offset": result.max_offset,
-                          "crc_checked": True}
+                answer: dict[str, object] = {
+                    "result": status.value, "next_offset": result.next_offset, "min_offset": result.min_offset,
+                    "max_offset": result.max_offset, "crc_checked": True}
                 if result.damaged:  # left out of the body; the consumer passes them
                     answer["damaged"] = [list(d) for d in result.damaged]
                 if self.metrics is not None and result.offsets is not None:
@@ -315,6 +310,20 @@ class MessageHandlers:
         if int(rest.queue_offsets[0]) != duplicate.base_offset + duplicate.stored:
             raise ServerError(f"{duplicate.key[0]}/{duplicate.key[1]}: the rest of a partly stored batch landed at "
                               f"{int(rest.queue_offsets[0])}, not {duplicate.base_offset + duplicate.stored}")
+
+
+def consumer_read(store: MessageStore, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int,
+                  tag_hashes: frozenset[int] | None, limit: int | None,
+                  select: RecordSelector | None) -> GetResult:
+    """What a consumer's read (PULL, FETCH) of a queue serves from ``offset``: up to ``limit``
+    (a replicated queue's high watermark), filtered; an offset past the end is an error."""
+    result = store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit, coalesce=True, select=select)
+    if result.status is GetStatus.OFFSET_OVERFLOW:
+        raise OffsetIllegalError(
+            f"offset {offset} is beyond the end of {topic}/{queue_id} "
+            f"(valid: {result.min_offset}..{result.max_offset})",
+            fields={"min_offset": result.min_offset, "max_offset": result.max_offset})
+    return result
 
 
 FIND_MESSAGES_DEFAULT = 32
