@@ -606,8 +606,9 @@ class MessageStore:
             if admit is not None:
                 admit([group.key for group in groups])
             sequenced = flagged and bool((flags & FLAG_SEQUENCED).any())
+            checked: dict[int, BatchSequence] = {}  # the stamps read by the check, by record index
             if sequenced and not replicated:
-                self._check_sequence(buf, parsed, flags, groups)
+                checked = self._check_sequence(buf, parsed, flags, groups)
             envelope = np.empty(len(queue_ids), ENVELOPE_DTYPE)
             if replicated:
                 queue_offsets = self._check_replicated_offsets(groups, parsed)
@@ -638,7 +639,7 @@ class MessageStore:
                     cq.erase(int(queue_offsets[idx][0]), _group_size(idx, len(queue_ids)))
                 raise
             if sequenced:  # before the commit, as the indexes: a checkpoint that covers the batch knows it
-                self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"])
+                self._note_sequences(buf, parsed, queue_offsets, placement.phys, envelope["store_ts_ms"], checked)
             commitlog.commit(placement.end_offset)
             self._last_store_ts_ms = store_ts_ms
             if flagged and (timer_flags := flags & TIMER_FLAGS).any():
@@ -718,12 +719,13 @@ class MessageStore:
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
 
     def _check_sequence(self, buf: memoryview, parsed: ParsedRecords, flags: np.ndarray,
-                        groups: list[_QueueGroup]) -> None:
+                        groups: list[_QueueGroup]) -> dict[int, BatchSequence]:
         """An idempotent producer's batches: each queue's records one contiguous batch, stamped on
-        its first record. A body of several queues' batches (a producer's batches for one broker
-        sent together) is admitted whole or not at all: each is checked in body order, and one
-        stored before refuses the body (``DuplicateBatchError``: the producer sends each alone,
-        answered with where it is), as does any other refusal."""
+        its first record; the stamps, by the index of the record that carries each. A body of
+        several queues' batches (a producer's batches for one broker sent together) is admitted
+        whole or not at all: each is checked in body order, and one stored before refuses the body
+        (``DuplicateBatchError``: the producer sends each alone, answered with where it is), as
+        does any other refusal."""
         stamped = np.flatnonzero(flags & FLAG_SEQUENCED)
         n = len(flags)
         if len(groups) == 1:
@@ -731,21 +733,22 @@ class MessageStore:
                 raise InvalidRecord(SEQUENCE_PROPERTY, "only the first record of a queue's batch carries a"
                                                        " producer sequence")
             cq, _, key = groups[0]
-            self._admit_sequence(buf, cq, key, n)
-            return
+            return {0: self._admit_sequence(buf, cq, key, n)}
         indices = [cast(np.ndarray, idx) for _, idx, _ in groups]  # several groups: index arrays
         firsts = [int(idx[0]) for idx in indices]
         if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or any(
                 int(idx[-1]) - int(idx[0]) + 1 != len(idx) for idx in indices):
             raise InvalidRecord(SEQUENCE_PROPERTY, "each queue's records in a send are one batch, in a row,"
                                                    " stamped with a producer sequence on its first record")
+        checked = {}
         for first, idx, (cq, _, key) in sorted(zip(firsts, indices, groups, strict=True), key=lambda g: g[0]):
             try:
-                self._admit_sequence(buf, cq, key, len(idx), int(parsed.starts[first]))
+                checked[first] = self._admit_sequence(buf, cq, key, len(idx), int(parsed.starts[first]))
             except DuplicateBatch as duplicate:
                 raise DuplicateBatchError(
                     f"{duplicate}; in a send of {len(groups)} queues' batches: nothing was stored, send each"
                     " batch alone", fields={"topic": key[0], "queue_id": key[1]}) from None
+        return checked
 
     def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int,
                         pos: int = 0) -> BatchSequence:
@@ -760,14 +763,15 @@ class MessageStore:
         return sequence
 
     def _note_sequences(self, buf: memoryview | np.ndarray, parsed: ParsedRecords, queue_offsets: np.ndarray,
-                        phys: np.ndarray, store_ts_ms: np.ndarray) -> None:
+                        phys: np.ndarray, store_ts_ms: np.ndarray,
+                        checked: Mapping[int, BatchSequence] | None = None) -> None:
         """Stamped records were stored (sent, replicated or re-read by recovery): the producer state
-        follows. ``buf`` holds the records at ``parsed.starts``."""
+        follows. ``buf`` holds the records at ``parsed.starts``; ``checked``: stamps read already."""
         headers = parsed.headers
         for i in np.flatnonzero(headers["flags"] & FLAG_SEQUENCED).tolist():
             key = (parsed.topics[int(parsed.topic_index[i])], int(headers["queue_id"][i]))
             try:
-                sequence = read_sequence(buf, int(parsed.starts[i]))
+                sequence = (checked or {}).get(i) or read_sequence(buf, int(parsed.starts[i]))
             except InvalidRecord as err:  # stored already: only the producer state misses it
                 log.warning("%s/%d@%d: %s", *key, int(queue_offsets[i]), err)
                 continue
