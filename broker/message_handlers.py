@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from gms.broker.access import BrokerAccess
 from gms.broker.config import BrokerConfig
 from gms.broker.flush_waiters import FlushWaiters
-from gms.broker.ha.replica_manager import ReplicaManager
+from gms.broker.ha.replica_manager import LeadershipPendingError, ReplicaManager
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
@@ -123,7 +123,10 @@ class MessageHandlers:
                 if may_publish is not None:
                     may_publish(queues)
                 replicas.check_produce(queues, acks)
-            result = self._append(body, admit, allowed_flags)
+            try:
+                result = self._append(body, admit, allowed_flags)
+            except LeadershipPendingError as pending:
+                return self._store_when_led(request, body, acks, started, allowed_flags, pending)
             if acks == -1:
                 ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
@@ -135,6 +138,14 @@ class MessageHandlers:
         if self.metrics is not None:
             self.metrics.acked(acks, time.perf_counter() - started)
         return None if request.is_oneway else self._send_response(result)
+
+    async def _store_when_led(self, request: Frame, body: Buffer, acks: int, started: float, allowed_flags: int,
+                              pending: LeadershipPendingError) -> Response | None:
+        """Store the send once this broker, just made the leader of a queue it names, has its new
+        epoch on disk (a moment; bounded by the send timeout): the send is not refused for it."""
+        await self.replicas.wait_epoch_saved(pending, self.config.send_timeout_ms / 1000)  # type: ignore[union-attr]
+        response = self.store_records(request, body, acks, started, allowed_flags=allowed_flags)
+        return response if response is None or isinstance(response, Response) else await response
 
     async def _send_waits(self, request: Frame, size: int, result: AppendResult, wait_flush: bool,
                           ends: dict[tuple[str, int], int] | None, acks: int, started: float) -> Response | None:

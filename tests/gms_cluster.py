@@ -4,37 +4,17 @@ processes registered through them (``gms-broker --nameserver``), all on ephemera
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from processes import BrokerProcess, NameserverProcess
 
 from gms.client import Admin
-from gms.errors import NotLeaderError
 from gms.nameserver.embedded_etcd import EmbeddedEtcd
 
 REGISTER_TIMEOUT_S = 15.0
 # Commitlog files are preallocated: keep test brokers small (the default is 1 GiB each).
 COMMITLOG_FILE_SIZE_BYTES = 64 * 1024 * 1024
-T = TypeVar("T")
-
-
-NEW_LEADER_REFUSAL = "is being written"  # a queue's new leader takes no append until its epoch is on disk
-
-
-def retry_new_leader(call: Callable[[], T], timeout_s: float = 10.0) -> T:
-    """``call()``, again while a queue's new leader refuses it until its epoch is on disk (a
-    retriable NOT_LEADER that stores nothing: clients retry it; raw-protocol tests do it here)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except NotLeaderError as err:
-            if NEW_LEADER_REFUSAL not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 class LocalCluster:

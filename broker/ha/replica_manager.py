@@ -53,6 +53,15 @@ class ReplicationConfig:
     security: ClientSecurity = PLAINTEXT
 
 
+class LeadershipPendingError(NotLeaderError):
+    """A send to a queue this broker has just been made leader of, before the new epoch is on
+    disk: the send handler waits for the write (``wait_epoch_saved``) rather than refusing it."""
+
+    def __init__(self, message: str, key: QueueKey, fields: dict[str, object]) -> None:
+        super().__init__(message, fields=fields)
+        self.key = key
+
+
 class ReplicaManager:
     def __init__(self, store: MessageStore, offsets: OffsetStore, broker_id: str, config: ReplicationConfig,
                  state_file: ReplicationStateFile, *, update_isr: UpdateIsr,
@@ -77,6 +86,7 @@ class ReplicaManager:
         self._histories, self._saved_hws = state_file.load()
         self._hw_dirty = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._epoch_saved: asyncio.Future[None] | None = None  # done at the next epoch write
         self._chore: asyncio.Task[None] | None = None
         self._data_waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
         self.fetchers = FetcherPool(self)
@@ -167,6 +177,9 @@ class ReplicaManager:
             for key, epoch in epochs.items():
                 if self._unsaved(key, epoch):
                     self.partitions[key].unsaved_epoch = None
+            if self._epoch_saved is not None:
+                self._epoch_saved.set_result(None)
+                self._epoch_saved = None
 
         saved.add_done_callback(lambda future: loop.call_soon_threadsafe(on_disk, future))
 
@@ -254,8 +267,8 @@ class ReplicaManager:
         for key in keys:
             p = self.leader_of(key)
             if p.unsaved_epoch is not None:
-                raise NotLeaderError(f"queue {key[0]}/{key[1]}: taking over its leadership (epoch"
-                                     f" {p.unsaved_epoch} is being written)", fields=_leader_fields(p))
+                raise LeadershipPendingError(f"queue {key[0]}/{key[1]}: taking over its leadership (epoch"
+                                             f" {p.unsaved_epoch} is being written)", key, _leader_fields(p))
             if not self._lease_alive():
                 raise NotLeaderError(f"this broker lost its cluster lease; {key[0]}/{key[1]} may have"
                                      " a new leader", fields=_leader_fields(p))
@@ -263,6 +276,21 @@ class ReplicaManager:
                 raise NotEnoughReplicasError(
                     f"queue {key[0]}/{key[1]}: {len(p.isr)} in-sync replica(s) {list(p.isr)},"
                     f" acks=-1 needs min_insync_replicas={p.min_insync}")
+
+    async def wait_epoch_saved(self, pending: LeadershipPendingError, timeout_s: float) -> None:
+        """Return once ``pending``'s queue is led here with its epoch on disk; raise ``pending``
+        after ``timeout_s``, and NotLeaderError if another broker leads it meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while self.leader_of(pending.key).unsaved_epoch is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise pending
+            if self._epoch_saved is None:
+                self._epoch_saved = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._epoch_saved), left)
+            except TimeoutError:
+                raise pending from None
 
     def read_limit(self, key: QueueKey) -> int:
         """Consumers read below the high watermark of a queue this broker leads."""

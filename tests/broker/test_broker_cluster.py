@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from gms_cluster import LocalCluster, retry_new_leader
+from gms_cluster import LocalCluster
 
 from gms.errors import NotCoordinatorError
 from gms.net import Connection, run
@@ -29,7 +29,7 @@ def request(address: str, code, fields, body=b""):
         finally:
             conn.close()
 
-    return retry_new_leader(lambda: run(main()))
+    return run(main())
 
 
 def wait_for(check, timeout_s=10.0):

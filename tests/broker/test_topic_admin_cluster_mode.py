@@ -9,7 +9,7 @@ import time
 
 import pytest
 from file_modes import not_private
-from gms_cluster import LocalCluster, retry_new_leader
+from gms_cluster import LocalCluster
 from processes import BrokerProcess
 
 from gms.errors import BadRequestError
@@ -29,7 +29,7 @@ def request(address: str, code, fields, body=b""):
         finally:
             conn.close()
 
-    return retry_new_leader(lambda: run(main()))
+    return run(main())
 
 
 def wait_for(check, timeout_s=10.0):

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster, retry_new_leader
+from gms_cluster import COMMITLOG_FILE_SIZE_BYTES, LocalCluster
 from processes import TEST_CQ_FILE_ENTRIES, BrokerProcess
 
 from gms.broker.server import broker_id_for
@@ -82,7 +82,7 @@ def request(address: str, code: int, fields: dict[str, Any], body: bytes = b"", 
         finally:
             conn.close()
 
-    return retry_new_leader(lambda: run(main()))
+    return run(main())
 
 
 def wait_for(check, timeout_s: float = 10.0, interval_s: float = 0.05):

@@ -1,0 +1,85 @@
+"""A send to a queue whose new leader has not written its epoch yet waits for the write (the
+broker holds it, bounded by its send timeout), rather than failing a producer whose few quick
+retries run out before a slow disk finishes (seen in CI: a leader's epoch took > 600 ms)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from gms_cluster import LocalCluster
+from processes import wait_until
+
+from gms.client import Admin, Producer
+from gms.errors import NotLeaderError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode
+
+SEND_TIMEOUT_MS = 2000
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    config = tmp_path / "broker.toml"
+    config.write_text(f"[broker]\nsend_timeout_ms = {SEND_TIMEOUT_MS}\n")
+    running = LocalCluster(tmp_path).start(nameservers=1, brokers=0)
+    running.add_broker("--config", str(config))
+    running.wait_registered(1)
+    yield running
+    running.stop()
+
+
+def _block_epoch_writes(cluster: LocalCluster) -> Path:
+    """A directory where the replication state file's temporary copy goes: every write of the
+    file fails (OSError, also for root) until it is removed; the broker retries each second."""
+    state = cluster.brokers[0].store_dir / "store" / "config" / "replication.json"
+    blocker = state.with_name(state.name + ".tmp")
+    blocker.mkdir()
+    return blocker
+
+
+def _broker_topics(cluster: LocalCluster) -> list[str]:
+    async def main() -> list[str]:
+        host, port = cluster.brokers[0].address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            return (await conn.request(RequestCode.TOPIC_LIST, {})).fields["topics"]
+        finally:
+            conn.close()
+
+    return run(main())
+
+
+def test_a_send_waits_for_the_new_leaders_epoch_and_fails_clearly_past_the_send_timeout(cluster):
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topic("ready", queues=1)
+    with Producer(nameserver=cluster.nameserver, retries=0, request_timeout_ms=10_000) as producer:
+        producer.send("ready", b"epoch written")
+        blocker = _block_epoch_writes(cluster)
+        with Admin(nameserver=cluster.nameserver) as admin:
+            admin.create_topic("slow-epoch", queues=1)
+        wait_until(lambda: "slow-epoch" in _broker_topics(cluster), 10)
+        started = time.monotonic()
+        with pytest.raises(NotLeaderError, match="is being written"):
+            producer.send("slow-epoch", b"never stored")
+        assert time.monotonic() - started >= SEND_TIMEOUT_MS / 1000 * 0.9  # held, not refused at once
+
+        outcome: dict[str, object] = {}
+
+        def send() -> None:
+            try:
+                outcome["result"] = producer.send("slow-epoch", b"stored once written")
+            except Exception as err:  # noqa: BLE001 - reported by the assertion below
+                outcome["error"] = err
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        time.sleep(0.5)
+        assert not outcome, "the send was answered before the epoch was written"
+        shutil.rmtree(blocker)
+        sender.join(10)
+        assert "error" not in outcome, outcome
+        assert outcome["result"].queue_offset == 0
