@@ -33,14 +33,15 @@ REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH    the replica principal of the very brok
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gms.broker.group_handlers import group_name_field, queue_rows
+from gms.broker.group_handlers import group_name_field
 from gms.errors import BadRequestError
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame
+from gms.protocol.groups import QueueOffset, QueueRef, queue_offsets, queue_refs
 from gms.protocol.topic_batch import topic_entries
 from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_topic
 from gms.security.gate import current_principal, forbidden
@@ -76,9 +77,9 @@ def _heartbeat(fields: Mapping[str, Any]) -> list[Check]:
     return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "subscribe") for t in subscription)]
 
 
-def _group_queues(rows: str, width: int) -> Policy:
+def _group_queues(rows: str, decode: Callable[[Mapping[str, Any], str], Sequence[QueueRef | QueueOffset]]) -> Policy:
     def checks(fields: Mapping[str, Any]) -> list[Check]:
-        topics = {row[0] for row in queue_rows(fields, rows, width)} if rows in fields else set()
+        topics = {row.topic for row in decode(fields, rows)} if rows in fields else set()
         return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "describe") for t in sorted(topics))]
     return checks
 
@@ -96,9 +97,9 @@ POLICY: dict[int, Policy] = {
     RequestCode.FIND_BY_KEY: on_topic("subscribe"),
     RequestCode.HEARTBEAT: _heartbeat,
     RequestCode.UNREGISTER_CONSUMER: _group("subscribe"),
-    RequestCode.COMMIT_OFFSET: _group_queues("offsets", 3),
-    RequestCode.FETCH_OFFSET: _group_queues("queues", 2),
-    RequestCode.RESET_OFFSETS: _group_queues("offsets", 3),
+    RequestCode.COMMIT_OFFSET: _group_queues("offsets", queue_offsets),
+    RequestCode.FETCH_OFFSET: _group_queues("queues", queue_refs),
+    RequestCode.RESET_OFFSETS: _group_queues("offsets", queue_offsets),
     RequestCode.GET_CONSUMER_GROUP_MEMBERS: _group("describe"),
     RequestCode.FIND_COORDINATOR: _group("describe"),
     RequestCode.DELETE_GROUP: _group("admin"),

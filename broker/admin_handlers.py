@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gms import __version__
-from gms.broker.group_handlers import group_name_field, queue_rows
+from gms.broker.group_handlers import group_name_field
 from gms.broker.topics import TopicLimits
 from gms.errors import BadRequestError, GmsError, GroupNotEmptyError
 from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
+from gms.protocol.groups import QueueOffset, QueueRef, queue_offsets
 from gms.protocol.topic_batch import entry_name, error_row, ok_row, topic_entries
 from gms.store_errors import UnknownTopic
 
@@ -106,18 +107,18 @@ class AdminHandlers:
         (the high watermark where the queue is replicated). All or nothing: every queue is
         checked (led here, exists) before any offset changes."""
         group = group_name_field(request.fields)
-        entries = queue_rows(request.fields, "offsets", 3)
+        entries = queue_offsets(request.fields, "offsets")
         self._refuse_live_members(group, request.fields, [(topic, queue_id) for topic, queue_id, _ in entries])
         stored = []
         for topic, queue_id, offset in entries:
             low, high = self.broker.readable((topic, queue_id))
-            stored.append((topic, queue_id, min(max(offset, low), high)))
+            stored.append(QueueOffset(topic, queue_id, min(max(offset, low), high)))
         offsets = self.broker.offsets
         for topic, queue_id, offset in stored:
             offsets.commit(group, topic, queue_id, offset)
         await offsets.persist_async()
         self.broker.offsets_changed([(topic, queue_id) for topic, queue_id, _ in stored])
-        return Response({"offsets": [list(entry) for entry in stored]})
+        return Response({"offsets": [entry.to_wire() for entry in stored]})
 
     async def delete_group(self, request: Frame) -> Response:
         """Delete every offset the group committed here (as leader or follower); followers
@@ -127,7 +128,7 @@ class AdminHandlers:
         queues = self.broker.offsets.delete_group(group)
         await self.broker.offsets.persist_async()
         self.broker.offsets_changed(queues)
-        return Response({"queues": [list(key) for key in queues]})
+        return Response({"queues": [QueueRef(*key).to_wire() for key in queues]})
 
     def _refuse_live_members(self, group: str, fields: Mapping[str, Any],
                              queues: list[tuple[str, int]] | None) -> None:

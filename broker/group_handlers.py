@@ -18,8 +18,9 @@ from gms.errors import (
     QueueNotFoundError,
     TopicNotFoundError,
 )
-from gms.protocol.fields import QUEUE_COLUMNS, QUEUE_OFFSET_COLUMNS, field, topic_row
+from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
+from gms.protocol.groups import queue_offsets, queue_refs
 from gms.tags import BadTagExpression, parse_tag_expression
 
 GROUP_NAME_BYTES_MAX = 255
@@ -38,11 +39,6 @@ def check_group_name(group: str) -> str:
     if not group or len(group.encode()) > GROUP_NAME_BYTES_MAX:
         raise BadRequestError(f"group name must be 1..{GROUP_NAME_BYTES_MAX} bytes")
     return group
-
-
-def queue_rows(fields: Any, name: str, width: int) -> list[tuple]:
-    columns = QUEUE_OFFSET_COLUMNS if width == 3 else QUEUE_COLUMNS
-    return [tuple(topic_row(name, item, columns)) for item in field(fields, name, list)]
 
 
 class GroupHandlers:
@@ -96,7 +92,7 @@ class GroupHandlers:
                 client_address=field(fields, "client", str, ""),
                 mode=field(fields, "mode", str, MODE_CLUSTERING),
                 subscription=subscription,
-                held=queue_rows(fields, "held", 2) if "held" in fields else [],
+                held=queue_refs(fields, "held") if "held" in fields else [],
                 now_ms=_now_ms(),
             )
         except ValueError as err:
@@ -117,8 +113,8 @@ class GroupHandlers:
         fields = request.fields
         group = group_name_field(fields)
         member = field(fields, "member", str, "")
-        entries = queue_rows(fields, "offsets", 3)
-        released = queue_rows(fields, "release", 2) if "release" in fields else []
+        entries = queue_offsets(fields, "offsets")
+        released = queue_refs(fields, "release") if "release" in fields else []
         for topic, queue_id, offset in entries:  # unknown queues would grow the offsets without bound
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
@@ -142,7 +138,7 @@ class GroupHandlers:
         """Committed offsets; a member asking for its start position is refused (QUEUE_HELD)
         while another member still reads the queue, so it starts after that member's last commit."""
         group = group_name_field(request.fields)
-        queues = queue_rows(request.fields, "queues", 2)
+        queues = queue_refs(request.fields, "queues")
         member = field(request.fields, "member", str, "")
         if member:
             now_ms = _now_ms()

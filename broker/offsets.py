@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 from gms.broker.atomic_file import parsing, write_atomically
 from gms.private_files import make_private_dir
+from gms.protocol.replication import GroupCommit
 
 _FORMAT_VERSION = 1
 SESSION_BITS = 62  # a positive msgpack int; 0 means "no session seen yet" on the wire
@@ -131,36 +132,32 @@ class OffsetStore:
             self._remove(group, topic, queue_id)
         return queues
 
-    def changed_since(self, topic: str, queue_id: int, seq: int) -> list[list[Any]]:
-        """``[group, offset]`` of every group whose commit on the queue is newer than ``seq`` of
-        this session (seq 0: every group known here, loaded from the file or committed);
-        ``offset`` is :data:`DELETED` for a group whose offset was deleted since. A commit with
-        pop state is ``[group, offset, pop state]``."""
+    def changed_since(self, topic: str, queue_id: int, seq: int) -> list[GroupCommit]:
+        """The commit of every group whose commit on the queue is newer than ``seq`` of this
+        session (seq 0: every group known here, loaded from the file or committed), with its pop
+        state if it has one; ``offset`` is :data:`DELETED` for a group whose offset was deleted since."""
         seqs = self._commit_seqs.get((topic, queue_id))
         if not seqs or self.seq <= seq:
             return []
-        rows: list[list[Any]] = []
+        rows: list[GroupCommit] = []
         for group, s in seqs.items():
             if s > seq:
-                row: list[Any] = [group, self._offsets.get(group, {}).get(topic, {}).get(queue_id, DELETED)]
                 pop = self._pop.get((group, topic, queue_id))
-                if pop is not None:
-                    row.append(_wire(pop))
-                rows.append(row)
+                rows.append(GroupCommit(group, self._offsets.get(group, {}).get(topic, {}).get(queue_id, DELETED),
+                                        None if pop is None else _wire(pop)))
         return rows
 
-    def apply_replicated(self, topic: str, queue_id: int, commits: list[list[Any]], *,
+    def apply_replicated(self, topic: str, queue_id: int, commits: Iterable[GroupCommit], *,
                          complete: bool) -> None:
-        """Store the ``[group, offset]`` rows a queue's leader sent (:meth:`changed_since`).
-        ``complete``: the rows answer a fetch from seq 0 of the leader's session, so they name
-        every group the leader has on the queue — groups missing from them were deleted there."""
+        """Store the commits a queue's leader sent (:meth:`changed_since`). ``complete``: they
+        answer a fetch from seq 0 of the leader's session, so they name every group the leader
+        has on the queue — groups missing from them were deleted there."""
         sent: set[str] = set()
         for row in commits:
-            group, offset = str(row[0]), int(row[1])
+            group = row.group
             sent.add(group)
-            if offset != DELETED:
-                pop = row[2] if len(row) > 2 and isinstance(row[2], list) else None
-                self.commit(group, topic, queue_id, offset, pop)
+            if row.offset != DELETED:
+                self.commit(group, topic, queue_id, row.offset, row.pop)
             elif self.get(group, topic, queue_id) is not None:
                 self._remove(group, topic, queue_id)
         if complete:

@@ -38,6 +38,7 @@ from gms.errors import (
 from gms.msgid import MessageId, decode_msg_id
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.frame import Frame
+from gms.protocol.groups import QueueOffset, QueueRef, queue_offsets, queue_refs
 from gms.protocol.topic_batch import CREATE_TOPICS_MAX
 from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
@@ -374,7 +375,7 @@ class Admin:
 
         async def committed_on(broker: str, items: list[QueueRoute]) -> list[tuple[QueueRoute, int]]:
             frame = await pool.request(broker, RequestCode.FETCH_OFFSET, {
-                "group": group, "queues": [[r.topic, r.queue_id] for r in items]})
+                "group": group, "queues": [QueueRef(r.topic, r.queue_id).to_wire() for r in items]})
             return list(zip(items, frame.fields["offsets"], strict=True))
 
         async def offset(route: QueueRoute, code: RequestCode, **extra: int) -> int:
@@ -402,12 +403,12 @@ class Admin:
         by_broker: dict[str, list[list[Any]]] = defaultdict(list)
         for row in plan:
             if row.new_offset is not None:
-                by_broker[row.broker].append([row.topic, row.queue_id, row.new_offset])
+                by_broker[row.broker].append(QueueOffset(row.topic, row.queue_id, row.new_offset).to_wire())
         answers = await asyncio.gather(*(
             self._runtime.pool.request(broker, RequestCode.RESET_OFFSETS,
                                        {"group": group, "offsets": offsets, "force": force})
             for broker, offsets in by_broker.items()))
-        stored = {(t, q): o for frame in answers for t, q, o in frame.fields["offsets"]}
+        stored = {(t, q): o for frame in answers for t, q, o in queue_offsets(frame.fields, "offsets")}
         return [row._replace(new_offset=stored.get((row.topic, row.queue_id), row.new_offset)) for row in plan]
 
     def delete_group(self, group: str, *, force: bool = False) -> dict[str, list[tuple[str, int]]]:
@@ -422,7 +423,8 @@ class Admin:
             raise _group_not_empty(group, members, "delete the offsets")
         brokers = self.brokers()
         answers = self._ask(brokers, RequestCode.DELETE_GROUP, {"group": group, "force": force})
-        return {b: [(str(t), int(q)) for t, q in a["queues"]] for b, a in zip(brokers, answers, strict=True)}
+        return {b: [(ref.topic, ref.queue_id) for ref in queue_refs(a, "queues")]
+                for b, a in zip(brokers, answers, strict=True)}
 
     # --- consumer group settings (kept in etcd by the nameservers) --------------------------------
 

@@ -42,6 +42,7 @@ from gms.log_throttle import Outage
 from gms.protocol.codes import RequestCode
 from gms.protocol.fetch import EARLIEST, LATEST
 from gms.protocol.frame import Frame
+from gms.protocol.groups import QueueOffset, QueueRef
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +135,14 @@ class Membership:
         first: dict[str, TopicQueue] = {}  # a queue of each broker's request
         for queue, offset in offsets.items():
             broker = await leader_of(routes, queue)
-            by_broker[broker]["offsets"].append([queue.topic, queue.queue_id, offset])
+            by_broker[broker]["offsets"].append(QueueOffset(queue.topic, queue.queue_id, offset).to_wire())
             first.setdefault(broker, queue)
         for queue in release:
             try:
                 broker = await leader_of(routes, queue)
             except ServiceUnavailableError:
                 continue  # no leader now: the claim lapses by itself
-            by_broker[broker]["release"].append([queue.topic, queue.queue_id])
+            by_broker[broker]["release"].append(QueueRef(queue.topic, queue.queue_id).to_wire())
             first.setdefault(broker, queue)
         # Given up once the first queue of a broker's request has another leader (its broker lost
         # its lease): the next commit goes to the new one.
@@ -250,7 +251,7 @@ class Membership:
         fields = {
             "group": self._group, "member": self._member, "subscription": await self._existing_subscription(),
             "mode": "clustering" if self._clustering else "broadcasting",
-            "held": [[q.topic, q.queue_id] for q in self.states],
+            "held": [QueueRef(q.topic, q.queue_id).to_wire() for q in self.states],
         }
         sent = time.monotonic()
         try:
@@ -412,7 +413,7 @@ class Membership:
             frame = await leader_request(
                 self._runtime.routes, self._runtime.pool, first.topic, first.queue_id, broker,
                 RequestCode.FETCH_OFFSET, {"group": self._group, "member": self._member,
-                                           "queues": [[q.topic, q.queue_id] for q, _ in batch]})
+                                           "queues": [QueueRef(q.topic, q.queue_id).to_wire() for q, _ in batch]})
         except QueueHeldError as err:
             if len(batch) > 1:  # another member still reads some: ask for each alone, the others start
                 await asyncio.gather(*(self._fetch_offsets(broker, [one]) for one in batch))

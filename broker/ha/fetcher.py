@@ -32,6 +32,8 @@ from gms.broker.store import RepairOutcome
 from gms.errors import GmsError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status
+from gms.protocol.replication import EpochAnswer, EpochQuery, FetchedRange, FetchWant, RepairedQueue, RepairWant
+from gms.protocol.rows import decode_rows
 from gms.store_errors import CorruptRecord, StoreError, StoreIOError, StoreReadOnly
 
 if TYPE_CHECKING:
@@ -42,24 +44,6 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
 REPAIR_OFFSETS_MAX = 256  # damaged records one fetch asks the leader to send again
 REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
-SIZES_DTYPE = np.dtype(">i4")  # record sizes in a REPLICA_FETCH response row, as bytes
-
-
-def offset_runs(offsets: np.ndarray) -> list[list[int]]:
-    """[[first, count], ...] of the runs of consecutive values in ascending ``offsets``."""
-    if not len(offsets):
-        return []
-    breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
-    firsts = np.concatenate(([0], breaks))
-    counts = np.diff(np.concatenate((firsts, [len(offsets)])))
-    return [[int(offsets[i]), int(n)] for i, n in zip(firsts.tolist(), counts.tolist(), strict=True)]
-
-
-def run_offsets(runs: list[list[int]]) -> np.ndarray:
-    """The offsets of [[first, count], ...] runs (what :func:`offset_runs` encodes)."""
-    if not runs:
-        return np.empty(0, np.int64)
-    return np.concatenate([np.arange(first, first + count, dtype=np.int64) for first, count in runs])
 
 
 class FetcherPool:
@@ -159,21 +143,21 @@ class LeaderFetcher:
     async def _truncate(self, conn: Connection, partitions: list[Partition]) -> None:
         sent = [(p, p.leader_epoch, p.history.latest_epoch) for p in partitions]
         frame = await conn.request(RequestCode.OFFSET_FOR_LEADER_EPOCH, {
-            "queues": [[*p.key, epoch, last] for p, epoch, last in sent]})
+            "queues": [EpochQuery(*p.key, epoch, last).to_wire() for p, epoch, last in sent]})
         changed = False
-        for (p, epoch, asked), row in zip(sent, frame.fields["queues"], strict=True):
-            status, found_epoch, end_offset = row[2], row[3], row[4]
+        answers = decode_rows(EpochAnswer, frame.fields.get("queues"), "queues")
+        for (p, epoch, asked), row in zip(sent, answers, strict=True):
             if not self._mine(p) or p.leader_epoch != epoch:
                 continue
-            if status:
-                self._pause(p, status)
+            if row.status:
+                self._pause(p, row.status)
                 continue
             leo = self.store.max_offset(*p.key)
-            target = min(end_offset, leo)
-            if found_epoch != UNDEFINED_EPOCH and found_epoch != asked:
+            target = min(row.end_offset, leo)
+            if row.epoch != UNDEFINED_EPOCH and row.epoch != asked:
                 # The leader does not know our last epoch: cut where *its* largest known
                 # epoch ends in our own history too (KIP-279).
-                target = min(target, p.history.end_for(found_epoch, leo).end_offset)
+                target = min(target, p.history.end_for(row.epoch, leo).end_offset)
             if target < leo:
                 log.warning("queue %s/%d: truncating from %d to %d (epoch %d diverges from leader %s)",
                             *p.key, leo, target, asked, self.address)
@@ -195,11 +179,11 @@ class LeaderFetcher:
         request: dict[str, Any] = {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
-            "queues": [[*p.key, offset, epoch, p.history.latest_epoch, offsets_seq]
+            "queues": [FetchWant(*p.key, offset, epoch, p.history.latest_epoch, offsets_seq).to_wire()
                        for p, epoch, offset, offsets_seq in sent],
         }
         if repairs:
-            request["repair"] = [[*p.key, epoch, offsets] for p, epoch, offsets in repairs]
+            request["repair"] = [RepairWant(*p.key, epoch, offsets).to_wire() for p, epoch, offsets in repairs]
         frame = await conn.request(RequestCode.REPLICA_FETCH, request,
                                    timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
         self._offsets_session = frame.fields["offsets_session"]
@@ -209,43 +193,45 @@ class LeaderFetcher:
         pos = 0
         history_changed = False
         appended_end = 0  # commitlog end of this fetch's appends
-        for (p, epoch, offset, offsets_seq), row in zip(sent, frame.fields["queues"], strict=True):
-            status, hw, size, epochs, commits, crc = row[2], row[3], row[5], row[6], row[7], row[8]
-            sizes = np.frombuffer(row[9], SIZES_DTYPE) if len(row) > 9 and row[9] else None
-            chunk, pos = body[pos: pos + size], pos + size
+        rows = decode_rows(FetchedRange, frame.fields.get("queues"), "queues")
+        for (p, epoch, offset, offsets_seq), row in zip(sent, rows, strict=True):
+            chunk, pos = body[pos: pos + row.size], pos + row.size
             if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
                 continue  # the metadata moved on while the fetch was in flight
-            if status == Status.OFFSET_ILLEGAL:
+            if row.status == Status.OFFSET_ILLEGAL:
                 p.needs_truncation = True
                 continue
-            if status:
-                self._pause(p, status)
+            if row.status:
+                self._pause(p, row.status)
                 continue
-            if len(row) > 10 and offset < row[10]:  # what we miss expired on the leader
+            if row.log_start is not None and offset < row.log_start:  # what we miss expired on the leader
                 log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
-                            " restarting the queue there", *p.key, offset, self.address, row[10])
-                self.store.restart_queue(*p.key, row[10])
+                            " restarting the queue there", *p.key, offset, self.address, row.log_start)
+                self.store.restart_queue(*p.key, row.log_start)
                 continue
-            damaged = run_offsets(row[11] if len(row) > 11 else [])
+            damaged = row.damaged_offsets()
+            sizes = row.record_sizes()
             if len(damaged) and self.store.max_offset(*p.key) == offset:
                 appended_end = self.store.append_replicated_run(
-                    *p.key, offset, chunk, crc, np.empty(0, np.int64) if sizes is None else sizes, damaged,
+                    *p.key, offset, chunk, row.crc, np.empty(0, np.int64) if sizes is None else sizes, damaged,
                     origin=self.address)
-            elif size and self.store.max_offset(*p.key) == offset:
-                appended_end = self.store.append_replicated(chunk, crc, sizes, origin=self.address).end_phys_offset
+            elif row.size and self.store.max_offset(*p.key) == offset:
+                appended_end = self.store.append_replicated(chunk, row.crc, sizes,
+                                                            origin=self.address).end_phys_offset
             leo = self.store.max_offset(*p.key)
-            for entry_epoch, start in epochs:
-                if start < leo:
-                    history_changed |= p.history.assign(entry_epoch, start)
-            if min(hw, leo) > p.hw:
-                p.hw = min(hw, leo)
+            for entry in row.epochs:
+                if entry.start_offset < leo:
+                    history_changed |= p.history.assign(entry.epoch, entry.start_offset)
+            if min(row.hw, leo) > p.hw:
+                p.hw = min(row.hw, leo)
                 self.manager.hw_moved()
-            p.caught_up = p.caught_up or leo >= hw
+            p.caught_up = p.caught_up or leo >= row.hw
             # From seq 0 of the leader's session the commits name every group it has on the queue.
-            self.manager.offsets.apply_replicated(*p.key, commits, complete=new_session or offsets_seq == 0)
+            self.manager.offsets.apply_replicated(*p.key, row.commits, complete=new_session or offsets_seq == 0)
             p.offsets_seen = seen
         if repairs:
-            self._apply_repairs(repairs, frame.fields.get("repaired", []), body[pos:])
+            self._apply_repairs(repairs, decode_rows(RepairedQueue, frame.fields.get("repaired", []), "repaired"),
+                                body[pos:])
         if history_changed:
             self.manager.save_state()
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
@@ -266,19 +252,19 @@ class LeaderFetcher:
                 room -= len(damaged)
         return repairs
 
-    def _apply_repairs(self, asked: list[tuple[Partition, int, list[int]]], rows: list[Any], body: memoryview) -> None:
+    def _apply_repairs(self, asked: list[tuple[Partition, int, list[int]]], rows: list[RepairedQueue],
+                       body: memoryview) -> None:
         """Rewrite this replica's damaged records with the leader's intact copies; forget those the
         leader cannot supply (damaged there too, expired, or of another size: they stay damaged)."""
         if len(rows) != len(asked):  # a leader that does not know "repair": ask again after an upgrade
             return
         pos = 0
         for (p, epoch, _), row in zip(asked, rows, strict=True):
-            status, found = row[2], row[3]
             records = []
-            for offset, size, crc in found:
-                records.append((offset, body[pos: pos + size], crc))
-                pos += size
-            if status or not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
+            for found in row.records:
+                records.append((found.offset, body[pos: pos + found.size], found.crc))
+                pos += found.size
+            if row.status or not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
                 continue  # asked again with a later fetch
             gave_up: list[int] = []  # offsets the leader left out (its budget) are asked again
             for offset, view, crc in records:

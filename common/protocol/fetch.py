@@ -2,20 +2,23 @@
 consumer reads there, the answer carries the records of those that have any. The one schema of
 its fields, shared by the broker's handler and the SDK's fetcher.
 
+Its rows are NamedTuples (their callers unpack them), each with its :mod:`gms.protocol.rows`
+schema: :data:`QUEUE_FETCH` and :data:`FETCHED_QUEUE`.
+
 Request fields:
 
-- ``queues``: rows ``[topic, queue_id, offset]``, 1..FETCH_QUEUES_MAX of them, each queue once;
-  ``offset`` EARLIEST (-1) reads from the queue's first record, LATEST (-2) from its end (the
-  answer's row says where that is, as Kafka's ListOffsets would);
+- ``queues``: :class:`QueueFetch` rows ``[topic, queue_id, offset]``, 1..FETCH_QUEUES_MAX of them,
+  each queue once; ``offset`` EARLIEST (-1) reads from the queue's first record, LATEST (-2) from
+  its end (the answer's row says where that is, as Kafka's ListOffsets would);
 - ``filters``: ``{topic: [tags, sql]}`` (a topic left out reads everything: ``["*", ""]``);
 - ``max_msgs`` / ``max_bytes``: per queue; ``max_total_bytes``: the whole answer (each at least one
   record); ``poll_ms``: how long to wait for the first record; ``group`` / ``member``: a clustering
   member's claims, as PULL takes them.
 
-Answer fields: ``queues``, a row per queue with something to say (records, a new next offset, or
-an error of that queue alone) ``[topic, queue_id, status, next_offset, min_offset, max_offset,
-size, error, damaged]``; the body holds the rows' records back to back, ``size`` bytes each in row
-order. ``status`` is a wire status (SUCCESS, or e.g. OFFSET_ILLEGAL, NOT_LEADER, QUEUE_HELD,
+Answer fields: ``queues``, a :class:`FetchedQueue` row per queue with something to say (records,
+a new next offset, or an error of that queue alone) ``[topic, queue_id, status, next_offset,
+min_offset, max_offset, size, error, damaged]``; the body holds the rows' records back to back,
+``size`` bytes each in row order. ``status`` is a wire status (SUCCESS, or e.g. OFFSET_ILLEGAL, NOT_LEADER, QUEUE_HELD,
 TOPIC_NOT_FOUND, FORBIDDEN) with ``error`` its message; ``damaged``: ``[offset, phys_offset]`` of
 records whose CRC failed, left out of the body and passed. ``crc_checked``: the broker checked
 every record's CRC.
@@ -28,7 +31,8 @@ from typing import Any, NamedTuple
 
 from gms.errors import BadRequestError, GmsError
 from gms.protocol.codes import Status
-from gms.protocol.fields import INT64, QUEUE_OFFSET_COLUMNS, field, topic_row
+from gms.protocol.fields import INT64, field
+from gms.protocol.rows import ARRAY, I32, I64, STR, col, schema
 
 # Queues one FETCH may name: far more than one consumer leads on a broker in practice, and the
 # request (and its answer's rows) stays well below the 1 MiB header bound.
@@ -45,6 +49,13 @@ class QueueFetch(NamedTuple):
     topic: str
     queue_id: int
     offset: int
+
+
+QUEUE_FETCH = schema("QueueFetch", [
+    col("topic", STR, "the queue's topic"),
+    col("queue_id", I32, "the queue"),
+    col("offset", I64, "where to read from; −1: the queue's first record, −2: its end"),
+])
 
 
 class FetchRequest(NamedTuple):
@@ -77,7 +88,7 @@ def decode_fetch_request(fields: Mapping[str, Any], poll_ms_max: int) -> FetchRe
     rows = field(fields, "queues", list)
     if not 1 <= len(rows) <= FETCH_QUEUES_MAX:
         raise BadRequestError(f"'queues' must list 1..{FETCH_QUEUES_MAX} queues, not {len(rows)}")
-    queues = [QueueFetch(*topic_row("queues", row, QUEUE_OFFSET_COLUMNS)) for row in rows]
+    queues = [QueueFetch(*QUEUE_FETCH.decode(row, "queues")) for row in rows]
     if len({q[:2] for q in queues}) != len(queues):
         raise BadRequestError("'queues' names a queue more than once")
     filters: dict[str, tuple[str, str]] = {}
@@ -116,11 +127,22 @@ class FetchedQueue(NamedTuple):
                    int(bounds.get("max_offset", 0)), 0, str(err))
 
     def row(self) -> list[Any]:
-        return [self.topic, self.queue_id, self.status, self.next_offset, self.min_offset, self.max_offset,
-                self.size, self.error, [list(d) for d in self.damaged]]
+        return FETCHED_QUEUE.encode(self)
 
 
-_ROW_TYPES = (str, int, int, int, int, int, int, str, list)
+FETCHED_QUEUE = schema("FetchedQueue", [
+    col("topic", STR, "the queue's topic"),
+    col("queue_id", I32, "the queue"),
+    col("status", I32, "SUCCESS (0) or the wire status of this queue's own error"),
+    col("next_offset", I64, "where the next read of the queue starts (past entries skipped: unmatched tags,"
+                            " expired, damaged; or where −1/−2 lie)"),
+    col("min_offset", I64, "the queue's first offset"),
+    col("max_offset", I64, "its end (the high watermark on a replicated queue)"),
+    col("size", I64, "bytes of the body holding the queue's records"),
+    col("error", STR, "the error's message (empty: none)"),
+    col("damaged", ARRAY, "`[[queue_offset, commitlog_offset], ...]` of records whose CRC failed: left out"
+                          " of the body and passed"),
+])
 
 
 def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[FetchedQueue]:
@@ -132,11 +154,7 @@ def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[Fetch
     found = []
     total = 0
     for row in rows:
-        if (not isinstance(row, list) or len(row) != len(_ROW_TYPES)
-                or not all(isinstance(v, t) for v, t in zip(row, _ROW_TYPES, strict=True))):
-            raise BadRequestError(f"FETCH answer row {row!r} is not [topic, queue_id, status, next_offset,"
-                                  " min_offset, max_offset, size, error, damaged]")
-        fetched = FetchedQueue(*row)
+        fetched = FetchedQueue(*FETCHED_QUEUE.decode(row, "queues"))
         total += fetched.size
         found.append(fetched)
     if total != body_size:

@@ -8,7 +8,7 @@ does not fit is the client's mistake and gets ``BAD_REQUEST`` naming the field, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
@@ -43,23 +43,6 @@ def checked_int(name: str, value: Any, width: IntWidth) -> int:
         raise BadRequestError(
             f"request field {name!r} is {value}, outside {width.name} ({width.low}..{width.high})")
     return value
-
-
-# Integer columns of request rows ``[topic, ...]``: name and width.
-Columns = Sequence[tuple[str, IntWidth]]
-QUEUE_COLUMNS: Columns = (("queue_id", INT32),)
-QUEUE_OFFSET_COLUMNS: Columns = (("queue_id", INT32), ("offset", INT64))
-
-
-def topic_row(name: str, row: Any, columns: Columns, optional: int = 0) -> list[Any]:
-    """One row ``[topic, int, ...]`` of the list field ``name``: the topic a str, each int fitting
-    its column; the last ``optional`` columns may be left out. BadRequestError names the column."""
-    if (not isinstance(row, list) or not len(columns) - optional <= len(row) - 1 <= len(columns)
-            or not isinstance(row[0], str)):
-        raise BadRequestError(
-            f"request field {name!r} must hold rows of [topic, {', '.join(c for c, _ in columns)}]")
-    return [row[0], *(checked_int(f"{name}: {column}", value, width)
-                      for (column, width), value in zip(columns, row[1:], strict=False))]
 
 
 @overload

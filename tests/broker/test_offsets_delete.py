@@ -4,6 +4,7 @@ the leader's commit stream, or by absence from a complete (new session) answer."
 from __future__ import annotations
 
 from gms.broker.offsets import DELETED, OffsetStore
+from gms.protocol.replication import GroupCommit
 
 
 def test_delete_group_forgets_its_offsets_and_survives_reload(tmp_path):
@@ -25,8 +26,8 @@ def test_deletes_travel_as_deleted_rows_after_the_followers_seq(tmp_path):
     leader.commit("other", "t", 0, 3)
     seen = leader.seq
     leader.delete_group("g")
-    assert leader.changed_since("t", 0, seen) == [["g", DELETED]]
-    assert sorted(leader.changed_since("t", 0, 0)) == [["g", DELETED], ["other", 3]]
+    assert leader.changed_since("t", 0, seen) == [GroupCommit("g", DELETED)]
+    assert sorted(c.to_wire() for c in leader.changed_since("t", 0, 0)) == [["g", DELETED], ["other", 3]]
 
     follower = OffsetStore(tmp_path / "follower.json")
     follower.commit("g", "t", 0, 5)
@@ -34,7 +35,7 @@ def test_deletes_travel_as_deleted_rows_after_the_followers_seq(tmp_path):
     follower.apply_replicated("t", 0, leader.changed_since("t", 0, seen), complete=False)
     assert follower.groups() == ["other"]
     # A follower's own followers learn the delete from it in turn.
-    assert ["g", DELETED] in follower.changed_since("t", 0, 0)
+    assert GroupCommit("g", DELETED) in follower.changed_since("t", 0, 0)
 
 
 def test_a_complete_answer_drops_groups_the_leader_no_longer_has(tmp_path):

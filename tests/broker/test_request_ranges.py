@@ -13,7 +13,8 @@ from gms.client import Producer
 from gms.errors import BadRequestError, QueueNotFoundError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
-from gms.protocol.fields import INT32, INT64, QUEUE_OFFSET_COLUMNS, field, topic_row
+from gms.protocol.fields import INT32, INT64, field
+from gms.protocol.groups import QUEUE_OFFSET
 
 I32, I64, U64_MAX = 1 << 31, 1 << 63, (1 << 64) - 1  # msgpack carries ints up to 2^64 - 1
 
@@ -80,7 +81,7 @@ def test_a_checked_int_always_packs(value):
 ])
 def test_topic_rows_name_what_is_wrong(row, message):
     with pytest.raises(BadRequestError) as caught:
-        topic_row("offsets", row, QUEUE_OFFSET_COLUMNS)
+        QUEUE_OFFSET.decode(row, "offsets")
     assert message in str(caught.value)
 
 
