@@ -8,7 +8,8 @@ import click
 
 from gms.cli.admin_context import open_admin
 from gms.cli.options import TimeParam, json_option, nameserver_option
-from gms.cli.output import body_text, error_text, message_dict, print_json, show, size_text, table, time_text
+from gms.cli.output import error_text, print_json, show, size_text, table, time_text
+from gms.client.display import body_text, message_dict
 from gms.client.routing import NameserversUnavailableError
 from gms.errors import GmsError, MessageNotFoundError, TopicNotFoundError
 from gms.msgid import decode_msg_id

@@ -10,8 +10,9 @@ import click
 
 from gms.cli.admin_context import client_security, open_admin
 from gms.cli.options import json_option, nameserver_option
-from gms.cli.output import body_text, print_json, show, table, time_text
+from gms.cli.output import print_json, show, table, time_text
 from gms.client import Consumer, Producer, ReceivedMessage
+from gms.client.display import body_text
 from gms.client.retries import DLQ_REASON_PROPERTY, ORIGIN_MSG_ID_PROPERTY, ORIGIN_TOPIC_PROPERTY, origin_topic
 from gms.errors import TopicNotFoundError
 from gms.naming import dlq_topic, retry_topic

@@ -12,12 +12,10 @@ import click
 from gms.cli.admin_context import open_admin
 from gms.cli.options import TimeParam, json_option, nameserver_option
 from gms.cli.output import print_json, show, table, time_text
-from gms.client import Admin
+from gms.client.display import group_lag
 from gms.client.offset_reset import QueueReset, ResetSpec
 from gms.cluster.model import GroupSettings
 from gms.errors import GroupNotEmptyError, GroupNotFoundError, QueueNotFoundError, TopicNotFoundError
-
-NO_COMMIT = -1
 
 
 @click.group()
@@ -39,34 +37,6 @@ def list_groups(nameserver: str, as_json: bool) -> None:
         click.echo("no consumer groups")
     else:
         show(table(None, ["group"], [(n,) for n in names]))
-
-
-def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per queue of every topic the group committed on or is assigned: committed, max
-    offset, lag (a queue without a commit is behind by all its messages, as for a new member)."""
-    owners = {(m["broker"], topic, q): m["member"] for m in described["members"] for topic, q in m["queues"]}
-    keys = set(owners)
-    for broker, topics in described["offsets"].items():
-        keys.update((broker, topic, q) for topic, queues in topics.items() for q in queues)
-    max_offsets: dict[tuple[str, str, int], tuple[int, int]] = {}
-    for topic in sorted({t for _, t, _ in keys}):
-        try:
-            stats = admin.topic_stats(topic)
-        except TopicNotFoundError:
-            continue  # deleted since: its committed offsets are shown without a max
-        max_offsets.update({(s["broker"], topic, s["queue_id"]): (s["min_offset"], s["max_offset"]) for s in stats})
-    keys.update(max_offsets)
-    rows = []
-    for broker, topic, q in sorted(keys, key=lambda k: (k[1], k[2], k[0])):
-        committed = described["offsets"].get(broker, {}).get(topic, {}).get(q, NO_COMMIT)
-        bounds = max_offsets.get((broker, topic, q))
-        high = lag = None
-        if bounds is not None:
-            low, high = bounds
-            lag = high - (committed if committed >= 0 else low)  # nothing committed: all of the queue is behind
-        rows.append({"topic": topic, "queue_id": q, "broker": broker, "member": owners.get((broker, topic, q)),
-                     "committed": committed if committed >= 0 else None, "max_offset": high, "lag": lag})
-    return rows
 
 
 @group.command()

@@ -19,8 +19,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from gms.cli.admin_context import client_security
 from gms.cli.interrupts import INTERRUPTED_EXIT_CODE, stop_requested
 from gms.cli.options import TimeParam, json_option, nameserver_option, topic_argument
-from gms.cli.output import console, error_text, message_dict, message_line, print_json
+from gms.cli.output import console, error_text, message_line, print_json
 from gms.client import Consumer, DamagedRecord, Producer, SendFuture, SendResult, SimpleConsumer, Sql
+from gms.client.display import message_dict
 
 # How many results `gms produce` lists one by one before it only prints a summary.
 RESULTS_LISTED_MAX = 10

@@ -3,7 +3,6 @@ are safe to show, and the one place that turns expected failures into short erro
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import sys
@@ -14,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from gms.client.display import body_text
 from gms.client.routing import NameserversUnavailableError
 from gms.client.structs import ReceivedMessage
 from gms.errors import ForbiddenError, GmsError, ServiceUnavailableError
@@ -69,38 +69,6 @@ def time_text(ms: int | None) -> str:
     if not ms:
         return "-"
     return datetime.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
-
-
-def body_text(body: bytes) -> str:
-    """Readable text as is; anything else (binary, control characters) escaped like a bytes repr."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return _escaped(body)
-    if all(c.isprintable() or c == "\t" for c in text):
-        return text
-    return _escaped(body)
-
-
-def _escaped(body: bytes) -> str:
-    return repr(body)[2:-1]
-
-
-def message_dict(msg: ReceivedMessage) -> dict[str, Any]:
-    """One message for ``--format json`` / ``--json``: text bodies as text, others in base64."""
-    body = msg.body
-    try:
-        text: str | None = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    return {
-        "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
-        "msg_id": msg.msg_id, "tag": msg.tag, "keys": list(msg.keys),
-        "properties": dict(msg.properties), "born_host": msg.born_host,
-        "born_timestamp_ms": msg.born_timestamp_ms, "store_timestamp_ms": msg.store_timestamp_ms,
-        "body": text if text is not None else base64.b64encode(body).decode("ascii"),
-        "body_encoding": "utf-8" if text is not None else "base64",
-    }
 
 
 def message_line(msg: ReceivedMessage) -> str:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gms.cli.group import group_lag
-from gms.cli.output import body_text, message_dict
 from gms.client import Admin
+from gms.client.display import body_text, group_lag, message_dict
 from gms.errors import GmsError, GroupNotFoundError, MessageNotFoundError, TopicNotFoundError
 from gms.msgid import decode_msg_id
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gms.cli.main import cli
-from gms.cli.output import body_text
+from gms.client.display import body_text
 from gms.nameserver.embedded_etcd import free_port
 
 COMMANDS = [
