@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gms.broker.mapped_file import MappedFile, fsync_dir, list_files
 from gms.private_files import make_private_dir
 
 log = logging.getLogger(__name__)
+
+
+def newest_run(files: Sequence[tuple[int, int]]) -> int:
+    """The index of the first file of the newest contiguous run among ``files`` ((base offset,
+    size in bytes), in offset order): a file continues the run when it starts where the one
+    before it ends. The files before a hole (some deleted by hand) are not read."""
+    first = 0
+    for i, ((prev, size), (cur, _)) in enumerate(itertools.pairwise(files), 1):
+        if cur != prev + size:
+            first = i
+    return first
 
 
 class SegmentList:
@@ -45,10 +56,7 @@ class SegmentList:
                 path.unlink()
             else:
                 found.append((base, path))
-        first = 0
-        for i, ((prev, _), (cur, _)) in enumerate(itertools.pairwise(found), 1):
-            if cur != prev + file_size_bytes:
-                first = i
+        first = newest_run([(base, file_size_bytes) for base, _ in found])
         if first:
             log.warning("%s: files missing before %s; the %d older file(s) are ignored",
                         directory, found[first][1].name, first)

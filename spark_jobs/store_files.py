@@ -2,10 +2,12 @@
 
 The broker's own classes (``MappedFile``, ``ConsumeQueue``, ``MessageStore``) open files
 read-write, resize short files and take the abort marker, so Spark reads the same layout here
-with ``O_RDONLY`` maps instead. Nothing is ever written. A queue ends at its first entry of size
-0 (as ``ConsumeQueue.load`` finds it); the broker writes the commitlog bytes before the entry that
-points at them, so everything up to that entry is readable. Commitlog files deleted by retention
-while we read are reported as missing, not as corruption.
+with ``O_RDONLY`` maps instead. Nothing is ever written. A queue's files and bounds are found by
+the broker's own rules (``segment_list.newest_run``, ``consume_queue.queue_bounds``, as the
+``ConsumeQueue`` constructor finds them when a broker opens the queue): it ends at the first entry
+of size 0 of its newest file with entries; the broker writes the commitlog bytes before the entry
+that points at them, so everything up to that entry is readable. Commitlog files deleted by
+retention while we read are reported as missing, not as corruption.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT, queue_bounds
 from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.mapped_file import list_files
+from gms.broker.segment_list import newest_run
 from gms.broker.store_paths import StorePaths
 from gms.naming import validate_topic_name
 
@@ -75,32 +78,28 @@ def _map_read_only(path: Path) -> np.ndarray | None:
         os.close(fd)  # the map keeps its own reference to the file
 
 
+def _first_slot(entries: np.ndarray, written: bool) -> int | None:
+    """As the broker's ``consume_queue._first_slot``, over a mapped file's entries."""
+    hits = np.flatnonzero(entries["size"] > 0 if written else entries["size"] <= 0)
+    return int(hits[0]) if hits.size else None
+
+
 class QueueIndex:
     """One consumeQueue, read-only: entries by queue offset, found by arithmetic."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._files: list[tuple[int, np.ndarray]] = []  # (first queue offset, entries)
+        found = []  # (base byte offset, entries)
         for base_bytes, path in list_files(directory):
             arr = _map_read_only(path)
-            if arr is None or len(arr) % CQ_UNIT.size:
-                continue
-            first = base_bytes // CQ_UNIT.size
-            if self._files and first != self._files[-1][0] + len(self._files[-1][1]):
-                self._files = []  # a hole: keep the newest contiguous run, as the broker does
-            self._files.append((first, arr.view(CQ_DTYPE)))
-        self.min_offset, self.max_offset = self._bounds()
-
-    def _bounds(self) -> tuple[int, int]:
-        if not self._files:
-            return 0, 0
-        first, entries = self._files[0]
-        written = entries["size"] > 0
-        low = first + (int(np.argmax(written)) if written.any() else len(entries))
-        last, entries = self._files[-1]
-        unwritten = np.flatnonzero(entries["size"] <= 0)
-        high = last + (int(unwritten[0]) if unwritten.size else len(entries))
-        return min(low, high), high
+            if arr is not None and not len(arr) % CQ_UNIT.size:  # an empty file's or a torn size: unusable
+                found.append((base_bytes, arr))
+        run = found[newest_run([(base, len(arr)) for base, arr in found]):]
+        # (first queue offset, entries) of the newest contiguous run, as the broker maps them
+        self._files = [(base // CQ_UNIT.size, arr.view(CQ_DTYPE)) for base, arr in run]
+        self.min_offset, self.max_offset = queue_bounds(
+            [(first, len(entries)) for first, entries in self._files],
+            lambda i, written: _first_slot(self._files[i][1], written))
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) (CQ_DTYPE), clipped to what the index holds."""

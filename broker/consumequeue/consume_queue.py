@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,17 +42,11 @@ def pick_tags(entries: np.ndarray, tag_hashes: np.ndarray, max_picks: int) -> tu
     return np.frombuffer(found, np.int64), scanned
 
 
-def _entry(f: MappedFile, slot: int) -> np.void:
-    """Entry ``slot`` of ``f``, read with pread (see :func:`_first_slot`)."""
-    pos = slot * CQ_UNIT.size
-    return np.frombuffer(b"".join(f.read_chunks(pos, pos + CQ_UNIT.size, CQ_UNIT.size)), CQ_DTYPE)[0]
-
-
 def _first_slot(f: MappedFile, written: bool) -> int | None:
     """The slot in ``f`` of its first entry that is written (size > 0; else: that is not), None
     if there is none. Only the entries before the end of the file's data on disk are read (the
-    rest is holes, all zeros), in chunks, through pread: opening a queue costs neither a
-    whole file's worth of page faults nor resident memory."""
+    rest is holes, all zeros), in chunks, through pread (not through the map): opening a queue
+    costs neither a whole file's worth of page faults nor resident memory."""
     end = min(-(-f.data_end() // CQ_UNIT.size), f.size_bytes // CQ_UNIT.size)
     slot = 0
     for raw in f.read_chunks(0, end * CQ_UNIT.size, SCAN_CHUNK_ENTRIES * CQ_UNIT.size):
@@ -61,6 +56,24 @@ def _first_slot(f: MappedFile, written: bool) -> int | None:
             return slot + int(hits[0])
         slot += len(sizes)
     return None if written or end == f.size_bytes // CQ_UNIT.size else end
+
+
+def queue_bounds(files: Sequence[tuple[int, int]], first_slot: Callable[[int, bool], int | None]) -> tuple[int, int]:
+    """(minimum, end) of a queue whose files are ``files`` ((queue offset of the first entry,
+    entries), in offset order); ``first_slot(i, written)``: the slot of file i's first entry that
+    is written (size > 0; written=False: that is not), None if none. The end is the newest file's
+    first unwritten entry, past files an append reserved and then failed to write (they are
+    empty); the minimum is the first file's first written entry. The broker opens its queues
+    with this, and so does Spark reading a store (gms.spark_jobs.store_files)."""
+    if not files:
+        return 0, 0
+    newest = len(files) - 1
+    used = first_slot(newest, False)
+    while newest > 0 and used == 0:
+        newest -= 1
+        used = first_slot(newest, False)
+    first, entries = files[newest]
+    return files[0][0] + (first_slot(0, True) or 0), first + (entries if used is None else used)
 
 
 class OffsetExpired(StoreError):
@@ -79,17 +92,11 @@ class ConsumeQueue:
         self.entries_per_file = entries_per_file
         self.file_size_bytes = entries_per_file * CQ_UNIT.size
         self._segments = SegmentList.load(directory, self.file_size_bytes)
-        self.min_offset = 0
-        self.max_offset = 0  # the next offset to be written; published after the entries are
         files = self.files
-        if files:
-            newest = len(files) - 1  # files reserved by an append that then failed are empty
-            while newest > 0 and _entry(files[newest], 0)["size"] <= 0:
-                newest -= 1
-            last = files[newest]
-            used = _first_slot(last, written=False)
-            self.max_offset = last.base_offset // CQ_UNIT.size + (entries_per_file if used is None else used)
-            self.min_offset = files[0].base_offset // CQ_UNIT.size + (_first_slot(files[0], written=True) or 0)
+        # max_offset: the next offset to be written; published after the entries are.
+        self.min_offset, self.max_offset = queue_bounds(
+            [(f.base_offset // CQ_UNIT.size, entries_per_file) for f in files],
+            lambda i, written: _first_slot(files[i], written))
         self._flushed_offset = self.max_offset
 
     @property
