@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gms.broker.mapped_file import MappedFile, fsync_dir, list_files
 from gms.private_files import make_private_dir
+from gms.store_errors import StoreInvariantBroken
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class SegmentList:
         return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0)
 
     def append(self, f: MappedFile) -> None:
-        assert not self.files or f.base_offset == self.files[-1].end_offset, (f.path, self.files[-1].path)
+        if self.files and f.base_offset != self.files[-1].end_offset:
+            raise StoreInvariantBroken(f"{f.path} does not follow {self.files[-1].path}")
         self.files = [*self.files, f]
 
     def take_from(self, base_offset: int) -> list[MappedFile]:

@@ -158,6 +158,12 @@ class StoreCorrupt(StoreError, ServerError):
 
 
 
+class StoreInvariantBroken(StoreError, ServerError):
+    """An invariant of the store's own bookkeeping does not hold (a bug): the write that found it
+    stops there, before it could place data where readers or recovery do not expect it. Raised,
+    not asserted, so ``python -O`` keeps the check."""
+
+
 class StoreLayoutMismatch(StoreError, ServerError):
     """The store was created with another file geometry than the one configured."""
 

@@ -21,7 +21,7 @@ import numpy as np
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
-from gms.store_errors import MessageNotFound
+from gms.store_errors import MessageNotFound, StoreInvariantBroken
 
 _BLANK = struct.Struct(">iI")
 # Flushed commitlog pages further than this behind the flushed end leave the broker's resident set
@@ -173,12 +173,16 @@ class CommitLog:
             rel = placement.phys[i:k] - base
             f.array[rel[:, None] + _ENVELOPE_COLUMNS] = env_bytes[i:k]
             self.write_pos = phys + src_end - src_start
-        assert self.write_pos == placement.end_offset
+        if self.write_pos != placement.end_offset:
+            raise StoreInvariantBroken(f"commitlog write ended at {self.write_pos}, its placement at"
+                                       f" {placement.end_offset}")
 
     def commit(self, end_offset: int) -> None:
         """The batch written up to ``end_offset`` is indexed: readers and the flusher may have it.
         The committed end only moves forward (set_end, at open, is the one way to place it)."""
-        assert self.committed_pos <= end_offset == self.write_pos, (self.committed_pos, end_offset, self.write_pos)
+        if not self.committed_pos <= end_offset == self.write_pos:
+            raise StoreInvariantBroken(f"commitlog commit to {end_offset} (committed {self.committed_pos},"
+                                       f" written {self.write_pos})")
         self.committed_pos = end_offset
         if not self._next_prepared:
             self._prepare_next_when_due()

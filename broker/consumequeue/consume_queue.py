@@ -23,7 +23,7 @@ import numpy as np
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import _recordcheck
-from gms.store_errors import StoreError
+from gms.store_errors import StoreError, StoreInvariantBroken
 
 CQ_UNIT = struct.Struct(">qiq")
 SCAN_CHUNK_ENTRIES = 3_276  # entries (64 KiB) read at a time to find a queue's ends on open
@@ -138,7 +138,9 @@ class ConsumeQueue:
     def write(self, start_offset: int, entries: np.ndarray) -> None:
         """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see
         them once :meth:`publish` moves the end."""
-        assert start_offset == self.max_offset, (start_offset, self.max_offset)
+        if start_offset != self.max_offset:
+            raise StoreInvariantBroken(f"{self.directory}: entries written at {start_offset}, not at the end"
+                                       f" {self.max_offset}")
         raw = entries.view(np.uint8)
         offset, done = start_offset, 0
         while done < len(entries):
@@ -151,7 +153,8 @@ class ConsumeQueue:
 
     def write_one(self, offset: int, phys: int, size: int, tag_hash: int) -> None:
         """:meth:`write` of one entry."""
-        assert offset == self.max_offset, (offset, self.max_offset)
+        if offset != self.max_offset:
+            raise StoreInvariantBroken(f"{self.directory}: entry written at {offset}, not at the end {self.max_offset}")
         CQ_UNIT.pack_into(self._file(offset, self.files).view, offset % self.entries_per_file * CQ_UNIT.size,
                           phys, size, tag_hash)
 
@@ -163,7 +166,8 @@ class ConsumeQueue:
 
     def publish(self, end_offset: int) -> None:
         """The entries below ``end_offset`` are written: serve them."""
-        assert end_offset >= self.max_offset, (end_offset, self.max_offset)
+        if end_offset < self.max_offset:
+            raise StoreInvariantBroken(f"{self.directory}: end {end_offset} published below {self.max_offset}")
         self.max_offset = end_offset
 
     def erase(self, start_offset: int, count: int) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from gms.broker.mapped_file import MappedFile
-from gms.store_errors import StoreIOError
+from gms.store_errors import StoreInvariantBroken, StoreIOError
 
 INDEX_MAGIC = 0x474D534B  # "GMSK"
 _HEADER = struct.Struct(">Iiiiqqq")
@@ -97,7 +97,8 @@ class IndexFile:
         """Append entries (at most ``room``; ``phys`` ascending, from ``end_phys`` on), chaining
         each to its slot's newest entry -- within the batch too -- with a few numpy calls."""
         n = len(hashes)
-        assert 0 < n <= self.room, (n, self.room)
+        if not 0 < n <= self.room:
+            raise StoreInvariantBroken(f"{n} key index entries added to a file with room for {self.room}")
         self._file.allocate_to(self._entries_at + (self.count + n) * ENTRY_DTYPE.itemsize)
         numbers = np.arange(self.count + 1, self.count + n + 1, dtype=np.int64)
         slot_of = self._slot_of(hashes)
@@ -115,7 +116,8 @@ class IndexFile:
 
     def add_one(self, key_hash: int, phys: int, store_ts_ms: int) -> None:
         """:meth:`add` of one entry with ``struct`` (a single send: no numpy fixed costs)."""
-        assert self.room > 0
+        if self.room <= 0:
+            raise StoreInvariantBroken("a key index entry added to a full file")
         number = self.count + 1
         self._file.allocate_to(self._entries_at + number * ENTRY_DTYPE.itemsize)
         slot_at = HEADER_SIZE + (key_hash & _U64) % self.slot_count * SLOT_DTYPE.itemsize
