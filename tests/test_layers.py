@@ -1,0 +1,93 @@
+"""The product's folders depend one way: every import between them is read from the source (ast)
+and checked against the layers below. A new import pointing the wrong way fails here, naming the
+file and the line.
+
+    cli  ─────────────────────────────────► every layer below (it is the top)
+    console ───► client ───► common (the `gms` package itself)
+    spark_jobs ─► broker, client, common (it reads a store's files with the broker's own code)
+    broker, nameserver ───► common
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"common": "common", "broker": "broker", "nameserver": "nameserver", "client": "client",
+           "console": "console", "spark_jobs": "spark_jobs", "cli": "cli"}
+ALLOWED = {
+    "common": set(),
+    "broker": {"common"},
+    "nameserver": {"common"},
+    "client": {"common"},
+    "console": {"client", "common"},
+    "spark_jobs": {"broker", "client", "common"},
+    "cli": {"common", "broker", "nameserver", "client", "console", "spark_jobs"},
+}
+# `python -m gms.console` runs the CLI's `gms console` command as a server process (as `gms
+# standalone` starts it): an entry point above every layer, imported by nothing.
+ENTRY_POINTS = {Path("console/__main__.py")}
+# Wrong-way imports not removed yet, each with what keeps it. A ratchet: nothing may join the list,
+# and the test fails once an entry is no longer needed, so the list only shrinks.
+KNOWN = {
+    "broker/rocketmq/groups.py": "the gRPC endpoint dead-letters with the SDK's idempotent Producer (acks=-1) and"
+                                 " reads group settings with its runtime: the dead-letter topic's leader may be"
+                                 " another broker, and the broker has no send path of its own to it (issue 31's"
+                                 " service layer)",
+    "broker/rocketmq/service.py": "EXHAUSTED_REASON, the dead-letter reason the SDK's SimpleConsumer gives (moves with"
+                                  " the dead-lettering above)",
+}
+
+
+def _layer(module: str) -> str | None:
+    """The folder of an absolute module name (None: not gms)."""
+    parts = module.split(".")
+    if parts[0] != "gms":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS and parts[1] != "common" else "common"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every gms import of ``path``, also those under TYPE_CHECKING or
+    inside functions (relative imports stay in their own folder)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def wrong_way_imports(root: Path = ROOT) -> list[str]:
+    wrong = []
+    for layer, folder in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root)
+            if relative in ENTRY_POINTS or ".venv" in relative.parts:
+                continue
+            for line, module in _imports(path):
+                target = _layer(module)
+                if target is not None and target != layer and target not in ALLOWED[layer]:
+                    wrong.append(f"{relative}:{line}: {layer} imports {module} ({target})")
+    return wrong
+
+
+def test_no_import_points_the_wrong_way():
+    wrong = wrong_way_imports()
+    assert [w for w in wrong if w.split(":")[0] not in KNOWN] == []
+    assert sorted({w.split(":")[0] for w in wrong}) == sorted(KNOWN), "an entry of KNOWN is fixed: remove it"
+
+
+def test_the_check_sees_a_wrong_way_import(tmp_path):
+    for folder in FOLDERS.values():
+        (tmp_path / folder).mkdir()
+    (tmp_path / "broker" / "bad.py").write_text("def f():\n    from gms.client.producer import Producer\n")
+    (tmp_path / "common" / "bad.py").write_text("import gms.broker.store\nfrom gms.protocol import rows\n")
+    (tmp_path / "console" / "bad.py").write_text("from gms.cli.output import table\nfrom gms.client import Admin\n")
+    assert wrong_way_imports(tmp_path) == [
+        "common/bad.py:1: common imports gms.broker.store (broker)",
+        "broker/bad.py:2: broker imports gms.client.producer (client)",
+        "console/bad.py:1: console imports gms.cli.output (cli)",
+    ]
