@@ -38,7 +38,7 @@ from gms.errors import (
 from gms.msgid import MessageId, decode_msg_id
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.frame import Frame
-from gms.protocol.groups import QueueOffset, QueueRef, queue_offsets, queue_refs
+from gms.protocol.groups import QueueOffset, QueueRef, TransactionQueue, queue_offsets, queue_refs
 from gms.protocol.topic_batch import CREATE_TOPICS_MAX
 from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
@@ -312,10 +312,10 @@ class Admin:
         return list(await asyncio.gather(*(ask(b) for b in brokers), return_exceptions=True))
 
     def _member_by_leader(self, member: dict[str, Any], coordinator: str) -> list[dict[str, Any]]:
-        by_leader: dict[str, list[list[Any]]] = defaultdict(list)
-        for topic, queue_id in member["queues"]:
-            leaders = {r.queue_id: r.broker for r in self._runtime.run(self._runtime.routes.routes(topic))}
-            by_leader[leaders.get(queue_id, coordinator)].append([topic, queue_id])
+        by_leader: dict[str, list[QueueRef]] = defaultdict(list)
+        for queue in queue_refs(member, "queues"):
+            leaders = {r.queue_id: r.broker for r in self._runtime.run(self._runtime.routes.routes(queue.topic))}
+            by_leader[leaders.get(queue.queue_id, coordinator)].append(queue)
         if not by_leader:
             return [{**member, "broker": coordinator}]
         return [{**member, "broker": leader, "queues": queues} for leader, queues in by_leader.items()]
@@ -557,7 +557,8 @@ class Admin:
         for broker, answer in zip(brokers, self._ask(brokers, RequestCode.LIST_TRANSACTIONS, errors=True),
                                   strict=True):
             if not isinstance(answer, BaseException):
-                rows += [{**row, "broker": broker} for row in answer["transactions"] if row["leader"]]
+                rows += [{**row, "queues": [TransactionQueue.from_wire(q, "queues") for q in row["queues"]],
+                          "broker": broker} for row in answer["transactions"] if row["leader"]]
         return sorted(rows, key=lambda row: -row["age_ms"])
 
     def end_transaction(self, tx_id: str, *, commit: bool) -> list[str]:

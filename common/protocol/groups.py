@@ -1,6 +1,8 @@
-"""The queue rows of consumer-group requests and answers (COMMIT_OFFSET, FETCH_OFFSET, HEARTBEAT's
-``held``, RESET_OFFSETS, DELETE_GROUP): ``[topic, queue_id]`` and ``[topic, queue_id, offset]``.
-NamedTuples, as the handlers unpack them, each with its :mod:`gms.protocol.rows` schema."""
+"""The queue rows of the consumer-side requests and answers: consumer groups (COMMIT_OFFSET,
+FETCH_OFFSET, HEARTBEAT's ``held``, a member's queues in GET_CONSUMER_GROUP_MEMBERS,
+RESET_OFFSETS, DELETE_GROUP), pop acknowledgements (ACK_MESSAGE's ``expired``) and open
+transactions (LIST_TRANSACTIONS). NamedTuples, as their users unpack them, each with its
+:mod:`gms.protocol.rows` schema and ``to_wire`` / ``from_wire``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ class QueueRef(NamedTuple):
     def to_wire(self) -> list[Any]:
         return QUEUE_REF.encode(self)
 
+    @classmethod
+    def from_wire(cls, row: Any, field: str = "row") -> QueueRef:
+        return cls(*QUEUE_REF.decode(row, field))
+
 
 class QueueOffset(NamedTuple):
     topic: str
@@ -26,6 +32,35 @@ class QueueOffset(NamedTuple):
 
     def to_wire(self) -> list[Any]:
         return QUEUE_OFFSET.encode(self)
+
+    @classmethod
+    def from_wire(cls, row: Any, field: str = "row") -> QueueOffset:
+        return cls(*QUEUE_OFFSET.decode(row, field))
+
+
+class ExpiredHandle(NamedTuple):
+    queue_id: int
+    offset: int
+
+    def to_wire(self) -> list[Any]:
+        return EXPIRED_HANDLE.encode(self)
+
+    @classmethod
+    def from_wire(cls, row: Any, field: str = "row") -> ExpiredHandle:
+        return cls(*EXPIRED_HANDLE.decode(row, field))
+
+
+class TransactionQueue(NamedTuple):
+    topic: str
+    queue_id: int
+    messages: int
+
+    def to_wire(self) -> list[Any]:
+        return TRANSACTION_QUEUE.encode(self)
+
+    @classmethod
+    def from_wire(cls, row: Any, field: str = "row") -> TransactionQueue:
+        return cls(*TRANSACTION_QUEUE.decode(row, field))
 
 
 QUEUE_REF = schema("QueueRef", [
@@ -37,13 +72,23 @@ QUEUE_OFFSET = schema("QueueOffset", [
     col("queue_id", I32, "the queue"),
     col("offset", I64, "an offset of the queue (a group's next offset to consume)"),
 ])
+EXPIRED_HANDLE = schema("ExpiredHandle", [
+    col("queue_id", I32, "the queue (of the request's topic)"),
+    col("offset", I64, "the message's queue offset: its handle no longer holds (handed out again since, or never"
+                       " here)"),
+])
+TRANSACTION_QUEUE = schema("TransactionQueue", [
+    col("topic", STR, "the queue's topic"),
+    col("queue_id", I32, "the queue"),
+    col("messages", I64, "the transaction's half messages on it"),
+])
 
 
 def queue_refs(fields: Mapping[str, Any], name: str) -> list[QueueRef]:
     """The :class:`QueueRef` rows of the list field ``name`` (BadRequestError names a bad one)."""
-    return [QueueRef(*QUEUE_REF.decode(row, name)) for row in field(fields, name, list)]
+    return [QueueRef.from_wire(row, name) for row in field(fields, name, list)]
 
 
 def queue_offsets(fields: Mapping[str, Any], name: str) -> list[QueueOffset]:
     """The :class:`QueueOffset` rows of the list field ``name`` (BadRequestError names a bad one)."""
-    return [QueueOffset(*QUEUE_OFFSET.decode(row, name)) for row in field(fields, name, list)]
+    return [QueueOffset.from_wire(row, name) for row in field(fields, name, list)]

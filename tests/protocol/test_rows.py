@@ -13,7 +13,7 @@ import pytest
 from gms.errors import BadRequestError
 from gms.protocol import docs
 from gms.protocol.fetch import FETCHED_QUEUE, FetchedQueue
-from gms.protocol.groups import QUEUE_REF, QueueOffset, QueueRef, queue_offsets
+from gms.protocol.groups import QUEUE_REF, ExpiredHandle, QueueOffset, QueueRef, TransactionQueue, queue_offsets
 from gms.protocol.replication import (
     EpochAnswer,
     EpochEntry,
@@ -118,6 +118,10 @@ def test_offset_runs_round_trip():
 def test_namedtuple_rows_keep_their_wire_lists():
     assert QueueRef("t", 2).to_wire() == ["t", 2] and QUEUE_REF.decode(["t", 2], "queues") == ["t", 2]
     assert queue_offsets({"offsets": [["t", 2, 9]]}, "offsets") == [QueueOffset("t", 2, 9)]
+    assert ExpiredHandle.from_wire(_received(ExpiredHandle(3, 70).to_wire())) == (3, 70)
+    assert TransactionQueue.from_wire(["t", 1, 4]) == TransactionQueue("t", 1, 4)
+    with pytest.raises(BadRequestError, match=r"'expired' must hold rows of \[queue_id, offset\]"):
+        ExpiredHandle.from_wire([3], "expired")
     fetched = FetchedQueue("t", 1, 0, 5, 0, 9, 30, "", ((3, 70),))
     assert _packed(fetched.row()) == _packed(["t", 1, 0, 5, 0, 9, 30, "", [[3, 70]]])
     assert FetchedQueue(*FETCHED_QUEUE.decode(_received(fetched.row()), "queues")).damaged == [[3, 70]]
