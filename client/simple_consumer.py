@@ -33,7 +33,7 @@ from gms.client.subscriptions import Sql, parse_subscription
 from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, ReceiptHandleExpiredError, TopicNotFoundError
-from gms.naming import dlq_topic
+from gms.naming import EXHAUSTED_REASON, dlq_topic
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array
 from gms.protocol.groups import ExpiredHandle
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 INVISIBLE_DURATION_MS = 30_000
 AWAIT_DURATION_MS = 5_000  # how long a receive waits for messages (a long poll)
 ROUTE_RETRIES = 3  # re-routed attempts of an ack or a change after a leader moved
-EXHAUSTED_REASON = "delivery attempts exhausted"
 
 
 Acknowledgeable = PoppedMessage | ReceiptHandle | str  # a message, its receipt handle, or that as text

@@ -64,6 +64,11 @@ def dlq_topic(group: str) -> str:
     return DLQ_TOPIC_PREFIX + group
 
 
+# The reason a message moved to its group's dead-letter topic gives when its delivery attempts ran
+# out (the SDK's SimpleConsumer and the RocketMQ endpoint's pops).
+EXHAUSTED_REASON = "delivery attempts exhausted"
+
+
 def group_of_topic(topic: str) -> str | None:
     """The consumer group whose retry or dead-letter topic ``topic`` is (None: an ordinary topic)."""
     for prefix in (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX):

@@ -35,8 +35,6 @@ KNOWN = {
                                  " reads group settings with its runtime: the dead-letter topic's leader may be"
                                  " another broker, and the broker has no send path of its own to it (issue 31's"
                                  " service layer)",
-    "broker/rocketmq/service.py": "EXHAUSTED_REASON, the dead-letter reason the SDK's SimpleConsumer gives (moves with"
-                                  " the dead-lettering above)",
 }
 
 

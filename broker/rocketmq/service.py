@@ -51,9 +51,9 @@ from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
 from gms.broker.rocketmq.routes import served_queues, topic_message_type
 from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.store import GetStatus
-from gms.client.simple_consumer import EXHAUSTED_REASON
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
+from gms.naming import EXHAUSTED_REASON
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
 from gms.record import decode_record, encode_record, iter_records

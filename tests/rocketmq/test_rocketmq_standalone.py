@@ -16,8 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.client import Admin, SimpleConsumer  # noqa: E402
 from gms.client.retries import DLQ_REASON_PROPERTY  # noqa: E402
-from gms.client.simple_consumer import EXHAUSTED_REASON  # noqa: E402
-from gms.naming import dlq_topic  # noqa: E402
+from gms.naming import EXHAUSTED_REASON, dlq_topic  # noqa: E402
 from tests.processes import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
