@@ -23,6 +23,7 @@ columns, or the column whose integer is out of its width.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
@@ -46,7 +47,13 @@ class Kind(NamedTuple):
 
 
 def _int_kind(width: IntWidth) -> Kind:
-    return Kind(width.name, lambda label, value: checked_int(label, value, width))
+    low, high = width.low, width.high
+
+    def decode(label: str, value: Any) -> int:
+        if type(value) is int and low <= value <= high:
+            return value
+        return checked_int(label, value, width)  # raises, naming the column
+    return Kind(width.name, decode)
 
 
 def _typed(name: str, types: type | tuple[type, ...]) -> Kind:
@@ -100,13 +107,26 @@ def column(kind: Kind, doc: str, *, default: Any = _REQUIRED, trailing: bool = F
     return dataclasses.field(default=default, metadata=metadata)
 
 
-class Schema(NamedTuple):
-    """The columns of one row kind, in wire order."""
+class Schema:
+    """The columns of one row kind, in wire order, and their encoder and decoder (what they need
+    per row worked out once: a fetch answers thousands of rows)."""
 
-    name: str
-    columns: tuple[Column, ...]
-    required: int  # the columns every row has
-    open: bool  # columns after the known ones are ignored
+    __slots__ = ("_decoders", "_encoders", "_labels", "_tail", "columns", "name", "open", "required")
+
+    def __init__(self, name: str, columns: Sequence[Column], *, open: bool = False) -> None:
+        self.name = name
+        self.columns = tuple(columns)
+        self.required = sum(1 for c in self.columns if c.default is _REQUIRED)
+        if any(c.default is _REQUIRED for c in self.columns[self.required:]):
+            raise TypeError(f"{name}: a column without a default follows one with a default")
+        self.open = open  # columns after the known ones are ignored
+        self._decoders = tuple(c.kind.decode for c in self.columns)
+        self._encoders = tuple((i, c.kind.encode) for i, c in enumerate(self.columns) if c.kind.encode is not None)
+        tail = len(self.columns)
+        while tail and self.columns[tail - 1].trailing:
+            tail -= 1
+        self._tail = tail  # the columns from here on are trailing
+        self._labels: dict[str, tuple[str, ...]] = {}  # field -> each column's name in errors
 
     def shape(self) -> str:
         """``[topic, queue_id, ...]``, as error messages and the docs show a row."""
@@ -115,23 +135,31 @@ class Schema(NamedTuple):
     def decode(self, row: Any, field: str) -> list[Any]:
         """The values of the wire row ``row`` (an element of the request field ``field``),
         defaults filled in; BadRequestError when it does not fit."""
-        if (not isinstance(row, list) or len(row) < self.required
-                or (len(row) > len(self.columns) and not self.open)):
+        n = len(self.columns)
+        if type(row) is not list or len(row) < self.required or (len(row) > n and not self.open):
             raise BadRequestError(f"request field {field!r} must hold rows of {self.shape()}")
+        labels = self._labels.get(field)
+        if labels is None:
+            labels = self._labels[field] = tuple(f"{field}: {c.name}" for c in self.columns)
         try:
-            values = [c.kind.decode(f"{field}: {c.name}", v) for c, v in zip(self.columns, row, strict=False)]
+            values = [decode(label, v) for decode, label, v in zip(self._decoders, labels, row, strict=False)]
         except _Mismatch:
             raise BadRequestError(f"request field {field!r} must hold rows of {self.shape()}") from None
-        values.extend(c.default for c in self.columns[len(values):])
+        if len(values) < n:
+            values.extend(c.default for c in self.columns[len(values):])
         return values
 
     def encode(self, values: Sequence[Any]) -> list[Any]:
         """The wire row of ``values`` (one per column), trailing defaults left off."""
-        end = len(self.columns)
-        while end and self.columns[end - 1].trailing and _is_default(values[end - 1], self.columns[end - 1].default):
+        row = list(values)
+        for i, encode in self._encoders:
+            row[i] = encode(row[i])
+        end = len(row)
+        while end > self._tail and _is_default(values[end - 1], self.columns[end - 1].default):
             end -= 1
-        return [v if c.kind.encode is None else c.kind.encode(v)
-                for c, v in zip(self.columns[:end], values[:end], strict=True)]
+        if end < len(row):
+            del row[end:]
+        return row
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -142,10 +170,7 @@ def _is_default(value: Any, default: Any) -> bool:
 
 def schema(name: str, columns: Sequence[Column], *, open: bool = False) -> Schema:
     """The schema of a row kind that is not a :class:`WireRow` (e.g. a NamedTuple kept for its callers)."""
-    required = sum(1 for c in columns if c.default is _REQUIRED)
-    if any(c.default is _REQUIRED for c in columns[required:]):
-        raise TypeError(f"{name}: a column without a default follows one with a default")
-    return Schema(name, tuple(columns), required, open)
+    return Schema(name, columns, open=open)
 
 
 def col(name: str, kind: Kind, doc: str, *, default: Any = _REQUIRED, trailing: bool = False) -> Column:
@@ -170,11 +195,12 @@ class WireRow:
         return cls(*_schema_of(cls).decode(row, field))
 
     def to_wire(self) -> list[Any]:
-        found = _schema_of(type(self))
-        return found.encode([getattr(self, c.name) for c in found.columns])
+        found = _SCHEMAS.get(type(self)) or _schema_of(type(self))
+        return found.encode(_getters[type(self)](self))
 
 
 _SCHEMAS: dict[type[WireRow], Schema] = {}
+_getters: dict[type[WireRow], Callable[[WireRow], tuple[Any, ...]]] = {}  # a row's values, in column order
 
 
 def _schema_of(cls: type[WireRow]) -> Schema:
@@ -182,7 +208,10 @@ def _schema_of(cls: type[WireRow]) -> Schema:
     if found is None:
         columns = [Column(f.name, f.metadata["kind"], f.metadata["doc"], f.default, f.metadata["trailing"])
                    for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        found = _SCHEMAS[cls] = schema(cls.__name__, columns, open=cls.OPEN)
+        found = _SCHEMAS[cls] = Schema(cls.__name__, columns, open=cls.OPEN)
+        names = [c.name for c in columns]
+        getter = operator.attrgetter(*names)
+        _getters[cls] = getter if len(names) > 1 else lambda row: (getter(row),)
     return found
 
 
