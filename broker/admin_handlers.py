@@ -23,6 +23,7 @@ from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.protocol.groups import QueueOffset, QueueRef, queue_offsets
+from gms.protocol.rows import encode
 from gms.protocol.topic_batch import entry_name, error_row, ok_row, topic_entries
 from gms.store_errors import UnknownTopic
 
@@ -118,7 +119,7 @@ class AdminHandlers:
             offsets.commit(group, topic, queue_id, offset)
         await offsets.persist_async()
         self.broker.offsets_changed([(topic, queue_id) for topic, queue_id, _ in stored])
-        return Response({"offsets": [entry.to_wire() for entry in stored]})
+        return Response({"offsets": [encode(entry) for entry in stored]})
 
     async def delete_group(self, request: Frame) -> Response:
         """Delete every offset the group committed here (as leader or follower); followers
@@ -128,7 +129,7 @@ class AdminHandlers:
         queues = self.broker.offsets.delete_group(group)
         await self.broker.offsets.persist_async()
         self.broker.offsets_changed(queues)
-        return Response({"queues": [QueueRef(*key).to_wire() for key in queues]})
+        return Response({"queues": [encode(QueueRef(*key)) for key in queues]})
 
     def _refuse_live_members(self, group: str, fields: Mapping[str, Any],
                              queues: list[tuple[str, int]] | None) -> None:

@@ -21,6 +21,7 @@ from gms.errors import (
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.protocol.groups import QueueRef, queue_offsets, queue_refs
+from gms.protocol.rows import encode
 from gms.tags import BadTagExpression, parse_tag_expression
 
 GROUP_NAME_BYTES_MAX = 255
@@ -161,7 +162,7 @@ class GroupHandlers:
         members = [] if group is None or not want_members else [
             {"member": member.member_id, "client": member.client_address, "mode": member.mode,
              "subscription": member.subscription, "last_seen_ms": member.last_seen_ms,
-             "queues": [QueueRef(*key).to_wire() for key in sorted(group.owned_by(member.member_id))]}
+             "queues": [encode(QueueRef(*key)) for key in sorted(group.owned_by(member.member_id))]}
             for member in group.members.values()
         ]
         return Response({

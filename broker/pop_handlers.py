@@ -32,6 +32,7 @@ from gms.errors import (
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, read_int_array
 from gms.protocol.frame import Frame, Response
 from gms.protocol.groups import ExpiredHandle
+from gms.protocol.rows import encode
 from gms.record import exact_tag_mask, read_field_offsets, record_views, scan_records
 from gms.sql92 import SqlFilter
 from gms.store_errors import StoreError
@@ -234,13 +235,13 @@ class PopHandlers:
         if not len(queue_ids) == len(offsets) == len(attempts):
             raise BadRequestError("queue_ids, offsets and attempts must have the same length")
         states = self._led_states(group, topic, np.unique(queue_ids).tolist())
-        expired: list[list[Any]] = []
+        expired: list[tuple] = []
         for queue_id, state in states.items():
             mine = queue_ids == queue_id
             stale = (np.ones(int(mine.sum()), bool) if state is None
                      else state.ack(offsets[mine].astype(np.int64), attempts[mine].astype(np.int64)))
             if stale.any():
-                expired += [ExpiredHandle(queue_id, offset).to_wire() for offset in offsets[mine][stale].tolist()]
+                expired += [encode(ExpiredHandle(queue_id, offset)) for offset in offsets[mine][stale].tolist()]
         self.service.commit((group, topic, q) for q, s in states.items() if s is not None)
         return Response({"expired": expired})
 

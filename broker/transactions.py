@@ -38,6 +38,7 @@ from gms.broker.store import MessageStore
 from gms.broker.timers import QueueKey, TimerService, cancel_record
 from gms.errors import GmsError
 from gms.protocol.groups import TransactionQueue
+from gms.protocol.rows import encode
 from gms.record.codec import Record
 from gms.record.layout import FLAG_TIMER_COPY, TX_GROUP_PROPERTY, TX_ID_PROPERTY, TX_TIMEOUT_PROPERTY
 from gms.store_errors import StoreError
@@ -211,7 +212,7 @@ class TransactionService:
             shown = led or sorted(tx.halves)
             rows.append({
                 "tx_id": tx.tx_id, "group": tx.group, "age_ms": max(now - tx.stored_ms, 0), "checks": tx.checks,
-                "queues": [TransactionQueue(topic, queue_id, len(tx.halves[(topic, queue_id)])).to_wire()
+                "queues": [encode(TransactionQueue(topic, queue_id, len(tx.halves[(topic, queue_id)])))
                            for topic, queue_id in shown],
                 "messages": sum(len(tx.halves[key]) for key in shown), "leader": bool(led),
                 "state": "open" if decision is None else "committing" if decision else "rolling back",

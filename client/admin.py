@@ -39,6 +39,7 @@ from gms.msgid import MessageId, decode_msg_id
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.frame import Frame
 from gms.protocol.groups import QueueOffset, QueueRef, TransactionQueue, queue_offsets, queue_refs
+from gms.protocol.rows import decode, encode
 from gms.protocol.topic_batch import CREATE_TOPICS_MAX
 from gms.security.acl import AclRule
 from gms.security.client import ClientSecurity
@@ -375,7 +376,7 @@ class Admin:
 
         async def committed_on(broker: str, items: list[QueueRoute]) -> list[tuple[QueueRoute, int]]:
             frame = await pool.request(broker, RequestCode.FETCH_OFFSET, {
-                "group": group, "queues": [QueueRef(r.topic, r.queue_id).to_wire() for r in items]})
+                "group": group, "queues": [encode(QueueRef(r.topic, r.queue_id)) for r in items]})
             return list(zip(items, frame.fields["offsets"], strict=True))
 
         async def offset(route: QueueRoute, code: RequestCode, **extra: int) -> int:
@@ -400,10 +401,10 @@ class Admin:
     async def _apply_reset(self, group: str, plan: list[QueueReset], force: bool) -> list[QueueReset]:
         """RESET_OFFSETS on each leader; the rows with the offsets the leaders stored (they clamp
         again, to the range at that moment)."""
-        by_broker: dict[str, list[list[Any]]] = defaultdict(list)
+        by_broker: dict[str, list[tuple]] = defaultdict(list)
         for row in plan:
             if row.new_offset is not None:
-                by_broker[row.broker].append(QueueOffset(row.topic, row.queue_id, row.new_offset).to_wire())
+                by_broker[row.broker].append(encode(QueueOffset(row.topic, row.queue_id, row.new_offset)))
         answers = await asyncio.gather(*(
             self._runtime.pool.request(broker, RequestCode.RESET_OFFSETS,
                                        {"group": group, "offsets": offsets, "force": force})
@@ -557,7 +558,7 @@ class Admin:
         for broker, answer in zip(brokers, self._ask(brokers, RequestCode.LIST_TRANSACTIONS, errors=True),
                                   strict=True):
             if not isinstance(answer, BaseException):
-                rows += [{**row, "queues": [TransactionQueue.from_wire(q, "queues") for q in row["queues"]],
+                rows += [{**row, "queues": [decode(TransactionQueue, q, "queues") for q in row["queues"]],
                           "broker": broker} for row in answer["transactions"] if row["leader"]]
         return sorted(rows, key=lambda row: -row["age_ms"])
 

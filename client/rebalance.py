@@ -43,6 +43,7 @@ from gms.protocol.codes import RequestCode
 from gms.protocol.fetch import EARLIEST, LATEST
 from gms.protocol.frame import Frame
 from gms.protocol.groups import QueueOffset, QueueRef
+from gms.protocol.rows import encode
 
 log = logging.getLogger(__name__)
 
@@ -131,18 +132,18 @@ class Membership:
     async def _send_commits(self, offsets: Mapping[TopicQueue, int], release: Iterable[TopicQueue]) -> None:
         """COMMIT_OFFSET to each queue's leader; ``release`` ends this member's claims there."""
         routes = self._runtime.routes
-        by_broker: dict[str, dict[str, list[list[object]]]] = defaultdict(lambda: {"offsets": [], "release": []})
+        by_broker: dict[str, dict[str, list[tuple]]] = defaultdict(lambda: {"offsets": [], "release": []})
         first: dict[str, TopicQueue] = {}  # a queue of each broker's request
         for queue, offset in offsets.items():
             broker = await leader_of(routes, queue)
-            by_broker[broker]["offsets"].append(QueueOffset(queue.topic, queue.queue_id, offset).to_wire())
+            by_broker[broker]["offsets"].append(encode(QueueOffset(queue.topic, queue.queue_id, offset)))
             first.setdefault(broker, queue)
         for queue in release:
             try:
                 broker = await leader_of(routes, queue)
             except ServiceUnavailableError:
                 continue  # no leader now: the claim lapses by itself
-            by_broker[broker]["release"].append(QueueRef(queue.topic, queue.queue_id).to_wire())
+            by_broker[broker]["release"].append(encode(QueueRef(queue.topic, queue.queue_id)))
             first.setdefault(broker, queue)
         # Given up once the first queue of a broker's request has another leader (its broker lost
         # its lease): the next commit goes to the new one.
@@ -251,7 +252,7 @@ class Membership:
         fields = {
             "group": self._group, "member": self._member, "subscription": await self._existing_subscription(),
             "mode": "clustering" if self._clustering else "broadcasting",
-            "held": [QueueRef(q.topic, q.queue_id).to_wire() for q in self.states],
+            "held": [encode(QueueRef(q.topic, q.queue_id)) for q in self.states],
         }
         sent = time.monotonic()
         try:
@@ -413,7 +414,7 @@ class Membership:
             frame = await leader_request(
                 self._runtime.routes, self._runtime.pool, first.topic, first.queue_id, broker,
                 RequestCode.FETCH_OFFSET, {"group": self._group, "member": self._member,
-                                           "queues": [QueueRef(q.topic, q.queue_id).to_wire() for q, _ in batch]})
+                                           "queues": [encode(QueueRef(q.topic, q.queue_id)) for q, _ in batch]})
         except QueueHeldError as err:
             if len(batch) > 1:  # another member still reads some: ask for each alone, the others start
                 await asyncio.gather(*(self._fetch_offsets(broker, [one]) for one in batch))

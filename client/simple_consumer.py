@@ -37,6 +37,7 @@ from gms.naming import EXHAUSTED_REASON, dlq_topic
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array
 from gms.protocol.groups import ExpiredHandle
+from gms.protocol.rows import decode
 from gms.record import RecordCheck, read_field_offsets, scan_records
 from gms.security.client import ClientSecurity
 from gms.store_errors import CorruptRecord
@@ -166,7 +167,7 @@ class PopClient:
                                      RequestCode.ACK_MESSAGE, {
             "group": self.group, "topic": topic, "queue_ids": int_array(queue_ids, QUEUE_ID_ARRAY),
             "offsets": int_array(offsets, OFFSET_ARRAY), "attempts": int_array(attempts, QUEUE_ID_ARRAY)})
-        expired = {ExpiredHandle.from_wire(row, "expired") for row in frame.fields.get("expired", [])}
+        expired = {decode(ExpiredHandle, row, "expired") for row in frame.fields.get("expired", [])}
         if not expired:
             return []
         return [ReceiptHandle(topic, q, o, a) for q, o, a in zip(queue_ids.tolist(), offsets.tolist(),

@@ -33,7 +33,7 @@ from gms.errors import GmsError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.replication import EpochAnswer, EpochQuery, FetchedRange, FetchWant, RepairedQueue, RepairWant
-from gms.protocol.rows import decode_rows
+from gms.protocol.rows import decode_rows, encode
 from gms.store_errors import CorruptRecord, StoreError, StoreIOError, StoreReadOnly
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class LeaderFetcher:
     async def _truncate(self, conn: Connection, partitions: list[Partition]) -> None:
         sent = [(p, p.leader_epoch, p.history.latest_epoch) for p in partitions]
         frame = await conn.request(RequestCode.OFFSET_FOR_LEADER_EPOCH, {
-            "queues": [EpochQuery(*p.key, epoch, last).to_wire() for p, epoch, last in sent]})
+            "queues": [encode(EpochQuery(*p.key, epoch, last)) for p, epoch, last in sent]})
         changed = False
         answers = decode_rows(EpochAnswer, frame.fields.get("queues"), "queues")
         for (p, epoch, asked), row in zip(sent, answers, strict=True):
@@ -179,11 +179,11 @@ class LeaderFetcher:
         request: dict[str, Any] = {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
-            "queues": [FetchWant(*p.key, offset, epoch, p.history.latest_epoch, offsets_seq).to_wire()
+            "queues": [encode(FetchWant(*p.key, offset, epoch, p.history.latest_epoch, offsets_seq))
                        for p, epoch, offset, offsets_seq in sent],
         }
         if repairs:
-            request["repair"] = [RepairWant(*p.key, epoch, offsets).to_wire() for p, epoch, offsets in repairs]
+            request["repair"] = [encode(RepairWant(*p.key, epoch, offsets)) for p, epoch, offsets in repairs]
         frame = await conn.request(RequestCode.REPLICA_FETCH, request,
                                    timeout_ms=config.fetch_wait_ms + REQUEST_TIMEOUT_MS)
         self._offsets_session = frame.fields["offsets_session"]

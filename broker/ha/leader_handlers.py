@@ -11,7 +11,6 @@ copies after the queues' records. When nothing is new the request waits (``wait_
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -36,7 +35,7 @@ from gms.protocol.replication import (
     RepairWant,
     offset_runs,
 )
-from gms.protocol.rows import decode_rows
+from gms.protocol.rows import decode_rows, encode
 
 FETCH_MSGS_MAX = 65_536  # per queue per response
 FETCH_WAIT_MS_MAX = 30_000
@@ -47,7 +46,7 @@ REPAIR_RECORDS_MAX = 1024  # offsets one request may ask to repair
 
 def _wanted(row: FetchWant, same_session: bool) -> FetchWant:
     """``offsets_seq`` counts only in the same offsets session."""
-    return row if same_session or not row.offsets_seq else dataclasses.replace(row, offsets_seq=0)
+    return row if same_session or not row.offsets_seq else row._replace(offsets_seq=0)
 
 
 class LeaderHandlers:
@@ -78,11 +77,11 @@ class LeaderHandlers:
             keys = [(w.topic, w.queue_id) for w in wanted]
             await self.manager.wait_for_data(keys, wait_ms / 1000)
             rows, body, news = self._read(wanted, bytes_max)
-        answer: dict[str, Any] = {"queues": [row.to_wire() for row in rows], "offsets_session": offsets.session,
+        answer: dict[str, Any] = {"queues": [encode(row) for row in rows], "offsets_session": offsets.session,
                                   "offsets_seq": offsets.seq}
         if repair:
             repaired, records = self._read_repairs(repair)
-            answer["repaired"] = [row.to_wire() for row in repaired]
+            answer["repaired"] = [encode(row) for row in repaired]
             body.extend(records)
         return Response(answer, body=body)
 
@@ -176,4 +175,4 @@ class LeaderHandlers:
                 continue
             found = p.history.end_for(query.epoch, self.store.max_offset(topic, queue_id))
             rows.append(EpochAnswer(topic, queue_id, 0, found.epoch, found.end_offset))
-        return Response({"queues": [row.to_wire() for row in rows]})
+        return Response({"queues": [encode(row) for row in rows]})

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from gms.errors import BadRequestError, GmsError
 from gms.protocol.codes import Status
 from gms.protocol.fields import INT64, field
-from gms.protocol.rows import ARRAY, I32, I64, STR, col, schema
+from gms.protocol.rows import ARRAY, I32, I64, STR, col, encode, wire_row
 
 # Queues one FETCH may name: far more than one consumer leads on a broker in practice, and the
 # request (and its answer's rows) stays well below the 1 MiB header bound.
@@ -51,11 +51,12 @@ class QueueFetch(NamedTuple):
     offset: int
 
 
-QUEUE_FETCH = schema("QueueFetch", [
-    col("topic", STR, "the queue's topic"),
-    col("queue_id", I32, "the queue"),
-    col("offset", I64, "where to read from; −1: the queue's first record, −2: its end"),
-])
+QUEUE_FETCH = wire_row(
+    QueueFetch,
+    topic=col(STR, "the queue's topic"),
+    queue_id=col(I32, "the queue"),
+    offset=col(I64, "where to read from; −1: the queue's first record, −2: its end"),
+)
 
 
 class FetchRequest(NamedTuple):
@@ -88,7 +89,7 @@ def decode_fetch_request(fields: Mapping[str, Any], poll_ms_max: int) -> FetchRe
     rows = field(fields, "queues", list)
     if not 1 <= len(rows) <= FETCH_QUEUES_MAX:
         raise BadRequestError(f"'queues' must list 1..{FETCH_QUEUES_MAX} queues, not {len(rows)}")
-    queues = [QueueFetch(*QUEUE_FETCH.decode(row, "queues")) for row in rows]
+    queues: list[QueueFetch] = [QUEUE_FETCH.decode(row, "queues") for row in rows]
     if len({q[:2] for q in queues}) != len(queues):
         raise BadRequestError("'queues' names a queue more than once")
     filters: dict[str, tuple[str, str]] = {}
@@ -127,22 +128,23 @@ class FetchedQueue(NamedTuple):
                    int(bounds.get("max_offset", 0)), 0, str(err))
 
     def row(self) -> list[Any]:
-        return FETCHED_QUEUE.encode(self)
+        return list(encode(self))
 
 
-FETCHED_QUEUE = schema("FetchedQueue", [
-    col("topic", STR, "the queue's topic"),
-    col("queue_id", I32, "the queue"),
-    col("status", I32, "SUCCESS (0) or the wire status of this queue's own error"),
-    col("next_offset", I64, "where the next read of the queue starts (past entries skipped: unmatched tags,"
-                            " expired, damaged; or where −1/−2 lie)"),
-    col("min_offset", I64, "the queue's first offset"),
-    col("max_offset", I64, "its end (the high watermark on a replicated queue)"),
-    col("size", I64, "bytes of the body holding the queue's records"),
-    col("error", STR, "the error's message (empty: none)"),
-    col("damaged", ARRAY, "`[[queue_offset, commitlog_offset], ...]` of records whose CRC failed: left out"
-                          " of the body and passed"),
-])
+FETCHED_QUEUE = wire_row(
+    FetchedQueue, required=9,  # its defaults serve the broker building rows
+    topic=col(STR, "the queue's topic"),
+    queue_id=col(I32, "the queue"),
+    status=col(I32, "SUCCESS (0) or the wire status of this queue's own error"),
+    next_offset=col(I64, "where the next read of the queue starts (past entries skipped: unmatched tags, expired,"
+                         " damaged; or where −1/−2 lie)"),
+    min_offset=col(I64, "the queue's first offset"),
+    max_offset=col(I64, "its end (the high watermark on a replicated queue)"),
+    size=col(I64, "bytes of the body holding the queue's records"),
+    error=col(STR, "the error's message (empty: none)"),
+    damaged=col(ARRAY, "`[[queue_offset, commitlog_offset], ...]` of records whose CRC failed: left out of the body"
+                       " and passed"),
+)
 
 
 def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[FetchedQueue]:
@@ -154,7 +156,7 @@ def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[Fetch
     found = []
     total = 0
     for row in rows:
-        fetched = FetchedQueue(*FETCHED_QUEUE.decode(row, "queues"))
+        fetched: FetchedQueue = FETCHED_QUEUE.decode(row, "queues")
         total += fetched.size
         found.append(fetched)
     if total != body_size:

@@ -2,16 +2,17 @@
 
 Requests and answers carry lists of queues as msgpack arrays (``[topic, queue_id, ...]``), not
 maps: a fetch names thousands of queues and the keys would outweigh the values. The position of
-each value is the row's schema, and it lives here, once: a row kind is a frozen dataclass deriving
-from :class:`WireRow`, its fields in wire order, each declared with :func:`column` (its wire kind
-and what it means). ``to_wire()`` gives the list to send, ``from_wire()`` checks a received list
-and gives the row; nobody else indexes a row by position. docs/protocol.md's row tables are
-generated from the same declarations (``python -m gms.protocol.docs``).
+each value is the row's schema, and it lives here, once: a row kind is a NamedTuple (immutable,
+built and packed at C speed: a replication fetch has a row per followed queue) whose fields are
+the columns in wire order, registered with :func:`wire_row` along with each column's wire kind and
+meaning. :func:`encode` gives the list to send, :func:`decode` checks a received list and gives
+the row; nobody else indexes a row by position. docs/protocol.md's row tables are generated from
+the same declarations (``python -m gms.protocol.docs``).
 
 Rows grow at their end only, so peers of different versions understand each other:
 
-- a column added later has a default: a row from an older peer, without it, decodes with that
-  default (``optional``); columns are never removed or reordered;
+- a column added later has a default (the NamedTuple field's): a row from an older peer, without
+  it, decodes with that default; columns are never removed or reordered;
 - a ``trailing`` column is left off the wire while it holds its default (with every column after
   it), as the rows were written before it existed;
 - an ``open`` row kind (an answer) ignores columns after those it knows: a newer peer's additions.
@@ -22,16 +23,14 @@ columns, or the column whose integer is out of its width.
 
 from __future__ import annotations
 
-import dataclasses
-import operator
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple, Self, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gms.errors import BadRequestError
 from gms.protocol.fields import INT32, INT64, IntWidth, checked_int
 
-_REQUIRED: Any = dataclasses.MISSING
-R = TypeVar("R", bound="WireRow")
+T = TypeVar("T", bound=tuple)  # a NamedTuple row kind
+_NO_DEFAULT: Any = object()
 
 
 class _Mismatch(Exception):
@@ -39,11 +38,12 @@ class _Mismatch(Exception):
 
 
 class Kind(NamedTuple):
-    """What a column holds on the wire: its name in the docs and how a received value is read."""
+    """What a column holds on the wire: its name in the docs and how a received value is read
+    (``decode(label, value)``, the label naming the column in errors)."""
 
     name: str
-    decode: Callable[[str, Any], Any]  # (label for errors, wire value) -> value
-    encode: Callable[[Any], Any] | None = None  # value -> wire value (None: as it is)
+    decode: Callable[[str, Any], Any]
+    encode: Callable[[Any], Any] | None = None  # a non-empty value -> its wire form (None: as it is)
 
 
 def _int_kind(width: IntWidth) -> Kind:
@@ -80,46 +80,52 @@ def list_of(kind: Kind) -> Kind:
     return Kind(f"[{kind.name}, ...]", decode)
 
 
-def rows_of(row: type[WireRow]) -> Kind:
-    """An array of nested rows of another schema (``[[epoch, start_offset], ...]``)."""
-    def decode(label: str, value: Any) -> tuple[WireRow, ...]:
+def rows_of(row: type[tuple]) -> Kind:
+    """An array of nested rows of another kind (``[[epoch, start_offset], ...]``), decoded into a
+    tuple of them (packed as they are: msgpack writes a tuple as an array)."""
+    def decode(label: str, value: Any) -> tuple[Any, ...]:
         if not isinstance(value, list):
             raise _Mismatch
-        return tuple(row.from_wire(v, label) for v in value)
-    return Kind(f"[{row.__name__}, ...]", decode, lambda rows: [r.to_wire() for r in rows])
+        return tuple(_SCHEMAS[row].decode(v, label) for v in value) if value else ()
+
+    def encode(rows: Sequence[tuple]) -> tuple[tuple, ...]:  # their trailing defaults left off too
+        return tuple(map(_SCHEMAS[row].encode, rows))
+    return Kind(f"[{row.__name__}, ...]", decode, encode)
 
 
 class Column(NamedTuple):
     name: str
     kind: Kind
     doc: str
-    default: Any  # _REQUIRED: every row has it
+    default: Any  # _NO_DEFAULT: every row has it
     trailing: bool
 
 
-def column(kind: Kind, doc: str, *, default: Any = _REQUIRED, trailing: bool = False) -> Any:
-    """A row's field: its wire ``kind``, what it means (``doc``, for docs/protocol.md), the
-    ``default`` a row without it decodes with (a column added after the first version), and
-    whether it is ``trailing`` (left off the wire while it holds its default)."""
-    if trailing and default is _REQUIRED:
-        raise TypeError("a trailing column needs a default")
-    metadata = {"kind": kind, "doc": doc, "trailing": trailing}
-    return dataclasses.field(default=default, metadata=metadata)
+class Col(NamedTuple):
+    """A column as :func:`wire_row` takes it: its kind, its meaning (for docs/protocol.md), and
+    whether it is left off the wire while it holds its default."""
+
+    kind: Kind
+    doc: str
+    trailing: bool = False
+
+
+def col(kind: Kind, doc: str, *, trailing: bool = False) -> Col:
+    return Col(kind, doc, trailing)
 
 
 class Schema:
-    """The columns of one row kind, in wire order, and their encoder and decoder (what they need
-    per row worked out once: a fetch answers thousands of rows)."""
+    """The columns of one row kind, in wire order, with its encoder and decoder (what they need
+    per row worked out once)."""
 
-    __slots__ = ("_decoders", "_encoders", "_labels", "_tail", "columns", "name", "open", "required")
+    __slots__ = ("_decoders", "_encoders", "_labels", "_make", "_tail", "columns", "name", "open", "required")
 
-    def __init__(self, name: str, columns: Sequence[Column], *, open: bool = False) -> None:
-        self.name = name
+    def __init__(self, row: type[tuple], columns: Sequence[Column], *, open: bool) -> None:
+        self.name = row.__name__
         self.columns = tuple(columns)
-        self.required = sum(1 for c in self.columns if c.default is _REQUIRED)
-        if any(c.default is _REQUIRED for c in self.columns[self.required:]):
-            raise TypeError(f"{name}: a column without a default follows one with a default")
+        self.required = sum(1 for c in self.columns if c.default is _NO_DEFAULT)
         self.open = open  # columns after the known ones are ignored
+        self._make: Callable[[Sequence[Any]], Any] = row._make  # type: ignore[attr-defined]
         self._decoders = tuple(c.kind.decode for c in self.columns)
         self._encoders = tuple((i, c.kind.encode) for i, c in enumerate(self.columns) if c.kind.encode is not None)
         tail = len(self.columns)
@@ -132,9 +138,9 @@ class Schema:
         """``[topic, queue_id, ...]``, as error messages and the docs show a row."""
         return "[" + ", ".join(c.name for c in self.columns) + "]"
 
-    def decode(self, row: Any, field: str) -> list[Any]:
-        """The values of the wire row ``row`` (an element of the request field ``field``),
-        defaults filled in; BadRequestError when it does not fit."""
+    def decode(self, row: Any, field: str) -> Any:
+        """The row of the wire list ``row`` (an element of the field ``field``), defaults filled
+        in; BadRequestError when it does not fit."""
         n = len(self.columns)
         if type(row) is not list or len(row) < self.required or (len(row) > n and not self.open):
             raise BadRequestError(f"request field {field!r} must hold rows of {self.shape()}")
@@ -147,19 +153,22 @@ class Schema:
             raise BadRequestError(f"request field {field!r} must hold rows of {self.shape()}") from None
         if len(values) < n:
             values.extend(c.default for c in self.columns[len(values):])
-        return values
+        return self._make(values)
 
-    def encode(self, values: Sequence[Any]) -> list[Any]:
-        """The wire row of ``values`` (one per column), trailing defaults left off."""
-        row = list(values)
-        for i, encode in self._encoders:
-            row[i] = encode(row[i])
+    def encode(self, row: tuple) -> tuple:
+        """The wire form of ``row``: itself (msgpack writes a tuple as an array), its trailing
+        defaults left off, and those of its nested rows."""
         end = len(row)
-        while end > self._tail and _is_default(values[end - 1], self.columns[end - 1].default):
+        while end > self._tail and _is_default(row[end - 1], self.columns[end - 1].default):
             end -= 1
-        if end < len(row):
-            del row[end:]
-        return row
+        wire = row if end == len(row) else row[:end]
+        if any(row[i] for i, _ in self._encoders):
+            values = list(wire)
+            for i, nested in self._encoders:
+                if i < end and values[i]:
+                    values[i] = nested(values[i])
+            wire = tuple(values)
+        return wire
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -168,55 +177,45 @@ def _is_default(value: Any, default: Any) -> bool:
     return bool(value is default or value == default)
 
 
-def schema(name: str, columns: Sequence[Column], *, open: bool = False) -> Schema:
-    """The schema of a row kind that is not a :class:`WireRow` (e.g. a NamedTuple kept for its callers)."""
-    return Schema(name, columns, open=open)
+_SCHEMAS: dict[type, Schema] = {}
 
 
-def col(name: str, kind: Kind, doc: str, *, default: Any = _REQUIRED, trailing: bool = False) -> Column:
-    """A :class:`Column` of a :func:`schema` declared by hand."""
-    return Column(name, kind, doc, default, trailing)
-
-
-class WireRow:
-    """Base of the row dataclasses: ``@dataclass(frozen=True, slots=True)`` subclasses whose
-    fields are declared with :func:`column`, in wire order."""
-
-    __slots__ = ()
-    OPEN: ClassVar[bool] = False  # an answer row: a newer peer's extra columns are ignored
-
-    @classmethod
-    def schema(cls) -> Schema:
-        return _schema_of(cls)
-
-    @classmethod
-    def from_wire(cls, row: Any, field: str = "row") -> Self:
-        """The row decoded from the wire list ``row`` (an element of the field ``field``)."""
-        return cls(*_schema_of(cls).decode(row, field))
-
-    def to_wire(self) -> list[Any]:
-        found = _SCHEMAS.get(type(self)) or _schema_of(type(self))
-        return found.encode(_getters[type(self)](self))
-
-
-_SCHEMAS: dict[type[WireRow], Schema] = {}
-_getters: dict[type[WireRow], Callable[[WireRow], tuple[Any, ...]]] = {}  # a row's values, in column order
-
-
-def _schema_of(cls: type[WireRow]) -> Schema:
-    found = _SCHEMAS.get(cls)
-    if found is None:
-        columns = [Column(f.name, f.metadata["kind"], f.metadata["doc"], f.default, f.metadata["trailing"])
-                   for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        found = _SCHEMAS[cls] = Schema(cls.__name__, columns, open=cls.OPEN)
-        names = [c.name for c in columns]
-        getter = operator.attrgetter(*names)
-        _getters[cls] = getter if len(names) > 1 else lambda row: (getter(row),)
+def wire_row(row: type[T], *, open: bool = False, required: int | None = None, **columns: Col) -> Schema:
+    """Register the NamedTuple ``row`` as a row kind whose columns are its fields, described by
+    ``columns`` (one per field, in field order); the fields' defaults are the defaults of columns
+    added later, unless ``required`` says how many columns every row has. ``open``: an answer
+    row, whose extra columns (a newer peer's) are ignored."""
+    fields: tuple[str, ...] = row._fields  # type: ignore[attr-defined]
+    if tuple(columns) != fields:
+        raise TypeError(f"{row.__name__}: columns {tuple(columns)} are not its fields {fields}")
+    defaults: dict[str, Any] = row._field_defaults  # type: ignore[attr-defined]
+    described = [Column(name, c.kind, c.doc, _NO_DEFAULT if required is not None and i < required
+                        else defaults.get(name, _NO_DEFAULT), c.trailing)
+                 for i, (name, c) in enumerate(columns.items())]
+    if any(c.trailing and c.default is _NO_DEFAULT for c in described):
+        raise TypeError(f"{row.__name__}: a trailing column needs a default")
+    found = _SCHEMAS[row] = Schema(row, described, open=open)
     return found
 
 
-def decode_rows(row: type[R], value: Any, field: str) -> list[R]:
+def schema_of(row: type[tuple]) -> Schema:
+    return _SCHEMAS[row]
+
+
+def encode(row: tuple) -> tuple:
+    """The wire form of a registered row (a tuple: msgpack writes it as an array)."""
+    return _SCHEMAS[type(row)].encode(row)
+
+
+def decode(row: type[T], value: Any, field: str = "row") -> T:
+    """The ``row`` decoded from the wire list ``value`` (an element of the field ``field``)."""
+    decoded: T = _SCHEMAS[row].decode(value, field)
+    return decoded
+
+
+def decode_rows(row: type[T], value: Any, field: str) -> list[T]:
     """The rows of the list field ``field`` (BadRequestError if it is not a list of such rows)."""
     if not isinstance(value, list):
-        raise BadRequestError(f"request field {field!r} must be a list of {row.schema().shape()}")
-    return [row.from_wire(r, field) for r in value]
+        raise BadRequestError(f"request field {field!r} must be a list of {_SCHEMAS[row].shape()}")
+    found = _SCHEMAS[row]
+    return [found.decode(r, field) for r in value]

@@ -27,6 +27,7 @@ from gms.protocol.replication import (
     RepairWant,
     offset_runs,
 )
+from gms.protocol.rows import decode, encode
 
 PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
@@ -55,36 +56,36 @@ ROWS = [
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: type(r).__name__)
 def test_rows_round_trip(row):
-    assert type(row).from_wire(_received(row.to_wire())) == row
+    assert decode(type(row), _received(list(encode(row)))) == row
 
 
 def test_answer_rows_are_the_lists_earlier_brokers_wrote():
     """The same msgpack bytes as the positional lists the leader built before the schemas."""
     sizes = np.array([100, 200], ">i4").tobytes()
     refused = ["t", 3, 6, 0, 0, 0, [], [], 0, b""]
-    assert _packed(FetchedRange("t", 3, 6, 0, 0, 0, (), (), 0).to_wire()) == _packed(refused)
+    assert _packed(encode(FetchedRange("t", 3, 6, 0, 0, 0, (), (), 0))) == _packed(refused)
     plain = ["t", 3, 0, 10, 12, 300, [[4, 7]], [["g", 9]], 5, sizes, 0]
     row = FetchedRange("t", 3, 0, 10, 12, 300, (EpochEntry(4, 7),), (GroupCommit("g", 9),), 5, sizes, 0)
-    assert _packed(row.to_wire()) == _packed(plain)
+    assert _packed(encode(row)) == _packed(plain)
     damaged = [*plain, [[10, 2]]]
-    assert _packed(FetchedRange.from_wire(_received(damaged)).to_wire()) == _packed(damaged)
-    assert GroupCommit("p", 5, [1]).to_wire() == ["p", 5, [1]]
-    assert FetchWant("t", 0, 5, 2, 1, 0).to_wire() == ["t", 0, 5, 2, 1, 0]  # a required-looking 0 stays
-    assert RepairedQueue("t", 1, 6, ()).to_wire() == ["t", 1, 6, []]
+    assert _packed(encode(decode(FetchedRange, _received(damaged)))) == _packed(damaged)
+    assert encode(GroupCommit("p", 5, [1])) == ("p", 5, [1]) and encode(GroupCommit("p", 5)) == ("p", 5)
+    assert encode(FetchWant("t", 0, 5, 2, 1, 0)) == ("t", 0, 5, 2, 1, 0)  # a required-looking 0 stays
+    assert _packed(encode(RepairedQueue("t", 1, 6, ()))) == _packed(["t", 1, 6, []])
 
 
 def test_rows_of_an_older_broker_decode_with_defaults():
-    before_sizes = FetchedRange.from_wire(["t", 3, 0, 10, 12, 0, [], [["g", 1]], 0])
+    before_sizes = decode(FetchedRange, ["t", 3, 0, 10, 12, 0, [], [["g", 1]], 0])
     assert (before_sizes.sizes, before_sizes.record_sizes(), before_sizes.log_start) == (b"", None, None)
     assert before_sizes.commits == (GroupCommit("g", 1),) and len(before_sizes.damaged_offsets()) == 0
-    before_damage = FetchedRange.from_wire(["t", 3, 0, 10, 12, 0, [], [], 0, b"", 4])
+    before_damage = decode(FetchedRange, ["t", 3, 0, 10, 12, 0, [], [], 0, b"", 4])
     assert (before_damage.log_start, before_damage.damaged) == (4, ())
-    assert FetchWant.from_wire(["t", 0, 5, 2, 1]).offsets_seq == 0
+    assert decode(FetchWant, ["t", 0, 5, 2, 1]).offsets_seq == 0
 
 
 def test_answer_rows_of_a_newer_broker_drop_what_they_do_not_know():
-    assert FetchedRange.from_wire([*FULL.to_wire(), "later"]) == FULL
-    assert EpochAnswer.from_wire(["t", 1, 0, 2, 40, 7]) == EpochAnswer("t", 1, 0, 2, 40)
+    assert decode(FetchedRange, [*_received(list(encode(FULL))), "later"]) == FULL
+    assert decode(EpochAnswer, ["t", 1, 0, 2, 40, 7]) == EpochAnswer("t", 1, 0, 2, 40)
 
 
 @pytest.mark.parametrize("row, message", [
@@ -96,15 +97,15 @@ def test_answer_rows_of_a_newer_broker_drop_what_they_do_not_know():
 ])
 def test_bad_request_rows_name_what_is_wrong(row, message):
     with pytest.raises(BadRequestError) as caught:
-        FetchWant.from_wire(row, "queues")
+        decode(FetchWant, row, "queues")
     assert message in str(caught.value)
 
 
 def test_nested_rows_are_checked_too():
     with pytest.raises(BadRequestError, match="'repair: offsets' must be int"):
-        RepairWant.from_wire(["t", 0, 1, [1, "2"]], "repair")
+        decode(RepairWant, ["t", 0, 1, [1, "2"]], "repair")
     with pytest.raises(BadRequestError, match="'row: commits' must hold rows of"):
-        FetchedRange.from_wire(["t", 3, 0, 10, 12, 0, [], [["g"]], 0])
+        decode(FetchedRange, ["t", 3, 0, 10, 12, 0, [], [["g"]], 0])
 
 
 def test_offset_runs_round_trip():
@@ -112,19 +113,19 @@ def test_offset_runs_round_trip():
     runs = offset_runs(offsets)
     assert runs == (OffsetRun(3, 3), OffsetRun(9, 1), OffsetRun(11, 2))
     row = FetchedRange("t", 0, 0, 0, 0, 0, (), (), 0, b"", 0, runs)
-    assert FetchedRange.from_wire(_received(row.to_wire())).damaged_offsets().tolist() == offsets.tolist()
+    assert decode(FetchedRange, _received(list(encode(row)))).damaged_offsets().tolist() == offsets.tolist()
 
 
 def test_namedtuple_rows_keep_their_wire_lists():
-    assert QueueRef("t", 2).to_wire() == ["t", 2] and QUEUE_REF.decode(["t", 2], "queues") == ["t", 2]
+    assert encode(QueueRef("t", 2)) == ("t", 2) and QUEUE_REF.decode(["t", 2], "queues") == QueueRef("t", 2)
     assert queue_offsets({"offsets": [["t", 2, 9]]}, "offsets") == [QueueOffset("t", 2, 9)]
-    assert ExpiredHandle.from_wire(_received(ExpiredHandle(3, 70).to_wire())) == (3, 70)
-    assert TransactionQueue.from_wire(["t", 1, 4]) == TransactionQueue("t", 1, 4)
+    assert decode(ExpiredHandle, _received(list(encode(ExpiredHandle(3, 70))))) == (3, 70)
+    assert decode(TransactionQueue, ["t", 1, 4]) == TransactionQueue("t", 1, 4)
     with pytest.raises(BadRequestError, match=r"'expired' must hold rows of \[queue_id, offset\]"):
-        ExpiredHandle.from_wire([3], "expired")
+        decode(ExpiredHandle, [3], "expired")
     fetched = FetchedQueue("t", 1, 0, 5, 0, 9, 30, "", ((3, 70),))
     assert _packed(fetched.row()) == _packed(["t", 1, 0, 5, 0, 9, 30, "", [[3, 70]]])
-    assert FetchedQueue(*FETCHED_QUEUE.decode(_received(fetched.row()), "queues")).damaged == [[3, 70]]
+    assert FETCHED_QUEUE.decode(_received(fetched.row()), "queues").damaged == [[3, 70]]
 
 
 def test_protocol_doc_row_tables_are_current():
