@@ -30,7 +30,7 @@ from gms.cluster.etcd_client import EtcdAuth, EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
 from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
-from gms.errors import GmsError, ServiceUnavailableError, TopicNotFoundError
+from gms.errors import GmsError, InvalidTopicError, ServiceUnavailableError, TopicNotFoundError
 from gms.log_throttle import Outage
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
@@ -206,6 +206,23 @@ class BrokerRegistration:
         if view is None:
             raise TopicNotFoundError(f"topic {name} does not exist (not registered yet)")
         return view.topic(name)
+
+    def has_topic(self, name: str) -> bool:
+        """Whether the watch-fed view holds topic ``name`` (no I/O)."""
+        view = self._view
+        return view is not None and view.has_topic(name)
+
+    def topic_in_etcd(self, name: str) -> bool:
+        """Whether etcd holds topic ``name`` now, ahead of the view when it was just created
+        (blocking etcd round trip; call it from a thread). EtcdUnavailable if etcd does not answer."""
+        metadata = self._metadata
+        if metadata is None:
+            return False
+        try:
+            metadata.get_topic(name)
+        except (TopicNotFoundError, InvalidTopicError):  # a name no topic can have
+            return False
+        return True
 
     def queue_count(self, topic: str) -> int:
         """``topic``'s queue count over the whole cluster; 0 if it does not exist (no I/O)."""

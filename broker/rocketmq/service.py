@@ -48,7 +48,7 @@ from gms.broker.rocketmq.mapping import (
 )
 from gms.broker.rocketmq.offsets import Offsets
 from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
-from gms.broker.rocketmq.routes import served_queues, topic_message_type
+from gms.broker.rocketmq.routes import served_queues, topic_arrival, topic_message_type
 from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.store import GetStatus
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
@@ -78,6 +78,9 @@ SEND_ACKS = -1
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
+# A request for a topic created a moment ago waits for it (routes.topic_arrival) until this much
+# before the client's deadline, and never longer than the broker's send timeout.
+DEADLINE_MARGIN_S = 0.5
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -94,6 +97,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- routes, heartbeats, settings --------------------------------------------------------------
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:  # gRPC names the methods
+        await topic_arrival(self.broker, request.topic.name, self._arrival_wait_s(context), led_here=False)
         try:
             served = served_queues(self.broker, request.topic.name, self.endpoint)
         except GmsError as err:
@@ -194,7 +198,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             response.status.CopyFrom(status(Code.BAD_REQUEST, "send one message per SendMessage"))
             return response
         try:
-            entry = await self._send(request.messages[0])
+            entry = await self._send(request.messages[0], self._arrival_wait_s(context))
         except GmsError as err:
             response.status.CopyFrom(error_status(err))
             entry = service_pb2.SendResultEntry(status=response.status)
@@ -220,7 +224,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.EndTransactionResponse(status=error_status(err))
         return service_pb2.EndTransactionResponse(status=status())
 
-    async def _send(self, message: Any) -> Any:
+    def _arrival_wait_s(self, context: Any) -> float:
+        """How long a request may wait for its topic to arrive (DEADLINE_MARGIN_S)."""
+        wait_s = self.broker.config.send_timeout_ms / 1000
+        remaining = context.time_remaining()  # None: the client set no deadline
+        return wait_s if remaining is None else max(min(wait_s, remaining - DEADLINE_MARGIN_S), 0.0)
+
+    async def _send(self, message: Any, arrival_wait_s: float) -> Any:
+        """Store ``message``; a topic created a moment ago is waited for up to ``arrival_wait_s``."""
+        await topic_arrival(self.broker, message.topic.name, arrival_wait_s, led_here=True)
         now_ms = int(time.time() * 1000)
         queue_ids = self.broker.queues_led(message.topic.name)  # TopicNotFoundError first
         if not queue_ids:
@@ -265,7 +277,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            messages = await self._receive(request, _client_id(context))
+            messages = await self._receive(request, _client_id(context), self._arrival_wait_s(context))
         except GmsError as err:
             yield service_pb2.ReceiveMessageResponse(status=error_status(err))
             return
@@ -279,11 +291,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for message in messages:
             yield service_pb2.ReceiveMessageResponse(message=message)
 
-    async def _receive(self, request: Any, client_id: str) -> list[Any]:
+    async def _receive(self, request: Any, client_id: str, arrival_wait_s: float) -> list[Any]:
         """Pop until messages come or the long polling ends; the ones out of attempts go to the
         dead letters meanwhile. ``auto_renew`` (push consumers): invisible for the renewals'
-        duration, renewed while the client holds them."""
+        duration, renewed while the client holds them. A topic created a moment ago is waited
+        for up to ``arrival_wait_s`` first (the long polling goes on meanwhile)."""
         deadline = time.monotonic() + _long_polling_ms(request) / 1000
+        await topic_arrival(self.broker, request.message_queue.topic.name, arrival_wait_s, led_here=True)
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))

@@ -166,3 +166,53 @@ def test_transactional_message_is_hidden_until_committed(standalone, topic):
         reader.ack(got)
     finally:
         reader.close()
+
+
+@pytest.fixture
+def burst_then_topic(standalone):
+    """A topic created right after a burst of 500 others: the broker applies new topics on its loop
+    a moment after their creation returns, here later still as it is creating the burst's files."""
+    batch = uuid.uuid4().hex[:6]
+    burst = [f"burst-{batch}-{i}" for i in range(500)]
+    topic = f"t-{batch}"
+    with Admin(nameserver=standalone["nameserver"]) as admin:
+        def create() -> str:
+            admin.create_topics([(name, 8) for name in burst])
+            admin.create_topic(topic, 2)
+            return topic
+        try:
+            yield create
+        finally:
+            admin.delete_topics([*burst, topic])
+
+
+def test_send_right_after_the_topic_is_created(standalone, burst_then_topic):
+    """The send waits for the broker to take the topic's queues (not TOPIC_NOT_FOUND, which a
+    client's quick retries would all get)."""
+    config = rocketmq.ClientConfiguration(standalone["rocketmq"], rocketmq.Credentials())
+    producer = rocketmq.Producer(config)  # started before the topic exists: nothing delays the send
+    producer.startup()
+    try:
+        topic = burst_then_topic()
+        sent = _send(producer, topic, b"at once")
+    finally:
+        producer.shutdown()
+    consumer, producer = _clients(standalone, topic, "g-sent-at-once")
+    try:
+        # a new group starts from the queues' beginning (docs/rocketmq-compat.md): it reads the send
+        assert [(m.message_id, m.body) for m in _receive(consumer, 1, 10)] == [(sent.message_id, b"at once")]
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def test_receive_right_after_the_topic_is_created(standalone, burst_then_topic):
+    """A receive as well: no message yet, and no error."""
+    topic = burst_then_topic()
+    config = rocketmq.ClientConfiguration(standalone["rocketmq"], rocketmq.Credentials())
+    consumer = rocketmq.SimpleConsumer(config, "g-at-once", {topic: rocketmq.FilterExpression("*")}, await_duration=1)
+    consumer.startup()
+    try:
+        assert consumer.receive(16, 10) == []
+    finally:
+        consumer.shutdown()
