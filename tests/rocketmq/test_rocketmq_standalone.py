@@ -216,3 +216,18 @@ def test_receive_right_after_the_topic_is_created(standalone, burst_then_topic):
         assert consumer.receive(16, 10) == []
     finally:
         consumer.shutdown()
+
+
+def test_a_topic_that_does_not_exist_is_answered_at_once(standalone):
+    """Only a topic etcd holds is waited for: an unknown one is TOPIC_NOT_FOUND, not a wait to the deadline."""
+    topic = f"never-{uuid.uuid4().hex[:8]}"
+    message = definition_pb2.Message(topic=definition_pb2.Resource(name=topic), body=b"x")
+    message.system_properties.message_id = uuid.uuid4().hex
+    with grpc.insecure_channel(standalone["rocketmq"]) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        started = time.monotonic()
+        route = stub.QueryRoute(service_pb2.QueryRouteRequest(topic=message.topic), timeout=30)
+        sent = stub.SendMessage(service_pb2.SendMessageRequest(messages=[message]), timeout=30)
+        elapsed = time.monotonic() - started
+    assert (route.status.code, sent.status.code) == (definition_pb2.Code.TOPIC_NOT_FOUND,) * 2
+    assert elapsed < 10  # a wait would last to the send timeout (5 s) per call
