@@ -308,7 +308,7 @@ class MessageStore:
         saved_minimums = load_min_offsets(paths.min_offsets)
         for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(commitlog.min_offset)
-            cq.advance_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
+            cq.restore_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
         self._truncations.prune(commitlog.min_offset)
         self._abort.set()
         end = commitlog.committed_pos

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT, queue_bounds
+from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT, queue_bounds, restored_bounds
 from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.mapped_file import list_files
 from gms.broker.segment_list import newest_run
@@ -78,10 +78,11 @@ def _map_read_only(path: Path) -> np.ndarray | None:
         os.close(fd)  # the map keeps its own reference to the file
 
 
-def _first_slot(entries: np.ndarray, written: bool) -> int | None:
+def _first_slot(entries: np.ndarray, written: bool, start: int) -> int | None:
     """As the broker's ``consume_queue._first_slot``, over a mapped file's entries."""
-    hits = np.flatnonzero(entries["size"] > 0 if written else entries["size"] <= 0)
-    return int(hits[0]) if hits.size else None
+    sizes = entries["size"][start:]
+    hits = np.flatnonzero(sizes > 0 if written else sizes <= 0)
+    return start + int(hits[0]) if hits.size else None
 
 
 class QueueIndex:
@@ -99,7 +100,7 @@ class QueueIndex:
         self._files = [(base // CQ_UNIT.size, arr.view(CQ_DTYPE)) for base, arr in run]
         self.min_offset, self.max_offset = queue_bounds(
             [(first, len(entries)) for first, entries in self._files],
-            lambda i, written: _first_slot(self._files[i][1], written))
+            lambda i, written, start: _first_slot(self._files[i][1], written, start))
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) (CQ_DTYPE), clipped to what the index holds."""
@@ -121,7 +122,7 @@ def queue_index(root: Path, topic: str, queue_id: int) -> QueueIndex:
     paths = StorePaths(root)
     index = QueueIndex(paths.queue_dir(topic, queue_id))
     saved = load_min_offsets(paths.min_offsets).get((topic, queue_id), 0)
-    index.min_offset = max(index.min_offset, min(saved, index.max_offset))
+    index.min_offset, index.max_offset = restored_bounds(index.min_offset, index.max_offset, saved)
     return index
 
 

@@ -42,38 +42,59 @@ def pick_tags(entries: np.ndarray, tag_hashes: np.ndarray, max_picks: int) -> tu
     return np.frombuffer(found, np.int64), scanned
 
 
-def _first_slot(f: MappedFile, written: bool) -> int | None:
-    """The slot in ``f`` of its first entry that is written (size > 0; else: that is not), None
-    if there is none. Only the entries before the end of the file's data on disk are read (the
-    rest is holes, all zeros), in chunks, through pread (not through the map): opening a queue
-    costs neither a whole file's worth of page faults nor resident memory."""
-    end = min(-(-f.data_end() // CQ_UNIT.size), f.size_bytes // CQ_UNIT.size)
-    slot = 0
-    for raw in f.read_chunks(0, end * CQ_UNIT.size, SCAN_CHUNK_ENTRIES * CQ_UNIT.size):
+def _first_slot(f: MappedFile, written: bool, start: int) -> int | None:
+    """The slot in ``f`` of its first entry from slot ``start`` on that is written (size > 0;
+    else: that is not), None if there is none. Only the entries before the end of the file's data
+    on disk are read (the rest is holes, all zeros), in chunks, through pread (not through the
+    map): opening a queue costs neither a whole file's worth of page faults nor resident memory."""
+    slots = f.size_bytes // CQ_UNIT.size
+    end = max(min(-(-f.data_end() // CQ_UNIT.size), slots), start)
+    slot = start
+    for raw in f.read_chunks(start * CQ_UNIT.size, end * CQ_UNIT.size, SCAN_CHUNK_ENTRIES * CQ_UNIT.size):
         sizes = np.frombuffer(raw, CQ_DTYPE, len(raw) // CQ_UNIT.size)["size"]
         hits = np.flatnonzero(sizes > 0 if written else sizes <= 0)
         if hits.size:
             return slot + int(hits[0])
         slot += len(sizes)
-    return None if written or end == f.size_bytes // CQ_UNIT.size else end
+    return None if written or end == slots else end
 
 
-def queue_bounds(files: Sequence[tuple[int, int]], first_slot: Callable[[int, bool], int | None]) -> tuple[int, int]:
+def queue_bounds(files: Sequence[tuple[int, int]],
+                 first_slot: Callable[[int, bool, int], int | None]) -> tuple[int, int]:
     """(minimum, end) of a queue whose files are ``files`` ((queue offset of the first entry,
-    entries), in offset order); ``first_slot(i, written)``: the slot of file i's first entry that
-    is written (size > 0; written=False: that is not), None if none. The end is the newest file's
-    first unwritten entry, past files an append reserved and then failed to write (they are
-    empty); the minimum is the first file's first written entry. The broker opens its queues
-    with this, and so does Spark reading a store (gms.spark_jobs.store_files)."""
+    entries), in offset order); ``first_slot(i, written, start)``: the slot of file i's first entry
+    from slot ``start`` on that is written (size > 0; written=False: that is not), None if none.
+
+    The minimum is the first file's first written entry: its entries before it were never written
+    when the queue was restarted at an offset inside that file (ConsumeQueue.reset), so its end is
+    looked for after them. The end is the newest file's first unwritten entry, past files an append
+    reserved and then failed to write (they are empty). The broker opens its queues with this, and
+    so does Spark reading a store (gms.spark_jobs.store_files)."""
     if not files:
         return 0, 0
+    lead = first_slot(0, True, 0) or 0
+
+    def used(i: int) -> int | None:
+        return first_slot(i, False, lead if i == 0 else 0)
+
     newest = len(files) - 1
-    used = first_slot(newest, False)
-    while newest > 0 and used == 0:
+    end_slot = used(newest)
+    while newest > 0 and end_slot == 0:
         newest -= 1
-        used = first_slot(newest, False)
+        end_slot = used(newest)
     first, entries = files[newest]
-    return files[0][0] + (first_slot(0, True) or 0), first + (entries if used is None else used)
+    return files[0][0] + lead, first + (entries if end_slot is None else end_slot)
+
+
+def restored_bounds(min_offset: int, max_offset: int, saved_min: int) -> tuple[int, int]:
+    """(minimum, end) of a queue found at [min_offset, max_offset) in its files whose minimum was
+    saved as ``saved_min``: the minimum never moves back, nor past the end; but an empty queue
+    whose end is below it restarts there. Nothing in its files tells where a queue restarted
+    (:meth:`ConsumeQueue.reset`) before anything was written to it again: without this its offsets
+    would start over from its file's start, or 0. The broker and Spark both apply this."""
+    if min_offset == max_offset < saved_min:
+        return saved_min, saved_min
+    return max(min_offset, min(saved_min, max_offset)), max_offset
 
 
 class OffsetExpired(StoreError):
@@ -96,7 +117,7 @@ class ConsumeQueue:
         # max_offset: the next offset to be written; published after the entries are.
         self.min_offset, self.max_offset = queue_bounds(
             [(f.base_offset // CQ_UNIT.size, entries_per_file) for f in files],
-            lambda i, written: _first_slot(files[i], written))
+            lambda i, written, start: _first_slot(files[i], written, start))
         self._flushed_offset = self.max_offset
 
     @property
@@ -288,6 +309,13 @@ class ConsumeQueue:
             self.min_offset = offset
         self._segments.delete_oldest(lambda f: f.end_offset // CQ_UNIT.size <= self.min_offset)
         return moved
+
+    def restore_min(self, offset: int) -> None:
+        """On open, the minimum saved before (store.min_offsets.json), as :func:`restored_bounds`."""
+        if restored_bounds(self.min_offset, self.max_offset, offset)[1] != self.max_offset:
+            self.reset(offset)
+        else:
+            self.advance_min(offset)
 
     def close(self) -> None:
         self._segments.close()

@@ -299,3 +299,26 @@ def test_a_follower_restarts_a_queue_its_leader_expired(tmp_path):
     with open_store(tmp_path / "follower") as follower:
         assert follower.recovered_from_crash
         assert served(follower, "t") == list(range(100, 120))
+
+
+@pytest.mark.parametrize("appended", [0, 5])
+def test_a_queue_restarted_inside_an_index_file_reopens_where_it_was(tmp_path, appended):
+    """restart_queue at 150, inside the index file of offsets 100..199, then ``appended`` records:
+    after a clean restart the queue still starts at 150 and serves exactly those records (its
+    reopened end was the file's start, 100, below its minimum: the records were not served;
+    with none, the queue started over at 0)."""
+    with open_store(tmp_path) as store:
+        store.create_topic("t", 1)
+        fill(store, "t", 1)
+        store.restart_queue("t", 0, 150)
+        if appended:
+            fill(store, "t", 1, per_batch=appended)
+    from gms.spark_jobs.store_files import queue_index
+
+    index = queue_index(tmp_path, "t", 0)  # Spark's reader agrees
+    assert (index.min_offset, index.max_offset) == (150, 150 + appended)
+    with open_store(tmp_path) as store:
+        assert (store.min_offset("t", 0), store.max_offset("t", 0)) == (150, 150 + appended)
+        assert served(store, "t") == list(range(150, 150 + appended))
+        fill(store, "t", 1, per_batch=2)  # and it goes on from there
+        assert served(store, "t") == list(range(150, 152 + appended))
