@@ -86,16 +86,18 @@ async def topic_arrival(broker: BrokerServer, topic: str, timeout_s: float, *, l
 
 def _arriving(broker: BrokerServer, topic: str, led_here: bool) -> bool:
     """Whether ``topic`` is not yet as the cluster made it: not in the view, or (``led_here``)
-    routed to this broker's leadership but not led here."""
+    routed to this broker's leadership but not led here. A send to a queue led here costs one
+    look at the broker's own queues."""
     registration = broker.registration
     assert registration is not None
+    if led_here:
+        try:
+            if broker.queues_led(topic):
+                return False
+        except TopicNotFoundError:
+            pass
     try:
         route = registration.route(topic)
     except TopicNotFoundError:
         return True
-    if not led_here or not any(queue.leader_address == broker.address for queue in route.queues):
-        return False
-    try:
-        return not broker.queues_led(topic)
-    except TopicNotFoundError:
-        return True
+    return led_here and any(queue.leader_address == broker.address for queue in route.queues)
