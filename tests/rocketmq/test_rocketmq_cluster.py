@@ -158,3 +158,24 @@ def _stored(cluster, topic: str) -> int:
             return sum(stats["max_offset"] - stats["min_offset"] for stats in admin.topic_stats(topic))
         except TopicNotFoundError:
             return 0
+
+
+def test_sends_right_after_the_topic_is_created_reach_every_leader(cluster):
+    """Created right after a burst of 400 other topics (the brokers' views and assignments take it
+    a moment after the creation returns), a replicated topic takes a send to each of its queues at
+    once, through one endpoint, from a producer running before the topic existed."""
+    batch = uuid.uuid4().hex[:6]
+    burst, topic = [f"burst-{batch}-{i}" for i in range(400)], f"t-{batch}"
+    producer = rocketmq.Producer(_config(cluster.brokers[0].rocketmq))
+    producer.startup()
+    with Admin(nameserver=cluster.nameserver) as admin:
+        try:
+            admin.create_topics([(name, 8) for name in burst])
+            admin.create_topic(topic, QUEUES, replicas=2)
+            receipts = [producer.send(_message(topic, b"at once %d" % i)) for i in range(QUEUES)]
+            assert _stored(cluster, topic) == QUEUES
+        finally:
+            producer.shutdown()
+            admin.delete_topics([*burst, topic])
+    # round robin over the queues: both brokers lead some
+    assert sorted(r.message_queue.message_queue0().id for r in receipts) == list(range(QUEUES))
