@@ -5,8 +5,10 @@ read-write, resize short files and take the abort marker, so Spark reads the sam
 with ``O_RDONLY`` maps instead. Nothing is ever written. A queue's files and bounds are found by
 the broker's own rules (``segment_list.newest_run``, ``consume_queue.queue_bounds``, as the
 ``ConsumeQueue`` constructor finds them when a broker opens the queue): it ends at the first entry
-of size 0 of its newest file with entries; the broker writes the commitlog bytes before the entry
-that points at them, so everything up to that entry is readable. Commitlog files deleted by
+of size 0 of its newest file with entries (in its first file, after its first written one), and
+its saved minimum applies as the broker applies it (``consume_queue.restored_bounds``). The broker
+writes the commitlog bytes before the entry that points at them, so everything up to that entry
+is readable. Commitlog files deleted by
 retention while we read are reported as missing, not as corruption.
 """
 
