@@ -206,5 +206,5 @@ def test_more_queues_than_one_fetch_names_go_out_in_several_requests(broker, mon
         for m in consumer.poll(200):
             got.setdefault((m.topic, m.queue_id), []).append(m.body)
     assert got == expected
-    assert max(map(len, asked)) == 16
+    assert max(map(len, asked)) <= 16
     assert set(expected) <= {q for queues in asked for q in queues}  # and the group's retry topic
