@@ -227,8 +227,12 @@ class BrokerRegistration:
     def queue_count(self, topic: str) -> int:
         """``topic``'s queue count over the whole cluster; 0 if it does not exist (no I/O)."""
         view = self._view
-        found = None if view is None else next((t for t in view.topics() if t.name == topic), None)
-        return 0 if found is None else found.queue_count
+        if view is None:
+            return 0
+        try:  # a lookup, not a walk: a heartbeat asks it for every topic of its subscription
+            return view.topic(topic).queue_count
+        except TopicNotFoundError:
+            return 0
 
     @property
     def alive(self) -> bool:

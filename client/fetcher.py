@@ -40,7 +40,6 @@ from gms.errors import (
 )
 from gms.protocol.codes import RequestCode
 from gms.protocol.fetch import (
-    FETCH_QUEUES_MAX,
     FETCH_TOTAL_BYTES_DEFAULT,
     OK,
     FetchedQueue,
@@ -63,6 +62,12 @@ log = logging.getLogger(__name__)
 
 PREFETCH_CHUNKS = 4
 FETCH_ERROR_BACKOFF_MS = 200
+# Queues one FETCH names at most. A request naming thousands stops reading where its byte budget
+# (max_total_bytes) runs out, and the next one names them all again: the broker re-reads every
+# queue it already drained to reach those it did not (a group of 1,000 topics of 4 queues, 50
+# records each, took four requests of 4,000 queues). A thousand queues of a few dozen records
+# fit one answer.
+FETCH_REQUEST_QUEUES = 1000
 
 
 class TopicQueue(NamedTuple):
@@ -294,7 +299,7 @@ class _BrokerSession:
     """The queues one broker leads, fetched with FETCH requests. Each queue is in one request at a
     time; queues that become fetchable while a request waits (a permit given back, a queue
     added) go out in another one at once, and an answer with nothing (its poll ran out) merges
-    the requests still waiting into the next one."""
+    the requests still waiting into the next ones (FETCH_REQUEST_QUEUES queues each)."""
 
     def __init__(self, fetcher: Fetcher, broker: str) -> None:
         self.fetcher = fetcher
@@ -351,8 +356,8 @@ class _BrokerSession:
             return
         self._turn = (self._turn + 1) % len(ready)
         ready = ready[self._turn:] + ready[:self._turn]
-        for start in range(0, len(ready), FETCH_QUEUES_MAX):
-            part = ready[start:start + FETCH_QUEUES_MAX]
+        for start in range(0, len(ready), FETCH_REQUEST_QUEUES):
+            part = ready[start:start + FETCH_REQUEST_QUEUES]
             token = object()
             self.inflight.update((s.key, token) for s in part)
             task = self._loop.create_task(self._fetch(part, token))
@@ -396,10 +401,15 @@ class _BrokerSession:
         if taken:
             await asyncio.sleep(0)  # the next request goes out before this answer's records are decoded
             self.fetcher.buffer.put_many(self._chunks(taken, frame))
-        elif not rows and len(self.requests) > 1:  # idle: wait on every queue in one request again
+        elif not rows and len(self.requests) > self._requests_needed(len(states)):
+            # idle: wait on every queue in as few requests as they fit again
             for other in self.requests:
                 if other is not asyncio.current_task():
                     other.cancel()
+
+    def _requests_needed(self, freed: int) -> int:
+        """How few requests could ask for the queues asked for now and the ``freed`` ones."""
+        return -(-(len(self.inflight) + freed) // FETCH_REQUEST_QUEUES)
 
     def _request_failed(self, states: list[QueueState], err: GmsError) -> None:
         """A whole request failed: its queues are placed again (the broker may be gone) or retried."""

@@ -168,3 +168,43 @@ def test_a_parked_fetch_answers_when_any_of_its_queues_gets_a_message(broker, ad
 def _send(address: str, topic: str) -> None:
     with Producer([address]) as producer:
         producer.send(topic, b"wake", queue=1)
+
+
+def test_more_queues_than_one_fetch_names_go_out_in_several_requests(broker, monkeypatch):
+    """A request naming thousands of queues stops where its byte budget runs out and the next
+    names them all again (the broker re-reads the drained ones): the consumer splits a broker's
+    queues into requests of FETCH_REQUEST_QUEUES at most, and reads every message once."""
+    from gms.client import fetcher
+    from gms.client.connections import ConnectionPool
+
+    monkeypatch.setattr(fetcher, "FETCH_REQUEST_QUEUES", 16, raising=False)
+    asked: list[list[tuple[str, int]]] = []
+    request = ConnectionPool.request
+
+    async def spied(self, address, code, fields=None, *args, **kwargs):
+        if code == RequestCode.FETCH:
+            asked.append([(t, q) for t, q, _ in fields["queues"]])
+        return await request(self, address, code, fields, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionPool, "request", spied)
+    prefix = f"split-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(20)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    expected = {(t, q): [f"{t}/{q}/{n}".encode() for n in range(PER_QUEUE)] for t in topics for q in range(QUEUES)}
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, body, queue=q)
+                             for (t, q), bodies in expected.items() for body in bodies])
+    got: dict[tuple[str, int], list[bytes]] = {}
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False, long_poll_ms=500) as consumer:
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < len(expected) * PER_QUEUE and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                got.setdefault((m.topic, m.queue_id), []).append(m.body)
+        time.sleep(1.5)  # idle long polls go on (and nothing comes twice)
+        for m in consumer.poll(200):
+            got.setdefault((m.topic, m.queue_id), []).append(m.body)
+    assert got == expected
+    assert max(map(len, asked)) <= 16
+    assert set(expected) <= {q for queues in asked for q in queues}  # and the group's retry topic
