@@ -631,7 +631,7 @@ class MessageStore:
             self._disk_full = False
             try:
                 commitlog.write(buf, placement, envelope)
-                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes)
+                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes, reserved=True)
                 self._keys.add(np.frombuffer(buf, np.uint8), parsed, placement.phys, envelope["store_ts_ms"])
             except BaseException:  # nothing was published: leave no trace for the next append or recovery
                 commitlog.rollback(placement.end_offset)
@@ -923,11 +923,13 @@ class MessageStore:
 
     @classmethod
     def _dispatch(cls, groups: list[_QueueGroup], queue_offsets: np.ndarray, phys: np.ndarray,
-                  sizes: np.ndarray, tag_hashes: np.ndarray) -> None:
+                  sizes: np.ndarray, tag_hashes: np.ndarray, *, reserved: bool = False) -> None:
         """Write one consumeQueue entry per record (the entries of a queue go in with one copy), then
-        publish every queue's new end: a batch is never seen half indexed."""
+        publish every queue's new end: a batch is never seen half indexed. ``reserved``: the
+        append reserved the entries already (recovery's batches are reserved here)."""
         n = len(phys)
-        cls._reserve(groups, n)  # done already by an append; recovery's batches need it here
+        if not reserved:
+            cls._reserve(groups, n)
         entries = np.empty(n, CQ_DTYPE)
         entries["phys"] = phys
         entries["size"] = sizes
