@@ -655,8 +655,7 @@ class MessageStore:
         n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups], [_group_size(g.indices, n) for g in groups],
-                            [int(sizes.sum()) if isinstance(g.indices, slice) else int(sizes[g.indices].sum())
-                             for g in groups])
+                            _group_bytes(groups, sizes))
 
     def _append_one(self, buf: memoryview, admit: Callable[[list[tuple[str, int]]], None] | None,
                     allowed_flags: int) -> AppendResult | None:
@@ -734,16 +733,24 @@ class MessageStore:
                                                        " producer sequence")
             cq, _, key = groups[0]
             return {0: self._admit_sequence(buf, cq, key, n)}
-        indices = [cast(np.ndarray, idx) for _, idx, _ in groups]  # several groups: index arrays
-        firsts = [int(idx[0]) for idx in indices]
-        if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or any(
-                int(idx[-1]) - int(idx[0]) + 1 != len(idx) for idx in indices):
+        if isinstance(groups[0].indices, slice):  # several groups of records in a row, in body order
+            firsts = [cast(slice, idx).start for _, idx, _ in groups]
+            counts = [_group_size(idx, n) for _, idx, _ in groups]
+            in_rows = True
+        else:  # index arrays
+            indices = [cast(np.ndarray, idx) for _, idx, _ in groups]
+            firsts = [int(idx[0]) for idx in indices]
+            counts = [len(idx) for idx in indices]
+            in_rows = all(int(idx[-1]) - int(idx[0]) + 1 == len(idx) for idx in indices)
+        if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or not in_rows:
             raise InvalidRecord(SEQUENCE_PROPERTY, "each queue's records in a send are one batch, in a row,"
                                                    " stamped with a producer sequence on its first record")
         checked = {}
-        for first, idx, (cq, _, key) in sorted(zip(firsts, indices, groups, strict=True), key=lambda g: g[0]):
+        positions = parsed.starts[firsts].tolist()
+        for first, count, pos, (cq, _, key) in sorted(zip(firsts, counts, positions, groups, strict=True),
+                                                      key=lambda g: g[0]):
             try:
-                checked[first] = self._admit_sequence(buf, cq, key, len(idx), int(parsed.starts[first]))
+                checked[first] = self._admit_sequence(buf, cq, key, count, pos)
             except DuplicateBatch as duplicate:
                 raise DuplicateBatchError(
                     f"{duplicate}; in a send of {len(groups)} queues' batches: nothing was stored, send each"
@@ -767,15 +774,21 @@ class MessageStore:
                         checked: Mapping[int, BatchSequence] | None = None) -> None:
         """Stamped records were stored (sent, replicated or re-read by recovery): the producer state
         follows. ``buf`` holds the records at ``parsed.starts``; ``checked``: stamps read already."""
-        headers = parsed.headers
-        for i in np.flatnonzero(headers["flags"] & FLAG_SEQUENCED).tolist():
-            key = (parsed.topics[int(parsed.topic_index[i])], int(headers["queue_id"][i]))
-            try:
-                sequence = (checked or {}).get(i) or read_sequence(buf, int(parsed.starts[i]))
-            except InvalidRecord as err:  # stored already: only the producer state misses it
-                log.warning("%s/%d@%d: %s", *key, int(queue_offsets[i]), err)
-                continue
-            self.producers.appended(key, sequence, int(queue_offsets[i]), int(phys[i]), int(store_ts_ms[i]))
+        headers, topics, checked = parsed.headers, parsed.topics, checked or {}
+        stamped = np.flatnonzero(headers["flags"] & FLAG_SEQUENCED)
+        for i, topic_index, queue_id, start, queue_offset, at, ts_ms in zip(
+                stamped.tolist(), parsed.topic_index[stamped].tolist(), headers["queue_id"][stamped].tolist(),
+                parsed.starts[stamped].tolist(), queue_offsets[stamped].tolist(), phys[stamped].tolist(),
+                store_ts_ms[stamped].tolist(), strict=True):
+            key = (topics[topic_index], queue_id)
+            sequence = checked.get(i)
+            if sequence is None:
+                try:
+                    sequence = read_sequence(buf, start)
+                except InvalidRecord as err:  # stored already: only the producer state misses it
+                    log.warning("%s/%d@%d: %s", *key, queue_offset, err)
+                    continue
+            self.producers.appended(key, sequence, queue_offset, at, ts_ms)
 
     def batch_result(self, key: tuple[str, int], base_offset: int, count: int) -> AppendResult:
         """An AppendResult of records stored before (an idempotent producer's duplicate batch)."""
@@ -898,6 +911,16 @@ class MessageStore:
         if (keys == keys[0]).all():
             key = (parsed.topics[parsed.topic_index[0]], int(queue_ids[0]))
             return [_QueueGroup(self._queue_for(*key), slice(None), key)]
+        topics, queue_for = parsed.topics, self._queue_for
+        starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+        firsts = [0, *starts.tolist()]
+        run_keys = keys[firsts].tolist()
+        if len(set(run_keys)) == len(run_keys):  # each queue's records in a row (a producer's batches): slices
+            ends = [*firsts[1:], len(keys)]
+            run_topics = [topics[t] for t in parsed.topic_index[firsts].tolist()]
+            return [_QueueGroup(queue_for(topic, queue_id), slice(first, end), (topic, queue_id))
+                    for topic, queue_id, first, end in zip(run_topics, queue_ids[firsts].tolist(), firsts, ends,
+                                                           strict=True)]
         order = np.argsort(keys, kind="stable")
         bounds = np.flatnonzero(np.diff(keys[order])) + 1
         groups = []
@@ -1685,8 +1708,17 @@ def _consecutive_runs(values: list[int]) -> list[tuple[int, int]]:
 
 
 def _group_size(indices: np.ndarray | slice, n: int) -> int:
-    """How many of a batch's ``n`` records a queue group holds (a slice: all of them)."""
-    return n if isinstance(indices, slice) else len(indices)
+    """How many of a batch's ``n`` records a queue group holds."""
+    if isinstance(indices, slice):
+        return (n if indices.stop is None else indices.stop) - (indices.start or 0)
+    return len(indices)
+
+
+def _group_bytes(groups: list[_QueueGroup], sizes: np.ndarray) -> list[int]:
+    """The bytes of each group's records (groups of records in a row: one numpy call for all)."""
+    if len(groups) > 1 and isinstance(groups[0].indices, slice):
+        return np.add.reduceat(sizes, [cast(slice, g.indices).start for g in groups]).tolist()
+    return [int(sizes[g.indices].sum()) for g in groups]
 
 
 def _runs(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -70,13 +70,13 @@ def read_sequence(buf: Buffer, pos: int = 0) -> BatchSequence:
     """The sequence stamped on the record at ``pos`` (which carries FLAG_SEQUENCED);
     InvalidRecord if it is not where and how :func:`stamp_sequence` writes it."""
     _, props_len, end = _props_end(buf, pos)
-    start = end - 1 - _VALUE_BYTES
-    if props_len < STAMP_BYTES or bytes(buf[start - len(_NAME):start]) != _NAME or buf[end - 1] != 2:
+    stamp = bytes(buf[end - STAMP_BYTES:end]) if props_len >= STAMP_BYTES else b""
+    if not stamp.startswith(_NAME) or stamp[-1] != 2:
         raise InvalidRecord(SEQUENCE_PROPERTY, "a sequenced record carries the producer sequence as its last property")
-    value = _VALUE.fullmatch(bytes(buf[start:end - 1]))
+    value = _VALUE.fullmatch(stamp, len(_NAME), STAMP_BYTES - 1)
     if value is None:
         raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is not four fixed-width hex numbers")
-    producer_id, epoch, sequence, records = (int(part, 16) for part in value.groups())
+    producer_id, epoch, sequence, records = [int(part, 16) for part in value.groups()]
     if records < 1 or producer_id >= 1 << 63 or epoch >= 1 << 31:
         raise InvalidRecord(SEQUENCE_PROPERTY, "the producer sequence is out of range")
     return BatchSequence(producer_id, epoch, sequence, records)
