@@ -934,6 +934,10 @@ class MessageStore:
     def _assign_queue_offsets(groups: list[_QueueGroup], n: int) -> np.ndarray:
         """The one place queue offsets are chosen: each queue continues from its end, no gaps.
         (A replica would instead take the leader's offsets after truncating its queues.)"""
+        if len(groups) > 1 and isinstance(groups[0].indices, slice):  # records in a row per queue: one pass
+            counts = [_group_size(idx, n) for _, idx, _ in groups]
+            shifts = [cq.max_offset - cast(slice, idx).start for cq, idx, _ in groups]  # record index -> offset
+            return np.arange(n, dtype=np.int64) + np.repeat(np.array(shifts, np.int64), counts)
         offsets = np.empty(n, np.int64)
         for cq, idx, _ in groups:
             offsets[idx] = np.arange(cq.max_offset, cq.max_offset + _group_size(idx, n), dtype=np.int64)

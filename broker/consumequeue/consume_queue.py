@@ -142,6 +142,10 @@ class ConsumeQueue:
         them once :meth:`publish` moves the end."""
         assert start_offset == self.max_offset, (start_offset, self.max_offset)
         raw = entries.view(np.uint8)
+        slot = start_offset % self.entries_per_file
+        if slot + len(entries) <= self.entries_per_file:  # all in one file, as nearly always
+            self._file(start_offset, self.files).array[slot * CQ_UNIT.size: slot * CQ_UNIT.size + len(raw)] = raw
+            return
         offset, done = start_offset, 0
         while done < len(entries):
             slot = offset % self.entries_per_file
