@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 HANDOFF_WAIT_S = 0.002
 # Requests in flight per broker before its ready batches wait (and grow) for the next one.
 REQUESTS_PER_BROKER = 4
+# A request this close to SEND_BODY_SIZE_MAX_BYTES takes no more batches (see _take_ready).
+REQUEST_FULL_MARGIN_BYTES = 32 * 1024
 
 
 class _Outcome:
@@ -327,7 +329,9 @@ class Accumulator(AppenderBase):
 
     def _take_ready(self, ready: list[_OpenBatch]) -> list[_OpenBatch]:
         """The batches of the next request, out of ``ready`` and closed (under the lock): the oldest,
-        alone if it must go alone, else with the others that fit one request, one per queue."""
+        alone if it must go alone, else with the others that fit one request, one per queue, until
+        the request is within REQUEST_FULL_MARGIN_BYTES of the limit (the rest are not looked at:
+        with a batch per topic, a thousand may be ready)."""
         first = ready[0]
         self._close(first)
         if self._send_many is None or not self._combinable(first):
@@ -335,10 +339,14 @@ class Accumulator(AppenderBase):
             return [first]
         taken, left, routes = [first], [], {first.route}
         size = first.size_bytes + STAMP_BYTES
-        for batch in ready[1:]:  # under the lock their sizes hold still; the ones left stay open
+        for k in range(1, len(ready)):  # under the lock their sizes hold still; the ones left stay open
+            batch = ready[k]
             if batch.route in routes or not self._combinable(batch) or (
                     size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES):
                 left.append(batch)
+                if size > SEND_BODY_SIZE_MAX_BYTES - REQUEST_FULL_MARGIN_BYTES:
+                    left += ready[k + 1:]
+                    break
                 continue
             self._close(batch)
             size += batch.size_bytes + STAMP_BYTES
