@@ -87,7 +87,7 @@ from gms.record.layout import (
     TX_ID_CHARS_MAX,
     TX_ID_PROPERTY,
 )
-from gms.record.sequence import STAMP_BYTES, BatchSequence, read_sequence
+from gms.record.sequence import STAMP_BYTES, BatchSequence, read_sequence, read_sequences
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -747,10 +747,11 @@ class MessageStore:
                                                    " stamped with a producer sequence on its first record")
         checked = {}
         positions = parsed.starts[firsts].tolist()
-        for first, count, pos, (cq, _, key) in sorted(zip(firsts, counts, positions, groups, strict=True),
-                                                      key=lambda g: g[0]):
+        stamps: list[BatchSequence] | list[None] = _read_stamps(buf, parsed, firsts) or [None] * len(firsts)
+        for first, count, pos, stamp, (cq, _, key) in sorted(
+                zip(firsts, counts, positions, stamps, groups, strict=True), key=lambda g: g[0]):
             try:
-                checked[first] = self._admit_sequence(buf, cq, key, count, pos)
+                checked[first] = self._admit_sequence(buf, cq, key, count, pos, stamp)
             except DuplicateBatch as duplicate:
                 raise DuplicateBatchError(
                     f"{duplicate}; in a send of {len(groups)} queues' batches: nothing was stored, send each"
@@ -758,10 +759,12 @@ class MessageStore:
         return checked
 
     def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int,
-                        pos: int = 0) -> BatchSequence:
-        """The stamp of a batch of ``n`` records to ``key`` (its first at ``pos``): refused if out
-        of order or fenced, DuplicateBatch if stored before (docs/idempotence.md)."""
-        sequence = read_sequence(buf, pos)
+                        pos: int = 0, sequence: BatchSequence | None = None) -> BatchSequence:
+        """The stamp of a batch of ``n`` records to ``key`` (its first at ``pos``; ``sequence``:
+        read already): refused if out of order or fenced, DuplicateBatch if stored before
+        (docs/idempotence.md)."""
+        if sequence is None:
+            sequence = read_sequence(buf, pos)
         if sequence.records != n:
             raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds {n} records, its sequence says {sequence.records}")
         known = self.producers.check(key, sequence, cq.max_offset)
@@ -1716,6 +1719,19 @@ def _group_size(indices: np.ndarray | slice, n: int) -> int:
     if isinstance(indices, slice):
         return (n if indices.stop is None else indices.stop) - (indices.start or 0)
     return len(indices)
+
+
+def _read_stamps(buf: memoryview, parsed: ParsedRecords, firsts: list[int]) -> list[BatchSequence] | None:
+    """The producer sequences stamped on records ``firsts`` (a send of many queues' batches), read
+    in one pass; None if any is not where and how a producer stamps it (each is then read alone,
+    in body order, which says what is wrong)."""
+    headers = parsed.headers[firsts]
+    if (headers["props_len"] < STAMP_BYTES).any():
+        return None
+    ends = parsed.starts[firsts] + HEADER_SIZE
+    for length in ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len"):
+        ends += headers[length]
+    return read_sequences(buf, ends)
 
 
 def _group_bytes(groups: list[_QueueGroup], sizes: np.ndarray) -> list[int]:
