@@ -381,8 +381,9 @@ class Accumulator(AppenderBase):
             if not isinstance(err, Exception):
                 raise
         finally:
+            self._release(sum(batch.size_bytes for batch in batches))  # one wake-up for all
             for batch, outcome in zip(batches, outcomes, strict=True):
-                self._settle(batch, outcome)
+                self._resolve(batch, outcome)
 
     async def _send_batch(self, batch: _OpenBatch) -> None:
         outcome: Sequence[SendResult] | BaseException
@@ -393,9 +394,16 @@ class Accumulator(AppenderBase):
             if not isinstance(err, Exception):
                 raise
         finally:
-            self._settle(batch, outcome)
+            self._release(batch.size_bytes)
+            self._resolve(batch, outcome)
 
-    def _settle(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
+    def _release(self, size_bytes: int) -> None:
+        """Answered batches of ``size_bytes`` leave the buffer: appends waiting for room go on."""
+        with self._lock:
+            self._buffered_bytes -= size_bytes
+            self._space.notify_all()
+
+    def _resolve(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
         """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""
         if isinstance(outcome, BaseException):
             batch.future.set_exception(outcome)
@@ -404,9 +412,6 @@ class Accumulator(AppenderBase):
                 f"{len(outcome)} results for a batch of {batch.count} messages", must_close=False))
         else:
             batch.future.set_result(outcome)
-        with self._lock:
-            self._buffered_bytes -= batch.size_bytes
-            self._space.notify_all()
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""
