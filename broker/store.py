@@ -87,7 +87,7 @@ from gms.record.layout import (
     TX_ID_CHARS_MAX,
     TX_ID_PROPERTY,
 )
-from gms.record.sequence import STAMP_BYTES, BatchSequence, read_sequence
+from gms.record.sequence import STAMP_BYTES, BatchSequence, read_sequence, read_sequences
 from gms.store_errors import (
     CorruptRecord,
     InvalidRecord,
@@ -631,7 +631,7 @@ class MessageStore:
             self._disk_full = False
             try:
                 commitlog.write(buf, placement, envelope)
-                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes)
+                self._dispatch(groups, queue_offsets, placement.phys, sizes, parsed.index_tag_hashes, reserved=True)
                 self._keys.add(np.frombuffer(buf, np.uint8), parsed, placement.phys, envelope["store_ts_ms"])
             except BaseException:  # nothing was published: leave no trace for the next append or recovery
                 commitlog.rollback(placement.end_offset)
@@ -655,8 +655,7 @@ class MessageStore:
         n = len(queue_ids)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
                             [group.key for group in groups], [_group_size(g.indices, n) for g in groups],
-                            [int(sizes.sum()) if isinstance(g.indices, slice) else int(sizes[g.indices].sum())
-                             for g in groups])
+                            _group_bytes(groups, sizes))
 
     def _append_one(self, buf: memoryview, admit: Callable[[list[tuple[str, int]]], None] | None,
                     allowed_flags: int) -> AppendResult | None:
@@ -734,16 +733,25 @@ class MessageStore:
                                                        " producer sequence")
             cq, _, key = groups[0]
             return {0: self._admit_sequence(buf, cq, key, n)}
-        indices = [cast(np.ndarray, idx) for _, idx, _ in groups]  # several groups: index arrays
-        firsts = [int(idx[0]) for idx in indices]
-        if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or any(
-                int(idx[-1]) - int(idx[0]) + 1 != len(idx) for idx in indices):
+        if isinstance(groups[0].indices, slice):  # several groups of records in a row, in body order
+            firsts = [cast(slice, idx).start for _, idx, _ in groups]
+            counts = [_group_size(idx, n) for _, idx, _ in groups]
+            in_rows = True
+        else:  # index arrays
+            indices = [cast(np.ndarray, idx) for _, idx, _ in groups]
+            firsts = [int(idx[0]) for idx in indices]
+            counts = [len(idx) for idx in indices]
+            in_rows = all(int(idx[-1]) - int(idx[0]) + 1 == len(idx) for idx in indices)
+        if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or not in_rows:
             raise InvalidRecord(SEQUENCE_PROPERTY, "each queue's records in a send are one batch, in a row,"
                                                    " stamped with a producer sequence on its first record")
         checked = {}
-        for first, idx, (cq, _, key) in sorted(zip(firsts, indices, groups, strict=True), key=lambda g: g[0]):
+        positions = parsed.starts[firsts].tolist()
+        stamps: list[BatchSequence] | list[None] = _read_stamps(buf, parsed, firsts) or [None] * len(firsts)
+        for first, count, pos, stamp, (cq, _, key) in sorted(
+                zip(firsts, counts, positions, stamps, groups, strict=True), key=lambda g: g[0]):
             try:
-                checked[first] = self._admit_sequence(buf, cq, key, len(idx), int(parsed.starts[first]))
+                checked[first] = self._admit_sequence(buf, cq, key, count, pos, stamp)
             except DuplicateBatch as duplicate:
                 raise DuplicateBatchError(
                     f"{duplicate}; in a send of {len(groups)} queues' batches: nothing was stored, send each"
@@ -751,10 +759,12 @@ class MessageStore:
         return checked
 
     def _admit_sequence(self, buf: memoryview, cq: ConsumeQueue, key: tuple[str, int], n: int,
-                        pos: int = 0) -> BatchSequence:
-        """The stamp of a batch of ``n`` records to ``key`` (its first at ``pos``): refused if out
-        of order or fenced, DuplicateBatch if stored before (docs/idempotence.md)."""
-        sequence = read_sequence(buf, pos)
+                        pos: int = 0, sequence: BatchSequence | None = None) -> BatchSequence:
+        """The stamp of a batch of ``n`` records to ``key`` (its first at ``pos``; ``sequence``:
+        read already): refused if out of order or fenced, DuplicateBatch if stored before
+        (docs/idempotence.md)."""
+        if sequence is None:
+            sequence = read_sequence(buf, pos)
         if sequence.records != n:
             raise InvalidRecord(SEQUENCE_PROPERTY, f"the batch holds {n} records, its sequence says {sequence.records}")
         known = self.producers.check(key, sequence, cq.max_offset)
@@ -767,15 +777,21 @@ class MessageStore:
                         checked: Mapping[int, BatchSequence] | None = None) -> None:
         """Stamped records were stored (sent, replicated or re-read by recovery): the producer state
         follows. ``buf`` holds the records at ``parsed.starts``; ``checked``: stamps read already."""
-        headers = parsed.headers
-        for i in np.flatnonzero(headers["flags"] & FLAG_SEQUENCED).tolist():
-            key = (parsed.topics[int(parsed.topic_index[i])], int(headers["queue_id"][i]))
-            try:
-                sequence = (checked or {}).get(i) or read_sequence(buf, int(parsed.starts[i]))
-            except InvalidRecord as err:  # stored already: only the producer state misses it
-                log.warning("%s/%d@%d: %s", *key, int(queue_offsets[i]), err)
-                continue
-            self.producers.appended(key, sequence, int(queue_offsets[i]), int(phys[i]), int(store_ts_ms[i]))
+        headers, topics, checked = parsed.headers, parsed.topics, checked or {}
+        stamped = np.flatnonzero(headers["flags"] & FLAG_SEQUENCED)
+        for i, topic_index, queue_id, start, queue_offset, at, ts_ms in zip(
+                stamped.tolist(), parsed.topic_index[stamped].tolist(), headers["queue_id"][stamped].tolist(),
+                parsed.starts[stamped].tolist(), queue_offsets[stamped].tolist(), phys[stamped].tolist(),
+                store_ts_ms[stamped].tolist(), strict=True):
+            key = (topics[topic_index], queue_id)
+            sequence = checked.get(i)
+            if sequence is None:
+                try:
+                    sequence = read_sequence(buf, start)
+                except InvalidRecord as err:  # stored already: only the producer state misses it
+                    log.warning("%s/%d@%d: %s", *key, queue_offset, err)
+                    continue
+            self.producers.appended(key, sequence, queue_offset, at, ts_ms)
 
     def batch_result(self, key: tuple[str, int], base_offset: int, count: int) -> AppendResult:
         """An AppendResult of records stored before (an idempotent producer's duplicate batch)."""
@@ -898,6 +914,16 @@ class MessageStore:
         if (keys == keys[0]).all():
             key = (parsed.topics[parsed.topic_index[0]], int(queue_ids[0]))
             return [_QueueGroup(self._queue_for(*key), slice(None), key)]
+        topics, queue_for = parsed.topics, self._queue_for
+        starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+        firsts = [0, *starts.tolist()]
+        run_keys = keys[firsts].tolist()
+        if len(set(run_keys)) == len(run_keys):  # each queue's records in a row (a producer's batches): slices
+            ends = [*firsts[1:], len(keys)]
+            run_topics = [topics[t] for t in parsed.topic_index[firsts].tolist()]
+            return [_QueueGroup(queue_for(topic, queue_id), slice(first, end), (topic, queue_id))
+                    for topic, queue_id, first, end in zip(run_topics, queue_ids[firsts].tolist(), firsts, ends,
+                                                           strict=True)]
         order = np.argsort(keys, kind="stable")
         bounds = np.flatnonzero(np.diff(keys[order])) + 1
         groups = []
@@ -911,6 +937,10 @@ class MessageStore:
     def _assign_queue_offsets(groups: list[_QueueGroup], n: int) -> np.ndarray:
         """The one place queue offsets are chosen: each queue continues from its end, no gaps.
         (A replica would instead take the leader's offsets after truncating its queues.)"""
+        if len(groups) > 1 and isinstance(groups[0].indices, slice):  # records in a row per queue: one pass
+            counts = [_group_size(idx, n) for _, idx, _ in groups]
+            shifts = [cq.max_offset - cast(slice, idx).start for cq, idx, _ in groups]  # record index -> offset
+            return np.arange(n, dtype=np.int64) + np.repeat(np.array(shifts, np.int64), counts)
         offsets = np.empty(n, np.int64)
         for cq, idx, _ in groups:
             offsets[idx] = np.arange(cq.max_offset, cq.max_offset + _group_size(idx, n), dtype=np.int64)
@@ -923,11 +953,13 @@ class MessageStore:
 
     @classmethod
     def _dispatch(cls, groups: list[_QueueGroup], queue_offsets: np.ndarray, phys: np.ndarray,
-                  sizes: np.ndarray, tag_hashes: np.ndarray) -> None:
+                  sizes: np.ndarray, tag_hashes: np.ndarray, *, reserved: bool = False) -> None:
         """Write one consumeQueue entry per record (the entries of a queue go in with one copy), then
-        publish every queue's new end: a batch is never seen half indexed."""
+        publish every queue's new end: a batch is never seen half indexed. ``reserved``: the
+        append reserved the entries already (recovery's batches are reserved here)."""
         n = len(phys)
-        cls._reserve(groups, n)  # done already by an append; recovery's batches need it here
+        if not reserved:
+            cls._reserve(groups, n)
         entries = np.empty(n, CQ_DTYPE)
         entries["phys"] = phys
         entries["size"] = sizes
@@ -1683,8 +1715,30 @@ def _consecutive_runs(values: list[int]) -> list[tuple[int, int]]:
 
 
 def _group_size(indices: np.ndarray | slice, n: int) -> int:
-    """How many of a batch's ``n`` records a queue group holds (a slice: all of them)."""
-    return n if isinstance(indices, slice) else len(indices)
+    """How many of a batch's ``n`` records a queue group holds."""
+    if isinstance(indices, slice):
+        return (n if indices.stop is None else indices.stop) - (indices.start or 0)
+    return len(indices)
+
+
+def _read_stamps(buf: memoryview, parsed: ParsedRecords, firsts: list[int]) -> list[BatchSequence] | None:
+    """The producer sequences stamped on records ``firsts`` (a send of many queues' batches), read
+    in one pass; None if any is not where and how a producer stamps it (each is then read alone,
+    in body order, which says what is wrong)."""
+    headers = parsed.headers[firsts]
+    if (headers["props_len"] < STAMP_BYTES).any():
+        return None
+    ends = parsed.starts[firsts] + HEADER_SIZE
+    for length in ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len"):
+        ends += headers[length]
+    return read_sequences(buf, ends)
+
+
+def _group_bytes(groups: list[_QueueGroup], sizes: np.ndarray) -> list[int]:
+    """The bytes of each group's records (groups of records in a row: one numpy call for all)."""
+    if len(groups) > 1 and isinstance(groups[0].indices, slice):
+        return np.add.reduceat(sizes, [cast(slice, g.indices).start for g in groups]).tolist()
+    return [int(sizes[g.indices].sum()) for g in groups]
 
 
 def _runs(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

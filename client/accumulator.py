@@ -21,8 +21,10 @@ replicated queue and every batch when there is no ``SendManyFn`` go through ``Se
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import cast
 
@@ -42,10 +44,90 @@ SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[
 # request; per batch, its results or the error it failed with.
 SendManyFn = Callable[[str, list[tuple[QueueRoute, bytearray, int]]],
                       Awaitable[list[Sequence[SendResult] | BaseException]]]
+log = logging.getLogger(__name__)
+
 # How long a thread that filled a batch waits for the loop to take it (see Accumulator._filled).
 HANDOFF_WAIT_S = 0.002
 # Requests in flight per broker before its ready batches wait (and grow) for the next one.
 REQUESTS_PER_BROKER = 4
+# A request this close to SEND_BODY_SIZE_MAX_BYTES takes no more batches (see _take_ready).
+REQUEST_FULL_MARGIN_BYTES = 32 * 1024
+
+
+class _Outcome:
+    """A batch's results or error, set once (on the loop): what its messages' SendFutures read
+    (``result``, ``exception``, ``done``, ``cancelled``, ``add_done_callback``, as a
+    concurrent.futures.Future's). A thread that waits makes the Event it waits on; a batch nobody
+    waits for (send_async then flush) costs no lock or condition of its own: a producer spread
+    over many topics opens a batch per topic and round."""
+
+    __slots__ = ("__weakref__", "_callbacks", "_done", "_error", "_event", "_results")
+    _lock = threading.Lock()  # shared: held a moment, to hand over the Event and the callbacks
+
+    def __init__(self) -> None:
+        self._done = False
+        self._results: Sequence[SendResult] | None = None
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[_Outcome], object]] | None = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._done:
+            return
+        with self._lock:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout) and not self._done:
+            raise TimeoutError()
+
+    def result(self, timeout: float | None = None) -> Sequence[SendResult]:
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return cast(Sequence[SendResult], self._results)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[_Outcome], object]) -> None:
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def set_result(self, results: Sequence[SendResult]) -> None:
+        self._results = results
+        self._set()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._set()
+
+    def _set(self) -> None:
+        with self._lock:
+            if self._done:
+                raise RuntimeError("a batch's outcome is set once")
+            self._done = True
+            event, callbacks, self._callbacks = self._event, self._callbacks, None
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            self._call(fn)
+
+    def _call(self, fn: Callable[[_Outcome], object]) -> None:
+        try:
+            fn(self)
+        except Exception:  # as concurrent.futures does: a callback's error is the caller's, logged
+            log.exception("exception calling callback for %r", self)
 
 
 class _OpenBatch(BatchBuilder):
@@ -59,8 +141,8 @@ class _OpenBatch(BatchBuilder):
     def __init__(self, route: QueueRoute) -> None:
         self.route = route
         self.ready = False  # in its broker's ready batches (on the loop)
-        # One Future for the batch: each message's SendFuture reads its result out of it.
-        self.future: concurrent.futures.Future[Sequence[SendResult]] = concurrent.futures.Future()
+        # One outcome for the batch: each message's SendFuture reads its result out of it.
+        self.future = _Outcome()
 
 
 class _Slot:
@@ -101,6 +183,11 @@ class Accumulator(AppenderBase):
         self._open: dict[QueueRoute, _OpenBatch] = {}
         self._sticky: dict[str, _OpenBatch] = {}  # topic -> the open batch its plain messages fill
         self._buffered_bytes = 0
+        # Open batches by age, with when each lingered enough (monotonic s), under the lock; one
+        # timer on the loop for the oldest (armed while there are any): a producer over many
+        # topics opens a batch per topic and round, and a timer each was a loop wake-up each.
+        self._lingering: deque[tuple[float, _OpenBatch]] = deque()
+        self._linger_armed = False
         self._in_flight: set[asyncio.Task[None]] = set()
         # On the loop: per broker, its ready batches (oldest first) and its requests in flight.
         self._ready: dict[str, list[_OpenBatch]] = {}
@@ -142,10 +229,14 @@ class Accumulator(AppenderBase):
                 self._open[route] = batch
             if sticky and not filled:
                 self._sticky[route.topic] = batch
+            arm = False
+            if is_new and not filled:
+                self._lingering.append((time.monotonic() + self._linger_s, batch))
+                arm, self._linger_armed = not self._linger_armed, True
         if filled:
             self._filled(batch)
-        elif is_new:
-            self._loop.call_soon_threadsafe(self._arm_linger, route, batch)
+        elif arm:
+            self._loop.call_soon_threadsafe(self._linger_due)
         return future
 
     def _add(self, batch: _OpenBatch, topic: str, body: bytes, tag: str | None, keys: Sequence[str] = (),
@@ -191,8 +282,20 @@ class Accumulator(AppenderBase):
         taken.set()
         self._make_ready(batch)
 
-    def _arm_linger(self, route: QueueRoute, batch: _OpenBatch) -> None:
-        self._loop.call_later(self._linger_s, self._make_ready, batch)
+    def _linger_due(self) -> None:
+        """(On the loop.) Make the batches that lingered enough ready, then wait for the next one."""
+        now = time.monotonic()
+        lingering = self._lingering
+        with self._lock:
+            due = []
+            while lingering and lingering[0][0] <= now:
+                due.append(lingering.popleft()[1])
+            next_due = lingering[0][0] if lingering else None
+            self._linger_armed = next_due is not None
+        for batch in due:
+            self._make_ready(batch)
+        if next_due is not None:
+            self._loop.call_later(next_due - now, self._linger_due)
 
     def _make_ready(self, batch: _OpenBatch) -> None:
         """``batch`` is due (full or lingered; on the loop): send it with its broker's next request.
@@ -226,7 +329,9 @@ class Accumulator(AppenderBase):
 
     def _take_ready(self, ready: list[_OpenBatch]) -> list[_OpenBatch]:
         """The batches of the next request, out of ``ready`` and closed (under the lock): the oldest,
-        alone if it must go alone, else with the others that fit one request, one per queue."""
+        alone if it must go alone, else with the others that fit one request, one per queue, until
+        the request is within REQUEST_FULL_MARGIN_BYTES of the limit (the rest are not looked at:
+        with a batch per topic, a thousand may be ready)."""
         first = ready[0]
         self._close(first)
         if self._send_many is None or not self._combinable(first):
@@ -234,10 +339,14 @@ class Accumulator(AppenderBase):
             return [first]
         taken, left, routes = [first], [], {first.route}
         size = first.size_bytes + STAMP_BYTES
-        for batch in ready[1:]:  # under the lock their sizes hold still; the ones left stay open
+        for k in range(1, len(ready)):  # under the lock their sizes hold still; the ones left stay open
+            batch = ready[k]
             if batch.route in routes or not self._combinable(batch) or (
                     size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES):
                 left.append(batch)
+                if size > SEND_BODY_SIZE_MAX_BYTES - REQUEST_FULL_MARGIN_BYTES:
+                    left += ready[k + 1:]
+                    break
                 continue
             self._close(batch)
             size += batch.size_bytes + STAMP_BYTES
@@ -272,8 +381,9 @@ class Accumulator(AppenderBase):
             if not isinstance(err, Exception):
                 raise
         finally:
+            self._release(sum(batch.size_bytes for batch in batches))  # one wake-up for all
             for batch, outcome in zip(batches, outcomes, strict=True):
-                self._settle(batch, outcome)
+                self._resolve(batch, outcome)
 
     async def _send_batch(self, batch: _OpenBatch) -> None:
         outcome: Sequence[SendResult] | BaseException
@@ -284,9 +394,16 @@ class Accumulator(AppenderBase):
             if not isinstance(err, Exception):
                 raise
         finally:
-            self._settle(batch, outcome)
+            self._release(batch.size_bytes)
+            self._resolve(batch, outcome)
 
-    def _settle(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
+    def _release(self, size_bytes: int) -> None:
+        """Answered batches of ``size_bytes`` leave the buffer: appends waiting for room go on."""
+        with self._lock:
+            self._buffered_bytes -= size_bytes
+            self._space.notify_all()
+
+    def _resolve(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
         """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""
         if isinstance(outcome, BaseException):
             batch.future.set_exception(outcome)
@@ -295,9 +412,6 @@ class Accumulator(AppenderBase):
                 f"{len(outcome)} results for a batch of {batch.count} messages", must_close=False))
         else:
             batch.future.set_result(outcome)
-        with self._lock:
-            self._buffered_bytes -= batch.size_bytes
-            self._space.notify_all()
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""

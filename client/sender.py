@@ -233,8 +233,10 @@ class Sender:
             for i, answer in zip([i for i, _, _ in together], await self._send_together(broker, batches, together),
                                  strict=True):
                 outcomes[i] = answer
-        return list(await asyncio.gather(*cast(list[asyncio.Future[Sequence[SendResult]]], outcomes),
-                                         return_exceptions=True))
+        futures = cast(list[asyncio.Future[Sequence[SendResult]]], outcomes)
+        if all(future.done() for future in futures):  # all answered by the one request: no gather's callbacks
+            return [_outcome(future) for future in futures]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
 
     async def _send_together(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
                              together: list[tuple[int, Ticket | None, asyncio.Semaphore | None]],
@@ -356,6 +358,13 @@ def _on_its_own(send: Awaitable[Sequence[SendResult]]) -> asyncio.Future[Sequenc
     context = copy_context()
     context.run(FIRST_ANSWER.set, None)
     return asyncio.get_running_loop().create_task(cast(Any, send), context=context)
+
+
+def _outcome(future: asyncio.Future[Sequence[SendResult]]) -> Sequence[SendResult] | BaseException:
+    """What ``gather(..., return_exceptions=True)`` gives for ``future``, done."""
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception() or future.result()
 
 
 def _done(answer: Sequence[SendResult]) -> asyncio.Future[Sequence[SendResult]]:

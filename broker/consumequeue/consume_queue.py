@@ -13,6 +13,7 @@ never been written: that is how the end of a queue is found on open.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -106,7 +107,8 @@ class OffsetExpired(StoreError):
 
 
 class ConsumeQueue:
-    __slots__ = ("_flushed_offset", "_segments", "entries_per_file", "file_size_bytes", "max_offset", "min_offset")
+    __slots__ = ("_flushed_offset", "_ready_offset", "_segments", "entries_per_file", "file_size_bytes", "max_offset",
+                 "min_offset")
 
     def __init__(self, directory: Path, entries_per_file: int) -> None:
         """Map the queue's files and find its minimum and end."""
@@ -119,6 +121,10 @@ class ConsumeQueue:
             [(f.base_offset // CQ_UNIT.size, entries_per_file) for f in files],
             lambda i, written, start: _first_slot(files[i], written, start))
         self._flushed_offset = self.max_offset
+        # Entries below this lie in the last file, with blocks and their pages cached (by reserve):
+        # reserving them again is nothing to do (a queue among thousands reserves a few entries
+        # at nearly every append).
+        self._ready_offset = 0
 
     @property
     def directory(self) -> Path:
@@ -139,7 +145,7 @@ class ConsumeQueue:
         """Create the files that entries [max_offset, max_offset + count) go to and give them
         blocks there. An append does this for every queue of its batch before it writes anything:
         creating and allocating files is what can fail."""
-        if count <= 0:
+        if count <= 0 or self.max_offset + count <= self._ready_offset:
             return
         last = self.max_offset + count - 1
         while not self.files or last >= self.files[-1].end_offset // CQ_UNIT.size:
@@ -155,6 +161,9 @@ class ConsumeQueue:
             # Past max_offset a queue's files hold zeros (recovery zeroes what it cuts off).
             f.cache_zero_pages((max(offset, first) - first) * CQ_UNIT.size, (end - first) * CQ_UNIT.size)
             offset = end
+        # ``f`` holds ``last``: its pages up to the one of ``last`` are cached now
+        cached = -(-(end - first) * CQ_UNIT.size // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._ready_offset = (f.base_offset + min(cached, f.size_bytes)) // CQ_UNIT.size
 
     def write(self, start_offset: int, entries: np.ndarray) -> None:
         """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see
@@ -163,6 +172,10 @@ class ConsumeQueue:
             raise StoreInvariantBroken(f"{self.directory}: entries written at {start_offset}, not at the end"
                                        f" {self.max_offset}")
         raw = entries.view(np.uint8)
+        slot = start_offset % self.entries_per_file
+        if slot + len(entries) <= self.entries_per_file:  # all in one file, as nearly always
+            self._file(start_offset, self.files).array[slot * CQ_UNIT.size: slot * CQ_UNIT.size + len(raw)] = raw
+            return
         offset, done = start_offset, 0
         while done < len(entries):
             slot = offset % self.entries_per_file
@@ -246,6 +259,7 @@ class ConsumeQueue:
         if offset >= self.max_offset:
             return
         self._segments.delete_from(offset * CQ_UNIT.size)
+        self._ready_offset = 0
         keep = self.files
         if keep:
             keep[-1].zero_from((offset % self.entries_per_file) * CQ_UNIT.size if offset < keep[-1].end_offset
@@ -258,6 +272,7 @@ class ConsumeQueue:
         """Drop every entry and restart the queue empty at ``offset`` (index rebuild from a
         commitlog whose older files have expired)."""
         self._segments.delete_from(0)
+        self._ready_offset = 0
         self.min_offset = self.max_offset = self._flushed_offset = offset
 
     def offset_of_phys(self, phys: int) -> int:

@@ -264,12 +264,15 @@ class ReplicaManager:
     def check_produce(self, keys: Iterable[QueueKey], acks: int) -> None:
         """Refuse a send before it is stored: not the leader, lease lost, or (acks=-1) too few
         in sync — never a silent downgrade to acks=1."""
+        lease_alive = None  # asked once, at the first queue led here
         for key in keys:
             p = self.leader_of(key)
             if p.unsaved_epoch is not None:
                 raise LeadershipPendingError(f"queue {key[0]}/{key[1]}: taking over its leadership (epoch"
                                              f" {p.unsaved_epoch} is being written)", key, _leader_fields(p))
-            if not self._lease_alive():
+            if lease_alive is None:
+                lease_alive = self._lease_alive()
+            if not lease_alive:
                 raise NotLeaderError(f"this broker lost its cluster lease; {key[0]}/{key[1]} may have"
                                      " a new leader", fields=_leader_fields(p))
             if acks == -1 and len(p.isr) < p.min_insync:
@@ -297,14 +300,25 @@ class ReplicaManager:
         return self.leader_of(key).hw
 
     def on_appended(self, keys: Iterable[QueueKey]) -> None:
-        """The leader appended to ``keys``: wake parked follower fetches, move single-replica HWs."""
+        """The leader appended to ``keys``: wake parked follower fetches, move single-replica HWs
+        (the readers of the queues whose HW moved are woken once for all: a send may carry the
+        batches of thousands of queues)."""
+        now = time.monotonic()
+        moved = []
         for key in keys:
             p = self.partitions.get(key)
             if p is not None and p.role is Role.LEADER:
                 leo = self.store.max_offset(*key)
                 if len(p.isr) > 1:
-                    p.note_append(leo, time.monotonic())
-                self._advance(p, leo)
+                    p.note_append(leo, now)
+                if p.advance_hw(self.broker_id, leo):
+                    moved.append(p)
+        if moved:
+            self._hw_dirty = True
+            self._notify_readers([p.key for p in moved])
+            for p in moved:
+                for waited in p.replicated_waits(now):
+                    self._hw_waits.observe(waited)
         self.wake_fetches(keys)
 
     def wake_fetches(self, keys: Iterable[QueueKey]) -> None:

@@ -13,6 +13,7 @@ from gms.errors import DuplicateBatchError, MessageIllegalError, OutOfOrderSeque
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import Message, encode_batch
+from gms.record.codec import seal_crc
 from gms.record.sequence import BatchSequence, stamp_sequence
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,3 +75,27 @@ def test_a_send_of_several_queues_batches_is_admitted_whole_or_not_at_all(broker
         assert np.frombuffer(again.fields["queue_offsets"], ">i8").tolist() == [0, 1]
         _send(broker.address, _batch("many-a", 0, 1, records=3), _batch("many-b", 1, 1))
         assert _ends(admin) == {("many-a", 0): 5, ("many-a", 1): 2, ("many-b", 0): 0, ("many-b", 1): 4}
+
+
+def test_a_bad_stamp_among_several_queues_batches_refuses_the_send(broker):
+    """The stamps of a send of many queues' batches are read together: a malformed one, a count
+    that is not its batch's, or a sequence out of range refuses the send with the error of a
+    batch sent alone, and nothing of it is stored."""
+    with Admin([broker.address]) as admin:
+        for topic in TOPICS:
+            admin.create_topic(topic, queues=2)
+        _send(broker.address, _batch("many-a", 0, 0), _batch("many-b", 1, 0))
+        stored = _ends(admin)
+        upper = _batch("many-b", 1, 1)
+        at = upper.index(b"%016x" % PRODUCER)
+        upper[at:at + 16] = (b"%016x" % PRODUCER).upper()  # int() would take it, the stamp's format not
+        seal_crc(upper)
+        with pytest.raises(MessageIllegalError, match="four fixed-width hex numbers"):
+            _send(broker.address, _batch("many-a", 0, 1), upper)
+        miscounted = bytearray(encode_batch([Message("many-b", b"m", queue_id=1)]))
+        stamp_sequence(miscounted, BatchSequence(PRODUCER, 0, 1, 2))
+        with pytest.raises(MessageIllegalError, match="holds 1 records, its sequence says 2"):
+            _send(broker.address, _batch("many-a", 0, 1), miscounted)
+        assert _ends(admin) == stored
+        answer = _send(broker.address, _batch("many-a", 0, 1), _batch("many-b", 1, 1, records=3))
+        assert np.frombuffer(answer.fields["queue_offsets"], ">i8").tolist() == [2, 3, 2, 3, 4]

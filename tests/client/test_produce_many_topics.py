@@ -136,3 +136,31 @@ def test_batches_being_retried_do_not_hold_back_the_brokers_other_batches(watche
         for future in failing:
             with pytest.raises(QueueNotFoundError):
                 future.result(timeout=60)
+
+
+def test_batches_of_many_topics_go_out_once_lingered_without_flush(watched):
+    """The accumulator keeps one linger timer for all its open batches: batches opened together,
+    and batches opened after the timer went idle, each go out after linger_ms, never before,
+    with no flush; a thread waiting on a result is woken by its batch's answer."""
+    broker, _, topics = watched
+    with Producer([broker.address], linger_ms=1500) as producer:
+        for topic in topics:
+            producer.send(topic, b"warm-up")
+        first = [producer.send_async(topic, b"first") for topic in topics[:10]]
+        assert not any(f.done() for f in first)  # lingering
+        with pytest.raises(TimeoutError):
+            first[0].result(timeout=0.01)
+        assert {f.result(timeout=30).topic for f in first} == set(topics[:10])
+        later = [producer.send_async(topic, b"later") for topic in topics[10:]]  # the timer was idle
+        assert not any(f.done() for f in later)
+        waiter_saw: list[object] = []
+        waiter = threading.Thread(target=lambda: waiter_saw.append(later[-1].result(timeout=30)))
+        waiter.start()
+        seen: list[str] = []
+        called = threading.Event()
+        later[0].add_done_callback(lambda f: (seen.append(f.result().topic), called.set()))
+        assert {f.result(timeout=30).topic for f in later} == set(topics[10:])
+        waiter.join(30)
+        assert called.wait(30) and seen == [topics[10]]
+        assert [getattr(r, "topic", None) for r in waiter_saw] == [topics[-1]]
+    _check_stored(broker.address, {b"first": first[0], b"later": later[-1]})

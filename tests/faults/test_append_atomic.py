@@ -151,6 +151,45 @@ def test_error_while_indexing_rolls_the_batch_back(tmp_path, monkeypatch):
         assert [queue_bodies(recovered, q) for q in (0, 1)] == expected
 
 
+def test_error_while_indexing_queues_in_rows_rolls_the_batch_back(tmp_path, monkeypatch):
+    """As above, for a batch whose queues' records each come in a row (a producer's send over
+    many queues, grouped as slices): queue 0's entries spill into its next index file, then
+    writing queue 1's fails; nothing stays, and the next such batch continues each queue."""
+    root = tmp_path / "store"
+    store = open_store(root)
+    try:
+        acked(store, batch((b"a0", 0), (b"b0", 1)))
+        committed = store._commitlog.committed_pos
+        real_write = ConsumeQueue.write
+
+        def write(cq: ConsumeQueue, start: int, entries: np.ndarray) -> None:
+            if cq.directory.name == "1" and entries["size"].any():
+                raise MemoryError("injected")
+            real_write(cq, start, entries)
+
+        monkeypatch.setattr(ConsumeQueue, "write", write)
+        with pytest.raises(MemoryError):
+            store.append(batch((b"c", 0), (b"d", 0), (b"e", 0), (b"f", 0), (b"g", 1), (b"h", 1)))
+        assert (store.max_offset("t", 0), store.max_offset("t", 1)) == (1, 1)
+        assert_no_trace(store, committed)
+        cq0 = store._queue("t", 0)
+        assert not cq0.files[0].array[20:].any() and not cq0.files[1].array.any()  # entries erased
+        monkeypatch.undo()
+        rows = batch((b"i", 1), (b"j", 1), (b"k", 0), (b"l", 0), (b"m", 0), (b"n", 0))  # records of one size
+        result = store.append(rows)
+        assert result.queue_offsets.tolist() == [1, 2, 1, 2, 3, 4]
+        assert result.touched_queues == [("t", 1), ("t", 0)] and result.queue_counts == [2, 4]
+        assert result.queue_bytes == [len(rows) // 3, len(rows) // 3 * 2]
+        store.durable_future(result.end_phys_offset).result(5)
+        expected = [[b"a0", b"k", b"l", b"m", b"n"], [b"b0", b"i", b"j"]]
+        assert [queue_bodies(store, q) for q in (0, 1)] == expected
+        crashed = crash_copy(root, tmp_path / "crashed")
+    finally:
+        store.close()
+    with MessageStore(crashed, StoreConfig(**CONFIG)) as recovered:
+        assert [queue_bodies(recovered, q) for q in (0, 1)] == expected
+
+
 def test_single_record_append_that_fails_leaves_no_trace(tmp_path, monkeypatch):
     """The single-send path (no numpy) rolls back like a batch: an error after the copy leaves
     neither bytes nor an entry, and the next send gets the same offset."""
