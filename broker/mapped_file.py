@@ -182,9 +182,10 @@ class MappedFile:
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, size_bytes: int,
-               allocate_bytes: int | None = None) -> MappedFile:
+               allocate_bytes: int | None = None, *, sync_dir: bool = True) -> MappedFile:
         """Create a new zero-filled file (0600) of ``size_bytes``, with blocks for its first
-        ``allocate_bytes`` (default: all of it); the rest as it is written (:meth:`allocate_to`)."""
+        ``allocate_bytes`` (default: all of it); the rest as it is written (:meth:`allocate_to`).
+        ``sync_dir=False``: the caller syncs ``directory`` before the file's contents count."""
         path = directory / file_name(base_offset)
         check_fd_headroom(path)
         try:
@@ -203,7 +204,8 @@ class MappedFile:
                 mm = mmap.mmap(fd, size_bytes)
             finally:
                 os.close(fd)
-            fsync_dir(directory)
+            if sync_dir:
+                fsync_dir(directory)
         except OSError as err:
             if mm is not None:
                 mm.close()

@@ -42,12 +42,13 @@ class SegmentList:
         self.file_size_bytes = file_size_bytes
         self.files = files  # replaced, never mutated: readers take a snapshot
         self.closing: list[MappedFile] = []  # deleted (unlinked) but still mapped by a reader
+        self.unsynced_dirs: set[Path] = set()  # made or given a file by create(sync_dirs=False)
 
     @classmethod
     def load(cls, directory: Path, file_size_bytes: int) -> SegmentList:
         """Map the files of ``directory``. After a hole (files deleted by hand) only the newest
         contiguous run is mapped; the older files are left on disk. A missing directory is an
-        empty list: it is made with its first file (an empty queue costs no disk)."""
+        empty list: it is made with its first file if no one made it before."""
         if not directory.is_dir():
             return cls(directory, file_size_bytes, [])
         found = []
@@ -80,11 +81,35 @@ class SegmentList:
         index = (offset - files[0].base_offset) // self.file_size_bytes
         return files[index] if index < len(files) else None
 
-    def create(self, base_offset: int) -> MappedFile:
+    def create(self, base_offset: int, *, sync_dirs: bool = True) -> MappedFile:
         """A new file of this list's directory and size (not in the list yet: see :meth:`append`),
-        without blocks: its writer allocates them as it goes (:meth:`MappedFile.allocate_to`)."""
-        _make_durable_dir(self.directory)
-        return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0)
+        without blocks: its writer allocates them as it goes (:meth:`MappedFile.allocate_to`).
+        ``sync_dirs=False`` leaves the directory syncs that make the file's name (and the new
+        directories') survive a crash to :meth:`sync_dirs` (a consumeQueue's first file is made by
+        the append on the request loop, where a directory fsync per new queue would stall every
+        send; its checkpoint syncs them before it counts any entry of the file as durable)."""
+        made = _make_dir(self.directory)
+        if sync_dirs:
+            for directory in made:
+                fsync_dir(directory)
+        else:
+            self.unsynced_dirs.update(made)
+            self.unsynced_dirs.add(self.directory)
+        return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0,
+                                 sync_dir=sync_dirs)
+
+    def sync_dirs(self) -> None:
+        """fsync the directories :meth:`create` left unsynced (a directory deleted since, with
+        its queue, needs none)."""
+        dirs, self.unsynced_dirs = self.unsynced_dirs, set()
+        for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+            try:
+                fsync_dir(directory)
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                self.unsynced_dirs |= dirs  # synced again next time
+                raise
 
     def append(self, f: MappedFile) -> None:
         if self.files and f.base_offset != self.files[-1].end_offset:
@@ -135,11 +160,11 @@ class SegmentList:
         self.close_released()
 
 
-def _make_durable_dir(directory: Path) -> None:
-    """Make ``directory`` and its missing parents, each made one synced into its parent (a
-    crash keeps the file about to be created in it reachable)."""
+def _make_dir(directory: Path) -> list[Path]:
+    """Make ``directory`` and its missing parents; the directories whose entries changed, to be
+    synced so that a crash keeps the file about to be created in it reachable."""
     if directory.is_dir():
-        return
-    _make_durable_dir(directory.parent)
+        return []
+    changed = _make_dir(directory.parent)
     make_private_dir(directory)
-    fsync_dir(directory.parent)
+    return [*changed, directory.parent]

@@ -48,7 +48,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired, pick_tags
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
-from gms.broker.mapped_file import MappedFile, run_when_idle, tree_disk_bytes
+from gms.broker.mapped_file import MappedFile, fsync_dir, run_when_idle, tree_disk_bytes
 from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
@@ -306,6 +306,9 @@ class MessageStore:
         # cq_safe_offset of the last checkpoint: crash recovery would start there
         self._checkpointed_offset = checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset
         saved_minimums = load_min_offsets(paths.min_offsets)
+        for topic, queue_id in saved_minimums:  # an empty queue that starts past 0 (its files expired)
+            if self._topics.get(topic) is not None:
+                self._queue_for(topic, queue_id)
         for key, cq in self._queues.items():  # entries whose commitlog file expired are below the minimum
             cq.delete_below_phys(commitlog.min_offset)
             cq.restore_min(saved_minimums.get(key, 0))  # and those per-topic retention expired
@@ -437,6 +440,30 @@ class MessageStore:
         for name in topics:
             self._drop_leftover_queues(name)
         self._topics.create_many(topics, created_at_offset=created_at_offset)
+        self._make_queue_dirs({name: range(count) for name, (count, _) in topics.items()})
+
+    def _make_queue_dirs(self, queues: Mapping[str, Iterable[int]]) -> None:
+        """Make the index directories of new queues here (the topic worker), not at their first
+        append on the request loop: a directory made and synced there cost ~1 ms per queue, and
+        the first sends to a thousand new topics stalled the broker's every request for seconds.
+        An empty directory is all an empty queue costs (4 KiB). A failure leaves the rest to
+        the first append, which makes what is missing."""
+        root = self.paths.consumequeue
+        try:
+            make_private_dir(root)
+            for name, queue_ids in queues.items():
+                made = [d for d in (self.paths.queue_dir(name, q) for q in queue_ids) if not d.is_dir()]
+                if not made:
+                    continue
+                topic_dir = made[0].parent
+                new_topic_dir = not topic_dir.is_dir()
+                for directory in made:
+                    make_private_dir(directory)
+                fsync_dir(topic_dir)
+                if new_topic_dir:
+                    fsync_dir(root)
+        except OSError as err:
+            log.warning("cannot make the index directories of new queues (%s): their first appends make them", err)
 
     def create_topics_async(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> Future[None]:
         """:meth:`create_topics` on the topic worker, after every deletion handed to it before."""
@@ -462,6 +489,8 @@ class MessageStore:
     def update_topic(self, name: str, queue_count: int | None = None, limits: TopicLimits | None = None) -> None:
         """Grow the queue count and/or replace the topic's limits (None: leave as is)."""
         self._topics.update(name, queue_count, limits)
+        if queue_count is not None:
+            self._make_queue_dirs({name: range(queue_count)})
 
     def update_topic_async(self, name: str, queue_count: int | None = None,
                            limits: TopicLimits | None = None) -> Future[None]:
@@ -507,8 +536,9 @@ class MessageStore:
         return self._topics.snapshot()
 
     def _load_queues(self) -> None:
-        """Open the queues that have a directory (those that ever held data: an empty queue has
-        none) with one listing of the consumeQueue root, not a look-up per known topic."""
+        """Open the queues that have index files (those that ever held data: an empty queue has
+        an empty directory or none) with one listing of the consumeQueue root, not a look-up per
+        known topic."""
         topics = self._topics.snapshot()
         try:
             with os.scandir(self.paths.consumequeue) as entries:
@@ -517,7 +547,7 @@ class MessageStore:
             return
         for topic_dir in topic_dirs:
             for qdir in topic_dir.iterdir():
-                if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX:
+                if qdir.name.isdigit() and int(qdir.name) < QUEUE_COUNT_MAX and _has_entries(qdir):
                     self._queue_for(topic_dir.name, int(qdir.name))
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -1701,6 +1731,12 @@ def reconcile_offsets(carried: np.ndarray, expected: int) -> Reconciled:
             continue
         expected = int(out[k]) + 1
     return Reconciled(out)
+
+
+def _has_entries(queue_dir: Path) -> bool:
+    """Whether a queue's index directory holds anything (made empty with its topic otherwise)."""
+    with os.scandir(queue_dir) as entries:
+        return next(entries, None) is not None
 
 
 def _consecutive_runs(values: list[int]) -> list[tuple[int, int]]:

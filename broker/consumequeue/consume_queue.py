@@ -212,7 +212,7 @@ class ConsumeQueue:
             self.write(start_offset, np.zeros(present, CQ_DTYPE))
 
     def _add_file(self, offset: int) -> None:
-        self._segments.append(self._segments.create(offset * CQ_UNIT.size))
+        self._segments.append(self._segments.create(offset * CQ_UNIT.size, sync_dirs=False))
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) as a CQ_DTYPE array; the caller keeps within [min, max)."""
@@ -243,6 +243,7 @@ class ConsumeQueue:
         if end - self._flushed_offset < least_entries:
             first = max(self._flushed_offset, self.min_offset)  # retention may have taken the first
             return int(self.read(first, 1)["phys"][0]) if first < end else None
+        self._segments.sync_dirs()  # after reading ``end``: the files of the entries below it are named there
         files = self.files
         first = max(self._flushed_offset, files[0].base_offset // CQ_UNIT.size)
         for f in files:

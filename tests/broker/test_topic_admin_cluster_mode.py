@@ -12,7 +12,7 @@ from file_modes import not_private
 from gms_cluster import LocalCluster
 from processes import BrokerProcess
 
-from gms.errors import BadRequestError
+from gms.errors import BadRequestError, GmsError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C
 from gms.record import Message, encode_batch, iter_records
@@ -33,8 +33,15 @@ def request(address: str, code, fields, body=b""):
 
 
 def wait_for(check, timeout_s=10.0):
+    """Until ``check()`` is true; its errors (a queue not led yet: NOT_LEADER) retried meanwhile."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while True:
+        try:
+            if check():
+                return
+        except GmsError:
+            if time.monotonic() > deadline:
+                raise
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
@@ -56,6 +63,8 @@ def test_cluster_broker_refuses_direct_topic_administration(cluster):
     nameserver, broker = cluster.nameservers[0].address, cluster.brokers[0]
     request(nameserver, C.CREATE_TOPIC, {"topic": "orders", "queues": 2})
     wait_for(lambda: request(broker.address, C.TOPIC_LIST, {}).fields["topics"].get("orders") == 2)
+    for queue_id in range(2):  # led here (the leadership is applied after the topic is listed)
+        wait_for(lambda q=queue_id: request(broker.address, C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": q}))
     expected = [b"m%d" % i for i in range(SENT)]
     for queue_id in range(2):
         request(broker.address, C.SEND_BATCH, {},

@@ -65,7 +65,9 @@ def test_opening_a_store_maps_no_queue_pages(store_dir, crash):
             expected = 6 if (topic, queue_id) in again else 3 if (topic, queue_id) in used else 0
             assert (got.status, len(got.records)) == ((GetStatus.FOUND, expected) if expected
                                                       else (GetStatus.NO_NEW_MESSAGE, 0))
-        assert {(d.parent.name, int(d.name)) for d in (store_dir / "consumequeue").glob("*/*")} == set(used)
+        queue_dirs = list((store_dir / "consumequeue").glob("*/*"))
+        assert {(d.parent.name, int(d.name)) for d in queue_dirs} == set(queues)  # made with their topic
+        assert {(d.parent.name, int(d.name)) for d in queue_dirs if any(d.iterdir())} == set(used)
 
 
 def test_a_checkpoint_syncs_busy_queues_and_stops_at_the_first_unsynced_entry(store_dir):
@@ -94,3 +96,44 @@ def test_a_checkpoint_syncs_busy_queues_and_stops_at_the_first_unsynced_entry(st
         for topic, count in (("quiet", 3), ("busy", busy)):
             got = store.get(topic, 0, 0, busy + 10)
             assert (got.status, len(got.records), store.max_offset(topic, 0)) == (GetStatus.FOUND, count, count)
+
+
+def test_a_new_queue_s_directories_are_synced_by_the_checkpoint_not_by_the_append(store_dir, monkeypatch):
+    """The first append to a queue makes its first index file on the request loop (its directory
+    was made with the topic, on the topic worker); the directory fsync that makes the file's name
+    survive a crash (~1 ms: a thousand new queues stalled every send for seconds) waits for the
+    checkpoint, which does it before it counts any of the queue's entries as durable."""
+    import gms.broker.mapped_file as mapped_file
+    import gms.broker.segment_list as segment_list
+    import gms.broker.store as store_module
+
+    events: list[tuple[str, Path]] = []
+
+    real_fsync = mapped_file.fsync_dir
+
+    def spy_fsync_dir(directory: Path) -> None:
+        events.append(("fsync", directory))
+        real_fsync(directory)
+
+    real_write_checkpoint = store_module.write_checkpoint
+
+    def spy_write_checkpoint(path, checkpoint):
+        events.append(("checkpoint", path))
+        real_write_checkpoint(path, checkpoint)
+
+    config = small_config(cq_entries_per_file=CQ_ENTRIES)
+    with MessageStore(store_dir, config) as store:
+        store.create_topic("fresh", QUEUES)
+        monkeypatch.setattr(segment_list, "fsync_dir", spy_fsync_dir)
+        monkeypatch.setattr(mapped_file, "fsync_dir", spy_fsync_dir)
+        monkeypatch.setattr(store_module, "write_checkpoint", spy_write_checkpoint)
+        store.append(batch("fresh", n=3, queue_id=2))
+        queue_dir = next(p for p in store_dir.rglob("2") if p.is_dir() and p.parent.name == "fresh")
+        appended = list(events)
+    assert not [d for kind, d in appended if kind == "fsync" and "fresh" in str(d)], appended
+    synced = [d for kind, d in events if kind == "fsync"]
+    assert queue_dir in synced  # the name of the queue's first file (its directory came with the topic)
+    first_checkpoint = events.index(next(e for e in events if e[0] == "checkpoint"))
+    assert events.index(("fsync", queue_dir)) < first_checkpoint
+    with MessageStore(store_dir, config) as store:
+        assert store.get("fresh", 2, 0).status is GetStatus.FOUND
