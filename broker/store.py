@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, Protocol, cast
+from typing import NamedTuple, NoReturn, Protocol, cast
 
 import numpy as np
 from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several times faster
@@ -60,6 +60,7 @@ from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
 from gms.broker.truncation_log import TruncationLog
 from gms.errors import DuplicateBatchError, MessageNotFoundError
 from gms.private_files import make_private_dir, tighten_tree
+from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING
 from gms.record import (
     HEADER_SIZE,
     MAGIC_V1,
@@ -98,6 +99,7 @@ from gms.store_errors import (
     StoreIOError,
     StoreReadOnly,
     UnknownQueue,
+    UnknownTopic,
 )
 
 log = logging.getLogger(__name__)
@@ -608,9 +610,12 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            parsed = parse_batch(buf, self._body_size_max(),
-                                 self.config.verify_tag_hash and not replicated,
-                                 verify_crc=not replicated, sizes=sizes)
+            try:
+                parsed = parse_batch(buf, self._body_size_max(),
+                                     self.config.verify_tag_hash and not replicated,
+                                     verify_crc=not replicated, sizes=sizes)
+            except InvalidRecord as err:
+                self._refuse_body(buf, err)
             sizes = parsed.sizes
             if len(buf) > self.config.record_size_max_bytes and int(sizes.max()) > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{int(sizes.max())} bytes cannot fit a commitlog file of "
@@ -695,7 +700,10 @@ class MessageStore:
         with self._write_lock:
             commitlog = self._cl()
             self._check_writable()
-            record = parse_one(buf, self._body_size_max(), self.config.verify_tag_hash)
+            try:
+                record = parse_one(buf, self._body_size_max(), self.config.verify_tag_hash)
+            except InvalidRecord as err:
+                self._refuse_body(buf, err)
             size, topic, queue_id = record.size, record.topic, record.queue_id
             if size > self.config.record_size_max_bytes:
                 raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
@@ -847,6 +855,20 @@ class MessageStore:
             if int(raw) > latest:
                 raise InvalidRecord(DELIVER_AT_PROPERTY, f"delivery more than {self.config.schedule_max_delay_ms} ms"
                                                          " ahead (schedule_max_delay_ms)")
+
+    def _refuse_body(self, buf: memoryview, err: InvalidRecord) -> NoReturn:
+        """Raise ``err``, a batch's parse failure, unless it is a body over the limits of the topics
+        here in a batch naming a topic not here yet (created a moment ago, with a larger
+        ``message_size_bytes_max``): that is UnknownTopic, which senders retry, not a refusal."""
+        if err.field == "body":
+            try:
+                topics = parse_batch(buf, MESSAGE_SIZE_BYTES_MAX_CEILING, False, verify_crc=False).topics
+            except InvalidRecord:
+                raise err from None
+            for topic in topics:
+                if self._topics.get(topic) is None:
+                    raise UnknownTopic(topic) from err
+        raise err
 
     def _body_size_max(self) -> int:
         """The body limit a record is parsed with: ``body_size_max_bytes``, or the largest topic's

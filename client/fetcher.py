@@ -399,7 +399,11 @@ class _BrokerSession:
         taken = self._advance(asked, rows)
         self.kick()
         if taken:
+            epochs = [state.epoch for state, *_ in taken]
             await asyncio.sleep(0)  # the next request goes out before this answer's records are decoded
+            # A queue stopped meanwhile (paused, sought, revoked: its buffered chunks were dropped)
+            # takes none of this answer's records.
+            taken = [t for t, epoch in zip(taken, epochs, strict=True) if t[0].epoch == epoch]
             self.fetcher.buffer.put_many(self._chunks(taken, frame))
         elif not rows and len(self.requests) > self._requests_needed(len(states)):
             # idle: wait on every queue in as few requests as they fit again

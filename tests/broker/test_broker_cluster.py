@@ -54,6 +54,9 @@ def test_topic_created_through_nameserver_appears_on_brokers(cluster):
     assert set(leaders.values()) == {b.address for b in brokers}
     for queue_id, leader in leaders.items():
         wait_for(lambda leader=leader: request(leader, C.TOPIC_LIST, {}).fields["topics"].get("orders") == 4)
+        # led there: the leadership is applied after the topic is listed (NOT_LEADER until then)
+        fields = {"topic": "orders", "queue_id": queue_id}
+        wait_for(lambda leader=leader, fields=fields: request(leader, C.QUERY_MAX_OFFSET, fields))
         body = encode_batch([Message(topic="orders", body=b"hello", queue_id=queue_id)])
         request(leader, C.SEND, {}, body)
         assert request(leader, C.QUERY_MAX_OFFSET, {"topic": "orders", "queue_id": queue_id}).fields["offset"] == 1
