@@ -89,3 +89,37 @@ def test_the_check_sees_a_wrong_way_import(tmp_path):
         "broker/bad.py:2: broker imports gms.client.producer (client)",
         "console/bad.py:1: console imports gms.cli.output (cli)",
     ]
+
+
+# The gms wire protocol's messages stay in its adapter (broker/*_handlers.py): the services take
+# and answer typed values, and other protocols' adapters call the services (docs/architecture.md).
+FRAME_FREE = ("broker/services", "broker/rocketmq")
+WIRE_MESSAGES = {"Frame", "Response"}
+
+
+def frame_uses(root: Path = ROOT) -> list[str]:
+    """Where a module of FRAME_FREE imports or builds a gms Frame or Response."""
+    found = []
+    for folder in FRAME_FREE:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module == "gms.protocol.frame":
+                    names = {alias.name for alias in node.names} & WIRE_MESSAGES
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    names = {node.func.id} & WIRE_MESSAGES
+                else:
+                    continue
+                found += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in sorted(names)]
+    return found
+
+
+def test_services_and_other_protocols_use_no_gms_frame():
+    assert frame_uses() == []
+
+
+def test_the_check_sees_a_frame(tmp_path):
+    for folder in FRAME_FREE:
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "broker/rocketmq/bad.py").write_text(
+        "from gms.protocol.frame import Buffer, Frame\n\ndef f():\n    return Response({})\n")
+    assert frame_uses(tmp_path) == ["broker/rocketmq/bad.py:1: Frame", "broker/rocketmq/bad.py:4: Response"]

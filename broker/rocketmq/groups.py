@@ -15,8 +15,8 @@ import asyncio
 import threading
 import time
 
-from gms.broker.group_handlers import check_group_name
 from gms.broker.rocketmq.mapping import MESSAGE_ID_PROPERTY
+from gms.broker.services.groups import check_group_name
 from gms.client.connections import msg_id_prefix
 from gms.client.producer import Producer
 from gms.client.retries import ensure_topic, load_group_settings, retry_plan

@@ -1,9 +1,10 @@
 """The RocketMQ 5 gRPC messaging service (``apache.rocketmq.v2.MessagingService``) on a broker.
 
-Every RPC answers through the broker's own handlers, so it has gms's semantics and no second
-implementation of them: SendMessage stores a record as SEND does (``MessageHandlers.store_records``),
-ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility, attempts),
-AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
+Every RPC answers through the broker's services (:mod:`gms.broker.services`), as gms's own
+protocol does, so it has gms's semantics and no second implementation of them: SendMessage stores
+a record as SEND does, ReceiveMessage pops as POP_MESSAGE does (long polling, tag and SQL92
+filters, invisibility, attempts), AckMessage and ChangeInvisibleDuration are the consumption
+service's. Receives pop with the group's max
 delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
 group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
 so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
@@ -29,10 +30,6 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
-from gms.broker.group_handlers import check_group_name
-from gms.broker.pop_handlers import ATTEMPTS_ARRAY
-from gms.broker.rocketmq.calls import request_frame as _frame
-from gms.broker.rocketmq.calls import settled as _settled
 from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
     RecallHandle,
@@ -41,7 +38,7 @@ from gms.broker.rocketmq.mapping import (
     check_message_type,
     duration_ms,
     error_status,
-    filter_fields,
+    filter_args,
     from_rocketmq,
     status,
     to_rocketmq,
@@ -50,12 +47,12 @@ from gms.broker.rocketmq.offsets import Offsets
 from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
 from gms.broker.rocketmq.routes import served_queues, topic_arrival, topic_message_type
 from gms.broker.rocketmq.transactions import CheckBacks
+from gms.broker.services.consumption import PopArgs
+from gms.broker.services.groups import check_group_name
 from gms.broker.store import GetStatus
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
 from gms.naming import EXHAUSTED_REASON
-from gms.protocol.codes import RequestCode
-from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
 from gms.record import decode_record, encode_record, iter_records
 from gms.record.layout import FLAG_SCHEDULED
 
@@ -218,8 +215,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.EndTransactionResponse(status=status())
         commit = request.resolution == resolution.COMMIT
         try:
-            await _settled(self.broker.transaction_handlers.end_transaction(_frame(
-                RequestCode.END_TRANSACTION, {"tx_id": request.transaction_id, "commit": commit, "acks": SEND_ACKS})))
+            await self.broker.services.transactions.ended(request.transaction_id, commit, SEND_ACKS)
         except GmsError as err:
             return service_pb2.EndTransactionResponse(status=error_status(err))
         return service_pb2.EndTransactionResponse(status=status())
@@ -248,13 +244,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         record = encode_record(topic=outgoing.topic, body=outgoing.body, tag=outgoing.tag, keys=outgoing.keys,
                                properties=outgoing.properties, queue_id=queue_id, flags=outgoing.flags,
                                born_host=outgoing.born_host, born_ts_ms=outgoing.born_ts_ms)
-        messages = self.broker.message_handlers
-        answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, SEND_ACKS,
-                                                       time.perf_counter()))
-        offset = int(read_int_array(answer.fields["queue_offsets"], OFFSET_ARRAY)[0])
-        entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
+        stored = await self.broker.services.messages.stored(record, SEND_ACKS)
+        entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id,
+                                            offset=int(stored.queue_offsets[0]))
         if outgoing.flags & FLAG_SCHEDULED:  # RecallMessage cancels it until its time
-            phys_offset = int(read_int_array(answer.fields["phys_offsets"], OFFSET_ARRAY)[0])
+            phys_offset = int(stored.phys_offsets[0])
             entry.recall_handle = RecallHandle(outgoing.topic, self.broker.address, phys_offset,
                                                outgoing.message_id).encode()
         return entry
@@ -267,8 +261,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise BadRequestError(f"the recall handle is of topic {handle.topic!r}, not {request.topic.name!r}")
             if handle.broker != self.broker.address:
                 raise BadRequestError(f"the message was stored by broker {handle.broker}, not this one")
-            await _settled(self.broker.message_handlers.cancel_scheduled(
-                _frame(RequestCode.CANCEL_SCHEDULED, {"phys_offset": handle.phys_offset})))
+            self.broker.services.messages.cancel_scheduled(handle.phys_offset)
         except GmsError as err:
             return service_pb2.RecallMessageResponse(status=error_status(err))
         return service_pb2.RecallMessageResponse(status=status(), message_id=handle.message_id)
@@ -313,20 +306,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         letters and time is left."""
         group, topic = request.group.name, request.message_queue.topic.name
         settings = await self.groups.settings(group)
-        fields: dict[str, Any] = {
-            "group": group, "topic": topic, "max_attempts": settings.max_delivery_attempts, "fifo": settings.fifo,
-            "max_msgs": min(max(request.batch_size, 1), BATCH_SIZE_MAX),
-            "invisible_ms": invisible_ms,
-            "poll_ms": max(long_polling_ms - POLL_MARGIN_MS, 0),
-            "start": "whole",  # RocketMQ's rule for a new group
-        }
-        fields.update(filter_fields(request.filter_expression))
-        answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
-        exhausted = int(answer.fields["exhausted"])
-        attempts = answer.fields["attempts"]
-        views: list[memoryview] = answer.body  # type: ignore[assignment]  # pop answers a list of record views
-        dead = [(bytes(view), attempt) for view, attempt in zip(views[:exhausted], attempts[:exhausted], strict=True)]
-        views, attempts = views[exhausted:], attempts[exhausted:]
+        tags, sql = filter_args(request.filter_expression)
+        popped = await self.broker.services.consumption.pop(PopArgs(
+            group, topic, invisible_ms, max_msgs=min(max(request.batch_size, 1), BATCH_SIZE_MAX),
+            poll_ms=max(long_polling_ms - POLL_MARGIN_MS, 0), max_attempts=settings.max_delivery_attempts,
+            fifo=settings.fifo, start="whole", tags=tags, sql=sql))  # "whole": RocketMQ's rule for a new group
+        dead = [(bytes(view), attempt) for view, attempt in zip(popped.exhausted, popped.exhausted_attempts,
+                                                                 strict=True)]
+        views, attempts = popped.again + popped.fresh, popped.again_attempts
         for raw, attempt in dead:  # copied: the views may not outlive the awaits
             await self._dead_letter(group, topic, raw, attempt, EXHAUSTED_REASON)
         if dead and not views and long_polling_ms > POLL_MARGIN_MS:
@@ -352,13 +339,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def _ack(self, group: str, topic: str, receipts: list[Receipt]) -> set[tuple[int, int]]:
         """Acknowledge deliveries; the (queue id, offset) of those no longer in flight."""
-        answer = await self.broker.pop_handlers.ack(_frame(RequestCode.ACK_MESSAGE, {
-            "group": group, "topic": topic,
-            "queue_ids": int_array(np.array([r.queue_id for r in receipts]), QUEUE_ID_ARRAY),
-            "offsets": int_array(np.array([r.offset for r in receipts]), OFFSET_ARRAY),
-            "attempts": int_array(np.array([r.attempt for r in receipts]), ATTEMPTS_ARRAY),
-        }))
-        return {(queue_id, offset) for queue_id, offset in answer.fields["expired"]}
+        return set(self.broker.services.consumption.ack(
+            group, topic, np.array([r.queue_id for r in receipts], np.int32),
+            np.array([r.offset for r in receipts], np.int64), np.array([r.attempt for r in receipts], np.int32)))
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = service_pb2.AckMessageResponse(status=status())
@@ -390,9 +373,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.ChangeInvisibleDurationResponse(status=status(), receipt_handle=request.receipt_handle)
 
     async def _change_invisible(self, group: str, receipt: Receipt, invisible_ms: int) -> None:
-        await self.broker.pop_handlers.change_invisible_duration(_frame(RequestCode.CHANGE_INVISIBLE_DURATION, {
-            "group": group, "topic": receipt.topic, "queue_id": receipt.queue_id, "offset": receipt.offset,
-            "attempt": receipt.attempt, "invisible_ms": invisible_ms}))
+        self.broker.services.consumption.change_invisible(group, receipt.topic, receipt.queue_id, receipt.offset,
+                                                          receipt.attempt, invisible_ms)
 
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
