@@ -37,6 +37,7 @@ from gms.broker.pop_handlers import PopHandlers
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.services import Services
+from gms.broker.services.admin import AdminService
 from gms.broker.services.consumption import ConsumptionService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
@@ -411,12 +412,13 @@ class BrokerServer:
                                            queues_led=self._queues_led, read_limit=self.read_limit,
                                            metrics=self.metrics),
             groups=GroupService(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
-                                self.address, on_commit=self.offsets_changed),
+                                self.address, self.readable, on_commit=self.offsets_changed),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
-                                                   self.config.long_poll_max_ms))
+                                                   self.config.long_poll_max_ms),
+            admin=AdminService(self))
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
-        admin = AdminHandlers(self)
+        admin = AdminHandlers(services.admin, services.groups, self.config.default_queue_count)
         transactions = TransactionHandlers(services.transactions)
         pop = PopHandlers(services.consumption)
         for code, handler in {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the services import what the wire adapters' access checks need: no cycle at runtime
+    from gms.broker.services.admin import AdminService
     from gms.broker.services.consumption import ConsumptionService
     from gms.broker.services.groups import GroupService
     from gms.broker.services.messages import MessageService
@@ -27,3 +28,4 @@ class Services:
     consumption: ConsumptionService
     groups: GroupService
     transactions: TransactionOutcomeService
+    admin: AdminService

@@ -16,6 +16,7 @@ from gms.broker.queue_claims import QueueClaims
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
+    GroupNotEmptyError,
     GroupNotFoundError,
     NotCoordinatorError,
     QueueNotFoundError,
@@ -65,16 +66,19 @@ class GroupService:
         queue_count: Callable[[str], int],
         coordinator_of: Callable[[str], str],
         address: str,
+        readable: Callable[[tuple[str, int]], tuple[int, int]],
         on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
     ) -> None:
         """``queue_count(topic)``: the topic's queues over the cluster (0: unknown topic);
-        ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours."""
+        ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours;
+        ``readable(key)``: a queue's offsets consumers may read, [min, end)."""
         self.groups = groups
         self.claims = claims
         self.offsets = offsets
         self.queue_count = queue_count
         self.coordinator_of = coordinator_of
         self.address = address
+        self.readable = readable
         self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
 
     def _coordinated_here(self, group: str) -> None:
@@ -159,6 +163,48 @@ class GroupService:
             (member, [QueueRef(*key) for key in sorted(group.owned_by(member.member_id))])
             for member in group.members.values()]
         return GroupView(listed, offsets)
+
+
+    # -- offsets set by an operator ----------------------------------------------------------------
+
+    async def reset_offsets(self, group: str, entries: list[QueueOffset], force: bool = False) -> list[QueueOffset]:
+        """Set committed offsets of a group; the offsets stored. Unlike a commit no member has to
+        own the queues, and each offset is clamped to what consumers can read: [min offset, max
+        offset] (the high watermark where the queue is replicated). All or nothing: every queue
+        is checked (led here, exists) before any offset changes."""
+        check_group_name(group)
+        if not force:
+            self._refuse_live_members(group, [(topic, queue_id) for topic, queue_id, _ in entries])
+        stored = []
+        for topic, queue_id, offset in entries:
+            low, high = self.readable((topic, queue_id))
+            stored.append(QueueOffset(topic, queue_id, min(max(offset, low), high)))
+        for topic, queue_id, offset in stored:
+            self.offsets.commit(group, topic, queue_id, offset)
+        await self.offsets.persist_async()
+        self.on_commit([(topic, queue_id) for topic, queue_id, _ in stored])
+        return stored
+
+    async def delete_group(self, group: str, force: bool = False) -> list[QueueRef]:
+        """Delete every offset the group committed here (as leader or follower; followers that
+        miss this delete them from their next REPLICA_FETCH); the queues it had offsets on."""
+        check_group_name(group)
+        if not force:
+            self._refuse_live_members(group, None)
+        queues = self.offsets.delete_group(group)
+        await self.offsets.persist_async()
+        self.on_commit(queues)
+        return [QueueRef(*key) for key in queues]
+
+    def _refuse_live_members(self, group: str, queues: list[tuple[str, int]] | None) -> None:
+        """Members would commit over the change: refuse while any reads ``queues`` (all of the
+        group's queues when None) here, or heartbeats here if this broker coordinates the group
+        (``force`` skips this check; the Admin client asks the group's coordinator first)."""
+        known = self.groups.group(group)
+        live = set(known.members) if known is not None else set()
+        live |= self.claims.readers(group, _now_ms(), queues)
+        if live:
+            raise GroupNotEmptyError(f"group {group!r} has live members: {', '.join(sorted(live))}")
 
 
 def _now_ms() -> int:
