@@ -53,6 +53,7 @@ PULL_MSGS_MAX = 4096
 PULL_BYTES_MAX = 16 << 20
 PULL_BYTES_DEFAULT = 4 << 20
 ACKS = (0, 1, -1)
+ACKS_ERROR = "acks must be 0, 1 or -1, not {}"
 FIND_MESSAGES_DEFAULT = 32
 FIND_MESSAGES_MAX = 1024  # one answer holds at most this many records (each read and checked)
 
@@ -92,7 +93,7 @@ _Filter = tuple[frozenset[int] | None, RecordSelector | None]
 
 def check_acks(acks: int) -> int:
     if acks not in ACKS:
-        raise BadRequestError(f"acks must be 0, 1 or -1, not {acks}")
+        raise BadRequestError(ACKS_ERROR.format(acks))
     return acks
 
 
@@ -117,8 +118,9 @@ class MessageService:
     # -- send -----------------------------------------------------------------------
 
     def send(self, body: Buffer, acks: int, started: float) -> AppendResult | Awaitable[AppendResult]:
-        """A producer's batch (checked: acks, size), stored as :meth:`store` stores it."""
-        check_acks(acks)
+        """A producer's batch (checked: acks, size), stored as :meth:`store_records` stores it."""
+        if acks not in ACKS:  # check_acks, inline: the hot path
+            raise BadRequestError(ACKS_ERROR.format(acks))
         if not body:
             raise MessageIllegalError("a send request needs at least one record in its body")
         if len(body) > SEND_BODY_SIZE_MAX_BYTES and _RECORD_SIZE.unpack_from(body)[0] != len(body):
