@@ -39,6 +39,7 @@ from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.services import Services
 from gms.broker.services.admin import AdminService
 from gms.broker.services.consumption import ConsumptionService
+from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
 from gms.broker.services.transactions import TransactionOutcomeService
@@ -415,7 +416,8 @@ class BrokerServer:
                                 self.address, self.readable, on_commit=self.offsets_changed),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
                                                    self.config.long_poll_max_ms),
-            admin=AdminService(self))
+            admin=AdminService(self),
+            dead_letters=DeadLetterService(self))
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.admin, services.groups, self.config.default_queue_count)
@@ -502,6 +504,8 @@ class BrokerServer:
         if self.rocketmq is not None:
             await self.rocketmq.stop()
             self.rocketmq = None
+        if self._services is not None:
+            self._services.dead_letters.close()
         await self.rpc.stop()
         try:
             await self.offsets.persist_async()

@@ -4,14 +4,15 @@ Every RPC answers through the broker's services (:mod:`gms.broker.services`), as
 protocol does, so it has gms's semantics and no second implementation of them: SendMessage stores
 a record as SEND does, ReceiveMessage pops as POP_MESSAGE does (long polling, tag and SQL92
 filters, invisibility, attempts), AckMessage and ChangeInvisibleDuration are the consumption
-service's. Receives pop with the group's max
-delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
-group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
-so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
-message of gms's transactions, EndTransaction is END_TRANSACTION, and a producer's Telemetry stream
-carries the check-backs of its transactions (:mod:`gms.broker.rocketmq.transactions`). The endpoint
-runs on the broker's event loop (``grpc.aio``). The pull consumer's offset RPCs are
-:mod:`gms.broker.rocketmq.offsets`. RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+service's. Receives pop with the group's max delivery attempts and FIFO flag (``gms group
+config``); a message out of attempts goes to the group's dead-letter topic as gms's SimpleConsumer
+moves it, and so does one a client forwards (ForwardMessageToDeadLetterQueue), through the
+dead-letter service (:mod:`gms.broker.services.dead_letters`), which reads the group settings too.
+A TRANSACTION message is a half message of gms's transactions, EndTransaction is END_TRANSACTION,
+and a producer's Telemetry stream carries the check-backs of its transactions
+(:mod:`gms.broker.rocketmq.transactions`). The endpoint runs on the broker's event loop
+(``grpc.aio``). The pull consumer's offset RPCs are :mod:`gms.broker.rocketmq.offsets`. RPCs this
+slice does not serve answer ``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
-from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
+    MESSAGE_ID_PROPERTY,
     RecallHandle,
     Receipt,
     accepted_types,
@@ -83,10 +84,10 @@ DEADLINE_MARGIN_S = 0.5
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer; ``endpoint`` is the host:port clients are told to use for it."""
 
-    def __init__(self, broker: BrokerServer, endpoint: str, groups: ConsumerGroups) -> None:
+    def __init__(self, broker: BrokerServer, endpoint: str) -> None:
         self.broker = broker
         self.endpoint = endpoint
-        self.groups = groups
+        self.dead_letters = broker.services.dead_letters
         self.offsets = Offsets(broker)
         self.renewals = Renewals(self._change_invisible)
         self._turns = itertools.count()
@@ -172,7 +173,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         policy = settings.backoff_policy
         if settings.HasField("subscription"):
             try:
-                group = await self.groups.settings(settings.subscription.group.name)
+                group = await self.dead_letters.settings(settings.subscription.group.name)
             except GmsError as err:
                 return service_pb2.TelemetryCommand(status=error_status(err))
             # A push consumer waits the group's retry delays between a failure and the redelivery.
@@ -305,7 +306,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """One pop: its messages and their receipts, or None if it only moved messages to the dead
         letters and time is left."""
         group, topic = request.group.name, request.message_queue.topic.name
-        settings = await self.groups.settings(group)
+        settings = await self.dead_letters.settings(group)
         tags, sql = filter_args(request.filter_expression)
         popped = await self.broker.services.consumption.pop(PopArgs(
             group, topic, invisible_ms, max_msgs=min(max(request.batch_size, 1), BATCH_SIZE_MAX),
@@ -332,7 +333,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def _dead_letter(self, group: str, topic: str, record: bytes, attempt: int, reason: str) -> None:
         """Move a popped record to the group's dead-letter topic: stored there, then acknowledged here."""
         header = decode_record(memoryview(record), verify_crc=False)
-        dlq = await self.groups.dead_letter(group, record, self.broker.address, attempt, reason)
+        # RocketMQ keeps a dead letter's message id: so do we
+        dlq = await self.dead_letters.dead_letter(group, record, attempt, reason, keep=(MESSAGE_ID_PROPERTY,))
         if await self._ack(group, topic, [Receipt(topic, header.queue_id, header.queue_offset, attempt, "")]):
             log.info("%s/%d@%d went to %s but was handed out again meanwhile", topic, header.queue_id,
                      header.queue_offset, dlq)
@@ -497,11 +499,8 @@ class RocketMQEndpoint:
         bound = server.add_insecure_port(join_address(host, port))
         if bound == 0:
             raise OSError(f"cannot listen for RocketMQ clients on {join_address(host, port)}")
-        nameserver = broker.config.nameserver
-        groups = ConsumerGroups(brokers=None if nameserver else [broker.address], nameserver=nameserver or None,
-                                security=broker.config.security.outgoing())
         endpoint = join_address(advertised_host, bound)
-        service = MessagingService(broker, endpoint, groups)
+        service = MessagingService(broker, endpoint)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         await server.start()
         service.renewals.start()
@@ -510,4 +509,3 @@ class RocketMQEndpoint:
     async def stop(self, grace_s: float = 1.0) -> None:
         await asyncio.shield(self.server.stop(grace_s))
         await self.service.renewals.stop()
-        await asyncio.to_thread(self.service.groups.close)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the services import what the wire adapters' access checks need: no cycle at runtime
     from gms.broker.services.admin import AdminService
     from gms.broker.services.consumption import ConsumptionService
+    from gms.broker.services.dead_letters import DeadLetterService
     from gms.broker.services.groups import GroupService
     from gms.broker.services.messages import MessageService
     from gms.broker.services.transactions import TransactionOutcomeService
@@ -29,3 +30,4 @@ class Services:
     groups: GroupService
     transactions: TransactionOutcomeService
     admin: AdminService
+    dead_letters: DeadLetterService
