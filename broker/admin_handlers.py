@@ -1,9 +1,9 @@
 """Topic administration, broker status, and the group offsets an operator sets or deletes
 (``gms group reset-offsets`` / ``gms group delete``): the gms wire adapter of
-:class:`gms.broker.services.admin.AdminService` and of :class:`gms.broker.services.groups.GroupService`.
+:class:`gms.broker.services.topics.TopicService` and of :class:`gms.broker.services.groups.GroupService`.
 
 CREATE_TOPIC, CREATE_TOPICS, UPDATE_TOPIC and DELETE_TOPIC are a standalone broker's own (a broker
-in a cluster refuses them: :mod:`gms.broker.services.admin`). Group offsets (RESET_OFFSETS,
+in a cluster refuses them: :mod:`gms.broker.services.topics`). Group offsets (RESET_OFFSETS,
 DELETE_GROUP) stay broker requests in both modes.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gms.broker.group_handlers import group_name_field
-from gms.broker.services.admin import AdminService
 from gms.broker.services.groups import GroupService
+from gms.broker.services.topics import TopicService
 from gms.errors import GmsError
 from gms.naming import SYSTEM_TOPIC_FIELD
 from gms.protocol.fields import field
@@ -25,7 +25,7 @@ from gms.protocol.topic_batch import entry_name, error_row, ok_row, topic_entrie
 
 
 class AdminHandlers:
-    def __init__(self, service: AdminService, groups: GroupService, default_queue_count: int) -> None:
+    def __init__(self, service: TopicService, groups: GroupService, default_queue_count: int) -> None:
         self.service = service
         self.groups = groups
         self.default_queue_count = default_queue_count

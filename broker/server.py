@@ -37,11 +37,11 @@ from gms.broker.pop_handlers import PopHandlers
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
 from gms.broker.services import Services
-from gms.broker.services.admin import AdminService
 from gms.broker.services.consumption import ConsumptionService
 from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
+from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
 from gms.broker.store_paths import StorePaths
@@ -416,11 +416,11 @@ class BrokerServer:
                                 self.address, self.readable, on_commit=self.offsets_changed),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
                                                    self.config.long_poll_max_ms),
-            admin=AdminService(self),
+            topics=TopicService(self),
             dead_letters=DeadLetterService(self))
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
-        admin = AdminHandlers(services.admin, services.groups, self.config.default_queue_count)
+        admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)
         transactions = TransactionHandlers(services.transactions)
         pop = PopHandlers(services.consumption)
         for code, handler in {

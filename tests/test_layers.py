@@ -118,3 +118,28 @@ def test_the_check_sees_a_frame(tmp_path):
     (tmp_path / "broker/rocketmq/bad.py").write_text(
         "from gms.protocol.frame import Buffer, Frame\n\ndef f():\n    return Response({})\n")
     assert frame_uses(tmp_path) == ["broker/rocketmq/bad.py:1: Frame", "broker/rocketmq/bad.py:4: Response"]
+
+
+# A protocol adapter other than the gms wire handlers reaches the broker's data through the
+# services only: not its store, cluster view or replicas, nor the wire handlers.
+BROKER_INTERNALS = {"store", "registration", "replicas", "message_handlers", "pop_handlers", "group_handlers",
+                    "transaction_handlers"}
+
+
+def internals_reached(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / "broker/rocketmq").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in BROKER_INTERNALS:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
+    assert internals_reached() == []
+
+
+def test_the_check_sees_a_reach_into_the_store(tmp_path):
+    (tmp_path / "broker/rocketmq").mkdir(parents=True)
+    (tmp_path / "broker/rocketmq/bad.py").write_text("def f(broker):\n    return broker.store.get('t', 0, 0)\n")
+    assert internals_reached(tmp_path) == ["broker/rocketmq/bad.py:2: .store"]

@@ -24,7 +24,7 @@ from gms.broker.rocketmq.mapping import (
 from gms.broker.services.groups import check_group_name
 from gms.broker.services.messages import PullArgs
 from gms.broker.store import GetStatus
-from gms.errors import BadRequestError, NotLeaderError, OffsetIllegalError
+from gms.errors import BadRequestError, OffsetIllegalError
 from gms.msgid import encode_msg_id
 from gms.protocol.groups import QueueOffset, QueueRef
 from gms.record import iter_records
@@ -51,12 +51,8 @@ class Offsets:
 
     def _queue(self, queue: Any) -> tuple[str, int]:
         """A MessageQueue's topic and queue id, if led here."""
-        topic, queue_id = queue.topic.name, queue.id
-        if queue_id not in self.broker.queues_led(topic):
-            if not 0 <= queue_id < (self.broker.store.topics().get(topic) or 0):
-                raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
-            raise NotLeaderError(f"this broker does not lead {topic}/{queue_id}: refresh the route")
-        return topic, queue_id
+        self.broker.services.topics.check_led(queue.topic.name, queue.id)
+        return queue.topic.name, queue.id
 
     async def query(self, request: Any) -> int:
         """QueryOffset: the queue's first offset (BEGINNING), its end (END: the next offset a

@@ -46,11 +46,10 @@ from gms.broker.rocketmq.mapping import (
 )
 from gms.broker.rocketmq.offsets import Offsets
 from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
-from gms.broker.rocketmq.routes import served_queues, topic_arrival, topic_message_type
+from gms.broker.rocketmq.routes import served_queues
 from gms.broker.rocketmq.transactions import CheckBacks
 from gms.broker.services.consumption import PopArgs
 from gms.broker.services.groups import check_group_name
-from gms.broker.store import GetStatus
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
 from gms.naming import EXHAUSTED_REASON
@@ -76,7 +75,7 @@ SEND_ACKS = -1
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
-# A request for a topic created a moment ago waits for it (routes.topic_arrival) until this much
+# A request for a topic created a moment ago waits for it (TopicService.arrival) until this much
 # before the client's deadline, and never longer than the broker's send timeout.
 DEADLINE_MARGIN_S = 0.5
 
@@ -95,13 +94,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- routes, heartbeats, settings --------------------------------------------------------------
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:  # gRPC names the methods
-        await topic_arrival(self.broker, request.topic.name, self._arrival_wait_s(context), led_here=False)
+        topics = self.broker.services.topics
+        await topics.arrival(request.topic.name, self._arrival_wait_s(context), led_here=False)
         try:
-            served = served_queues(self.broker, request.topic.name, self.endpoint)
+            served = served_queues(topics, request.topic.name, self.broker.name, self.endpoint)
         except GmsError as err:
             return service_pb2.QueryRouteResponse(status=error_status(err))
         response = service_pb2.QueryRouteResponse(status=status())
-        accepted = accepted_types(topic_message_type(self.broker, request.topic.name))
+        accepted = accepted_types(topics.message_type(request.topic.name))
         for queue in served:
             route = response.message_queues.add()
             route.topic.CopyFrom(request.topic)
@@ -229,15 +229,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def _send(self, message: Any, arrival_wait_s: float) -> Any:
         """Store ``message``; a topic created a moment ago is waited for up to ``arrival_wait_s``."""
-        await topic_arrival(self.broker, message.topic.name, arrival_wait_s, led_here=True)
+        topics = self.broker.services.topics
+        await topics.arrival(message.topic.name, arrival_wait_s, led_here=True)
         now_ms = int(time.time() * 1000)
-        queue_ids = self.broker.queues_led(message.topic.name)  # TopicNotFoundError first
+        queue_ids = topics.queues_led(message.topic.name)  # TopicNotFoundError first
         if not queue_ids:
             raise BadRequestError(f"this broker leads no queue of {message.topic.name!r}: refresh the route")
-        store = self.broker.store
-        body_max = store.topic_limits(message.topic.name).message_size_bytes_max or store.config.body_size_max_bytes
-        outgoing = from_rocketmq(message, now_ms, body_max)
-        check_message_type(message, topic_message_type(self.broker, outgoing.topic))
+        outgoing = from_rocketmq(message, now_ms, topics.message_size_max(message.topic.name))
+        check_message_type(message, topics.message_type(outgoing.topic))
         if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
             queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]
         else:
@@ -291,7 +290,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         duration, renewed while the client holds them. A topic created a moment ago is waited
         for up to ``arrival_wait_s`` first (the long polling goes on meanwhile)."""
         deadline = time.monotonic() + _long_polling_ms(request) / 1000
-        await topic_arrival(self.broker, request.message_queue.topic.name, arrival_wait_s, led_here=True)
+        await self.broker.services.topics.arrival(request.message_queue.topic.name, arrival_wait_s, led_here=True)
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))
@@ -386,10 +385,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             self.renewals.release(request.group.name, [receipt])
             # Only a delivery the group has in flight (else INVALID_RECEIPT_HANDLE), invisible while it is copied.
             await self._change_invisible(request.group.name, receipt, INVISIBLE_MS)
-            found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
-            if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
+            found = self.broker.services.messages.entry(receipt.topic, receipt.queue_id, receipt.offset)
+            if found is None:
                 raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
-            await self._dead_letter(request.group.name, receipt.topic, bytes(found.records[0]), receipt.attempt,
+            await self._dead_letter(request.group.name, receipt.topic, bytes(found), receipt.attempt,
                                     "forwarded by a RocketMQ client")
         except GmsError as err:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=error_status(err))

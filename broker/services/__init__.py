@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the services import what the wire adapters' access checks need: no cycle at runtime
-    from gms.broker.services.admin import AdminService
     from gms.broker.services.consumption import ConsumptionService
     from gms.broker.services.dead_letters import DeadLetterService
     from gms.broker.services.groups import GroupService
     from gms.broker.services.messages import MessageService
+    from gms.broker.services.topics import TopicService
     from gms.broker.services.transactions import TransactionOutcomeService
 
 
@@ -29,5 +29,5 @@ class Services:
     consumption: ConsumptionService
     groups: GroupService
     transactions: TransactionOutcomeService
-    admin: AdminService
+    topics: TopicService
     dead_letters: DeadLetterService

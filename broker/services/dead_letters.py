@@ -130,7 +130,7 @@ class DeadLetterService:
         if not self.broker.config.nameserver:  # standalone: on this broker
             if topic not in self.broker.store.topics():
                 try:
-                    await self.broker.services.admin.create_topic(topic, 1, {}, system=True)
+                    await self.broker.services.topics.create_topic(topic, 1, {}, system=True)
                 except TopicAlreadyExistsError:
                     pass
             return

@@ -383,6 +383,13 @@ class MessageService:
         self.timers.cancel(record.topic, record.queue_id, record.queue_offset)
         return record
 
+    def entry(self, topic: str, queue_id: int, offset: int) -> memoryview | None:
+        """The record at ``offset`` of a queue (None: the queue holds none there now)."""
+        found = self.store.get(topic, queue_id, offset, max_msgs=1)
+        if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != offset:
+            return None
+        return found.records[0]
+
     def view(self, phys_offset: int, origin: str = "") -> Buffer:
         """The record at ``phys_offset``; with ``origin`` (another broker's address), this store's copy
         of the record that broker stored there (a message id resolved on a replica), with the

@@ -33,7 +33,7 @@ async def _with_broker(tmp_path: Path, check) -> None:
 def test_a_protocol_reaches_every_capability_through_the_services(tmp_path):
     async def check(broker: BrokerServer) -> None:
         services = broker.services
-        assert await services.admin.create_topic("orders", 1, {}) == 1
+        assert await services.topics.create_topic("orders", 1, {}) == 1
         for body in (b"one", b"two"):
             stored = await services.messages.stored(encode_record(topic="orders", body=body, tag="a", queue_id=0), 1)
             assert stored.queue_ids.tolist() == [0]
