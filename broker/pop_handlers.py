@@ -1,5 +1,5 @@
-"""Pop consumption requests: POP_MESSAGE, ACK_MESSAGE and CHANGE_INVISIBLE_DURATION (broker.pop
-keeps the state).
+"""POP_MESSAGE, ACK_MESSAGE and CHANGE_INVISIBLE_DURATION: the gms wire adapter of
+:class:`gms.broker.services.consumption.ConsumptionService`.
 
 A pop answers records like a pull (zero-copy views of the stored records), first those handed
 out again — the ones whose attempts ran out (``exhausted``, for the consumer to move to the
@@ -9,300 +9,47 @@ of each record handed out again (fresh ones are attempt 1).
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from collections.abc import Callable, Iterable
-from typing import Any
-
-import numpy as np
-
-from gms.broker.group_handlers import group_name_field
-from gms.broker.long_poll import PullWaiters
-from gms.broker.metrics import BrokerMetrics
-from gms.broker.pop import INVISIBLE_MS_MAX, GroupQueue, PopQueue, PopService, QueueKey, StartFrom
-from gms.broker.sql_filters import selector, sql_filter
-from gms.broker.store import GetStatus
-from gms.errors import (
-    BadRequestError,
-    BadTagExpressionError,
-    NotLeaderError,
-    ReceiptHandleExpiredError,
-)
+from gms.broker.services.consumption import POP_BYTES_DEFAULT, ConsumptionService, PopArgs
 from gms.protocol.fields import INT32, OFFSET_ARRAY, QUEUE_ID_ARRAY, field, read_int_array
 from gms.protocol.frame import Frame, Response
 from gms.protocol.groups import ExpiredHandle
 from gms.protocol.rows import encode
-from gms.record import exact_tag_mask, read_field_offsets, record_views, scan_records
-from gms.sql92 import SqlFilter
-from gms.store_errors import StoreError
-from gms.tags import BadTagExpression, TagFilter, parse_tag_expression
 
-log = logging.getLogger(__name__)
-
-POP_MSGS_MAX = 4096
-POP_BYTES_MAX = 16 << 20
-POP_BYTES_DEFAULT = 4 << 20
 ATTEMPTS_ARRAY = QUEUE_ID_ARRAY  # delivery attempts travel as big-endian int32
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class _Taken:
-    """What one pop hands out, in answer order: exhausted, handed out again, fresh."""
-
-    __slots__ = ("again", "again_attempts", "bytes", "count", "exhausted", "exhausted_attempts", "fresh", "passed")
-
-    def __init__(self) -> None:
-        self.exhausted: list[memoryview] = []
-        self.exhausted_attempts: list[int] = []
-        self.again: list[memoryview] = []
-        self.again_attempts: list[int] = []
-        self.fresh: list[memoryview] = []
-        self.count = 0
-        self.bytes = 0
-        self.passed = False  # messages the filters left out were passed: more may follow at once
-
-    def response(self, visible_at: int) -> Response:
-        return Response({"exhausted": len(self.exhausted), "attempts": self.exhausted_attempts + self.again_attempts,
-                         "visible_at": visible_at, "crc_checked": True},
-                        body=self.exhausted + self.again + self.fresh)
-
-
 class PopHandlers:
-    """``queues_led(topic)``: the topic's queues this broker leads (TopicNotFoundError: no such
-    topic here); ``read_limit(key)``: a replicated queue's high watermark (None: standalone)."""
-
-    def __init__(self, service: PopService, waiters: PullWaiters, long_poll_max_ms: int, *,
-                 queues_led: Callable[[str], list[int]], read_limit: Callable[[QueueKey], int | None],
-                 metrics: BrokerMetrics | None = None) -> None:
+    def __init__(self, service: ConsumptionService) -> None:
         self.service = service
-        self.store = service.store
-        self.waiters = waiters
-        self.long_poll_max_ms = long_poll_max_ms
-        self.queues_led = queues_led
-        self.read_limit = read_limit
-        self.metrics = metrics
-        self._turns: dict[tuple[str, str], int] = {}  # which queue a group's next pop starts at
-
-    # -- pop ------------------------------------------------------------------------------------
 
     async def pop(self, request: Frame) -> Response:
         fields = request.fields
-        group = group_name_field(fields)
-        topic = field(fields, "topic", str)
-        max_msgs = min(max(field(fields, "max_msgs", INT32, 32), 1), POP_MSGS_MAX)
-        max_bytes = min(max(field(fields, "max_bytes", int, POP_BYTES_DEFAULT), 1), POP_BYTES_MAX)
-        invisible_ms = _invisible_ms(fields, minimum=1)
-        poll_ms = min(max(field(fields, "poll_ms", int, 0), 0), self.long_poll_max_ms)
-        max_attempts = max(field(fields, "max_attempts", INT32, 0), 0)  # 0: no limit
-        fifo = field(fields, "fifo", bool, False)
-        start = _start_from(fields.get("start", "last"))
-        try:
-            tags = parse_tag_expression(field(fields, "tags", str, "*"))
-        except BadTagExpression as err:
-            raise BadTagExpressionError(str(err)) from err
-        sql_expression = field(fields, "sql", str, "")
-        sql = sql_filter(sql_expression) if sql_expression else None
-        queue_ids = self.queues_led(topic)
-        if not queue_ids:
-            raise NotLeaderError(f"this broker leads no queue of {topic!r} now: refresh the route")
-        if self.metrics is not None:
-            self.metrics.subscriptions[group, topic] = tags.hashes
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + poll_ms / 1000
-        while True:
-            now = _now_ms()
-            taken = self._take(group, topic, queue_ids, (tags, sql), start, now, invisible_ms, max_msgs, max_bytes,
-                               max_attempts, fifo)
-            remaining_s = deadline - loop.time()
-            if not taken.count and taken.passed and remaining_s > 0:
-                await asyncio.sleep(0)  # scan on past what the filters left out, letting others run
-                continue
-            if taken.count or remaining_s <= 0:
-                if self.metrics is not None:
-                    self.metrics.served(topic, None, taken.count, taken.bytes)
-                return taken.response(now + invisible_ms)
-            visible = [at for q in queue_ids if (at := self.service.queue(group, topic, q, start).next_visible())]
-            wait_s = min(remaining_s, (min(visible) - now) / 1000) if visible else remaining_s
-            woken = await self.waiters.wait_any([(topic, q) for q in queue_ids], max(wait_s, 0.001))
-            if not woken and self.waiters.closed:
-                deadline = loop.time()  # stopping: answer after one last look
-            queue_ids = [q for q in queue_ids if self.service.serves((topic, q))]
-            if not queue_ids:
-                raise NotLeaderError(f"this broker no longer leads a queue of {topic!r}: refresh the route")
-
-    def _take(self, group: str, topic: str, queue_ids: list[int], filters: tuple[TagFilter, SqlFilter | None],
-              start: StartFrom, now: int, invisible_ms: int, max_msgs: int, max_bytes: int, max_attempts: int,
-              fifo: bool) -> _Taken:
-        """Hand out what is due again and fresh messages, queue after queue. ``fifo``: a queue
-        hands out nothing new while anything of it is in flight (RocketMQ 5's FIFO pop: a
-        queue's messages, and so each message group's, are processed one batch at a time, in
-        order), and what comes again comes in offset order."""
-        taken = _Taken()
-        visible_at = now + invisible_ms
-        turn = self._turns.get((group, topic), 0)
-        self._turns[group, topic] = turn + 1
-        touched: list[GroupQueue] = []
-        for i in range(len(queue_ids)):
-            if taken.count >= max_msgs or taken.bytes >= max_bytes:
-                break
-            queue_id = queue_ids[(turn + i) % len(queue_ids)]
-            state = self.service.queue(group, topic, queue_id, start)
-            before = (state.next, len(state.inflight))
-            due = (state.due_in_order if fifo else state.due)(now, max_msgs - taken.count)
-            again = self._hand_out_again(state, topic, queue_id, due, visible_at, max_attempts, taken)
-            if not (fifo and state.inflight):
-                self._hand_out_fresh(state, topic, queue_id, filters, visible_at, max_msgs, max_bytes, taken)
-            if again or (state.next, len(state.inflight)) != before:
-                touched.append((group, topic, queue_id))
-        self.service.commit(touched)
-        return taken
-
-    def _hand_out_again(self, state: PopQueue, topic: str, queue_id: int, due: list[int], visible_at: int,
-                        max_attempts: int, taken: _Taken) -> bool:
-        """``due`` messages (their invisible duration ended) go out again (attempt + 1); those past
-        ``max_attempts`` as exhausted. Ones retention deleted or found damaged are dropped."""
-        if not due:
-            return False
-        served, records, gone = [], [], []
-        for offset in due:
-            try:
-                records.append(self.store.read_entry(topic, queue_id, offset))
-                served.append(offset)
-            except (StoreError, ValueError) as err:
-                log.warning("%s/%d@%d: cannot hand a popped message out again (%s); dropped", topic, queue_id,
-                            offset, err)
-                gone.append(offset)
-        state.drop(gone)
-        for record, attempt in zip(records, state.redeliver(served, visible_at), strict=True):
-            if max_attempts and attempt > max_attempts:
-                taken.exhausted.append(record)
-                taken.exhausted_attempts.append(attempt)
-            else:
-                taken.again.append(record)
-                taken.again_attempts.append(attempt)
-            taken.bytes += record.nbytes
-        taken.count += len(records)
-        return True
-
-    def _hand_out_fresh(self, state: PopQueue, topic: str, queue_id: int,
-                        filters: tuple[TagFilter, SqlFilter | None], visible_at: int, max_msgs: int, max_bytes: int,
-                        taken: _Taken) -> None:
-        """Messages from ``next`` on go out for the first time (as many as the state has room for);
-        those the filters leave out are passed."""
-        tags, sql = filters
-        want = min(state.room(), max_msgs - taken.count)
-        if want <= 0 or taken.bytes >= max_bytes:
-            return
-        result = self.store.get(topic, queue_id, state.next, want, max_bytes - taken.bytes, tags.hashes,
-                                self.read_limit((topic, queue_id)), coalesce=True,
-                                select=None if sql is None else selector(sql))
-        if result.status is GetStatus.OFFSET_OVERFLOW:  # the queue was cut back below our position
-            state.drop([o for o in state.inflight if o >= result.max_offset])
-            state.next = result.max_offset
-            return
-        if result.status is GetStatus.OFFSET_TOO_SMALL:  # retention passed our position
-            state.drop([o for o in state.inflight if o < result.min_offset])
-            state.next = max(state.next, result.next_offset)
-            return
-        if result.damaged:
-            log.error("%s/%d: damaged record(s) at offsets %s passed by pop consumption", topic, queue_id,
-                      [d[0] for d in result.damaged])
-        views, offsets = result.records, result.offsets
-        if views and tags.tags is not None:
-            views, offsets = _exact_tags(views, tags.tags)
-        handed = offsets.tolist() if offsets is not None and len(views) else []
-        taken.passed = taken.passed or (not handed and result.next_offset > state.next)
-        state.hand_out(handed, visible_at, result.next_offset)
-        taken.fresh += views
-        taken.count += len(handed)
-        taken.bytes += sum(v.nbytes for v in views)
-
-    # -- ack and invisibility ---------------------------------------------------------------------
+        popped = await self.service.pop(PopArgs(
+            group=field(fields, "group", str), topic=field(fields, "topic", str),
+            invisible_ms=field(fields, "invisible_ms", int), max_msgs=field(fields, "max_msgs", INT32, 32),
+            max_bytes=field(fields, "max_bytes", int, POP_BYTES_DEFAULT), poll_ms=field(fields, "poll_ms", int, 0),
+            max_attempts=field(fields, "max_attempts", INT32, 0), fifo=field(fields, "fifo", bool, False),
+            start=fields.get("start", "last"), tags=field(fields, "tags", str, "*"),
+            sql=field(fields, "sql", str, "")))
+        return Response({"exhausted": len(popped.exhausted),
+                         "attempts": popped.exhausted_attempts + popped.again_attempts,
+                         "visible_at": popped.visible_at, "crc_checked": True},
+                        body=popped.exhausted + popped.again + popped.fresh)
 
     async def ack(self, request: Frame) -> Response:
         """Acknowledge deliveries (``queue_ids``, ``offsets``, ``attempts`` arrays); answers the
         ones whose handle no longer holds as ``expired`` [[queue id, offset], ...]."""
         fields = request.fields
-        group = group_name_field(fields)
-        topic = field(fields, "topic", str)
-        queue_ids = read_int_array(field(fields, "queue_ids", bytes), QUEUE_ID_ARRAY)
-        offsets = read_int_array(field(fields, "offsets", bytes), OFFSET_ARRAY)
-        attempts = read_int_array(field(fields, "attempts", bytes), ATTEMPTS_ARRAY)
-        if not len(queue_ids) == len(offsets) == len(attempts):
-            raise BadRequestError("queue_ids, offsets and attempts must have the same length")
-        states = self._led_states(group, topic, np.unique(queue_ids).tolist())
-        expired: list[tuple] = []
-        for queue_id, state in states.items():
-            mine = queue_ids == queue_id
-            stale = (np.ones(int(mine.sum()), bool) if state is None
-                     else state.ack(offsets[mine].astype(np.int64), attempts[mine].astype(np.int64)))
-            if stale.any():
-                expired += [encode(ExpiredHandle(queue_id, offset)) for offset in offsets[mine][stale].tolist()]
-        self.service.commit((group, topic, q) for q, s in states.items() if s is not None)
-        return Response({"expired": expired})
+        expired = self.service.ack(
+            field(fields, "group", str), field(fields, "topic", str),
+            read_int_array(field(fields, "queue_ids", bytes), QUEUE_ID_ARRAY),
+            read_int_array(field(fields, "offsets", bytes), OFFSET_ARRAY),
+            read_int_array(field(fields, "attempts", bytes), ATTEMPTS_ARRAY))
+        return Response({"expired": [encode(ExpiredHandle(*handle)) for handle in expired]})
 
     async def change_invisible_duration(self, request: Frame) -> Response:
         fields = request.fields
-        group = group_name_field(fields)
-        topic = field(fields, "topic", str)
-        queue_id = field(fields, "queue_id", INT32)
-        offset = field(fields, "offset", int)
-        attempt = field(fields, "attempt", INT32)
-        visible_at = _now_ms() + _invisible_ms(fields, minimum=0)
-        state = self._led_states(group, topic, [queue_id])[queue_id]
-        if state is None or not state.change_invisible(offset, attempt, visible_at):
-            raise ReceiptHandleExpiredError(
-                f"{topic}/{queue_id}@{offset} attempt {attempt} of group {group!r} is not in flight here: acknowledged,"
-                " handed out again, or never popped")
-        self.service.commit([(group, topic, queue_id)])
+        visible_at = self.service.change_invisible(
+            field(fields, "group", str), field(fields, "topic", str), field(fields, "queue_id", INT32),
+            field(fields, "offset", int), field(fields, "attempt", INT32), field(fields, "invisible_ms", int))
         return Response({"visible_at": visible_at})
-
-    def _led_states(self, group: str, topic: str, queue_ids: Iterable[int]) -> dict[int, PopQueue | None]:
-        """The group's pop state on each queue (None: it never popped there); NotLeaderError if
-        this broker does not lead one of them (the client re-routes and retries)."""
-        states: dict[int, PopQueue | None] = {}
-        for queue_id in queue_ids:
-            if not self.service.serves((topic, queue_id)):
-                raise NotLeaderError(f"this broker does not lead {topic}/{queue_id}: refresh the route",
-                                     fields={"topic": topic, "queue_id": queue_id})
-            states[queue_id] = self.service.existing(group, topic, queue_id)
-        return states
-
-
-def _invisible_ms(fields: Any, *, minimum: int) -> int:
-    invisible_ms = field(fields, "invisible_ms", int)
-    if not minimum <= invisible_ms <= INVISIBLE_MS_MAX:
-        raise BadRequestError(f"invisible_ms must be {minimum}..{INVISIBLE_MS_MAX} (12 h), not {invisible_ms}")
-    return invisible_ms
-
-
-def _start_from(value: Any) -> StartFrom:
-    if value in ("first", "last", "whole"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise BadRequestError(f"start must be 'first', 'last', 'whole' or a timestamp in ms, not {value!r}")
-
-
-def _exact_tags(views: list[memoryview], tags: frozenset[str]) -> tuple[list[memoryview], Any]:
-    """The records among ``views`` whose tag is exactly one of ``tags`` (a tag-hash match may be
-    a collision), and their queue offsets."""
-    kept: list[memoryview] = []
-    offsets = []
-    for view in views:
-        scan = scan_records(view, verify_crc=False)
-        fields = read_field_offsets(view, scan.starts)
-        keep = exact_tag_mask(view, fields, tags)
-        queue_offsets = fields.headers["queue_offset"]
-        if keep.all():
-            kept.append(view)
-            offsets.append(queue_offsets)
-        elif keep.any():
-            kept += record_views(view, scan.starts[keep], fields.headers["total_size"][keep])
-            offsets.append(queue_offsets[keep])
-    return kept, (np.concatenate(offsets) if offsets else np.empty(0, np.int64))
-

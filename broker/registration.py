@@ -29,7 +29,7 @@ from gms.cluster.errors import EtcdUnavailable
 from gms.cluster.etcd_client import EtcdAuth, EtcdClient, parse_endpoints
 from gms.cluster.metadata import DEFAULT_BROKER_TTL_S, ClusterMetadata
 from gms.cluster.metadata import BrokerRegistration as EtcdRegistration
-from gms.cluster.model import BrokerInfo, TopicMetadata, TopicSettings
+from gms.cluster.model import BrokerInfo, GroupSettings, TopicMetadata, TopicSettings
 from gms.errors import GmsError, InvalidTopicError, ServiceUnavailableError, TopicNotFoundError
 from gms.log_throttle import Outage
 from gms.net import Connection, run
@@ -211,6 +211,14 @@ class BrokerRegistration:
         """Whether the watch-fed view holds topic ``name`` (no I/O)."""
         view = self._view
         return view is not None and view.has_topic(name)
+
+    def group_settings(self, name: str) -> GroupSettings | None:
+        """Group ``name``'s settings in etcd (``gms group config``; None: it has none). A blocking
+        etcd round trip: call it from a thread. ServiceUnavailableError before registering."""
+        metadata = self._metadata
+        if metadata is None:
+            raise ServiceUnavailableError("not registered with the cluster yet")
+        return metadata.get_group_settings(name)
 
     def topic_in_etcd(self, name: str) -> bool:
         """Whether etcd holds topic ``name`` now, ahead of the view when it was just created

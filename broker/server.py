@@ -36,6 +36,13 @@ from gms.broker.pop import PopService
 from gms.broker.pop_handlers import PopHandlers
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.registration import Assignments, BrokerRegistration
+from gms.broker.services import Services
+from gms.broker.services.consumption import ConsumptionService
+from gms.broker.services.dead_letters import DeadLetterService
+from gms.broker.services.groups import GroupService
+from gms.broker.services.messages import MessageService
+from gms.broker.services.topics import TopicService
+from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
 from gms.broker.store_paths import StorePaths
 from gms.broker.timers import TimerService
@@ -104,10 +111,7 @@ class BrokerServer:
         self._chores: list[asyncio.Task[None]] = []
         self.registration: BrokerRegistration | None = None
         self.replicas: ReplicaManager | None = None  # cluster mode only
-        self._messages: MessageHandlers | None = None
-        self._pop: PopHandlers | None = None
-        self._group_handlers: GroupHandlers | None = None
-        self._transaction_handlers: TransactionHandlers | None = None
+        self._services: Services | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
         # The newest assignments from the etcd watch thread not yet applied on the event loop.
         self._assignments_lock = threading.Lock()
@@ -184,24 +188,10 @@ class BrokerServer:
             raise
 
     @property
-    def message_handlers(self) -> MessageHandlers:
-        assert self._messages is not None, "the broker is not started"
-        return self._messages
-
-    @property
-    def pop_handlers(self) -> PopHandlers:
-        assert self._pop is not None, "the broker is not started"
-        return self._pop
-
-    @property
-    def group_handlers(self) -> GroupHandlers:
-        assert self._group_handlers is not None, "the broker is not started"
-        return self._group_handlers
-
-    @property
-    def transaction_handlers(self) -> TransactionHandlers:
-        assert self._transaction_handlers is not None, "the broker is not started"
-        return self._transaction_handlers
+    def services(self) -> Services:
+        """The broker's services (what protocol adapters call); set once started."""
+        assert self._services is not None, "the broker is not started"
+        return self._services
 
     def queues_led(self, topic: str) -> list[int]:
         """The queues of ``topic`` this broker leads now (TopicNotFoundError: no such topic here)."""
@@ -406,36 +396,44 @@ class BrokerServer:
         self.replicas.start()
         if self.metrics is not None:
             self.metrics.hw_latency = self.replicas.hw_latency
-        if self._messages is not None:
-            self._messages.replicas = self.replicas
+        if self._services is not None:
+            self._services.messages.replicas = self.replicas
         leader = LeaderHandlers(self.replicas)
         self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 
     def _register_handlers(self) -> None:
-        messages = self._messages = MessageHandlers(self.config, self.store, self.waiters, self.claims,
-                                                    self.address, self.access, self.metrics)
+        messages = MessageService(self.config, self.store, self.waiters, self.claims, self.address, self.access,
+                                  self.metrics)
         messages.timers = self.timers
-        groups = self._group_handlers = GroupHandlers(self.groups, self.claims, self.offsets, self._queue_count,
-                                                      self.coordinator_of, self.address,
-                                                      on_commit=self.offsets_changed)
-        admin = AdminHandlers(self)
-        transactions = self._transaction_handlers = TransactionHandlers(self.transactions, messages, self.access,
-                                                                        self.config.long_poll_max_ms)
-        pop = self._pop = PopHandlers(self.pop, self.waiters, self.config.long_poll_max_ms, queues_led=self._queues_led,
-                          read_limit=self.read_limit, metrics=self.metrics)
+        messages.replicas = self.replicas
+        self._services = services = Services(
+            messages=messages,
+            consumption=ConsumptionService(self.pop, self.waiters, self.config.long_poll_max_ms,
+                                           queues_led=self._queues_led, read_limit=self.read_limit,
+                                           metrics=self.metrics),
+            groups=GroupService(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
+                                self.address, self.readable, on_commit=self.offsets_changed),
+            transactions=TransactionOutcomeService(self.transactions, messages, self.access,
+                                                   self.config.long_poll_max_ms),
+            topics=TopicService(self),
+            dead_letters=DeadLetterService(self))
+        wire = MessageHandlers(messages)
+        groups = GroupHandlers(services.groups)
+        admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)
+        transactions = TransactionHandlers(services.transactions)
+        pop = PopHandlers(services.consumption)
         for code, handler in {
-            RequestCode.SEND: messages.send,
-            RequestCode.SEND_BATCH: messages.send,
-            RequestCode.PULL: messages.pull,
-            RequestCode.FETCH: FetchHandlers(self.store, self.waiters, self.claims, self.read_limit,
-                                             self.config.long_poll_max_ms, self.access, self.metrics).fetch,
-            RequestCode.QUERY_MIN_OFFSET: messages.query_min_offset,
-            RequestCode.QUERY_MAX_OFFSET: messages.query_max_offset,
-            RequestCode.QUERY_OFFSET_BY_TIME: messages.query_offset_by_time,
-            RequestCode.VIEW_MESSAGE_BY_ID: messages.view_message,
-            RequestCode.FIND_BY_KEY: messages.find_by_key,
-            RequestCode.CANCEL_SCHEDULED: messages.cancel_scheduled,
+            RequestCode.SEND: wire.send,
+            RequestCode.SEND_BATCH: wire.send,
+            RequestCode.PULL: wire.pull,
+            RequestCode.FETCH: FetchHandlers(messages).fetch,
+            RequestCode.QUERY_MIN_OFFSET: wire.query_min_offset,
+            RequestCode.QUERY_MAX_OFFSET: wire.query_max_offset,
+            RequestCode.QUERY_OFFSET_BY_TIME: wire.query_offset_by_time,
+            RequestCode.VIEW_MESSAGE_BY_ID: wire.view_message,
+            RequestCode.FIND_BY_KEY: wire.find_by_key,
+            RequestCode.CANCEL_SCHEDULED: wire.cancel_scheduled,
             RequestCode.END_TRANSACTION: transactions.end_transaction,
             RequestCode.CHECK_TRANSACTIONS: transactions.check_transactions,
             RequestCode.LIST_TRANSACTIONS: transactions.list_transactions,
@@ -506,6 +504,8 @@ class BrokerServer:
         if self.rocketmq is not None:
             await self.rocketmq.stop()
             self.rocketmq = None
+        if self._services is not None:
+            self._services.dead_letters.close()
         await self.rpc.stop()
         try:
             await self.offsets.persist_async()

@@ -11,7 +11,7 @@ it to the group's dead-letter topic instead, with the reason (``gms dlq``). docs
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gms.client.routing import NameserverRoutes
@@ -19,16 +19,15 @@ from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, TopicAlreadyExistsError, TopicNotFoundError
-from gms.naming import SYSTEM_TOPIC_FIELD, dlq_topic, retry_topic
+from gms.naming import DLQ_REASON_PROPERTY as DLQ_REASON_PROPERTY  # the SDK's names of the copies' properties
+from gms.naming import GROUP_TOPIC_REPLICAS_MAX, SYSTEM_TOPIC_FIELD, copy_properties, dlq_topic, retry_topic
+from gms.naming import ORIGIN_MSG_ID_PROPERTY as ORIGIN_MSG_ID_PROPERTY
+from gms.naming import ORIGIN_TOPIC_PROPERTY as ORIGIN_TOPIC_PROPERTY
 from gms.protocol.codes import RequestCode
 
 log = logging.getLogger(__name__)
 
-REPLICAS_MAX = 3  # a group's retry and dead-letter topics are replicated on up to this many brokers
-
-ORIGIN_TOPIC_PROPERTY = "__RETRY_TOPIC"  # the topic the failed message was first sent to
-ORIGIN_MSG_ID_PROPERTY = "__RETRY_MSG_ID"  # its message id there
-DLQ_REASON_PROPERTY = "__DLQ_REASON"  # why the last attempt failed (what nack was given)
+REPLICAS_MAX = GROUP_TOPIC_REPLICAS_MAX
 
 
 def origin_topic(message: ReceivedMessage) -> str:
@@ -89,11 +88,7 @@ def retry_plan(message: ReceivedMessage, group: str, *, delay_ms: int | None, re
     times (was retried that often).
     ``attempts``: its failures so far, this one included (default: its reconsume_times + 1)."""
     attempts = message.reconsume_times + 1 if attempts is None else attempts
-    properties: Mapping[str, str] = message.properties
-    kept = {k: v for k, v in properties.items() if not k.startswith("__") or k in (ORIGIN_TOPIC_PROPERTY,
-                                                                                    ORIGIN_MSG_ID_PROPERTY)}
-    kept.setdefault(ORIGIN_TOPIC_PROPERTY, message.topic)
-    kept.setdefault(ORIGIN_MSG_ID_PROPERTY, message.msg_id)
+    kept = copy_properties(message.properties, message.topic, message.msg_id)
     send: dict[str, Any] = {"tag": message.tag, "keys": message.keys, "reconsume_times": attempts}
     if attempts > max_reconsume_times:
         return dlq_topic(group), {**send, "properties": {**kept, DLQ_REASON_PROPERTY: reason or "nack"}}

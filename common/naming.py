@@ -6,6 +6,7 @@ store directory.
 """
 
 import re
+from collections.abc import Mapping
 
 from gms.store_errors import InvalidTopicName
 
@@ -37,6 +38,25 @@ def validate_topic_name(name: str) -> str:
 # without it a name with a reserved prefix is refused, so no one makes one by mistake.
 SYSTEM_TOPIC_FIELD = "system"
 RESERVED_TOPIC_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
+
+
+# The copy of a failed message in its group's retry or dead-letter topic (docs/retries.md) carries
+# these properties; the SDK's consumers (gms.client.retries) and the broker's dead-letter service
+# (gms.broker.services.dead_letters) make the same copy.
+ORIGIN_TOPIC_PROPERTY = "__RETRY_TOPIC"  # the topic the failed message was first sent to
+ORIGIN_MSG_ID_PROPERTY = "__RETRY_MSG_ID"  # its message id there
+DLQ_REASON_PROPERTY = "__DLQ_REASON"  # why the last attempt failed (what nack was given)
+GROUP_TOPIC_REPLICAS_MAX = 3  # a group's retry and dead-letter topics are replicated on up to this many brokers
+
+
+def copy_properties(properties: Mapping[str, str], topic: str, msg_id: str) -> dict[str, str]:
+    """The properties of the retry or dead-letter copy of a message of ``topic`` with id ``msg_id``:
+    its own (not the internal ``__`` ones) and where it first came from (kept through copies)."""
+    kept = {k: v for k, v in properties.items() if not k.startswith("__") or k in (ORIGIN_TOPIC_PROPERTY,
+                                                                                    ORIGIN_MSG_ID_PROPERTY)}
+    kept.setdefault(ORIGIN_TOPIC_PROPERTY, topic)
+    kept.setdefault(ORIGIN_MSG_ID_PROPERTY, msg_id)
+    return kept
 
 
 def is_group_topic(name: str) -> bool:

@@ -30,12 +30,7 @@ ALLOWED = {
 ENTRY_POINTS = {Path("console/__main__.py")}
 # Wrong-way imports not removed yet, each with what keeps it. A ratchet: nothing may join the list,
 # and the test fails once an entry is no longer needed, so the list only shrinks.
-KNOWN = {
-    "broker/rocketmq/groups.py": "the gRPC endpoint dead-letters with the SDK's idempotent Producer (acks=-1) and"
-                                 " reads group settings with its runtime: the dead-letter topic's leader may be"
-                                 " another broker, and the broker has no send path of its own to it (issue 31's"
-                                 " service layer)",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _layer(module: str) -> str | None:
@@ -89,3 +84,62 @@ def test_the_check_sees_a_wrong_way_import(tmp_path):
         "broker/bad.py:2: broker imports gms.client.producer (client)",
         "console/bad.py:1: console imports gms.cli.output (cli)",
     ]
+
+
+# The gms wire protocol's messages stay in its adapter (broker/*_handlers.py): the services take
+# and answer typed values, and other protocols' adapters call the services (docs/architecture.md).
+FRAME_FREE = ("broker/services", "broker/rocketmq")
+WIRE_MESSAGES = {"Frame", "Response"}
+
+
+def frame_uses(root: Path = ROOT) -> list[str]:
+    """Where a module of FRAME_FREE imports or builds a gms Frame or Response."""
+    found = []
+    for folder in FRAME_FREE:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module == "gms.protocol.frame":
+                    names = {alias.name for alias in node.names} & WIRE_MESSAGES
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    names = {node.func.id} & WIRE_MESSAGES
+                else:
+                    continue
+                found += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in sorted(names)]
+    return found
+
+
+def test_services_and_other_protocols_use_no_gms_frame():
+    assert frame_uses() == []
+
+
+def test_the_check_sees_a_frame(tmp_path):
+    for folder in FRAME_FREE:
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "broker/rocketmq/bad.py").write_text(
+        "from gms.protocol.frame import Buffer, Frame\n\ndef f():\n    return Response({})\n")
+    assert frame_uses(tmp_path) == ["broker/rocketmq/bad.py:1: Frame", "broker/rocketmq/bad.py:4: Response"]
+
+
+# A protocol adapter other than the gms wire handlers reaches the broker's data through the
+# services only: not its store, cluster view or replicas, nor the wire handlers.
+BROKER_INTERNALS = {"store", "registration", "replicas", "message_handlers", "pop_handlers", "group_handlers",
+                    "transaction_handlers"}
+
+
+def internals_reached(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / "broker/rocketmq").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in BROKER_INTERNALS:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
+    assert internals_reached() == []
+
+
+def test_the_check_sees_a_reach_into_the_store(tmp_path):
+    (tmp_path / "broker/rocketmq").mkdir(parents=True)
+    (tmp_path / "broker/rocketmq/bad.py").write_text("def f(broker):\n    return broker.store.get('t', 0, 0)\n")
+    assert internals_reached(tmp_path) == ["broker/rocketmq/bad.py:2: .store"]

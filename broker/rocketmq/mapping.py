@@ -136,11 +136,11 @@ def check_message_type(message: Any, topic_type: str | None) -> None:
             f" {MessageType.Name(sent)} ones (gms topic update {message.topic.name} --message-type ...)")
 
 
-def filter_fields(expression: Any) -> dict[str, str]:
-    """A FilterExpression as the ``tags`` or ``sql`` field of gms's pop and pull."""
+def filter_args(expression: Any) -> tuple[str, str]:
+    """A FilterExpression as the ``tags`` and ``sql`` arguments of the pop and pull services."""
     if expression.type == definition_pb2.FilterType.SQL:
-        return {"sql": expression.expression}
-    return {"tags": expression.expression} if expression.expression else {}
+        return "*", expression.expression
+    return expression.expression or "*", ""
 
 
 def sent_type(message: Any) -> int:

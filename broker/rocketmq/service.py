@@ -1,16 +1,18 @@
 """The RocketMQ 5 gRPC messaging service (``apache.rocketmq.v2.MessagingService``) on a broker.
 
-Every RPC answers through the broker's own handlers, so it has gms's semantics and no second
-implementation of them: SendMessage stores a record as SEND does (``MessageHandlers.store_records``),
-ReceiveMessage is POP_MESSAGE (long polling, tag and SQL92 filters, invisibility, attempts),
-AckMessage and ChangeInvisibleDuration are the pop service's. Receives pop with the group's max
-delivery attempts and FIFO flag (``gms group config``); a message out of attempts goes to the
-group's dead-letter topic as gms's SimpleConsumer moves it (:mod:`gms.broker.rocketmq.groups`), and
-so does one a client forwards (ForwardMessageToDeadLetterQueue). A TRANSACTION message is a half
-message of gms's transactions, EndTransaction is END_TRANSACTION, and a producer's Telemetry stream
-carries the check-backs of its transactions (:mod:`gms.broker.rocketmq.transactions`). The endpoint
-runs on the broker's event loop (``grpc.aio``). The pull consumer's offset RPCs are
-:mod:`gms.broker.rocketmq.offsets`. RPCs this slice does not serve answer ``NOT_IMPLEMENTED`` at once.
+Every RPC answers through the broker's services (:mod:`gms.broker.services`), as gms's own
+protocol does, so it has gms's semantics and no second implementation of them: SendMessage stores
+a record as SEND does, ReceiveMessage pops as POP_MESSAGE does (long polling, tag and SQL92
+filters, invisibility, attempts), AckMessage and ChangeInvisibleDuration are the consumption
+service's. Receives pop with the group's max delivery attempts and FIFO flag (``gms group
+config``); a message out of attempts goes to the group's dead-letter topic as gms's SimpleConsumer
+moves it, and so does one a client forwards (ForwardMessageToDeadLetterQueue), through the
+dead-letter service (:mod:`gms.broker.services.dead_letters`), which reads the group settings too.
+A TRANSACTION message is a half message of gms's transactions, EndTransaction is END_TRANSACTION,
+and a producer's Telemetry stream carries the check-backs of its transactions
+(:mod:`gms.broker.rocketmq.transactions`). The endpoint runs on the broker's event loop
+(``grpc.aio``). The pull consumer's offset RPCs are :mod:`gms.broker.rocketmq.offsets`. RPCs this
+slice does not serve answer ``NOT_IMPLEMENTED`` at once.
 """
 
 from __future__ import annotations
@@ -29,33 +31,28 @@ import xxhash
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from gms.address import join_address, split_address
-from gms.broker.group_handlers import check_group_name
-from gms.broker.pop_handlers import ATTEMPTS_ARRAY
-from gms.broker.rocketmq.calls import request_frame as _frame
-from gms.broker.rocketmq.calls import settled as _settled
-from gms.broker.rocketmq.groups import ConsumerGroups
 from gms.broker.rocketmq.mapping import (
+    MESSAGE_ID_PROPERTY,
     RecallHandle,
     Receipt,
     accepted_types,
     check_message_type,
     duration_ms,
     error_status,
-    filter_fields,
+    filter_args,
     from_rocketmq,
     status,
     to_rocketmq,
 )
 from gms.broker.rocketmq.offsets import Offsets
 from gms.broker.rocketmq.renewals import INVISIBLE_MS, Renewals
-from gms.broker.rocketmq.routes import served_queues, topic_arrival, topic_message_type
+from gms.broker.rocketmq.routes import served_queues
 from gms.broker.rocketmq.transactions import CheckBacks
-from gms.broker.store import GetStatus
+from gms.broker.services.consumption import PopArgs
+from gms.broker.services.groups import check_group_name
 from gms.errors import BadRequestError, GmsError, ReceiptHandleExpiredError
 from gms.msgid import encode_msg_id
 from gms.naming import EXHAUSTED_REASON
-from gms.protocol.codes import RequestCode
-from gms.protocol.fields import OFFSET_ARRAY, QUEUE_ID_ARRAY, int_array, read_int_array
 from gms.record import decode_record, encode_record, iter_records
 from gms.record.layout import FLAG_SCHEDULED
 
@@ -78,7 +75,7 @@ SEND_ACKS = -1
 # Retries the producer's settings tell it to make (RocketMQ's defaults: 3 attempts, 10 ms × 2ⁿ to 1 s).
 SEND_ATTEMPTS = 3
 BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, BACKOFF_MULTIPLIER = 10, 1000, 2.0
-# A request for a topic created a moment ago waits for it (routes.topic_arrival) until this much
+# A request for a topic created a moment ago waits for it (TopicService.arrival) until this much
 # before the client's deadline, and never longer than the broker's send timeout.
 DEADLINE_MARGIN_S = 0.5
 
@@ -86,10 +83,10 @@ DEADLINE_MARGIN_S = 0.5
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """The servicer; ``endpoint`` is the host:port clients are told to use for it."""
 
-    def __init__(self, broker: BrokerServer, endpoint: str, groups: ConsumerGroups) -> None:
+    def __init__(self, broker: BrokerServer, endpoint: str) -> None:
         self.broker = broker
         self.endpoint = endpoint
-        self.groups = groups
+        self.dead_letters = broker.services.dead_letters
         self.offsets = Offsets(broker)
         self.renewals = Renewals(self._change_invisible)
         self._turns = itertools.count()
@@ -97,13 +94,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # -- routes, heartbeats, settings --------------------------------------------------------------
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:  # gRPC names the methods
-        await topic_arrival(self.broker, request.topic.name, self._arrival_wait_s(context), led_here=False)
+        topics = self.broker.services.topics
+        await topics.arrival(request.topic.name, self._arrival_wait_s(context), led_here=False)
         try:
-            served = served_queues(self.broker, request.topic.name, self.endpoint)
+            served = served_queues(topics, request.topic.name, self.broker.name, self.endpoint)
         except GmsError as err:
             return service_pb2.QueryRouteResponse(status=error_status(err))
         response = service_pb2.QueryRouteResponse(status=status())
-        accepted = accepted_types(topic_message_type(self.broker, request.topic.name))
+        accepted = accepted_types(topics.message_type(request.topic.name))
         for queue in served:
             route = response.message_queues.add()
             route.topic.CopyFrom(request.topic)
@@ -175,7 +173,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         policy = settings.backoff_policy
         if settings.HasField("subscription"):
             try:
-                group = await self.groups.settings(settings.subscription.group.name)
+                group = await self.dead_letters.settings(settings.subscription.group.name)
             except GmsError as err:
                 return service_pb2.TelemetryCommand(status=error_status(err))
             # A push consumer waits the group's retry delays between a failure and the redelivery.
@@ -218,8 +216,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.EndTransactionResponse(status=status())
         commit = request.resolution == resolution.COMMIT
         try:
-            await _settled(self.broker.transaction_handlers.end_transaction(_frame(
-                RequestCode.END_TRANSACTION, {"tx_id": request.transaction_id, "commit": commit, "acks": SEND_ACKS})))
+            await self.broker.services.transactions.ended(request.transaction_id, commit, SEND_ACKS)
         except GmsError as err:
             return service_pb2.EndTransactionResponse(status=error_status(err))
         return service_pb2.EndTransactionResponse(status=status())
@@ -232,15 +229,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def _send(self, message: Any, arrival_wait_s: float) -> Any:
         """Store ``message``; a topic created a moment ago is waited for up to ``arrival_wait_s``."""
-        await topic_arrival(self.broker, message.topic.name, arrival_wait_s, led_here=True)
+        topics = self.broker.services.topics
+        await topics.arrival(message.topic.name, arrival_wait_s, led_here=True)
         now_ms = int(time.time() * 1000)
-        queue_ids = self.broker.queues_led(message.topic.name)  # TopicNotFoundError first
+        queue_ids = topics.queues_led(message.topic.name)  # TopicNotFoundError first
         if not queue_ids:
             raise BadRequestError(f"this broker leads no queue of {message.topic.name!r}: refresh the route")
-        store = self.broker.store
-        body_max = store.topic_limits(message.topic.name).message_size_bytes_max or store.config.body_size_max_bytes
-        outgoing = from_rocketmq(message, now_ms, body_max)
-        check_message_type(message, topic_message_type(self.broker, outgoing.topic))
+        outgoing = from_rocketmq(message, now_ms, topics.message_size_max(message.topic.name))
+        check_message_type(message, topics.message_type(outgoing.topic))
         if outgoing.message_group is not None:  # as gms's producer routes a key: same group, same queue
             queue_id = queue_ids[xxhash.xxh64_intdigest(outgoing.message_group.encode()) % len(queue_ids)]
         else:
@@ -248,13 +244,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         record = encode_record(topic=outgoing.topic, body=outgoing.body, tag=outgoing.tag, keys=outgoing.keys,
                                properties=outgoing.properties, queue_id=queue_id, flags=outgoing.flags,
                                born_host=outgoing.born_host, born_ts_ms=outgoing.born_ts_ms)
-        messages = self.broker.message_handlers
-        answer = await _settled(messages.store_records(_frame(RequestCode.SEND, {}), record, SEND_ACKS,
-                                                       time.perf_counter()))
-        offset = int(read_int_array(answer.fields["queue_offsets"], OFFSET_ARRAY)[0])
-        entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id, offset=offset)
+        stored = await self.broker.services.messages.stored(record, SEND_ACKS)
+        entry = service_pb2.SendResultEntry(status=status(), message_id=outgoing.message_id,
+                                            offset=int(stored.queue_offsets[0]))
         if outgoing.flags & FLAG_SCHEDULED:  # RecallMessage cancels it until its time
-            phys_offset = int(read_int_array(answer.fields["phys_offsets"], OFFSET_ARRAY)[0])
+            phys_offset = int(stored.phys_offsets[0])
             entry.recall_handle = RecallHandle(outgoing.topic, self.broker.address, phys_offset,
                                                outgoing.message_id).encode()
         return entry
@@ -267,8 +261,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise BadRequestError(f"the recall handle is of topic {handle.topic!r}, not {request.topic.name!r}")
             if handle.broker != self.broker.address:
                 raise BadRequestError(f"the message was stored by broker {handle.broker}, not this one")
-            await _settled(self.broker.message_handlers.cancel_scheduled(
-                _frame(RequestCode.CANCEL_SCHEDULED, {"phys_offset": handle.phys_offset})))
+            self.broker.services.messages.cancel_scheduled(handle.phys_offset)
         except GmsError as err:
             return service_pb2.RecallMessageResponse(status=error_status(err))
         return service_pb2.RecallMessageResponse(status=status(), message_id=handle.message_id)
@@ -297,7 +290,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         duration, renewed while the client holds them. A topic created a moment ago is waited
         for up to ``arrival_wait_s`` first (the long polling goes on meanwhile)."""
         deadline = time.monotonic() + _long_polling_ms(request) / 1000
-        await topic_arrival(self.broker, request.message_queue.topic.name, arrival_wait_s, led_here=True)
+        await self.broker.services.topics.arrival(request.message_queue.topic.name, arrival_wait_s, led_here=True)
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))
@@ -312,21 +305,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """One pop: its messages and their receipts, or None if it only moved messages to the dead
         letters and time is left."""
         group, topic = request.group.name, request.message_queue.topic.name
-        settings = await self.groups.settings(group)
-        fields: dict[str, Any] = {
-            "group": group, "topic": topic, "max_attempts": settings.max_delivery_attempts, "fifo": settings.fifo,
-            "max_msgs": min(max(request.batch_size, 1), BATCH_SIZE_MAX),
-            "invisible_ms": invisible_ms,
-            "poll_ms": max(long_polling_ms - POLL_MARGIN_MS, 0),
-            "start": "whole",  # RocketMQ's rule for a new group
-        }
-        fields.update(filter_fields(request.filter_expression))
-        answer = await self.broker.pop_handlers.pop(_frame(RequestCode.POP_MESSAGE, fields))
-        exhausted = int(answer.fields["exhausted"])
-        attempts = answer.fields["attempts"]
-        views: list[memoryview] = answer.body  # type: ignore[assignment]  # pop answers a list of record views
-        dead = [(bytes(view), attempt) for view, attempt in zip(views[:exhausted], attempts[:exhausted], strict=True)]
-        views, attempts = views[exhausted:], attempts[exhausted:]
+        settings = await self.dead_letters.settings(group)
+        tags, sql = filter_args(request.filter_expression)
+        popped = await self.broker.services.consumption.pop(PopArgs(
+            group, topic, invisible_ms, max_msgs=min(max(request.batch_size, 1), BATCH_SIZE_MAX),
+            poll_ms=max(long_polling_ms - POLL_MARGIN_MS, 0), max_attempts=settings.max_delivery_attempts,
+            fifo=settings.fifo, start="whole", tags=tags, sql=sql))  # "whole": RocketMQ's rule for a new group
+        dead = [(bytes(view), attempt) for view, attempt in zip(popped.exhausted, popped.exhausted_attempts,
+                                                                 strict=True)]
+        views, attempts = popped.again + popped.fresh, popped.again_attempts
         for raw, attempt in dead:  # copied: the views may not outlive the awaits
             await self._dead_letter(group, topic, raw, attempt, EXHAUSTED_REASON)
         if dead and not views and long_polling_ms > POLL_MARGIN_MS:
@@ -345,20 +332,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def _dead_letter(self, group: str, topic: str, record: bytes, attempt: int, reason: str) -> None:
         """Move a popped record to the group's dead-letter topic: stored there, then acknowledged here."""
         header = decode_record(memoryview(record), verify_crc=False)
-        dlq = await self.groups.dead_letter(group, record, self.broker.address, attempt, reason)
+        # RocketMQ keeps a dead letter's message id: so do we
+        dlq = await self.dead_letters.dead_letter(group, record, attempt, reason, keep=(MESSAGE_ID_PROPERTY,))
         if await self._ack(group, topic, [Receipt(topic, header.queue_id, header.queue_offset, attempt, "")]):
             log.info("%s/%d@%d went to %s but was handed out again meanwhile", topic, header.queue_id,
                      header.queue_offset, dlq)
 
     async def _ack(self, group: str, topic: str, receipts: list[Receipt]) -> set[tuple[int, int]]:
         """Acknowledge deliveries; the (queue id, offset) of those no longer in flight."""
-        answer = await self.broker.pop_handlers.ack(_frame(RequestCode.ACK_MESSAGE, {
-            "group": group, "topic": topic,
-            "queue_ids": int_array(np.array([r.queue_id for r in receipts]), QUEUE_ID_ARRAY),
-            "offsets": int_array(np.array([r.offset for r in receipts]), OFFSET_ARRAY),
-            "attempts": int_array(np.array([r.attempt for r in receipts]), ATTEMPTS_ARRAY),
-        }))
-        return {(queue_id, offset) for queue_id, offset in answer.fields["expired"]}
+        return set(self.broker.services.consumption.ack(
+            group, topic, np.array([r.queue_id for r in receipts], np.int32),
+            np.array([r.offset for r in receipts], np.int64), np.array([r.attempt for r in receipts], np.int32)))
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         response = service_pb2.AckMessageResponse(status=status())
@@ -390,9 +374,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.ChangeInvisibleDurationResponse(status=status(), receipt_handle=request.receipt_handle)
 
     async def _change_invisible(self, group: str, receipt: Receipt, invisible_ms: int) -> None:
-        await self.broker.pop_handlers.change_invisible_duration(_frame(RequestCode.CHANGE_INVISIBLE_DURATION, {
-            "group": group, "topic": receipt.topic, "queue_id": receipt.queue_id, "offset": receipt.offset,
-            "attempt": receipt.attempt, "invisible_ms": invisible_ms}))
+        self.broker.services.consumption.change_invisible(group, receipt.topic, receipt.queue_id, receipt.offset,
+                                                          receipt.attempt, invisible_ms)
 
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
@@ -402,10 +385,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             self.renewals.release(request.group.name, [receipt])
             # Only a delivery the group has in flight (else INVALID_RECEIPT_HANDLE), invisible while it is copied.
             await self._change_invisible(request.group.name, receipt, INVISIBLE_MS)
-            found = self.broker.store.get(receipt.topic, receipt.queue_id, receipt.offset, max_msgs=1)
-            if found.status is not GetStatus.FOUND or found.offsets is None or found.offsets[0] != receipt.offset:
+            found = self.broker.services.messages.entry(receipt.topic, receipt.queue_id, receipt.offset)
+            if found is None:
                 raise ReceiptHandleExpiredError(f"no message at {receipt.topic}/{receipt.queue_id}@{receipt.offset}")
-            await self._dead_letter(request.group.name, receipt.topic, bytes(found.records[0]), receipt.attempt,
+            await self._dead_letter(request.group.name, receipt.topic, bytes(found), receipt.attempt,
                                     "forwarded by a RocketMQ client")
         except GmsError as err:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=error_status(err))
@@ -515,11 +498,8 @@ class RocketMQEndpoint:
         bound = server.add_insecure_port(join_address(host, port))
         if bound == 0:
             raise OSError(f"cannot listen for RocketMQ clients on {join_address(host, port)}")
-        nameserver = broker.config.nameserver
-        groups = ConsumerGroups(brokers=None if nameserver else [broker.address], nameserver=nameserver or None,
-                                security=broker.config.security.outgoing())
         endpoint = join_address(advertised_host, bound)
-        service = MessagingService(broker, endpoint, groups)
+        service = MessagingService(broker, endpoint)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         await server.start()
         service.renewals.start()
@@ -528,4 +508,3 @@ class RocketMQEndpoint:
     async def stop(self, grace_s: float = 1.0) -> None:
         await asyncio.shield(self.server.stop(grace_s))
         await self.service.renewals.stop()
-        await asyncio.to_thread(self.service.groups.close)

@@ -3,7 +3,7 @@
 RocketMQ has no pull for check-backs: the server pushes a RecoverOrphanedTransactionCommand down a
 producer's Telemetry stream, the client runs its TransactionChecker and answers with EndTransaction
 (source SERVER_CHECK). gms's producers instead long-poll CHECK_TRANSACTIONS per producer group
-(docs/transactions.md); :class:`CheckBacks` bridges the two with the broker's own handler: for
+(docs/transactions.md); :class:`CheckBacks` bridges the two with the transaction service: for
 as long as a producer's stream lasts, it long-polls for the producer groups of the topics the
 producer publishes (:func:`~gms.broker.rocketmq.mapping.producer_group`) and pushes each due
 transaction's half message down the stream. So the broker's check timing, its one-producer-per-
@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING, Any
 from rocketmq.grpc_protocol import service_pb2
 
 from gms.address import split_address
-from gms.broker.rocketmq.calls import request_frame
 from gms.broker.rocketmq.mapping import Receipt, producer_group, status, to_rocketmq
 from gms.errors import GmsError
 from gms.msgid import encode_msg_id
-from gms.protocol.codes import RequestCode
 from gms.record import decode_record
 
 if TYPE_CHECKING:
@@ -70,24 +68,19 @@ class CheckBacks:
                 polls.create_task(self._poll(producer_group(topic)))
 
     async def _poll(self, group: str) -> None:
-        handlers = self._broker.transaction_handlers
-        frame = request_frame(RequestCode.CHECK_TRANSACTIONS, {"group": group, "poll_ms": CHECK_POLL_MS})
+        service = self._broker.services.transactions
         while True:
             try:
-                answer = await handlers.check_transactions(frame)
+                due = await service.due_checks(group, CHECK_POLL_MS)
             except GmsError as err:
                 log.warning("transaction check-back of %r: %s", group, err)
                 await asyncio.sleep(CHECK_RETRY_S)
                 continue
-            rows = answer.fields["transactions"]
-            if not rows and handlers.service.stopped:
+            if not due and service.state.stopped:
                 return  # the broker is stopping
-            views: list[memoryview] = answer.body  # type: ignore[assignment]  # the half records, back to back
-            halves = iter(views)  # views into the log: converted before the next await
-            for row in rows:
-                records = [next(halves) for _ in range(int(row["count"]))]
-                if records:  # a RocketMQ client's transaction has one message
-                    self._push(self._command(str(row["tx_id"]), records[0]))
+            for check in due:  # the halves are views into the log: converted before the next await
+                if check.halves:  # a RocketMQ client's transaction has one message
+                    self._push(self._command(check.tx_id, check.halves[0]))
 
     def _command(self, tx_id: str, half: memoryview) -> Any:
         """The check-back of a transaction: its half message as a message the client reads, but

@@ -151,6 +151,36 @@ def test_push_consumer_consumes_retries_and_dead_letters(cluster, topic):
 
 
 
+def test_dead_letters_from_both_brokers_are_stored_once_at_the_dead_letter_topics_leader(cluster, topic):
+    """The dead-letter topic has one queue, led by one of the two brokers: the other broker's
+    endpoint stores its dead letters there through its own connection, each exactly once."""
+    group = f"g-dlq-{uuid.uuid4().hex[:6]}"
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.set_group_settings(group, max_reconsume_times=0)  # one delivery attempt
+    listener = _Listener()
+    consumer = rocketmq.PushConsumer(_config(cluster.brokers[0].rocketmq), group, listener,
+                                    {topic: rocketmq.FilterExpression("*")})
+    consumer.startup()
+    try:
+        bad = [f"bad-{i}".encode() for i in range(4 * QUEUES)]
+        _send_all(cluster.brokers[1].rocketmq, topic, bad)  # round robin: every queue, on both brokers
+        wait_until(lambda: _stored(cluster, f"%DLQ%{group}") >= len(bad), 40)
+        dead = SimpleConsumer(nameserver=cluster.nameserver, group=f"{group}-dlq",
+                              subscription={f"%DLQ%{group}": "*"}, start_from="first", await_duration_ms=1000)
+        try:
+            found: list = []
+            wait_until(lambda: bool(found.extend(dead.receive(64))) or len(found) >= len(bad), 30)
+            assert sorted(m.body for m in found) == sorted(bad)
+            assert {m.properties["__RETRY_TOPIC"] for m in found} == {topic}
+            assert all(m.properties["__DLQ_REASON"] for m in found)
+        finally:
+            dead.close()
+        assert _stored(cluster, f"%DLQ%{group}") == len(bad)  # none twice
+        assert all(listener.attempts[body] == 1 for body in bad)
+    finally:
+        consumer.shutdown()
+
+
 def _stored(cluster, topic: str) -> int:
     """Messages ``topic`` holds (0 while it does not exist)."""
     with Admin(nameserver=cluster.nameserver) as admin:

@@ -1,0 +1,237 @@
+"""Dead letters: a group's settings (``gms group config``: max delivery attempts, retry delays,
+FIFO) and the copy a message the group gave up on becomes in its dead-letter topic
+(``%DLQ%<group>``), the copy gms's consumers make (:func:`gms.naming.copy_properties`, the
+reason, the attempts as its reconsume times).
+
+The dead-letter topic is created as a consumer creates it (a system topic of one queue: on this
+broker when standalone, through the nameservers in a cluster, replicated on up to
+GROUP_TOPIC_REPLICAS_MAX brokers), and the copy is stored with acks=-1 on its queue's leader:
+this broker, or another one over the broker's own connection to it. Exactly once across retries,
+as the SDK's idempotent producer: each copy is stamped as the next batch of this service's own
+producer on the queue (a random id, as the SDK's when no nameserver allocates one), the copies of
+one topic go one at a time, and a retry sends the same stamped batch to the queue's leader of the
+moment, which answers a batch it stored (or replicated) with where it is. A copy given up (its
+retries exhausted) may or may not be stored, as an SDK send that failed for good; the next copy
+starts a new producer. The caller acknowledges the original once the copy is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from gms.address import split_address
+from gms.broker.services.groups import check_group_name
+from gms.cluster.model import GroupSettings
+from gms.errors import (
+    GmsError,
+    ServiceUnavailableError,
+    TopicAlreadyExistsError,
+    TopicNotFoundError,
+    UnknownProducerIdError,
+)
+from gms.msgid import encode_msg_id
+from gms.naming import (
+    DLQ_REASON_PROPERTY,
+    GROUP_TOPIC_REPLICAS_MAX,
+    SYSTEM_TOPIC_FIELD,
+    copy_properties,
+    dlq_topic,
+)
+from gms.net import Connection
+from gms.protocol.codes import RequestCode
+from gms.record import decode_record, encode_record
+from gms.record.sequence import BatchSequence, stamp_sequence
+
+if TYPE_CHECKING:
+    from gms.broker.registration import BrokerRegistration
+    from gms.broker.server import BrokerServer
+
+log = logging.getLogger(__name__)
+
+SETTINGS_CACHED_MAX = 10_000  # groups whose settings are kept; the one read longest ago goes first
+SETTINGS_TTL_S = 10.0  # a changed `gms group config` is seen this soon
+REQUEST_TIMEOUT_MS = 10_000
+SEND_ATTEMPTS = 11  # as the SDK's dead-letter producer: a send and 10 retries
+RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S = 0.1, 1.0
+ROUTE_WAIT_S = 10.0  # for a new dead-letter topic's leader
+
+
+class _Producer:
+    """This service's idempotent producer on one dead-letter queue: its id and next batch."""
+
+    __slots__ = ("lock", "next", "producer_id")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()  # one copy in flight
+        self.producer_id = secrets.randbits(63)
+        self.next = 0
+
+    def restart(self) -> None:
+        self.producer_id, self.next = secrets.randbits(63), 0
+
+
+class DeadLetterService:
+    def __init__(self, broker: BrokerServer) -> None:
+        self.broker = broker
+        self._settings: dict[str, tuple[float, GroupSettings]] = {}  # group: (read at, settings)
+        self._producers: dict[str, _Producer] = {}  # dead-letter topic: its producer
+        self._connections: dict[str, Connection] = {}  # address: connection
+
+    async def settings(self, group: str) -> GroupSettings:
+        """The group's settings, kept SETTINGS_TTL_S (the defaults when it has none, standalone,
+        or when etcd cannot be read: logged, the consumer still works)."""
+        check_group_name(group)
+        found = self._settings.get(group)
+        if found is not None and time.monotonic() - found[0] < SETTINGS_TTL_S:
+            return found[1]
+        read: GroupSettings | None = None
+        if self.broker.registration is not None:
+            try:
+                read = await asyncio.to_thread(self._group_settings, group)
+            except (GmsError, ValueError) as err:  # etcd away, a malformed value: as a consumer, the defaults
+                log.warning("group %s: cannot read its settings (%s); using the defaults", group, err)
+        settings = read or GroupSettings()
+        self._settings.pop(group, None)  # to the end: the dict is in the order entries were read
+        self._settings[group] = (time.monotonic(), settings)
+        if len(self._settings) > SETTINGS_CACHED_MAX:  # clients name groups: never an unbounded cache
+            del self._settings[next(iter(self._settings))]
+        return settings
+
+    def _group_settings(self, group: str) -> GroupSettings | None:
+        registration = self.broker.registration
+        return None if registration is None else registration.group_settings(group)
+
+    async def dead_letter(self, group: str, record: bytes, attempt: int, reason: str,
+                          keep: tuple[str, ...] = ()) -> str:
+        """Store the copy of ``record`` (as handed out to ``group``, delivery ``attempt``) in the
+        group's dead-letter topic; returns that topic. ``keep``: properties of the record the
+        copy keeps although internal (a protocol's own message id)."""
+        check_group_name(group)
+        original = decode_record(memoryview(record), verify_crc=False)
+        host, port = split_address(self.broker.address, "broker address")
+        properties = copy_properties(original.properties, original.topic,
+                                     encode_msg_id(host, port, original.phys_offset))
+        properties[DLQ_REASON_PROPERTY] = reason or "nack"
+        properties.update({name: original.properties[name] for name in keep if name in original.properties})
+        topic = dlq_topic(group)
+        copy = bytearray(encode_record(topic=topic, body=original.body, tag=original.tag, keys=original.keys,
+                                       properties=properties, born_host=host, born_ts_ms=int(time.time() * 1000),
+                                       reconsume_times=max(attempt, 1)))
+        await self._ensure_topic(topic)
+        await self._store(topic, copy)
+        return topic
+
+    async def _ensure_topic(self, topic: str) -> None:
+        """Create the dead-letter topic unless it exists, and wait for its queue's leader."""
+        if not self.broker.config.nameserver:  # standalone: on this broker
+            if topic not in self.broker.store.topics():
+                try:
+                    await self.broker.services.topics.create_topic(topic, 1, {}, system=True)
+                except TopicAlreadyExistsError:
+                    pass
+            return
+        registration = self._registration()
+        if not registration.has_topic(topic) and not await asyncio.to_thread(registration.topic_in_etcd, topic):
+            replicas = max(1, min(GROUP_TOPIC_REPLICAS_MAX, len(registration.live_brokers())))
+            try:
+                await self._nameserver_request(RequestCode.CREATE_TOPIC, {
+                    "topic": topic, "queues": 1, "replicas": replicas, SYSTEM_TOPIC_FIELD: True})
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + ROUTE_WAIT_S
+        while self._leader(topic) is None:
+            if time.monotonic() > deadline:
+                raise ServiceUnavailableError(f"the dead-letter topic {topic} has no leader yet")
+            await asyncio.sleep(RETRY_BACKOFF_S)
+
+    def _leader(self, topic: str) -> str | None:
+        """The address of the leader of the topic's queue 0 (None: not known yet)."""
+        if not self.broker.config.nameserver:
+            return self.broker.address
+        registration = self._registration()
+        if not registration.has_topic(topic):
+            return None
+        queues = registration.route(topic).queues
+        return queues[0].leader_address if queues else None
+
+    async def _store(self, topic: str, copy: bytearray) -> None:
+        """Store the copy on its queue's leader (see the module docstring), acks=-1."""
+        producer = self._producers.setdefault(topic, _Producer())
+        async with producer.lock:
+            stamp_sequence(copy, BatchSequence(producer.producer_id, 0, producer.next, 1))
+            delay = RETRY_BACKOFF_S
+            for attempt in range(SEND_ATTEMPTS):
+                try:
+                    await self._send(topic, copy)
+                except UnknownProducerIdError:  # the leader forgot the producer (its state expired):
+                    producer.restart()  # every earlier copy is stored, so number the queue from 0 again
+                    stamp_sequence(copy, BatchSequence(producer.producer_id, 0, producer.next, 1))
+                except GmsError as err:
+                    # A topic just created may not have reached its leader yet: retried too.
+                    if not (err.retriable or isinstance(err, TopicNotFoundError)) or attempt == SEND_ATTEMPTS - 1:
+                        producer.restart()  # the copy may or may not be stored: the next starts afresh
+                        raise
+                    log.debug("dead letter to %s: %r; retrying", topic, err)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
+                else:
+                    producer.next += 1
+                    return
+
+    async def _send(self, topic: str, copy: bytearray) -> None:
+        leader = self._leader(topic)
+        if leader is None:
+            raise ServiceUnavailableError(f"the dead-letter topic {topic} has no leader now")
+        if leader == self.broker.address:
+            await self.broker.services.messages.stored(copy, -1)
+            return
+        connection = await self._connection(leader)
+        try:
+            await connection.request(RequestCode.SEND, {"acks": -1}, bytes(copy), timeout_ms=REQUEST_TIMEOUT_MS)
+        except GmsError:
+            if connection.closed:
+                self._connections.pop(leader, None)
+            raise
+
+    async def _connection(self, address: str) -> Connection:
+        connection = self._connections.get(address)
+        if connection is None or connection.closed:
+            host, port = split_address(address, "broker address")
+            connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS, request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                               security=self.broker.config.security.outgoing())
+            self._connections[address] = connection
+        return connection
+
+    async def _nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
+        """One request to the first nameserver that answers (its error if it refuses)."""
+        failed: GmsError | None = None
+        for address in self._registration().nameservers:
+            try:
+                host, port = split_address(address, "nameserver address")
+                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
+                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                                   security=self.broker.config.security.outgoing())
+            except ServiceUnavailableError as err:
+                failed = err
+                continue
+            try:
+                await connection.request(code, fields)
+                return
+            finally:
+                connection.close()
+        raise failed or ServiceUnavailableError("no nameserver to ask")
+
+    def _registration(self) -> BrokerRegistration:
+        registration = self.broker.registration
+        if registration is None:
+            raise ServiceUnavailableError("the broker is not registered with the cluster yet: retry")
+        return registration
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()

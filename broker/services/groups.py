@@ -1,0 +1,211 @@
+"""Consumer groups: the coordinator's membership (heartbeat, leave, describe) and the committed
+offsets of the queues led here (commit, fetch).
+
+The dead letters of a group are :mod:`gms.broker.services.dead_letters`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gms.broker.groups import MODE_CLUSTERING, Beat, GroupCoordinator, Member
+from gms.broker.offsets import OffsetStore
+from gms.broker.queue_claims import QueueClaims
+from gms.errors import (
+    BadRequestError,
+    BadTagExpressionError,
+    GroupNotEmptyError,
+    GroupNotFoundError,
+    NotCoordinatorError,
+    QueueNotFoundError,
+    TopicNotFoundError,
+)
+from gms.protocol.groups import QueueOffset, QueueRef
+from gms.tags import BadTagExpression, parse_tag_expression
+
+GROUP_NAME_BYTES_MAX = 255
+
+
+def check_group_name(group: str) -> str:
+    """``group`` if a consumer group may have that name (BadRequestError otherwise)."""
+    if not group or len(group.encode()) > GROUP_NAME_BYTES_MAX:
+        raise BadRequestError(f"group name must be 1..{GROUP_NAME_BYTES_MAX} bytes")
+    return group
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatArgs:
+    """A member's heartbeat: its ``subscription`` (topic → tag expression), how it consumes
+    (``mode``), the queues it still ``held`` (adopted by a coordinator that just took over)."""
+
+    group: str
+    member: str
+    subscription: dict[str, str]
+    client: str = ""
+    mode: str = MODE_CLUSTERING
+    held: tuple[QueueRef, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A group as one broker knows it: its members (from its coordinator; empty elsewhere) with
+    the queues each owns, and the offsets committed here (topic → queue id → offset)."""
+
+    members: list[tuple[Member, list[QueueRef]]]
+    offsets: dict[str, dict[int, int]]
+
+
+class GroupService:
+    def __init__(
+        self,
+        groups: GroupCoordinator,
+        claims: QueueClaims,
+        offsets: OffsetStore,
+        queue_count: Callable[[str], int],
+        coordinator_of: Callable[[str], str],
+        address: str,
+        readable: Callable[[tuple[str, int]], tuple[int, int]],
+        on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
+    ) -> None:
+        """``queue_count(topic)``: the topic's queues over the cluster (0: unknown topic);
+        ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours;
+        ``readable(key)``: a queue's offsets consumers may read, [min, end)."""
+        self.groups = groups
+        self.claims = claims
+        self.offsets = offsets
+        self.queue_count = queue_count
+        self.coordinator_of = coordinator_of
+        self.address = address
+        self.readable = readable
+        self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
+
+    def _coordinated_here(self, group: str) -> None:
+        coordinator = self.coordinator_of(group)
+        if coordinator != self.address:
+            raise NotCoordinatorError(f"group {group!r} is coordinated by {coordinator}, not {self.address}",
+                                      fields={"coordinator": coordinator})
+
+    def coordinator(self, group: str) -> str:
+        return self.coordinator_of(check_group_name(group))
+
+    def heartbeat(self, args: HeartbeatArgs) -> Beat:
+        """Record a member's heartbeat (at the group's coordinator): what it may consume now."""
+        group = check_group_name(args.group)
+        self._coordinated_here(group)
+        for topic, expression in args.subscription.items():
+            if not isinstance(topic, str) or not isinstance(expression, str):
+                raise BadRequestError("subscription must map topic names to tag expressions")
+            if not self.queue_count(topic):
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            try:
+                parse_tag_expression(expression)
+            except BadTagExpression as err:
+                raise BadTagExpressionError(str(err)) from err
+        try:
+            return self.groups.heartbeat(group, args.member, client_address=args.client, mode=args.mode,
+                                         subscription=args.subscription, held=args.held, now_ms=_now_ms())
+        except ValueError as err:
+            raise BadRequestError(str(err)) from err
+
+    def leave(self, group: str, member: str) -> None:
+        check_group_name(group)
+        self._coordinated_here(group)
+        self.groups.leave(group, member)
+
+    def commit_offsets(self, group: str, entries: list[QueueOffset], member: str = "",
+                       released: Iterable[QueueRef] = ()) -> None:
+        """Commit offsets of queues led here. A clustering ``member`` names itself: its commit
+        is refused while another member holds the queue (a zombie's late commit), and
+        ``released`` lists the queues it hands over (their claims end)."""
+        check_group_name(group)
+        for topic, queue_id, offset in entries:  # unknown queues would grow the offsets without bound
+            if offset < 0:
+                raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
+            queue_count = self.queue_count(topic)
+            if not queue_count:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            if not 0 <= queue_id < queue_count:
+                raise QueueNotFoundError(f"topic {topic!r} has no queue {queue_id} (it has {queue_count})")
+        if member:
+            now_ms = _now_ms()
+            for topic, queue_id, _ in entries:
+                self.claims.check(group, member, topic, queue_id, now_ms)
+        for topic, queue_id, offset in entries:
+            self.offsets.commit(group, topic, queue_id, offset)
+        if member:
+            self.claims.release(group, member, released)
+        self.on_commit([(topic, queue_id) for topic, queue_id, _ in entries])
+
+    def committed_offsets(self, group: str, queues: list[QueueRef], member: str = "") -> list[int | None]:
+        """The group's committed offsets (None: none); a ``member`` asking for its start position
+        is refused (QUEUE_HELD) while another member still reads the queue, so it starts after
+        that member's last commit."""
+        check_group_name(group)
+        if member:
+            now_ms = _now_ms()
+            for topic, queue_id in queues:
+                self.claims.check(group, member, topic, queue_id, now_ms)
+        return [self.offsets.get(group, topic, queue_id) for topic, queue_id in queues]
+
+    def describe(self, name: str, members: bool = True) -> GroupView:
+        """Members (from the coordinator) and the offsets committed on this broker. A
+        non-coordinator answers only ``offsets`` unless asked for ``members`` explicitly."""
+        check_group_name(name)
+        if members:
+            self._coordinated_here(name)
+        group = self.groups.group(name)
+        offsets = self.offsets.group_offsets(name)
+        if (group is None or not members) and not offsets:
+            raise GroupNotFoundError(f"this broker knows no consumer group {name!r}")
+        listed = [] if group is None or not members else [
+            (member, [QueueRef(*key) for key in sorted(group.owned_by(member.member_id))])
+            for member in group.members.values()]
+        return GroupView(listed, offsets)
+
+
+    # -- offsets set by an operator ----------------------------------------------------------------
+
+    async def reset_offsets(self, group: str, entries: list[QueueOffset], force: bool = False) -> list[QueueOffset]:
+        """Set committed offsets of a group; the offsets stored. Unlike a commit no member has to
+        own the queues, and each offset is clamped to what consumers can read: [min offset, max
+        offset] (the high watermark where the queue is replicated). All or nothing: every queue
+        is checked (led here, exists) before any offset changes."""
+        check_group_name(group)
+        if not force:
+            self._refuse_live_members(group, [(topic, queue_id) for topic, queue_id, _ in entries])
+        stored = []
+        for topic, queue_id, offset in entries:
+            low, high = self.readable((topic, queue_id))
+            stored.append(QueueOffset(topic, queue_id, min(max(offset, low), high)))
+        for topic, queue_id, offset in stored:
+            self.offsets.commit(group, topic, queue_id, offset)
+        await self.offsets.persist_async()
+        self.on_commit([(topic, queue_id) for topic, queue_id, _ in stored])
+        return stored
+
+    async def delete_group(self, group: str, force: bool = False) -> list[QueueRef]:
+        """Delete every offset the group committed here (as leader or follower; followers that
+        miss this delete them from their next REPLICA_FETCH); the queues it had offsets on."""
+        check_group_name(group)
+        if not force:
+            self._refuse_live_members(group, None)
+        queues = self.offsets.delete_group(group)
+        await self.offsets.persist_async()
+        self.on_commit(queues)
+        return [QueueRef(*key) for key in queues]
+
+    def _refuse_live_members(self, group: str, queues: list[tuple[str, int]] | None) -> None:
+        """Members would commit over the change: refuse while any reads ``queues`` (all of the
+        group's queues when None) here, or heartbeats here if this broker coordinates the group
+        (``force`` skips this check; the Admin client asks the group's coordinator first)."""
+        known = self.groups.group(group)
+        live = set(known.members) if known is not None else set()
+        live |= self.claims.readers(group, _now_ms(), queues)
+        if live:
+            raise GroupNotEmptyError(f"group {group!r} has live members: {', '.join(sorted(live))}")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
