@@ -418,6 +418,7 @@ class BrokerServer:
                                                    self.config.long_poll_max_ms),
             topics=TopicService(self),
             dead_letters=DeadLetterService(self))
+        messages.arrival = lambda topic, timeout_s: services.topics.arrival(topic, timeout_s, led_here=True)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)

@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 from gms.broker.access import BrokerAccess
 from gms.broker.config import BrokerConfig
@@ -36,11 +37,12 @@ from gms.errors import (
     OffsetIllegalError,
     ServerError,
     ServiceUnavailableError,
+    TopicNotFoundError,
 )
 from gms.protocol.fetch import EARLIEST, LATEST, FetchRequest, QueueFetch
-from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES, Buffer
+from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING, SEND_BODY_SIZE_MAX_BYTES, Buffer
 from gms.record import OFF_PHYS_OFFSET, OFF_QUEUE_ID, Record, decode_record
-from gms.record.batch import parse_one
+from gms.record.batch import parse_batch, parse_one
 from gms.record.layout import FLAG_SCHEDULED, PRODUCER_FLAGS
 from gms.store_errors import UnknownTopic
 from gms.tags import BadTagExpression, parse_tag_expression
@@ -111,6 +113,9 @@ class MessageService:
         self.replicas: ReplicaManager | None = None
         self.timers: TimerService | None = None  # scheduled messages (set by the server)
         self.claims = claims  # which member of a group reads each queue (clustering pulls)
+        # Cluster mode: waits until a topic the cluster just created or moved here is taken
+        # (TopicService.arrival with led_here; set by the server).
+        self.arrival: Callable[[str, float], Awaitable[None]] | None = None
         self.address = address
         self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
                                if store.config.flush_mode == "sync" else None)
@@ -130,12 +135,13 @@ class MessageService:
                 "split the batch")
         return self.store_records(body, acks, started)
 
-    def store_records(self, body: Buffer, acks: int, started: float, *,
-                      allowed_flags: int = PRODUCER_FLAGS) -> AppendResult | Awaitable[AppendResult]:
+    def store_records(self, body: Buffer, acks: int, started: float, *, allowed_flags: int = PRODUCER_FLAGS,
+                      taken: bool = False) -> AppendResult | Awaitable[AppendResult]:
         """Append ``body`` and answer the records' positions, at once or (sync flush, acks=-1)
         once flushed and replicated. ``allowed_flags``: what the records may carry (the broker's
         own records, such as a transaction's copies, more than producers'). ``started``: when the
-        request came (perf_counter), for the metrics."""
+        request came (perf_counter), for the metrics. ``taken``: refused for a queue not led here
+        already once, and its topics waited for: not waited for again."""
         replicas = self.replicas
         ends = None
         may_publish = self.access.check_topics("publish") if self.access is not None else None
@@ -151,6 +157,10 @@ class MessageService:
                 result = self._append(body, admit, allowed_flags)
             except LeadershipPendingError as pending:
                 return self._store_when_led(body, acks, started, allowed_flags, pending)
+            except (NotLeaderError, TopicNotFoundError):
+                if taken or self.arrival is None:
+                    raise
+                return self._store_when_taken(body, acks, started, allowed_flags)
             if acks == -1:
                 ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
             replicas.on_appended(result.touched_queues)
@@ -174,6 +184,19 @@ class MessageService:
         epoch on disk (a moment; bounded by the send timeout): the send is not refused for it."""
         await self.replicas.wait_epoch_saved(pending, self.config.send_timeout_ms / 1000)  # type: ignore[union-attr]
         result = self.store_records(body, acks, started, allowed_flags=allowed_flags)
+        return result if isinstance(result, AppendResult) else await result
+
+    async def _store_when_taken(self, body: Buffer, acks: int, started: float, allowed_flags: int) -> AppendResult:
+        """Store a send refused for a queue this broker does not lead, once each topic it names
+        has arrived (TopicService.arrival: created a moment ago, or its leadership just moved
+        here, and this broker is still taking it; bounded by the send timeout), or refuse it
+        again: the send is not refused while the assignment is being applied (sends right after
+        a burst of creations outran a producer's retries)."""
+        arrival = cast(Callable[[str, float], Awaitable[None]], self.arrival)
+        parsed = parse_batch(memoryview(body).cast("B"), MESSAGE_SIZE_BYTES_MAX_CEILING, False, verify_crc=False)
+        timeout_s = self.config.send_timeout_ms / 1000
+        await asyncio.gather(*(arrival(topic, timeout_s) for topic in parsed.topics))
+        result = self.store_records(body, acks, started, allowed_flags=allowed_flags, taken=True)
         return result if isinstance(result, AppendResult) else await result
 
     async def _send_waits(self, size: int, result: AppendResult, wait_flush: bool,

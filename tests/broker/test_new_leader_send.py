@@ -80,3 +80,17 @@ def test_a_send_waits_for_the_new_leaders_epoch_and_fails_clearly_past_the_send_
         sender.join(10)
         assert "error" not in outcome, outcome
         assert outcome["result"].queue_offset == 0
+
+
+def test_a_send_right_after_a_burst_of_creations_waits_for_the_broker_to_take_its_queue(cluster):
+    """A topic's create call returns once the cluster placed it; the broker takes its queues a
+    moment later (seconds after a burst of creations on a busy host). A send meanwhile, to a
+    queue the cluster placed here, waits for it rather than failing a producer whose retries
+    run out first (seen: sends of a benchmark right after 1,000 creations failed)."""
+    names = [f"burst-{i:03d}" for i in range(300)]
+    with Admin(nameserver=cluster.nameserver) as admin:
+        assert not [r for r in admin.create_topics([(name, 4) for name in names]) if r.error]
+    with Producer(nameserver=cluster.nameserver, retries=0, request_timeout_ms=10_000) as producer:
+        futures = [producer.send_async(name, b"first", queue=3) for name in reversed(names)]
+        producer.flush()
+        assert [f.result(30).queue_offset for f in futures] == [0] * len(names)
