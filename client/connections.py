@@ -57,29 +57,33 @@ class ConnectionPool:
         self._closed = False
 
     async def get(self, address: str) -> Connection:
-        """The open connection to ``address``, connecting (once, shared) if needed."""
+        """The open connection to ``address``, connecting (once, shared) if needed.
+
+        The connect runs as a task of its own: a caller cancelled meanwhile (an asyncio client's
+        task) leaves it to finish into the pool, where :meth:`close` closes it, never half open
+        and unowned; the other callers waiting for it are not cancelled with it."""
         conn = self._connections.get(address)
         if conn is not None and not conn.closed:
             return conn
         pending = self._connecting.get(address)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        if self._closed:
-            raise RuntimeError("the client is closed")
-        future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
-        self._connecting[address] = future
+        if pending is None:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            pending = self._connecting[address] = asyncio.ensure_future(self._connect(address))
+            pending.add_done_callback(_retrieve)
+        return await asyncio.shield(pending)
+
+    async def _connect(self, address: str) -> Connection:
         try:
             host, port = parse_address(address)
             conn = await Connection.open(host, port, self._connect_timeout_ms,
                                          request_timeout_ms=self._request_timeout_ms, security=self._security)
-        except BaseException as err:
-            future.set_exception(err)
-            future.exception()  # mark retrieved: waiters re-raise it themselves
-            raise
         finally:
             del self._connecting[address]
+        if self._closed:  # closed while connecting
+            conn.close()
+            raise RuntimeError("the client is closed")
         self._connections[address] = conn
-        future.set_result(conn)
         return conn
 
     async def request(self, address: str, code: int, fields: Mapping[str, Any] | None = None,
@@ -94,11 +98,21 @@ class ConnectionPool:
 
     async def close(self) -> None:
         self._closed = True
+        connecting = list(self._connecting.values())
+        for pending in connecting:
+            pending.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
         connections, self._connections = self._connections, {}
         for conn in connections.values():
             conn.close()
         for conn in connections.values():
             await conn.wait_closed()
+
+
+def _retrieve(future: asyncio.Future[Connection]) -> None:
+    """Mark a connect's failure seen: its callers (if any still wait) raise it themselves."""
+    if not future.cancelled():
+        future.exception()
 
 
 class BlockingPool:
