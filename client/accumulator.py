@@ -6,7 +6,8 @@ keys or properties) stick to one open batch per topic, whose queue is chosen onc
 per message (Kafka's sticky partitioner, KIP-480): batches fill up instead of being spread thin
 over a topic's queues, and a message costs no routing. Callers append from any thread under
 one lock; the event loop is woken once per batch, never per message. ``buffer_bytes_max``
-bounds the memory of unsent messages: appends block while it is reached. A batch over the
+bounds the memory of unsent messages: appends block while it is reached (appends on the loop
+itself, an asyncio producer's, never block: they await :meth:`Accumulator.room` instead). A batch over the
 broker's limit per send request goes out as several requests (``BatchBuilder.seal_counted``).
 
 A batch that is due (full, or ``linger_ms`` old) is ready for its broker; the ready batches of a
@@ -192,6 +193,26 @@ class Accumulator(AppenderBase):
         # On the loop: per broker, its ready batches (oldest first) and its requests in flight.
         self._ready: dict[str, list[_OpenBatch]] = {}
         self._requests: dict[str, int] = {}
+        self._room_waiters: list[asyncio.Future[None]] = []  # asyncio producers awaiting room (on the loop)
+
+    def _on_loop(self) -> bool:
+        """Whether the caller runs on the loop, which must not block (it answers the batches)."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    @property
+    def full(self) -> bool:
+        """Whether unanswered messages fill ``buffer_bytes_max``."""
+        return self._buffered_bytes >= self._buffer_bytes_max
+
+    async def room(self) -> None:
+        """Wait (on the loop) until the buffer has room again."""
+        while self.full:
+            waiter = self._loop.create_future()
+            self._room_waiters.append(waiter)
+            await waiter
 
     def _append_plain_slow(self, topic: str, body: bytes, tag: str | None) -> SendFuture:
         """``append_plain`` in Python: waits while the buffer is full, packs a new shape, opens
@@ -201,7 +222,7 @@ class Accumulator(AppenderBase):
         if batch is not None:
             future, filled = None, False
             with self._lock:
-                while self._buffered_bytes >= self._buffer_bytes_max and not batch.closed:
+                while self._buffered_bytes >= self._buffer_bytes_max and not batch.closed and not self._on_loop():
                     self._space.wait()
                 if not batch.closed:
                     future = self._add(batch, topic, body, tag)
@@ -217,7 +238,7 @@ class Accumulator(AppenderBase):
         """Append a message to ``route``'s open batch; ``sticky``: the topic's plain messages
         follow it there until it is sent."""
         with self._lock:
-            while self._buffered_bytes >= self._buffer_bytes_max:
+            while self._buffered_bytes >= self._buffer_bytes_max and not self._on_loop():
                 self._space.wait()
             batch = self._open.get(route)
             is_new = batch is None
@@ -402,6 +423,11 @@ class Accumulator(AppenderBase):
         with self._lock:
             self._buffered_bytes -= size_bytes
             self._space.notify_all()
+        if self._room_waiters and not self.full:
+            waiters, self._room_waiters = self._room_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _resolve(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
         """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""

@@ -121,6 +121,7 @@ class Producer:
         trace: bool = False,
         trace_topic: str = TRACE_TOPIC,
         busy_poll_us: int = CLIENT_WINDOW_US,
+        _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``born_host``: stored in every record as where it was produced (``gms msg show``);
         None means this machine's host name, looked up once here. ``security``: TLS and user
@@ -132,7 +133,8 @@ class Producer:
         ``trace``: record every send in ``trace_topic`` (``gms msg trace``, docs/traces.md).
         ``busy_poll_us``: how long a synchronous send polls for its answer before its thread
         sleeps: ~25 µs less per ``send()`` on a virtual machine, for up to that much CPU
-        (:mod:`gms.net.busy_poll`; 0: off)."""
+        (:mod:`gms.net.busy_poll`; 0: off). ``_loop``: the running loop of an
+        :class:`gms.client.aio.AsyncProducer` that drives this one (no thread of its own)."""
         if acks not in ACKS_VALUES:
             raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0 or busy_poll_us < 0:
@@ -141,7 +143,7 @@ class Producer:
         self._trace = ProducerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
                                                     name="gms-producer-trace"), born_host) if trace else None
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                      name="gms-producer", security=security)
+                                      name="gms-producer", security=security, loop=_loop)
         self._encoder = RecordEncoder(born_host)
         self._faults = BrokerFaults()
         self._sequencer = (Sequencer(self._allocate_producer_id, self._runtime.loop)
@@ -196,20 +198,37 @@ class Producer:
         self._encoder.topic(topic)  # a bad name fails here, before any I/O
         routes = self._runtime.routes.cached(topic)
         if routes is None:
-            try:
-                routes = self._runtime.run(self._runtime.routes.routes(topic), self._call_timeout_ms)
-            except TopicNotFoundError:
-                fallback = self._runtime.routes.unknown_topic_route(topic, queue)
-                if fallback is None:
-                    raise
-                return fallback
+            return self._choose(self._runtime.run(self._lookup(topic, queue), self._call_timeout_ms), queue, key)
+        return self._choose(routes, queue, key)
+
+    async def _route_async(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute:
+        """:meth:`_route` on the loop (asyncio producers)."""
+        self._encoder.topic(topic)
+        routes = self._runtime.routes.cached(topic)
+        return self._choose(await self._lookup(topic, queue) if routes is None else routes, queue, key)
+
+    async def _lookup(self, topic: str, queue: int | None) -> list[QueueRoute] | QueueRoute:
+        """The routes of ``topic``, or where to send to it if the routes do not name it (fixed
+        brokers that may create it on first use)."""
+        try:
+            return await self._runtime.routes.routes(topic)
+        except TopicNotFoundError:
+            fallback = self._runtime.routes.unknown_topic_route(topic, queue)
+            if fallback is None:
+                raise
+            return fallback
+
+    def _choose(self, routes: list[QueueRoute] | QueueRoute, queue: int | None, key: str | bytes | None) -> QueueRoute:
+        if isinstance(routes, QueueRoute):
+            return routes
         if queue is not None:
             if not 0 <= queue <= INT32.high:  # would not fit the record's int32 queue id
-                raise QueueNotFoundError(f"topic {topic!r} has no queue {queue} (queue ids are 0..{len(routes) - 1})")
+                raise QueueNotFoundError(f"topic {routes[0].topic!r} has no queue {queue}"
+                                         f" (queue ids are 0..{len(routes) - 1})")
             for route in routes:
                 if route.queue_id == queue:
                     return route
-            return QueueRoute(topic, queue, routes[0].broker)  # the broker answers QUEUE_NOT_FOUND
+            return QueueRoute(routes[0].topic, queue, routes[0].broker)  # the broker answers QUEUE_NOT_FOUND
         if key is not None:
             raw = key.encode() if isinstance(key, str) else key
             return routes[xxhash.xxh64_intdigest(raw) % len(routes)]
@@ -232,6 +251,18 @@ class Producer:
         that transaction (:meth:`begin_transaction`), hidden until it commits."""
         properties, key = _grouped(properties, key, message_group)
         route = self._route(topic, queue, key)
+        records = self._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
+                                   reconsume_times, transaction)
+        result = self._send_one(route, records, queue is None and key is None)
+        if transaction is not None:
+            transaction.sent(result.topic, result.queue_id)
+        return result
+
+    def _encode_one(self, route: QueueRoute, topic: str, body: bytes, tag: str | None, keys: Sequence[str],
+                    properties: Mapping[str, str] | None, deliver_at: datetime.datetime | int | None,
+                    delay_ms: int | None, delay_level: int | None, reconsume_times: int,
+                    transaction: Transaction | None) -> bytearray:
+        """The request body of :meth:`send`'s message."""
         batch = BatchBuilder(route.queue_id)
         properties, flags = _scheduled(properties, deliver_at, delay_ms, delay_level)
         if transaction is not None:
@@ -239,11 +270,18 @@ class Producer:
                 raise ValueError("a transaction's message cannot be scheduled")
             properties, flags = transaction.half(properties)
         self._encoder.add(batch, topic, body, tag, keys, properties, flags, reconsume_times)
-        records = batch.seal()
-        result = self._send_one(route, records, queue is None and key is None)
-        if transaction is not None:
-            transaction.sent(result.topic, result.queue_id)
-        return result
+        return batch.seal()
+
+    async def _send_one_async(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
+        """:meth:`_send_one` on the loop (asyncio producers): numbered and sent as a sync send's
+        retries are, in the queue's order, without waiting for the queue's other sends."""
+        ticket = None
+        if self._sequencer is not None:
+            await self._sequencer.ready()
+            ticket = self._sequencer.stamp(records, route.topic, route.queue_id, 1)
+        with self._numbered(ticket):
+            sent = await self._sender.send(route, records, movable=movable, ticket=ticket)
+        return sent[0] if sent else None  # type: ignore[return-value]
 
     def _send_one(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
         ticket = self._stamp(route, records, 1)
@@ -307,32 +345,7 @@ class Producer:
 
         The results are a sequence (equal to, and concatenable with, lists) whose items are
         made when read; with ``acks=0`` every item is None."""
-        # Messages without a key or explicit queue may move to another queue on failure, so
-        # they travel apart from pinned ones. Pinned messages are routed once per (topic,
-        # queue, key); the others round robin over the topic's routes looked up once.
-        groups: dict[tuple[QueueRoute, bool], _Group] = {}
-        pinned_routes: dict[tuple[str, int | None, str | bytes | None], QueueRoute] = {}
-        topic_routes: dict[str, list[QueueRoute] | None] = {}
-        add, pick, round_robin = self._encoder.add, self._faults.pick, self._round_robin
-        count = 0
-        for count, given in enumerate(messages, 1):
-            message = given if isinstance(given, ProducerRecord) else ProducerRecord(**given)
-            topic, body, tag, keys, properties, queue, key = message
-            movable = queue is None and key is None
-            if movable:
-                routes = topic_routes.get(topic, ())
-                if routes == ():
-                    routes = topic_routes[topic] = self._runtime.routes.cached(topic)
-                route = pick(routes, next(round_robin)) if routes else self._route(topic, None, None)
-            else:
-                route = pinned_routes.get((topic, queue, key))  # type: ignore[assignment]
-                if route is None:
-                    route = pinned_routes[(topic, queue, key)] = self._route(topic, queue, key)
-            group = groups.get((route, movable))
-            if group is None:
-                group = groups[(route, movable)] = _Group(BatchBuilder(route.queue_id), [])
-            add(group.records, topic, body, tag, keys, properties)
-            group.indexes.append(count - 1)
+        groups, count = self._grouped_batch(messages, self._route)
         if not groups:
             return []
         bodies = {target: group.records.seal_counted() for target, group in groups.items()}
@@ -349,7 +362,45 @@ class Producer:
                     return self._runtime.run(send, self._call_timeout_ms)
         # Each group's requests go one after the other, each with its own retry schedule.
         timeout_ms = self._call_timeout_ms * max(map(len, bodies.values()))
-        answers = self._runtime.run(self._send_all(bodies), timeout_ms)
+        return self._batch_results(groups, self._runtime.run(self._send_all(bodies), timeout_ms), count)
+
+    def _grouped_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]],
+                       route_of: Callable[[str, int | None, str | bytes | None], QueueRoute],
+                       ) -> tuple[dict[tuple[QueueRoute, bool], _Group], int]:
+        """``send_batch``'s messages encoded by target queue (and whether they may move), and
+        their count; ``route_of(topic, queue, key)`` routes what the cached routes do not."""
+        # Messages without a key or explicit queue may move to another queue on failure, so
+        # they travel apart from pinned ones. Pinned messages are routed once per (topic,
+        # queue, key); the others round robin over the topic's routes looked up once.
+        groups: dict[tuple[QueueRoute, bool], _Group] = {}
+        pinned_routes: dict[tuple[str, int | None, str | bytes | None], QueueRoute] = {}
+        topic_routes: dict[str, list[QueueRoute] | None] = {}
+        add, pick, round_robin = self._encoder.add, self._faults.pick, self._round_robin
+        count = 0
+        for count, given in enumerate(messages, 1):
+            message = given if isinstance(given, ProducerRecord) else ProducerRecord(**given)
+            topic, body, tag, keys, properties, queue, key = message
+            movable = queue is None and key is None
+            if movable:
+                routes = topic_routes.get(topic, ())
+                if routes == ():
+                    routes = topic_routes[topic] = self._runtime.routes.cached(topic)
+                route = pick(routes, next(round_robin)) if routes else route_of(topic, None, None)
+            else:
+                route = pinned_routes.get((topic, queue, key))  # type: ignore[assignment]
+                if route is None:
+                    route = pinned_routes[(topic, queue, key)] = route_of(topic, queue, key)
+            group = groups.get((route, movable))
+            if group is None:
+                group = groups[(route, movable)] = _Group(BatchBuilder(route.queue_id), [])
+            add(group.records, topic, body, tag, keys, properties)
+            group.indexes.append(count - 1)
+        return groups, count
+
+    @staticmethod
+    def _batch_results(groups: dict[tuple[QueueRoute, bool], _Group], answers: list[SendResults | list[SendResult]],
+                       count: int) -> Sequence[SendResult]:
+        """``send_batch``'s results from the answers of its groups (:meth:`_send_all`)."""
         if not answers[0]:
             return [None] * count  # type: ignore[list-item]  # acks=0
         if len(answers) == 1:
@@ -383,14 +434,19 @@ class Producer:
                 or deliver_at is not None or delay_ms is not None or delay_level is not None
                 or message_group is not None):
             properties, key = _grouped(properties, key, message_group)
-            route = self._route(topic, queue, key)
-            future = self._accumulator.append(route, body, tag, keys,
-                                              *_scheduled(properties, deliver_at, delay_ms, delay_level))
+            future = self._append_routed(self._route(topic, queue, key), body, tag, keys, properties,
+                                         deliver_at, delay_ms, delay_level)
             if callback is not None:
                 future.add_done_callback(callback)
             return future
         # A plain message, as most are: into its topic's sticky batch, nothing to route or schedule.
         return self._accumulator.append_plain(topic, body, tag)
+
+    def _append_routed(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
+                       properties: Mapping[str, str] | None, deliver_at: datetime.datetime | int | None,
+                       delay_ms: int | None, delay_level: int | None) -> SendFuture:
+        return self._accumulator.append(route, body, tag, keys,
+                                        *_scheduled(properties, deliver_at, delay_ms, delay_level))
 
     def _route_any(self, topic: str) -> QueueRoute:
         """The next queue of ``topic`` in round robin (skipping brokers that just failed)."""

@@ -81,13 +81,27 @@ class Transaction:
         self._end(False)
 
     def _end(self, commit: bool) -> None:
-        if self.state != "open":
-            if self.state == ("committed" if commit else "rolled_back"):
-                return
-            raise ValueError(f"transaction {self.tx_id} is {self.state.replace('_', ' ')} already")
+        if self._ended(commit):
+            return
         if self._queues:
             self._client.end_sync(self.tx_id, list(self._queues), commit)
         self.state = "committed" if commit else "rolled_back"
+
+    async def _end_async(self, commit: bool) -> None:
+        """:meth:`_end` on the producer's loop (asyncio producers)."""
+        if self._ended(commit):
+            return
+        if self._queues:
+            await self._client.end(self.tx_id, list(self._queues), commit)
+        self.state = "committed" if commit else "rolled_back"
+
+    def _ended(self, commit: bool) -> bool:
+        """Whether it ended so already; ValueError if it ended the other way."""
+        if self.state == "open":
+            return False
+        if self.state == ("committed" if commit else "rolled_back"):
+            return True
+        raise ValueError(f"transaction {self.tx_id} is {self.state.replace('_', ' ')} already")
 
     def __enter__(self) -> Transaction:
         return self
