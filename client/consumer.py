@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
-from gms.client.retries import ensure_topic, load_group_settings, retry_plan
+from gms.client.retries import ensure_topic, group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.client.subscriptions import Sql, parse_subscription
@@ -50,6 +50,34 @@ DAMAGED_MODES = ("skip", "raise")
 
 RebalanceCallback = Callable[[list[TopicQueue]], None]
 DamagedCallback = Callable[[DamagedRecord], None]
+
+
+class Attached(NamedTuple):
+    """What an asyncio consumer (gms.client.aio) prepared on its loop (:func:`prepare`) for the
+    :class:`Consumer` core it drives."""
+
+    runtime: ClientRuntime
+    settings: GroupSettings
+    retry_topic_ready: bool
+
+
+async def prepare(runtime: ClientRuntime, group: str, *, clustering: bool,
+                  need_settings: bool) -> tuple[GroupSettings, bool]:
+    """A consumer's I/O before it joins: the group's settings (when some option was not given) and
+    whether its retry topic exists (clustering: nacked messages come back through it)."""
+    settings = await group_settings(runtime, group) if clustering and need_settings else GroupSettings()
+    if not clustering:
+        return settings, False
+    try:
+        await ensure_topic(runtime, retry_topic(group))
+    except (ForbiddenError, UnauthenticatedError):
+        raise
+    except GmsError as err:  # reading still works; nack says so again when it is needed
+        log.warning("group %s: cannot create its retry topic %s (%s); nacked messages will not come back"
+                    " to this consumer", group, retry_topic(group), err)
+        return settings, False
+    return settings, True
+
 
 class Consumer:
     """Reads subscribed topics as a member of ``group``. Use from one thread.
@@ -98,9 +126,11 @@ class Consumer:
         fifo: bool | None = None,
         trace: bool = False,
         trace_topic: str = TRACE_TOPIC,
+        _attached: Attached | None = None,
     ) -> None:
         """``trace``: record deliveries, acks, retries and dead letters in ``trace_topic``
-        (``gms msg trace``, docs/traces.md)."""
+        (``gms msg trace``, docs/traces.md). ``_attached``: driven by an asyncio consumer
+        (gms.client.aio), which joins the group itself."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
@@ -134,27 +164,24 @@ class Consumer:
         self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         local_offsets = None if self._clustering else LocalOffsetStore(
             offset_dir, group, instance_name or socket.gethostname())
-        self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                      name="gms-consumer", security=security)
-        # What was not given comes from the group's settings (gms group config), else the defaults.
-        settings = (load_group_settings(self._runtime, group) if self._clustering and None in (
-            max_reconsume_times, retry_delays_ms, fifo) else GroupSettings())
-        self._max_reconsume_times = settings.max_reconsume_times if max_reconsume_times is None else max_reconsume_times
-        self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
-        self._fifo = (settings.fifo and self._clustering) if fifo is None else fifo
-        if self._clustering:  # the group's own retry topic: nacked messages come back through it
+        if _attached is None:
+            self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                          name="gms-consumer", security=security)
+            # What was not given comes from the group's settings (gms group config), else the defaults.
             try:
-                self._runtime.run(ensure_topic(self._runtime, retry_topic(group)))
-                filters[retry_topic(group)] = parse_tag_expression("*")
-            except (ForbiddenError, UnauthenticatedError):
-                self._runtime.close()
-                raise
-            except GmsError as err:  # reading still works; nack says so again when it is needed
-                log.warning("group %s: cannot create its retry topic %s (%s); nacked messages will not come back"
-                            " to this consumer", group, retry_topic(group), err)
+                settings, retry_topic_ready = self._runtime.run(prepare(
+                    self._runtime, group, clustering=self._clustering,
+                    need_settings=None in (max_reconsume_times, retry_delays_ms, fifo)))
             except BaseException:
                 self._runtime.close()
                 raise
+        else:
+            self._runtime, settings, retry_topic_ready = _attached
+        if retry_topic_ready:
+            filters[retry_topic(group)] = parse_tag_expression("*")
+        self._max_reconsume_times = settings.max_reconsume_times if max_reconsume_times is None else max_reconsume_times
+        self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
+        self._fifo = (settings.fifo and self._clustering) if fifo is None else fifo
         self._buffer = FetchBuffer()
         self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,
@@ -172,6 +199,9 @@ class Consumer:
         # Auto commits run on the polling thread and in the background; one outage for both.
         self._commit_outage = Outage(log, f"auto commit of group {group}")
         self._closed = False
+        if _attached is not None:
+            self._trace = None
+            return
         try:
             self._runtime.run(self._membership.start())
         except BaseException:
@@ -214,7 +244,10 @@ class Consumer:
             self._commit_in_background()
         if self._held:  # wake when a held FIFO queue may be read again
             timeout_ms = min(timeout_ms, max(0.0, min(u for u, _ in self._held.values()) - time.monotonic()) * 1000)
-        chunks = self._buffer.take(self._max_poll_messages, timeout_ms / 1000)
+        return self._deliver(self._buffer.take(self._max_poll_messages, timeout_ms / 1000))
+
+    def _deliver(self, chunks: list[Chunk]) -> ReceivedMessages:
+        """What :meth:`poll` returns of the ``chunks`` it took (positions advanced past them)."""
         messages: list[ReceivedMessages] = []
         taken: list[Permits] = []  # given back in one call to the loop (not a wake-up per chunk)
         for index, chunk in enumerate(chunks):
@@ -362,19 +395,24 @@ class Consumer:
             return
         explicit = {TopicQueue(*queue): offset for queue, offset in offsets.items()}
         self._runtime.run(self._membership.commit(explicit))
-        for queue, offset in explicit.items():
+        self._committed(explicit)
+
+    def _commit(self, states: list[QueueState]) -> None:
+        offsets = self._uncommitted(states)
+        if offsets:
+            self._runtime.run(self._membership.commit(offsets))
+            self._committed(offsets)
+
+    def _uncommitted(self, states: Iterable[QueueState]) -> dict[TopicQueue, int]:
+        """The positions of ``states`` not committed yet, to commit now."""
+        self._last_commit = time.monotonic()
+        return {s.key: s.position for s in states if s.position is not None and s.position != s.committed}
+
+    def _committed(self, offsets: Mapping[TopicQueue, int]) -> None:
+        for queue, offset in offsets.items():
             state = self._membership.states.get(queue)
             if state is not None:
                 state.committed = offset
-
-    def _commit(self, states: list[QueueState]) -> None:
-        self._last_commit = time.monotonic()
-        changed = [s for s in states if s.position is not None and s.position != s.committed]
-        if not changed:
-            return
-        self._runtime.run(self._membership.commit({s.key: s.position for s in changed if s.position is not None}))
-        for state in changed:
-            state.committed = state.position
 
     def _commit_in_background(self) -> None:
         """The periodic auto commit: sent without waiting (one at a time), so a slow or hung
@@ -395,10 +433,7 @@ class Consumer:
             self._commit_outage.failed(repr(None if done.cancelled() else done.exception()))
             return
         self._commit_outage.recovered()
-        for queue, offset in offsets.items():
-            state = self._membership.states.get(queue)
-            if state is not None:
-                state.committed = offset
+        self._committed(offsets)
 
     def _auto_commit(self, states: list[QueueState]) -> None:
         """Commit like :meth:`commit`; a failure is retried at the next auto commit."""

@@ -151,11 +151,13 @@ class FetchBuffer:
     def __init__(self) -> None:
         self._ready = threading.Condition()
         self._chunks: deque[Chunk] = deque()
+        self._arrival: asyncio.Future[None] | None = None  # an asyncio consumer's poll waiting (see wait)
 
     def put_many(self, chunks: Sequence[Chunk]) -> None:
         with self._ready:
             self._chunks.extend(chunks)
             self._ready.notify()
+        self._arrived()
 
     def take(self, max_messages: int, timeout_s: float) -> list[Chunk]:
         """Up to ``max_messages`` messages as chunks, waiting up to ``timeout_s`` for the first."""
@@ -189,6 +191,7 @@ class FetchBuffer:
         with self._ready:
             self._chunks.extendleft(reversed(chunks))
             self._ready.notify()
+        self._arrived()
 
     def drop(self, is_dropped: Callable[[Chunk], bool]) -> None:
         with self._ready:
@@ -197,6 +200,25 @@ class FetchBuffer:
     def wake(self) -> None:
         with self._ready:
             self._ready.notify_all()
+        self._arrived()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for chunks to :meth:`take`: an asyncio consumer's poll, on the
+        loop that fills the buffer (so nothing else needs a lock or a thread to wake it)."""
+        if self._chunks or timeout_s <= 0:
+            return
+        self._arrival = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._arrival
+        except TimeoutError:
+            pass
+        finally:
+            self._arrival = None
+
+    def _arrived(self) -> None:
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
 
 
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.

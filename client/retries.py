@@ -62,13 +62,18 @@ async def ensure_topic(runtime: ClientRuntime, topic: str, queues: int = 1) -> N
 
 
 def load_group_settings(runtime: ClientRuntime, group: str) -> GroupSettings:
+    """:func:`group_settings` from a synchronous client."""
+    return runtime.run(group_settings(runtime, group))
+
+
+async def group_settings(runtime: ClientRuntime, group: str) -> GroupSettings:
     """The group's settings from the nameservers (gms group config); the defaults when it has
     none, without nameservers, or when they cannot be read (logged: the consumer still works)."""
     routes = runtime.routes
     if not isinstance(routes, NameserverRoutes):
         return GroupSettings()
     try:
-        found = runtime.run(routes.request(RequestCode.GROUP_SETTINGS_GET, {"group": group})).fields.get("settings")
+        found = (await routes.request(RequestCode.GROUP_SETTINGS_GET, {"group": group})).fields.get("settings")
         return GroupSettings() if found is None else GroupSettings.from_dict(found)
     except GmsError as err:
         log.warning("group %s: cannot read its settings (%s); using the defaults", group, err)
