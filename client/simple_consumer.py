@@ -76,6 +76,15 @@ class PopClient:
         self.fifo = fifo
         self._turn = 0
 
+    @classmethod
+    def configured(cls, runtime: ClientRuntime, group: str, subscription: Mapping[str, TagFilter],
+                   settings: GroupSettings, *, max_delivery_attempts: int | None, start_from: StartFrom,
+                   fifo: bool | None) -> PopClient:
+        """The options given, the group's ``settings`` (gms group config) for the others."""
+        return cls(runtime, group, subscription, start_from=start_from,
+                   max_delivery_attempts=settings.max_delivery_attempts if max_delivery_attempts is None
+                   else max_delivery_attempts, fifo=settings.fifo if fifo is None else fifo)
+
     async def _targets(self) -> list[tuple[str, str]]:
         """(topic, broker) for every broker leading a queue of a subscribed topic."""
         targets: list[tuple[str, str]] = []
@@ -225,13 +234,7 @@ class SimpleConsumer:
     ) -> None:
         """``trace``: record deliveries, acks, retries and dead letters in ``trace_topic``
         (``gms msg trace``, docs/traces.md)."""
-        if not subscription:
-            raise ValueError("subscribe to at least one topic")
-        if max_delivery_attempts is not None and max_delivery_attempts < 1:
-            raise ValueError("max_delivery_attempts must be >= 1")
-        if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
-            raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
-        filters = parse_subscription(subscription)  # a bad filter fails now rather than at the first receive
+        filters = checked_options(subscription, max_delivery_attempts, start_from)
         self._group = group
         self._invisible_ms = invisible_duration_ms
         self._await_ms = await_duration_ms
@@ -240,11 +243,9 @@ class SimpleConsumer:
         # What was not given comes from the group's settings (gms group config), else the defaults.
         settings = (load_group_settings(self._runtime, group) if None in (max_delivery_attempts, retry_delays_ms, fifo)
                     else GroupSettings())
-        if max_delivery_attempts is None:
-            max_delivery_attempts = settings.max_delivery_attempts
         self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
-        self._core = PopClient(self._runtime, group, filters, max_delivery_attempts=max_delivery_attempts,
-                               start_from=start_from, fifo=settings.fifo if fifo is None else fifo)
+        self._core = PopClient.configured(self._runtime, group, filters, settings, start_from=start_from,
+                                          max_delivery_attempts=max_delivery_attempts, fifo=fifo)
         self._dead_letters: Producer | None = None
         self._acks_on_the_way: set[Future[None]] = set()
         self._make_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
@@ -315,10 +316,7 @@ class SimpleConsumer:
         if error is not None:
             future.set_exception(error)
         elif expired := done.result():
-            future.set_exception(ReceiptHandleExpiredError(
-                f"{len(expired)} of {count} receipt handle(s) no longer hold (handed out again, or unknown"
-                f" to the queue's leader): {', '.join(map(str, expired[:5]))}{' ...' if len(expired) > 5 else ''}",
-                fields={"expired": [str(h) for h in expired]}))
+            future.set_exception(expired_error(expired, count))
         else:
             future.set_result(None)
 
@@ -384,6 +382,26 @@ class SimpleConsumer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def checked_options(subscription: Mapping[str, str | Sql], max_delivery_attempts: int | None,
+                    start_from: StartFrom) -> dict[str, TagFilter]:
+    """The subscription's filters, once the options are found valid (ValueError otherwise)."""
+    if not subscription:
+        raise ValueError("subscribe to at least one topic")
+    if max_delivery_attempts is not None and max_delivery_attempts < 1:
+        raise ValueError("max_delivery_attempts must be >= 1")
+    if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
+        raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
+    return parse_subscription(subscription)  # a bad filter fails now rather than at the first receive
+
+
+def expired_error(expired: Sequence[ReceiptHandle], count: int) -> ReceiptHandleExpiredError:
+    """What an acknowledgement of ``count`` handles raises when ``expired`` of them no longer hold."""
+    return ReceiptHandleExpiredError(
+        f"{len(expired)} of {count} receipt handle(s) no longer hold (handed out again, or unknown"
+        f" to the queue's leader): {', '.join(map(str, expired[:5]))}{' ...' if len(expired) > 5 else ''}",
+        fields={"expired": [str(h) for h in expired]})
 
 
 def _handles(items: Acknowledgeable | Iterable[Acknowledgeable]) -> list[ReceiptHandle]:
