@@ -1,0 +1,285 @@
+"""The asyncio producer: :class:`gms.client.Producer`'s core driven from the caller's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Self, cast
+
+from gms.client.aio._loop import running_loop
+from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
+from gms.client.routing import QueueRoute
+from gms.client.runtime import REQUEST_TIMEOUT_MS
+from gms.client.structs import SendFuture, SendResult
+from gms.client.transactions import Transaction, TransactionChecker
+from gms.errors import GmsError
+from gms.security.client import ClientSecurity
+
+log = logging.getLogger(__name__)
+
+# A message whose topic's routes are being looked up: how to queue it once they are known (given
+# where to send if the routes do not name the topic), and its future.
+_Deferred = tuple[Callable[[QueueRoute | None], SendFuture], "asyncio.Future[SendResult]"]
+
+
+class AsyncTransaction:
+    """A transaction of an :class:`AsyncProducer`: send its messages with ``transaction=tx``, then
+    ``await tx.commit()`` or ``await tx.rollback()``. ``async with`` commits on a clean exit and
+    rolls back on an exception (as :class:`gms.client.Transaction`'s ``with``)."""
+
+    def __init__(self, transaction: Transaction) -> None:
+        self._transaction = transaction
+
+    @property
+    def tx_id(self) -> str:
+        return self._transaction.tx_id
+
+    @property
+    def state(self) -> str:
+        """"open", then "committed" or "rolled_back"."""
+        return self._transaction.state
+
+    @property
+    def queues(self) -> list[tuple[str, int]]:
+        """The (topic, queue id) pairs the transaction's messages went to."""
+        return self._transaction.queues
+
+    async def commit(self) -> None:
+        """Make every message visible (per queue all or nothing), once every queue's leader stored
+        the commit per the producer's ``acks``."""
+        await self._transaction._end_async(True)
+
+    async def rollback(self) -> None:
+        """Drop every message of the transaction: consumers never see them."""
+        await self._transaction._end_async(False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self.state != "open":
+            return
+        if exc_type is None:
+            await self.commit()
+            return
+        try:
+            await self.rollback()
+        except GmsError as err:  # the check-back resolves it; the application's error matters more
+            log.warning("transaction %s: rollback failed (%s); the brokers' check-back will resolve it",
+                        self.tx_id, err)
+
+    def __repr__(self) -> str:
+        return f"Async{self._transaction!r}"
+
+
+class AsyncProducer:
+    """Sends messages from asyncio code: :class:`gms.client.Producer` on the caller's running loop.
+
+    The options, errors and delivery guarantees are the synchronous producer's (idempotence,
+    retries, batching of :meth:`send_nowait`, transactions); create it inside a coroutine and
+    ``await aclose()`` it, or use ``async with``. Not thread-safe: use it from its loop."""
+
+    def __init__(
+        self,
+        brokers: Sequence[str] | str | None = None,
+        *,
+        nameserver: Sequence[str] | str | None = None,
+        linger_ms: float = 5,
+        batch_bytes: int = BATCH_BYTES,
+        buffer_bytes_max: int = 32 * 1024 * 1024,
+        acks: int = 1,
+        retries: int = 3,
+        retry_backoff_ms: float = 100,
+        request_timeout_ms: float = REQUEST_TIMEOUT_MS,
+        born_host: str | None = None,
+        security: ClientSecurity | None = None,
+        idempotence: bool = True,
+        group: str | None = None,
+        transaction_checker: TransactionChecker | None = None,
+        transaction_timeout_ms: int | None = None,
+    ) -> None:
+        """As :class:`gms.client.Producer`'s. ``transaction_checker`` is called on the loop:
+        it must not block."""
+        self._loop = running_loop("AsyncProducer")
+        self._core = Producer(
+            brokers, nameserver=nameserver, linger_ms=linger_ms, batch_bytes=batch_bytes,
+            buffer_bytes_max=buffer_bytes_max, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms,
+            request_timeout_ms=request_timeout_ms, born_host=born_host, security=security, idempotence=idempotence,
+            group=group, transaction_checker=transaction_checker, transaction_timeout_ms=transaction_timeout_ms,
+            _loop=self._loop)
+        self._runtime = self._core._runtime
+        self._accumulator = self._core._accumulator
+        # Per topic whose routes are being looked up, its messages queued meanwhile (in order).
+        self._unrouted: dict[str, list[_Deferred]] = {}
+        self._lookups: set[asyncio.Task[None]] = set()
+        # Per batch in flight, its messages' futures (and places): resolved at once per batch.
+        self._waiting: dict[Any, list[tuple[asyncio.Future[SendResult], int]]] = {}
+
+    @property
+    def producer_id(self) -> int | None:
+        """The idempotent producer's id (None before its first send, or when not idempotent)."""
+        return self._core.producer_id
+
+    # --- sending -----------------------------------------------------------------------------
+
+    async def send(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+                   properties: Mapping[str, str] | None = None, queue: int | None = None,
+                   key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
+                   delay_ms: int | None = None, delay_level: int | None = None, reconsume_times: int = 0,
+                   message_group: str | None = None, transaction: AsyncTransaction | None = None) -> SendResult:
+        """Send one message; returns once the broker acknowledges it (per ``acks``). The
+        arguments are :meth:`gms.client.Producer.send`'s. Cancelled, the message may or may not
+        be stored (as after a timeout); it is never stored twice."""
+        self._check_open()
+        core = self._core
+        properties, key = _grouped(properties, key, message_group)
+        route = await core._route_async(topic, queue, key)
+        tx = None if transaction is None else transaction._transaction
+        records = core._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
+                                   reconsume_times, tx)
+        result = await core._send_one_async(route, records, queue is None and key is None)
+        if tx is not None:
+            tx.sent(result.topic, result.queue_id)
+        return result
+
+    async def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
+        """Send many messages, one request per target queue; results in input order (as
+        :meth:`gms.client.Producer.send_batch`)."""
+        self._check_open()
+        core = self._core
+        records = [m if isinstance(m, ProducerRecord) else ProducerRecord(**m) for m in messages]
+        found: dict[str, list[QueueRoute] | QueueRoute] = {}
+        for record in records:
+            if record.topic not in found:
+                core._encoder.topic(record.topic)
+                routes = core._runtime.routes.cached(record.topic)
+                found[record.topic] = await core._lookup(record.topic, record.queue) if routes is None else routes
+        groups, count = core._grouped_batch(records, lambda topic, queue, key: core._choose(found[topic], queue, key))
+        if not groups:
+            return []
+        bodies = {target: group.records.seal_counted() for target, group in groups.items()}
+        return core._batch_results(groups, await core._send_all(bodies), count)
+
+    def send_nowait(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+                    properties: Mapping[str, str] | None = None, queue: int | None = None,
+                    key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
+                    delay_ms: int | None = None, delay_level: int | None = None,
+                    message_group: str | None = None) -> asyncio.Future[SendResult]:
+        """Queue a message for a batched send without waiting (:meth:`gms.client.Producer.send_async`);
+        the returned future resolves when the broker answers its batch. Bad input raises here,
+        send failures are set on the future; cancelling the future only stops waiting for it.
+
+        It never blocks, not even when unanswered messages fill ``buffer_bytes_max``: then
+        ``await drain()`` (as with an asyncio stream's ``write``) before queueing more."""
+        self._check_open()
+        core = self._core
+        queued = self._unrouted.get(topic)
+        if queued is None and core._runtime.routes.cached(topic) is not None:
+            return self._bridge(core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
+                                                delay_ms=delay_ms, delay_level=delay_level,
+                                                message_group=message_group))
+        # The routes are to be looked up first: queued behind that, in order.
+        core._encoder.topic(topic)
+        future: asyncio.Future[SendResult] = self._loop.create_future()
+
+        def later(fallback: QueueRoute | None) -> SendFuture:
+            if fallback is None:
+                return core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
+                                       delay_ms=delay_ms, delay_level=delay_level, message_group=message_group)
+            return core._append_routed(fallback, body, tag, keys, _grouped(properties, key, message_group)[0],
+                                       deliver_at, delay_ms, delay_level)
+
+        if queued is None:
+            queued = self._unrouted[topic] = []
+            task = self._loop.create_task(self._route_then_send(topic, queue))
+            self._lookups.add(task)
+            task.add_done_callback(self._lookups.discard)
+        queued.append((later, future))
+        return future
+
+    async def _route_then_send(self, topic: str, queue: int | None) -> None:
+        """Look ``topic``'s routes up, then queue the messages that waited for them, in order."""
+        try:
+            found = await self._core._lookup(topic, queue)
+        except Exception as err:  # noqa: BLE001 - the messages' own error, set on their futures
+            for _, future in self._unrouted.pop(topic):
+                if not future.done():
+                    future.set_exception(err)
+            return
+        except BaseException:  # cancelled (the loop shuts down): so are the messages that waited
+            for _, future in self._unrouted.pop(topic):
+                future.cancel()
+            raise
+        fallback = found if isinstance(found, QueueRoute) else None  # fixed brokers, the topic unknown to them
+        for queue_it, future in self._unrouted.pop(topic):
+            try:
+                self._chain(queue_it(fallback), future)
+            except Exception as err:  # noqa: BLE001 - bad input found late: the message's own error
+                future.set_exception(err)
+
+    def _bridge(self, sent: SendFuture) -> asyncio.Future[SendResult]:
+        future: asyncio.Future[SendResult] = self._loop.create_future()
+        self._chain(sent, future)
+        return future
+
+    def _chain(self, sent: SendFuture, future: asyncio.Future[SendResult]) -> None:
+        """Resolve ``future`` with ``sent``'s outcome: one callback per batch resolves them all."""
+        batch = sent._batch
+        waiting = self._waiting.get(batch)
+        if waiting is None:
+            waiting = self._waiting[batch] = []
+            batch.add_done_callback(self._answered)  # run on the loop (the core answers there)
+        waiting.append((future, sent._index))
+
+    def _answered(self, batch: Any) -> None:
+        waiting = self._waiting.pop(batch)
+        error = batch.exception()
+        if error is not None:
+            for future, _ in waiting:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        results = batch.result()
+        for future, index in waiting:
+            if not future.done():
+                future.set_result(results[index] if results else cast(SendResult, None))  # acks=0: None
+
+    async def drain(self) -> None:
+        """Wait until the buffer of :meth:`send_nowait`'s unanswered messages is below
+        ``buffer_bytes_max`` again."""
+        await self._accumulator.room()
+
+    async def flush(self) -> None:
+        """Send everything queued by :meth:`send_nowait` and wait for the answers."""
+        while self._lookups:
+            await asyncio.gather(*list(self._lookups), return_exceptions=True)
+        await self._accumulator.flush()
+
+    def begin_transaction(self) -> AsyncTransaction:
+        """A new transaction (:meth:`gms.client.Producer.begin_transaction`)."""
+        return AsyncTransaction(self._core.begin_transaction())
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._runtime.closed:
+            raise RuntimeError("the producer is closed")
+
+    async def aclose(self) -> None:
+        """Flush, then close the connections. Idempotent."""
+        if self._runtime.closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            if self._core._transactions is not None:
+                self._core._transactions.close()
+            await self._runtime.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
