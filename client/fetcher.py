@@ -284,6 +284,14 @@ class Fetcher:
             session = self._sessions[broker] = _BrokerSession(self, broker)
         session.add(state)
 
+    async def close(self) -> None:
+        """Cancel the requests still in flight once every queue was stopped: what a client on its
+        caller's loop (gms.client.aio) does at its end, where no loop thread's end cancels them."""
+        requests = [task for session in self._sessions.values() for task in session.requests]
+        for task in requests:
+            task.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
+
     async def stop(self, state: QueueState) -> None:
         """Stop fetching ``state``'s queue and forget what it fetched but ``poll`` did not take."""
         task, state.task = state.task, None

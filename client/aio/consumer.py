@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -12,7 +13,7 @@ from gms.client.aio._loop import running_loop
 from gms.client.consumer import ITER_POLL_MS, LONG_POLL_MS, MODES, Attached, Consumer, DamagedCallback, prepare
 from gms.client.fetcher import QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR
-from gms.client.rebalance import StartFrom
+from gms.client.rebalance import RebalanceEvent, StartFrom
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage, ReceivedMessages
 from gms.client.subscriptions import Sql
@@ -89,6 +90,7 @@ class AsyncConsumer:
         self._clustering = mode == "clustering"
         self._need_settings = None in (max_reconsume_times, retry_delays_ms, fifo)
         self._core: Consumer | None = None
+        self._events: list[RebalanceEvent] = []  # taken from the membership, not handled yet
         self._closed = False
 
     async def start(self) -> None:
@@ -156,19 +158,25 @@ class AsyncConsumer:
                 yield message
 
     async def _handle_rebalance(self, core: Consumer) -> None:
-        """:meth:`gms.client.Consumer._handle_rebalance`, awaiting what it runs."""
-        for event in core._membership.take_events():
+        """:meth:`gms.client.Consumer._handle_rebalance`, awaiting what it runs. An event leaves
+        the line once handled: a poll cancelled meanwhile leaves it to the next poll (which may
+        run its callback again), and a release once begun runs to its end."""
+        self._events += core._membership.take_events()
+        while self._events:
+            event = self._events[0]
             subscribed = [q for q in event.queues if group_of_topic(q.topic) is None]
             if event.assigned:
                 if self._on_assigned is not None and subscribed:
                     await _call(self._on_assigned, subscribed)
+                del self._events[0]
                 continue
             core._buffer.drop(lambda chunk: chunk.state.revoked)
             if not event.lost and core._auto_commit_s is not None:
                 await self._auto_commit(core, [s for q in event.queues if (s := core._membership.states.get(q))])
             if self._on_revoked is not None and subscribed:
                 await _call(self._on_revoked, subscribed)
-            await core._membership.release(event.queues)
+            del self._events[0]
+            await asyncio.shield(core._membership.release(event.queues))
 
     # --- offsets -------------------------------------------------------------------------------
 
@@ -243,6 +251,7 @@ class AsyncConsumer:
             return
         try:
             await core._membership.stop()
+            await core._fetcher.close()
             core._membership.take_events()
             if core._auto_commit_s is not None:
                 await self._auto_commit(core, list(core._membership.states.values()))
