@@ -32,9 +32,16 @@ except ImportError:  # pragma: no cover - a dependency where it builds
 
 def run(main: Callable[[], Awaitable[Any]], *, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
         ) -> Any:
-    """Run a scenario on a fresh loop (the default asyncio one unless given)."""
+    """Run a scenario on a fresh loop (the default asyncio one unless given); the clients it
+    closed leave no task of theirs behind on it."""
+    async def scenario() -> Any:
+        result = await main()
+        await asyncio.sleep(0.1)  # what a closed client would still do
+        assert asyncio.all_tasks() == {asyncio.current_task()}, asyncio.all_tasks()
+        return result
+
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(main())
+        return runner.run(scenario())
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -351,3 +358,30 @@ def test_on_uvloop(broker, topic):
             assert len(await consume(consumer, 200)) == 200
 
     run(main, loop_factory=uvloop.new_event_loop)
+
+
+def test_a_poll_cancelled_in_a_rebalance_callback_leaves_the_assignment_to_the_next(broker, topic):
+    calls: list[list[Any]] = []
+    release = asyncio.Event()
+
+    async def on_assigned(queues: list[Any]) -> None:
+        calls.append(queues)
+        if len(calls) == 1:
+            await release.wait()  # the first call hangs until its poll is cancelled
+
+    async def main() -> None:
+        async with AsyncProducer([broker.address]) as producer:
+            await producer.send(topic, b"x")
+        async with AsyncConsumer([broker.address], group=_name("g"), subscription={topic: "*"},
+                                 start_from="first", on_assigned=on_assigned) as consumer:
+            while True:
+                try:
+                    await asyncio.wait_for(consumer.poll(100), 1)
+                except TimeoutError:
+                    break  # cancelled inside the callback, which hangs
+            assert len(calls) == 1
+            got = await consume(consumer, 1)
+            assert [bytes(m.body) for m in got] == [b"x"]
+            assert calls == [[(topic, q) for q in range(QUEUES)]] * 2  # run again by the next poll
+
+    run(main)
