@@ -6,6 +6,12 @@ the figures must stay within 3 % of a run without). Targets (2 cores shared by
 broker and clients): produce 100 B ≥ 500k msg/s, 1 KiB ≥ 300 MB/s, consume ≥ 1M msg/s, sync
 send p50 ≤ 150 µs / p99 ≤ 500 µs, broker RssAnon ≤ 200 MB. The consume figure reads every message's
 topic, tag, keys and body (``benchmarks/bench_consume.py`` times consuming alone).
+
+The asyncio SDK (gms.client.aio, on a uvloop loop as the sync SDK's thread runs) against the sync
+one, measured in the same run (issue 33's targets): ``await send`` p50 / p99 within 1.1× the sync
+``send``'s (``send_await_vs_sync_p50``), pipelined ``send_nowait`` ≥ 0.9× ``send_async``
+(``produce_nowait_vs_send_async``) and ``AsyncConsumer`` ≥ 0.9× ``Consumer``
+(``consume_async_vs_sync``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from bench_procs import start_server
 
 BATCH = 1000
+DRAIN_EVERY = 1000  # send_nowait's between two drain()s: the loop sends the batches meanwhile
 
 
 def _start_broker(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -111,6 +118,84 @@ def _consume(address: str, topic: str, total: int, size: int, out: mp.Queue) -> 
         out.put((got, time.perf_counter() - start))
 
 
+def _consume_async(address: str, topic: str, total: int, size: int, out: mp.Queue) -> None:
+    """:func:`_consume` with the asyncio consumer."""
+    from gms.client.aio import AsyncConsumer
+    from gms.net import run
+
+    async def main() -> tuple[int, float]:
+        async with AsyncConsumer([address], group=f"bench-{time.time()}", subscription={topic: "*"},
+                                 start_from="first", max_poll_messages=4096, auto_commit=False) as consumer:
+            got, nbytes, start = 0, 0, None
+            while got < total:
+                messages = await consumer.poll(1000)
+                if start is None and messages:
+                    start = time.perf_counter()
+                for m in messages:
+                    m.topic  # noqa: B018
+                    m.tag  # noqa: B018
+                    m.keys  # noqa: B018
+                    nbytes += len(m.body)
+                got += len(messages)
+                if not messages and start is not None:
+                    break
+            assert nbytes == got * size and start is not None, (nbytes, got, size)
+            return got, time.perf_counter() - start
+    out.put(run(main()))
+
+
+def _pipelined(address: str, topic: str, seconds: float, out: mp.Queue) -> None:
+    """``send_async`` of 100 B messages for ``seconds``, then flush."""
+    from gms.client import Producer
+    body, sent = b"x" * 100, 0
+    with Producer([address]) as producer:
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(DRAIN_EVERY):
+                producer.send_async(topic, body)
+            sent += DRAIN_EVERY
+        producer.flush()
+        out.put((sent, time.perf_counter() - start))
+
+
+def _pipelined_async(address: str, topic: str, seconds: float, out: mp.Queue) -> None:
+    """:func:`_pipelined` with the asyncio producer's ``send_nowait``."""
+    from gms.client.aio import AsyncProducer
+    from gms.net import run
+
+    async def main() -> tuple[int, float]:
+        body, sent = b"x" * 100, 0
+        async with AsyncProducer([address]) as producer:
+            start = time.perf_counter()
+            deadline = start + seconds
+            while time.perf_counter() < deadline:
+                for _ in range(DRAIN_EVERY):
+                    producer.send_nowait(topic, body)
+                sent += DRAIN_EVERY
+                await producer.drain()
+            await producer.flush()
+            return sent, time.perf_counter() - start
+    out.put(run(main()))
+
+
+def _latency_async(address: str, topic: str, count: int, out: mp.Queue) -> None:
+    """:func:`_latency` of ``await send``."""
+    from gms.client.aio import AsyncProducer
+    from gms.net import run
+
+    async def main() -> list[float]:
+        samples = []
+        async with AsyncProducer([address]) as producer:
+            for i in range(count):
+                start = time.perf_counter()
+                await producer.send(topic, b"x" * 100, queue=i % 8)
+                samples.append(time.perf_counter() - start)
+        return sorted(samples)
+    samples = run(main())
+    out.put((samples[len(samples) // 2] * 1e6, samples[int(len(samples) * 0.99)] * 1e6))
+
+
 def _latency(address: str, topic: str, count: int, out: mp.Queue) -> None:
     from gms.client import Producer
     samples = []
@@ -150,6 +235,24 @@ def _run(target, *args, **kwargs):
     return result
 
 
+def _asyncio_rows(result: dict[str, float | bool], address: str, seconds: float, sent_100b: int,
+                  consume_rate: float) -> None:
+    """The asyncio SDK's figures next to the sync ones just measured, and their ratios."""
+    got, elapsed = _run(_consume_async, address, "b100", sent_100b, 100)
+    result["consume_async_msgs_per_s_100b"] = round(got / elapsed)
+    result["consume_async_vs_sync"] = round(got / elapsed / consume_rate, 2)
+    p50, p99 = _run(_latency_async, address, "lat", 3000 if seconds < 10 else 20000)
+    result["send_await_p50_us"], result["send_await_p99_us"] = round(p50), round(p99)
+    result["send_await_vs_sync_p50"] = round(p50 / float(result["send_sync_p50_us"]), 2)
+    result["send_await_vs_sync_p99"] = round(p99 / float(result["send_sync_p99_us"]), 2)
+    sent, elapsed = _run(_pipelined, address, "pipe", seconds)
+    sync_rate = sent / elapsed
+    result["produce_send_async_msgs_per_s_100b"] = round(sync_rate)
+    sent, elapsed = _run(_pipelined_async, address, "pipe-async", seconds)
+    result["produce_nowait_msgs_per_s_100b"] = round(sent / elapsed)
+    result["produce_nowait_vs_send_async"] = round(sent / elapsed / sync_rate, 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -169,7 +272,7 @@ def main() -> None:
             scraper.start()
         try:
             with Admin([address]) as admin:
-                for topic in ("b100", "b1k", "lat"):
+                for topic in ("b100", "b1k", "lat", "pipe", "pipe-async"):
                     admin.create_topic(topic, queues=8)
             sent_100b, elapsed = _run(_produce, address, "b100", 100, seconds)
             result["produce_msgs_per_s_100b"] = round(sent_100b / elapsed)
@@ -179,6 +282,7 @@ def main() -> None:
             result["consume_msgs_per_s_100b"] = round(got / elapsed)
             p50, p99 = _run(_latency, address, "lat", 3000 if seconds < 10 else 20000)
             result["send_sync_p50_us"], result["send_sync_p99_us"] = round(p50), round(p99)
+            _asyncio_rows(result, address, seconds, sent_100b, got / elapsed)
         finally:
             sampler.stop.set()
             if scraper is not None:

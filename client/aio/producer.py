@@ -247,8 +247,10 @@ class AsyncProducer:
                 future.set_result(results[index] if results else cast(SendResult, None))  # acks=0: None
 
     async def drain(self) -> None:
-        """Wait until the buffer of :meth:`send_nowait`'s unanswered messages is below
-        ``buffer_bytes_max`` again."""
+        """Let the loop send what :meth:`send_nowait` queued, and wait while its unanswered
+        messages fill ``buffer_bytes_max`` (call it every so many messages: a coroutine that
+        never awaits keeps the loop from sending anything)."""
+        await asyncio.sleep(0)
         await self._accumulator.room()
 
     async def flush(self) -> None:
