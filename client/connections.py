@@ -88,7 +88,9 @@ class ConnectionPool:
 
     async def request(self, address: str, code: int, fields: Mapping[str, Any] | None = None,
                       body: Body = b"", *, timeout_ms: float | None = None) -> Frame:
-        conn = await self.get(address)
+        conn = self._connections.get(address)
+        if conn is None or conn.closed:
+            conn = await self.get(address)
         return await conn.request(code, fields, body, timeout_ms=timeout_ms)
 
     async def oneway(self, address: str, code: int, fields: Mapping[str, Any] | None = None,

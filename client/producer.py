@@ -195,17 +195,18 @@ class Producer:
     # --- queue selection ---------------------------------------------------------------------
 
     def _route(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute:
-        self._encoder.topic(topic)  # a bad name fails here, before any I/O
-        routes = self._runtime.routes.cached(topic)
-        if routes is None:
-            return self._choose(self._runtime.run(self._lookup(topic, queue), self._call_timeout_ms), queue, key)
-        return self._choose(routes, queue, key)
+        return self._cached_route(topic, queue, key) or self._choose(
+            self._runtime.run(self._lookup(topic, queue), self._call_timeout_ms), queue, key)
 
     async def _route_async(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute:
         """:meth:`_route` on the loop (asyncio producers)."""
-        self._encoder.topic(topic)
+        return self._cached_route(topic, queue, key) or self._choose(await self._lookup(topic, queue), queue, key)
+
+    def _cached_route(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute | None:
+        """The route the cached routes give (None: they are to be looked up)."""
+        self._encoder.topic(topic)  # a bad name fails here, before any I/O
         routes = self._runtime.routes.cached(topic)
-        return self._choose(await self._lookup(topic, queue) if routes is None else routes, queue, key)
+        return None if routes is None else self._choose(routes, queue, key)
 
     async def _lookup(self, topic: str, queue: int | None) -> list[QueueRoute] | QueueRoute:
         """The routes of ``topic``, or where to send to it if the routes do not name it (fixed
@@ -275,13 +276,15 @@ class Producer:
     async def _send_one_async(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
         """:meth:`_send_one` on the loop (asyncio producers): numbered and sent as a sync send's
         retries are, in the queue's order, without waiting for the queue's other sends."""
-        ticket = None
-        if self._sequencer is not None:
-            await self._sequencer.ready()
-            ticket = self._sequencer.stamp(records, route.topic, route.queue_id, 1)
+        sequencer = self._sequencer
+        if sequencer is None:
+            sent = await self._sender.send(route, records, movable=movable)
+            return sent[0] if sent else None  # type: ignore[return-value]
+        if sequencer.producer_id is None:
+            await sequencer.ready()
+        ticket = sequencer.stamp(records, route.topic, route.queue_id, 1)
         with self._numbered(ticket):
-            sent = await self._sender.send(route, records, movable=movable, ticket=ticket)
-        return sent[0] if sent else None  # type: ignore[return-value]
+            return (await self._sender.send(route, records, movable=movable, ticket=ticket))[0]
 
     def _send_one(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
         ticket = self._stamp(route, records, 1)

@@ -22,6 +22,11 @@ REQUEST_TIMEOUT_MS = 30_000
 CLOSE_TIMEOUT_MS = 5000
 
 
+class AwaitRequired(RuntimeError):
+    """A client on the caller's loop was asked to wait for I/O synchronously: the caller awaits it
+    instead (an asyncio producer looks a topic's routes up, then queues the message)."""
+
+
 class ClientRuntime:
     def __init__(self, brokers: Sequence[str] | str | None, *, nameserver: Sequence[str] | str | None = None,
                  request_timeout_ms: float = REQUEST_TIMEOUT_MS, name: str = "gms-client",
@@ -60,7 +65,7 @@ class ClientRuntime:
             raise RuntimeError("the client is closed")
         if self.loop_thread is None:
             coro.close()
-            raise RuntimeError("this client runs on the caller's event loop: await its calls instead")
+            raise AwaitRequired("this client runs on the caller's event loop: await its calls instead")
         return self.loop_thread.run(coro, timeout_ms)
 
     def close(self) -> None:

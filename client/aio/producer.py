@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Self, cast
 
 from gms.client.aio._loop import running_loop
 from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
 from gms.client.routing import QueueRoute
-from gms.client.runtime import REQUEST_TIMEOUT_MS
+from gms.client.runtime import REQUEST_TIMEOUT_MS, AwaitRequired
 from gms.client.structs import SendFuture, SendResult
 from gms.client.transactions import Transaction, TransactionChecker
 from gms.errors import GmsError
+from gms.net.busy_poll import CLIENT_WINDOW_US, LoopBusyPoll
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -22,6 +24,50 @@ log = logging.getLogger(__name__)
 # A message whose topic's routes are being looked up: how to queue it once they are known (given
 # where to send if the routes do not name the topic), and its future.
 _Deferred = tuple[Callable[[QueueRoute | None], SendFuture], "asyncio.Future[SendResult]"]
+
+
+class PendingSend:
+    """What :meth:`AsyncProducer.send_nowait` returns: ``await`` it for the message's
+    :class:`SendResult` (or its send's error). Like a future it tells whether it is ``done()``,
+    and once done its ``result()`` and ``exception()``; ``add_done_callback(fn)`` calls
+    ``fn(pending)`` on the loop when it is. Waiting for it never cancels the send."""
+
+    __slots__ = ("_sent",)
+
+    def __init__(self, sent: SendFuture | asyncio.Future[SendResult]) -> None:
+        self._sent = sent  # an asyncio future while the message waits for its topic's routes
+
+    def done(self) -> bool:
+        return self._sent.done()
+
+    def result(self) -> SendResult:
+        """The result once done (:meth:`done`); InvalidStateError before: await it instead."""
+        self._check_done()
+        return self._sent.result()
+
+    def exception(self) -> BaseException | None:
+        self._check_done()
+        return self._sent.exception()
+
+    def add_done_callback(self, fn: Callable[[PendingSend], object]) -> None:
+        self._sent.add_done_callback(lambda _: fn(self))
+
+    def _check_done(self) -> None:
+        if not self._sent.done():  # SendFuture.result() would block the loop that answers it
+            raise asyncio.InvalidStateError("the send is not answered yet: await it")
+
+    def __await__(self) -> Generator[Any, None, SendResult]:
+        sent = self._sent
+        if not sent.done():
+            answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            sent.add_done_callback(functools.partial(_wake, answered))  # called on the loop
+            yield from answered
+        return sent.result()
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():  # not cancelled meanwhile
+        waiter.set_result(None)
 
 
 class AsyncTransaction:
@@ -99,9 +145,12 @@ class AsyncProducer:
         group: str | None = None,
         transaction_checker: TransactionChecker | None = None,
         transaction_timeout_ms: int | None = None,
+        busy_poll_us: int = CLIENT_WINDOW_US,
     ) -> None:
         """As :class:`gms.client.Producer`'s. ``transaction_checker`` is called on the loop:
-        it must not block."""
+        it must not block. ``busy_poll_us``: how long the loop polls (rather than sleeps) after
+        a :meth:`send` or :meth:`send_batch` leaves, to catch its answer awake, as the sync
+        ``send`` does (:mod:`gms.net.busy_poll`; 0: off)."""
         self._loop = running_loop("AsyncProducer")
         self._core = Producer(
             brokers, nameserver=nameserver, linger_ms=linger_ms, batch_bytes=batch_bytes,
@@ -109,6 +158,7 @@ class AsyncProducer:
             request_timeout_ms=request_timeout_ms, born_host=born_host, security=security, idempotence=idempotence,
             group=group, transaction_checker=transaction_checker, transaction_timeout_ms=transaction_timeout_ms,
             _loop=self._loop)
+        self._busy_poll = LoopBusyPoll(self._loop, busy_poll_us)
         self._runtime = self._core._runtime
         self._accumulator = self._core._accumulator
         # Per topic whose routes are being looked up, its messages queued meanwhile (in order).
@@ -135,10 +185,11 @@ class AsyncProducer:
         self._check_open()
         core = self._core
         properties, key = _grouped(properties, key, message_group)
-        route = await core._route_async(topic, queue, key)
+        route = core._cached_route(topic, queue, key) or await core._route_async(topic, queue, key)
         tx = None if transaction is None else transaction._transaction
         records = core._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
                                    reconsume_times, tx)
+        self._busy_poll.touch()
         result = await core._send_one_async(route, records, queue is None and key is None)
         if tx is not None:
             tx.sent(result.topic, result.queue_id)
@@ -160,26 +211,35 @@ class AsyncProducer:
         if not groups:
             return []
         bodies = {target: group.records.seal_counted() for target, group in groups.items()}
+        self._busy_poll.touch()
         return core._batch_results(groups, await core._send_all(bodies), count)
 
     def send_nowait(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                     properties: Mapping[str, str] | None = None, queue: int | None = None,
                     key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
                     delay_ms: int | None = None, delay_level: int | None = None,
-                    message_group: str | None = None) -> asyncio.Future[SendResult]:
+                    message_group: str | None = None) -> PendingSend:
         """Queue a message for a batched send without waiting (:meth:`gms.client.Producer.send_async`);
-        the returned future resolves when the broker answers its batch. Bad input raises here,
-        send failures are set on the future; cancelling the future only stops waiting for it.
+        the returned :class:`PendingSend` is done when the broker answers the message's batch:
+        await it for the :class:`SendResult` (or the send's error). Bad input raises here.
 
         It never blocks, not even when unanswered messages fill ``buffer_bytes_max``: then
         ``await drain()`` (as with an asyncio stream's ``write``) before queueing more."""
-        self._check_open()
+        if self._runtime.closed:
+            raise RuntimeError("the producer is closed")
         core = self._core
-        queued = self._unrouted.get(topic)
-        if queued is None and core._runtime.routes.cached(topic) is not None:
-            return self._bridge(core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
-                                                delay_ms=delay_ms, delay_level=delay_level,
-                                                message_group=message_group))
+        queued = self._unrouted.get(topic) if self._unrouted else None
+        if queued is None:
+            if (not keys and properties is None and queue is None and key is None and deliver_at is None
+                    and delay_ms is None and delay_level is None and message_group is None):
+                try:  # as most are: into the topic's sticky batch, routed when it opens
+                    return PendingSend(self._accumulator.append_plain(topic, body, tag))
+                except AwaitRequired:  # its routes are to be looked up first
+                    pass
+            elif core._runtime.routes.cached(topic) is not None:
+                return PendingSend(core.send_async(topic, body, tag, keys, properties, queue, key,
+                                                   deliver_at=deliver_at, delay_ms=delay_ms, delay_level=delay_level,
+                                                   message_group=message_group))
         # The routes are to be looked up first: queued behind that, in order.
         core._encoder.topic(topic)
         future: asyncio.Future[SendResult] = self._loop.create_future()
@@ -197,7 +257,7 @@ class AsyncProducer:
             self._lookups.add(task)
             task.add_done_callback(self._lookups.discard)
         queued.append((later, future))
-        return future
+        return PendingSend(future)
 
     async def _route_then_send(self, topic: str, queue: int | None) -> None:
         """Look ``topic``'s routes up, then queue the messages that waited for them, in order."""
@@ -218,11 +278,6 @@ class AsyncProducer:
                 self._chain(queue_it(fallback), future)
             except Exception as err:  # noqa: BLE001 - bad input found late: the message's own error
                 future.set_exception(err)
-
-    def _bridge(self, sent: SendFuture) -> asyncio.Future[SendResult]:
-        future: asyncio.Future[SendResult] = self._loop.create_future()
-        self._chain(sent, future)
-        return future
 
     def _chain(self, sent: SendFuture, future: asyncio.Future[SendResult]) -> None:
         """Resolve ``future`` with ``sent``'s outcome: one callback per batch resolves them all."""
