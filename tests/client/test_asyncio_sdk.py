@@ -254,6 +254,26 @@ def test_they_run_on_the_callers_loop_without_a_thread_and_refuse_outside_one(br
     run(main)
 
 
+def test_send_nowait_never_blocks_and_drain_waits_for_room(broker, topic):
+    async def main() -> None:
+        async with AsyncProducer([broker.address], buffer_bytes_max=64 * 1024, linger_ms=200) as producer:
+            first = producer.send_nowait(topic, b"first")  # the topic's routes are looked up first
+            assert not first.done()
+            with pytest.raises(asyncio.InvalidStateError):
+                first.result()
+            called: list[Any] = []
+            first.add_done_callback(called.append)
+            assert (await first).topic == topic and called == [first] and first.exception() is None
+            pending = [producer.send_nowait(topic, b"%d" % i + b"x" * 100) for i in range(2000)]
+            assert producer._accumulator.full  # past buffer_bytes_max, and still it did not block
+            await producer.drain()  # until the lingered batches are answered
+            assert not producer._accumulator.full
+            results = await asyncio.gather(*pending)
+        assert len({(r.queue_id, r.queue_offset) for r in results}) == 2000
+
+    run(main)
+
+
 def test_a_thousand_concurrent_sends_each_stored_once(broker, topic):
     async def main() -> None:
         async with AsyncProducer([broker.address]) as producer:
