@@ -138,6 +138,25 @@ static PyObject *send_future_repr(SendFutureObject *self) {
     return PyUnicode_FromString(failed ? "<SendFuture failed>" : "<SendFuture done>");
 }
 
+/* ``await future``: the iterator gms.client.structs registered (set_await_hook) makes for it. */
+static PyObject *await_hook;
+
+static PyObject *send_future_await(PyObject *self) {
+    if (await_hook == NULL) {
+        PyErr_SetString(PyExc_TypeError, "import gms.client before awaiting a SendFuture");
+        return NULL;
+    }
+    return PyObject_CallOneArg(await_hook, self);
+}
+
+static PyAsyncMethods send_future_async = {.am_await = (unaryfunc)send_future_await};
+
+static PyObject *set_await_hook(PyObject *module, PyObject *fn) {
+    (void)module;
+    Py_XSETREF(await_hook, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef send_future_methods[] = {
     {"result", (PyCFunction)(void (*)(void))send_future_result, METH_VARARGS | METH_KEYWORDS,
      "result(timeout=None): the message's SendResult (None with acks=0), waiting up to timeout\n"
@@ -174,6 +193,7 @@ static PyTypeObject SendFuture_Type = {
     .tp_new = send_future_new,
     .tp_dealloc = (destructor)send_future_dealloc,
     .tp_repr = (reprfunc)send_future_repr,
+    .tp_as_async = &send_future_async,
     .tp_methods = send_future_methods,
     .tp_members = send_future_members,
 };
@@ -394,9 +414,15 @@ static PyTypeObject Appender_Type = {
     .tp_members = appender_members,
 };
 
+static PyMethodDef module_methods[] = {
+    {"set_await_hook", set_await_hook, METH_O,
+     "set_await_hook(fn): ``await future`` iterates fn(future) (gms.client.structs sets it)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gms.client._append",
-    "send_async's plain message in one C call (see client/_append.c).", -1, NULL,
+    "send_async's plain message in one C call (see client/_append.c).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__append(void) {

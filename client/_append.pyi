@@ -1,5 +1,5 @@
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol, Self
 
 from gms.client.structs import SendResult
@@ -28,6 +28,9 @@ class SendFuture:
     def running(self) -> bool: ...
     def cancel(self) -> bool: ...
     def add_done_callback(self, fn: Callable[[SendFuture], object], /) -> None: ...
+    def __await__(self) -> Generator[Any, None, SendResult]: ...
+
+def set_await_hook(fn: Callable[[SendFuture], Generator[Any, None, SendResult]], /) -> None: ...
 
 class AppenderBase:
     """The accumulator's state that append_plain reads, and append_plain itself (C)."""

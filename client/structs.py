@@ -9,10 +9,12 @@ fields are decoded from the record on access (the layout is :mod:`gms.record`'s)
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import functools
 import struct
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import accumulate, chain
 from operator import getitem, itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 import numpy as np
 
 from gms.client._append import SendFuture as SendFuture  # C: one per send_async message
+from gms.client._append import set_await_hook
 from gms.client._rows import make_rows
 from gms.errors import GmsError
 from gms.record import (
@@ -55,6 +58,29 @@ class SendResult(NamedTuple):
     queue_id: int
     queue_offset: int
     broker: str  # "host:port" of the broker that stored it
+
+
+def _awaited(future: SendFuture) -> Generator[Any, None, SendResult]:
+    """``await future`` (a send_async's or send_nowait's): its result once its batch is answered,
+    waited for on the awaiting loop (the batch is answered on the producer's loop, that one for
+    an asyncio producer, a thread of its own for a sync one)."""
+    if not future.done():
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+        future.add_done_callback(functools.partial(_answered, loop, answered))
+        yield from answered
+    return future.result()
+
+
+def _answered(loop: asyncio.AbstractEventLoop, answered: asyncio.Future[None], _: object) -> None:
+    if asyncio._get_running_loop() is loop:
+        if not answered.done():  # not cancelled meanwhile
+            answered.set_result(None)
+    else:
+        loop.call_soon_threadsafe(_answered, loop, answered, None)
+
+
+set_await_hook(_awaited)
 
 
 class DamagedRecord(NamedTuple):

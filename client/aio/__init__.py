@@ -11,7 +11,7 @@ the caller's running event loop — uvloop's too — with no thread of their own
 
 from gms.client.admin import AsyncAdmin
 from gms.client.aio.consumer import AsyncConsumer, AsyncRebalanceCallback
-from gms.client.aio.producer import AsyncProducer, AsyncTransaction, PendingSend
+from gms.client.aio.producer import AsyncProducer, AsyncTransaction
 from gms.client.aio.simple_consumer import AsyncSimpleConsumer
 
 __all__ = [
@@ -21,5 +21,4 @@ __all__ = [
     "AsyncRebalanceCallback",
     "AsyncSimpleConsumer",
     "AsyncTransaction",
-    "PendingSend",
 ]

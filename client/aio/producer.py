@@ -6,9 +6,10 @@ import asyncio
 import datetime
 import functools
 import logging
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from typing import Any, Self, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Self
 
+from gms.client.accumulator import _Outcome
 from gms.client.aio._loop import running_loop
 from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
 from gms.client.routing import QueueRoute
@@ -23,51 +24,16 @@ log = logging.getLogger(__name__)
 
 # A message whose topic's routes are being looked up: how to queue it once they are known (given
 # where to send if the routes do not name the topic), and its future.
-_Deferred = tuple[Callable[[QueueRoute | None], SendFuture], "asyncio.Future[SendResult]"]
+_Deferred = tuple[Callable[[QueueRoute | None], SendFuture], _Outcome]
 
 
-class PendingSend:
-    """What :meth:`AsyncProducer.send_nowait` returns: ``await`` it for the message's
-    :class:`SendResult` (or its send's error). Like a future it tells whether it is ``done()``,
-    and once done its ``result()`` and ``exception()``; ``add_done_callback(fn)`` calls
-    ``fn(pending)`` on the loop when it is. Waiting for it never cancels the send."""
-
-    __slots__ = ("_sent",)
-
-    def __init__(self, sent: SendFuture | asyncio.Future[SendResult]) -> None:
-        self._sent = sent  # an asyncio future while the message waits for its topic's routes
-
-    def done(self) -> bool:
-        return self._sent.done()
-
-    def result(self) -> SendResult:
-        """The result once done (:meth:`done`); InvalidStateError before: await it instead."""
-        self._check_done()
-        return self._sent.result()
-
-    def exception(self) -> BaseException | None:
-        self._check_done()
-        return self._sent.exception()
-
-    def add_done_callback(self, fn: Callable[[PendingSend], object]) -> None:
-        self._sent.add_done_callback(lambda _: fn(self))
-
-    def _check_done(self) -> None:
-        if not self._sent.done():  # SendFuture.result() would block the loop that answers it
-            raise asyncio.InvalidStateError("the send is not answered yet: await it")
-
-    def __await__(self) -> Generator[Any, None, SendResult]:
-        sent = self._sent
-        if not sent.done():
-            answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            sent.add_done_callback(functools.partial(_wake, answered))  # called on the loop
-            yield from answered
-        return sent.result()
-
-
-def _wake(waiter: asyncio.Future[None], _: object) -> None:
-    if not waiter.done():  # not cancelled meanwhile
-        waiter.set_result(None)
+def _copy(outcome: _Outcome, sent: SendFuture) -> None:
+    """Resolve a message queued behind its routes' lookup as the batch it then joined was."""
+    error = sent.exception()
+    if error is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result([sent.result()])
 
 
 class AsyncTransaction:
@@ -164,8 +130,6 @@ class AsyncProducer:
         # Per topic whose routes are being looked up, its messages queued meanwhile (in order).
         self._unrouted: dict[str, list[_Deferred]] = {}
         self._lookups: set[asyncio.Task[None]] = set()
-        # Per batch in flight, its messages' futures (and places): resolved at once per batch.
-        self._waiting: dict[Any, list[tuple[asyncio.Future[SendResult], int]]] = {}
 
     @property
     def producer_id(self) -> int | None:
@@ -218,10 +182,11 @@ class AsyncProducer:
                     properties: Mapping[str, str] | None = None, queue: int | None = None,
                     key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
                     delay_ms: int | None = None, delay_level: int | None = None,
-                    message_group: str | None = None) -> PendingSend:
-        """Queue a message for a batched send without waiting (:meth:`gms.client.Producer.send_async`);
-        the returned :class:`PendingSend` is done when the broker answers the message's batch:
-        await it for the :class:`SendResult` (or the send's error). Bad input raises here.
+                    message_group: str | None = None) -> SendFuture:
+        """Queue a message for a batched send without waiting (:meth:`gms.client.Producer.send_async`):
+        the returned :class:`SendFuture` is done when the broker answers the message's batch;
+        ``await`` it for the :class:`SendResult` (or the send's error), or read ``result()`` once
+        ``done()`` (before, it would block the loop that answers it). Bad input raises here.
 
         It never blocks, not even when unanswered messages fill ``buffer_bytes_max``: then
         ``await drain()`` (as with an asyncio stream's ``write``) before queueing more."""
@@ -233,16 +198,15 @@ class AsyncProducer:
             if (not keys and properties is None and queue is None and key is None and deliver_at is None
                     and delay_ms is None and delay_level is None and message_group is None):
                 try:  # as most are: into the topic's sticky batch, routed when it opens
-                    return PendingSend(self._accumulator.append_plain(topic, body, tag))
+                    return self._accumulator.append_plain(topic, body, tag)
                 except AwaitRequired:  # its routes are to be looked up first
                     pass
             elif core._runtime.routes.cached(topic) is not None:
-                return PendingSend(core.send_async(topic, body, tag, keys, properties, queue, key,
-                                                   deliver_at=deliver_at, delay_ms=delay_ms, delay_level=delay_level,
-                                                   message_group=message_group))
+                return core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
+                                       delay_ms=delay_ms, delay_level=delay_level, message_group=message_group)
         # The routes are to be looked up first: queued behind that, in order.
         core._encoder.topic(topic)
-        future: asyncio.Future[SendResult] = self._loop.create_future()
+        outcome = _Outcome()  # the message's own, resolved as its batch is once it is in one
 
         def later(fallback: QueueRoute | None) -> SendFuture:
             if fallback is None:
@@ -256,50 +220,25 @@ class AsyncProducer:
             task = self._loop.create_task(self._route_then_send(topic, queue))
             self._lookups.add(task)
             task.add_done_callback(self._lookups.discard)
-        queued.append((later, future))
-        return PendingSend(future)
+        queued.append((later, outcome))
+        return SendFuture(outcome, 0)
 
     async def _route_then_send(self, topic: str, queue: int | None) -> None:
         """Look ``topic``'s routes up, then queue the messages that waited for them, in order."""
         try:
             found = await self._core._lookup(topic, queue)
-        except Exception as err:  # noqa: BLE001 - the messages' own error, set on their futures
-            for _, future in self._unrouted.pop(topic):
-                if not future.done():
-                    future.set_exception(err)
-            return
-        except BaseException:  # cancelled (the loop shuts down): so are the messages that waited
-            for _, future in self._unrouted.pop(topic):
-                future.cancel()
+        except BaseException as err:  # the messages' own error (cancelled: the loop shuts down)
+            for _, outcome in self._unrouted.pop(topic):
+                outcome.set_exception(err)
+            if isinstance(err, Exception):
+                return
             raise
         fallback = found if isinstance(found, QueueRoute) else None  # fixed brokers, the topic unknown to them
-        for queue_it, future in self._unrouted.pop(topic):
+        for queue_it, outcome in self._unrouted.pop(topic):
             try:
-                self._chain(queue_it(fallback), future)
+                queue_it(fallback).add_done_callback(functools.partial(_copy, outcome))
             except Exception as err:  # noqa: BLE001 - bad input found late: the message's own error
-                future.set_exception(err)
-
-    def _chain(self, sent: SendFuture, future: asyncio.Future[SendResult]) -> None:
-        """Resolve ``future`` with ``sent``'s outcome: one callback per batch resolves them all."""
-        batch = sent._batch
-        waiting = self._waiting.get(batch)
-        if waiting is None:
-            waiting = self._waiting[batch] = []
-            batch.add_done_callback(self._answered)  # run on the loop (the core answers there)
-        waiting.append((future, sent._index))
-
-    def _answered(self, batch: Any) -> None:
-        waiting = self._waiting.pop(batch)
-        error = batch.exception()
-        if error is not None:
-            for future, _ in waiting:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        results = batch.result()
-        for future, index in waiting:
-            if not future.done():
-                future.set_result(results[index] if results else cast(SendResult, None))  # acks=0: None
+                outcome.set_exception(err)
 
     async def drain(self) -> None:
         """Let the loop send what :meth:`send_nowait` queued, and wait while its unanswered

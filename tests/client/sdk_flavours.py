@@ -14,9 +14,11 @@ from gms.client.aio import AsyncAdmin, AsyncConsumer, AsyncProducer, AsyncSimple
 
 FLAVOURS = ("sync", "async")
 
-# Calls that are plain (not awaited) in both flavours.
+# Calls that are plain (not awaited) in both flavours (send_nowait is send_async: a SendFuture,
+# awaitable from any loop).
 _PLAIN = frozenset({"assignment", "paused", "position", "member", "damaged_count", "group", "producer_id",
-                    "tx_id", "state", "queues"})
+                    "tx_id", "state", "queues", "send_async"})
+_SYNC_NAMES = {"aclose": "close", "drain": "flush", "send_nowait": "send_async"}
 
 
 class _Blocking:
@@ -26,11 +28,10 @@ class _Blocking:
         self._target = target
 
     def __getattr__(self, name: str) -> Any:
-        if name == "send_nowait":
-            return self._send_nowait
         if name == "begin_transaction":
             return lambda: _Blocking(self._target.begin_transaction())
-        value = getattr(self._target, {"aclose": "close", "drain": "flush"}.get(name, name))
+        name = _SYNC_NAMES.get(name, name)
+        value = getattr(self._target, name)
         if name in _PLAIN or not callable(value):
             return value
 
@@ -38,18 +39,6 @@ class _Blocking:
             kwargs = {k: v._target if isinstance(v, _Blocking) else v for k, v in kwargs.items()}
             return value(*args, **kwargs)
         return call
-
-    def _send_nowait(self, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """send_async's SendFuture as an asyncio future of the calling loop."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def copy(done: Any) -> None:
-            error = done.exception()
-            loop.call_soon_threadsafe(lambda: future.done() or (
-                future.set_exception(error) if error is not None else future.set_result(done.result())))
-        self._target.send_async(*args, **kwargs).add_done_callback(copy)
-        return future
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         while True:
