@@ -86,6 +86,11 @@ class ConnectionPool:
         self._connections[address] = conn
         return conn
 
+    def open(self, address: str) -> Connection | None:
+        """The open connection to ``address``, if there is one now."""
+        conn = self._connections.get(address)
+        return None if conn is None or conn.closed else conn
+
     async def request(self, address: str, code: int, fields: Mapping[str, Any] | None = None,
                       body: Body = b"", *, timeout_ms: float | None = None) -> Frame:
         conn = self._connections.get(address)

@@ -274,17 +274,30 @@ class Producer:
         return batch.seal()
 
     async def _send_one_async(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
-        """:meth:`_send_one` on the loop (asyncio producers): numbered and sent as a sync send's
-        retries are, in the queue's order, without waiting for the queue's other sends."""
+        """:meth:`_send_one` on the loop (asyncio producers): numbered as a sync send is, its first
+        attempt straight on the broker's open connection (as a sync send's on its thread's own),
+        the retries of a failed one and any first attempt that cannot go so through the sender."""
         sequencer = self._sequencer
-        if sequencer is None:
-            sent = await self._sender.send(route, records, movable=movable)
-            return sent[0] if sent else None  # type: ignore[return-value]
-        if sequencer.producer_id is None:
-            await sequencer.ready()
-        ticket = sequencer.stamp(records, route.topic, route.queue_id, 1)
+        ticket = None
+        if sequencer is not None:
+            if sequencer.producer_id is None:
+                await sequencer.ready()
+            ticket = sequencer.stamp(records, route.topic, route.queue_id, 1)
         with self._numbered(ticket):
-            return (await self._sender.send(route, records, movable=movable, ticket=ticket))[0]
+            first_error = None
+            conn = self._runtime.pool.open(route.broker)
+            if (conn is not None and self._acks and not route.replicated
+                    and (ticket is None or cast(Sequencer, sequencer).may_go(ticket))):
+                try:
+                    frame = await conn.request(RequestCode.SEND_BATCH, {"acks": self._acks}, records)
+                except GmsError as err:
+                    first_error = err  # retried with backoff by the sender, if retriable
+                else:
+                    if ticket is not None:
+                        cast(Sequencer, sequencer).acked(ticket)
+                    return one_result(route.topic, frame.fields)
+            sent = await self._sender.send(route, records, movable=movable, first_error=first_error, ticket=ticket)
+        return sent[0] if sent else None  # type: ignore[return-value]
 
     def _send_one(self, route: QueueRoute, records: bytearray, movable: bool) -> SendResult:
         ticket = self._stamp(route, records, 1)
