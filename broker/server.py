@@ -8,6 +8,7 @@ one :class:`gms.net.RpcServer`, and runs the broker's periodic chores
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import threading
@@ -374,6 +375,8 @@ class BrokerServer:
         self.timers.leadership_changed()
         self.transactions.leadership_changed()
         self.pop.leadership_changed()
+        if self._services is not None:
+            self._services.topics.assignments_applied()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
                            security: ClientSecurity) -> None:
@@ -418,7 +421,7 @@ class BrokerServer:
                                                    self.config.long_poll_max_ms),
             topics=TopicService(self),
             dead_letters=DeadLetterService(self))
-        messages.arrival = lambda topic, timeout_s: services.topics.arrival(topic, timeout_s, led_here=True)
+        messages.arrival = functools.partial(services.topics.arrivals, led_here=True)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)
