@@ -1,6 +1,7 @@
 """The rows of replication's requests and answers (REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH): one
-schema each, shared by the leader's handlers (broker/ha/leader_handlers.py) and the follower's
-fetcher (broker/ha/fetcher.py). How the two use them: docs/replication.md and those modules.
+schema each, shared by the leader's side (broker/services/replication.py, on the wire
+broker/ha/leader_handlers.py) and the follower's fetcher (broker/ha/fetcher.py). How the two use
+them: docs/replication.md and those modules.
 
 REPLICA_FETCH (200), one request for every queue a follower follows from one leader:
   request fields: ``replica`` (the follower's broker id), ``wait_ms`` (long-poll bound when nothing
