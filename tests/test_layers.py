@@ -126,13 +126,16 @@ BROKER_INTERNALS = {"store", "registration", "replicas", "message_handlers", "po
                     "transaction_handlers"}
 
 
+def attributes_used(root: Path, path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` uses an attribute of one of ``names``."""
+    return [f"{path.relative_to(root)}:{node.lineno}: .{node.attr}"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Attribute) and node.attr in names]
+
+
 def internals_reached(root: Path = ROOT) -> list[str]:
-    found = []
-    for path in sorted((root / "broker/rocketmq").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr in BROKER_INTERNALS:
-                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
-    return found
+    return [found for path in sorted((root / "broker/rocketmq").rglob("*.py"))
+            for found in attributes_used(root, path, BROKER_INTERNALS)]
 
 
 def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
@@ -159,9 +162,7 @@ def adapter_reaches(root: Path = ROOT) -> list[str]:
         for line, module in _imports(path):
             if module.startswith("gms.broker.") and not module.startswith("gms.broker.services."):
                 found.append(f"{name}:{line}: imports {module}")
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr in REPLICATION_INTERNALS:
-                found.append(f"{name}:{node.lineno}: .{node.attr}")
+        found += attributes_used(root, path, REPLICATION_INTERNALS)
     return found
 
 
