@@ -42,6 +42,7 @@ from gms.broker.services.consumption import ConsumptionService
 from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
+from gms.broker.services.replication import ReplicationService
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
@@ -401,7 +402,7 @@ class BrokerServer:
             self.metrics.hw_latency = self.replicas.hw_latency
         if self._services is not None:
             self._services.messages.replicas = self.replicas
-        leader = LeaderHandlers(self.replicas)
+        leader = LeaderHandlers(ReplicationService(self.replicas))
         self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 

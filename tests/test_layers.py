@@ -126,13 +126,16 @@ BROKER_INTERNALS = {"store", "registration", "replicas", "message_handlers", "po
                     "transaction_handlers"}
 
 
+def attributes_used(root: Path, path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` uses an attribute of one of ``names``."""
+    return [f"{path.relative_to(root)}:{node.lineno}: .{node.attr}"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Attribute) and node.attr in names]
+
+
 def internals_reached(root: Path = ROOT) -> list[str]:
-    found = []
-    for path in sorted((root / "broker/rocketmq").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr in BROKER_INTERNALS:
-                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
-    return found
+    return [found for path in sorted((root / "broker/rocketmq").rglob("*.py"))
+            for found in attributes_used(root, path, BROKER_INTERNALS)]
 
 
 def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
@@ -143,3 +146,34 @@ def test_the_check_sees_a_reach_into_the_store(tmp_path):
     (tmp_path / "broker/rocketmq").mkdir(parents=True)
     (tmp_path / "broker/rocketmq/bad.py").write_text("def f(broker):\n    return broker.store.get('t', 0, 0)\n")
     assert internals_reached(tmp_path) == ["broker/rocketmq/bad.py:2: .store"]
+
+
+# Replication's wire handlers (REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH) are an adapter of the replication
+# service (broker/services/replication.py), which does the leader's work: they import nothing of the
+# broker but the services, and reach neither the store nor the replicas' state.
+SERVICE_ADAPTERS = ("broker/ha/leader_handlers.py",)
+REPLICATION_INTERNALS = BROKER_INTERNALS | {"manager", "partitions", "offsets", "history"}
+
+
+def adapter_reaches(root: Path = ROOT) -> list[str]:
+    found = []
+    for name in SERVICE_ADAPTERS:
+        path = root / name
+        for line, module in _imports(path):
+            if module.startswith("gms.broker.") and not module.startswith("gms.broker.services."):
+                found.append(f"{name}:{line}: imports {module}")
+        found += attributes_used(root, path, REPLICATION_INTERNALS)
+    return found
+
+
+def test_replication_handlers_are_an_adapter_of_the_replication_service():
+    assert adapter_reaches() == []
+
+
+def test_the_check_sees_a_handler_doing_the_leaders_work(tmp_path):
+    (tmp_path / "broker/ha").mkdir(parents=True)
+    (tmp_path / "broker/ha/leader_handlers.py").write_text(
+        "from gms.broker.ha.partition import Role\n\ndef f(self):\n    return self.manager.partitions\n")
+    assert adapter_reaches(tmp_path) == ["broker/ha/leader_handlers.py:1: imports gms.broker.ha.partition",
+                                         "broker/ha/leader_handlers.py:4: .partitions",
+                                         "broker/ha/leader_handlers.py:4: .manager"]

@@ -180,16 +180,14 @@ class MessageService:
 
     async def stored(self, body: Buffer, acks: int, *, allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
         """:meth:`store_records` for callers off the hot path: the result once it is acknowledged."""
-        result = self.store_records(body, check_acks(acks), time.perf_counter(), allowed_flags=allowed_flags)
-        return result if isinstance(result, AppendResult) else await result
+        return await self._acknowledged(body, check_acks(acks), time.perf_counter(), allowed_flags)
 
     async def _store_when_led(self, body: Buffer, acks: int, started: float, allowed_flags: int,
                               pending: LeadershipPendingError) -> AppendResult:
         """Store the send once this broker, just made the leader of a queue it names, has its new
         epoch on disk (a moment; bounded by the send timeout): the send is not refused for it."""
         await self.replicas.wait_epoch_saved(pending, self.config.send_timeout_ms / 1000)  # type: ignore[union-attr]
-        result = self.store_records(body, acks, started, allowed_flags=allowed_flags)
-        return result if isinstance(result, AppendResult) else await result
+        return await self._acknowledged(body, acks, started, allowed_flags)
 
     async def _store_when_taken(self, body: Buffer, acks: int, started: float, allowed_flags: int) -> AppendResult:
         """Store a send refused for a queue this broker does not lead, once each topic it names
@@ -203,7 +201,12 @@ class MessageService:
         queue_ids = parsed.headers["queue_id"]
         await arrival({topic: set(np.unique(queue_ids[parsed.topic_index == i]).tolist())
                        for i, topic in enumerate(parsed.topics)}, timeout_s)
-        result = self.store_records(body, acks, started, allowed_flags=allowed_flags, taken=True)
+        return await self._acknowledged(body, acks, started, allowed_flags, taken=True)
+
+    async def _acknowledged(self, body: Buffer, acks: int, started: float, allowed_flags: int,
+                            taken: bool = False) -> AppendResult:
+        """:meth:`store_records`' result once it is acknowledged (flushed, replicated)."""
+        result = self.store_records(body, acks, started, allowed_flags=allowed_flags, taken=taken)
         return result if isinstance(result, AppendResult) else await result
 
     async def _send_waits(self, size: int, result: AppendResult, wait_flush: bool,
