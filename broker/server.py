@@ -28,6 +28,7 @@ from gms.broker.ha.partition import Role
 from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.identity import record_name, recorded_name
+from gms.broker.kafka.server import KafkaEndpoint
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.metrics import BrokerMetrics
@@ -113,6 +114,7 @@ class BrokerServer:
         self.replicas: ReplicaManager | None = None  # cluster mode only
         self._services: Services | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
+        self.kafka: KafkaEndpoint | None = None  # the Kafka API (--kafka-listen)
         # The newest assignments from the etcd watch thread not yet applied on the event loop.
         self._assignments_lock = threading.Lock()
         self._assignments_next: Assignments | None = None
@@ -173,6 +175,8 @@ class BrokerServer:
         ]
         if self.config.rocketmq_listen:
             await self._start_rocketmq(host)
+        if self.config.kafka_listen:
+            await self._start_kafka()
         if self.config.nameserver:
             await self._register()
 
@@ -183,6 +187,17 @@ class BrokerServer:
         advertised_host = split_address(self.address, "advertised address")[0]
         try:
             self.rocketmq = await RocketMQEndpoint.start(self, host, port, advertised_host)
+        except OSError:
+            await self.stop()
+            raise
+
+    async def _start_kafka(self) -> None:
+        config = self.config
+        try:
+            self.kafka = await KafkaEndpoint.start(
+                self.services, broker_id_for(self.name), self.address, *config.kafka_host_port,
+                advertised_host=split_address(self.address, "advertised address")[0],
+                advertised=config.kafka_advertised, default_queue_count=config.default_queue_count)
         except OSError:
             await self.stop()
             raise
@@ -204,6 +219,7 @@ class BrokerServer:
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
             caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
             rocketmq="" if self.rocketmq is None else self.rocketmq.endpoint,
+            kafka="" if self.kafka is None else self.kafka.endpoint,
         )
 
         def on_assignments(assignments: Assignments) -> None:
@@ -505,6 +521,9 @@ class BrokerServer:
         if self.rocketmq is not None:
             await self.rocketmq.stop()
             self.rocketmq = None
+        if self.kafka is not None:
+            await self.kafka.stop()
+            self.kafka = None
         if self._services is not None:
             self._services.dead_letters.close()
         await self.rpc.stop()

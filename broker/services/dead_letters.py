@@ -138,7 +138,7 @@ class DeadLetterService:
         if not registration.has_topic(topic) and not await asyncio.to_thread(registration.topic_in_etcd, topic):
             replicas = max(1, min(GROUP_TOPIC_REPLICAS_MAX, len(registration.live_brokers())))
             try:
-                await self._nameserver_request(RequestCode.CREATE_TOPIC, {
+                await self.broker.services.topics.nameserver_request(RequestCode.CREATE_TOPIC, {
                     "topic": topic, "queues": 1, "replicas": replicas, SYSTEM_TOPIC_FIELD: True})
             except TopicAlreadyExistsError:
                 pass
@@ -205,25 +205,6 @@ class DeadLetterService:
                                                security=self.broker.config.security.outgoing())
             self._connections[address] = connection
         return connection
-
-    async def _nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
-        """One request to the first nameserver that answers (its error if it refuses)."""
-        failed: GmsError | None = None
-        for address in self._registration().nameservers:
-            try:
-                host, port = split_address(address, "nameserver address")
-                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
-                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                                   security=self.broker.config.security.outgoing())
-            except ServiceUnavailableError as err:
-                failed = err
-                continue
-            try:
-                await connection.request(code, fields)
-                return
-            finally:
-                connection.close()
-        raise failed or ServiceUnavailableError("no nameserver to ask")
 
     def _registration(self) -> BrokerRegistration:
         registration = self.broker.registration

@@ -1,0 +1,70 @@
+"""OffsetCommit and OffsetFetch: a Kafka consumer group's committed offsets are the gms group's
+(the group service's), so ``gms group describe`` shows them and gms consumers of the group start
+from them. A commit's metadata string is not kept (answered empty). The committing member's
+generation is not checked: this endpoint has no Kafka group membership yet (JoinGroup)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gms.broker.kafka.errors import Err, code_of
+from gms.broker.services import Services
+from gms.errors import GmsError, GroupNotFoundError
+from gms.protocol.groups import QueueOffset, QueueRef
+
+
+class Offsets:
+    def __init__(self, services: Services) -> None:
+        self.groups = services.groups
+
+    def offset_commit(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
+        group = req["group_id"]
+        topics = []
+        for topic in req["topics"]:
+            rows = []
+            for partition in topic["partitions"]:
+                entry = QueueOffset(topic["name"], partition["partition_index"], partition["committed_offset"])
+                try:
+                    self.groups.commit_offsets(group, [entry])
+                    code = Err.NONE
+                except GmsError as err:
+                    code = _group_code(err)
+                rows.append({"partition_index": entry.queue_id, "error_code": code})
+            topics.append({"name": topic["name"], "partitions": rows})
+        return {"topics": topics}
+
+    def offset_fetch(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
+        if version < 8:
+            found = self._group(req["group_id"], req["topics"])
+            return {"topics": found["topics"], "error_code": found["error_code"]}
+        return {"groups": [{"group_id": group["group_id"], **self._group(group["group_id"], group["topics"])}
+                           for group in req["groups"]]}
+
+    def _group(self, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """One group's committed offsets, of ``topics`` (None: every topic it committed here)."""
+        try:
+            if topics is None:
+                try:
+                    committed = self.groups.describe(group, members=False).offsets
+                except GroupNotFoundError:
+                    committed = {}
+                rows = [{"name": name, "partitions": [_row(q, offset) for q, offset in sorted(queues.items())]}
+                        for name, queues in sorted(committed.items())]
+                return {"error_code": 0, "topics": rows}
+            refs = [QueueRef(topic["name"], q) for topic in topics for q in topic["partition_indexes"]]
+            offsets = dict(zip(refs, self.groups.committed_offsets(group, refs), strict=True))
+        except GmsError as err:
+            return {"error_code": _group_code(err), "topics": []}
+        return {"error_code": 0, "topics": [
+            {"name": topic["name"], "partitions": [_row(q, offsets[QueueRef(topic["name"], q)])
+                                                   for q in topic["partition_indexes"]]} for topic in topics]}
+
+
+def _row(queue_id: int, offset: int | None) -> dict[str, Any]:
+    return {"partition_index": queue_id, "committed_offset": -1 if offset is None else offset,
+            "committed_leader_epoch": -1, "metadata": "", "error_code": 0}
+
+
+def _group_code(err: GmsError) -> int:
+    code = code_of(err)
+    return Err.INVALID_GROUP_ID if code == Err.INVALID_REQUEST else code
