@@ -76,13 +76,13 @@ class Data:
             topics.append({"name": topic["name"], "partition_responses": rows})
         if waits:
             done = await asyncio.gather(*(wait for _, wait in waits), return_exceptions=True)
-            for (row, _), result in zip(waits, done, strict=True):
-                if isinstance(result, GmsError):
-                    row.update(_partition_error(code_of(result), str(result)))
-                elif isinstance(result, BaseException):
-                    raise result
+            for (row, _), outcome in zip(waits, done, strict=True):
+                if isinstance(outcome, GmsError):
+                    row.update(_partition_error(code_of(outcome), str(outcome)))
+                elif isinstance(outcome, BaseException):
+                    raise outcome
                 else:
-                    row.update(_stored(result))
+                    row.update(_stored(outcome))
         return None if acks == 0 else {"responses": topics}
 
     # -- Fetch -------------------------------------------------------------------------------------

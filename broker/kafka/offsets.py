@@ -24,9 +24,9 @@ class Offsets:
             rows = []
             for partition in topic["partitions"]:
                 entry = QueueOffset(topic["name"], partition["partition_index"], partition["committed_offset"])
+                code: int = Err.NONE
                 try:
                     self.groups.commit_offsets(group, [entry])
-                    code = Err.NONE
                 except GmsError as err:
                     code = _group_code(err)
                 rows.append({"partition_index": entry.queue_id, "error_code": code})

@@ -24,6 +24,7 @@ from typing import Any
 from gms.broker.kafka.wire import Malformed, Reader, Writer
 
 _NO_VERSIONS = (1, 0)  # an empty range
+_METHODS = {"bool": "boolean"}  # a type -> the Reader's and Writer's method, where the names differ
 _PRIMITIVES = frozenset(("bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string",
                          "bytes", "records", "uuid"))
 
@@ -169,8 +170,8 @@ def _read_value(r: Reader, f: Field, kind: str, version: int, flexible: bool) ->
             raise Malformed(f"{f.name} is null")
         return text
     if kind in ("bytes", "records"):
-        return r.bytes(flexible)
-    return getattr(r, kind)()
+        return r.blob(flexible)
+    return getattr(r, _METHODS.get(kind, kind))()
 
 
 def _write_struct(w: Writer, fields: list[Field], value: dict[str, Any], version: int, flexible: bool) -> None:
@@ -209,6 +210,6 @@ def _write_value(w: Writer, f: Field, kind: str, v: Any, version: int, flexible:
     elif kind == "string":
         w.string(v, flexible)
     elif kind in ("bytes", "records"):
-        w.bytes(v, flexible)
+        w.blob(v, flexible)
     else:
-        getattr(w, kind)(v)
+        getattr(w, _METHODS.get(kind, kind))(v)

@@ -36,7 +36,7 @@ class Reader:
         return pos
 
     def _fixed(self, fmt: struct.Struct) -> int:
-        return fmt.unpack_from(self.buf, self._take(fmt.size))[0]  # type: ignore[no-any-return]
+        return int(fmt.unpack_from(self.buf, self._take(fmt.size))[0])
 
     def int8(self) -> int:
         return self._fixed(_I8)
@@ -57,9 +57,9 @@ class Reader:
         return self._fixed(_I64)
 
     def float64(self) -> float:
-        return _F64.unpack_from(self.buf, self._take(8))[0]  # type: ignore[no-any-return]
+        return float(_F64.unpack_from(self.buf, self._take(8))[0])
 
-    def bool(self) -> bool:
+    def boolean(self) -> bool:
         return self._fixed(_I8) != 0
 
     def uuid(self) -> uuid.UUID:
@@ -101,7 +101,7 @@ class Reader:
         except UnicodeDecodeError as err:
             raise Malformed(f"string is not UTF-8: {err}") from err
 
-    def bytes(self, compact: bool) -> memoryview | None:
+    def blob(self, compact: bool) -> memoryview | None:
         n = self.length(compact, "bytes")
         return None if n < 0 else self.raw(n)
 
@@ -140,7 +140,7 @@ class Writer:
     def float64(self, v: float) -> None:
         self.buf += _F64.pack(v)
 
-    def bool(self, v: bool) -> None:
+    def boolean(self, v: bool) -> None:
         self.buf.append(1 if v else 0)
 
     def uuid(self, v: uuid.UUID | None) -> None:
@@ -168,7 +168,7 @@ class Writer:
         self.length(len(raw), compact, True)
         self.buf += raw
 
-    def bytes(self, v: bytes | bytearray | memoryview | None, compact: bool) -> None:
+    def blob(self, v: bytes | bytearray | memoryview | None, compact: bool) -> None:
         if v is None:
             self.length(-1, compact)
             return
