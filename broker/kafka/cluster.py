@@ -80,7 +80,7 @@ class Cluster:
         if name not in counts:
             return {**row, "error_code": Err.UNKNOWN_TOPIC_OR_PARTITION, "partitions": []}
         try:
-            queues = self.services.topics.replicas(name)
+            queues = self.services.topics.placement(name)
         except GmsError as err:
             return {**row, "error_code": code_of(err), "partitions": []}
         me = self.me.node_id
@@ -97,7 +97,7 @@ class Cluster:
             partitions.append({
                 "error_code": Err.NONE if leader is not None else Err.LEADER_NOT_AVAILABLE,
                 "partition_index": queue.queue_id, "leader_id": leader.node_id if leader else -1,
-                "leader_epoch": queue.leader_epoch, "replica_nodes": ids(queue.replicas),
+                "leader_epoch": queue.leader_epoch, "replica_nodes": ids(queue.assigned),
                 "isr_nodes": ids(queue.isr), "offline_replicas": []})
         row["partitions"] = partitions
         return row

@@ -44,13 +44,13 @@ REQUEST_TIMEOUT_MS = 10_000  # a request to a nameserver
 
 
 @dataclass(frozen=True, slots=True)
-class QueueReplicas:
+class QueuePlacement:
     """Who holds a queue in the cluster: its leader (None while down), every registered replica
-    (preferred leader first) and those in sync, with the leader's epoch."""
+    (``assigned``, preferred leader first) and those in sync, with the leader's epoch."""
 
     queue_id: int
     leader: BrokerInfo | None
-    replicas: tuple[BrokerInfo, ...]
+    assigned: tuple[BrokerInfo, ...]
     isr: tuple[BrokerInfo, ...]
     leader_epoch: int
 
@@ -136,7 +136,7 @@ class TopicService:
         registration = self.broker.registration
         return self.store.topics() if registration is None else registration.topic_queue_counts()
 
-    def replicas(self, topic: str) -> list[QueueReplicas] | None:
+    def placement(self, topic: str) -> list[QueuePlacement] | None:
         """:meth:`leaders` with each queue's replicas and ISR, every queue (one whose leader is down
         with none); None on a broker without nameservers. TopicNotFoundError: no such topic."""
         registration = self.broker.registration
@@ -146,7 +146,7 @@ class TopicService:
 
         def known(addresses: tuple[str, ...]) -> tuple[BrokerInfo, ...]:
             return tuple(live[address] for address in addresses if address in live)
-        return [QueueReplicas(queue.queue_id, live.get(queue.leader_address or ""), known(queue.replica_addresses),
+        return [QueuePlacement(queue.queue_id, live.get(queue.leader_address or ""), known(queue.replica_addresses),
                               known(queue.isr_addresses), queue.leader_epoch)
                 for queue in registration.route(topic).queues]
 
