@@ -6,5 +6,6 @@
 - :mod:`.records`, :mod:`.convert`: record batches v2 (CRC-32C, compression) and their records as
   gms records;
 - :mod:`.cluster`, :mod:`.data`, :mod:`.offsets`: the answers, through the services only;
+- :mod:`.groups`: Kafka's classic consumer group protocol on the group's coordinator;
 - :mod:`.server`: the TCP endpoint on the broker's event loop.
 """

@@ -1,32 +1,40 @@
 """OffsetCommit and OffsetFetch: a Kafka consumer group's committed offsets are the gms group's
 (the group service's), so ``gms group describe`` shows them and gms consumers of the group start
-from them. A commit's metadata string is not kept (answered empty). The committing member's
-generation is not checked: this endpoint has no Kafka group membership yet (JoinGroup)."""
+from them. A commit's metadata string is not kept (answered empty). The committing
+member and generation of a consumer in a Kafka group are checked (:mod:`.groups`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gms.broker.kafka.errors import Err, code_of
+from gms.broker.kafka.groups import GroupError, KafkaGroups
 from gms.broker.services import Services
 from gms.errors import GmsError, GroupNotFoundError
 from gms.protocol.groups import QueueOffset, QueueRef
 
 
 class Offsets:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, members: KafkaGroups) -> None:
         self.groups = services.groups
+        self.members = members
 
     def offset_commit(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
         group = req["group_id"]
+        refused: int | None = None
+        try:
+            self.members.check_commit(group, req.get("member_id", ""), req.get("generation_id_or_member_epoch", -1))
+        except GroupError as err:
+            refused = err.code
         topics = []
         for topic in req["topics"]:
             rows = []
             for partition in topic["partitions"]:
                 entry = QueueOffset(topic["name"], partition["partition_index"], partition["committed_offset"])
-                code: int = Err.NONE
+                code: int = Err.NONE if refused is None else refused
                 try:
-                    self.groups.commit_offsets(group, [entry])
+                    if refused is None:
+                        self.groups.commit_offsets(group, [entry])
                 except GmsError as err:
                     code = _group_code(err)
                 rows.append({"partition_index": entry.queue_id, "error_code": code})

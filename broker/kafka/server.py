@@ -20,6 +20,7 @@ from gms.address import join_address
 from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, unsupported_api_versions, write_response
 from gms.broker.kafka.cluster import Cluster
 from gms.broker.kafka.data import Data
+from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
@@ -35,8 +36,10 @@ Handler = Callable[[dict[str, Any], int, str], Awaitable[dict[str, Any] | None] 
 class KafkaEndpoint:
     """The server; ``endpoint`` is the host:port clients are told to use (Metadata, etcd)."""
 
-    def __init__(self, server: asyncio.Server, port: int, endpoint: str, handlers: dict[ApiKey, Handler]) -> None:
+    def __init__(self, server: asyncio.Server, port: int, endpoint: str, handlers: dict[ApiKey, Handler],
+                 groups: KafkaGroups) -> None:
         self.server = server
+        self.groups = groups
         self.port = port
         self.endpoint = endpoint
         self.handlers = handlers
@@ -59,7 +62,8 @@ class KafkaEndpoint:
         public = advertised or join_address(advertised_host, bound)
         cluster = Cluster(services, broker_id, address, public, default_queue_count)
         data = Data(services)
-        offsets = Offsets(services)
+        groups = KafkaGroups(services, address)
+        offsets = Offsets(services, groups)
         handlers: dict[ApiKey, Handler] = {
             ApiKey.API_VERSIONS: lambda req, version, client: cluster.api_versions(req, version),
             ApiKey.METADATA: lambda req, version, client: cluster.metadata(req, version),
@@ -71,12 +75,18 @@ class KafkaEndpoint:
             ApiKey.LIST_OFFSETS: data.list_offsets,
             ApiKey.OFFSET_COMMIT: offsets.offset_commit,
             ApiKey.OFFSET_FETCH: offsets.offset_fetch,
+            ApiKey.JOIN_GROUP: groups.join_group,
+            ApiKey.SYNC_GROUP: groups.sync_group,
+            ApiKey.HEARTBEAT: groups.heartbeat,
+            ApiKey.LEAVE_GROUP: groups.leave_group,
         }
-        endpoint = cls(server, bound, public, handlers)
+        endpoint = cls(server, bound, public, handlers, groups)
+        groups.start()
         return endpoint
 
     async def stop(self) -> None:
         self.server.close()
+        await self.groups.stop()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
