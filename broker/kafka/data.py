@@ -25,6 +25,7 @@ from gms.broker.services import Services
 from gms.broker.services.messages import GetStatus, QueueRead
 from gms.errors import GmsError
 from gms.protocol.fetch import FETCH_BYTES_MAX, FETCH_MSGS_MAX, FETCH_TOTAL_BYTES_MAX, FetchRequest, QueueFetch
+from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record import decode_record
 
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
@@ -47,7 +48,7 @@ class Data:
         """The answer, or None for acks=0 (the client expects none)."""
         acks = req["acks"]
         started = time.perf_counter()
-        waits: list[tuple[dict[str, Any], Awaitable[Any]]] = []
+        waits: list[tuple[dict[str, Any], Awaitable[dict[str, Any]]]] = []
         topics = []
         for topic in req["topic_data"]:
             rows = []
@@ -57,33 +58,33 @@ class Data:
                 if acks not in (0, 1, -1):
                     row.update(_partition_error(Err.INVALID_REQUIRED_ACKS, f"acks {acks}"))
                     continue
-                try:
-                    body = _gms_records(topic["name"], partition["index"], partition["records"], client)
-                    result = self.messages.send(body, acks, started)
-                except UnsupportedBatch as err:
-                    row.update(_partition_error(Err.UNSUPPORTED_FOR_MESSAGE_FORMAT, str(err)))
-                    continue
-                except Malformed as err:
-                    row.update(_partition_error(Err.CORRUPT_MESSAGE, str(err)))
-                    continue
-                except GmsError as err:
-                    row.update(_partition_error(code_of(err), str(err)))
-                    continue
-                if inspect.isawaitable(result):
-                    waits.append((row, result))
+                stored = self._store(topic["name"], partition["index"], partition["records"], acks, started, client)
+                if isinstance(stored, dict):
+                    row.update(stored)
                 else:
-                    row.update(_stored(result))
+                    waits.append((row, stored))
             topics.append({"name": topic["name"], "partition_responses": rows})
         if waits:
-            done = await asyncio.gather(*(wait for _, wait in waits), return_exceptions=True)
-            for (row, _), outcome in zip(waits, done, strict=True):
-                if isinstance(outcome, GmsError):
-                    row.update(_partition_error(code_of(outcome), str(outcome)))
-                elif isinstance(outcome, BaseException):
-                    raise outcome
-                else:
-                    row.update(_stored(outcome))
+            for (row, _), outcome in zip(waits, await asyncio.gather(*(wait for _, wait in waits)), strict=True):
+                row.update(outcome)
         return None if acks == 0 else {"responses": topics}
+
+    def _store(self, topic: str, queue_id: int, data: memoryview | None, acks: int, started: float,
+               client: str) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """Store one partition's batches: the answer's fields, or (the send waits) an awaitable of them.
+        A batch larger than one gms send may be (SEND_BODY_SIZE_MAX_BYTES as gms records) goes as
+        several sends, one after another without a pause, so its records stay adjacent."""
+        try:
+            results = [self.messages.send(body, acks, started) for body in _gms_bodies(topic, queue_id, data, client)]
+        except UnsupportedBatch as err:
+            return _partition_error(Err.UNSUPPORTED_FOR_MESSAGE_FORMAT, str(err))
+        except Malformed as err:
+            return _partition_error(Err.CORRUPT_MESSAGE, str(err))
+        except GmsError as err:
+            return _partition_error(code_of(err), str(err))
+        if any(inspect.isawaitable(result) for result in results):
+            return _stored_when(results)
+        return _stored(results[0])
 
     # -- Fetch -------------------------------------------------------------------------------------
 
@@ -182,9 +183,34 @@ def _stored(result: Any) -> dict[str, Any]:
             "log_start_offset": -1, "error_message": None}
 
 
-def _gms_records(topic: str, queue_id: int, data: memoryview | None, client: str) -> bytes:
-    """A partition's batches as gms records (Malformed: a batch does not decode)."""
+async def _stored_when(results: list[Any]) -> dict[str, Any]:
+    try:
+        first = await results[0] if inspect.isawaitable(results[0]) else results[0]
+        for result in results[1:]:
+            if inspect.isawaitable(result):
+                await result
+    except GmsError as err:
+        return _partition_error(code_of(err), str(err))
+    return _stored(first)
+
+
+def _gms_bodies(topic: str, queue_id: int, data: memoryview | None, client: str) -> list[bytes]:
+    """A partition's batches as gms records, in send bodies of at most SEND_BODY_SIZE_MAX_BYTES
+    (a larger record alone). Malformed: a batch does not decode."""
     if not data:
         raise Malformed("a partition without records")
-    return b"".join(to_gms(topic, queue_id, record, client)
-                    for raw in split_batches(data) for record in decode_batch(raw).records)
+    bodies: list[bytes] = []
+    chunk: list[bytes] = []
+    size = 0
+    for raw in split_batches(data):
+        for record in decode_batch(raw).records:
+            encoded = to_gms(topic, queue_id, record, client)
+            if chunk and size + len(encoded) > SEND_BODY_SIZE_MAX_BYTES:
+                bodies.append(b"".join(chunk))
+                chunk, size = [], 0
+            chunk.append(encoded)
+            size += len(encoded)
+    if not chunk:
+        raise Malformed("a batch without records")
+    bodies.append(b"".join(chunk))
+    return bodies

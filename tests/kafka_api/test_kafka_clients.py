@@ -164,3 +164,20 @@ def test_a_kafka_producers_messages_reach_a_gms_consumer_filtering_by_tag(bootst
         consumer.close()
     assert [(m.body, m.tag, m.keys, m.properties) for m in got] == [
         (b"m0", "A", ("k0",), {"p": "v0"}), (b"m2", "A", ("k2",), {"p": "v2"})]
+
+
+def test_a_batch_larger_than_one_gms_send_is_stored_whole_and_in_order(bootstrap, topic):
+    # 50,000 records in one batch are ~1.5 MB as Kafka records and ~6 MB as gms records: over the
+    # 2 MiB one gms send takes, so the broker stores them in several, adjacent.
+    count = 50_000
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1000, "batch.num.messages": 100_000,
+                         "batch.size": 8 << 20, "message.max.bytes": 16 << 20, "acks": "all"})
+    offsets: list = []
+    for i in range(count):
+        producer.produce(topic, value=b"%020d" % i, partition=0,
+                         on_delivery=lambda err, msg: offsets.append((err, msg.offset(), msg.value())))
+    assert producer.flush(WAIT_S) == 0
+    assert {err for err, _, _ in offsets} == {None}
+    assert sorted(offsets, key=lambda row: row[1]) == [(None, i, b"%020d" % i) for i in range(count)]
+    got = consume(bootstrap, topic, 0, count)
+    assert [m.value() for m in got] == [b"%020d" % i for i in range(count)]
