@@ -17,9 +17,10 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from gms.broker.kafka.convert import from_gms, to_gms
+from gms.broker.kafka.convert import to_gms
 from gms.broker.kafka.errors import Err, code_of
-from gms.broker.kafka.records import UnsupportedBatch, decode_batch, encode_batch, split_batches
+from gms.broker.kafka.fetched import fetched_batch
+from gms.broker.kafka.records import UnsupportedBatch, decode_batch, split_batches
 from gms.broker.kafka.wire import Malformed
 from gms.broker.services import Services
 from gms.broker.services.messages import GetStatus, QueueRead
@@ -145,8 +146,7 @@ class Data:
             return {**row, "error_code": code_of(err), "high_watermark": -1, "last_stable_offset": -1,
                     "log_start_offset": -1}
         if views:
-            base, records = from_gms(views)
-            row["records"] = encode_batch(base, records)
+            row["records"] = fetched_batch(views)
         return {**row, "error_code": 0, "high_watermark": high, "last_stable_offset": high, "log_start_offset": low}
 
     # -- ListOffsets -------------------------------------------------------------------------------

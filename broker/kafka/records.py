@@ -175,7 +175,6 @@ def encode_batch(base_offset: int, records: list[KafkaRecord], leader_epoch: int
     """An uncompressed batch of ``records`` (their offset deltas from ``base_offset``, timestamps
     CreateTime), as a fetch answers it."""
     base_ts = min(rec.timestamp_ms for rec in records)
-    max_ts = max(rec.timestamp_ms for rec in records)
     body = bytearray()
     for rec in records:
         one = bytearray(b"\x00")
@@ -189,7 +188,15 @@ def encode_batch(base_offset: int, records: list[KafkaRecord], leader_epoch: int
             _varbytes_out(one, value)
         body += _zigzag(len(one))
         body += one
+    return wrap_batch(base_offset, body, len(records), records[-1].offset_delta, base_ts,
+                      max(rec.timestamp_ms for rec in records), leader_epoch)
+
+
+def wrap_batch(base_offset: int, body: bytes | bytearray, count: int, last_offset_delta: int, base_ts: int,
+               max_ts: int, leader_epoch: int = -1) -> bytes:
+    """An uncompressed batch of ``count`` encoded records (``body``; timestamp deltas from
+    ``base_ts``), with its header and CRC-32C."""
     header = bytearray(BATCH_HEADER.pack(base_offset, BATCH_HEADER_SIZE - LENGTH_END + len(body), leader_epoch, 2, 0,
-                                         0, records[-1].offset_delta, base_ts, max_ts, -1, -1, -1, len(records)))
+                                         0, last_offset_delta, base_ts, max_ts, -1, -1, -1, count))
     struct.pack_into(">I", header, 17, crc32c.crc32c(body, crc32c.crc32c(header[CRC_START:])))
     return bytes(header + body)
