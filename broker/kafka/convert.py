@@ -69,10 +69,11 @@ def from_gms(views: list[memoryview]) -> tuple[int, list[KafkaRecord]]:
     order, CRCs checked by the store): the first one's offset, and each with its delta from it."""
     records = [rec for view in views for rec in iter_records(view, verify_crc=False)]
     base = records[0].queue_offset
-    return base, [_from_gms(rec, base) for rec in records]
+    return base, [kafka_record(rec, base) for rec in records]
 
 
-def _from_gms(rec: Record, base_offset: int) -> KafkaRecord:
+def kafka_record(rec: Record, base_offset: int) -> KafkaRecord:
+    """The Kafka record of a decoded gms record (its offset delta from ``base_offset``)."""
     headers: list[tuple[str, bytes | None]] = []
     key: bytes | None = " ".join(rec.keys).encode() if rec.keys else None
     for name, value in rec.properties.items():

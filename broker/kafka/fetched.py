@@ -4,18 +4,19 @@ The records a queue serves are read column by column (their headers in one C pas
 ``gms.record.batch_headers``), and every Kafka record is laid out with numpy: its varints
 (length, timestamp and offset deltas, key and value lengths) encoded for all records at once, its
 key and value gathered from the stored bytes by index arrays. This covers records without a tag
-and without properties (what gms's SDK and Kafka producers without headers store); a batch holding
-any other is converted record by record (:func:`gms.broker.kafka.convert.from_gms`), which maps
-properties to headers and the tag to ``gms.tag``.
+and without properties (what gms's SDK and Kafka producers without headers store); each other one
+is converted alone (:func:`gms.broker.kafka.convert.kafka_record`), mapping properties to headers
+and the tag to ``gms.tag`` (an idempotent producer stamps the first record of each batch: one
+such record per batch).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gms.broker.kafka.convert import from_gms
-from gms.broker.kafka.records import encode_batch, wrap_batch
-from gms.record import HEADER_SIZE, batch_headers, scan_records
+from gms.broker.kafka.convert import kafka_record
+from gms.broker.kafka.records import encode_records, wrap_batch
+from gms.record import HEADER_SIZE, batch_headers, decode_record, scan_records
 
 _VARINT_BYTES_MAX = 10
 
@@ -23,26 +24,27 @@ _VARINT_BYTES_MAX = 10
 def fetched_batch(views: list[memoryview]) -> bytes:
     """The Kafka batch of stored gms records (views of one or more adjacent records, in offset
     order, their CRCs checked by the store)."""
-    columns = [_columns(view) for view in views]
-    if any(c is None for c in columns):
-        base, records = from_gms(views)
-        return encode_batch(base, records)
-    runs = [c for c in columns if c is not None]
-    offsets = np.concatenate([c[1]["queue_offset"] for c in runs]).astype(np.int64)
-    stamps = np.concatenate([c[1]["born_ts_ms"] for c in runs]).astype(np.int64)
+    runs = [(view, *_columns(view)) for view in views]
+    offsets = np.concatenate([headers["queue_offset"] for _, _, headers in runs]).astype(np.int64)
+    stamps = np.concatenate([headers["born_ts_ms"] for _, _, headers in runs]).astype(np.int64)
     base_offset, base_ts = int(offsets[0]), int(stamps.min())
-    body = b"".join(_records(view, starts, headers, base_offset, base_ts) for view, (starts, headers) in
-                    zip(views, runs, strict=True))
-    return wrap_batch(base_offset, body, len(offsets), int(offsets[-1]) - base_offset, base_ts, int(stamps.max()))
+    parts: list[bytes | bytearray] = []
+    for view, starts, headers in runs:
+        plain = (headers["tag_len"] == 0) & (headers["props_len"] == 0)
+        for run in np.split(np.arange(len(plain)), np.flatnonzero(np.diff(plain.astype(np.int8))) + 1):
+            if plain[run[0]]:
+                parts.append(_records(view, starts[run], headers[run], base_offset, base_ts))
+            else:  # a tag or properties (an idempotent producer's stamp too): record by record
+                parts.append(encode_records([kafka_record(decode_record(view, int(starts[i]), verify_crc=False),
+                                                          base_offset) for i in run], base_ts))
+    return wrap_batch(base_offset, b"".join(parts), len(offsets), int(offsets[-1]) - base_offset, base_ts,
+                      int(stamps.max()))
 
 
-def _columns(view: memoryview) -> tuple[np.ndarray, np.ndarray] | None:
-    """The starts and headers of the records of ``view``; None if one has a tag or properties."""
+def _columns(view: memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and headers of the records of ``view``."""
     starts = scan_records(view, verify_crc=False).starts
-    headers = batch_headers(view, starts).headers
-    if headers["tag_len"].any() or headers["props_len"].any():
-        return None
-    return starts, headers
+    return starts, batch_headers(view, starts).headers
 
 
 def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

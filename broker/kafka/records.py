@@ -175,6 +175,12 @@ def encode_batch(base_offset: int, records: list[KafkaRecord], leader_epoch: int
     """An uncompressed batch of ``records`` (their offset deltas from ``base_offset``, timestamps
     CreateTime), as a fetch answers it."""
     base_ts = min(rec.timestamp_ms for rec in records)
+    return wrap_batch(base_offset, encode_records(records, base_ts), len(records), records[-1].offset_delta, base_ts,
+                      max(rec.timestamp_ms for rec in records), leader_epoch)
+
+
+def encode_records(records: list[KafkaRecord], base_ts: int) -> bytearray:
+    """The records of a batch whose timestamps are deltas from ``base_ts``."""
     body = bytearray()
     for rec in records:
         one = bytearray(b"\x00")
@@ -188,8 +194,7 @@ def encode_batch(base_offset: int, records: list[KafkaRecord], leader_epoch: int
             _varbytes_out(one, value)
         body += _zigzag(len(one))
         body += one
-    return wrap_batch(base_offset, body, len(records), records[-1].offset_delta, base_ts,
-                      max(rec.timestamp_ms for rec in records), leader_epoch)
+    return body
 
 
 def wrap_batch(base_offset: int, body: bytes | bytearray, count: int, last_offset_delta: int, base_ts: int,

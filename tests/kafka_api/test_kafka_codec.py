@@ -70,11 +70,13 @@ def test_a_compressed_batch_decodes_to_its_records(codec, compress):
         decode_batch(memoryview(bytes(broken)))
 
 
-def _stored(rows: list[tuple[int, int, bytes, tuple[str, ...]]]) -> bytearray:
-    """gms records as a queue stores them: (queue offset, born time, body, keys) each."""
+def _stored(rows: list[tuple[int, int, bytes, tuple[str, ...], str | None]]) -> bytearray:
+    """gms records as a queue stores them: (queue offset, born time, body, keys, tag) each; a
+    tagged one carries a property too."""
     buf = bytearray()
-    for offset, born, body, keys in rows:
-        record = bytearray(encode_record(topic="t", body=body, keys=keys, born_host="10.0.0.1:5", born_ts_ms=born))
+    for offset, born, body, keys, tag in rows:
+        record = bytearray(encode_record(topic="t", body=body, keys=keys, born_host="10.0.0.1:5", born_ts_ms=born,
+                                         tag=tag, properties={"p": "é"} if tag else None))
         struct.pack_into(">q", record, OFF_QUEUE_OFFSET, offset)
         struct.pack_into(">q", record, OFF_STORE_TS, born + 1)
         buf += record
@@ -84,12 +86,13 @@ def _stored(rows: list[tuple[int, int, bytes, tuple[str, ...]]]) -> bytearray:
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 1 << 40),
        st.lists(st.tuples(st.integers(1, 1000), st.integers(1, 1 << 45), st.binary(max_size=300),
-                          st.lists(st.text("abcé", min_size=1, max_size=200), max_size=2)), min_size=1, max_size=40),
+                          st.lists(st.text("abcé", min_size=1, max_size=200), max_size=2),
+                          st.sampled_from([None, None, None, "T"])), min_size=1, max_size=40),
        st.integers(1, 3))
 def test_the_vectorised_conversion_is_the_record_by_record_one(base, rows, parts):
     offsets = [base + sum(gap for gap, *_ in rows[:i + 1]) for i in range(len(rows))]  # gaps: hidden records
-    stored = _stored([(offset, born, body, tuple(keys))
-                      for offset, (_, born, body, keys) in zip(offsets, rows, strict=True)])
+    stored = _stored([(offset, born, body, tuple(keys), tag)
+                      for offset, (_, born, body, keys, tag) in zip(offsets, rows, strict=True)])
     view = memoryview(stored)
     sizes = [struct.unpack_from(">i", stored, pos)[0] for pos in _starts(stored)]
     cut = max(1, len(sizes) // parts)
