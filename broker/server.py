@@ -42,6 +42,7 @@ from gms.broker.services.consumption import ConsumptionService
 from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
+from gms.broker.services.peers import Peers
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
@@ -423,17 +424,19 @@ class BrokerServer:
                                   self.metrics)
         messages.timers = self.timers
         messages.replicas = self.replicas
+        peers = Peers(self.config.security.outgoing())
         self._services = services = Services(
             messages=messages,
             consumption=ConsumptionService(self.pop, self.waiters, self.config.long_poll_max_ms,
                                            queues_led=self._queues_led, read_limit=self.read_limit,
                                            metrics=self.metrics),
             groups=GroupService(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
-                                self.address, self.readable, on_commit=self.offsets_changed),
+                                self.address, self.readable, on_commit=self.offsets_changed,
+                                leader_of=self._leader_of, peers=peers),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
                                                    self.config.long_poll_max_ms),
             topics=TopicService(self),
-            dead_letters=DeadLetterService(self))
+            dead_letters=DeadLetterService(self, peers))
         messages.arrival = lambda topic, timeout_s: services.topics.arrival(topic, timeout_s, led_here=True)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
@@ -474,6 +477,17 @@ class BrokerServer:
             RequestCode.DELETE_GROUP: admin.delete_group,
         }.items():
             self.rpc.register(code, handler)
+
+    def _leader_of(self, topic: str, queue_id: int) -> str | None:
+        """The address of a queue's leader as the cluster routes it (None: no nameservers, or not
+        known: the caller acts here)."""
+        if self.registration is None:
+            return None
+        try:
+            queues = self.registration.route(topic).queues
+        except TopicNotFoundError:
+            return None
+        return next((queue.leader_address for queue in queues if queue.queue_id == queue_id), None)
 
     def offsets_changed(self, queues: list[tuple[str, int]]) -> None:
         """Followers copy commits (and deletes) with their fetches: answer the fetches parked on

@@ -1,6 +1,8 @@
 """OffsetCommit and OffsetFetch: a Kafka consumer group's committed offsets are the gms group's
 (the group service's), so ``gms group describe`` shows them and gms consumers of the group start
-from them. A commit's metadata string is not kept (answered empty). The committing
+from them. A Kafka consumer commits to the group's coordinator; gms keeps a queue's offsets at the
+queue's leader, so the coordinator commits (and reads) each at its leader, over its own
+connection to it where that is another broker. A commit's metadata string is not kept (answered empty). The committing
 member and generation of a consumer in a Kafka group are checked (:mod:`.groups`)."""
 
 from __future__ import annotations
@@ -19,37 +21,32 @@ class Offsets:
         self.groups = services.groups
         self.members = members
 
-    def offset_commit(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
+    async def offset_commit(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
         group = req["group_id"]
         refused: int | None = None
         try:
             self.members.check_commit(group, req.get("member_id", ""), req.get("generation_id_or_member_epoch", -1))
         except GroupError as err:
             refused = err.code
-        topics = []
-        for topic in req["topics"]:
-            rows = []
-            for partition in topic["partitions"]:
-                entry = QueueOffset(topic["name"], partition["partition_index"], partition["committed_offset"])
-                code: int = Err.NONE if refused is None else refused
-                try:
-                    if refused is None:
-                        self.groups.commit_offsets(group, [entry])
-                except GmsError as err:
-                    code = _group_code(err)
-                rows.append({"partition_index": entry.queue_id, "error_code": code})
-            topics.append({"name": topic["name"], "partitions": rows})
-        return {"topics": topics}
+        entries = [QueueOffset(topic["name"], p["partition_index"], p["committed_offset"])
+                   for topic in req["topics"] for p in topic["partitions"]]
+        errors = [None] * len(entries) if refused is not None else await self.groups.commit_at_leaders(group, entries)
+        codes = iter([refused if refused is not None else Err.NONE if err is None else _group_code(err)
+                      for err in errors])
+        return {"topics": [{"name": topic["name"], "partitions": [
+            {"partition_index": p["partition_index"], "error_code": next(codes)} for p in topic["partitions"]]}
+            for topic in req["topics"]]}
 
-    def offset_fetch(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
+    async def offset_fetch(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
         if version < 8:
-            found = self._group(req["group_id"], req["topics"])
+            found = await self._group(req["group_id"], req["topics"])
             return {"topics": found["topics"], "error_code": found["error_code"]}
-        return {"groups": [{"group_id": group["group_id"], **self._group(group["group_id"], group["topics"])}
+        return {"groups": [{"group_id": group["group_id"], **await self._group(group["group_id"], group["topics"])}
                            for group in req["groups"]]}
 
-    def _group(self, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """One group's committed offsets, of ``topics`` (None: every topic it committed here)."""
+    async def _group(self, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """One group's committed offsets, of ``topics`` (None: every topic it committed on this
+        broker), each asked of its queue's leader."""
         try:
             if topics is None:
                 try:
@@ -60,15 +57,18 @@ class Offsets:
                         for name, queues in sorted(committed.items())]
                 return {"error_code": 0, "topics": rows}
             refs = [QueueRef(topic["name"], q) for topic in topics for q in topic["partition_indexes"]]
-            offsets = dict(zip(refs, self.groups.committed_offsets(group, refs), strict=True))
+            found = iter(await self.groups.committed_at_leaders(group, refs))
         except GmsError as err:
             return {"error_code": _group_code(err), "topics": []}
         return {"error_code": 0, "topics": [
-            {"name": topic["name"], "partitions": [_row(q, offsets[QueueRef(topic["name"], q)])
-                                                   for q in topic["partition_indexes"]]} for topic in topics]}
+            {"name": topic["name"], "partitions": [_row(q, next(found)) for q in topic["partition_indexes"]]}
+            for topic in topics]}
 
 
-def _row(queue_id: int, offset: int | None) -> dict[str, Any]:
+def _row(queue_id: int, offset: int | GmsError | None) -> dict[str, Any]:
+    if isinstance(offset, GmsError):
+        return {"partition_index": queue_id, "committed_offset": -1, "committed_leader_epoch": -1, "metadata": "",
+                "error_code": _group_code(offset)}
     return {"partition_index": queue_id, "committed_offset": -1 if offset is None else offset,
             "committed_leader_epoch": -1, "metadata": "", "error_code": 0}
 

@@ -35,11 +35,12 @@ def cluster(tmp_path_factory):
         running.stop()
 
 
-def test_metadata_names_every_broker_and_each_partitions_leader_and_isr(cluster):
+def _settled_topic(cluster) -> tuple[str, object]:
+    """A new topic of QUEUES queues on every broker, once Metadata shows each with a leader and
+    a full ISR; (its name, that Metadata)."""
     topic = f"t-{uuid.uuid4().hex[:8]}"
     with Admin(nameserver=cluster.nameserver) as admin:
         admin.create_topic(topic, QUEUES, replicas=BROKERS)
-    endpoints = {broker.kafka for broker in cluster.brokers}
     admin = AdminClient({"bootstrap.servers": cluster.brokers[0].kafka})
 
     def settled() -> bool:
@@ -48,7 +49,12 @@ def test_metadata_names_every_broker_and_each_partitions_leader_and_isr(cluster)
         return (partitions is not None and len(partitions.partitions) == QUEUES
                 and all(p.leader >= 0 and len(p.isrs) == BROKERS for p in partitions.partitions.values()))
     wait_until(settled, WAIT_S)
-    metadata = admin.list_topics(timeout=WAIT_S)
+    return topic, admin.list_topics(timeout=WAIT_S)
+
+
+def test_metadata_names_every_broker_and_each_partitions_leader_and_isr(cluster):
+    topic, metadata = _settled_topic(cluster)
+    endpoints = {broker.kafka for broker in cluster.brokers}
     assert {f"{b.host}:{b.port}" for b in metadata.brokers.values()} == endpoints
     leaders = {p.leader for p in metadata.topics[topic].partitions.values()}
     assert leaders <= set(metadata.brokers) and len(leaders) > 1  # the queues are spread
@@ -71,3 +77,24 @@ def test_metadata_names_every_broker_and_each_partitions_leader_and_isr(cluster)
     finally:
         consumer.close()
     assert got == {queue: b"to-%d" % queue for queue in range(QUEUES)}
+
+
+def test_a_commit_to_the_coordinator_is_stored_at_each_partitions_leader(cluster):
+    topic, metadata = _settled_topic(cluster)
+    gms_address = {broker.kafka: broker.address for broker in cluster.brokers}
+    leader_of = {p.id: gms_address[f"{metadata.brokers[p.leader].host}:{metadata.brokers[p.leader].port}"]
+                 for p in metadata.topics[topic].partitions.values()}
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[0].kafka, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, queue, 10 + queue) for queue in range(QUEUES)],
+                        asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, queue) for queue in range(QUEUES)], timeout=WAIT_S)
+    finally:
+        consumer.close()
+    assert [(tp.offset, tp.error) for tp in committed] == [(10 + queue, None) for queue in range(QUEUES)]
+    with Admin(nameserver=cluster.nameserver) as admin:
+        held = admin.group_describe(group)["offsets"]
+    stored = {queue: broker for broker, topics in held.items() for queue in topics.get(topic, {})}
+    assert stored == leader_of  # where gms consumers of the group read them
