@@ -33,6 +33,10 @@ EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
 FETCH_WAIT_MAX_MS = 30_000  # a fetch's max_wait_ms is capped here (and by the broker's long_poll_max_ms)
 
 
+class UnansweredError(Exception):
+    """A request without an answer failed: the server closes the connection."""
+
+
 def _partition_error(code: int, message: str | None = None) -> dict[str, Any]:
     return {"error_code": code, "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
             "error_message": message}
@@ -46,7 +50,8 @@ class Data:
     # -- Produce -----------------------------------------------------------------------------------
 
     async def produce(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any] | None:
-        """The answer, or None for acks=0 (the client expects none)."""
+        """The answer, or None for acks=0 (the client expects none; UnansweredError when a
+        partition failed: the connection closes, so the client refreshes its metadata)."""
         acks = req["acks"]
         started = time.perf_counter()
         waits: list[tuple[dict[str, Any], Awaitable[dict[str, Any]]]] = []
@@ -68,7 +73,12 @@ class Data:
         if waits:
             for (row, _), outcome in zip(waits, await asyncio.gather(*(wait for _, wait in waits)), strict=True):
                 row.update(outcome)
-        return None if acks == 0 else {"responses": topics}
+        if acks != 0:
+            return {"responses": topics}
+        failed = [row for rows in topics for row in rows["partition_responses"] if row["error_code"]]
+        if failed:  # as Kafka: the producer expects no answer, so the connection closes instead
+            raise UnansweredError(f"acks=0 produce failed: {failed[0]['error_message']}")
+        return None
 
     def _store(self, topic: str, queue_id: int, data: memoryview | None, acks: int, started: float,
                client: str) -> dict[str, Any] | Awaitable[dict[str, Any]]:

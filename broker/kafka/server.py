@@ -19,7 +19,7 @@ from typing import Any
 from gms.address import join_address
 from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, unsupported_api_versions, write_response
 from gms.broker.kafka.cluster import Cluster
-from gms.broker.kafka.data import Data
+from gms.broker.kafka.data import Data, UnansweredError
 from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.wire import Malformed, Reader
@@ -144,6 +144,9 @@ class KafkaEndpoint:
             body = handler(request, header.api_version, client)
             if asyncio.iscoroutine(body):
                 body = await body
+        except UnansweredError as err:
+            log.info("kafka client %s: %s: closing", client, err)
+            return None
         except Exception:
             log.exception("kafka %s v%d from %s failed: closing", ApiKey(header.api_key).name, header.api_version,
                           client)

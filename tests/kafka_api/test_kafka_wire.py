@@ -128,3 +128,14 @@ def test_a_batch_for_a_partition_the_topic_lacks_is_refused(bootstrap, topic):
     codes = [r["partition_responses"][0]["error_code"] for r in answer["responses"]]
     assert all(code != 0 for code in codes), codes
     assert codes[1] == Err.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_an_acks_0_produce_that_fails_closes_the_connection(bootstrap, topic):
+    with connect(bootstrap) as sock:
+        request = {"acks": 0, "timeout_ms": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": bytes(_batch())}]}]}
+        sock.sendall(encode(ApiKey.PRODUCE, 9, request))  # stored: no answer, the connection stays
+        assert call(sock, ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
+        request["topic_data"][0]["name"] = "no-such-topic"
+        sock.sendall(encode(ApiKey.PRODUCE, 9, request))
+        assert closed(sock)
