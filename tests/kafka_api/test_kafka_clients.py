@@ -181,3 +181,28 @@ def test_a_batch_larger_than_one_gms_send_is_stored_whole_and_in_order(bootstrap
     assert sorted(offsets, key=lambda row: row[1]) == [(None, i, b"%020d" % i) for i in range(count)]
     got = consume(bootstrap, topic, 0, count)
     assert [m.value() for m in got] == [b"%020d" % i for i in range(count)]
+
+
+def test_a_kafka_producers_messages_reach_a_rocketmq_5_client(bootstrap, topic, standalone):
+    rocketmq = pytest.importorskip("rocketmq", reason="the official RocketMQ client is the `rocketmq` extra")
+    endpoint = standalone["rocketmq"].split()[0]
+    consumer = rocketmq.SimpleConsumer(rocketmq.ClientConfiguration(endpoint, rocketmq.Credentials()), "g-kafka-rmq",
+                                       {topic: rocketmq.FilterExpression("A")}, await_duration=1)
+    consumer.startup()
+    try:
+        consumer.receive(16, 10)  # gms starts a new group at the end of its queues: this places it
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        for i, tag in enumerate(["A", "B", "A"]):
+            producer.produce(topic, value=b"r%d" % i, key=b"rk%d" % i, partition=i % 2,
+                             headers=[("gms.tag", tag.encode()), ("p", b"v%d" % i)])
+        assert producer.flush(WAIT_S) == 0
+        got: list = []
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += consumer.receive(16, 10)
+        for message in got:
+            consumer.ack(message)
+    finally:
+        consumer.shutdown()
+    assert sorted((m.body, m.tag, tuple(m.keys), m.properties.get("p")) for m in got) == [
+        (b"r0", "A", ("rk0",), "v0"), (b"r2", "A", ("rk2",), "v2")]
