@@ -29,6 +29,7 @@ from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.identity import record_name, recorded_name
 from gms.broker.kafka.server import KafkaEndpoint
+from gms.broker.kafka.server import Limits as KafkaLimits
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.metrics import BrokerMetrics
@@ -198,7 +199,8 @@ class BrokerServer:
             self.kafka = await KafkaEndpoint.start(
                 self.services, broker_id_for(self.name), self.address, *config.kafka_host_port,
                 advertised_host=split_address(self.address, "advertised address")[0],
-                advertised=config.kafka_advertised, default_queue_count=config.default_queue_count)
+                advertised=config.kafka_advertised, default_queue_count=config.default_queue_count,
+                limits=KafkaLimits(config.connections_max, config.idle_timeout_ms))
         except OSError:
             await self.stop()
             raise

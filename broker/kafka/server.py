@@ -5,7 +5,9 @@ Each connection serves its requests one at a time, in order, as a Kafka broker d
 client pipelines, and expects its answers in the order it asked). A request this endpoint cannot
 serve closes the connection: a frame over FRAME_BYTES_MAX, an API key or version not in
 ApiVersions (ApiVersions itself answers UNSUPPORTED_VERSION, :mod:`.apis`), bytes that do not
-follow the API's schema. A produce request with acks=0 gets no answer, as Kafka's.
+follow the API's schema. A produce request with acks=0 gets no answer, as Kafka's. Connections
+beyond the broker's ``connections_max`` are closed at once, and one silent for its
+``idle_timeout_ms`` is closed (Kafka's connections.max.idle.ms, 10 min by default).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gms.address import join_address
@@ -24,11 +27,20 @@ from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
+from gms.net.server import CONNECTIONS_MAX, IDLE_TIMEOUT_MS
 
 log = logging.getLogger(__name__)
 
 FRAME_BYTES_MAX = 100 << 20  # Kafka's socket.request.max.bytes
 _SIZE = struct.Struct(">i")
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How many clients at once, and how long one may stay silent (Kafka's connections.max.idle.ms)."""
+
+    connections_max: int = CONNECTIONS_MAX
+    idle_timeout_ms: int = IDLE_TIMEOUT_MS
+
 
 Handler = Callable[[dict[str, Any], int, str], Awaitable[dict[str, Any] | None] | dict[str, Any] | None]
 
@@ -37,9 +49,10 @@ class KafkaEndpoint:
     """The server; ``endpoint`` is the host:port clients are told to use (Metadata, etcd)."""
 
     def __init__(self, server: asyncio.Server, port: int, endpoint: str, handlers: dict[ApiKey, Handler],
-                 groups: KafkaGroups) -> None:
+                 groups: KafkaGroups, limits: Limits) -> None:
         self.server = server
         self.groups = groups
+        self.limits = limits
         self.port = port
         self.endpoint = endpoint
         self.handlers = handlers
@@ -47,7 +60,8 @@ class KafkaEndpoint:
 
     @classmethod
     async def start(cls, services: Services, broker_id: str, address: str, host: str, port: int,
-                    advertised_host: str, advertised: str, default_queue_count: int) -> KafkaEndpoint:
+                    advertised_host: str, advertised: str, default_queue_count: int,
+                    limits: Limits | None = None) -> KafkaEndpoint:
         """Listen on ``host:port`` (port 0: a free one). Clients are told ``advertised`` (host:port)
         or, when it is empty, ``advertised_host`` with the bound port; ``address``: the broker's
         gms address, ``broker_id`` its id."""
@@ -80,7 +94,7 @@ class KafkaEndpoint:
             ApiKey.HEARTBEAT: groups.heartbeat,
             ApiKey.LEAVE_GROUP: groups.leave_group,
         }
-        endpoint = cls(server, bound, public, handlers, groups)
+        endpoint = cls(server, bound, public, handlers, groups, limits or Limits())
         groups.start()
         return endpoint
 
@@ -95,12 +109,17 @@ class KafkaEndpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
         client = join_address(peer[0], peer[1]) if isinstance(peer, tuple) else ""
+        if len(self._connections) >= self.limits.connections_max:
+            log.warning("kafka client %s refused: %d connections already", client, len(self._connections))
+            writer.close()
+            return
+        self._connections.add(task)
+        idle_s = self.limits.idle_timeout_ms / 1000
         try:
             while True:
-                size = _SIZE.unpack(await reader.readexactly(4))[0]
+                size = _SIZE.unpack(await asyncio.wait_for(reader.readexactly(4), idle_s))[0]
                 if not 0 < size <= FRAME_BYTES_MAX:
                     log.info("kafka client %s: frame of %d bytes: closing", client, size)
                     return
@@ -110,7 +129,7 @@ class KafkaEndpoint:
                 if answer:
                     writer.write(answer)
                     await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass
         finally:
             self._connections.discard(task)

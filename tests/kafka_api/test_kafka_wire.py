@@ -14,6 +14,7 @@ from gms.broker.kafka.apis import SUPPORTED, ApiKey, request_schema, response_sc
 from gms.broker.kafka.errors import Err
 from gms.broker.kafka.records import KafkaRecord, encode_batch
 from gms.broker.kafka.wire import Reader, Writer
+from tests.processes import wait_until
 
 TIMEOUT_S = 10
 
@@ -97,6 +98,15 @@ def test_a_request_the_broker_cannot_serve_closes_the_connection_and_it_serves_o
         assert call(sock, ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
 
 
+def _served(bootstrap: str) -> bool:
+    try:
+        with connect(bootstrap) as sock:
+            sock.sendall(encode(ApiKey.API_VERSIONS, 3, {}))
+            return read_frame(sock) is not None
+    except ConnectionError:
+        return False
+
+
 def _produce(sock: socket.socket, topic: str, records: bytes) -> dict:
     answer = call(sock, ApiKey.PRODUCE, 9, {"acks": -1, "timeout_ms": 5000, "topic_data": [
         {"name": topic, "partition_data": [{"index": 0, "records": records}]}]})
@@ -139,3 +149,21 @@ def test_an_acks_0_produce_that_fails_closes_the_connection(bootstrap, topic):
         request["topic_data"][0]["name"] = "no-such-topic"
         sock.sendall(encode(ApiKey.PRODUCE, 9, request))
         assert closed(sock)
+
+
+def test_clients_beyond_the_connection_maximum_are_closed_and_the_others_served(broker_factory, tmp_path):
+    config, port_file = tmp_path / "limits.toml", tmp_path / "kafka.port"
+    config.write_text("[broker]\nconnections_max = 2\n")
+    broker_factory("--config", str(config), "--kafka-listen", "127.0.0.1:0", "--kafka-port-file", str(port_file))
+    bootstrap = f"127.0.0.1:{int(port_file.read_text())}"
+    first, second = connect(bootstrap), connect(bootstrap)
+    try:
+        for sock in (first, second):
+            assert call(sock, ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
+        with connect(bootstrap) as third:
+            assert closed(third)
+        first.close()
+        wait_until(lambda: _served(bootstrap), TIMEOUT_S)  # once the broker has seen the close
+    finally:
+        first.close()
+        second.close()
