@@ -8,6 +8,7 @@ one :class:`gms.net.RpcServer`, and runs the broker's periodic chores
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import threading
@@ -44,6 +45,7 @@ from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
 from gms.broker.services.peers import Peers
+from gms.broker.services.replication import ReplicationService
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
@@ -393,6 +395,8 @@ class BrokerServer:
         self.timers.leadership_changed()
         self.transactions.leadership_changed()
         self.pop.leadership_changed()
+        if self._services is not None:
+            self._services.topics.assignments_applied()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
                            security: ClientSecurity) -> None:
@@ -417,7 +421,7 @@ class BrokerServer:
             self.metrics.hw_latency = self.replicas.hw_latency
         if self._services is not None:
             self._services.messages.replicas = self.replicas
-        leader = LeaderHandlers(self.replicas)
+        leader = LeaderHandlers(ReplicationService(self.replicas))
         self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 
@@ -439,7 +443,7 @@ class BrokerServer:
                                                    self.config.long_poll_max_ms),
             topics=TopicService(self),
             dead_letters=DeadLetterService(self, peers))
-        messages.arrival = lambda topic, timeout_s: services.topics.arrival(topic, timeout_s, led_here=True)
+        messages.arrival = functools.partial(services.topics.arrivals, led_here=True)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)

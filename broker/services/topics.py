@@ -16,8 +16,10 @@ disagree with the routes (a direct DELETE_TOPIC wiped a replica the nameserver k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often a topic on its way is looked for: the view and the broker's assignment change on
-# other threads and tasks; this polling runs only for a topic etcd has and this broker does not yet.
-ARRIVAL_POLL_S = 0.02
+# How often a topic on its way is looked for while no assignment is applied here (the view changes
+# on the etcd watch thread); an applied assignment wakes every waiter at once. Runs only for a
+# topic etcd has and this broker does not serve yet.
+ARRIVAL_POLL_S = 0.05
 REQUEST_TIMEOUT_MS = 10_000  # a request to a nameserver
 
 
@@ -66,6 +69,7 @@ class TopicService:
     def __init__(self, broker: BrokerServer) -> None:
         self.broker = broker
         self.store = broker.store
+        self._applied = asyncio.Event()  # set (and replaced) each time an assignment is applied here
 
     def refuse_in_cluster(self, what: str, topic: object) -> None:
         """BadRequestError for a topic change on a broker in a cluster (see the module docstring)."""
@@ -196,43 +200,64 @@ class TopicService:
             return self.store.topic_limits(topic).message_type
         return registration.topic(topic).settings.message_type
 
-    async def arrival(self, topic: str, timeout_s: float, *, led_here: bool) -> None:
-        """Return once the cluster's view holds ``topic`` and, with ``led_here``, this broker leads a
-        queue of it wherever the view names it leader (it has applied the topic's assignment); at
-        once for a topic etcd does not hold either, or a lone broker (it creates topics in place),
-        and after ``timeout_s`` regardless: the caller then answers what it finds."""
-        registration = self.broker.registration
-        if registration is None or not self._arriving(topic, led_here):
-            return
-        if not registration.has_topic(topic):
-            try:  # one etcd read tells a topic on its way from one that does not exist
-                if not await asyncio.to_thread(registration.topic_in_etcd, topic):
-                    return
-            except EtcdUnavailable as err:
-                log.debug("cannot ask etcd about topic %s (%s): answering from the view", topic, err)
-                return
-        deadline = time.monotonic() + timeout_s
-        while self._arriving(topic, led_here) and (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(ARRIVAL_POLL_S, left))
+    async def arrival(self, topic: str, timeout_s: float, *, led_here: bool,
+                      queues: Collection[int] | None = None) -> None:
+        """:meth:`arrivals` of one topic."""
+        await self.arrivals({topic: queues}, timeout_s, led_here=led_here)
 
-    def _arriving(self, topic: str, led_here: bool) -> bool:
+    async def arrivals(self, topics: Mapping[str, Collection[int] | None], timeout_s: float, *,
+                       led_here: bool) -> None:
+        """Return once the cluster's view holds each of ``topics`` and, with ``led_here``, this
+        broker leads a queue of it (each of its queues given) wherever the view names it leader (it
+        has applied the topic's assignment); at once for topics etcd does not hold either, or on
+        a lone broker (it creates topics in place), and after ``timeout_s`` regardless: the caller
+        then answers what it finds. One waiter for them all, woken by each applied assignment."""
+        registration = self.broker.registration
+        if registration is None:
+            return
+        waiting = {t: q for t, q in topics.items() if self._arriving(t, led_here, q)}
+        unknown = [t for t in waiting if not registration.has_topic(t)]
+        if unknown:
+            try:  # one etcd read tells a topic on its way from one that does not exist
+                held = await asyncio.to_thread(lambda: [t for t in unknown if registration.topic_in_etcd(t)])
+            except EtcdUnavailable as err:
+                log.debug("cannot ask etcd about topics %s (%s): answering from the view", unknown[:3], err)
+                return
+            for topic in set(unknown) - set(held):
+                del waiting[topic]
+        deadline = time.monotonic() + timeout_s
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), min(ARRIVAL_POLL_S, left))
+            waiting = {t: q for t, q in waiting.items() if self._arriving(t, led_here, q)}
+
+    def assignments_applied(self) -> None:
+        """Wake the :meth:`arrivals` waiting: this broker has just applied an assignment."""
+        self._applied.set()
+        self._applied = asyncio.Event()
+
+    def _arriving(self, topic: str, led_here: bool, queues: Collection[int] | None) -> bool:
         """Whether ``topic`` is not yet as the cluster made it: not in the view, or (``led_here``)
-        routed to this broker's leadership but not led here. A send to a queue led here costs one
-        look at the broker's own queues."""
+        a queue of it (of ``queues``) routed to this broker's leadership is not led here yet.
+        A send to queues led here costs one look at the broker's own queues."""
         registration = self.broker.registration
         if registration is None:
             return False
+        led: Collection[int] = ()
         if led_here:
             try:
-                if self.queues_led(topic):
-                    return False
+                led = set(self.queues_led(topic))
             except TopicNotFoundError:
                 pass
+            if led and (queues is None or all(queue_id in led for queue_id in queues)):
+                return False
         try:
             route = registration.route(topic)
         except TopicNotFoundError:
             return True
-        return led_here and any(queue.leader_address == self.broker.address for queue in route.queues)
+        return led_here and any(
+            queue.leader_address == self.broker.address and queue.queue_id not in led
+            and (queues is None or queue.queue_id in queues) for queue in route.queues)
 
     def topics(self) -> dict[str, int]:
         """Topic → queue count."""
