@@ -10,8 +10,9 @@
   fetch answers a tagged record's tag as that header;
 - a null value is stored as an empty body (answered as an empty value).
 
-Both directions are a Python loop over the messages of a batch (see ``docs/kafka-compat.md``:
-what a C conversion would save).
+A produce converts record by record here (a Python step per message: docs/kafka-compat.md); a
+fetch converts the records without a tag or properties column by column (:mod:`.fetched`) and
+the others one by one here.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def to_gms(topic: str, queue_id: int, record: KafkaRecord, born_host: str) -> by
 
 def from_gms(views: list[memoryview]) -> tuple[int, list[KafkaRecord]]:
     """The Kafka records of stored gms records (views of one or more adjacent records, in offset
-    order, CRCs checked by the store): the first one's offset, and each with its delta from it."""
+    order, CRCs checked by the store): the first one's offset, and each with its delta from it.
+    The reference the vectorised conversion (:mod:`.fetched`) is tested against."""
     records = [rec for view in views for rec in iter_records(view, verify_crc=False)]
     base = records[0].queue_offset
     return base, [kafka_record(rec, base) for rec in records]

@@ -173,7 +173,7 @@ def _zigzag(v: int) -> bytes:
 
 def encode_batch(base_offset: int, records: list[KafkaRecord], leader_epoch: int = -1) -> bytes:
     """An uncompressed batch of ``records`` (their offset deltas from ``base_offset``, timestamps
-    CreateTime), as a fetch answers it."""
+    CreateTime): the record-by-record reference of :mod:`.fetched`'s batches."""
     base_ts = min(rec.timestamp_ms for rec in records)
     return wrap_batch(base_offset, encode_records(records, base_ts), len(records), records[-1].offset_delta, base_ts,
                       max(rec.timestamp_ms for rec in records), leader_epoch)
