@@ -23,6 +23,7 @@ from gms.broker.kafka.records import (
     decode_batch,
     encode_batch,
     split_batches,
+    wrap_batch,
 )
 from gms.broker.kafka.wire import Reader, Writer
 from gms.record import encode_record
@@ -116,3 +117,16 @@ def test_records_with_a_tag_or_properties_are_converted_with_headers():
     buf = bytearray(encode_record(topic="t", body=b"b", tag="T", properties={"p": "1"}, born_ts_ms=5))
     (record,) = decode_batch(memoryview(fetched_batch([memoryview(buf)]))).records
     assert (record.value, record.headers) == (b"b", [("p", b"1"), ("gms.tag", b"T")])
+
+
+@pytest.mark.parametrize("records", [
+    b"\x02",  # a record of 1 byte: cut short
+    b"\x7f" + b"\x00" * 4,  # a length past the end
+    b"\x10\x00\x00\x00\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f",  # a value length of 11 varint bytes
+    b"\x0c\x00\x00\x00\x01\x0a\x00\x02\x02\xff\x00\x00",  # a value running past its record
+    b"\x0e\x00\x00\x00\x01\x00\x02\x02\xff\x01\x00\x00\x00\x00",  # a header key that is not UTF-8
+], ids=["cut-short", "length-past-end", "varint-too-long", "field-past-record", "header-key-not-utf8"])
+def test_a_batch_whose_crc_holds_but_whose_records_do_not_decode_is_corrupt(records):
+    batch = wrap_batch(0, records, 1, 0, 0, 0)
+    with pytest.raises(CorruptBatch):
+        decode_batch(memoryview(batch))
