@@ -88,7 +88,7 @@ def test_the_check_sees_a_wrong_way_import(tmp_path):
 
 # The gms wire protocol's messages stay in its adapter (broker/*_handlers.py): the services take
 # and answer typed values, and other protocols' adapters call the services (docs/architecture.md).
-FRAME_FREE = ("broker/services", "broker/rocketmq")
+FRAME_FREE = ("broker/services", "broker/rocketmq", "broker/kafka")
 WIRE_MESSAGES = {"Frame", "Response"}
 
 
@@ -133,19 +133,42 @@ def attributes_used(root: Path, path: Path, names: set[str]) -> list[str]:
             if isinstance(node, ast.Attribute) and node.attr in names]
 
 
+# The modules the Kafka endpoint may not import: the store (module or package), the cluster view and
+# the registration, replication, and the gms wire handlers. (The RocketMQ endpoint imports the
+# store's GetStatus, a type the message service answers.)
+INTERNAL_MODULES = ("gms.broker.store", "gms.broker.registration", "gms.cluster.cluster_view", "gms.broker.ha",
+                    "gms.broker.commitlog", "gms.broker.consumequeue")
+ADAPTERS = ("broker/rocketmq", "broker/kafka")
+
+
+def _internal(module: str) -> bool:
+    return module.endswith("_handlers") or any(module == m or module.startswith(m + ".") for m in INTERNAL_MODULES)
+
+
 def internals_reached(root: Path = ROOT) -> list[str]:
-    return [found for path in sorted((root / "broker/rocketmq").rglob("*.py"))
-            for found in attributes_used(root, path, BROKER_INTERNALS)]
+    found = []
+    for folder in ADAPTERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            found += attributes_used(root, path, BROKER_INTERNALS)
+            if folder == "broker/kafka":
+                found += [f"{path.relative_to(root)}:{line}: import {module}" for line, module in _imports(path)
+                          if _internal(module)]
+    return found
 
 
-def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
+def test_protocol_endpoints_reach_the_broker_through_its_services():
     assert internals_reached() == []
 
 
 def test_the_check_sees_a_reach_into_the_store(tmp_path):
     (tmp_path / "broker/rocketmq").mkdir(parents=True)
     (tmp_path / "broker/rocketmq/bad.py").write_text("def f(broker):\n    return broker.store.get('t', 0, 0)\n")
-    assert internals_reached(tmp_path) == ["broker/rocketmq/bad.py:2: .store"]
+    (tmp_path / "broker/kafka").mkdir(parents=True)
+    (tmp_path / "broker/kafka/bad.py").write_text("from gms.broker.store.append import x\nimport gms.broker.ha\n"
+                                                  "from gms.broker.message_handlers import y\n")
+    assert internals_reached(tmp_path) == [
+        "broker/rocketmq/bad.py:2: .store", "broker/kafka/bad.py:1: import gms.broker.store.append",
+        "broker/kafka/bad.py:2: import gms.broker.ha", "broker/kafka/bad.py:3: import gms.broker.message_handlers"]
 
 
 # Replication's wire handlers (REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH) are an adapter of the replication

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from gms.address import split_address
 from gms.broker.services.groups import check_group_name
+from gms.broker.services.peers import Peers
 from gms.cluster.model import GroupSettings
 from gms.errors import (
     GmsError,
@@ -47,7 +48,6 @@ from gms.naming import (
     copy_properties,
     dlq_topic,
 )
-from gms.net import Connection
 from gms.protocol.codes import RequestCode
 from gms.record import decode_record, encode_record
 from gms.record.sequence import BatchSequence, stamp_sequence
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 SETTINGS_CACHED_MAX = 10_000  # groups whose settings are kept; the one read longest ago goes first
 SETTINGS_TTL_S = 10.0  # a changed `gms group config` is seen this soon
-REQUEST_TIMEOUT_MS = 10_000
 SEND_ATTEMPTS = 11  # as the SDK's dead-letter producer: a send and 10 retries
 RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S = 0.1, 1.0
 ROUTE_WAIT_S = 10.0  # for a new dead-letter topic's leader
@@ -97,11 +96,11 @@ class _Producer:
 
 
 class DeadLetterService:
-    def __init__(self, broker: BrokerServer) -> None:
+    def __init__(self, broker: BrokerServer, peers: Peers) -> None:
         self.broker = broker
         self._settings: dict[str, tuple[float, GroupSettings]] = {}  # group: (read at, settings)
         self._producers: dict[str, _Producer] = {}  # dead-letter topic: its producer
-        self._connections: dict[str, Connection] = {}  # address: connection
+        self.peers = peers
 
     async def settings(self, group: str) -> GroupSettings:
         """The group's settings, kept SETTINGS_TTL_S (the defaults when it has none, standalone,
@@ -160,7 +159,7 @@ class DeadLetterService:
         if not registration.has_topic(topic) and not await asyncio.to_thread(registration.topic_in_etcd, topic):
             replicas = max(1, min(GROUP_TOPIC_REPLICAS_MAX, len(registration.live_brokers())))
             try:
-                await self._nameserver_request(RequestCode.CREATE_TOPIC, {
+                await self.broker.services.topics.nameserver_request(RequestCode.CREATE_TOPIC, {
                     "topic": topic, "queues": 1, "replicas": replicas, SYSTEM_TOPIC_FIELD: True})
             except TopicAlreadyExistsError:
                 pass
@@ -230,41 +229,7 @@ class DeadLetterService:
         if leader == self.broker.address:
             await self.broker.services.messages.stored(copy, -1)
             return
-        connection = await self._connection(leader)
-        try:
-            await connection.request(RequestCode.SEND, {"acks": -1}, bytes(copy), timeout_ms=REQUEST_TIMEOUT_MS)
-        except GmsError:
-            if connection.closed:
-                self._connections.pop(leader, None)
-            raise
-
-    async def _connection(self, address: str) -> Connection:
-        connection = self._connections.get(address)
-        if connection is None or connection.closed:
-            host, port = split_address(address, "broker address")
-            connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS, request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                               security=self.broker.config.security.outgoing())
-            self._connections[address] = connection
-        return connection
-
-    async def _nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
-        """One request to the first nameserver that answers (its error if it refuses)."""
-        failed: GmsError | None = None
-        for address in self._registration().nameservers:
-            try:
-                host, port = split_address(address, "nameserver address")
-                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
-                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                                   security=self.broker.config.security.outgoing())
-            except ServiceUnavailableError as err:
-                failed = err
-                continue
-            try:
-                await connection.request(code, fields)
-                return
-            finally:
-                connection.close()
-        raise failed or ServiceUnavailableError("no nameserver to ask")
+        await self.peers.request(leader, RequestCode.SEND, {"acks": -1}, bytes(copy))
 
     def _registration(self) -> BrokerRegistration:
         registration = self.broker.registration
@@ -273,6 +238,4 @@ class DeadLetterService:
         return registration
 
     def close(self) -> None:
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
+        self.peers.close()

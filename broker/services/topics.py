@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gms import __version__
+from gms.address import split_address
 from gms.broker.topics import TopicLimits
 from gms.cluster.errors import EtcdUnavailable
 from gms.cluster.model import BrokerInfo
-from gms.errors import BadRequestError, NotLeaderError, TopicNotFoundError
+from gms.errors import BadRequestError, GmsError, NotLeaderError, ServiceUnavailableError, TopicNotFoundError
 from gms.naming import check_creatable
+from gms.net import Connection
+from gms.protocol.codes import RequestCode
 from gms.store_errors import UnknownTopic
 
 if TYPE_CHECKING:
@@ -40,6 +43,19 @@ log = logging.getLogger(__name__)
 # on the etcd watch thread); an applied assignment wakes every waiter at once. Runs only for a
 # topic etcd has and this broker does not serve yet.
 ARRIVAL_POLL_S = 0.05
+REQUEST_TIMEOUT_MS = 10_000  # a request to a nameserver
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlacement:
+    """Who holds a queue in the cluster: its leader (None while down), every registered replica
+    (``assigned``, preferred leader first) and those in sync, with the leader's epoch."""
+
+    queue_id: int
+    leader: BrokerInfo | None
+    assigned: tuple[BrokerInfo, ...]
+    isr: tuple[BrokerInfo, ...]
+    leader_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +128,70 @@ class TopicService:
         live = {info.address: info for info in registration.live_brokers()}
         return [(queue.queue_id, live[queue.leader_address]) for queue in registration.route(topic).queues
                 if queue.leader_address in live]
+
+    def live_brokers(self) -> list[BrokerInfo] | None:
+        """The cluster's registered brokers (sorted by id); None on a broker without nameservers."""
+        registration = self.broker.registration
+        return None if registration is None else registration.live_brokers()
+
+    def queue_counts(self) -> dict[str, int]:
+        """Every topic with its queue count: the cluster's (as the nameservers route them), or a
+        broker without nameservers its own."""
+        registration = self.broker.registration
+        return self.store.topics() if registration is None else registration.topic_queue_counts()
+
+    def placement(self, topic: str) -> list[QueuePlacement] | None:
+        """:meth:`leaders` with each queue's replicas and ISR, every queue (one whose leader is down
+        with none); None on a broker without nameservers. TopicNotFoundError: no such topic."""
+        registration = self.broker.registration
+        if registration is None:
+            return None
+        live = {info.address: info for info in registration.live_brokers()}
+
+        def known(addresses: tuple[str, ...]) -> tuple[BrokerInfo, ...]:
+            return tuple(live[address] for address in addresses if address in live)
+        return [QueuePlacement(queue.queue_id, live.get(queue.leader_address or ""), known(queue.replica_addresses),
+                              known(queue.isr_addresses), queue.leader_epoch)
+                for queue in registration.route(topic).queues]
+
+    async def create_in_cluster(self, topic: str, queues: int, replicas: int, timeout_s: float) -> None:
+        """Create ``topic``: on this broker when it has no nameservers, else through them, and
+        wait (up to ``timeout_s``) until this broker's view holds it."""
+        if not self.broker.config.nameserver:
+            await self.create_topic(topic, queues, {})
+            return
+        await self.nameserver_request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues,
+                                                                 "replicas": replicas})
+        await self.arrival(topic, timeout_s, led_here=False)
+
+    async def delete_in_cluster(self, topic: str) -> None:
+        """Delete ``topic``: on this broker when it has no nameservers, else through them."""
+        if not self.broker.config.nameserver:
+            await self.delete_topic(topic)
+            return
+        await self.nameserver_request(RequestCode.DELETE_TOPIC, {"topic": topic})
+
+    async def nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
+        """One request to the first nameserver that answers (its error if it refuses)."""
+        registration = self.broker.registration
+        if registration is None:
+            raise ServiceUnavailableError("the broker is not registered with the cluster yet: retry")
+        failed: GmsError | None = None
+        for address in registration.nameservers:
+            try:
+                host, port = split_address(address, "nameserver address")
+                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
+                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                                   security=self.broker.config.security.outgoing())
+            except ServiceUnavailableError as err:
+                failed = err
+                continue
+            try:
+                await connection.request(code, fields)
+                return
+            finally:
+                connection.close()
+        raise failed or ServiceUnavailableError("no nameserver to ask")
 
     def message_type(self, topic: str) -> str | None:
         """``topic``'s message type (gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed)."""
