@@ -202,7 +202,7 @@ def gms_standalone(root: Path) -> Iterator[tuple[str, int]]:
     gms = str(Path(sys.executable).parent / "gms")
     argv = [gms, "standalone", "--data-dir", str(root / "data"), "--nameserver-port", "0", "--broker-port", "0",
             "--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0",
-            "--rocketmq-port", "0",
+            "--rocketmq-port", "0", "--kafka-port", "0",
             "--commitlog-file-size", str(1 << 30),  # the broker default, as measured before (not standalone's)
             "--log-level", "warning"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -104,7 +104,7 @@ def gms_standalone(data_dir: Path, secure: bool) -> Iterator[Standalone]:
     ``--secure``: the CA and the admin password come from the banner)."""
     gms = str(Path(sys.executable).parent / "gms")
     argv = [gms, "standalone", "--data-dir", str(data_dir), "--nameserver-port", "0", "--broker-port", "0",
-            "--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0",
+            "--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0", "--kafka-port", "0",
             "--commitlog-file-size", str(1 << 30),  # the broker default, as measured before (not standalone's)
             "--log-level", "warning", *(["--secure"] if secure else [])]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

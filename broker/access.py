@@ -11,7 +11,7 @@ FETCH                                     subscribe on the group (if any) and on
                                           topic (checked by the handler: a forbidden
                                           topic fails its queues' rows alone)
 POP_MESSAGE, ACK_MESSAGE, CHANGE_INVIS.   subscribe on the topic and on the group
-QUERY_*_OFFSET, TOPIC_STATS               describe on the topic
+QUERY_*_OFFSET, TOPIC_STATS               describe on the topic (each topic TOPIC_STATS names)
 VIEW_MESSAGE_BY_ID                        subscribe on the message's topic
 FIND_BY_KEY                               subscribe on the topic
 CANCEL_SCHEDULED                          publish on the message's topic
@@ -77,6 +77,15 @@ def _heartbeat(fields: Mapping[str, Any]) -> list[Check]:
     return [("group", group_name_field(fields), "subscribe"), *(("topic", t, "subscribe") for t in subscription)]
 
 
+def _topic_or_topics(action: str) -> Policy:
+    """``action`` on the request's ``topic``, or on each of its ``topics``."""
+    def checks(fields: Mapping[str, Any]) -> list[Check]:
+        if "topics" not in fields:
+            return on_topic(action)(fields)
+        return [check for entry in topic_entries(fields) for check in on_topic(action)(entry)]
+    return checks
+
+
 def _group_queues(rows: str, decode: Callable[[Mapping[str, Any], str], Sequence[QueueRef | QueueOffset]]) -> Policy:
     def checks(fields: Mapping[str, Any]) -> list[Check]:
         topics = {row.topic for row in decode(fields, rows)} if rows in fields else set()
@@ -93,7 +102,7 @@ POLICY: dict[int, Policy] = {
     RequestCode.QUERY_MIN_OFFSET: on_topic("describe"),
     RequestCode.QUERY_MAX_OFFSET: on_topic("describe"),
     RequestCode.QUERY_OFFSET_BY_TIME: on_topic("describe"),
-    RequestCode.TOPIC_STATS: on_topic("describe"),
+    RequestCode.TOPIC_STATS: _topic_or_topics("describe"),
     RequestCode.FIND_BY_KEY: on_topic("subscribe"),
     RequestCode.HEARTBEAT: _heartbeat,
     RequestCode.UNREGISTER_CONSUMER: _group("subscribe"),

@@ -42,6 +42,10 @@ class BrokerConfig:
     metrics_listen: str = ""
     # host:port of the RocketMQ 5 gRPC API (docs/rocketmq-compat.md; the `rocketmq` extra); empty: none.
     rocketmq_listen: str = ""
+    # host:port of the Kafka API (docs/kafka-compat.md), and the host:port Kafka clients are told
+    # (default: the advertised address's host with the bound port); empty: none.
+    kafka_listen: str = ""
+    kafka_advertised: str = ""
     metrics_per_queue: bool = False  # label messages/bytes in/out by queue too (more series)
     cluster: str = "DefaultCluster"
     store_dir: Path = Path("gms-data/broker")
@@ -90,6 +94,11 @@ class BrokerConfig:
         if self.security.authentication and self.rocketmq_listen:
             raise ValueError("the RocketMQ API does not authenticate its clients yet: it cannot be served with"
                              " authentication on (drop --rocketmq-listen or the [security] authentication)")
+        if self.security.authentication and self.kafka_listen:
+            raise ValueError("the Kafka API does not authenticate its clients yet: it cannot be served with"
+                             " authentication on (drop --kafka-listen or the [security] authentication)")
+        if self.kafka_advertised:
+            split_address(self.kafka_advertised, "kafka advertised address")
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -98,6 +107,10 @@ class BrokerConfig:
     @property
     def rocketmq_host_port(self) -> tuple[str, int]:
         return split_address(self.rocketmq_listen, "rocketmq listen address", port_zero_ok=True)
+
+    @property
+    def kafka_host_port(self) -> tuple[str, int]:
+        return split_address(self.kafka_listen, "kafka listen address", port_zero_ok=True)
 
     @property
     def metrics_host_port(self) -> tuple[str, int]:

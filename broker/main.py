@@ -43,6 +43,10 @@ def raise_fd_limit() -> int:
                                      " port 0 picks a free one).")
 @click.option("--rocketmq-listen", help="host:port of the RocketMQ 5 gRPC API for official RocketMQ clients (default:"
                                       " none; port 0 picks a free one; needs the `rocketmq` extra).")
+@click.option("--kafka-listen", help="host:port of the Kafka API for Kafka clients (default: none; port 0 picks a"
+                                   " free one; docs/kafka-compat.md).")
+@click.option("--kafka-advertised", help="host:port Kafka clients are told to use (default: the advertised address's"
+                                       " host with the --kafka-listen port).")
 @click.option("--store-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the commitlog and queues live (default ./gms-data/broker).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -74,10 +78,12 @@ def raise_fd_limit() -> int:
               help="Write the bound --metrics-listen port here once serving.")
 @click.option("--rocketmq-port-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the bound --rocketmq-listen port here once serving.")
+@click.option("--kafka-port-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the bound --kafka-listen port here once serving.")
 @log_options
 @security_options
-def main(config_path, port_file, metrics_port_file, rocketmq_port_file, flush_mode, commitlog_file_size_bytes,
-         cq_entries_per_file, retention_hours, **broker_overrides) -> None:
+def main(config_path, port_file, metrics_port_file, rocketmq_port_file, kafka_port_file, flush_mode,
+         commitlog_file_size_bytes, cq_entries_per_file, retention_hours, **broker_overrides) -> None:
     """Run a gms broker: the commitlog store and the send/pull/group server."""
     configure_logging_from(broker_overrides)
     security = pop_security_values(broker_overrides)
@@ -95,6 +101,8 @@ def main(config_path, port_file, metrics_port_file, rocketmq_port_file, flush_mo
         raise click.UsageError("--metrics-port-file needs --metrics-listen (or metrics_listen in [broker])")
     if rocketmq_port_file is not None and not config.rocketmq_listen:
         raise click.UsageError("--rocketmq-port-file needs --rocketmq-listen (or rocketmq_listen in [broker])")
+    if kafka_port_file is not None and not config.kafka_listen:
+        raise click.UsageError("--kafka-port-file needs --kafka-listen (or kafka_listen in [broker])")
     if config.rocketmq_listen and not stubs_installed():
         raise click.UsageError(f"--rocketmq-listen needs {ROCKETMQ_EXTRA}")
     log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
@@ -117,8 +125,14 @@ def main(config_path, port_file, metrics_port_file, rocketmq_port_file, flush_mo
             if rocketmq_port_file is not None:
                 write_port_file(rocketmq_port_file, server.rocketmq.port)
             rocketmq = f"; RocketMQ API on {config.rocketmq_host_port[0]}:{server.rocketmq.port}"
+        kafka = ""
+        if server.kafka is not None:
+            if kafka_port_file is not None:
+                write_port_file(kafka_port_file, server.kafka.port)
+            kafka = f"; Kafka API on {config.kafka_host_port[0]}:{server.kafka.port} ({server.kafka.endpoint})"
         metrics = f"; metrics on {config.metrics_host_port[0]}:{server.monitoring.port}" if server.monitoring else ""
-        return f"broker {server.name} serving on {server.address} (store {config.store_dir}){metrics}{rocketmq}"
+        return (f"broker {server.name} serving on {server.address} (store {config.store_dir})"
+                f"{metrics}{rocketmq}{kafka}")
 
     sys.exit(run(serve_until_signalled(
         server, "broker", log, port_file=port_file,

@@ -28,7 +28,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -112,6 +112,33 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class PendingDirSyncs:
+    """Directories whose entries changed (a file or directory made in them) and are not synced
+    yet: :meth:`sync` fsyncs them, deepest first, before whatever counts on those entries is
+    called durable. Made on one thread, synced by the checkpoint on another."""
+
+    def __init__(self) -> None:
+        self._dirs: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def add(self, dirs: Iterable[Path]) -> None:
+        with self._lock:
+            self._dirs.update(dirs)
+
+    def sync(self) -> None:
+        """fsync them (one deleted since needs none); on a failure they stay pending."""
+        with self._lock:
+            dirs, self._dirs = self._dirs, set()
+        for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+            try:
+                fsync_dir(directory)
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                self.add(dirs)
+                raise
 
 
 def tree_disk_bytes(root: Path) -> int:

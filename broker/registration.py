@@ -207,6 +207,11 @@ class BrokerRegistration:
             raise TopicNotFoundError(f"topic {name} does not exist (not registered yet)")
         return view.topic(name)
 
+    def topic_queue_counts(self) -> dict[str, int]:
+        """Every topic of the cluster with its queue count (watch-fed view; no I/O)."""
+        view = self._view
+        return {} if view is None else {topic.name: topic.queue_count for topic in view.topics()}
+
     def has_topic(self, name: str) -> bool:
         """Whether the watch-fed view holds topic ``name`` (no I/O)."""
         view = self._view

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gms.broker.mapped_file import MappedFile, fsync_dir, list_files
+from gms.broker.mapped_file import MappedFile, PendingDirSyncs, fsync_dir, list_files
 from gms.private_files import make_private_dir
 from gms.store_errors import StoreInvariantBroken
 
@@ -42,7 +42,7 @@ class SegmentList:
         self.file_size_bytes = file_size_bytes
         self.files = files  # replaced, never mutated: readers take a snapshot
         self.closing: list[MappedFile] = []  # deleted (unlinked) but still mapped by a reader
-        self.unsynced_dirs: set[Path] = set()  # made or given a file by create(sync_dirs=False)
+        self.unsynced_dirs = PendingDirSyncs()  # made or given a file by create(sync_dirs=False)
 
     @classmethod
     def load(cls, directory: Path, file_size_bytes: int) -> SegmentList:
@@ -93,23 +93,13 @@ class SegmentList:
             for directory in made:
                 fsync_dir(directory)
         else:
-            self.unsynced_dirs.update(made)
-            self.unsynced_dirs.add(self.directory)
+            self.unsynced_dirs.add([*made, self.directory])
         return MappedFile.create(self.directory, base_offset, self.file_size_bytes, allocate_bytes=0,
                                  sync_dir=sync_dirs)
 
     def sync_dirs(self) -> None:
-        """fsync the directories :meth:`create` left unsynced (a directory deleted since, with
-        its queue, needs none)."""
-        dirs, self.unsynced_dirs = self.unsynced_dirs, set()
-        for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
-            try:
-                fsync_dir(directory)
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                self.unsynced_dirs |= dirs  # synced again next time
-                raise
+        """fsync the directories :meth:`create` left unsynced."""
+        self.unsynced_dirs.sync()
 
     def append(self, f: MappedFile) -> None:
         if self.files and f.base_offset != self.files[-1].end_offset:

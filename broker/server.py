@@ -8,6 +8,7 @@ one :class:`gms.net.RpcServer`, and runs the broker's periodic chores
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import threading
@@ -28,6 +29,8 @@ from gms.broker.ha.partition import Role
 from gms.broker.ha.replica_manager import ReplicaManager, ReplicationConfig
 from gms.broker.ha.state_file import ReplicationStateFile
 from gms.broker.identity import record_name, recorded_name
+from gms.broker.kafka.server import KafkaEndpoint
+from gms.broker.kafka.server import Limits as KafkaLimits
 from gms.broker.long_poll import PullWaiters
 from gms.broker.message_handlers import MessageHandlers
 from gms.broker.metrics import BrokerMetrics
@@ -41,6 +44,8 @@ from gms.broker.services.consumption import ConsumptionService
 from gms.broker.services.dead_letters import DeadLetterService
 from gms.broker.services.groups import GroupService
 from gms.broker.services.messages import MessageService
+from gms.broker.services.peers import Peers
+from gms.broker.services.replication import ReplicationService
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
@@ -113,6 +118,7 @@ class BrokerServer:
         self.replicas: ReplicaManager | None = None  # cluster mode only
         self._services: Services | None = None
         self.rocketmq: RocketMQEndpoint | None = None  # the RocketMQ 5 gRPC API (--rocketmq-listen)
+        self.kafka: KafkaEndpoint | None = None  # the Kafka API (--kafka-listen)
         # The newest assignments from the etcd watch thread not yet applied on the event loop.
         self._assignments_lock = threading.Lock()
         self._assignments_next: Assignments | None = None
@@ -173,6 +179,8 @@ class BrokerServer:
         ]
         if self.config.rocketmq_listen:
             await self._start_rocketmq(host)
+        if self.config.kafka_listen:
+            await self._start_kafka()
         if self.config.nameserver:
             await self._register()
 
@@ -183,6 +191,18 @@ class BrokerServer:
         advertised_host = split_address(self.address, "advertised address")[0]
         try:
             self.rocketmq = await RocketMQEndpoint.start(self, host, port, advertised_host)
+        except OSError:
+            await self.stop()
+            raise
+
+    async def _start_kafka(self) -> None:
+        config = self.config
+        try:
+            self.kafka = await KafkaEndpoint.start(
+                self.services, broker_id_for(self.name), self.address, *config.kafka_host_port,
+                advertised_host=split_address(self.address, "advertised address")[0],
+                advertised=config.kafka_advertised, default_queue_count=config.default_queue_count,
+                limits=KafkaLimits(config.connections_max, config.idle_timeout_ms))
         except OSError:
             await self.stop()
             raise
@@ -204,6 +224,7 @@ class BrokerServer:
             broker_id=broker_id_for(self.name), address=self.address, cluster=self.config.cluster,
             caught_up=not self.store.recovered_from_crash,  # KIP-966: not electable until caught up
             rocketmq="" if self.rocketmq is None else self.rocketmq.endpoint,
+            kafka="" if self.kafka is None else self.kafka.endpoint,
         )
 
         def on_assignments(assignments: Assignments) -> None:
@@ -374,6 +395,8 @@ class BrokerServer:
         self.timers.leadership_changed()
         self.transactions.leadership_changed()
         self.pop.leadership_changed()
+        if self._services is not None:
+            self._services.topics.assignments_applied()
 
     def _start_replication(self, broker_id: str, registration: BrokerRegistration,
                            security: ClientSecurity) -> None:
@@ -398,7 +421,7 @@ class BrokerServer:
             self.metrics.hw_latency = self.replicas.hw_latency
         if self._services is not None:
             self._services.messages.replicas = self.replicas
-        leader = LeaderHandlers(self.replicas)
+        leader = LeaderHandlers(ReplicationService(self.replicas))
         self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
 
@@ -407,18 +430,20 @@ class BrokerServer:
                                   self.metrics)
         messages.timers = self.timers
         messages.replicas = self.replicas
+        peers = Peers(self.config.security.outgoing())
         self._services = services = Services(
             messages=messages,
             consumption=ConsumptionService(self.pop, self.waiters, self.config.long_poll_max_ms,
                                            queues_led=self._queues_led, read_limit=self.read_limit,
                                            metrics=self.metrics),
             groups=GroupService(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
-                                self.address, self.readable, on_commit=self.offsets_changed),
+                                self.address, self.readable, on_commit=self.offsets_changed,
+                                leader_of=self._leader_of, peers=peers),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
                                                    self.config.long_poll_max_ms),
             topics=TopicService(self),
-            dead_letters=DeadLetterService(self))
-        messages.arrival = lambda topic, timeout_s: services.topics.arrival(topic, timeout_s, led_here=True)
+            dead_letters=DeadLetterService(self, peers))
+        messages.arrival = functools.partial(services.topics.arrivals, led_here=True)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)
@@ -458,6 +483,17 @@ class BrokerServer:
             RequestCode.DELETE_GROUP: admin.delete_group,
         }.items():
             self.rpc.register(code, handler)
+
+    def _leader_of(self, topic: str, queue_id: int) -> str | None:
+        """The address of a queue's leader as the cluster routes it (None: no nameservers, or not
+        known: the caller acts here)."""
+        if self.registration is None:
+            return None
+        try:
+            queues = self.registration.route(topic).queues
+        except TopicNotFoundError:
+            return None
+        return next((queue.leader_address for queue in queues if queue.queue_id == queue_id), None)
 
     def offsets_changed(self, queues: list[tuple[str, int]]) -> None:
         """Followers copy commits (and deletes) with their fetches: answer the fetches parked on
@@ -505,6 +541,9 @@ class BrokerServer:
         if self.rocketmq is not None:
             await self.rocketmq.stop()
             self.rocketmq = None
+        if self.kafka is not None:
+            await self.kafka.stop()
+            self.kafka = None
         if self._services is not None:
             self._services.dead_letters.close()
         await self.rpc.stop()

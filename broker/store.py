@@ -48,7 +48,7 @@ from gms.broker.commitlog.recovery import recover
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired, pick_tags
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
-from gms.broker.mapped_file import MappedFile, fsync_dir, run_when_idle, tree_disk_bytes
+from gms.broker.mapped_file import MappedFile, PendingDirSyncs, run_when_idle, tree_disk_bytes
 from gms.broker.origins import OriginMap, leader_key, runs
 from gms.broker.producer_state import DuplicateBatch, ProducerStates
 from gms.broker.retention import Housekeeper, deletion_rule
@@ -244,6 +244,7 @@ class MessageStore:
         self._topic_worker = ThreadPoolExecutor(1, thread_name_prefix="gms-topic-admin")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queues_lock = threading.Lock()
+        self._queue_dir_syncs = PendingDirSyncs()  # parents of queue directories made ahead of appends
         self._write_lock = threading.Lock()
         # Held while index files are synced (checkpoint) and while they are closed or deleted
         # (topic delete, queue truncation, retention), so a sync never meets a closed file.
@@ -448,9 +449,12 @@ class MessageStore:
         """Make the index directories of new queues here (the topic worker), not at their first
         append on the request loop: a directory made and synced there cost ~1 ms per queue, and
         the first sends to a thousand new topics stalled the broker's every request for seconds.
-        An empty directory is all an empty queue costs (4 KiB). A failure leaves the rest to
-        the first append, which makes what is missing."""
+        Their parents are synced by the next checkpoint, before it counts any entry of theirs as
+        durable (a directory sync per topic here took seconds for a thousand topics). An empty
+        directory is all an empty queue costs (4 KiB). A failure leaves the rest to the first
+        append, which makes what is missing."""
         root = self.paths.consumequeue
+        changed: set[Path] = set()
         try:
             make_private_dir(root)
             for name, queue_ids in queues.items():
@@ -458,14 +462,13 @@ class MessageStore:
                 if not made:
                     continue
                 topic_dir = made[0].parent
-                new_topic_dir = not topic_dir.is_dir()
+                changed.update((root, topic_dir) if not topic_dir.is_dir() else (topic_dir,))
                 for directory in made:
                     make_private_dir(directory)
-                fsync_dir(topic_dir)
-                if new_topic_dir:
-                    fsync_dir(root)
         except OSError as err:
             log.warning("cannot make the index directories of new queues (%s): their first appends make them", err)
+        finally:
+            self._queue_dir_syncs.add(changed)
 
     def create_topics_async(self, topics: Mapping[str, tuple[int, TopicLimits]]) -> Future[None]:
         """:meth:`create_topics` on the topic worker, after every deletion handed to it before."""
@@ -1164,6 +1167,7 @@ class MessageStore:
                     safe = min(safe, unsynced)
             self._keys.flush()
             self._origins.sync()
+        self._queue_dir_syncs.sync()  # after the queues' ends were read: their directories are named
         self.producers.save(end, now_ms)  # before the checkpoint: recovery from it re-reads what follows
         write_checkpoint(self.paths.checkpoint, Checkpoint(end, safe, self._last_store_ts_ms, now_ms))
         self._last_checkpoint_ms = now_ms

@@ -141,6 +141,9 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
                    " `rocketmq` extra).")
 @click.option("--rocketmq/--no-rocketmq", "with_rocketmq", default=True, show_default=True,
               help="Serve the RocketMQ 5 gRPC API (when the `rocketmq` extra is installed).")
+@click.option("--kafka-port", type=click.IntRange(0, 65535), default=ports.KAFKA_PORT, show_default=True,
+              help="The Kafka API for Kafka clients (0 picks a free one).")
+@click.option("--kafka/--no-kafka", "with_kafka", default=True, show_default=True, help="Serve the Kafka API.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -153,7 +156,8 @@ def cli(ctx: click.Context, tls: bool | None, tls_ca: str | None, tls_cert: str 
                    " prints how to point clients at it).")
 def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int, etcd_port: int,
                nameserver_metrics_port: int, broker_metrics_port: int, console_port: int, with_console: bool,
-               console_admin: bool, rocketmq_port: int, with_rocketmq: bool, log_level: str, log_format: str,
+               console_admin: bool, rocketmq_port: int, with_rocketmq: bool, kafka_port: int, with_kafka: bool,
+               log_level: str, log_format: str,
                commitlog_file_size: int | None, secure: bool) -> None:
     """Run embedded etcd + a nameserver + a broker + the web console in the foreground (Ctrl-C
     stops all). Both servers serve Prometheus /metrics, /healthz and /readyz."""
@@ -166,6 +170,7 @@ def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int
                           nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
                           console_port=console_port if with_console else None, console_admin=console_admin,
                           rocketmq_port=rocketmq_port if with_rocketmq else None, rocketmq_asked=rocketmq_asked,
+                          kafka_port=kafka_port if with_kafka else None,
                           log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
                           secure=secure, echo=click.echo)
     sys.exit(code)

@@ -129,6 +129,7 @@ def run_standalone(
     console_admin: bool = False,
     rocketmq_port: int | None = ports.ROCKETMQ_PORT,
     rocketmq_asked: bool = False,
+    kafka_port: int | None = ports.KAFKA_PORT,
     log_level: str = "info",
     log_format: str = "text",
     commitlog_file_size_bytes: int | None = None,
@@ -142,7 +143,8 @@ def run_standalone(
     /metrics, /healthz and /readyz on their metrics ports; the web console runs unless
     ``console_port`` is None (read-only unless ``console_admin``); the broker serves the RocketMQ 5 gRPC
     API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``
-    (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an error).
+    (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an error), and the
+    Kafka API on ``kafka_port`` unless it is None or ``secure``.
     ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
     :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
@@ -174,7 +176,8 @@ def run_standalone(
         _check_ports_free(host, {"--nameserver-port": nameserver_port, "--broker-port": broker_port,
                                  "--etcd-port": etcd_port, "--nameserver-metrics-port": nameserver_metrics_port,
                                  "--broker-metrics-port": broker_metrics_port, "--console-port": console_port,
-                                 "--rocketmq-port": None if rocketmq_off else rocketmq_port})
+                                 "--rocketmq-port": None if rocketmq_off else rocketmq_port,
+                                 "--kafka-port": None if secure else kafka_port})
         etcd.start()
         if secured is not None:
             secured.create_users(etcd)
@@ -195,11 +198,17 @@ def run_standalone(
         rocketmq_port_file.unlink(missing_ok=True)
         rocketmq_args = ([] if rocketmq_off else ["--rocketmq-listen", f"{host}:{rocketmq_port}",
                                                   "--rocketmq-port-file", str(rocketmq_port_file)])
+        kafka_port_file = run_dir / "broker.kafka-port"
+        kafka_port_file.unlink(missing_ok=True)
+        kafka_off = kafka_port is None or secure
+        kafka_args = ([] if kafka_off else ["--kafka-listen", f"{host}:{kafka_port}",
+                                            "--kafka-port-file", str(kafka_port_file)])
         broker = _Child(
             "broker",
             "gms.broker",
             ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, *log_args, *store_args, *security_args, *rocketmq_args],
+             "--nameserver", nameserver_address, *log_args, *store_args, *security_args, *rocketmq_args,
+             *kafka_args],
             run_dir,
             broker_env,
             metrics_listen=f"{host}:{broker_metrics_port}",
@@ -215,6 +224,12 @@ def run_standalone(
         else:
             rocketmq_bound = broker.wait_port_file(rocketmq_port_file, CHILD_START_TIMEOUT_S)
             lines.append(f"  rocketmq    {host}:{rocketmq_bound}  (for RocketMQ 5 clients: docs/rocketmq-compat.md)")
+        if kafka_off:
+            why = "the Kafka API has no authentication yet (docs/kafka-compat.md)" if secure else "--no-kafka"
+            lines.append(f"  kafka       not served ({why})")
+        else:
+            kafka_bound = broker.wait_port_file(kafka_port_file, CHILD_START_TIMEOUT_S)
+            lines.append(f"  kafka       {host}:{kafka_bound}  (for Kafka clients: docs/kafka-compat.md)")
         if console_port is not None:
             console = _Child(
                 "console",

@@ -257,18 +257,57 @@ class AsyncAdmin:
 
     async def topic_stats(self, topic: str) -> list[dict[str, Any]]:
         """One entry per queue served: queue_id, min_offset, max_offset and the broker holding it
-        (in a cluster, only the queues each broker leads)."""
-        routes = await self._runtime.routes.routes(topic)
-        by_broker: dict[str, set[int]] = {}
-        for route in routes:
-            by_broker.setdefault(route.broker, set()).add(route.queue_id)
-        brokers = list(by_broker)
-        stats: list[dict[str, Any]] = []
-        answers = await self._ask(brokers, RequestCode.TOPIC_STATS, {"topic": topic})
-        for broker, answer in zip(brokers, answers, strict=True):
-            stats.extend({**queue, "broker": broker} for queue in answer["queues"]
-                         if queue["queue_id"] in by_broker[broker])
-        return sorted(stats, key=lambda s: (s["queue_id"], s["broker"]))
+        (in a cluster, only the queues each broker leads). TopicNotFoundError if no broker has it."""
+        stats = (await self._topics_stats([topic], skip_missing=False))[topic]
+        if isinstance(stats, GmsError):
+            raise stats
+        return stats
+
+    async def topics_stats(self, topics: Iterable[str]) -> dict[str, list[dict[str, Any]] | GmsError]:
+        """:meth:`topic_stats` of many topics in one request per broker (per CREATE_TOPICS_MAX
+        topics): topic → its entries, or the error its route or a broker holding it failed with
+        (unreachable, refused: one dead broker does not hide the rest); a topic no broker has is left out."""
+        return await self._topics_stats(list(dict.fromkeys(topics)), skip_missing=True)
+
+    async def _topics_stats(self, names: list[str], *, skip_missing: bool,
+                            ) -> dict[str, list[dict[str, Any]] | GmsError]:
+        routes, pool = self._runtime.routes, self._runtime.pool
+        found = await asyncio.gather(*(routes.routes(name) for name in names), return_exceptions=True)
+        held: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))  # broker → topic → queues
+        stats: dict[str, list[dict[str, Any]] | GmsError] = {}
+        for name, queues in zip(names, found, strict=True):
+            if isinstance(queues, BaseException):
+                if not isinstance(queues, GmsError):
+                    raise queues
+                if not (skip_missing and isinstance(queues, TopicNotFoundError)):
+                    stats[name] = queues  # its route refused or unknown
+                continue
+            stats[name] = []
+            for route in queues:
+                held[route.broker][name].add(route.queue_id)
+        asks = [(broker, part) for broker, topics in held.items()
+                for part in _chunks(list(topics), CREATE_TOPICS_MAX)]
+        answers = await asyncio.gather(*(pool.request(broker, RequestCode.TOPIC_STATS, {"topics": part})
+                                         for broker, part in asks), return_exceptions=True)
+        for (broker, part), answer in zip(asks, answers, strict=True):
+            if isinstance(answer, GmsError):
+                stats.update(dict.fromkeys(part, answer))
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            for row in answer.fields["topics"]:
+                name, entries = row["topic"], stats.get(row["topic"])
+                if row["status"] != Status.SUCCESS:
+                    err = error_for_status(row["status"], row.get("error", ""))
+                    if skip_missing and isinstance(err, TopicNotFoundError):  # deleted since its route was read
+                        stats.pop(name, None)
+                    else:
+                        stats[name] = err
+                elif isinstance(entries, list):
+                    entries.extend({**queue, "broker": broker} for queue in row["queues"]
+                                   if queue["queue_id"] in held[broker][name])
+        return {name: entries if isinstance(entries, GmsError)
+                else sorted(entries, key=lambda s: (s["queue_id"], s["broker"])) for name, entries in stats.items()}
 
     # --- brokers, cluster, groups, messages -------------------------------------------------------
 
@@ -665,6 +704,7 @@ class Admin:
     topics = _on_loop_thread(AsyncAdmin.topics)
     route = _on_loop_thread(AsyncAdmin.route)
     topic_stats = _on_loop_thread(AsyncAdmin.topic_stats)
+    topics_stats = _on_loop_thread(AsyncAdmin.topics_stats)
     broker_status = _on_loop_thread(AsyncAdmin.broker_status)
     cluster_status = _on_loop_thread(AsyncAdmin.cluster_status)
     group_describe = _on_loop_thread(AsyncAdmin.group_describe)
@@ -710,3 +750,7 @@ def _member_ids(described: Mapping[str, Any]) -> list[str]:
 def _group_not_empty(group: str, members: list[str], action: str) -> GroupNotEmptyError:
     return GroupNotEmptyError(f"cannot {action} of group {group!r} while it has {len(members)} live"
                               f" member(s) (they would commit over it): {', '.join(members)}")
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[start:start + size] for start in range(0, len(items), size)]

@@ -8,7 +8,7 @@ from typing import Any
 
 from gms.client.admin import Admin
 from gms.client.structs import ReceivedMessage
-from gms.errors import TopicNotFoundError
+from gms.errors import GmsError
 
 NO_COMMIT = -1  # a queue's committed offset in a group description when the group committed none
 
@@ -53,11 +53,10 @@ def group_lag(admin: Admin, described: dict[str, Any]) -> list[dict[str, Any]]:
     for broker, topics in described["offsets"].items():
         keys.update((broker, topic, q) for topic, queues in topics.items() for q in queues)
     max_offsets: dict[tuple[str, str, int], tuple[int, int]] = {}
-    for topic in sorted({t for _, t, _ in keys}):
-        try:
-            stats = admin.topic_stats(topic)
-        except TopicNotFoundError:
-            continue  # deleted since: its committed offsets are shown without a max
+    # A topic deleted since is left out: its committed offsets are shown without a max.
+    for topic, stats in admin.topics_stats(sorted({t for _, t, _ in keys})).items():
+        if isinstance(stats, GmsError):
+            raise stats
         max_offsets.update({(s["broker"], topic, s["queue_id"]): (s["min_offset"], s["max_offset"]) for s in stats})
     keys.update(max_offsets)
     rows = []

@@ -12,7 +12,7 @@ from typing import Any
 
 from gms.client import Admin
 from gms.client.display import body_text, group_lag, message_dict
-from gms.errors import GmsError, GroupNotFoundError, MessageNotFoundError, TopicNotFoundError
+from gms.errors import GmsError, GroupNotFoundError, MessageNotFoundError
 from gms.msgid import decode_msg_id
 
 # A page shows the start of a body: a whole 4 MiB body would stall the browser for nothing.
@@ -63,18 +63,19 @@ class ConsoleData:
         """Every topic: its queue count, the messages its queues hold and ``appended``, the sum of
         their max offsets (what was ever written: rates are its change). A topic whose brokers
         do not answer has ``error`` instead of counts, so one dead broker does not hide the rest."""
+        topics = self._admin.topics()
+        stats = self._admin.topics_stats(topics)
         rows = []
-        for topic, queues in sorted(self._admin.topics().items()):
+        for topic, queues in sorted(topics.items()):
             row: dict[str, Any] = {"topic": topic, "queues": queues, "messages": None, "appended": None}
-            try:
-                stats = self._admin.topic_stats(topic)
-            except TopicNotFoundError:
+            entries = stats.get(topic)
+            if entries is None:
                 continue  # deleted since the list was read
-            except GmsError as err:
-                row["error"] = str(err)
+            if isinstance(entries, GmsError):
+                row["error"] = str(entries)
             else:
-                row["messages"] = sum(s["max_offset"] - s["min_offset"] for s in stats)
-                row["appended"] = sum(s["max_offset"] for s in stats)
+                row["messages"] = sum(s["max_offset"] - s["min_offset"] for s in entries)
+                row["appended"] = sum(s["max_offset"] for s in entries)
             rows.append(row)
         return rows
 

@@ -111,7 +111,7 @@ class NameserverProcess(BrokerProcess):
 
 # `gms standalone` flags that put its metrics endpoints, console and RocketMQ API on free ports too.
 FREE_MONITORING_PORTS = ("--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--console-port", "0",
-                         "--rocketmq-port", "0")
+                         "--rocketmq-port", "0", "--kafka-port", "0")
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> float:

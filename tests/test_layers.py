@@ -88,7 +88,7 @@ def test_the_check_sees_a_wrong_way_import(tmp_path):
 
 # The gms wire protocol's messages stay in its adapter (broker/*_handlers.py): the services take
 # and answer typed values, and other protocols' adapters call the services (docs/architecture.md).
-FRAME_FREE = ("broker/services", "broker/rocketmq")
+FRAME_FREE = ("broker/services", "broker/rocketmq", "broker/kafka")
 WIRE_MESSAGES = {"Frame", "Response"}
 
 
@@ -126,20 +126,77 @@ BROKER_INTERNALS = {"store", "registration", "replicas", "message_handlers", "po
                     "transaction_handlers"}
 
 
+def attributes_used(root: Path, path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` uses an attribute of one of ``names``."""
+    return [f"{path.relative_to(root)}:{node.lineno}: .{node.attr}"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Attribute) and node.attr in names]
+
+
+# The modules the Kafka endpoint may not import: the store (module or package), the cluster view and
+# the registration, replication, and the gms wire handlers. (The RocketMQ endpoint imports the
+# store's GetStatus, a type the message service answers.)
+INTERNAL_MODULES = ("gms.broker.store", "gms.broker.registration", "gms.cluster.cluster_view", "gms.broker.ha",
+                    "gms.broker.commitlog", "gms.broker.consumequeue")
+ADAPTERS = ("broker/rocketmq", "broker/kafka")
+
+
+def _internal(module: str) -> bool:
+    return module.endswith("_handlers") or any(module == m or module.startswith(m + ".") for m in INTERNAL_MODULES)
+
+
 def internals_reached(root: Path = ROOT) -> list[str]:
     found = []
-    for path in sorted((root / "broker/rocketmq").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and node.attr in BROKER_INTERNALS:
-                found.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    for folder in ADAPTERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            found += attributes_used(root, path, BROKER_INTERNALS)
+            if folder == "broker/kafka":
+                found += [f"{path.relative_to(root)}:{line}: import {module}" for line, module in _imports(path)
+                          if _internal(module)]
     return found
 
 
-def test_the_rocketmq_endpoint_reaches_the_broker_through_its_services():
+def test_protocol_endpoints_reach_the_broker_through_its_services():
     assert internals_reached() == []
 
 
 def test_the_check_sees_a_reach_into_the_store(tmp_path):
     (tmp_path / "broker/rocketmq").mkdir(parents=True)
     (tmp_path / "broker/rocketmq/bad.py").write_text("def f(broker):\n    return broker.store.get('t', 0, 0)\n")
-    assert internals_reached(tmp_path) == ["broker/rocketmq/bad.py:2: .store"]
+    (tmp_path / "broker/kafka").mkdir(parents=True)
+    (tmp_path / "broker/kafka/bad.py").write_text("from gms.broker.store.append import x\nimport gms.broker.ha\n"
+                                                  "from gms.broker.message_handlers import y\n")
+    assert internals_reached(tmp_path) == [
+        "broker/rocketmq/bad.py:2: .store", "broker/kafka/bad.py:1: import gms.broker.store.append",
+        "broker/kafka/bad.py:2: import gms.broker.ha", "broker/kafka/bad.py:3: import gms.broker.message_handlers"]
+
+
+# Replication's wire handlers (REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH) are an adapter of the replication
+# service (broker/services/replication.py), which does the leader's work: they import nothing of the
+# broker but the services, and reach neither the store nor the replicas' state.
+SERVICE_ADAPTERS = ("broker/ha/leader_handlers.py",)
+REPLICATION_INTERNALS = BROKER_INTERNALS | {"manager", "partitions", "offsets", "history"}
+
+
+def adapter_reaches(root: Path = ROOT) -> list[str]:
+    found = []
+    for name in SERVICE_ADAPTERS:
+        path = root / name
+        for line, module in _imports(path):
+            if module.startswith("gms.broker.") and not module.startswith("gms.broker.services."):
+                found.append(f"{name}:{line}: imports {module}")
+        found += attributes_used(root, path, REPLICATION_INTERNALS)
+    return found
+
+
+def test_replication_handlers_are_an_adapter_of_the_replication_service():
+    assert adapter_reaches() == []
+
+
+def test_the_check_sees_a_handler_doing_the_leaders_work(tmp_path):
+    (tmp_path / "broker/ha").mkdir(parents=True)
+    (tmp_path / "broker/ha/leader_handlers.py").write_text(
+        "from gms.broker.ha.partition import Role\n\ndef f(self):\n    return self.manager.partitions\n")
+    assert adapter_reaches(tmp_path) == ["broker/ha/leader_handlers.py:1: imports gms.broker.ha.partition",
+                                         "broker/ha/leader_handlers.py:4: .partitions",
+                                         "broker/ha/leader_handlers.py:4: .manager"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from isal.isal_zlib import crc32
@@ -44,6 +44,15 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = 0.2  # after a connection error or a refusal by the leader
 REPAIR_OFFSETS_MAX = 256  # damaged records one fetch asks the leader to send again
 REQUEST_TIMEOUT_MS = 10_000  # on top of the fetch's long-poll wait
+
+
+class _Sent(NamedTuple):
+    """A queue as one fetch asked for it."""
+
+    p: Partition
+    epoch: int  # the leader epoch asked
+    offset: int  # the fetch offset
+    offsets_seq: int
 
 
 class FetcherPool:
@@ -173,14 +182,14 @@ class LeaderFetcher:
     async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
         config = self.manager.config
         session = self._offsets_session
-        sent = [(p, p.leader_epoch, self.store.max_offset(*p.key),
-                 p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
+        sent = [_Sent(p, p.leader_epoch, self.store.max_offset(*p.key),
+                      p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
         repairs = self._repairs_to_ask(sent)
         request: dict[str, Any] = {
             "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
-            "queues": [encode(FetchWant(*p.key, offset, epoch, p.history.latest_epoch, offsets_seq))
-                       for p, epoch, offset, offsets_seq in sent],
+            "queues": [encode(FetchWant(*s.p.key, s.offset, s.epoch, s.p.history.latest_epoch, s.offsets_seq))
+                       for s in sent],
         }
         if repairs:
             request["repair"] = [encode(RepairWant(*p.key, epoch, offsets)) for p, epoch, offsets in repairs]
@@ -194,41 +203,23 @@ class LeaderFetcher:
         history_changed = False
         appended_end = 0  # commitlog end of this fetch's appends
         rows = decode_rows(FetchedRange, frame.fields.get("queues"), "queues")
-        for (p, epoch, offset, offsets_seq), row in zip(sent, rows, strict=True):
+        for asked, row in zip(sent, rows, strict=True):
             chunk, pos = body[pos: pos + row.size], pos + row.size
-            if not self._mine(p) or p.leader_epoch != epoch or p.needs_truncation:
+            p = asked.p
+            if not self._mine(p) or p.leader_epoch != asked.epoch or p.needs_truncation:
                 continue  # the metadata moved on while the fetch was in flight
             if row.status == Status.OFFSET_ILLEGAL:
                 p.needs_truncation = True
-                continue
-            if row.status:
+            elif row.status:
                 self._pause(p, row.status)
-                continue
-            if row.log_start is not None and offset < row.log_start:  # what we miss expired on the leader
+            elif row.log_start is not None and asked.offset < row.log_start:  # what we miss expired on the leader
                 log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
-                            " restarting the queue there", *p.key, offset, self.address, row.log_start)
+                            " restarting the queue there", *p.key, asked.offset, self.address, row.log_start)
                 self.store.restart_queue(*p.key, row.log_start)
-                continue
-            damaged = row.damaged_offsets()
-            sizes = row.record_sizes()
-            if len(damaged) and self.store.max_offset(*p.key) == offset:
-                appended_end = self.store.append_replicated_run(
-                    *p.key, offset, chunk, row.crc, np.empty(0, np.int64) if sizes is None else sizes, damaged,
-                    origin=self.address)
-            elif row.size and self.store.max_offset(*p.key) == offset:
-                appended_end = self.store.append_replicated(chunk, row.crc, sizes,
-                                                            origin=self.address).end_phys_offset
-            leo = self.store.max_offset(*p.key)
-            for entry in row.epochs:
-                if entry.start_offset < leo:
-                    history_changed |= p.history.assign(entry.epoch, entry.start_offset)
-            if min(row.hw, leo) > p.hw:
-                p.hw = min(row.hw, leo)
-                self.manager.hw_moved()
-            p.caught_up = p.caught_up or leo >= row.hw
-            # From seq 0 of the leader's session the commits name every group it has on the queue.
-            self.manager.offsets.apply_replicated(*p.key, row.commits, complete=new_session or offsets_seq == 0)
-            p.offsets_seen = seen
+            else:
+                appended_end = self._append_fetched(p, asked.offset, row, chunk) or appended_end
+                history_changed |= self._follow_leader(p, row, new_session or asked.offsets_seq == 0)
+                p.offsets_seen = seen
         if repairs:
             self._apply_repairs(repairs, decode_rows(RepairedQueue, frame.fields.get("repaired", []), "repaired"),
                                 body[pos:])
@@ -238,7 +229,37 @@ class LeaderFetcher:
             await asyncio.wrap_future(self.store.durable_future(appended_end))
         self.manager.check_caught_up()
 
-    def _repairs_to_ask(self, sent: list[tuple[Partition, int, int, int]]) -> list[tuple[Partition, int, list[int]]]:
+    def _append_fetched(self, p: Partition, offset: int, row: FetchedRange, chunk: memoryview) -> int:
+        """Append a queue's fetched records (and damaged offsets) at ``offset``; the commitlog end
+        of the append (0: none: the queue moved on meanwhile, or nothing came)."""
+        if self.store.max_offset(*p.key) != offset:
+            return 0
+        damaged = row.damaged_offsets()
+        sizes = row.record_sizes()
+        if len(damaged):
+            return self.store.append_replicated_run(
+                *p.key, offset, chunk, row.crc, np.empty(0, np.int64) if sizes is None else sizes, damaged,
+                origin=self.address)
+        if row.size:
+            return self.store.append_replicated(chunk, row.crc, sizes, origin=self.address).end_phys_offset
+        return 0
+
+    def _follow_leader(self, p: Partition, row: FetchedRange, complete: bool) -> bool:
+        """Take the leader's epochs, HW and group commits of a queue's row (``complete``: the
+        commits name every group the leader has on the queue); whether the epoch history changed."""
+        leo = self.store.max_offset(*p.key)
+        history_changed = False
+        for entry in row.epochs:
+            if entry.start_offset < leo:
+                history_changed |= p.history.assign(entry.epoch, entry.start_offset)
+        if min(row.hw, leo) > p.hw:
+            p.hw = min(row.hw, leo)
+            self.manager.hw_moved()
+        p.caught_up = p.caught_up or leo >= row.hw
+        self.manager.offsets.apply_replicated(*p.key, row.commits, complete=complete)
+        return history_changed
+
+    def _repairs_to_ask(self, sent: list[_Sent]) -> list[tuple[Partition, int, list[int]]]:
         """(partition, leader epoch, offsets) of the damaged records this replica holds below its
         fetch offset, to ask the leader for along with this fetch (at most REPAIR_OFFSETS_MAX)."""
         repairs = []

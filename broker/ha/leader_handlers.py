@@ -1,178 +1,37 @@
-"""The leader's side of replication on the wire: REPLICA_FETCH and OFFSET_FOR_LEADER_EPOCH (their
-rows: gms.protocol.replication; what they mean: docs/replication.md).
-
-One REPLICA_FETCH asks for every queue a follower follows from this broker. Each queue's answer
-row says where the leader is (HW, LEO, log start), the epochs and group commits the follower has
-not seen, and how many bytes of the body are its records (up to the request's byte bound, the
-records' CRC and sizes beside them); records the leader holds damaged travel as runs of offsets,
-never as data. A follower that asks to repair records it holds damaged gets the leader's intact
-copies after the queues' records. When nothing is new the request waits (``wait_ms``) for data.
-"""
+"""The leader's side of replication on the gms wire: REPLICA_FETCH and OFFSET_FOR_LEADER_EPOCH
+decoded into the replication service's arguments (gms.broker.services.replication, which does the
+work) and its results encoded (their rows: gms.protocol.replication)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from isal.isal_zlib import crc32  # zlib's CRC-32 values, several times faster
-
-from gms.broker.ha.partition import Partition, Role
-from gms.broker.ha.replica_manager import ReplicaManager
-from gms.broker.store import GetStatus
-from gms.protocol.codes import Status
+from gms.broker.services.replication import FETCH_BYTES_MAX, ReplicaFetchArgs, ReplicationService
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
-from gms.protocol.replication import (
-    SIZES_DTYPE,
-    EpochAnswer,
-    EpochEntry,
-    EpochQuery,
-    FetchedRange,
-    FetchWant,
-    OffsetRun,
-    RepairedQueue,
-    RepairedRecord,
-    RepairWant,
-    offset_runs,
-)
+from gms.protocol.replication import EpochQuery, FetchWant, RepairWant
 from gms.protocol.rows import decode_rows, encode
-
-FETCH_MSGS_MAX = 65_536  # per queue per response
-FETCH_WAIT_MS_MAX = 30_000
-FETCH_BYTES_MAX = 32 << 20
-REPAIR_BYTES_MAX = 4 << 20  # records one response sends for repairs (at least one)
-REPAIR_RECORDS_MAX = 1024  # offsets one request may ask to repair
-
-
-def _wanted(row: FetchWant, same_session: bool) -> FetchWant:
-    """``offsets_seq`` counts only in the same offsets session."""
-    return row if same_session or not row.offsets_seq else row._replace(offsets_seq=0)
 
 
 class LeaderHandlers:
-    def __init__(self, manager: ReplicaManager) -> None:
-        self.manager = manager
-        self.store = manager.store
-
-    def _check(self, topic: str, queue_id: int, leader_epoch: int) -> tuple[Partition | None, int]:
-        p = self.manager.partitions.get((topic, queue_id))
-        if p is None or p.role is not Role.LEADER:
-            return p, Status.NOT_LEADER
-        if leader_epoch != p.leader_epoch:
-            return p, Status.FENCED_LEADER_EPOCH
-        return p, Status.SUCCESS
+    def __init__(self, replication: ReplicationService) -> None:
+        self.replication = replication
 
     async def replica_fetch(self, request: Frame) -> Response:
         fields = request.fields
-        replica = field(fields, "replica", str)
-        wait_ms = min(max(field(fields, "wait_ms", int, 0), 0), FETCH_WAIT_MS_MAX)
-        bytes_max = min(max(field(fields, "bytes_max", int, FETCH_BYTES_MAX), 1), FETCH_BYTES_MAX)
-        offsets = self.manager.offsets
-        same_session = field(fields, "offsets_session", int, 0) == offsets.session
-        wanted = [_wanted(row, same_session) for row in decode_rows(FetchWant, field(fields, "queues", list), "queues")]
-        repair = decode_rows(RepairWant, field(fields, "repair", list, []), "repair")
-        self._record_progress(replica, wanted)
-        rows, body, news = self._read(wanted, bytes_max)
-        if wait_ms and not news and not repair:
-            keys = [(w.topic, w.queue_id) for w in wanted]
-            await self.manager.wait_for_data(keys, wait_ms / 1000)
-            rows, body, news = self._read(wanted, bytes_max)
-        answer: dict[str, Any] = {"queues": [encode(row) for row in rows], "offsets_session": offsets.session,
-                                  "offsets_seq": offsets.seq}
-        if repair:
-            repaired, records = self._read_repairs(repair)
-            answer["repaired"] = [encode(row) for row in repaired]
-            body.extend(records)
-        return Response(answer, body=body)
-
-    def _read_repairs(self, repair: list[RepairWant]) -> tuple[list[RepairedQueue], list[memoryview]]:
-        """Rows and records of a response's "repaired" field: the intact records asked for."""
-        rows: list[RepairedQueue] = []
-        records: list[memoryview] = []
-        budget, asked = REPAIR_BYTES_MAX, 0
-        for want in repair:
-            _, status = self._check(want.topic, want.queue_id, want.leader_epoch)
-            if status:
-                rows.append(RepairedQueue(want.topic, want.queue_id, int(status), ()))
-                continue
-            found: list[RepairedRecord] = []
-            for offset in want.offsets:
-                asked += 1
-                if asked > REPAIR_RECORDS_MAX or budget <= 0:
-                    break
-                view = self._intact_record(want.topic, want.queue_id, offset)
-                if view is None:
-                    found.append(RepairedRecord(offset, 0, 0))
-                    continue
-                records.append(view)
-                budget -= len(view)
-                found.append(RepairedRecord(offset, len(view), crc32(view)))
-            rows.append(RepairedQueue(want.topic, want.queue_id, 0, tuple(found)))
-        return rows, records
-
-    def _intact_record(self, topic: str, queue_id: int, offset: int) -> memoryview | None:
-        """The record at ``offset`` if this broker holds it intact (its CRC holds)."""
-        if not self.store.min_offset(topic, queue_id) <= offset < self.store.max_offset(topic, queue_id):
-            return None
-        got = self.store.get(topic, queue_id, offset, 1)
-        if got.status is not GetStatus.FOUND or got.damaged or len(got.records) != 1:
-            return None
-        return got.records[0]
-
-    def _record_progress(self, replica: str, wanted: list[FetchWant]) -> None:
-        now = time.monotonic()
-        for want in wanted:
-            p, status = self._check(want.topic, want.queue_id, want.leader_epoch)
-            if status or p is None or replica not in p.replicas:
-                continue
-            leo = self.store.max_offset(want.topic, want.queue_id)
-            if want.fetch_offset <= leo:
-                p.record_fetch(replica, want.fetch_offset, leo, now)
-                self.manager.after_fetch(p, leo)
-
-    def _read(self, wanted: list[FetchWant], bytes_max: int) -> tuple[list[FetchedRange], list[memoryview], bool]:
-        """Rows and body of a response, and whether it holds anything new (records, commits)."""
-        rows: list[FetchedRange] = []
-        body: list[memoryview] = []
-        budget = bytes_max
-        news = False
-        for want in wanted:
-            topic, queue_id, offset = want.topic, want.queue_id, want.fetch_offset
-            p, status = self._check(topic, queue_id, want.leader_epoch)
-            if status or p is None:
-                rows.append(FetchedRange(topic, queue_id, int(status), 0, 0, 0, (), (), 0))
-                continue
-            leo = self.store.max_offset(topic, queue_id)
-            if offset > leo:
-                rows.append(FetchedRange(topic, queue_id, int(Status.OFFSET_ILLEGAL), p.hw, leo, 0, (), (), 0))
-                continue
-            size, next_offset, crc, sizes = 0, offset, 0, b""
-            damaged: tuple[OffsetRun, ...] = ()
-            if offset < leo and budget > 0:
-                read = self.store.read_runs(topic, queue_id, offset, FETCH_MSGS_MAX, budget)
-                next_offset, size = read.next_offset, read.size
-                body.extend(read.views)
-                budget -= size
-                for view in read.views:
-                    crc = crc32(view, crc)
-                sizes = read.sizes.astype(SIZES_DTYPE).tobytes()
-                damaged = offset_runs(read.damaged)
-            epochs = tuple(EpochEntry(e.epoch, e.start_offset) for e in p.history.entries
-                           if e.epoch > want.last_epoch and e.start_offset < next_offset)
-            commits = tuple(self.manager.offsets.changed_since(topic, queue_id, want.offsets_seq))
-            news = news or bool(size or damaged or commits)
-            rows.append(FetchedRange(topic, queue_id, 0, p.hw, leo, size, epochs, commits, crc, sizes,
-                                     self.store.min_offset(topic, queue_id), damaged))
-        return rows, body, news
+        fetched = await self.replication.fetch(ReplicaFetchArgs(
+            replica=field(fields, "replica", str),
+            wait_ms=field(fields, "wait_ms", int, 0),
+            bytes_max=field(fields, "bytes_max", int, FETCH_BYTES_MAX),
+            offsets_session=field(fields, "offsets_session", int, 0),
+            queues=decode_rows(FetchWant, field(fields, "queues", list), "queues"),
+            repair=decode_rows(RepairWant, field(fields, "repair", list, []), "repair")))
+        answer: dict[str, Any] = {"queues": [encode(row) for row in fetched.queues],
+                                  "offsets_session": fetched.offsets_session, "offsets_seq": fetched.offsets_seq}
+        if fetched.repaired is not None:
+            answer["repaired"] = [encode(row) for row in fetched.repaired]
+        return Response(answer, body=fetched.body)
 
     async def offset_for_leader_epoch(self, request: Frame) -> Response:
-        rows: list[EpochAnswer] = []
-        for query in decode_rows(EpochQuery, field(request.fields, "queues", list), "queues"):
-            topic, queue_id = query.topic, query.queue_id
-            p, status = self._check(topic, queue_id, query.leader_epoch)
-            if status or p is None:
-                rows.append(EpochAnswer(topic, queue_id, int(status), -1, 0))
-                continue
-            found = p.history.end_for(query.epoch, self.store.max_offset(topic, queue_id))
-            rows.append(EpochAnswer(topic, queue_id, 0, found.epoch, found.end_offset))
-        return Response({"queues": [encode(row) for row in rows]})
+        queries = decode_rows(EpochQuery, field(request.fields, "queues", list), "queues")
+        return Response({"queues": [encode(row) for row in self.replication.leader_epochs(queries)]})

@@ -10,9 +10,15 @@ this broker, or another one over the broker's own connection to it. Exactly once
 as the SDK's idempotent producer: each copy is stamped as the next batch of this service's own
 producer on the queue (a random id, as the SDK's when no nameserver allocates one), the copies of
 one topic go one at a time, and a retry sends the same stamped batch to the queue's leader of the
-moment, which answers a batch it stored (or replicated) with where it is. A copy given up (its
-retries exhausted) may or may not be stored, as an SDK send that failed for good; the next copy
-starts a new producer. The caller acknowledges the original once the copy is stored.
+moment, which answers a batch it stored (or replicated) with where it is. The caller acknowledges
+the original once the copy is stored.
+
+A copy whose outcome is unknown (its retries ran out while the queue had no reachable leader, as
+while a dead leader's lease runs, or its caller was cancelled) may be stored: it stays the
+producer's unsure copy, and the next copy of the topic first sends it again, same stamp, so that it
+is stored once whenever it was. Its original, not acknowledged, comes back to be moved again: it is
+recognised by its queue position and not copied twice (before, the copy was given up and the next
+one started a new producer: a copy stored by a leader killed before its answer was stored again).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from gms.address import split_address
 from gms.broker.services.groups import check_group_name
+from gms.broker.services.peers import Peers
 from gms.cluster.model import GroupSettings
 from gms.errors import (
     GmsError,
@@ -41,7 +48,6 @@ from gms.naming import (
     copy_properties,
     dlq_topic,
 )
-from gms.net import Connection
 from gms.protocol.codes import RequestCode
 from gms.record import decode_record, encode_record
 from gms.record.sequence import BatchSequence, stamp_sequence
@@ -54,32 +60,47 @@ log = logging.getLogger(__name__)
 
 SETTINGS_CACHED_MAX = 10_000  # groups whose settings are kept; the one read longest ago goes first
 SETTINGS_TTL_S = 10.0  # a changed `gms group config` is seen this soon
-REQUEST_TIMEOUT_MS = 10_000
 SEND_ATTEMPTS = 11  # as the SDK's dead-letter producer: a send and 10 retries
 RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S = 0.1, 1.0
 ROUTE_WAIT_S = 10.0  # for a new dead-letter topic's leader
+SETTLED_MAX = 10_000  # originals remembered whose copy was stored after their move failed
+
+# An original record by its queue position (topic, queue id, queue offset).
+_Original = tuple[str, int, int]
 
 
 class _Producer:
-    """This service's idempotent producer on one dead-letter queue: its id and next batch."""
+    """This service's idempotent producer on one dead-letter queue: its id and next batch, the
+    copy whose outcome is unknown, and the originals whose copy was stored after their move
+    failed (see the module docstring)."""
 
-    __slots__ = ("lock", "next", "producer_id")
+    __slots__ = ("lock", "next", "producer_id", "settled", "unsure")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()  # one copy in flight
         self.producer_id = secrets.randbits(63)
         self.next = 0
+        self.unsure: tuple[_Original, bytearray] | None = None  # stamped as batch `next`
+        self.settled: dict[_Original, None] = {}  # oldest first
 
     def restart(self) -> None:
         self.producer_id, self.next = secrets.randbits(63), 0
 
+    def stamp(self, copy: bytearray) -> None:
+        stamp_sequence(copy, BatchSequence(self.producer_id, 0, self.next, 1))
+
+    def settle(self, original: _Original) -> None:
+        self.settled[original] = None
+        if len(self.settled) > SETTLED_MAX:
+            del self.settled[next(iter(self.settled))]
+
 
 class DeadLetterService:
-    def __init__(self, broker: BrokerServer) -> None:
+    def __init__(self, broker: BrokerServer, peers: Peers) -> None:
         self.broker = broker
         self._settings: dict[str, tuple[float, GroupSettings]] = {}  # group: (read at, settings)
         self._producers: dict[str, _Producer] = {}  # dead-letter topic: its producer
-        self._connections: dict[str, Connection] = {}  # address: connection
+        self.peers = peers
 
     async def settings(self, group: str) -> GroupSettings:
         """The group's settings, kept SETTINGS_TTL_S (the defaults when it has none, standalone,
@@ -122,7 +143,7 @@ class DeadLetterService:
                                        properties=properties, born_host=host, born_ts_ms=int(time.time() * 1000),
                                        reconsume_times=max(attempt, 1)))
         await self._ensure_topic(topic)
-        await self._store(topic, copy)
+        await self._store(topic, (original.topic, original.queue_id, original.queue_offset), copy)
         return topic
 
     async def _ensure_topic(self, topic: str) -> None:
@@ -138,7 +159,7 @@ class DeadLetterService:
         if not registration.has_topic(topic) and not await asyncio.to_thread(registration.topic_in_etcd, topic):
             replicas = max(1, min(GROUP_TOPIC_REPLICAS_MAX, len(registration.live_brokers())))
             try:
-                await self._nameserver_request(RequestCode.CREATE_TOPIC, {
+                await self.broker.services.topics.nameserver_request(RequestCode.CREATE_TOPIC, {
                     "topic": topic, "queues": 1, "replicas": replicas, SYSTEM_TOPIC_FIELD: True})
             except TopicAlreadyExistsError:
                 pass
@@ -158,29 +179,48 @@ class DeadLetterService:
         queues = registration.route(topic).queues
         return queues[0].leader_address if queues else None
 
-    async def _store(self, topic: str, copy: bytearray) -> None:
-        """Store the copy on its queue's leader (see the module docstring), acks=-1."""
+    async def _store(self, topic: str, original: _Original, copy: bytearray) -> None:
+        """Store the copy of ``original`` on its queue's leader (see the module docstring), acks=-1."""
         producer = self._producers.setdefault(topic, _Producer())
         async with producer.lock:
-            stamp_sequence(copy, BatchSequence(producer.producer_id, 0, producer.next, 1))
-            delay = RETRY_BACKOFF_S
-            for attempt in range(SEND_ATTEMPTS):
-                try:
-                    await self._send(topic, copy)
-                except UnknownProducerIdError:  # the leader forgot the producer (its state expired):
-                    producer.restart()  # every earlier copy is stored, so number the queue from 0 again
-                    stamp_sequence(copy, BatchSequence(producer.producer_id, 0, producer.next, 1))
-                except GmsError as err:
-                    # A topic just created may not have reached its leader yet: retried too.
-                    if not (err.retriable or isinstance(err, TopicNotFoundError)) or attempt == SEND_ATTEMPTS - 1:
-                        producer.restart()  # the copy may or may not be stored: the next starts afresh
-                        raise
-                    log.debug("dead letter to %s: %r; retrying", topic, err)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
-                else:
-                    producer.next += 1
+            if original in producer.settled:  # its copy was stored after its move failed
+                del producer.settled[original]
+                return
+            if producer.unsure is not None:
+                unsure, unsure_copy = producer.unsure
+                await self._send_retried(topic, producer, unsure_copy)
+                if unsure == original:
                     return
+                producer.settle(unsure)
+            producer.stamp(copy)
+            producer.unsure = (original, copy)  # until its answer: a cancelled send stays unsure too
+            await self._send_retried(topic, producer, copy)
+
+    async def _send_retried(self, topic: str, producer: _Producer, copy: bytearray) -> None:
+        """Send the producer's unsure copy until it is stored, then number the next one; when the
+        leader refuses it for good, give it up (it is not stored) and start a new producer."""
+        delay = RETRY_BACKOFF_S
+        for attempt in range(SEND_ATTEMPTS):
+            try:
+                await self._send(topic, copy)
+            except UnknownProducerIdError:  # the leader forgot the producer (its state expired):
+                producer.restart()  # every earlier copy is stored, so number the queue from 0 again
+                producer.stamp(copy)
+            except GmsError as err:
+                # A topic just created may not have reached its leader yet: retried too.
+                if not (err.retriable or isinstance(err, TopicNotFoundError)):
+                    producer.unsure = None
+                    producer.restart()
+                    raise
+                if attempt == SEND_ATTEMPTS - 1:
+                    raise  # unsure: sent again before the next copy
+                log.debug("dead letter to %s: %r; retrying", topic, err)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
+            else:
+                producer.unsure = None
+                producer.next += 1
+                return
 
     async def _send(self, topic: str, copy: bytearray) -> None:
         leader = self._leader(topic)
@@ -189,41 +229,7 @@ class DeadLetterService:
         if leader == self.broker.address:
             await self.broker.services.messages.stored(copy, -1)
             return
-        connection = await self._connection(leader)
-        try:
-            await connection.request(RequestCode.SEND, {"acks": -1}, bytes(copy), timeout_ms=REQUEST_TIMEOUT_MS)
-        except GmsError:
-            if connection.closed:
-                self._connections.pop(leader, None)
-            raise
-
-    async def _connection(self, address: str) -> Connection:
-        connection = self._connections.get(address)
-        if connection is None or connection.closed:
-            host, port = split_address(address, "broker address")
-            connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS, request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                               security=self.broker.config.security.outgoing())
-            self._connections[address] = connection
-        return connection
-
-    async def _nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
-        """One request to the first nameserver that answers (its error if it refuses)."""
-        failed: GmsError | None = None
-        for address in self._registration().nameservers:
-            try:
-                host, port = split_address(address, "nameserver address")
-                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
-                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                                   security=self.broker.config.security.outgoing())
-            except ServiceUnavailableError as err:
-                failed = err
-                continue
-            try:
-                await connection.request(code, fields)
-                return
-            finally:
-                connection.close()
-        raise failed or ServiceUnavailableError("no nameserver to ask")
+        await self.peers.request(leader, RequestCode.SEND, {"acks": -1}, bytes(copy))
 
     def _registration(self) -> BrokerRegistration:
         registration = self.broker.registration
@@ -232,6 +238,4 @@ class DeadLetterService:
         return registration
 
     def close(self) -> None:
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
+        self.peers.close()

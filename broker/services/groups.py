@@ -6,6 +6,7 @@ The dead letters of a group are :mod:`gms.broker.services.dead_letters`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -13,16 +14,20 @@ from dataclasses import dataclass
 from gms.broker.groups import MODE_CLUSTERING, Beat, GroupCoordinator, Member
 from gms.broker.offsets import OffsetStore
 from gms.broker.queue_claims import QueueClaims
+from gms.broker.services.peers import Peers
 from gms.errors import (
     BadRequestError,
     BadTagExpressionError,
+    GmsError,
     GroupNotEmptyError,
     GroupNotFoundError,
     NotCoordinatorError,
     QueueNotFoundError,
     TopicNotFoundError,
 )
+from gms.protocol.codes import RequestCode
 from gms.protocol.groups import QueueOffset, QueueRef
+from gms.protocol.rows import encode
 from gms.tags import BadTagExpression, parse_tag_expression
 
 GROUP_NAME_BYTES_MAX = 255
@@ -68,10 +73,14 @@ class GroupService:
         address: str,
         readable: Callable[[tuple[str, int]], tuple[int, int]],
         on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
+        leader_of: Callable[[str, int], str | None] = lambda topic, queue_id: None,
+        peers: Peers | None = None,
     ) -> None:
         """``queue_count(topic)``: the topic's queues over the cluster (0: unknown topic);
         ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours;
-        ``readable(key)``: a queue's offsets consumers may read, [min, end)."""
+        ``readable(key)``: a queue's offsets consumers may read, [min, end); ``leader_of``: the
+        address of a queue's leader as the cluster routes it (None: here, or no nameservers);
+        ``peers``: the broker's connections to the others (commits at other leaders)."""
         self.groups = groups
         self.claims = claims
         self.offsets = offsets
@@ -80,6 +89,8 @@ class GroupService:
         self.address = address
         self.readable = readable
         self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
+        self.leader_of = leader_of
+        self.peers = peers
 
     def _coordinated_here(self, group: str) -> None:
         coordinator = self.coordinator_of(group)
@@ -148,6 +159,59 @@ class GroupService:
             for topic, queue_id in queues:
                 self.claims.check(group, member, topic, queue_id, now_ms)
         return [self.offsets.get(group, topic, queue_id) for topic, queue_id in queues]
+
+    async def commit_at_leaders(self, group: str, entries: list[QueueOffset]) -> list[GmsError | None]:
+        """Commit each queue's offset where the group's offsets of that queue live, its leader:
+        here (:meth:`commit_offsets`), or over this broker's connection to it (a protocol whose
+        consumers commit to the group's coordinator, as Kafka's do). Each entry's error, or None."""
+        errors: list[GmsError | None] = [None] * len(entries)
+        elsewhere: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            leader = self.leader_of(entry.topic, entry.queue_id)
+            if leader is not None and leader != self.address and self.peers is not None:
+                elsewhere.setdefault(leader, []).append(i)
+                continue
+            try:
+                self.commit_offsets(group, [entry])
+            except GmsError as err:
+                errors[i] = err
+
+        async def forward(address: str, indexes: list[int]) -> None:
+            try:
+                await self.peers.request(address, RequestCode.COMMIT_OFFSET,  # type: ignore[union-attr]
+                                         {"group": group, "offsets": [encode(entries[i]) for i in indexes]})
+            except GmsError as err:
+                for i in indexes:
+                    errors[i] = err
+        await asyncio.gather(*(forward(address, indexes) for address, indexes in elsewhere.items()))
+        return errors
+
+    async def committed_at_leaders(self, group: str, queues: list[QueueRef]) -> list[int | GmsError | None]:
+        """:meth:`committed_offsets` of each queue asked of its leader (see :meth:`commit_at_leaders`):
+        the offset, None for none, or the error."""
+        found: list[int | GmsError | None] = [None] * len(queues)
+        elsewhere: dict[str, list[int]] = {}
+        for i, (topic, queue_id) in enumerate(queues):
+            leader = self.leader_of(topic, queue_id)
+            if leader is not None and leader != self.address and self.peers is not None:
+                elsewhere.setdefault(leader, []).append(i)
+                continue
+            try:
+                found[i] = self.committed_offsets(group, [queues[i]])[0]
+            except GmsError as err:
+                found[i] = err
+
+        async def ask(address: str, indexes: list[int]) -> None:
+            try:
+                answer = await self.peers.request(address, RequestCode.FETCH_OFFSET,  # type: ignore[union-attr]
+                                                  {"group": group, "queues": [encode(queues[i]) for i in indexes]})
+                for i, offset in zip(indexes, answer["offsets"], strict=True):
+                    found[i] = None if offset < 0 else int(offset)
+            except GmsError as err:
+                for i in indexes:
+                    found[i] = err
+        await asyncio.gather(*(ask(address, indexes) for address, indexes in elsewhere.items()))
+        return found
 
     def describe(self, name: str, members: bool = True) -> GroupView:
         """Members (from the coordinator) and the offsets committed on this broker. A

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import cast
+
+import numpy as np
 
 from gms.broker.access import BrokerAccess
 from gms.broker.config import BrokerConfig
@@ -58,6 +60,9 @@ ACKS = (0, 1, -1)
 ACKS_ERROR = "acks must be 0, 1 or -1, not {}"
 FIND_MESSAGES_DEFAULT = 32
 FIND_MESSAGES_MAX = 1024  # one answer holds at most this many records (each read and checked)
+
+# (topic -> the queues of it a send names, timeout in s): returns once this broker leads them, or at the timeout
+Arrival = Callable[[Mapping[str, Collection[int] | None], float], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +120,7 @@ class MessageService:
         self.claims = claims  # which member of a group reads each queue (clustering pulls)
         # Cluster mode: waits until a topic the cluster just created or moved here is taken
         # (TopicService.arrival with led_here; set by the server).
-        self.arrival: Callable[[str, float], Awaitable[None]] | None = None
+        self.arrival: Arrival | None = None
         self.address = address
         self._flush_waiters = (FlushWaiters(store, config.send_timeout_ms)
                                if store.config.flush_mode == "sync" else None)
@@ -175,16 +180,14 @@ class MessageService:
 
     async def stored(self, body: Buffer, acks: int, *, allowed_flags: int = PRODUCER_FLAGS) -> AppendResult:
         """:meth:`store_records` for callers off the hot path: the result once it is acknowledged."""
-        result = self.store_records(body, check_acks(acks), time.perf_counter(), allowed_flags=allowed_flags)
-        return result if isinstance(result, AppendResult) else await result
+        return await self._acknowledged(body, check_acks(acks), time.perf_counter(), allowed_flags)
 
     async def _store_when_led(self, body: Buffer, acks: int, started: float, allowed_flags: int,
                               pending: LeadershipPendingError) -> AppendResult:
         """Store the send once this broker, just made the leader of a queue it names, has its new
         epoch on disk (a moment; bounded by the send timeout): the send is not refused for it."""
         await self.replicas.wait_epoch_saved(pending, self.config.send_timeout_ms / 1000)  # type: ignore[union-attr]
-        result = self.store_records(body, acks, started, allowed_flags=allowed_flags)
-        return result if isinstance(result, AppendResult) else await result
+        return await self._acknowledged(body, acks, started, allowed_flags)
 
     async def _store_when_taken(self, body: Buffer, acks: int, started: float, allowed_flags: int) -> AppendResult:
         """Store a send refused for a queue this broker does not lead, once each topic it names
@@ -192,11 +195,18 @@ class MessageService:
         here, and this broker is still taking it; bounded by the send timeout), or refuse it
         again: the send is not refused while the assignment is being applied (sends right after
         a burst of creations outran a producer's retries)."""
-        arrival = cast(Callable[[str, float], Awaitable[None]], self.arrival)
+        arrival = cast(Arrival, self.arrival)
         parsed = parse_batch(memoryview(body).cast("B"), MESSAGE_SIZE_BYTES_MAX_CEILING, False, verify_crc=False)
         timeout_s = self.config.send_timeout_ms / 1000
-        await asyncio.gather(*(arrival(topic, timeout_s) for topic in parsed.topics))
-        result = self.store_records(body, acks, started, allowed_flags=allowed_flags, taken=True)
+        queue_ids = parsed.headers["queue_id"]
+        await arrival({topic: set(np.unique(queue_ids[parsed.topic_index == i]).tolist())
+                       for i, topic in enumerate(parsed.topics)}, timeout_s)
+        return await self._acknowledged(body, acks, started, allowed_flags, taken=True)
+
+    async def _acknowledged(self, body: Buffer, acks: int, started: float, allowed_flags: int,
+                            taken: bool = False) -> AppendResult:
+        """:meth:`store_records`' result once it is acknowledged (flushed, replicated)."""
+        result = self.store_records(body, acks, started, allowed_flags=allowed_flags, taken=taken)
         return result if isinstance(result, AppendResult) else await result
 
     async def _send_waits(self, size: int, result: AppendResult, wait_flush: bool,

@@ -16,17 +16,22 @@ disagree with the routes (a direct DELETE_TOPIC wiped a replica the nameserver k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gms import __version__
+from gms.address import split_address
 from gms.broker.topics import TopicLimits
 from gms.cluster.errors import EtcdUnavailable
 from gms.cluster.model import BrokerInfo
-from gms.errors import BadRequestError, NotLeaderError, TopicNotFoundError
+from gms.errors import BadRequestError, GmsError, NotLeaderError, ServiceUnavailableError, TopicNotFoundError
 from gms.naming import check_creatable
+from gms.net import Connection
+from gms.protocol.codes import RequestCode
 from gms.store_errors import UnknownTopic
 
 if TYPE_CHECKING:
@@ -34,9 +39,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often a topic on its way is looked for: the view and the broker's assignment change on
-# other threads and tasks; this polling runs only for a topic etcd has and this broker does not yet.
-ARRIVAL_POLL_S = 0.02
+# How often a topic on its way is looked for while no assignment is applied here (the view changes
+# on the etcd watch thread); an applied assignment wakes every waiter at once. Runs only for a
+# topic etcd has and this broker does not serve yet.
+ARRIVAL_POLL_S = 0.05
+REQUEST_TIMEOUT_MS = 10_000  # a request to a nameserver
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlacement:
+    """Who holds a queue in the cluster: its leader (None while down), every registered replica
+    (``assigned``, preferred leader first) and those in sync, with the leader's epoch."""
+
+    queue_id: int
+    leader: BrokerInfo | None
+    assigned: tuple[BrokerInfo, ...]
+    isr: tuple[BrokerInfo, ...]
+    leader_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,7 @@ class TopicService:
     def __init__(self, broker: BrokerServer) -> None:
         self.broker = broker
         self.store = broker.store
+        self._applied = asyncio.Event()  # set (and replaced) each time an assignment is applied here
 
     def refuse_in_cluster(self, what: str, topic: object) -> None:
         """BadRequestError for a topic change on a broker in a cluster (see the module docstring)."""
@@ -109,6 +129,70 @@ class TopicService:
         return [(queue.queue_id, live[queue.leader_address]) for queue in registration.route(topic).queues
                 if queue.leader_address in live]
 
+    def live_brokers(self) -> list[BrokerInfo] | None:
+        """The cluster's registered brokers (sorted by id); None on a broker without nameservers."""
+        registration = self.broker.registration
+        return None if registration is None else registration.live_brokers()
+
+    def queue_counts(self) -> dict[str, int]:
+        """Every topic with its queue count: the cluster's (as the nameservers route them), or a
+        broker without nameservers its own."""
+        registration = self.broker.registration
+        return self.store.topics() if registration is None else registration.topic_queue_counts()
+
+    def placement(self, topic: str) -> list[QueuePlacement] | None:
+        """:meth:`leaders` with each queue's replicas and ISR, every queue (one whose leader is down
+        with none); None on a broker without nameservers. TopicNotFoundError: no such topic."""
+        registration = self.broker.registration
+        if registration is None:
+            return None
+        live = {info.address: info for info in registration.live_brokers()}
+
+        def known(addresses: tuple[str, ...]) -> tuple[BrokerInfo, ...]:
+            return tuple(live[address] for address in addresses if address in live)
+        return [QueuePlacement(queue.queue_id, live.get(queue.leader_address or ""), known(queue.replica_addresses),
+                              known(queue.isr_addresses), queue.leader_epoch)
+                for queue in registration.route(topic).queues]
+
+    async def create_in_cluster(self, topic: str, queues: int, replicas: int, timeout_s: float) -> None:
+        """Create ``topic``: on this broker when it has no nameservers, else through them, and
+        wait (up to ``timeout_s``) until this broker's view holds it."""
+        if not self.broker.config.nameserver:
+            await self.create_topic(topic, queues, {})
+            return
+        await self.nameserver_request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues,
+                                                                 "replicas": replicas})
+        await self.arrival(topic, timeout_s, led_here=False)
+
+    async def delete_in_cluster(self, topic: str) -> None:
+        """Delete ``topic``: on this broker when it has no nameservers, else through them."""
+        if not self.broker.config.nameserver:
+            await self.delete_topic(topic)
+            return
+        await self.nameserver_request(RequestCode.DELETE_TOPIC, {"topic": topic})
+
+    async def nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
+        """One request to the first nameserver that answers (its error if it refuses)."""
+        registration = self.broker.registration
+        if registration is None:
+            raise ServiceUnavailableError("the broker is not registered with the cluster yet: retry")
+        failed: GmsError | None = None
+        for address in registration.nameservers:
+            try:
+                host, port = split_address(address, "nameserver address")
+                connection = await Connection.open(host, port, REQUEST_TIMEOUT_MS,
+                                                   request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                                   security=self.broker.config.security.outgoing())
+            except ServiceUnavailableError as err:
+                failed = err
+                continue
+            try:
+                await connection.request(code, fields)
+                return
+            finally:
+                connection.close()
+        raise failed or ServiceUnavailableError("no nameserver to ask")
+
     def message_type(self, topic: str) -> str | None:
         """``topic``'s message type (gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed)."""
         registration = self.broker.registration
@@ -116,43 +200,64 @@ class TopicService:
             return self.store.topic_limits(topic).message_type
         return registration.topic(topic).settings.message_type
 
-    async def arrival(self, topic: str, timeout_s: float, *, led_here: bool) -> None:
-        """Return once the cluster's view holds ``topic`` and, with ``led_here``, this broker leads a
-        queue of it wherever the view names it leader (it has applied the topic's assignment); at
-        once for a topic etcd does not hold either, or a lone broker (it creates topics in place),
-        and after ``timeout_s`` regardless: the caller then answers what it finds."""
-        registration = self.broker.registration
-        if registration is None or not self._arriving(topic, led_here):
-            return
-        if not registration.has_topic(topic):
-            try:  # one etcd read tells a topic on its way from one that does not exist
-                if not await asyncio.to_thread(registration.topic_in_etcd, topic):
-                    return
-            except EtcdUnavailable as err:
-                log.debug("cannot ask etcd about topic %s (%s): answering from the view", topic, err)
-                return
-        deadline = time.monotonic() + timeout_s
-        while self._arriving(topic, led_here) and (left := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(ARRIVAL_POLL_S, left))
+    async def arrival(self, topic: str, timeout_s: float, *, led_here: bool,
+                      queues: Collection[int] | None = None) -> None:
+        """:meth:`arrivals` of one topic."""
+        await self.arrivals({topic: queues}, timeout_s, led_here=led_here)
 
-    def _arriving(self, topic: str, led_here: bool) -> bool:
+    async def arrivals(self, topics: Mapping[str, Collection[int] | None], timeout_s: float, *,
+                       led_here: bool) -> None:
+        """Return once the cluster's view holds each of ``topics`` and, with ``led_here``, this
+        broker leads a queue of it (each of its queues given) wherever the view names it leader (it
+        has applied the topic's assignment); at once for topics etcd does not hold either, or on
+        a lone broker (it creates topics in place), and after ``timeout_s`` regardless: the caller
+        then answers what it finds. One waiter for them all, woken by each applied assignment."""
+        registration = self.broker.registration
+        if registration is None:
+            return
+        waiting = {t: q for t, q in topics.items() if self._arriving(t, led_here, q)}
+        unknown = [t for t in waiting if not registration.has_topic(t)]
+        if unknown:
+            try:  # one etcd read tells a topic on its way from one that does not exist
+                held = await asyncio.to_thread(lambda: [t for t in unknown if registration.topic_in_etcd(t)])
+            except EtcdUnavailable as err:
+                log.debug("cannot ask etcd about topics %s (%s): answering from the view", unknown[:3], err)
+                return
+            for topic in set(unknown) - set(held):
+                del waiting[topic]
+        deadline = time.monotonic() + timeout_s
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), min(ARRIVAL_POLL_S, left))
+            waiting = {t: q for t, q in waiting.items() if self._arriving(t, led_here, q)}
+
+    def assignments_applied(self) -> None:
+        """Wake the :meth:`arrivals` waiting: this broker has just applied an assignment."""
+        self._applied.set()
+        self._applied = asyncio.Event()
+
+    def _arriving(self, topic: str, led_here: bool, queues: Collection[int] | None) -> bool:
         """Whether ``topic`` is not yet as the cluster made it: not in the view, or (``led_here``)
-        routed to this broker's leadership but not led here. A send to a queue led here costs one
-        look at the broker's own queues."""
+        a queue of it (of ``queues``) routed to this broker's leadership is not led here yet.
+        A send to queues led here costs one look at the broker's own queues."""
         registration = self.broker.registration
         if registration is None:
             return False
+        led: Collection[int] = ()
         if led_here:
             try:
-                if self.queues_led(topic):
-                    return False
+                led = set(self.queues_led(topic))
             except TopicNotFoundError:
                 pass
+            if led and (queues is None or all(queue_id in led for queue_id in queues)):
+                return False
         try:
             route = registration.route(topic)
         except TopicNotFoundError:
             return True
-        return led_here and any(queue.leader_address == self.broker.address for queue in route.queues)
+        return led_here and any(
+            queue.leader_address == self.broker.address and queue.queue_id not in led
+            and (queues is None or queue.queue_id in queues) for queue in route.queues)
 
     def topics(self) -> dict[str, int]:
         """Topic → queue count."""

@@ -13,11 +13,16 @@ idle for hours just works. pyetcd's own ``user=``/``password=`` are not used: th
 once in its constructor, never again, and send the token as gRPC call credentials, which gRPC
 refuses on a plaintext channel; the token travels as plain ``token`` metadata here.
 
-Watches run one gRPC stream each (:class:`_WatchStream`) instead of on pyetcd's shared watcher:
+Watches run one gRPC stream each (:class:`gms.cluster.etcd_watch.WatchStream`) instead of on pyetcd's shared watcher:
 its stream keeps the token of the moment it was opened, so once that token expires every new
 watch on it is refused, and it takes a refused watch (etcd answers created + canceled, echoing
 watch id 0) for a created one, handing it the callback of watch 0. An established watch keeps
 delivering after its token expires (etcd checks the token when the watch is created).
+
+The adapter's parts: the values its calls take and answer (gms.cluster.etcd_types), what a
+failure means (gms.cluster.etcd_failures), a watch's stream (gms.cluster.etcd_watch); this
+module holds the client: connection and endpoints, authentication, key/value, transactions,
+leases, watches and etcd's auth set-up.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -38,10 +42,45 @@ from pyetcd import etcdrpc
 from pyetcd import exceptions as etcd_exc
 from pyetcd import transactions as etcd_txn
 from pyetcd import utils as etcd_utils
-from pyetcd.etcdrpc import kv_pb2
 
 from gms.address import split_address
-from gms.cluster.errors import EtcdAuthFailed, EtcdCompacted, EtcdError, EtcdUnavailable
+from gms.cluster.errors import EtcdAuthFailed, EtcdUnavailable
+from gms.cluster.etcd_failures import (
+    ALREADY_EXISTS,
+    AUTH_NOT_ENABLED,
+    BAD_PASSWORD,
+    UNAVAILABLE_CODES,
+    details_of,
+    token_rejected,
+    translate,
+    why,
+)
+from gms.cluster.etcd_types import (
+    Compare,
+    CreateRevisionIs,
+    Delete,
+    EtcdAuth,
+    EtcdObserver,
+    EtcdStatus,
+    KeyMissing,
+    KeyValue,
+    ModRevisionIs,
+    Op,
+    Put,
+    Snapshot,
+    WatchBatch,
+    WatchCallback,
+    WatchEvent,
+    kv_of,
+)
+from gms.cluster.etcd_watch import WatchStream
+
+# The adapter's API: the client and the values its calls take and answer.
+__all__ = [
+    "Compare", "CreateRevisionIs", "Delete", "EtcdAuth", "EtcdClient", "EtcdObserver", "EtcdStatus", "KeyMissing",
+    "KeyValue", "ModRevisionIs", "Op", "Put", "Snapshot", "WatchBatch", "WatchCallback", "WatchEvent",
+    "parse_endpoints",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,170 +97,10 @@ _GRPC_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 3_000),
 ]
-_UNAVAILABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
-# etcd's answers (rpctypes) that a fresh token may cure: the token expired or was revoked (a
-# password change), the auth store changed since it was issued, or none was sent because auth
-# was off when this client last looked. A watch refused for its token says "permission denied".
-_TOKEN_REJECTED = ("invalid auth token", "revision of auth store is old", "user name is empty")
-_AUTH_NOT_ENABLED = "authentication is not enabled"
-_BAD_PASSWORD = "invalid user ID or password"
-_NO_USER = "user name is empty"
-_ALREADY_EXISTS = "already exists"
-_PERMISSION_DENIED = "permission denied"
-# What gRPC says when a TLS handshake fails for etcd's certificate (CA, signature, host name).
-_TLS_REFUSED_MARKS = ("certificate", "peer name", "ssl_error_ssl", "tsi_protocol_failure")
-# A connection closed while being set up: what a plaintext client meets at a TLS port and a
-# TLS client at a plaintext one, but also what an etcd that stops at that moment does.
-_SOCKET_CLOSED = ("socket closed", "connection reset by peer")  # gRPC words it either way
 _READWRITE = etcdrpc.Permission.READWRITE
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdAuth:
-    """How a client proves who it is to etcd and checks that it talks to the right etcd.
-
-    An empty ``user`` means no authentication (fine while etcd has auth off). With ``ca`` set
-    the connection is TLS, and etcd's certificate must be signed by that CA (PEM file) and name
-    the endpoint's host; ``cert`` + ``key`` add a client certificate for an etcd run with
-    ``--client-cert-auth``. Without ``ca`` the connection is plaintext. The password stays out
-    of ``repr``.
-    """
-
-    user: str = ""
-    password: str = field(default="", repr=False)
-    ca: str = ""
-    cert: str = ""
-    key: str = ""
-
-    def __post_init__(self) -> None:
-        if self.password and not self.user:
-            raise ValueError("an etcd password needs its etcd user name")
-        if bool(self.cert) != bool(self.key):
-            raise ValueError("an etcd client certificate needs its key and a key its certificate")
-        if self.cert and not self.ca:
-            raise ValueError("an etcd client certificate needs TLS: give the CA file of etcd's certificate too")
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.ca)
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    key: bytes
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The keys under a prefix and the store revision they were read at (watch from +1)."""
-
-    kvs: list[KeyValue]
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    kv: KeyValue
-    deleted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class WatchBatch:
-    events: list[WatchEvent]
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdStatus:
-    version: str
-    db_size_bytes: int
-    raft_index: int
-    raft_term: int
-
-
-# Transaction building blocks: compares ...
-@dataclass(frozen=True, slots=True)
-class KeyMissing:
-    key: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModRevisionIs:
-    key: str
-    mod_revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class CreateRevisionIs:
-    """The key exists and is the incarnation created at ``create_revision`` (0: missing).
-    Fences a controller: its election key, re-created, would have a new create revision."""
-
-    key: str
-    create_revision: int
-
-
-# ... and operations.
-@dataclass(frozen=True, slots=True)
-class Put:
-    key: str
-    value: bytes
-    lease_id: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    key: str
-
-
-Compare = KeyMissing | ModRevisionIs | CreateRevisionIs
-Op = Put | Delete
-WatchCallback = Callable[[WatchBatch | Exception], None]
-# (operation, seconds, the error it raised or None): hears of every call, for metrics.
-EtcdObserver = Callable[[str, float, Exception | None], None]
-
-
-class _WatchRefused(etcd_exc.Etcd3Exception):
-    """etcd answered a watch request with created + canceled (no permission, or a bad token)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason or "watch canceled at creation")
-        self.reason = reason
-
-
-def _rpc_error(err: BaseException) -> grpc.RpcError | None:
-    """The gRPC error behind ``err``: pyetcd raises its own exceptions from inside the handler
-    of the gRPC one, which so becomes their ``__context__``."""
-    if isinstance(err, grpc.RpcError):
-        return err
-    return err.__context__ if isinstance(err.__context__, grpc.RpcError) else None
-
-
-def _details(rpc: grpc.RpcError) -> str:
-    return str(rpc.details() or "")
-
-
-def _why(err: BaseException) -> str:
-    """The server's one-line reason for ``err``."""
-    rpc = _rpc_error(err)
-    return _details(rpc) if rpc is not None else str(err)
-
-
-def _token_rejected(err: BaseException) -> bool:
-    """Whether a fresh token may get ``err``'s request through."""
-    if isinstance(err, _WatchRefused):
-        return _PERMISSION_DENIED in err.reason.lower()
-    rpc = _rpc_error(err)
-    return rpc is not None and any(mark in _details(rpc) for mark in _TOKEN_REJECTED)
 
 
 def _channel_credentials(auth: EtcdAuth) -> grpc.ChannelCredentials | None:
@@ -245,7 +124,7 @@ class _Etcd3Client(pyetcd.MultiEndpointEtcd3Client):
             request = etcdrpc.AuthenticateRequest(name=user, password=password)
             return str(self.authstub.Authenticate(request, self.timeout).token)
         except grpc.RpcError as err:
-            if _AUTH_NOT_ENABLED in _details(err):
+            if AUTH_NOT_ENABLED in details_of(err):
                 return ""
             self._manage_grpc_errors(err)  # parks a dead endpoint, raises
             raise
@@ -256,9 +135,9 @@ class _Etcd3Client(pyetcd.MultiEndpointEtcd3Client):
         on_batch: Callable[[WatchBatch], None],
         on_end: Callable[[BaseException | None], None],
         timeout_s: float,
-    ) -> _WatchStream:
+    ) -> WatchStream:
         """A created watch on its own stream, with this client's token."""
-        stream = _WatchStream(self.channel, request, self.metadata, on_batch, on_end)
+        stream = WatchStream(self.channel, request, self.metadata, on_batch, on_end)
         try:
             stream.wait_created(timeout_s)
         except grpc.RpcError as err:
@@ -272,91 +151,9 @@ class _Etcd3Client(pyetcd.MultiEndpointEtcd3Client):
         try:
             return getattr(self.authstub, method)(request, self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
-            if err.code() in _UNAVAILABLE_CODES:
+            if err.code() in UNAVAILABLE_CODES:
                 self._manage_grpc_errors(err)
             raise
-
-
-class _WatchStream:
-    """One etcd watch on its own gRPC stream (see the module docstring for why not pyetcd's).
-
-    ``wait_created`` raises when etcd refuses the watch; after that each change goes to
-    ``on_batch`` and, unless cancelled, the end of the stream to ``on_end`` once. The request
-    side is half-closed right after the create request: etcd keeps the watch running."""
-
-    def __init__(
-        self,
-        channel: grpc.Channel,
-        request: object,
-        metadata: tuple[tuple[str, str], ...] | None,
-        on_batch: Callable[[WatchBatch], None],
-        on_end: Callable[[BaseException | None], None],
-    ) -> None:
-        self._on_batch = on_batch
-        self._on_end = on_end
-        self._created = threading.Event()
-        self._create_error: BaseException | None = None
-        self._cancelled = False
-        self.ended = False
-        self._call = etcdrpc.WatchStub(channel).Watch(iter([request]), metadata=metadata)
-        threading.Thread(target=self._run, name="gms-etcd-watch", daemon=True).start()
-
-    def wait_created(self, timeout_s: float) -> None:
-        if not self._created.wait(timeout_s):
-            self.cancel()
-            raise etcd_exc.WatchTimedOut()
-        if self._create_error is not None:
-            raise self._create_error
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._call.cancel()
-
-    def _run(self) -> None:
-        ended: BaseException | None = None
-        try:
-            for resp in self._call:
-                if not self._created.is_set():
-                    if resp.canceled:
-                        compacted = resp.compact_revision
-                        refusal = _WatchRefused(resp.cancel_reason)
-                        self._fail_creation(etcd_exc.RevisionCompactedError(compacted) if compacted else refusal)
-                        return
-                    self._created.set()
-                elif resp.compact_revision:
-                    ended = etcd_exc.RevisionCompactedError(resp.compact_revision)
-                    break
-                elif resp.canceled:
-                    ended = _WatchRefused(resp.cancel_reason)
-                    break
-                if resp.events or not resp.created:
-                    events = [WatchEvent(_kv(ev.kv), ev.type == kv_pb2.Event.DELETE) for ev in resp.events]
-                    self._deliver(self._on_batch, WatchBatch(events, resp.header.revision))
-        except grpc.RpcError as err:
-            ended = err
-        except Exception as err:  # a bug here must still end the watch visibly
-            log.exception("etcd watch stream failed")
-            ended = err
-        if not self._created.is_set():
-            self._fail_creation(ended or etcd_exc.ConnectionFailedError())
-            return
-        self._call.cancel()
-        self.ended = True
-        if not self._cancelled:
-            self._deliver(self._on_end, ended)
-
-    def _fail_creation(self, err: BaseException) -> None:
-        self.ended = True
-        self._create_error = err
-        self._call.cancel()
-        self._created.set()
-
-    @staticmethod
-    def _deliver(callback: Callable[[Any], None], arg: object) -> None:
-        try:
-            callback(arg)
-        except Exception:
-            log.exception("etcd watch callback failed")
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -368,17 +165,6 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[tuple[str, int]]:
     if not parsed:
         raise ValueError("no etcd endpoint given")
     return parsed
-
-
-def _kv(raw: object) -> KeyValue:
-    return KeyValue(
-        key=raw.key,  # type: ignore[attr-defined]
-        value=raw.value,  # type: ignore[attr-defined]
-        create_revision=raw.create_revision,  # type: ignore[attr-defined]
-        mod_revision=raw.mod_revision,  # type: ignore[attr-defined]
-        version=raw.version,  # type: ignore[attr-defined]
-        lease_id=raw.lease,  # type: ignore[attr-defined]
-    )
 
 
 def _kv_read(found: tuple[bytes, Any]) -> KeyValue:
@@ -423,7 +209,7 @@ class EtcdClient:
         # None: not authenticated yet; "": etcd had authentication off when we asked.
         self._token: str | None = None
         self._auth_lock = threading.Lock()
-        self._watches: dict[int, _WatchStream] = {}
+        self._watches: dict[int, WatchStream] = {}
         self._watch_ids = itertools.count(1)
         self._watch_lock = threading.Lock()
         self.endpoints = [f"{h}:{p}" for h, p in parse_endpoints(endpoints)]
@@ -483,14 +269,14 @@ class EtcdClient:
             try:
                 return attempt()
             except (etcd_exc.Etcd3Exception, grpc.RpcError) as err:
-                if not (self.auth.user and _token_rejected(err)):
+                if not (self.auth.user and token_rejected(err)):
                     raise
-                log.debug("etcd refused the token of user %s (%s); authenticating again", self.auth.user, _why(err))
+                log.debug("etcd refused the token of user %s (%s); authenticating again", self.auth.user, why(err))
             # etcd refuses a request for its token before applying it: the retry is safe.
             self._authenticate(stale=token)
             return attempt()
         except (etcd_exc.Etcd3Exception, grpc.RpcError) as err:
-            raise self._translate(err) from err
+            raise translate(err, self.auth, self.endpoints) from err
 
     def _authenticate(self, stale: str | None) -> None:
         """Get a new token unless another thread already replaced ``stale``."""
@@ -506,85 +292,16 @@ class EtcdClient:
             else:
                 log.debug("etcd has authentication off: calls go without a token")
 
-    def _translate(self, err: BaseException) -> Exception:
-        if isinstance(err, etcd_exc.RevisionCompactedError):
-            return EtcdCompacted(err.compacted_revision)
-        if isinstance(err, _WatchRefused):
-            if _PERMISSION_DENIED in err.reason.lower():
-                return EtcdAuthFailed(self._denied_message(f"watch refused: {err.reason}"))
-            return EtcdError(f"etcd refused the watch: {err.reason}")
-        rpc = _rpc_error(err)
-        if rpc is None:
-            if isinstance(
-                err,
-                etcd_exc.ConnectionFailedError
-                | etcd_exc.ConnectionTimeoutError
-                | etcd_exc.NoServerAvailableError
-                | etcd_exc.WatchTimedOut,
-            ):
-                return EtcdUnavailable(f"etcd unavailable: {str(err) or type(err).__name__}")
-            return EtcdError(f"etcd error: {err!r}")
-        code, details = rpc.code(), _details(rpc)
-        if _BAD_PASSWORD in details:
-            return EtcdAuthFailed(
-                f"etcd refused user {self.auth.user!r}: wrong user name or password ({details});"
-                " check the etcd user and password gms is configured with"
-            )
-        if code == grpc.StatusCode.PERMISSION_DENIED or _NO_USER in details:
-            return EtcdAuthFailed(self._denied_message(details))
-        if any(mark in details for mark in _TOKEN_REJECTED):
-            return EtcdAuthFailed(
-                f"etcd refused the token it just gave user {self.auth.user!r} ({details});"
-                " check the etcd user and password and etcd's --auth-token settings"
-            )
-        if code in _UNAVAILABLE_CODES:
-            lowered = details.lower()
-            if self.auth.tls and any(mark in lowered for mark in _TLS_REFUSED_MARKS):
-                return EtcdAuthFailed(
-                    f"TLS with etcd at {','.join(self.endpoints)} failed ({details}): check that the etcd"
-                    f" CA file {self.auth.ca} is the CA that signed etcd's certificate and that the"
-                    " certificate names the host of the endpoint"
-                )
-            return EtcdUnavailable(f"etcd unavailable: {code.name}: {details}{self._closed_hint(lowered)}")
-        return EtcdError(f"etcd error {code.name}: {details}")
-
-    def _closed_hint(self, details: str) -> str:
-        """Why etcd may have closed a connection being set up (``details`` lower case)."""
-        if not any(words in details for words in _SOCKET_CLOSED):
-            return ""
-        if self.auth.tls and "handshake" in details:
-            return (
-                "; etcd closed the connection in the TLS handshake, as an etcd that serves plaintext does:"
-                " if its client URLs are http, not https, leave out the etcd CA file"
-            )
-        if not self.auth.tls and "failed to connect" in details:
-            return (
-                "; etcd closed the connection at once, as an etcd that serves TLS does to a plaintext"
-                " client: if its client URLs are https, configure the etcd CA file"
-            )
-        return ""
-
-    def _denied_message(self, details: str) -> str:
-        if not self.auth.user:
-            return (
-                f"etcd refused access ({details}): it has authentication on and this client has no"
-                " etcd user; configure the etcd user and password"
-            )
-        return (
-            f"etcd denied user {self.auth.user!r} access ({details}): check that the user's etcd role"
-            " grants read-write permission on the gms key prefix"
-        )
-
     # -- key/value -------------------------------------------------------------------------
     @_etcd_call
     def get(self, key: str) -> KeyValue | None:
         resp = self._client.get_response(key)
-        return _kv(resp.kvs[0]) if resp.kvs else None
+        return kv_of(resp.kvs[0]) if resp.kvs else None
 
     @_etcd_call
     def get_prefix(self, prefix: str) -> Snapshot:
         resp = self._client.get_prefix_response(prefix)
-        return Snapshot([_kv(kv) for kv in resp.kvs], resp.header.revision)
+        return Snapshot([kv_of(kv) for kv in resp.kvs], resp.header.revision)
 
     @_etcd_call
     def put(self, key: str, value: bytes, *, lease_id: int = 0) -> int:
@@ -673,7 +390,8 @@ class EtcdClient:
         def on_end(err: BaseException | None) -> None:
             with self._watch_lock:
                 self._watches.pop(watch_id, None)
-            callback(EtcdUnavailable("etcd watch stream closed") if err is None else self._translate(err))
+            callback(EtcdUnavailable("etcd watch stream closed") if err is None
+                     else translate(err, self.auth, self.endpoints))
 
         stream = self._call("watch_prefix", lambda: self._client.watch(request, callback, on_end, self._timeout_s))
         with self._watch_lock:
@@ -702,7 +420,7 @@ class EtcdClient:
         try:
             client.auth_call("UserAdd", etcdrpc.AuthUserAddRequest(name=name, password=password))
         except grpc.RpcError as err:
-            if _ALREADY_EXISTS not in _details(err):
+            if ALREADY_EXISTS not in details_of(err):
                 raise
             if not self._password_works(name, password):
                 change = etcdrpc.AuthUserChangePasswordRequest(name=name, password=password)
@@ -718,7 +436,7 @@ class EtcdClient:
         try:
             return bool(self._client.authenticate(name, password))
         except grpc.RpcError as err:
-            if _BAD_PASSWORD in _details(err):
+            if BAD_PASSWORD in details_of(err):
                 return False
             raise
 
@@ -732,7 +450,7 @@ class EtcdClient:
         try:
             client.auth_call("RoleAdd", etcdrpc.AuthRoleAddRequest(name=name))
         except grpc.RpcError as err:
-            if _ALREADY_EXISTS not in _details(err):
+            if ALREADY_EXISTS not in details_of(err):
                 raise
         wanted = (_READWRITE, prefix.encode(), _prefix_end(prefix))
         granted = False

@@ -75,13 +75,16 @@ class BrokerInfo:
     caught_up: bool = True
     # host:port of the broker's RocketMQ 5 gRPC API (docs/rocketmq-compat.md); "": not served.
     rocketmq: str = ""
+    # host:port of the broker's Kafka API (docs/kafka-compat.md); "": not served.
+    kafka: str = ""
 
     def __post_init__(self) -> None:
         validate_name("broker", self.broker_id, BadRequestError)
         validate_name("cluster", self.cluster, BadRequestError)
         validate_address(self.address)
-        if self.rocketmq:
-            validate_address(self.rocketmq)
+        for endpoint in (self.rocketmq, self.kafka):
+            if endpoint:
+                validate_address(endpoint)
 
     def to_json(self) -> bytes:
         return _dumps({"v": LAYOUT_VERSION, **asdict(self)})
@@ -90,7 +93,7 @@ class BrokerInfo:
     def from_json(cls, raw: bytes) -> BrokerInfo:
         d = _loads(raw)
         return cls(d["broker_id"], d["address"], d["cluster"], int(d["capacity_bytes"]),
-                   bool(d.get("caught_up", True)), str(d.get("rocketmq", "")))
+                   bool(d.get("caught_up", True)), str(d.get("rocketmq", "")), str(d.get("kafka", "")))
 
 
 def check_message_size_max(value: int | None) -> None:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from gms.errors import BadRequestError, GmsError
 from gms.protocol.codes import Status
 from gms.protocol.fields import INT64, field
-from gms.protocol.rows import ARRAY, I32, I64, STR, col, encode, wire_row
+from gms.protocol.rows import ARRAY, I32, I64, QUEUE_ID, STR, TOPIC, col, encode, wire_row
 
 # Queues one FETCH may name: far more than one consumer leads on a broker in practice, and the
 # request (and its answer's rows) stays well below the 1 MiB header bound.
@@ -53,8 +53,8 @@ class QueueFetch(NamedTuple):
 
 QUEUE_FETCH = wire_row(
     QueueFetch,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     offset=col(I64, "where to read from; −1: the queue's first record, −2: its end"),
 )
 
@@ -133,8 +133,8 @@ class FetchedQueue(NamedTuple):
 
 FETCHED_QUEUE = wire_row(
     FetchedQueue, required=9,  # its defaults serve the broker building rows
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     status=col(I32, "SUCCESS (0) or the wire status of this queue's own error"),
     next_offset=col(I64, "where the next read of the queue starts (past entries skipped: unmatched tags, expired,"
                          " damaged; or where −1/−2 lie)"),

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from gms.protocol.fields import field
-from gms.protocol.rows import I32, I64, STR, col, decode, wire_row
+from gms.protocol.rows import I32, I64, QUEUE_ID, TOPIC, col, rows_field, wire_row
 
 
 class QueueRef(NamedTuple):
@@ -34,15 +33,11 @@ class TransactionQueue(NamedTuple):
     messages: int
 
 
-QUEUE_REF = wire_row(
-    QueueRef,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
-)
+QUEUE_REF = wire_row(QueueRef, topic=TOPIC, queue_id=QUEUE_ID)
 QUEUE_OFFSET = wire_row(
     QueueOffset,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     offset=col(I64, "an offset of the queue (a group's next offset to consume)"),
 )
 EXPIRED_HANDLE = wire_row(
@@ -52,17 +47,15 @@ EXPIRED_HANDLE = wire_row(
 )
 TRANSACTION_QUEUE = wire_row(
     TransactionQueue,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     messages=col(I64, "the transaction's half messages on it"),
 )
 
 
 def queue_refs(fields: Mapping[str, Any], name: str) -> list[QueueRef]:
-    """The :class:`QueueRef` rows of the list field ``name`` (BadRequestError names a bad one)."""
-    return [decode(QueueRef, row, name) for row in field(fields, name, list)]
+    return rows_field(fields, name, QueueRef)
 
 
 def queue_offsets(fields: Mapping[str, Any], name: str) -> list[QueueOffset]:
-    """The :class:`QueueOffset` rows of the list field ``name`` (BadRequestError names a bad one)."""
-    return [decode(QueueOffset, row, name) for row in field(fields, name, list)]
+    return rows_field(fields, name, QueueOffset)

@@ -1,6 +1,7 @@
 """The rows of replication's requests and answers (REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH): one
-schema each, shared by the leader's handlers (broker/ha/leader_handlers.py) and the follower's
-fetcher (broker/ha/fetcher.py). How the two use them: docs/replication.md and those modules.
+schema each, shared by the leader's side (broker/services/replication.py, on the wire
+broker/ha/leader_handlers.py) and the follower's fetcher (broker/ha/fetcher.py). How the two use
+them: docs/replication.md and those modules.
 
 REPLICA_FETCH (200), one request for every queue a follower follows from one leader:
   request fields: ``replica`` (the follower's broker id), ``wait_ms`` (long-poll bound when nothing
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gms.protocol.rows import ARRAY, BIN, I32, I64, STR, col, list_of, rows_of, wire_row
+from gms.protocol.rows import ARRAY, BIN, I32, I64, QUEUE_ID, STR, TOPIC, col, list_of, rows_of, wire_row
 
 SIZES_DTYPE = np.dtype(">i4")  # record sizes in a FetchedRange, as bytes
 
@@ -44,8 +45,8 @@ class FetchWant(NamedTuple):
 
 wire_row(
     FetchWant,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     fetch_offset=col(I64, "the follower's log end offset: it has every offset below it"),
     leader_epoch=col(I64, "the epoch the follower believes the leader has"),
     last_epoch=col(I64, "the newest epoch in the follower's own history (the leader sends the"
@@ -67,8 +68,8 @@ class RepairWant(NamedTuple):
 
 wire_row(
     RepairWant,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     leader_epoch=col(I64, "as in `FetchWant`"),
     offsets=col(list_of(I64), "the queue offsets of the damaged records, below the fetch offset"),
 )
@@ -163,8 +164,8 @@ class FetchedRange(NamedTuple):
 
 wire_row(
     FetchedRange, open=True,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     status=col(I32, "0, or the wire status refusing the fetch of this queue"),
     hw=col(I64, "the leader's high watermark"),
     leo=col(I64, "the leader's log end offset"),
@@ -219,8 +220,8 @@ class RepairedQueue(NamedTuple):
 
 wire_row(
     RepairedQueue, open=True,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     status=col(I32, "as in `FetchedRange`"),
     records=col(rows_of(RepairedRecord), "one per offset asked, in order (the"
         " leader may leave out the last ones: its byte budget)"),
@@ -238,8 +239,8 @@ class EpochQuery(NamedTuple):
 
 wire_row(
     EpochQuery,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     leader_epoch=col(I64, "the epoch the follower believes the leader has"),
     epoch=col(I64, "the follower's newest epoch"),
 )
@@ -258,8 +259,8 @@ class EpochAnswer(NamedTuple):
 
 wire_row(
     EpochAnswer, open=True,
-    topic=col(STR, "the queue's topic"),
-    queue_id=col(I32, "the queue"),
+    topic=TOPIC,
+    queue_id=QUEUE_ID,
     status=col(I32, "0, or the wire status refusing the query"),
     epoch=col(I64, "the epoch (−1 when refused or unknown)"),
     end_offset=col(I64, "where it ends on the leader"),

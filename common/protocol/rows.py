@@ -23,11 +23,11 @@ columns, or the column whose integer is out of its width.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from gms.errors import BadRequestError
-from gms.protocol.fields import INT32, INT64, IntWidth, checked_int
+from gms.protocol.fields import INT32, INT64, IntWidth, checked_int, field
 
 T = TypeVar("T", bound=tuple)  # a NamedTuple row kind
 _NO_DEFAULT: Any = object()
@@ -112,6 +112,11 @@ class Col(NamedTuple):
 
 def col(kind: Kind, doc: str, *, trailing: bool = False) -> Col:
     return Col(kind, doc, trailing)
+
+
+# The columns most queue rows open with.
+TOPIC = col(STR, "the queue's topic")
+QUEUE_ID = col(I32, "the queue")
 
 
 class Schema:
@@ -219,3 +224,8 @@ def decode_rows(row: type[T], value: Any, field: str) -> list[T]:
         raise BadRequestError(f"request field {field!r} must be a list of {_SCHEMAS[row].shape()}")
     found = _SCHEMAS[row]
     return [found.decode(r, field) for r in value]
+
+
+def rows_field(fields: Mapping[str, Any], name: str, row: type[T]) -> list[T]:
+    """The ``row`` rows of the required list field ``name`` (BadRequestError names a bad one)."""
+    return decode_rows(row, field(fields, name, list), name)

@@ -31,7 +31,7 @@ def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:
         if not line or time.monotonic() > deadline:
             pytest.fail("gms standalone did not print its addresses")
         name, _, address = line.strip().partition(" ")
-        if name in ("nameserver", "broker", "etcd", "metrics", "console", "rocketmq"):
+        if name in ("nameserver", "broker", "etcd", "metrics", "console", "rocketmq", "kafka"):
             addresses[name] = address.strip()
     return addresses
 
@@ -152,7 +152,7 @@ def standalone_until_rocketmq_line(data_dir: Path, env: dict[str, str], *args: s
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(data_dir), "--nameserver-port", "0",
          "--broker-port", "0", "--nameserver-metrics-port", "0", "--broker-metrics-port", "0", "--no-console",
-         "--commitlog-file-size", str(32 << 20), *args],
+         "--kafka-port", "0", "--commitlog-file-size", str(32 << 20), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     out = ""

@@ -11,7 +11,9 @@ from gms_cluster import LocalCluster
 
 from gms.client import Admin, Producer, TopicSpec
 from gms.cluster.metadata import TXN_OPS_MAX
-from gms.errors import InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.errors import BadRequestError, InvalidTopicError, TopicAlreadyExistsError, TopicNotFoundError
+from gms.net import Connection, run
+from gms.protocol.codes import RequestCode, Status
 
 # More than one etcd transaction holds (the broker's registration fences each one), so the
 # nameserver writes them in several.
@@ -94,3 +96,47 @@ def test_delete_topics_deletes_each_and_reports_the_others(cluster):
         assert [r.deleted for r in results] == [True, False, True]
         assert all(isinstance(r.error, TopicNotFoundError) for r in results if not r.deleted)
         assert not {first, second} & set(admin.topics())
+
+
+def test_topics_stats_reads_many_topics_in_one_request_per_broker(cluster):
+    """Admin.topics_stats (the console's charts, ``gms group describe``): one TOPIC_STATS per
+    broker for all the topics, each as its own topic_stats reads it; a missing topic is left out."""
+    wanted = names(30)
+    with Admin(nameserver=cluster.nameserver) as admin, Producer(nameserver=cluster.nameserver) as producer:
+        assert [r.error for r in admin.create_topics([(name, 2) for name in wanted])] == [None] * len(wanted)
+        for i, name in enumerate(wanted):
+            for _ in range(i % 3):
+                producer.send(name, b"x", queue=1)
+        stats = admin.topics_stats([*wanted, "no-such-topic"])
+        assert list(stats) == wanted
+        assert stats == {name: admin.topic_stats(name) for name in wanted}
+        assert [[q["max_offset"] for q in stats[name]] for name in wanted] == [[0, i % 3] for i in range(len(wanted))]
+        with pytest.raises(TopicNotFoundError):
+            admin.topic_stats("no-such-topic")
+
+
+def request(address: str, code: int, fields: dict) -> dict:
+    async def ask() -> dict:
+        host, port = address.rsplit(":", 1)
+        conn = await Connection.open(host, int(port))
+        try:
+            return dict((await conn.request(code, fields, b"", timeout_ms=10_000)).fields)
+        finally:
+            conn.close()
+    return run(ask())
+
+
+def test_a_topic_stats_request_answers_each_topic_and_refuses_a_bad_list(broker):
+    """TOPIC_STATS with ``topics``: a row per topic, an unknown one failing alone; not a list of
+    1..1000 names is BAD_REQUEST, and the broker keeps serving."""
+    with Admin(broker.address) as admin:
+        admin.create_topic("known", 2)
+    rows = request(broker.address, RequestCode.TOPIC_STATS, {"topics": ["known", "unknown"]})["topics"]
+    assert rows[0] == {"topic": "known", "status": Status.SUCCESS,
+                       "queues": [{"queue_id": 0, "min_offset": 0, "max_offset": 0},
+                                  {"queue_id": 1, "min_offset": 0, "max_offset": 0}]}
+    assert (rows[1]["topic"], rows[1]["status"]) == ("unknown", Status.TOPIC_NOT_FOUND)
+    for bad in ([], "known", ["x"] * 1001):
+        with pytest.raises(BadRequestError):
+            request(broker.address, RequestCode.TOPIC_STATS, {"topics": bad})
+    assert request(broker.address, RequestCode.TOPIC_STATS, {"topic": "known"})["queues"][1]["queue_id"] == 1

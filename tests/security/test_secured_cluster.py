@@ -142,6 +142,21 @@ def test_create_topics_needs_admin_on_every_topic_it_names(cluster):
         assert "sec-many-no" not in admin.topics()
 
 
+def test_topics_stats_needs_describe_on_every_topic_it_names(cluster):
+    """A topic the user may not describe is refused (its route already), the others answered; a
+    TOPIC_STATS naming it is refused whole."""
+    with cluster.admin() as admin:
+        admin.create_topics([("sec-stats-ok", 1), ("sec-stats-no", 1)])
+    grant(cluster, AclRule("alice", "topic", "sec-stats-ok", "describe"))
+    with Admin(nameserver=cluster.nameserver, security=cluster.security("alice")) as alice:
+        stats = alice.topics_stats(["sec-stats-ok", "sec-stats-no"])
+        assert [q["max_offset"] for q in stats["sec-stats-ok"]] == [0]  # type: ignore[union-attr]
+        assert isinstance(stats["sec-stats-no"], ForbiddenError)
+        leader = alice.route("sec-stats-ok")["queues"][0]["leader"]
+    with pytest.raises(ForbiddenError, match="describe topic sec-stats-no"):
+        request_as(cluster, "alice", leader, RequestCode.TOPIC_STATS, {"topics": ["sec-stats-ok", "sec-stats-no"]})
+
+
 def test_prefix_acls_and_deny_beats_allow(cluster):
     with cluster.admin() as admin:
         for topic in ("sec-pfx.a", "sec-pfx.secret"):

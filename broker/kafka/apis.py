@@ -1,0 +1,128 @@
+"""The Kafka APIs this adapter serves, at which versions, and the request and response headers.
+
+ApiVersions advertises exactly :data:`SUPPORTED`; a request for any other API key or version is
+not served (the connection is closed, as a Kafka broker closes it), except ApiVersions itself,
+which answers UNSUPPORTED_VERSION with the list at version 0 so that the client retries with one
+it shares (KIP-511).
+
+Request header v1 (client id a nullable int16-length string) and v2 (v1 plus tagged fields) for
+flexible versions; response header v0 (correlation id) and v1 (plus tagged fields), except that
+an ApiVersions response always has header v0.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gms.broker.kafka.schema import Message, message
+from gms.broker.kafka.wire import Reader, Writer
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+
+
+# The versions served: capped where a later one needs what gms lacks (topic ids in Produce and
+# Fetch 13+, ListOffsets 7+'s max-timestamp lookup, the consumer protocol of KIP-848 in
+# OffsetCommit / OffsetFetch 9+, DeleteTopics 6's topic ids).
+SUPPORTED: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.PRODUCE: (3, 12),
+    ApiKey.FETCH: (4, 12),
+    ApiKey.LIST_OFFSETS: (1, 6),
+    ApiKey.METADATA: (0, 12),
+    ApiKey.OFFSET_COMMIT: (2, 8),
+    ApiKey.OFFSET_FETCH: (1, 8),
+    ApiKey.FIND_COORDINATOR: (0, 4),
+    ApiKey.JOIN_GROUP: (0, 9),
+    ApiKey.HEARTBEAT: (0, 4),
+    ApiKey.LEAVE_GROUP: (0, 5),
+    ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.CREATE_TOPICS: (2, 7),
+    ApiKey.DELETE_TOPICS: (1, 5),
+}
+_NAMES = {ApiKey.PRODUCE: "Produce", ApiKey.FETCH: "Fetch", ApiKey.LIST_OFFSETS: "ListOffsets",
+          ApiKey.METADATA: "Metadata", ApiKey.OFFSET_COMMIT: "OffsetCommit", ApiKey.OFFSET_FETCH: "OffsetFetch",
+          ApiKey.FIND_COORDINATOR: "FindCoordinator", ApiKey.JOIN_GROUP: "JoinGroup", ApiKey.HEARTBEAT: "Heartbeat",
+          ApiKey.LEAVE_GROUP: "LeaveGroup", ApiKey.SYNC_GROUP: "SyncGroup", ApiKey.API_VERSIONS: "ApiVersions",
+          ApiKey.CREATE_TOPICS: "CreateTopics", ApiKey.DELETE_TOPICS: "DeleteTopics"}
+
+
+def request_schema(key: ApiKey) -> Message:
+    return message(_NAMES[key] + "Request")
+
+
+def response_schema(key: ApiKey) -> Message:
+    return message(_NAMES[key] + "Response")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+    @property
+    def served(self) -> bool:
+        versions = SUPPORTED.get(self.api_key)  # type: ignore[call-overload]
+        return versions is not None and versions[0] <= self.api_version <= versions[1]
+
+    @property
+    def flexible(self) -> bool:
+        return self.served and request_schema(ApiKey(self.api_key)).is_flexible(self.api_version)
+
+
+def read_header(reader: Reader) -> Header:
+    """The request header; its tagged fields too when the API and version are served and flexible."""
+    header = Header(reader.int16(), reader.int16(), reader.int32(), reader.string(False))
+    if header.flexible:
+        reader.tagged()
+    return header
+
+
+def write_response(header: Header, body: dict[str, object]) -> bytearray:
+    """The response frame (length prefix, header, body) to ``header``'s request."""
+    key = ApiKey(header.api_key)
+    version = header.api_version
+    schema = response_schema(key)
+    writer = Writer()
+    writer.int32(0)  # the frame length, set below
+    writer.int32(header.correlation_id)
+    if key is not ApiKey.API_VERSIONS and schema.is_flexible(version):
+        writer.uvarint(0)  # no tagged fields in the header
+    schema.write(writer, body, version)
+    buf = writer.buf
+    buf[0:4] = (len(buf) - 4).to_bytes(4, "big")
+    return buf
+
+
+def api_versions_body(error: int = 0) -> dict[str, object]:
+    return {"error_code": error, "api_keys": [{"api_key": int(key), "min_version": low, "max_version": high}
+                                              for key, (low, high) in sorted(SUPPORTED.items())]}
+
+
+def unsupported_api_versions(header: Header) -> bytearray:
+    """ApiVersions at a version not served: UNSUPPORTED_VERSION and the list, at version 0."""
+    return write_response(Header(header.api_key, 0, header.correlation_id, header.client_id),
+                          api_versions_body(error=35))
+
+
+def read_request(header: Header, reader: Reader) -> dict[str, object]:
+    """The request's body. Bytes after it are ignored, as a Kafka broker ignores them (librdkafka's
+    Metadata request for every topic carries three)."""
+    return request_schema(ApiKey(header.api_key)).read(reader, header.api_version)

@@ -1,0 +1,100 @@
+"""The Kafka API on a gms cluster of three brokers (embedded etcd, a nameserver, broker processes
+each serving Kafka): any broker's Metadata names every broker at the Kafka address it registered,
+and each partition's leader, replicas and ISR as gms routes the queue; a producer with acks=all
+reaches every leader and a consumer reads every partition back from it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from gms_cluster import LocalCluster
+from processes import free_port, wait_until
+
+from gms.client import Admin
+
+pytestmark = pytest.mark.timeout(180)
+BROKERS = 3
+QUEUES = 6
+WAIT_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    running = LocalCluster(tmp_path_factory.mktemp("kafka-cluster")).start(nameservers=1, brokers=0)
+    try:
+        for _ in range(BROKERS):
+            endpoint = f"127.0.0.1:{free_port()}"
+            running.add_broker("--kafka-listen", endpoint).kafka = endpoint
+        running.wait_registered(BROKERS)
+        yield running
+    finally:
+        running.stop()
+
+
+def _settled_topic(cluster) -> tuple[str, object]:
+    """A new topic of QUEUES queues on every broker, once Metadata shows each with a leader and
+    a full ISR; (its name, that Metadata)."""
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    with Admin(nameserver=cluster.nameserver) as admin:
+        admin.create_topic(topic, QUEUES, replicas=BROKERS)
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[0].kafka})
+
+    def settled() -> bool:
+        found = admin.list_topics(timeout=WAIT_S)
+        partitions = found.topics.get(topic)
+        return (partitions is not None and len(partitions.partitions) == QUEUES
+                and all(p.leader >= 0 and len(p.isrs) == BROKERS for p in partitions.partitions.values()))
+    wait_until(settled, WAIT_S)
+    return topic, admin.list_topics(timeout=WAIT_S)
+
+
+def test_metadata_names_every_broker_and_each_partitions_leader_and_isr(cluster):
+    topic, metadata = _settled_topic(cluster)
+    endpoints = {broker.kafka for broker in cluster.brokers}
+    assert {f"{b.host}:{b.port}" for b in metadata.brokers.values()} == endpoints
+    leaders = {p.leader for p in metadata.topics[topic].partitions.values()}
+    assert leaders <= set(metadata.brokers) and len(leaders) > 1  # the queues are spread
+    for partition in metadata.topics[topic].partitions.values():
+        assert sorted(partition.replicas) == sorted(metadata.brokers)
+
+    producer = Producer({"bootstrap.servers": cluster.brokers[1].kafka, "acks": "all"})
+    for queue in range(QUEUES):
+        producer.produce(topic, value=b"to-%d" % queue, partition=queue)
+    assert producer.flush(WAIT_S) == 0
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[2].kafka, "group.id": "g", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, queue, 0) for queue in range(QUEUES)])
+        got = {}
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < QUEUES and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and message.error() is None:
+                got[message.partition()] = message.value()
+    finally:
+        consumer.close()
+    assert got == {queue: b"to-%d" % queue for queue in range(QUEUES)}
+
+
+def test_a_commit_to_the_coordinator_is_stored_at_each_partitions_leader(cluster):
+    topic, metadata = _settled_topic(cluster)
+    gms_address = {broker.kafka: broker.address for broker in cluster.brokers}
+    leader_of = {p.id: gms_address[f"{metadata.brokers[p.leader].host}:{metadata.brokers[p.leader].port}"]
+                 for p in metadata.topics[topic].partitions.values()}
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[0].kafka, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, queue, 10 + queue) for queue in range(QUEUES)],
+                        asynchronous=False)
+        committed = consumer.committed([TopicPartition(topic, queue) for queue in range(QUEUES)], timeout=WAIT_S)
+    finally:
+        consumer.close()
+    assert [(tp.offset, tp.error) for tp in committed] == [(10 + queue, None) for queue in range(QUEUES)]
+    with Admin(nameserver=cluster.nameserver) as admin:
+        held = admin.group_describe(group)["offsets"]
+    stored = {queue: broker for broker, topics in held.items() for queue in topics.get(topic, {})}
+    assert stored == leader_of  # where gms consumers of the group read them
