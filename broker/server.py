@@ -44,9 +44,9 @@ from gms.broker.services.messages import MessageService
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
-from gms.broker.store_paths import StorePaths
+from gms.broker.store.paths import StorePaths
+from gms.broker.store.topic_table import TopicLimits
 from gms.broker.timers import TimerService
-from gms.broker.topics import TopicLimits
 from gms.broker.transaction_handlers import TransactionHandlers
 from gms.broker.transactions import TransactionConfig, TransactionService
 from gms.cluster.model import BrokerInfo

@@ -22,10 +22,10 @@ from gms.broker.ha.replica_manager import LeadershipPendingError, ReplicaManager
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
-from gms.broker.producer_state import DuplicateBatch
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selector, sql_filter
 from gms.broker.store import AppendResult, GetResult, GetStatus, MessageStore, RecordSelector
+from gms.broker.store.producer_state import DuplicateBatch
 from gms.broker.timers import TimerService
 from gms.errors import (
     BadRequestError,

@@ -17,8 +17,8 @@ import pytest
 from gms import record as rec
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.paths import ABORT_FILE
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import ABORT_FILE
 from gms.record import Message, encode_batch
 from gms.store_errors import StoreIOError
 

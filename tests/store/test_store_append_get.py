@@ -243,7 +243,7 @@ def test_coalesced_get_returns_the_same_bytes_in_fewer_views(tmp_path):
 def test_a_get_of_released_pages_answers_the_queue_bounds(store_dir, monkeypatch):
     """Reading far behind the writer maps the stretch at once (its pages were released after
     their flush); the answer still names the queue's bounds, which consumers read ahead by."""
-    monkeypatch.setattr("gms.broker.store.RESIDENT_TAIL_BYTES", 0)
+    monkeypatch.setattr("gms.broker.store.message_store.RESIDENT_TAIL_BYTES", 0)
     body = b"x" * 1000
     with MessageStore.open(store_dir, small_config(commitlog_file_size_bytes=64 << 20, flush_interval_ms=10)) as store:
         store.create_topic("t", 1)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from store_helpers import batch, small_config
 
-from gms.broker.checkpoint import read_checkpoint
-from gms.broker.store import CQ_FLUSH_LEAST_ENTRIES, GetStatus, MessageStore
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.checkpoint import read_checkpoint
+from gms.broker.store.message_store import CQ_FLUSH_LEAST_ENTRIES
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 
 TOPICS = 60
 QUEUES = 4
@@ -105,7 +106,7 @@ def test_a_new_queue_s_directories_are_synced_by_the_checkpoint_not_by_the_appen
     checkpoint, which does it before it counts any of the queue's entries as durable."""
     import gms.broker.mapped_file as mapped_file
     import gms.broker.segment_list as segment_list
-    import gms.broker.store as store_module
+    import gms.broker.store.message_store as store_module
 
     events: list[tuple[str, Path]] = []
 

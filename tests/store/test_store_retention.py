@@ -13,7 +13,7 @@ import pytest
 from store_helpers import batch, small_config
 
 from gms.broker.store import GetStatus, MessageStore
-from gms.broker.topics import TopicLimits
+from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError, MessageIllegalError
 from gms.record import Message, decode_record, encode_batch
 from gms.store_errors import MessageTooLarge
@@ -225,7 +225,7 @@ CRASH_CHILD = """
 import sys, time
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
-from gms.broker.topics import TopicLimits
+from gms.broker.store.topic_table import TopicLimits
 from gms.record import Message, encode_batch
 
 store = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=4096, cq_entries_per_file=100,

@@ -36,12 +36,6 @@ from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several
 from prometheus_client import Counter
 from prometheus_client.registry import Collector
 
-from gms.broker.checkpoint import (
-    AbortMarker,
-    Checkpoint,
-    read_checkpoint,
-    write_checkpoint,
-)
 from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, RESIDENT_TAIL_BYTES, CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.commitlog.recovery import recover
@@ -49,15 +43,21 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, Offset
 from gms.broker.consumequeue.min_offsets import load_min_offsets, save_min_offsets
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex, keys_field
 from gms.broker.mapped_file import MappedFile, fsync_dir, run_when_idle, tree_disk_bytes
-from gms.broker.origins import OriginMap, leader_key, runs
-from gms.broker.producer_state import DuplicateBatch, ProducerStates
-from gms.broker.retention import Housekeeper, deletion_rule
+from gms.broker.store.checkpoint import (
+    AbortMarker,
+    Checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
+from gms.broker.store.health import StoreHealth, fsync_fault_file, out_of_space
+from gms.broker.store.layout import check_layout
+from gms.broker.store.origins import OriginMap, leader_key, runs
+from gms.broker.store.paths import StorePaths
+from gms.broker.store.producer_state import DuplicateBatch, ProducerStates
+from gms.broker.store.retention import Housekeeper, deletion_rule
+from gms.broker.store.topic_table import QUEUE_COUNT_MAX, TopicLimits, TopicTable
+from gms.broker.store.truncation_log import TruncationLog
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_health import StoreHealth, fsync_fault_file, out_of_space
-from gms.broker.store_layout import check_layout
-from gms.broker.store_paths import StorePaths
-from gms.broker.topics import QUEUE_COUNT_MAX, TopicLimits, TopicTable
-from gms.broker.truncation_log import TruncationLog
 from gms.errors import DuplicateBatchError, MessageNotFoundError
 from gms.private_files import make_private_dir, tighten_tree
 from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING
@@ -593,7 +593,7 @@ class MessageStore:
         still checks record by record. ``sizes``, when
         given, are the records' sizes from the leader's consumeQueue: they replace the walk
         over the records and are checked against every record's header. ``origin``: the leader's
-        address, noted with where the records lay there (:mod:`gms.broker.origins`)."""
+        address, noted with where the records lay there (:mod:`gms.broker.store.origins`)."""
         if chunk_crc32(records) != crc32:
             raise CorruptRecord(0, f"replicated chunk of {len(records)} bytes does not match the leader's CRC")
         return self._append(records, None, replicated=True, sizes=sizes, origin=origin)
