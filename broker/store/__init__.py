@@ -1,10 +1,12 @@
-"""The broker's message store (see message_store.py); other modules import it from here."""
+"""The broker's message store: :class:`MessageStore` and the types of its answers. Other modules
+import them from here; the package's modules are its parts (docs/architecture.md)."""
 
-from gms.broker.store.message_store import (
+from gms.broker.store.api import StoreAPI
+from gms.broker.store.message_store import MessageStore
+from gms.broker.store.types import (
     AppendResult,
     GetResult,
     GetStatus,
-    MessageStore,
     RecordSelector,
     RepairOutcome,
     ReplicaGap,
@@ -15,4 +17,4 @@ from gms.broker.store.message_store import (
 )
 
 __all__ = ["AppendResult", "GetResult", "GetStatus", "MessageStore", "RecordSelector", "RepairOutcome",
-           "ReplicaGap", "ReplicaRead", "StoreStats", "TimerListener", "TimerRecord"]
+           "ReplicaGap", "ReplicaRead", "StoreAPI", "StoreStats", "TimerListener", "TimerRecord"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gms.broker.store import MessageStore
-from gms.broker.store import message_store as store_module
+from gms.broker.store import durability as store_module
 from gms.broker.store.checkpoint import read_checkpoint
 from gms.broker.store.health import FSYNC_FAULT_ENV, StoreHealth
 from gms.broker.store.paths import ABORT_FILE, StorePaths
