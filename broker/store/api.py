@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Protocol
 
+from gms.broker.commitlog.flush import FlushListener
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.store.health import StoreHealth
 from gms.broker.store.topic_table import TopicLimits
@@ -42,6 +43,12 @@ class StoreAPI(Protocol):
 
     def durable_future(self, phys_offset: int) -> Future:
         """Resolved once the commitlog is on disk up to ``phys_offset``."""
+
+    def request_flush(self, phys_offset: int) -> None:
+        """``durable_future`` without the future: flush listeners hear when it is done."""
+
+    def add_flush_listener(self, listener: FlushListener) -> None:
+        """``listener(flushed_offset, error)`` runs in the flush thread after every flush."""
 
     # --- reads ----------------------------------------------------------------------------------------
     def get(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32,
