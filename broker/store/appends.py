@@ -18,7 +18,7 @@ from gms.broker.commitlog.commitlog import ENVELOPE_DTYPE, CommitLog, Placement
 from gms.broker.commitlog.flush import FlushService
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE
 from gms.broker.store.damage import repair
-from gms.broker.store.dispatch import Appended, AppendedOne
+from gms.broker.store.dispatch import Appended, Dispatcher
 from gms.broker.store.health import out_of_space
 from gms.broker.store.loader import LoadedStore
 from gms.broker.store.queues import QueueGroup, group_bytes, group_size
@@ -48,6 +48,9 @@ class StoreWriter:
         self._validator = AppendValidator(loaded.config, loaded.topics, loaded.producers)
         self._before_commit = loaded.dispatchers.before_commit
         self._after_commit = loaded.dispatchers.after_commit
+        # The dispatchers a single record is told of (bound once: this is per message), without flags and with.
+        self._one_before = _single(self._before_commit, flagged=False), _single(self._before_commit, flagged=True)
+        self._one_after = _single(self._after_commit, flagged=False), _single(self._after_commit, flagged=True)
         self._timers = loaded.dispatchers.timers
         self._producers = loaded.producers
         self._truncations = loaded.truncations
@@ -173,8 +176,7 @@ class StoreWriter:
             commitlog = self._commitlog()
             self._check_writable()
             validator = self._validator
-            record = validator.parse_one(buf)
-            validator.check_one(buf, record, allowed_flags)
+            record = validator.check_one(buf, allowed_flags)
             size, topic, queue_id, flags = record.size, record.topic, record.queue_id, record.flags
             cq = self._queue(topic, queue_id)
             if admit is not None:
@@ -192,20 +194,19 @@ class StoreWriter:
                 raise
             self.disk_full = False
             store_ts_ms = max(int(time.time() * 1000), self.last_store_ts_ms)
-            one = AppendedOne(buf, cq, topic, queue_id, queue_offset, phys, size, record.tag_hash, store_ts_ms,
-                              flags, sequence)
+            flagged = flags != 0
             try:
                 commitlog.write_one(buf, phys, queue_id, queue_offset, store_ts_ms)
-                for dispatcher in self._before_commit:
-                    dispatcher.dispatch_one(one)
+                for dispatch_one in self._one_before[flagged]:
+                    dispatch_one(record, buf, cq, queue_offset, phys, store_ts_ms, sequence)
             except BaseException:  # as in _write: leave no trace
                 commitlog.rollback(phys + size)
                 cq.erase(queue_offset, 1)
                 raise
             commitlog.commit(phys + size)
             self.last_store_ts_ms = store_ts_ms
-            for dispatcher in self._after_commit:
-                dispatcher.dispatch_one(one)
+            for dispatch_one in self._one_after[flagged]:
+                dispatch_one(record, buf, cq, queue_offset, phys, store_ts_ms, sequence)
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
                             np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
@@ -345,6 +346,12 @@ def _assign_queue_offsets(groups: list[QueueGroup], n: int) -> np.ndarray:
     for cq, idx, _ in groups:
         offsets[idx] = np.arange(cq.max_offset, cq.max_offset + group_size(idx, n), dtype=np.int64)
     return offsets
+
+
+def _single(dispatchers: tuple[Dispatcher, ...], *, flagged: bool) -> tuple[Callable[..., None], ...]:
+    """The ``dispatch_one`` of those ``dispatchers`` told of a single record without flags (or with)."""
+    return tuple(d.dispatch_one for d in dispatchers
+                 if d.single_records is not None and (flagged or d.single_records == 0))
 
 
 def _consecutive_runs(values: list[int]) -> list[tuple[int, int]]:

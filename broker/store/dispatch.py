@@ -22,7 +22,7 @@ from gms.broker.store.origins import OriginMap, leader_key, runs
 from gms.broker.store.producer_state import ProducerStates
 from gms.broker.store.queues import QueueGroup, group_size
 from gms.broker.store.types import NoTimers, TimerListener, TimerRecord
-from gms.record.batch import ParsedRecords
+from gms.record.batch import OneRecord, ParsedRecords
 from gms.record.layout import FLAG_SEQUENCED, TIMER_FLAGS
 from gms.record.sequence import BatchSequence, read_sequence
 from gms.store_errors import InvalidRecord
@@ -47,28 +47,18 @@ class Appended(NamedTuple):
     origin: str | None  # the leader replicated records came from
 
 
-class AppendedOne(NamedTuple):
-    """A single record a producer sent, stored (the append path without numpy)."""
-
-    buf: memoryview
-    cq: ConsumeQueue
-    topic: str
-    queue_id: int
-    queue_offset: int
-    phys: int
-    size: int
-    tag_hash: int
-    store_ts_ms: int
-    flags: int
-    sequence: BatchSequence | None
-
-
 class Dispatcher(Protocol):
+    # The single records it is told of: 0 every one, else those carrying one of these flags;
+    # None: none (a single record is a producer's send, on the path that costs no numpy call).
+    single_records: int | None
+
     def dispatch(self, batch: Appended) -> None:
         """A batch was stored."""
 
-    def dispatch_one(self, record: AppendedOne) -> None:
-        """A single record was stored."""
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
+        """A single record was stored: ``record`` as parsed from ``buf``, now at ``queue_offset`` of
+        ``cq`` and ``phys`` in the commitlog; ``sequence``: its idempotent producer's stamp."""
 
 
 class Dispatchers(NamedTuple):
@@ -87,6 +77,8 @@ def dispatchers(keys: KeyIndex, producers: ProducerStates, origins: OriginMap) -
 class ConsumeQueueDispatcher:
     """One consumeQueue entry per record, then every queue's new end: never seen half indexed."""
 
+    single_records: int | None = 0
+
     def dispatch(self, batch: Appended) -> None:
         n = len(batch.phys)
         entries = np.empty(n, CQ_DTYPE)
@@ -99,14 +91,16 @@ class ConsumeQueueDispatcher:
         for cq, idx, _ in batch.groups:
             cq.publish(int(queue_offsets[idx][0]) + group_size(idx, n))
 
-    def dispatch_one(self, record: AppendedOne) -> None:
-        cq = record.cq
-        cq.write_one(record.queue_offset, record.phys, record.size, record.tag_hash)
-        cq.publish(record.queue_offset + 1)
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
+        cq.write_one(queue_offset, phys, record.size, record.tag_hash)
+        cq.publish(queue_offset + 1)
 
 
 class KeyIndexDispatcher:
     """The records' keys, for lookups by key (gms.broker.keyindex)."""
+
+    single_records: int | None = 0
 
     def __init__(self, keys: KeyIndex) -> None:
         self._keys = keys
@@ -114,13 +108,16 @@ class KeyIndexDispatcher:
     def dispatch(self, batch: Appended) -> None:
         self._keys.add(batch.records, batch.parsed, batch.phys, batch.store_ts_ms)
 
-    def dispatch_one(self, record: AppendedOne) -> None:
-        self._keys.add_one(record.topic, keys_field(record.buf), record.phys, record.store_ts_ms)
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
+        self._keys.add_one(record.topic, keys_field(buf), phys, store_ts_ms)
 
 
 class ProducerStateDispatcher:
     """Idempotent producers' last batches follow the stamped records stored (sent, replicated or
     re-read by recovery): before the commit, so a checkpoint that covers a batch knows it."""
+
+    single_records: int | None = FLAG_SEQUENCED
 
     def __init__(self, producers: ProducerStates) -> None:
         self._producers = producers
@@ -145,14 +142,16 @@ class ProducerStateDispatcher:
                     continue
             self._producers.appended(key, sequence, queue_offset, at, ts_ms)
 
-    def dispatch_one(self, record: AppendedOne) -> None:
-        if record.sequence is not None:
-            self._producers.appended((record.topic, record.queue_id), record.sequence, record.queue_offset,
-                                     record.phys, record.store_ts_ms)
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
+        if sequence is not None:
+            self._producers.appended((record.topic, record.queue_id), sequence, queue_offset, phys, store_ts_ms)
 
 
 class TimerDispatcher:
     """Records with timer flags (scheduled, delivered copies, cancels), for the timer service."""
+
+    single_records: int | None = TIMER_FLAGS
 
     def __init__(self) -> None:
         self.listener: TimerListener = NoTimers()
@@ -167,15 +166,18 @@ class TimerDispatcher:
                         int(phys[i]), int(timer_flags[i]))
             for i in np.flatnonzero(timer_flags).tolist()])
 
-    def dispatch_one(self, record: AppendedOne) -> None:
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
         if record.flags & TIMER_FLAGS:
-            self.listener.appended([TimerRecord(record.topic, record.queue_id, record.queue_offset, record.phys,
+            self.listener.appended([TimerRecord(record.topic, record.queue_id, queue_offset, phys,
                                                 record.flags & TIMER_FLAGS)])
 
 
 class OriginDispatcher:
     """Where replicated records lay on their leader (its envelopes, in the records fetched), so
     its message ids resolve here too (gms.broker.store.origins)."""
+
+    single_records: int | None = None  # a single record is a producer's: it has no origin
 
     def __init__(self, origins: OriginMap) -> None:
         self._origins = origins
@@ -190,5 +192,6 @@ class OriginDispatcher:
             log.warning("message ids of %d record(s) from %s will not resolve on this replica: %s",
                         len(batch.phys), batch.origin, err)
 
-    def dispatch_one(self, record: AppendedOne) -> None:
-        pass  # a single record is a producer's, stored on its leader
+    def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
+                     store_ts_ms: int, sequence: BatchSequence | None) -> None:
+        pass  # never told (single_records is None)

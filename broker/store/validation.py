@@ -56,18 +56,10 @@ class AppendValidator:
                                  verify_crc=not replicated, sizes=sizes)
         except InvalidRecord as err:
             self._refuse_body(buf, err)
-        if len(buf) > self._config.record_size_max_bytes:
-            self.check_fits(int(parsed.sizes.max()))
+        fits = self._config.record_size_max_bytes
+        if len(buf) > fits and int(parsed.sizes.max()) > fits:
+            self._refuse_size(int(parsed.sizes.max()))
         return parsed
-
-    def parse_one(self, buf: memoryview) -> OneRecord:
-        """:meth:`parse_batch` of a single record, with struct instead of numpy."""
-        try:
-            record = parse_one(buf, self.body_size_max(), self._config.verify_tag_hash)
-        except InvalidRecord as err:
-            self._refuse_body(buf, err)
-        self.check_fits(record.size)
-        return record
 
     @staticmethod
     def check_chunk(records: bytes | bytearray | memoryview, crc32: int) -> None:
@@ -75,10 +67,9 @@ class AppendValidator:
         if chunk_crc32(records) != crc32:
             raise CorruptRecord(0, f"replicated chunk of {len(records)} bytes does not match the leader's CRC")
 
-    def check_fits(self, size: int) -> None:
-        if size > self._config.record_size_max_bytes:
-            raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
-                                          f"{self._config.commitlog_file_size_bytes} bytes")
+    def _refuse_size(self, size: int) -> NoReturn:
+        raise InvalidRecord("record", f"{size} bytes cannot fit a commitlog file of "
+                                      f"{self._config.commitlog_file_size_bytes} bytes")
 
     def body_size_max(self) -> int:
         """The body limit a record is parsed with: ``body_size_max_bytes``, or the largest topic's
@@ -101,18 +92,29 @@ class AppendValidator:
         raise err
 
     # --- a producer's records --------------------------------------------------------------------
-    def check_one(self, buf: memoryview, record: OneRecord, allowed_flags: int) -> None:
-        """A producer's single record: its topic's size limit, then :meth:`_check_sent`."""
-        unstamped = record.size - STAMP_BYTES if record.flags & FLAG_SEQUENCED else record.size
-        limit = self._limit(record.topic, 0)
+    def check_one(self, buf: memoryview, allowed_flags: int) -> OneRecord:
+        """A producer's single record, parsed with struct instead of numpy and held to the rules
+        of :meth:`parse_batch` and :meth:`check_batch` (the common case costs a comparison each)."""
+        try:
+            record = parse_one(buf, self.body_size_max(), self._config.verify_tag_hash)
+        except InvalidRecord as err:
+            self._refuse_body(buf, err)
+        size = record.size
+        if size > self._config.record_size_max_bytes:
+            self._refuse_size(size)
+        limit = self._topics.limits(record.topic).message_size_bytes_max or self._default_limit(0)
+        unstamped = size - STAMP_BYTES if record.flags & FLAG_SEQUENCED else size
         if limit and unstamped > limit:
             raise MessageTooLarge(record.topic, unstamped, limit)
-        self._check_sent(buf, record.stamped, record.flags, allowed_flags)
+        if record.stamped or record.flags:
+            self._check_sent(buf, record.stamped, record.flags, allowed_flags)
+        return record
 
     def check_batch(self, buf: memoryview, parsed: ParsedRecords, flag_union: int, allowed_flags: int) -> None:
         """A producer's batch: each record against its topic's size limit (nothing to compare when
         the whole batch is within the smallest limit, the usual case), then :meth:`_check_sent`."""
-        per_topic = [self._limit(t, len(buf)) for t in parsed.topics]
+        per_topic = [self._topics.limits(t).message_size_bytes_max or self._default_limit(len(buf))
+                     for t in parsed.topics]
         if len(buf) > min(per_topic):
             limits = np.array(per_topic, np.int64)
             # an idempotent producer's stamp is the broker's, not the message's: it does not count
@@ -126,13 +128,10 @@ class AppendValidator:
         stamped = bool((parsed.headers["phys_offset"] | parsed.headers["store_ts_ms"]).any())
         self._check_sent(buf, stamped, flag_union, allowed_flags, parsed)
 
-    def _limit(self, topic: str, unchecked: int) -> int:
-        """A topic's record limit: its ``message_size_bytes_max``, else ``unchecked`` (the parse's
-        body check was ``body_size_max_bytes``) unless a topic's larger limit raised that check;
-        then ``body_size_max_bytes``, counted as stored."""
-        own = self._topics.limits(topic).message_size_bytes_max
-        if own:
-            return own
+    def _default_limit(self, unchecked: int) -> int:
+        """The record limit of a topic without its own ``message_size_bytes_max``: ``unchecked``
+        (the parse's body check was ``body_size_max_bytes``) unless a topic's larger limit raised
+        that check; then ``body_size_max_bytes``, counted as stored."""
         return unchecked if self._topics.message_size_max <= self._config.body_size_max_bytes \
             else self._config.body_size_max_bytes
 
