@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.paths import CHECKPOINT_FILE
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import CHECKPOINT_FILE
 from gms.record import Message, encode_batch, tag_hash
 
 BATCH_MSGS = 1000

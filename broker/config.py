@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gms.address import split_address
+from gms.broker.store.layout import read_layout
+from gms.broker.store.paths import StorePaths
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_layout import read_layout
-from gms.broker.store_paths import StorePaths
 from gms.net.busy_poll import SERVER_WINDOW_US
 from gms.net.server import (
     CONNECTIONS_MAX,

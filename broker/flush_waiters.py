@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from gms.broker.store import MessageStore
+from gms.broker.store import StoreAPI
 from gms.errors import FlushTimeoutError
 from gms.store_errors import StoreError
 
 
 class FlushWaiters:
-    def __init__(self, store: MessageStore, timeout_ms: int) -> None:
+    def __init__(self, store: StoreAPI, timeout_ms: int) -> None:
         self._store = store
         self._timeout_ms = timeout_ms
         self._waiting: deque[tuple[int, float, asyncio.Future[None]]] = deque()  # (offset, deadline, future)

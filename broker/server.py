@@ -49,9 +49,9 @@ from gms.broker.services.replication import ReplicationService
 from gms.broker.services.topics import TopicService
 from gms.broker.services.transactions import TransactionOutcomeService
 from gms.broker.store import MessageStore
-from gms.broker.store_paths import StorePaths
+from gms.broker.store.paths import StorePaths
+from gms.broker.store.topic_table import TopicLimits
 from gms.broker.timers import TimerService
-from gms.broker.topics import TopicLimits
 from gms.broker.transaction_handlers import TransactionHandlers
 from gms.broker.transactions import TransactionConfig, TransactionService
 from gms.cluster.model import BrokerInfo
@@ -392,6 +392,10 @@ class BrokerServer:
                          if t not in failed or t in applied}
         if self.replicas is not None:
             self.replicas.apply(changed, gone)
+        self._assignments_applied()
+
+    def _assignments_applied(self) -> None:
+        """Tell the parts that follow this broker's leadership, and the sends waiting for it."""
         self.timers.leadership_changed()
         self.transactions.leadership_changed()
         self.pop.leadership_changed()

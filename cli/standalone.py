@@ -23,8 +23,8 @@ from types import FrameType
 
 from gms.address import join_address
 from gms.broker.rocketmq import ROCKETMQ_EXTRA, stubs_installed
-from gms.broker.store_layout import read_layout
-from gms.broker.store_paths import StorePaths
+from gms.broker.store.layout import read_layout
+from gms.broker.store.paths import StorePaths
 from gms.cli import standalone_ports as ports
 from gms.cli.standalone_security import prepare_secure, secured_before
 from gms.cluster.errors import ClusterError

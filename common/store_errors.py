@@ -142,7 +142,7 @@ class DescriptorLimitReached(StoreIOError):
 
 class StoreReadOnly(StoreError, ServerError):
     """A flush failed earlier: the store takes no more writes until the broker restarts
-    (fail-stop; see ``gms.broker.store_health``). Retrying on this broker cannot help."""
+    (fail-stop; see ``gms.broker.store.health``). Retrying on this broker cannot help."""
 
     retriable = False
 

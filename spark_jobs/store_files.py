@@ -25,7 +25,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT, queue_bound
 from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.mapped_file import list_files
 from gms.broker.segment_list import newest_run
-from gms.broker.store_paths import StorePaths
+from gms.broker.store.paths import StorePaths
 from gms.naming import validate_topic_name
 
 

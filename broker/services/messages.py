@@ -24,10 +24,10 @@ from gms.broker.ha.replica_manager import LeadershipPendingError, ReplicaManager
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
-from gms.broker.producer_state import DuplicateBatch
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selector, sql_filter
-from gms.broker.store import AppendResult, GetResult, GetStatus, MessageStore, RecordSelector
+from gms.broker.store import AppendResult, GetResult, GetStatus, RecordSelector, StoreAPI
+from gms.broker.store.producer_state import DuplicateBatch
 from gms.broker.timers import TimerService
 from gms.errors import (
     BadRequestError,
@@ -105,7 +105,7 @@ def check_acks(acks: int) -> int:
 
 
 class MessageService:
-    def __init__(self, config: BrokerConfig, store: MessageStore, waiters: PullWaiters, claims: QueueClaims,
+    def __init__(self, config: BrokerConfig, store: StoreAPI, waiters: PullWaiters, claims: QueueClaims,
                  address: str, access: BrokerAccess | None = None, metrics: BrokerMetrics | None = None) -> None:
         """``access``: who may publish to and read which topic (None: authentication is off);
         ``metrics``: counts what is stored and served; ``address``: the broker's advertised one."""
@@ -465,7 +465,7 @@ def tag_filter(expression: str) -> frozenset[int] | None:
         raise BadTagExpressionError(str(err)) from err
 
 
-def consumer_read(store: MessageStore, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int,
+def consumer_read(store: StoreAPI, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int,
                   tag_hashes: frozenset[int] | None, limit: int | None,
                   select: RecordSelector | None) -> GetResult:
     """What a consumer's read (PULL, FETCH) of a queue serves from ``offset``: up to ``limit``

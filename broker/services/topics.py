@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from gms import __version__
 from gms.address import split_address
-from gms.broker.topics import TopicLimits
+from gms.broker.store.topic_table import TopicLimits
 from gms.cluster.errors import EtcdUnavailable
 from gms.cluster.model import BrokerInfo
 from gms.errors import BadRequestError, GmsError, NotLeaderError, ServiceUnavailableError, TopicNotFoundError

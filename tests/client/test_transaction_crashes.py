@@ -12,8 +12,8 @@ from processes import TEST_COMMITLOG_FILE_SIZE_BYTES, TEST_CQ_FILE_ENTRIES
 from test_transactions import read, request
 
 from gms.broker.store import MessageStore
+from gms.broker.store.paths import StorePaths
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import StorePaths
 from gms.client import Admin, Producer
 from gms.protocol.codes import RequestCode
 from gms.record import decode_record, encode_record

@@ -17,8 +17,8 @@ import pytest
 from gms import record as rec
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.paths import ABORT_FILE
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import ABORT_FILE
 from gms.record import Message, encode_batch
 from gms.store_errors import StoreIOError
 
@@ -136,7 +136,7 @@ def test_error_while_indexing_rolls_the_batch_back(tmp_path, monkeypatch):
         assert store._commitlog.files == files_before
         assert (store.max_offset("t", 0), store.max_offset("t", 1)) == (1, 1)
         assert_no_trace(store, committed)
-        cq0 = store._queue("t", 0)
+        cq0 = store._queues.queue("t", 0)
         assert not cq0.files[0].array[20:].any() and not cq0.files[1].array.any()  # entries erased
         monkeypatch.undo()
         result = store.append(batch((big, 0), (big, 1), (big, 0), (b"f", 1)))
@@ -172,7 +172,7 @@ def test_error_while_indexing_queues_in_rows_rolls_the_batch_back(tmp_path, monk
             store.append(batch((b"c", 0), (b"d", 0), (b"e", 0), (b"f", 0), (b"g", 1), (b"h", 1)))
         assert (store.max_offset("t", 0), store.max_offset("t", 1)) == (1, 1)
         assert_no_trace(store, committed)
-        cq0 = store._queue("t", 0)
+        cq0 = store._queues.queue("t", 0)
         assert not cq0.files[0].array[20:].any() and not cq0.files[1].array.any()  # entries erased
         monkeypatch.undo()
         rows = batch((b"i", 1), (b"j", 1), (b"k", 0), (b"l", 0), (b"m", 0), (b"n", 0))  # records of one size

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.record import Message, decode_record, encode_batch, scan_records
 
 CONFIG = {"commitlog_file_size_bytes": 1 << 20, "cq_entries_per_file": 1000, "flush_interval_ms": 20,

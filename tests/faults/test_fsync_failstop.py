@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gms.broker import store as store_module
-from gms.broker.checkpoint import read_checkpoint
 from gms.broker.store import MessageStore
+from gms.broker.store import durability as store_module
+from gms.broker.store.checkpoint import read_checkpoint
+from gms.broker.store.health import FSYNC_FAULT_ENV, StoreHealth
+from gms.broker.store.paths import ABORT_FILE, StorePaths
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_health import FSYNC_FAULT_ENV, StoreHealth
-from gms.broker.store_paths import ABORT_FILE, StorePaths
 from gms.errors import ServerError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode as C

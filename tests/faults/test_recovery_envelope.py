@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gms.broker.store import MessageStore
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.record import (
     OFF_PHYS_OFFSET,
     OFF_QUEUE_ID,

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 from gms.broker.store import MessageStore
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store.topic_table import TopicLimits
 from gms.broker.store_config import StoreConfig
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
-from gms.broker.topics import TopicLimits
 from gms.client import Admin, Consumer, Producer
 from gms.record import Message, decode_record, encode_batch
 

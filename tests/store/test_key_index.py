@@ -19,7 +19,7 @@ from store_helpers import small_config
 from gms import record as rec
 from gms.broker.keyindex import IndexFile, batch_keys, key_hash
 from gms.broker.store import MessageStore
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 from gms.record import Message, encode_batch
 from gms.record.batch import parse_batch
 from gms.store_errors import UnknownTopic

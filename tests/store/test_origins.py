@@ -9,8 +9,8 @@ import zlib
 import numpy as np
 from store_helpers import small_config
 
-from gms.broker.origins import runs
 from gms.broker.store import MessageStore
+from gms.broker.store.origins import runs
 from gms.record import Message, decode_record, encode_batch
 
 LEADER = "127.0.0.1:10911"

@@ -16,8 +16,8 @@ from unittest.mock import ANY
 import pytest
 from store_helpers import small_config
 
-from gms.broker.producer_state import BATCHES_KEPT, DuplicateBatch
 from gms.broker.store import MessageStore
+from gms.broker.store.producer_state import BATCHES_KEPT, DuplicateBatch
 from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from gms.record import Message, decode_record, encode_batch, iter_records
 from gms.record.sequence import BatchSequence, read_sequence, stamp_sequence

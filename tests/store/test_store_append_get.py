@@ -73,7 +73,7 @@ def test_batch_larger_than_a_file_is_split_at_record_boundaries(store):
 def test_consume_queue_files_roll_at_100_entries(store):
     for i in range(25):
         store.append(batch(n=10, start=10 * i))
-    cq = store._queue("t", 0)
+    cq = store._queues.queue("t", 0)
     assert len(cq.files) == 3 and cq.max_offset == 250
     got = store.get("t", 0, 95, 10)
     assert bodies(got) == [b"body-%d" % i for i in range(95, 105)]
@@ -243,7 +243,7 @@ def test_coalesced_get_returns_the_same_bytes_in_fewer_views(tmp_path):
 def test_a_get_of_released_pages_answers_the_queue_bounds(store_dir, monkeypatch):
     """Reading far behind the writer maps the stretch at once (its pages were released after
     their flush); the answer still names the queue's bounds, which consumers read ahead by."""
-    monkeypatch.setattr("gms.broker.store.RESIDENT_TAIL_BYTES", 0)
+    monkeypatch.setattr("gms.broker.store.durability.RESIDENT_TAIL_BYTES", 0)
     body = b"x" * 1000
     with MessageStore.open(store_dir, small_config(commitlog_file_size_bytes=64 << 20, flush_interval_ms=10)) as store:
         store.create_topic("t", 1)

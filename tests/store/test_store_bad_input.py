@@ -7,7 +7,17 @@ from store_helpers import batch, small_config
 
 from gms import record as rec
 from gms.broker.store import MessageStore
+from gms.broker.store.topic_table import TopicLimits
 from gms.record.batch import VECTORISE_RECORDS_MIN
+from gms.record.layout import (
+    DELIVER_AT_PROPERTY,
+    FLAG_HALF,
+    FLAG_SCHEDULED,
+    FLAG_TIMER_COPY,
+    TX_GROUP_PROPERTY,
+    TX_ID_CHARS_MAX,
+    TX_ID_PROPERTY,
+)
 from gms.store_errors import (
     BodyTooLarge,
     CorruptRecord,
@@ -15,6 +25,7 @@ from gms.store_errors import (
     InvalidQueueCount,
     InvalidRecord,
     InvalidTopicName,
+    MessageTooLarge,
     StoreClosed,
     UnknownQueue,
     UnknownTopic,
@@ -32,9 +43,10 @@ def raw_record(topic: bytes = b"t", body: bytes = b"x", queue_id: int = 0) -> by
     return bytes(buf)
 
 
-# Records around the bad one: a few (checked record by record) or many (checked with numpy).
-AROUND = pytest.mark.parametrize("around", [(3, 2), (VECTORISE_RECORDS_MIN, VECTORISE_RECORDS_MIN)],
-                                 ids=["few", "many"])
+# Records around the bad one: none (a single send: the one-record path), a few (checked record by
+# record) or many (checked with numpy).
+AROUND = pytest.mark.parametrize("around", [(0, 0), (3, 2), (VECTORISE_RECORDS_MIN, VECTORISE_RECORDS_MIN)],
+                                 ids=["one", "few", "many"])
 
 
 def forged_tag_hash(raw: bytes) -> bytes:
@@ -81,6 +93,46 @@ def test_bad_record_rejects_whole_batch(store_dir, bad, error, around):
         assert_nothing_stored(store)
 
 
+def stamped_envelope() -> bytes:
+    buf = bytearray(rec.encode_record(topic="t", body=b"x"))
+    struct.pack_into(">q", buf, rec.OFF_STORE_TS, 1)  # outside the CRC: only the broker sets it
+    return bytes(buf)
+
+
+def scheduled(deliver_at: str) -> bytes:
+    return rec.encode_record(topic="t", body=b"x", flags=FLAG_SCHEDULED, properties={DELIVER_AT_PROPERTY: deliver_at})
+
+
+def half(properties: dict[str, str], flags: int = FLAG_HALF) -> bytes:
+    return rec.encode_record(topic="t", body=b"x", flags=flags, properties=properties)
+
+
+# What only the broker may write, or a producer must write right: refused by the same checks
+# whether the record is sent alone (the one-record path) or among others.
+@pytest.mark.parametrize("bad, error, match", [
+    (stamped_envelope(), InvalidRecord, "set by the broker"),
+    (rec.encode_record(topic="t", body=b"x", flags=FLAG_TIMER_COPY), InvalidRecord, "flags"),
+    (scheduled("soon"), InvalidRecord, "delivery time"),
+    (scheduled(str(2**62)), InvalidRecord, "schedule_max_delay_ms"),
+    (half({TX_GROUP_PROPERTY: "g"}), InvalidRecord, TX_ID_PROPERTY),
+    (half({TX_ID_PROPERTY: "x" * (TX_ID_CHARS_MAX + 1), TX_GROUP_PROPERTY: "g"}), InvalidRecord, TX_ID_PROPERTY),
+    (half({TX_ID_PROPERTY: "tx", TX_GROUP_PROPERTY: "g", DELIVER_AT_PROPERTY: "1"}, FLAG_HALF | FLAG_SCHEDULED),
+     InvalidRecord, "cannot be scheduled"),
+    (rec.encode_record(topic="small", body=b"x" * 400), MessageTooLarge, "limit of 300 bytes"),
+], ids=["envelope", "timer-flag", "delivery-not-a-time", "delivery-too-far", "half-without-tx",
+        "half-tx-too-long", "half-scheduled", "over-topic-limit"])
+@AROUND
+def test_what_a_producer_may_not_send_rejects_whole_batch(store_dir, bad, error, match, around):
+    with MessageStore(store_dir, small_config(commitlog_file_size_bytes=1 << 20)) as store:
+        store.create_topic("t", 4)
+        store.create_topic("small", 1, TopicLimits(message_size_bytes_max=300))
+        before, after = around
+        with pytest.raises(error, match=match):
+            store.append(batch(n=before) + bad + batch(n=after, queue_id=1))
+        assert_nothing_stored(store)
+        assert store.max_offset("small", 0) == 0
+
+
 def test_topic_name_too_long_on_the_wire(store):
     with pytest.raises(CorruptRecord):  # topic_len > 127 is a malformed header
         store.append(raw_record(topic=b"a" * 128))
@@ -88,11 +140,11 @@ def test_topic_name_too_long_on_the_wire(store):
 
 
 @pytest.mark.parametrize("mutate", ["crc", "magic", "truncated", "trailing", "lengths"])
-@AROUND
-def test_corrupt_batch(store_dir, mutate, around):
+@pytest.mark.parametrize("records", [1, 5, 2 * VECTORISE_RECORDS_MIN], ids=["one", "few", "many"])
+def test_corrupt_batch(store_dir, mutate, records):
     store = MessageStore.open(store_dir, small_config(commitlog_file_size_bytes=1 << 20))
     store.create_topic("t", 4)
-    buf = bytearray(batch(n=sum(around)))
+    buf = bytearray(batch(n=records))
     if mutate == "crc":
         buf[-1] ^= 1
     elif mutate == "magic":

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from store_helpers import batch, small_config
 
-from gms.broker.checkpoint import read_checkpoint
-from gms.broker.store import CQ_FLUSH_LEAST_ENTRIES, GetStatus, MessageStore
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store import GetStatus, MessageStore
+from gms.broker.store.checkpoint import read_checkpoint
+from gms.broker.store.durability import CQ_FLUSH_LEAST_ENTRIES
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 
 TOPICS = 60
 QUEUES = 4
@@ -82,11 +83,11 @@ def test_a_checkpoint_syncs_busy_queues_and_stops_at_the_first_unsynced_entry(st
         quiet_phys = int(store.append(batch("quiet", n=3)).phys_offsets[0])
         store.append(batch("busy", n=busy))
         end = store.durable_future(store.stats().max_offset).result(timeout=30)
-        store._checkpoint_at(end, int(time.time() * 1000))
+        store._durability.checkpoint_at(end, int(time.time() * 1000))
         checkpoint = read_checkpoint(store_dir / CHECKPOINT_FILE)
         assert checkpoint is not None and checkpoint.cq_safe_offset == quiet_phys < end
         snapshot = (store_dir / CHECKPOINT_FILE).read_bytes()
-        store._checkpoint_at(end, int(time.time() * 1000), thorough=True)
+        store._durability.checkpoint_at(end, int(time.time() * 1000), thorough=True)
         thorough = read_checkpoint(store_dir / CHECKPOINT_FILE)
         assert thorough is not None and thorough.cq_safe_offset == end
     (store_dir / CHECKPOINT_FILE).write_bytes(snapshot)  # as a crash after the first checkpoint leaves it
@@ -105,7 +106,7 @@ def test_a_new_queue_s_directories_are_synced_by_the_checkpoint_not_by_the_appen
     checkpoint, which does it before it counts any of the queue's entries as durable."""
     import gms.broker.mapped_file as mapped_file
     import gms.broker.segment_list as segment_list
-    import gms.broker.store as store_module
+    import gms.broker.store.durability as store_module
 
     events: list[tuple[str, Path]] = []
 

@@ -10,7 +10,7 @@ from store_helpers import batch, small_config
 
 from gms import record as rec
 from gms.broker.store import GetStatus, MessageStore
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 
 
 def all_bodies(store, topic="t", queue_id=0):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from store_helpers import batch, small_config
 
-from gms.broker.store import LOST_ENTRY_SIZE, GetStatus, MessageStore, RepairOutcome, ReplicaGap
-from gms.broker.store_paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store import GetStatus, MessageStore, RepairOutcome, ReplicaGap
+from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
+from gms.broker.store.types import LOST_ENTRY_SIZE
 from gms.record import OFF_CRC_START, OFF_STORE_TS, OFF_TAG_HASH, decode_record, seal_crc
 from gms.store_errors import CorruptRecord, InvalidRecord
 

@@ -13,7 +13,7 @@ import pytest
 from store_helpers import batch, small_config
 
 from gms.broker.store import GetStatus, MessageStore
-from gms.broker.topics import TopicLimits
+from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError, MessageIllegalError
 from gms.record import Message, decode_record, encode_batch
 from gms.store_errors import MessageTooLarge
@@ -170,7 +170,7 @@ def test_disk_cap_deletes_whatever_queues_still_need(store_dir):
         fill(store, "t", 20)
         before = len(store._commitlog.files)
         deleted = store.delete_expired()
-        cq = store._queue("t", 0)
+        cq = store._queues.queue("t", 0)
         usage = len(store._commitlog.files) * 4096 + len(cq.files) * cq.file_size_bytes
         assert deleted == before - len(store._commitlog.files) > 0
         assert usage <= cap
@@ -184,7 +184,7 @@ def test_consume_queue_files_below_minimum_dropped(store_dir):
         fill(store, "t", 30)
         time.sleep(0.01)
         fill(store, "t", 10)  # 400 entries: 4 cq files of 100
-        cq = store._queue("t", 0)
+        cq = store._queues.queue("t", 0)
         assert len(cq.files) == 4
         store.delete_expired(now_ms=store_ts(store, "t", 300) + HOUR_MS - 1)
         assert store.min_offset("t", 0) == 300
@@ -225,7 +225,7 @@ CRASH_CHILD = """
 import sys, time
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
-from gms.broker.topics import TopicLimits
+from gms.broker.store.topic_table import TopicLimits
 from gms.record import Message, encode_batch
 
 store = MessageStore.open(sys.argv[1], StoreConfig(commitlog_file_size_bytes=4096, cq_entries_per_file=100,
