@@ -7,5 +7,7 @@
   gms records;
 - :mod:`.cluster`, :mod:`.data`, :mod:`.offsets`: the answers, through the services only;
 - :mod:`.groups`: Kafka's classic consumer group protocol on the group's coordinator;
+- :mod:`.group_admin`, :mod:`.configs`: the admin APIs (groups listed, described and deleted;
+  topic configs as gms settings; partitions added);
 - :mod:`.server`: the TCP endpoint on the broker's event loop.
 """

@@ -31,14 +31,23 @@ class ApiKey(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_CLUSTER = 60
 
 
 # The versions served: capped where a later one needs what gms lacks (topic ids in Produce and
 # Fetch 13+, ListOffsets 7+'s max-timestamp lookup, the consumer protocol of KIP-848 in
-# OffsetCommit / OffsetFetch 9+, DeleteTopics 6's topic ids).
+# OffsetCommit / OffsetFetch 9+, DeleteTopics 6's topic ids, ListGroups 5's group types, DescribeGroups
+# 6's error messages; DescribeConfigs 0 as Kafka 4 dropped it).
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 12),
     ApiKey.FETCH: (4, 12),
@@ -51,15 +60,20 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.HEARTBEAT: (0, 4),
     ApiKey.LEAVE_GROUP: (0, 5),
     ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.LIST_GROUPS: (0, 4),
     ApiKey.API_VERSIONS: (0, 3),
     ApiKey.CREATE_TOPICS: (2, 7),
     ApiKey.DELETE_TOPICS: (1, 5),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.DELETE_GROUPS: (0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
 }
-_NAMES = {ApiKey.PRODUCE: "Produce", ApiKey.FETCH: "Fetch", ApiKey.LIST_OFFSETS: "ListOffsets",
-          ApiKey.METADATA: "Metadata", ApiKey.OFFSET_COMMIT: "OffsetCommit", ApiKey.OFFSET_FETCH: "OffsetFetch",
-          ApiKey.FIND_COORDINATOR: "FindCoordinator", ApiKey.JOIN_GROUP: "JoinGroup", ApiKey.HEARTBEAT: "Heartbeat",
-          ApiKey.LEAVE_GROUP: "LeaveGroup", ApiKey.SYNC_GROUP: "SyncGroup", ApiKey.API_VERSIONS: "ApiVersions",
-          ApiKey.CREATE_TOPICS: "CreateTopics", ApiKey.DELETE_TOPICS: "DeleteTopics"}
+# The schema's name: the key's name in CamelCase ("OFFSET_COMMIT" -> "OffsetCommit").
+_NAMES = {key: "".join(word.capitalize() for word in key.name.split("_")) for key in ApiKey}
 
 
 def request_schema(key: ApiKey) -> Message:

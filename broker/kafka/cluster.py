@@ -1,10 +1,13 @@
-"""The cluster as Kafka clients see it: ApiVersions, Metadata, FindCoordinator, CreateTopics and
-DeleteTopics, answered from the topic and group services.
+"""The cluster as Kafka clients see it: ApiVersions, Metadata, DescribeCluster, FindCoordinator,
+CreateTopics and DeleteTopics, answered from the topic and group services.
 
 A broker is a Kafka node: its id is a stable 31-bit hash of its gms broker id (Kafka's node ids are
 int32, gms's are names), its host and port are the Kafka address it registered in etcd
 (``BrokerInfo.kafka``). A broker without nameservers is the only node. A topic's queues are its
-partitions, each with its leader, replicas and ISR as the cluster routes them.
+partitions, each with its leader, replicas and ISR as the cluster routes them. gms has no Kafka
+controller (its nameservers place the queues, and any broker takes the admin requests): Metadata
+and DescribeCluster name the same one, the smallest node id of the live brokers serving Kafka,
+so that every broker answers alike.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from gms.address import split_address
 from gms.broker.kafka.apis import api_versions_body
+from gms.broker.kafka.configs import ConfigError, topic_settings
 from gms.broker.kafka.errors import Err, code_of
 from gms.broker.services import Services
 from gms.cluster.model import BrokerInfo
@@ -24,6 +28,7 @@ from gms.naming import validate_topic_name
 
 CLUSTER_ID = "gms"
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
+BROKERS_ENDPOINT = 1  # DescribeCluster's endpoint type of the brokers (2: the controllers)
 DEFAULT_REPLICAS = 1  # CreateTopics' replication factor -1 on a cluster
 TOPIC_WAIT_S = 10.0  # CreateTopics waits this long (at most its timeout) for this broker's view
 
@@ -72,7 +77,19 @@ class Cluster:
         asked = req.get("topics")
         names = sorted(counts) if asked is None or (version == 0 and not asked) else [t["name"] for t in asked]
         return {"brokers": [node.row() for node in nodes.values()], "cluster_id": CLUSTER_ID,
-                "controller_id": self.me.node_id, "topics": [self._topic(name, counts, nodes) for name in names]}
+                "controller_id": _controller(nodes), "topics": [self._topic(name, counts, nodes) for name in names]}
+
+    def describe_cluster(self, req: dict[str, Any], version: int) -> dict[str, Any]:
+        """The brokers (v1+: asked for the brokers' endpoints; the controllers' are not served,
+        as a Kafka broker's listener answers). No broker is fenced: a dead one is not listed."""
+        if req.get("endpoint_type", BROKERS_ENDPOINT) != BROKERS_ENDPOINT:
+            return {"error_code": Err.MISMATCHED_ENDPOINT_TYPE, "cluster_id": CLUSTER_ID,
+                    "error_message": "gms brokers serve the brokers' endpoints (type 1) only"}
+        nodes = self.nodes()
+        return {"error_code": 0, "error_message": None, "cluster_id": CLUSTER_ID, "controller_id": _controller(nodes),
+                "brokers": [{"broker_id": node.node_id, "host": node.host, "port": node.port, "rack": None}
+                            for node in nodes.values()],
+                "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
 
     def _topic(self, name: str, counts: dict[str, int], nodes: dict[str, Node]) -> dict[str, Any]:
         row: dict[str, Any] = {"name": name, "topic_id": uuid.UUID(int=0), "is_internal": False,
@@ -149,11 +166,15 @@ class Cluster:
         if replicas < 1:
             return {**row, "error_code": Err.INVALID_REPLICATION_FACTOR, "error_message": f"{replicas} replicas"}
         try:
+            settings = topic_settings([(config["name"], config["value"]) for config in topic["configs"]])
+        except ConfigError as err:
+            return {**row, "error_code": Err.INVALID_CONFIG, "error_message": str(err)}
+        try:
             validate_topic_name(name)
             if name in self.services.topics.queue_counts():
                 return {**row, "error_code": Err.TOPIC_ALREADY_EXISTS, "error_message": f"topic {name} exists"}
             if not validate_only:
-                await self.services.topics.create_in_cluster(name, queues, replicas, timeout_s)
+                await self.services.topics.create_in_cluster(name, queues, replicas, timeout_s, settings)
         except GmsError as err:  # InvalidTopicName: INVALID_TOPIC_EXCEPTION
             return {**row, "error_code": code_of(err), "error_message": str(err)}
         return {**row, "error_code": 0, "error_message": None, "num_partitions": queues,
@@ -173,6 +194,11 @@ class Cluster:
                 continue
             rows.append({"name": name, "error_code": 0, "error_message": None})
         return {"responses": rows}
+
+
+def _controller(nodes: dict[str, Node]) -> int:
+    """The node Kafka clients are told is the controller (see the module docstring)."""
+    return min(node.node_id for node in nodes.values())
 
 
 def _node(info: BrokerInfo) -> Node | None:

@@ -38,6 +38,7 @@ class _Member:
     rebalance_timeout_ms: int
     protocols: list[tuple[str, bytes]]
     last_seen: float
+    client: str  # its host:port
     join: asyncio.Future[dict[str, Any]] | None = None
     sync: asyncio.Future[dict[str, Any]] | None = None
     assignment: bytes = b""
@@ -81,6 +82,20 @@ class KafkaGroups:
                     if future is not None and not future.done():
                         future.cancel()
 
+    def known(self, group_id: str) -> _Group | None:
+        """The Kafka group of that name this broker coordinates (None: none has members or
+        is rebalancing)."""
+        return self._groups.get(group_id)
+
+    def names(self) -> list[str]:
+        return list(self._groups)
+
+    def forget(self, group_id: str) -> None:
+        """Drop a group without members (deleted)."""
+        group = self._groups.get(group_id)
+        if group is not None and not group.members:
+            del self._groups[group_id]
+
     def _coordinated(self, group_id: str) -> _Group:
         try:
             if self.groups_service.coordinator(group_id) != self.address:
@@ -95,7 +110,7 @@ class KafkaGroups:
         member_id = req["member_id"]
         try:
             group = self._coordinated(req["group_id"])
-            member = self._joining(group, req, version)
+            member = self._joining(group, req, version, client)
         except GroupError as err:
             return {"error_code": err.code, "generation_id": -1, "member_id": member_id, "leader": "",
                     "protocol_name": None if version >= 7 else ""}
@@ -110,7 +125,7 @@ class KafkaGroups:
             self._complete_join(group)
         return await join
 
-    def _joining(self, group: _Group, req: dict[str, Any], version: int) -> _Member | str:
+    def _joining(self, group: _Group, req: dict[str, Any], version: int, client: str) -> _Member | str:
         """The member joining, or the id a new member of v4+ is given (it joins again with it)."""
         session_ms = req["session_timeout_ms"]
         if not SESSION_TIMEOUT_MS_MIN <= session_ms <= SESSION_TIMEOUT_MS_MAX:
@@ -139,7 +154,7 @@ class KafkaGroups:
         if member is None:
             member = group.members[member_id] = _Member(member_id, session_ms,
                                                         rebalance_ms if rebalance_ms > 0 else session_ms,
-                                                        protocols, loop_time)
+                                                        protocols, loop_time, client)
         member.protocols, member.last_seen = protocols, loop_time
         return member
 

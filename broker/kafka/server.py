@@ -22,7 +22,9 @@ from typing import Any
 from gms.address import join_address
 from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, unsupported_api_versions, write_response
 from gms.broker.kafka.cluster import Cluster
+from gms.broker.kafka.configs import Configs
 from gms.broker.kafka.data import Data, UnansweredError
+from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.wire import Malformed, Reader
@@ -78,12 +80,19 @@ class KafkaEndpoint:
         data = Data(services)
         groups = KafkaGroups(services, address)
         offsets = Offsets(services, groups)
+        group_admin = GroupAdmin(services, groups)
+        configs = Configs(services, default_queue_count)
         handlers: dict[ApiKey, Handler] = {
             ApiKey.API_VERSIONS: lambda req, version, client: cluster.api_versions(req, version),
             ApiKey.METADATA: lambda req, version, client: cluster.metadata(req, version),
             ApiKey.FIND_COORDINATOR: lambda req, version, client: cluster.find_coordinator(req, version),
             ApiKey.CREATE_TOPICS: lambda req, version, client: cluster.create_topics(req, version),
             ApiKey.DELETE_TOPICS: lambda req, version, client: cluster.delete_topics(req, version),
+            ApiKey.DESCRIBE_CLUSTER: lambda req, version, client: cluster.describe_cluster(req, version),
+            ApiKey.DESCRIBE_CONFIGS: configs.describe_configs,
+            ApiKey.ALTER_CONFIGS: configs.alter_configs,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
+            ApiKey.CREATE_PARTITIONS: configs.create_partitions,
             ApiKey.PRODUCE: data.produce,
             ApiKey.FETCH: data.fetch,
             ApiKey.LIST_OFFSETS: data.list_offsets,
@@ -93,6 +102,9 @@ class KafkaEndpoint:
             ApiKey.SYNC_GROUP: groups.sync_group,
             ApiKey.HEARTBEAT: groups.heartbeat,
             ApiKey.LEAVE_GROUP: groups.leave_group,
+            ApiKey.LIST_GROUPS: group_admin.list_groups,
+            ApiKey.DESCRIBE_GROUPS: group_admin.describe_groups,
+            ApiKey.DELETE_GROUPS: group_admin.delete_groups,
         }
         endpoint = cls(server, bound, public, handlers, groups, limits or Limits())
         groups.start()

@@ -260,6 +260,39 @@ class GroupService:
         self.on_commit(queues)
         return [QueueRef(*key) for key in queues]
 
+    async def delete_everywhere(self, group: str, brokers: Iterable[str]) -> int:
+        """:meth:`delete_group` here and at each other of ``brokers`` (addresses; the queues'
+        leaders and followers), as ``gms group delete`` does: GroupNotEmptyError while a member
+        is live at any of them. The number of queues whose offsets went."""
+        deleted = len(await self.delete_group(group))
+        for address in brokers:
+            if address != self.address and self.peers is not None:
+                answer = await self.peers.request(address, RequestCode.DELETE_GROUP, {"group": group, "force": False})
+                deleted += len(answer["queues"])
+        return deleted
+
+    def group_names(self) -> list[str]:
+        """The groups with members coordinated here or offsets committed here."""
+        return sorted({*self.groups.group_names(), *self.offsets.groups()})
+
+    async def names_everywhere(self, brokers: Iterable[str]) -> set[str]:
+        """:meth:`group_names` here and at each other of ``brokers`` (addresses; a group's offsets
+        live at its queues' leaders, not at its coordinator). A broker that does not answer is
+        left out."""
+        names = set(self.group_names())
+        others = [address for address in brokers if address != self.address]
+        if self.peers is None or not others:
+            return names
+        answers = await asyncio.gather(*(self.peers.request(address, RequestCode.BROKER_STATUS, {})
+                                         for address in others), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, GmsError):
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            names.update(answer["groups"])
+        return names
+
     def _refuse_live_members(self, group: str, queues: list[tuple[str, int]] | None) -> None:
         """Members would commit over the change: refuse while any reads ``queues`` (all of the
         group's queues when None) here, or heartbeats here if this broker coordinates the group

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from gms import __version__
@@ -154,15 +154,48 @@ class TopicService:
                               known(queue.isr_addresses), queue.leader_epoch)
                 for queue in registration.route(topic).queues]
 
-    async def create_in_cluster(self, topic: str, queues: int, replicas: int, timeout_s: float) -> None:
-        """Create ``topic``: on this broker when it has no nameservers, else through them, and
-        wait (up to ``timeout_s``) until this broker's view holds it."""
+    async def create_in_cluster(self, topic: str, queues: int, replicas: int, timeout_s: float,
+                                settings: dict[str, Any] | None = None) -> None:
+        """Create ``topic`` with ``settings``: on this broker when it has no nameservers, else
+        through them, and wait (up to ``timeout_s``) until this broker's view holds it."""
         if not self.broker.config.nameserver:
-            await self.create_topic(topic, queues, {})
+            await self.create_topic(topic, queues, settings or {})
             return
         await self.nameserver_request(RequestCode.CREATE_TOPIC, {"topic": topic, "queues": queues,
-                                                                 "replicas": replicas})
+                                                                 "replicas": replicas, "settings": settings or {}})
         await self.arrival(topic, timeout_s, led_here=False)
+
+    async def update_in_cluster(self, topic: str, queues: int | None, settings: dict[str, Any],
+                                timeout_s: float) -> None:
+        """Grow ``topic`` to ``queues`` and/or change the ``settings`` named (None: back to the
+        default): on this broker when it has no nameservers, else through them, and wait (up to
+        ``timeout_s``) until this broker's view has the change."""
+        registration = self.broker.registration
+        if not self.broker.config.nameserver or registration is None:
+            await self.update_topic(topic, queues, settings)
+            return
+        before = registration.topic(topic)
+        fields: dict[str, object] = {"topic": topic, "settings": settings}
+        if queues is not None:
+            fields["queues"] = queues
+        await self.nameserver_request(RequestCode.UPDATE_TOPIC, fields)
+        deadline = time.monotonic() + timeout_s
+        while registration.topic(topic) is before and time.monotonic() < deadline:
+            await asyncio.sleep(ARRIVAL_POLL_S)
+
+    def topic_settings(self, topic: str) -> dict[str, Any]:
+        """``topic``'s settings by name (TopicSettings' fields; None: the broker's default): the
+        cluster's, or a broker without nameservers its own. TopicNotFoundError: no such topic."""
+        registration = self.broker.registration
+        if registration is None:
+            if topic not in self.store.topics():
+                raise TopicNotFoundError(f"topic {topic} does not exist")
+            return asdict(self.store.topic_limits(topic))
+        return asdict(registration.topic(topic).settings)
+
+    def default_retention_ms(self) -> int:
+        """How long this broker keeps records of topics without a retention of their own."""
+        return self.store.config.retention_ms
 
     async def delete_in_cluster(self, topic: str) -> None:
         """Delete ``topic``: on this broker when it has no nameservers, else through them."""

@@ -15,6 +15,7 @@ from gms_cluster import LocalCluster
 from processes import free_port, wait_until
 
 from gms.client import Admin
+from gms.errors import GroupNotFoundError
 
 pytestmark = pytest.mark.timeout(180)
 BROKERS = 3
@@ -98,3 +99,29 @@ def test_a_commit_to_the_coordinator_is_stored_at_each_partitions_leader(cluster
         held = admin.group_describe(group)["offsets"]
     stored = {queue: broker for broker, topics in held.items() for queue in topics.get(topic, {})}
     assert stored == leader_of  # where gms consumers of the group read them
+
+
+def test_every_broker_names_the_same_controller_and_a_groups_offsets_are_listed_and_deleted_everywhere(cluster):
+    controllers = set()
+    for broker in cluster.brokers:
+        admin = AdminClient({"bootstrap.servers": broker.kafka})
+        described = admin.describe_cluster(request_timeout=WAIT_S).result(WAIT_S)
+        assert len(described.nodes) == BROKERS
+        controllers |= {described.controller.id, admin.list_topics(timeout=WAIT_S).controller_id}
+    assert len(controllers) == 1
+
+    topic, _ = _settled_topic(cluster)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[0].kafka, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, queue, 1) for queue in range(QUEUES)], asynchronous=False)
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[1].kafka})
+    listed = [g.group_id for g in admin.list_consumer_groups().result(WAIT_S).valid]
+    assert listed.count(group) == 1  # by its coordinator alone, its offsets being at the leaders
+    assert admin.describe_consumer_groups([group])[group].result(WAIT_S).is_simple_consumer_group
+    admin.delete_consumer_groups([group])[group].result(WAIT_S)
+    with Admin(nameserver=cluster.nameserver) as gms_admin, pytest.raises(GroupNotFoundError):
+        gms_admin.group_describe(group)
