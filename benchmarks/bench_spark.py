@@ -1,11 +1,14 @@
-"""Rows/s through the gms Spark data source on local[2], from a store and from a live broker.
+"""Rows/s through the gms Spark data source on local[2], from a store and from a live broker,
+and into a live broker through the gms sink.
 
     python benchmarks/bench_spark.py            # 10 M 100-byte messages in 64 queues
     python benchmarks/bench_spark.py --quick    # 2 M messages (well under 300 s)
 
 Prints one JSON line: ``rows_per_s`` (store read, full rows reduced on the executors),
 ``count_rows_per_s`` (count with column pruning), ``tag_rows_per_s`` (tag histogram over a pruned
-schema), ``live_rows_per_s`` (the same full read through a running broker).
+schema), ``live_rows_per_s`` (the same full read through a running broker), ``sink_rows_per_s``
+(as many 100-byte messages written by ``df.write.format("gms")`` into a topic of 64 queues on
+that broker, every one acknowledged).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from pathlib import Path
 
 from gms.broker.store import MessageStore
 from gms.broker.store_config import StoreConfig
+from gms.client import Admin
 from gms.record import Message, encode_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from processes import BrokerProcess
 
 TOPIC = "bench"
+SINK_TOPIC = "bench-sink"
 QUEUES = 64
 BODY_BYTES = 100
 APPEND_BATCH = 4096
@@ -98,6 +103,15 @@ def main() -> None:
             live_df = reader().option("brokers", broker.address).load()
             live_s, live_rows = timed(lambda: full_read(live_df))
             assert live_rows[0][0] == messages, live_rows
+            with Admin(brokers=[broker.address]) as admin:
+                admin.create_topic(SINK_TOPIC, QUEUES)
+            bodies = spark.range(messages, numPartitions=2).select(
+                F.expr(f"cast(repeat('x', {BODY_BYTES}) as binary)").alias("body"))
+            sink_s, _ = timed(lambda: bodies.write.format("gms").mode("append").option("brokers", broker.address)
+                              .option("topic", SINK_TOPIC).save())
+            stored = reader().option("brokers", broker.address).option("topics", SINK_TOPIC).option(
+                "columns", "queue_offset").load().count()
+            assert stored == messages, stored
         finally:
             broker.stop()
             spark.stop()
@@ -106,6 +120,7 @@ def main() -> None:
         "write_s": round(write_seconds, 2),
         "rows_per_s": round(messages / full_s), "count_rows_per_s": round(messages / count_s),
         "tag_rows_per_s": round(messages / tag_s), "live_rows_per_s": round(messages / live_s),
+        "sink_rows_per_s": round(messages / sink_s),
         "cores": len(os.sched_getaffinity(0)),
     }))
 

@@ -26,6 +26,7 @@ from gms.record import (
     header_errors,
     read_headers,
 )
+from gms.record.layout import SEQUENCE_PROPERTY
 
 MS_TO_US = 1000
 PADDED_GATHER_WASTE_MAX = 4  # gather padded rows while they hold at most 4x the field bytes
@@ -177,9 +178,15 @@ def _properties(records: Records) -> pa.Array:
     pairs = pc.split_pattern(flat.filter(pa.array(~is_last)), PROP_NAME_VALUE_SEPARATOR, max_splits=1)
     if len(pairs) and pc.min(pc.list_value_length(pairs)).as_py() != 2:
         raise ValueError("a property has no name/value separator")
+    names, values, counts = pc.list_element(pairs, 0), pc.list_element(pairs, 1), per_record - 1
+    stamps = pc.equal(names, SEQUENCE_PROPERTY).to_numpy(zero_copy_only=False)
+    if stamps.any():  # the idempotent producer's stamp is for the brokers only, as in the SDK's decode
+        keep = pa.array(~stamps)
+        names, values = names.filter(keep), values.filter(keep)
+        counts = counts - np.bincount(np.repeat(np.arange(len(counts)), counts)[stamps], minlength=len(counts))
     offsets = np.zeros(len(per_record) + 1, np.int32)
-    np.cumsum(per_record - 1, out=offsets[1:])
-    return pa.MapArray.from_arrays(pa.array(offsets), pc.list_element(pairs, 0), pc.list_element(pairs, 1))
+    np.cumsum(counts, out=offsets[1:])
+    return pa.MapArray.from_arrays(pa.array(offsets), names, values)
 
 
 def _timestamps(ms: np.ndarray) -> pa.Array:

@@ -9,7 +9,9 @@ re-checked here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from gms.client.runtime import ClientRuntime
+from gms.errors import GmsError
 from gms.protocol.codes import RequestCode
+from gms.protocol.groups import QueueOffset
+from gms.protocol.rows import encode
 from gms.record import HEADER_SIZE, OFF_PHYS_OFFSET, OFF_QUEUE_OFFSET
 from gms.spark_jobs.arrow_batches import check_records, to_batch
 from gms.spark_jobs.options import EARLIEST, LATEST, ReadOptions, resolve_offset
@@ -26,6 +31,7 @@ from gms.spark_jobs.store_scan import msg_id_prefix, selected_topics
 
 PULL_RECORDS_MAX = 4096  # the broker's PULL_MSGS_MAX
 PULL_BYTES_MAX = 16 << 20  # the broker's PULL_BYTES_MAX
+log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 _ENVELOPE = struct.Struct(">qq")  # queue_offset, phys_offset: adjacent in the record envelope
 assert OFF_QUEUE_OFFSET + _ENVELOPE.size // 2 == OFF_PHYS_OFFSET
@@ -69,6 +75,34 @@ def live_spans(options: ReadOptions) -> list[QueueSpan]:
     runtime = open_runtime(options)
     try:
         return runtime.run(_spans(runtime, options))
+    finally:
+        runtime.close()
+
+
+async def _commit(runtime: ClientRuntime, group: str, offsets: dict[str, dict[str, int]]) -> None:
+    by_leader: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for topic, queues in offsets.items():
+        leaders = {route.queue_id: route.broker for route in await runtime.routes.routes(topic)}
+        for queue, offset in queues.items():
+            if int(queue) in leaders:  # no leader now: the next micro-batch commits it
+                by_leader[leaders[int(queue)]].append(encode(QueueOffset(topic, int(queue), offset)))
+    await asyncio.gather(*(_request(runtime, broker, RequestCode.COMMIT_OFFSET, {"group": group, "offsets": items})
+                           for broker, items in by_leader.items()))
+
+
+def commit_group(options: ReadOptions, group: str, offsets: dict[str, dict[str, int]]) -> None:
+    """Commit a streaming query's next offsets (``{topic: {"queue id": offset}}``) as ``group``'s
+    on each queue's leader, as a consumer of the group would. A failure that may pass (a broker
+    down, a leader moving) is logged, not raised: the query's checkpoint, not the group, is where
+    it resumes, and the next micro-batch commits again. Any other (access denied, a bad group
+    name) is raised: the query fails with it."""
+    runtime = open_runtime(options)
+    try:
+        runtime.run(_commit(runtime, group, offsets))
+    except (GmsError, OSError) as err:  # OSError: TimeoutError, a connection refused
+        if isinstance(err, GmsError) and not err.retriable:
+            raise
+        log.warning("committing the offsets of group %s: %r", group, err)
     finally:
         runtime.close()
 

@@ -46,6 +46,7 @@ class ReadOptions:
     columns: tuple[str, ...]
     records_per_partition: int
     batch_records: int
+    group: str | None = None  # the consumer group a streaming query commits its offsets to
 
     @property
     def live(self) -> bool:
@@ -88,14 +89,23 @@ def _positive(options: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def parse_options(options: Mapping[str, str]) -> ReadOptions:
-    """Spark hands options with case-insensitive keys; look them up in lower case."""
-    opts = {k.lower(): v for k, v in options.items()}
-    topics = tuple(t.strip() for t in opts.get("topics", "").split(",") if t.strip()) or None
+def cluster_options(opts: Mapping[str, str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """(brokers, nameserver) of lower-cased options: at most one of them is set."""
     brokers = tuple(b.strip() for b in opts.get("brokers", "").split(",") if b.strip()) or None
     nameserver = opts.get("nameserver") or None
     if brokers and nameserver:
         raise OptionError("give either brokers or nameserver, not both")
+    return brokers, nameserver
+
+
+def parse_options(options: Mapping[str, str]) -> ReadOptions:
+    """Spark hands options with case-insensitive keys; look them up in lower case."""
+    opts = {k.lower(): v for k, v in options.items()}
+    topics = tuple(t.strip() for t in opts.get("topics", "").split(",") if t.strip()) or None
+    brokers, nameserver = cluster_options(opts)
+    group = opts.get("group") or None
+    if group is not None and brokers is None and nameserver is None:
+        raise OptionError("the group option needs brokers or nameserver: its offsets are committed to the cluster")
     try:
         on_corrupt = OnCorrupt(opts.get("oncorrupt", "skip").lower())
     except ValueError as err:
@@ -123,6 +133,7 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         columns=columns if columns else COLUMN_NAMES,
         records_per_partition=_positive(opts, "maxrecordsperpartition", RECORDS_PER_PARTITION_DEFAULT),
         batch_records=_positive(opts, "batchrecords", BATCH_RECORDS_DEFAULT),
+        group=group,
     )
 
 

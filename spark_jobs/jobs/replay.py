@@ -1,8 +1,8 @@
-"""replay: re-publish a filtered slice of the log into a topic through the SDK producer.
+"""replay: re-publish a filtered slice of the log into a topic through the gms sink.
 
-Each Spark task sends its rows in batches (``send_batch``: one request per target queue), so the
-copy runs in parallel and never collects the slice on the driver. Tags, keys, properties and
-bodies are kept; the target topic must exist.
+Each Spark task sends its rows through its own idempotent producer (``df.write.format("gms")``),
+so the copy runs in parallel and never collects the slice on the driver. Tags, keys, properties
+and bodies are kept; the target topic must exist.
 
     python -m gms.spark_jobs.jobs.replay --store /var/lib/gms/broker0 --topics orders \\
         --tags failed --to-topic orders-retry --to-brokers 10.0.0.5:10911
@@ -10,36 +10,25 @@ bodies are kept; the target topic must exist.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import click
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 
+from gms.spark_jobs.datasource import SOURCE_NAME, rows_written
 from gms.spark_jobs.jobs.common import master_option, read_log, source_options, spark_session
 
-SEND_BATCH_MESSAGES = 512
 REPLAY_COLUMNS = "tag,keys,properties,body"
 
 
 def replay(log: DataFrame, to_topic: str, *, brokers: str | None, nameserver: str | None) -> int:
-    """Send every row of ``log`` to ``to_topic``; returns how many were acknowledged."""
-    def send_partition(rows: Iterable[Row]) -> Iterable[int]:
-        from gms.client import Producer, ProducerRecord
-        sent = 0
-        with Producer(brokers=brokers, nameserver=nameserver) as producer:
-            batch = []
-            for row in rows:
-                batch.append(ProducerRecord(to_topic, bytes(row.body), row.tag, tuple(row.keys or ()),
-                                            dict(row.properties or {})))
-                if len(batch) == SEND_BATCH_MESSAGES:
-                    sent += len(producer.send_batch(batch))
-                    batch = []
-            if batch:
-                sent += len(producer.send_batch(batch))
-        yield sent
-
-    counts: list[int] = log.rdd.mapPartitions(send_partition).collect()
-    return sum(counts)
+    """Send every row of ``log`` (its ``REPLAY_COLUMNS``) to ``to_topic``; returns how many were
+    acknowledged."""
+    before = rows_written(log.sparkSession) or 0
+    cluster = {"brokers": brokers} if brokers is not None else {"nameserver": nameserver}
+    (log.select(*REPLAY_COLUMNS.split(",")).write.format(SOURCE_NAME).mode("append")
+     .option("topic", to_topic).options(**cluster).save())
+    return (rows_written(log.sparkSession) or 0) - before
 
 
 @click.command("replay")
