@@ -275,7 +275,7 @@ def _buffers(files: list[MappedFile], run_queue: np.ndarray, queues: int, run_ph
             f = files[k]
             _recordcheck.gather(f.view, from_phys[mine] - f.base_offset, sizes[mine], into, at[mine])
         per_queue = runs[copied]
-        copies = record_views(memoryview(into), at[np.cumsum(per_queue) - per_queue], size[copied])
+        copies = record_views(into.data, at[np.cumsum(per_queue) - per_queue], size[copied])
     found: list[list[memoryview]] = []
     view_at = copy_at = 0
     for count, is_copied in zip(runs.tolist(), copied.tolist(), strict=True):
