@@ -216,6 +216,11 @@ class ConsumeQueue:
 
     def read(self, start: int, count: int) -> np.ndarray:
         """Entries [start, start+count) as a CQ_DTYPE array; the caller keeps within [min, max)."""
+        return self.read_raw(start, count).view(CQ_DTYPE)
+
+    def read_raw(self, start: int, count: int) -> np.ndarray:
+        """:meth:`read`'s entries as their bytes (uint8): the entries of many queues are joined as
+        such, then viewed as CQ_DTYPE once (a view costs more than the slice)."""
         files = self.files
         parts = []
         while count > 0:
@@ -226,10 +231,10 @@ class ConsumeQueue:
             start += take
             count -= take
         if not parts:
-            return np.empty(0, CQ_DTYPE)
+            return np.empty(0, np.uint8)
         # Joined as bytes: numpy joins big-endian records into native-order ones, and readers of
         # the raw entries (pick_tags) take them as stored.
-        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(CQ_DTYPE)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def flush(self, least_entries: int = 0) -> int | None:
         """fdatasync the files written since the last flush (and close the deleted files readers

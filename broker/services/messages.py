@@ -13,7 +13,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from gms.broker.long_poll import PullWaiters
 from gms.broker.metrics import BrokerMetrics
 from gms.broker.queue_claims import QueueClaims
 from gms.broker.sql_filters import selector, sql_filter
-from gms.broker.store import AppendResult, GetResult, GetStatus, RecordSelector, StoreAPI
+from gms.broker.store import AppendResult, GetResult, GetStatus, QueueGet, RecordSelector, StoreAPI
 from gms.broker.store.producer_state import DuplicateBatch
 from gms.broker.timers import TimerService
 from gms.errors import (
@@ -83,10 +83,9 @@ class PullArgs:
     member: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class QueueRead:
+class QueueRead(NamedTuple):
     """One queue's part of a fetch: the error of that queue alone (its position unchanged), or
-    what was read (``size`` bytes of records)."""
+    what was read (``size`` bytes of records). A tuple: a fetch makes one per queue read."""
 
     queue: QueueFetch
     error: GmsError | None
@@ -323,16 +322,7 @@ class MessageService:
         budget = req.max_total_bytes
         to_read = list(live.values())
         while True:
-            for queue in to_read:
-                if budget <= 0:
-                    break
-                read = self._fetch_one(req, queue, filters[queue.topic], budget)  # type: ignore[arg-type]
-                if read is None:
-                    continue
-                reads.append(read)
-                budget -= read.size
-                if read.error is not None or read.result.next_offset != queue.offset:  # type: ignore[union-attr]
-                    del live[queue.topic, queue.queue_id]
+            budget = self._fetch_round(req, to_read, filters, budget, reads, live)
             remaining_s = deadline - loop.time()
             if reads or not live or remaining_s <= 0:
                 break
@@ -366,26 +356,83 @@ class MessageService:
                 found[topic] = err
         return found
 
-    def _fetch_one(self, req: FetchRequest, queue: QueueFetch, queue_filter: _Filter, budget: int) -> QueueRead | None:
-        """One queue read as PULL reads it (None: nothing new)."""
+    def _fetch_round(self, req: FetchRequest, queues: list[QueueFetch], filters: dict[str, _Filter | GmsError],
+                     budget: int, reads: list[QueueRead], live: dict[tuple[str, int], QueueFetch]) -> int:
+        """Read ``queues`` in order while ``budget`` (bytes) remains, as PULL reads each: those
+        read (a record, a new position or an error) go to ``reads``, and leave ``live`` unless they
+        are where they were. Runs of queues without filters are read in one store call (a group of
+        many topics reads a few records of each). Returns the budget left."""
+        batch: list[tuple[QueueFetch, QueueGet]] = []
+        for queue in queues:
+            tags, select = cast(_Filter, filters[queue.topic])  # live queues' topics have filters
+            try:
+                offset, limit = self._fetch_start(queue)
+            except GmsError as err:
+                budget = self._fetch_batch(req, batch, budget, reads, live)
+                if budget <= 0:
+                    return budget
+                budget = self._fetched(QueueRead(queue, err), budget, reads, live)
+                continue
+            if tags is None and select is None:
+                batch.append((queue, QueueGet(queue.topic, queue.queue_id, offset, limit)))
+                continue
+            budget = self._fetch_batch(req, batch, budget, reads, live)
+            if budget <= 0:
+                return budget
+            try:
+                result = consumer_read(self.store, queue.topic, queue.queue_id, offset, req.max_msgs,
+                                       min(req.max_bytes, budget), tags, limit, select)
+            except GmsError as err:
+                budget = self._fetched(QueueRead(queue, err), budget, reads, live)
+                continue
+            budget = self._fetched_result(queue, result, budget, reads, live)
+        return self._fetch_batch(req, batch, budget, reads, live)
+
+    def _fetch_batch(self, req: FetchRequest, batch: list[tuple[QueueFetch, QueueGet]], budget: int,
+                     reads: list[QueueRead], live: dict[tuple[str, int], QueueFetch]) -> int:
+        """Read the queues of ``batch`` (then emptied) in one store call; the budget left."""
+        if not batch or budget <= 0:
+            return budget
+        found = self.store.get_many([get for _, get in batch], req.max_msgs, req.max_bytes, budget)
+        for (queue, get), result in zip(batch, found, strict=False):
+            if isinstance(result, GmsError):
+                budget = self._fetched(QueueRead(queue, result), budget, reads, live)
+            elif result.status is GetStatus.OFFSET_OVERFLOW:
+                budget = self._fetched(QueueRead(queue, offset_overflow(get.topic, get.queue_id, get.offset, result)),
+                                       budget, reads, live)
+            else:
+                budget = self._fetched_result(queue, result, budget, reads, live)
+        batch.clear()
+        return budget
+
+    def _fetch_start(self, queue: QueueFetch) -> tuple[int, int | None]:
+        """Where a fetch reads ``queue`` from (EARLIEST, LATEST resolved) and up to (a replicated
+        queue's high watermark; None: its end)."""
         topic, queue_id, offset = queue
-        tags, select = queue_filter
-        try:
-            limit = None if self.replicas is None else self.replicas.read_limit((topic, queue_id))
-            if offset == EARLIEST:
-                offset = self.store.min_offset(topic, queue_id)
-            elif offset == LATEST:
-                offset = self.store.max_offset(topic, queue_id) if limit is None else limit
-            result = consumer_read(self.store, topic, queue_id, offset, req.max_msgs, min(req.max_bytes, budget),
-                                   tags, limit, select)
-        except GmsError as err:
-            return QueueRead(queue, err)
+        limit = None if self.replicas is None else self.replicas.read_limit((topic, queue_id))
+        if offset == EARLIEST:
+            offset = self.store.min_offset(topic, queue_id)
+        elif offset == LATEST:
+            offset = self.store.max_offset(topic, queue_id) if limit is None else limit
+        return offset, limit
+
+    def _fetched_result(self, queue: QueueFetch, result: GetResult, budget: int, reads: list[QueueRead],
+                        live: dict[tuple[str, int], QueueFetch]) -> int:
+        """A queue's read: answered unless it found nothing new (then it waits); the budget left."""
         if result.next_offset == queue.offset and not result.records:
-            return None
+            return budget
         size = sum(view.nbytes for view in result.records)
         if self.metrics is not None and result.offsets is not None:
-            self.metrics.served(topic, queue_id, len(result.offsets), size)
-        return QueueRead(queue, None, result, size)
+            self.metrics.served(queue.topic, queue.queue_id, len(result.offsets), size)
+        return self._fetched(QueueRead(queue, None, result, size), budget, reads, live)
+
+    @staticmethod
+    def _fetched(read: QueueRead, budget: int, reads: list[QueueRead], live: dict[tuple[str, int], QueueFetch]
+                 ) -> int:
+        reads.append(read)
+        if read.error is not None or read.result.next_offset != read.queue.offset:  # type: ignore[union-attr]
+            del live[read.queue.topic, read.queue.queue_id]
+        return budget - read.size
 
     # -- a queue's offsets ------------------------------------------------------------
 
@@ -472,11 +519,15 @@ def consumer_read(store: StoreAPI, topic: str, queue_id: int, offset: int, max_m
     (a replicated queue's high watermark), filtered; an offset past the end is an error."""
     result = store.get(topic, queue_id, offset, max_msgs, max_bytes, tag_hashes, limit, coalesce=True, select=select)
     if result.status is GetStatus.OFFSET_OVERFLOW:
-        raise OffsetIllegalError(
-            f"offset {offset} is beyond the end of {topic}/{queue_id} "
-            f"(valid: {result.min_offset}..{result.max_offset})",
-            fields={"min_offset": result.min_offset, "max_offset": result.max_offset})
+        raise offset_overflow(topic, queue_id, offset, result)
     return result
+
+
+def offset_overflow(topic: str, queue_id: int, offset: int, result: GetResult) -> OffsetIllegalError:
+    """The error of a read from ``offset``, past the end of the queue (``result``: OFFSET_OVERFLOW)."""
+    return OffsetIllegalError(
+        f"offset {offset} is beyond the end of {topic}/{queue_id} (valid: {result.min_offset}..{result.max_offset})",
+        fields={"min_offset": result.min_offset, "max_offset": result.max_offset})
 
 
 def _committed(replicas: ReplicaManager, topic: str, record: memoryview) -> bool:

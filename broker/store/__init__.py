@@ -7,6 +7,7 @@ from gms.broker.store.types import (
     AppendResult,
     GetResult,
     GetStatus,
+    QueueGet,
     RecordSelector,
     RepairOutcome,
     ReplicaGap,
@@ -16,5 +17,5 @@ from gms.broker.store.types import (
     TimerRecord,
 )
 
-__all__ = ["AppendResult", "GetResult", "GetStatus", "MessageStore", "RecordSelector", "RepairOutcome",
+__all__ = ["AppendResult", "GetResult", "GetStatus", "MessageStore", "QueueGet", "RecordSelector", "RepairOutcome",
            "ReplicaGap", "ReplicaRead", "StoreAPI", "StoreStats", "TimerListener", "TimerRecord"]

@@ -3,7 +3,7 @@ offers them (tests/store/test_store_conformance.py runs the same suite against e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -11,9 +11,17 @@ from gms.broker.commitlog.flush import FlushListener
 from gms.broker.keyindex import TIME_MAX_MS
 from gms.broker.store.health import StoreHealth
 from gms.broker.store.topic_table import TopicLimits
-from gms.broker.store.types import GET_BYTES_MAX_DEFAULT, AppendResult, GetResult, RecordSelector, StoreStats
+from gms.broker.store.types import (
+    GET_BYTES_MAX_DEFAULT,
+    AppendResult,
+    GetResult,
+    QueueGet,
+    RecordSelector,
+    StoreStats,
+)
 from gms.broker.store_config import StoreConfig
 from gms.record.layout import PRODUCER_FLAGS
+from gms.store_errors import StoreError
 
 
 class StoreAPI(Protocol):
@@ -55,6 +63,11 @@ class StoreAPI(Protocol):
             max_bytes: int = GET_BYTES_MAX_DEFAULT, tag_hashes: frozenset[int] | None = None,
             read_limit: int | None = None, coalesce: bool = False, select: RecordSelector | None = None) -> GetResult:
         """Records of a queue from ``offset``."""
+
+    def get_many(self, queues: Sequence[QueueGet], max_msgs: int = 32, max_bytes: int = GET_BYTES_MAX_DEFAULT,
+                 total_bytes: int = GET_BYTES_MAX_DEFAULT) -> list[GetResult | StoreError]:
+        """``get(..., coalesce=True)`` of many queues in order, within a total of bytes: the list
+        stops before the first queue reached once it is spent; a queue's error in its place."""
 
     def min_offset(self, topic: str, queue_id: int) -> int: ...
 

@@ -87,8 +87,8 @@ class MessageStore:
         self.append_lost, self.batch_result, self.repair_record = (
             writer.append_lost, writer.batch_result, writer.repair_record)
         self.truncate_queue, self.restart_queue = writer.truncate_queue, writer.restart_queue
-        self.min_offset, self.max_offset, self.get, self.read_runs, self.backlog = (
-            reads.min_offset, reads.max_offset, reads.get, reads.read_runs, reads.backlog)
+        self.min_offset, self.max_offset, self.get, self.get_many, self.read_runs, self.backlog = (
+            reads.min_offset, reads.max_offset, reads.get, reads.get_many, reads.read_runs, reads.backlog)
         self.read_entry, self.read_at, self.find_by_key, self.find_replicated = (
             reads.read_entry, reads.read_at, reads.find_by_key, reads.find_replicated)
         self.offset_for_timestamp, self.timer_records = reads.offset_for_timestamp, reads.timer_records

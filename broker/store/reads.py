@@ -9,7 +9,7 @@ import logging
 import mmap
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -17,14 +17,16 @@ from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import OffsetExpired, pick_tags
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex
 from gms.broker.store.damage import DamageTracker, check_stored_records
+from gms.broker.store.many_reads import ManyQueueRead
 from gms.broker.store.origins import OriginMap, leader_key
 from gms.broker.store.queues import QueueKey, QueueTable
-from gms.broker.store.records import coalesce, file_runs, first_stored_at, views
+from gms.broker.store.records import POPULATE_SPAN_FACTOR_MAX, coalesce, file_runs, first_stored_at, views
 from gms.broker.store.topic_table import TopicTable
 from gms.broker.store.types import (
     GET_BYTES_MAX_DEFAULT,
     GetResult,
     GetStatus,
+    QueueGet,
     RecordSelector,
     ReplicaRead,
     TimerRecord,
@@ -38,9 +40,6 @@ from gms.store_errors import CorruptRecord, MessageNotFound, StoreError
 log = logging.getLogger(__name__)
 
 OFF_FLAGS = OFFSETS["flags"]
-# A read far behind the writer maps its stretch of the commitlog at once only if the stretch is at
-# most this many times the bytes it serves (see StoreReads.get).
-POPULATE_SPAN_FACTOR_MAX = 4
 SCAN_ENTRIES_MAX = 65_536  # consumeQueue entries one filtered ``get`` may examine
 BACKLOG_SCAN_MAX = 262_144  # consumeQueue entries (5 MiB) a backlog count reads; more are extrapolated
 REPLICA_CHECK_TTL_S = 1.0  # records checked for one follower's fetch are not checked again for others this long
@@ -118,6 +117,21 @@ class StoreReads:
         if served is None:
             return GetResult(GetStatus.NO_MATCHED_MESSAGE, next_offset, lo, hi, [])
         return GetResult(GetStatus.FOUND, next_offset, lo, hi, *served)
+
+    def get_many(self, queues: Sequence[QueueGet], max_msgs: int = 32, max_bytes: int = GET_BYTES_MAX_DEFAULT,
+                 total_bytes: int = GET_BYTES_MAX_DEFAULT) -> list[GetResult | StoreError]:
+        """:meth:`get` (coalesced, every tag, no selector) of each of ``queues`` in order, each with
+        ``max_bytes`` no more than what remains of ``total_bytes`` after the records served before
+        it: the same answers (its error in place of a queue's: an unknown topic or queue; a queue's
+        records lying apart in small runs as one copy of them, not a view per run), at a small
+        part of the cost per queue (see :mod:`.many_reads`). Stops before the first queue
+        reached once the total is spent: the list is then shorter than ``queues``."""
+        commitlog = self._commitlog()
+        commitlog.reads += len(queues)
+
+        def get(topic: str, queue_id: int, offset: int, msgs: int, size: int, limit: int | None) -> GetResult:
+            return self.get(topic, queue_id, offset, msgs, size, read_limit=limit, coalesce=True)
+        return ManyQueueRead(commitlog, self._queue, get, queues, max_msgs, max_bytes).run(total_bytes)
 
     def _serve(self, commitlog: CommitLog, key: QueueKey, served: np.ndarray, phys: np.ndarray, sizes: np.ndarray,
                coalesced: bool, select: RecordSelector | None

@@ -14,6 +14,9 @@ from gms.record import OFF_STORE_TS, record_views
 from gms.store_errors import MessageNotFound
 
 FileRuns = list[tuple[MappedFile, int, int]]
+# A read far behind the writer maps its stretch of the commitlog at once only if the stretch is at
+# most this many times the bytes it serves (see StoreReads.get).
+POPULATE_SPAN_FACTOR_MAX = 4
 _STORE_TS = struct.Struct(">q")
 
 

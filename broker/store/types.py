@@ -34,6 +34,16 @@ class GetResult(NamedTuple):
     offsets: np.ndarray | None = None  # the queue offsets of the records served (status FOUND)
 
 
+class QueueGet(NamedTuple):
+    """One queue of a many-queue read (:meth:`StoreReads.get_many`): from ``offset``, below
+    ``read_limit`` (a replicated queue's high watermark; None: its end)."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    read_limit: int | None = None
+
+
 # (a commitlog file's view, starts of records in it) -> which of those records to serve (bool mask)
 RecordSelector = Callable[[memoryview, np.ndarray], np.ndarray]
 

@@ -72,7 +72,7 @@ enum { STORED_OK, STORED_DAMAGED, STORED_MISPLACED };
 
 static void check_stored_records(const uint8_t *base, const int64_t *starts, const int64_t *sizes,
                                  const int64_t *offsets, Py_ssize_t n, int64_t base_offset, int32_t queue_id,
-                                 uint8_t *found) {
+                                 const int64_t *queue_ids, uint8_t *found) {
     for (Py_ssize_t i = 0; i < n; i++) {
 #if defined(__GNUC__)
         if (i + PREFETCH_AHEAD < n && sizes[i + PREFETCH_AHEAD] >= HEADER_SIZE) {
@@ -89,7 +89,7 @@ static void check_stored_records(const uint8_t *base, const int64_t *starts, con
         if (!crc_holds(p, sizes[i]))
             found[i] = STORED_DAMAGED;
         else if (offsets != NULL && ((int32_t)load_be32(p) != sizes[i] || load_be32(p + OFF_MAGIC) != MAGIC_V1
-                 || (int32_t)load_be32(p + OFF_QUEUE_ID) != queue_id
+                 || (int32_t)load_be32(p + OFF_QUEUE_ID) != (queue_ids ? (int32_t)queue_ids[i] : queue_id)
                  || (int64_t)load_be64(p + OFF_QUEUE_OFFSET) != offsets[i]
                  || (int64_t)load_be64(p + OFF_PHYS_OFFSET) != base_offset + starts[i]))
             found[i] = STORED_MISPLACED;
@@ -111,10 +111,11 @@ static PyObject *indexes_of(const uint8_t *found, Py_ssize_t n, uint8_t what) {
 }
 
 /* check_stored_records over Python buffers: starts and sizes, and queue_offsets unless it is
- * NULL (then only CRCs are checked). Returns the found flags (PyMem) and sets *n, or NULL. */
+ * NULL (then only CRCs are checked); queue_ids_obj: NULL (every record's queue is queue_id) or
+ * the queue id of each record. Returns the found flags (PyMem) and sets *n, or NULL. */
 static uint8_t *check_buffers(Py_buffer *buf, PyObject *starts_obj, PyObject *sizes_obj, PyObject *offsets_obj,
-                              int64_t base_offset, int32_t queue_id, Py_ssize_t *n_out) {
-    Py_buffer starts_view, sizes_view, offsets_view = {0};
+                              int64_t base_offset, int32_t queue_id, PyObject *queue_ids_obj, Py_ssize_t *n_out) {
+    Py_buffer starts_view, sizes_view, offsets_view = {0}, queue_ids_view = {0};
     uint8_t *found = NULL;
     Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
     if (n < 0) return NULL;
@@ -122,35 +123,40 @@ static uint8_t *check_buffers(Py_buffer *buf, PyObject *starts_obj, PyObject *si
     if (n_sizes < 0) goto release_starts;
     Py_ssize_t n_offsets = offsets_obj ? get_int64s(offsets_obj, &offsets_view, "queue_offsets") : n;
     if (n_offsets < 0) goto release_sizes;
-    if (n_sizes != n || n_offsets != n) {
-        PyErr_SetString(PyExc_ValueError, "starts, sizes and queue_offsets differ in length");
-        goto release_offsets;
+    Py_ssize_t n_queue_ids = queue_ids_obj ? get_int64s(queue_ids_obj, &queue_ids_view, "queue_id") : n;
+    if (n_queue_ids < 0) goto release_offsets;
+    if (n_sizes != n || n_offsets != n || n_queue_ids != n) {
+        PyErr_SetString(PyExc_ValueError, "starts, sizes, queue_offsets and queue ids differ in length");
+        goto release_queue_ids;
     }
     const int64_t *starts = starts_view.buf, *sizes = sizes_view.buf;
     const int64_t *offsets = offsets_obj ? offsets_view.buf : NULL;
+    const int64_t *queue_ids = queue_ids_obj ? queue_ids_view.buf : NULL;
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (sizes[i] < HEADER_SIZE) continue;
         if (starts[i] < 0 || sizes[i] > (int64_t)buf->len - starts[i]) {
             PyErr_Format(PyExc_ValueError, "record %zd ([%lld, +%lld)) is not inside the %zd-byte buffer", i,
                          (long long)starts[i], (long long)sizes[i], buf->len);
-            goto release_offsets;
+            goto release_queue_ids;
         }
         total += sizes[i];
     }
     found = PyMem_Malloc(n ? (size_t)n : 1);
     if (found == NULL) {
         PyErr_NoMemory();
-        goto release_offsets;
+        goto release_queue_ids;
     }
     if (total >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, found);
+        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, queue_ids, found);
         Py_END_ALLOW_THREADS
     } else {
-        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, found);
+        check_stored_records(buf->buf, starts, sizes, offsets, n, base_offset, queue_id, queue_ids, found);
     }
     *n_out = n;
+release_queue_ids:
+    if (queue_ids_obj) PyBuffer_Release(&queue_ids_view);
 release_offsets:
     if (offsets_obj) PyBuffer_Release(&offsets_view);
 release_sizes:
@@ -162,24 +168,38 @@ release_starts:
 
 PyDoc_STRVAR(check_stored_doc,
 "check_stored(buf, starts, sizes, base_offset, queue_id, queue_offsets) -> (damaged, misplaced)\n\n"
-"Check the records of one queue at starts[i] of buf (a commitlog file at base_offset) against\n"
-"their index entries (sizes[i], queue_offsets[i]). damaged lists the indexes whose CRC fails or\n"
+"Check the records at starts[i] of buf (a commitlog file at base_offset) against their index\n"
+"entries (sizes[i], queue_offsets[i]) of one queue, queue_id, or (queue_id an array) of queue_id[i].\n"
+"damaged lists the indexes whose CRC fails or\n"
 "whose entry is a lost one (size below a header; nothing is read), misplaced those whose CRC\n"
 "holds but whose length, magic or envelope (queue id, queue offset, commitlog offset) differ.\n"
 "All arrays contiguous int64 of one length.");
 
 static PyObject *check_stored(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *starts_obj, *sizes_obj, *offsets_obj;
+    PyObject *buf_obj, *starts_obj, *sizes_obj, *offsets_obj, *queue_id_obj;
     long long base_offset;
-    int queue_id;
-    if (!PyArg_ParseTuple(args, "OOOLiO:check_stored", &buf_obj, &starts_obj, &sizes_obj, &base_offset,
-                          &queue_id, &offsets_obj))
+    int queue_id = 0;
+    if (!PyArg_ParseTuple(args, "OOOLOO:check_stored", &buf_obj, &starts_obj, &sizes_obj, &base_offset,
+                          &queue_id_obj, &offsets_obj))
         return NULL;
+    PyObject *queue_ids_obj = NULL;  /* a queue id per record */
+    if (PyLong_Check(queue_id_obj)) {
+        long value = PyLong_AsLong(queue_id_obj);
+        if (value == -1 && PyErr_Occurred()) return NULL;
+        if (value < INT32_MIN || value > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "queue_id does not fit an int32");
+            return NULL;
+        }
+        queue_id = (int)value;
+    } else {
+        queue_ids_obj = queue_id_obj;
+    }
     Py_buffer buf;
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
     Py_ssize_t n = 0;
     PyObject *result = NULL;
-    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, offsets_obj, base_offset, queue_id, &n);
+    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, offsets_obj, base_offset, queue_id, queue_ids_obj,
+                                   &n);
     if (found != NULL) {
         PyObject *damaged = indexes_of(found, n, STORED_DAMAGED);
         PyObject *misplaced = damaged ? indexes_of(found, n, STORED_MISPLACED) : NULL;
@@ -205,7 +225,7 @@ static PyObject *crc_mismatches(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
     Py_ssize_t n = 0;
     PyObject *result = NULL;
-    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, NULL, 0, 0, &n);
+    uint8_t *found = check_buffers(&buf, starts_obj, sizes_obj, NULL, 0, 0, NULL, &n);
     if (found != NULL) {
         result = indexes_of(found, n, STORED_DAMAGED);
         PyMem_Free(found);
@@ -351,6 +371,61 @@ done:
     Py_XDECREF(headers);
     PyBuffer_Release(&starts_view);
     PyBuffer_Release(&buf);
+    return result;
+}
+
+PyDoc_STRVAR(gather_doc,
+"gather(src, starts, sizes, dst, at) -> None\n\n"
+"Copy src[starts[i]:starts[i] + sizes[i]] to dst[at[i]:at[i] + sizes[i]] for every i (records\n"
+"lying apart, copied back to back: cheaper than an object per record). dst: a writable buffer.");
+
+static PyObject *gather(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *starts_obj, *sizes_obj, *dst_obj, *at_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:gather", &src_obj, &starts_obj, &sizes_obj, &dst_obj, &at_obj)) return NULL;
+    Py_buffer src, dst, starts_view, sizes_view, at_view;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE) < 0) goto release_src;
+    Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
+    if (n < 0) goto release_dst;
+    if (get_int64s(sizes_obj, &sizes_view, "sizes") != n) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "starts and sizes differ in length");
+            PyBuffer_Release(&sizes_view);
+        }
+        goto release_starts;
+    }
+    if (get_int64s(at_obj, &at_view, "at") != n) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "starts and at differ in length");
+            PyBuffer_Release(&at_view);
+        }
+        goto release_sizes;
+    }
+    const int64_t *starts = starts_view.buf, *sizes = sizes_view.buf, *at = at_view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (starts[i] < 0 || sizes[i] < 0 || sizes[i] > (int64_t)src.len - starts[i] || at[i] < 0
+            || sizes[i] > (int64_t)dst.len - at[i]) {
+            PyErr_Format(PyExc_ValueError, "piece %zd ([%lld, +%lld) to %lld) is outside its buffers", i,
+                         (long long)starts[i], (long long)sizes[i], (long long)at[i]);
+            goto release_at;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy((uint8_t *)dst.buf + at[i], (const uint8_t *)src.buf + starts[i], (size_t)sizes[i]);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+release_at:
+    PyBuffer_Release(&at_view);
+release_sizes:
+    PyBuffer_Release(&sizes_view);
+release_starts:
+    PyBuffer_Release(&starts_view);
+release_dst:
+    PyBuffer_Release(&dst);
+release_src:
+    PyBuffer_Release(&src);
     return result;
 }
 
@@ -669,6 +744,7 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
+    {"gather", gather, METH_VARARGS, gather_doc},
     {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
     {"property_values", property_values, METH_VARARGS, property_values_doc},
     {"crc32", crc32, METH_O, crc32_doc},

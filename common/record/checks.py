@@ -91,14 +91,16 @@ class StoredCheck(NamedTuple):
 
 
 def check_stored(buf: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray, base_offset: int,
-                 queue_id: int, queue_offsets: np.ndarray) -> StoredCheck:
+                 queue_id: int | np.ndarray, queue_offsets: np.ndarray) -> StoredCheck:
     """Check records of one queue at ``starts`` of ``buf`` (a commitlog file at ``base_offset``)
     against their index entries (``sizes``, ``queue_offsets``): the CRC, and the fields outside it.
+    ``queue_id``: their queue's, or an array of each record's (records of many queues).
     Entries below a header's size are lost ones (nothing is read). One C call for all of them: a
     Python call per record costs more than the CRC of 100 bytes."""
     damaged, misplaced = _recordcheck.check_stored(
         buf, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(sizes, np.int64), base_offset,
-        queue_id, np.ascontiguousarray(queue_offsets, np.int64))
+        queue_id if isinstance(queue_id, int) else np.ascontiguousarray(queue_id, np.int64),
+        np.ascontiguousarray(queue_offsets, np.int64))
     return StoredCheck(np.array(damaged, np.intp), np.array(misplaced, np.intp))
 
 

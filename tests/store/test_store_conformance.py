@@ -16,7 +16,7 @@ import pytest
 from store_impls import IMPLEMENTATIONS, StoreImpl
 
 from gms import record as rec
-from gms.broker.store import GetStatus, StoreAPI
+from gms.broker.store import GetStatus, QueueGet, StoreAPI
 from gms.broker.store.topic_table import TopicLimits
 from gms.record import Message, encode_batch, tag_hash
 from gms.store_errors import MessageNotFound, StoreClosed, UnknownQueue, UnknownTopic
@@ -78,6 +78,28 @@ def test_get_filters_by_tag_and_bytes(store):
     assert bodies(store, tag_hashes=frozenset({tag_hash("odd")})) == ["1", "3", "5", "7", "9"]
     assert store.get("t", 0, 0, tag_hashes=frozenset({tag_hash("none")})).status is GetStatus.NO_MATCHED_MESSAGE
     assert len(store.get("t", 0, 0, max_bytes=1).records) == 1  # at least one record, whatever its size
+
+
+def test_get_many_answers_each_queue_as_get_does_within_a_total_budget(store):
+    send(store, ["a", "b", "c"])
+    send(store, ["x" * 100, "y"], queue_id=1)
+    store.create_topic("u", 1)
+    queues = [QueueGet("t", 0, 1), QueueGet("t", 1, 0, read_limit=1), QueueGet("t", 0, 3), QueueGet("t", 0, 9),
+              QueueGet("nope", 0, 0), QueueGet("t", 7, 0), QueueGet("u", 0, 0)]
+    got = store.get_many(queues, max_msgs=1000)
+    for want, found in zip(queues[:4] + queues[6:], got[:4] + got[6:], strict=True):
+        single = store.get(want.topic, want.queue_id, want.offset, 1000, read_limit=want.read_limit, coalesce=True)
+        assert (found.status, found.next_offset, found.min_offset, found.max_offset) == single[:4]
+        assert b"".join(found.records) == b"".join(single.records)
+    assert [r.status for r in got[:4] + got[6:]] == [GetStatus.FOUND, GetStatus.FOUND, GetStatus.NO_NEW_MESSAGE,
+                                                     GetStatus.OFFSET_OVERFLOW, GetStatus.NO_NEW_MESSAGE]
+    assert got[0].offsets.tolist() == [1, 2] and got[1].offsets.tolist() == [0] and got[1].max_offset == 1
+    assert isinstance(got[4], UnknownTopic) and isinstance(got[5], UnknownQueue)
+    # The total: each queue reads at most what is left of it (at least a record); none is read once it is spent.
+    first = sum(view.nbytes for view in got[0].records)
+    spent = store.get_many(queues[:2] + [QueueGet("t", 0, 0)], max_msgs=1000, total_bytes=first + 1)
+    assert len(spent) == 2 and len(spent[1].offsets) == 1
+    assert len(store.get_many(queues[:3], max_msgs=1000, total_bytes=first)) == 1
 
 
 def test_unknown_topics_and_queues_are_errors_and_store_nothing(store):
