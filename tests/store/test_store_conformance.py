@@ -97,7 +97,7 @@ def test_get_many_answers_each_queue_as_get_does_within_a_total_budget(store):
     assert isinstance(got[4], UnknownTopic) and isinstance(got[5], UnknownQueue)
     # The total: each queue reads at most what is left of it (at least a record); none is read once it is spent.
     first = sum(view.nbytes for view in got[0].records)
-    spent = store.get_many(queues[:2] + [QueueGet("t", 0, 0)], max_msgs=1000, total_bytes=first + 1)
+    spent = store.get_many([*queues[:2], QueueGet("t", 0, 0)], max_msgs=1000, total_bytes=first + 1)
     assert len(spent) == 2 and len(spent[1].offsets) == 1
     assert len(store.get_many(queues[:3], max_msgs=1000, total_bytes=first)) == 1
 
