@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,30 @@ def read_addresses(proc: subprocess.Popen[str]) -> dict[str, str]:
         if name in ("nameserver", "broker", "etcd", "metrics", "console", "rocketmq", "kafka"):
             addresses[name] = address.strip()
     return addresses
+
+
+def running_standalone(data_dir: Path) -> Iterator[dict[str, str]]:
+    """Yield the banner's addresses of a `gms standalone` on ephemeral ports (the broker
+    registered; ``rocketmq`` and ``kafka`` as bare host:port), stopped with SIGINT after."""
+    from gms.client import Admin
+
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(data_dir),
+         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
+         "--commitlog-file-size", str(32 << 20)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        banner = read_addresses(proc)
+        for endpoint in ("rocketmq", "kafka"):
+            banner[endpoint] = banner[endpoint].split()[0]
+        with Admin(nameserver=banner["nameserver"]) as admin:
+            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
+        yield banner
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
 
 
 def gms(nameserver: str, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -3,17 +3,12 @@ etcd, nameserver, broker), and a fresh topic per test created through the Kafka 
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gms.client import Admin
-from tests.cli.test_cli_standalone import read_addresses
-from tests.processes import FREE_MONITORING_PORTS, wait_until
+from tests.cli.test_cli_standalone import running_standalone
 
 PARTITIONS = 2
 
@@ -21,22 +16,7 @@ PARTITIONS = 2
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     """The banner's addresses (``kafka``: the Kafka API's host:port) of a running `gms standalone`."""
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path_factory.mktemp("sa")),
-         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
-         "--commitlog-file-size", str(32 << 20)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        banner = read_addresses(proc)
-        banner["kafka"] = banner["kafka"].split()[0]
-        with Admin(nameserver=banner["nameserver"]) as admin:
-            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
-        yield banner
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    yield from running_standalone(tmp_path_factory.mktemp("sa"))
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ settings, the CLI)."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gms.client import Admin
-from tests.cli.test_cli_standalone import read_addresses
-from tests.processes import FREE_MONITORING_PORTS, BrokerProcess, wait_until
+from tests.cli.test_cli_standalone import running_standalone
+from tests.processes import BrokerProcess, wait_until
 
 
 def rocketmq_broker(root: Path, *args: str) -> Iterator[BrokerProcess]:
@@ -41,22 +39,7 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     """The banner's addresses of a running `gms standalone` (the broker registered)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "gms.cli", "standalone", "--data-dir", str(tmp_path_factory.mktemp("sa")),
-         "--nameserver-port", "0", "--broker-port", "0", "--no-console", *FREE_MONITORING_PORTS,
-         "--commitlog-file-size", str(32 << 20)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        banner = read_addresses(proc)
-        banner["rocketmq"] = banner["rocketmq"].split()[0]
-        with Admin(nameserver=banner["nameserver"]) as admin:
-            wait_until(lambda: bool(admin.cluster_status()["brokers"]), 15)
-        yield banner
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    assert proc.returncode == 0
+    yield from running_standalone(tmp_path_factory.mktemp("sa"))
 
 
 @pytest.fixture
