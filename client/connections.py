@@ -81,7 +81,7 @@ class ConnectionPool:
         finally:
             del self._connecting[address]
         if self._closed:  # closed while connecting
-            conn.close()
+            await conn.close_and_wait(self._connect_timeout_ms)
             raise RuntimeError("the client is closed")
         self._connections[address] = conn
         return conn

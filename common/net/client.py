@@ -104,7 +104,7 @@ class Connection(asyncio.BufferedProtocol):
                                            timeout_ms=timeout_ms)
                 exchange.verify(bytes(final.body))
             except BaseException:
-                conn.close()
+                await conn.close_and_wait(timeout_ms)
                 raise
         return conn
 
@@ -200,6 +200,24 @@ class Connection(asyncio.BufferedProtocol):
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
+
+    async def close_and_wait(self, timeout_ms: float) -> None:
+        """Close and wait (at most ``timeout_ms``, even if cancelled meanwhile) until the transport
+        is gone: a TLS close exchanges close_notify first, and a loop stopped before that ends
+        cannot close (uvloop: EBUSY) and leaks the transport."""
+        self.close()
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self.wait_closed()
+        except TimeoutError:
+            self._abort()
+        except asyncio.CancelledError:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def _closed_error(self) -> ConnectionClosedError:
         cause = self._close_cause

@@ -18,7 +18,6 @@ except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
 T = TypeVar("T")
 
 LOOP_STOP_TIMEOUT_MS = 5000
-HANDLES_CLOSE_S = 0.05  # what a stopped loop is given to close the handles of transports closed last
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -81,13 +80,9 @@ class LoopThread:
             self.submit(self._cancel_tasks()).result(timeout_ms / 1000)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout_ms / 1000)
-        try:
-            self._loop.close()
-        except OSError:  # uvloop (EBUSY): a transport closed a moment ago still holds its handle
-            if self._thread.is_alive():
-                raise
-            self._loop.run_until_complete(asyncio.sleep(HANDLES_CLOSE_S))  # let the handles close
-            self._loop.close()
+        # uvloop closes (warning) the transports still open here and fails with EBUSY if one was
+        # mid-close: whoever opens a connection on this loop closes it and waits for it first.
+        self._loop.close()
 
     async def _cancel_tasks(self) -> None:
         current = asyncio.current_task()
