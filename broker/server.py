@@ -368,7 +368,7 @@ class BrokerServer:
         waits: dict[str, Future[None]] = {}
         for topic, assignment in changed.items():
             settings = assignment.settings
-            limits = TopicLimits(settings.retention_ms, settings.message_size_bytes_max, settings.message_type)
+            limits = TopicLimits.of(settings)
             count = local.get(topic)
             if count is None:
                 new[topic] = (assignment.queue_count, limits)

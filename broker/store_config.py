@@ -23,6 +23,10 @@ class StoreConfig:
     flush_least_pages: int = 4  # async: a message-count flush waits for this many dirty pages
     retention_hours: float = 72.0
     retention_check_interval_ms: int = 10_000
+    # The cleaner of compacted topics (docs/storage-format.md "Compacted topics"): a pass over the
+    # compacted queues this often, reading and writing at most this many bytes a second.
+    compaction_check_interval_ms: int = 15_000
+    compaction_io_bytes_per_s: int = 64 * MIB
     disk_usage_max_bytes: int | None = None
     body_size_max_bytes: int = 4 * MIB
     warm_next_file: bool = True  # create and pre-fault the next commitlog file in the background
@@ -46,6 +50,8 @@ class StoreConfig:
             raise ValueError("key_index_slots and key_index_entries_per_file must be >= 1")
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
+        if self.compaction_check_interval_ms <= 0 or self.compaction_io_bytes_per_s <= 0:
+            raise ValueError("compaction_check_interval_ms and compaction_io_bytes_per_s must be positive")
         if self.flush_interval_ms <= 0 or self.retention_check_interval_ms <= 0:
             raise ValueError("intervals must be positive")
         if self.flush_every_messages < 0 or self.flush_least_pages < 0:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gms.client.routing import split_addresses
-from gms.cluster.model import TOPIC_MESSAGE_TYPES
+from gms.cluster.model import CLEANUP_POLICIES, SEGMENT_ROLL_MESSAGES_MAX, TOPIC_MESSAGE_TYPES
 from gms.times import parse_time_ms
 
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
@@ -72,6 +72,20 @@ _TOPIC_SETTING_OPTIONS = (
     click.option("--message-type", type=click.Choice(TOPIC_MESSAGE_TYPES),
                  help="The messages the topic accepts from RocketMQ 5 clients; mixed: all four types"
                       " (topic setting; default mixed)."),
+    click.option("--cleanup", "cleanup_policy", type=click.Choice(CLEANUP_POLICIES),
+                 help="delete: old messages go by retention; compact: keep the latest message per key"
+                      " (and its tombstone for --tombstone-retention-ms); compact,delete: both (topic"
+                      " setting; default delete; docs/storage-format.md \"Compacted topics\")."),
+    click.option("--min-compaction-lag-ms", type=click.IntRange(min=0),
+                 help="A message stays uncompacted at least this long after it was stored (default 0)."),
+    click.option("--dirty-ratio", type=click.FloatRange(0, 1),
+                 help="The cleaner compacts a queue once this fraction of its bytes is not yet"
+                      " compacted (default 0.5)."),
+    click.option("--tombstone-retention-ms", type=click.IntRange(min=0),
+                 help="How long a tombstone (property __TOMBSTONE) stays readable once compacted,"
+                      " counted from when it was stored (default 1 day)."),
+    click.option("--segment-roll-messages", type=click.IntRange(1, SEGMENT_ROLL_MESSAGES_MAX),
+                 help="Compaction points are multiples of this many queue offsets (default 1000)."),
 )
 
 
@@ -84,7 +98,8 @@ def topic_setting_options(command: Any) -> Any:
 
 def topic_settings(*, retention_ms: int | None, retention_hours: float | None,
                    message_size_bytes_max: int | None, min_insync_replicas: int | None,
-                   unclean_leader_election: bool | None, message_type: str | None) -> dict[str, Any]:
+                   unclean_leader_election: bool | None, message_type: str | None,
+                   **compaction: Any) -> dict[str, Any]:
     """The nameserver's ``settings`` map from the setting options: only those given, so an update
     changes exactly the settings named on the command line."""
     if retention_ms is not None and retention_hours is not None:
@@ -93,5 +108,5 @@ def topic_settings(*, retention_ms: int | None, retention_hours: float | None,
         retention_ms = max(1, round(retention_hours * 3_600_000))
     given = {"retention_ms": retention_ms, "message_size_bytes_max": message_size_bytes_max,
              "min_insync_replicas": min_insync_replicas, "unclean_leader_election": unclean_leader_election,
-             "message_type": message_type}
+             "message_type": message_type, **compaction}
     return {name: value for name, value in given.items() if value is not None}

@@ -44,7 +44,14 @@ def _settings_table(answer: dict[str, Any]) -> Any:
         ("min in-sync replicas", settings["min_insync_replicas"]),
         ("unclean leader election", "on" if settings["unclean_leader_election"] else "off"),
         ("message type", settings["message_type"]),
+        ("cleanup", settings.get("cleanup_policy", "delete")),
     ]
+    if "compact" in settings.get("cleanup_policy", "delete"):
+        rows += [("min compaction lag", f"{settings['min_compaction_lag_ms']} ms"),
+                 ("dirty ratio", settings["dirty_ratio"]),
+                 ("tombstone retention", f"{settings['tombstone_retention_ms']} ms"
+                                         f" ({duration_text(settings['tombstone_retention_ms'])})"),
+                 ("segment roll", f"{settings['segment_roll_messages']} messages")]
     return table("settings", ["setting", "value"], rows)
 
 

@@ -152,7 +152,9 @@ class AsyncAdmin:
                            settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Create ``topic``; with a nameserver, returns its route (as GET_ROUTE answers it) with
         its replication factor and settings. A broker without a nameserver takes the settings
-        ``retention_ms`` and ``message_size_bytes_max`` only."""
+        ``retention_ms``, ``message_size_bytes_max``, ``message_type`` and the compaction settings
+        (``cleanup_policy`` "compact" or "compact,delete", ``min_compaction_lag_ms``, ``dirty_ratio``,
+        ``tombstone_retention_ms``, ``segment_roll_messages``) only."""
         fields: dict[str, Any] = {"topic": topic, "queues": queues}
         if settings:
             fields["settings"] = dict(settings)

@@ -3,11 +3,12 @@ settings under Kafka's config names, changed through the topic service (the name
 update, or a broker without nameservers its own), and CreateTopics' configs read the same way.
 
 A topic's configs are the gms settings that map onto Kafka's (``retention.ms``,
-``max.message.bytes``, ``min.insync.replicas``, ``unclean.leader.election.enable``), the fixed
-``cleanup.policy=delete`` (gms does not compact), and gms's own under a ``gms.`` prefix
-(``gms.message.type``). A broker's are a few read-only ones (its defaults). Any other config name,
-a value gms cannot keep (retention.ms -1: gms keeps records for a finite time; cleanup.policy
-compact) and a list operation answer INVALID_CONFIG, so nothing is silently ignored.
+``max.message.bytes``, ``min.insync.replicas``, ``unclean.leader.election.enable``,
+``cleanup.policy``, ``min.compaction.lag.ms``, ``min.cleanable.dirty.ratio``,
+``delete.retention.ms``), and gms's own under a ``gms.`` prefix (``gms.message.type``,
+``gms.segment.roll.messages``). A broker's are a few read-only ones (its defaults). Any other
+config name, a value gms cannot keep (retention.ms -1: gms keeps records for a finite time) and a
+list operation answer INVALID_CONFIG, so nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from gms.errors import GmsError, InvalidTopicError
 
 TOPIC, BROKER = 2, 4  # Kafka's config resource types
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5  # Kafka's config sources
-BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7  # Kafka's config types
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7  # Kafka's config types
 SET, DELETE = 0, 1  # IncrementalAlterConfigs' operations (APPEND 2 and SUBTRACT 3 are for lists)
-CLEANUP_POLICY = "cleanup.policy"
 MIN_ISR = "min_insync_replicas"  # kept by AlterConfigs unless given: its default depends on the replicas
 WAIT_S = 10.0  # how long a change waits for this broker's view of it
 
@@ -42,6 +42,29 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise ConfigError(f"{value}: gms takes a positive value (a finite retention, a size)")
     return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{value}: must be >= 0")
+    return value
+
+
+def _ratio(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a number") from None
+
+
+def _cleanup_policy(text: str) -> str:
+    """Kafka's list (``compact,delete`` in either order) as gms's setting."""
+    parts = sorted({part.strip() for part in text.split(",") if part.strip()})
+    return ",".join(parts)
 
 
 def _boolean(text: str) -> bool:
@@ -63,6 +86,11 @@ TOPIC_CONFIGS = {
     "min.insync.replicas": _Config("min_insync_replicas", INT, _positive),
     "unclean.leader.election.enable": _Config("unclean_leader_election", BOOLEAN, _boolean),
     "gms.message.type": _Config("message_type", STRING, str),
+    "cleanup.policy": _Config("cleanup_policy", LIST, _cleanup_policy),
+    "min.compaction.lag.ms": _Config("min_compaction_lag_ms", LONG, _non_negative),
+    "min.cleanable.dirty.ratio": _Config("dirty_ratio", DOUBLE, _ratio),
+    "delete.retention.ms": _Config("tombstone_retention_ms", LONG, _non_negative),
+    "gms.segment.roll.messages": _Config("segment_roll_messages", INT, _positive),
 }
 _DEFAULTS = {config.setting: getattr(TopicSettings(), config.setting) for config in TOPIC_CONFIGS.values()}
 
@@ -72,13 +100,9 @@ def topic_settings(configs: list[tuple[str, str | None]]) -> dict[str, Any]:
     ConfigError for a name or value gms cannot keep."""
     settings: dict[str, Any] = {}
     for name, value in configs:
-        if name == CLEANUP_POLICY:
-            if value not in (None, "delete"):
-                raise ConfigError(f"cleanup.policy {value}: gms deletes old records, it does not compact")
-            continue
         config = TOPIC_CONFIGS.get(name)
         if config is None:
-            raise ConfigError(f"gms has no topic config {name} (it has {', '.join([CLEANUP_POLICY, *TOPIC_CONFIGS])})")
+            raise ConfigError(f"gms has no topic config {name} (it has {', '.join(TOPIC_CONFIGS)})")
         if value is None and config.setting == MIN_ISR:
             raise ConfigError(f"{name} has no default to go back to (it follows the replication factor): set it")
         try:
@@ -126,7 +150,7 @@ class Configs:
 
     def _topic_configs(self, topic: str) -> list[dict[str, Any]]:
         settings = self._settings(topic)
-        rows = [_row(CLEANUP_POLICY, "delete", DEFAULT_CONFIG, LIST, read_only=True)]
+        rows = []
         for name, config in TOPIC_CONFIGS.items():
             if config.setting not in settings:  # a broker without nameservers keeps fewer
                 continue
@@ -134,7 +158,7 @@ class Configs:
             default = value is None or value == _DEFAULTS[config.setting]
             if value is None:  # the broker's retention; a broker without nameservers' default type
                 value = self.topics.default_retention_ms() if config.setting == "retention_ms" else (
-                    _DEFAULTS[config.setting] if config.setting == "message_type" else None)
+                    None if config.setting == "message_size_bytes_max" else _DEFAULTS[config.setting])
             rows.append(_row(name, value, DEFAULT_CONFIG if default else DYNAMIC_TOPIC_CONFIG, config.kind))
         return rows
 

@@ -36,6 +36,8 @@ from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
 from gms.broker.mapped_file import tree_disk_bytes
 from gms.broker.store.appends import StoreWriter
+from gms.broker.store.cleaner import Cleaner
+from gms.broker.store.compacted import CompactedLogs
 from gms.broker.store.durability import Durability
 from gms.broker.store.health import StoreHealth
 from gms.broker.store.loader import StoreLoader
@@ -75,12 +77,16 @@ class MessageStore:
                                       lambda: writer.last_store_ts_ms, loaded.checkpointed_offset)
         self._flusher = self._durability.flusher
         self._writer = writer = StoreWriter(loaded, self._cl, self._flush_service, locks)
+        compacted = CompactedLogs(self.paths.compacted)
+        compacted.load(loaded.topics.snapshot())
         reads = StoreReads(self._cl, loaded.queues, loaded.topics, loaded.keys, loaded.origins, loaded.damage,
-                           lambda: self._flusher.flushed_offset)
-        self._retention = Retention(self.config, self._cl, loaded.queues, loaded.topics, loaded.keys, loaded.origins,
-                                    locks, lambda: self._durability.checkpointed_offset)
+                           lambda: self._flusher.flushed_offset, compacted)
+        self._retention = retention = Retention(self.config, self._cl, loaded.queues, loaded.topics, loaded.keys,
+                                                loaded.origins, locks, lambda: self._durability.checkpointed_offset)
+        self._cleaner = Cleaner(self.config, self._cl, loaded.queues, loaded.topics, compacted, locks,
+                                retention.expiry_limit)
         topics = self._topics = StoreTopics(self.paths, self._cl, loaded.topics, loaded.queues, loaded.producers,
-                                            loaded.truncations, locks, lambda: self._timers.listener)
+                                            loaded.truncations, locks, lambda: self._timers.listener, compacted)
         # The parts' operations, as the store's own: bound here, so a call costs what a method's does.
         self.append, self.append_replicated, self.append_replicated_run = (
             writer.append, writer.append_replicated, writer.append_replicated_run)
@@ -89,6 +95,7 @@ class MessageStore:
         self.truncate_queue, self.restart_queue = writer.truncate_queue, writer.restart_queue
         self.min_offset, self.max_offset, self.get, self.get_many, self.read_runs, self.backlog = (
             reads.min_offset, reads.max_offset, reads.get, reads.get_many, reads.read_runs, reads.backlog)
+        self.log_start, self.compact = reads.log_start, self._cleaner.clean
         self.read_entry, self.read_at, self.find_by_key, self.find_replicated = (
             reads.read_entry, reads.read_at, reads.find_by_key, reads.find_replicated)
         self.offset_for_timestamp, self.timer_records = reads.offset_for_timestamp, reads.timer_records
@@ -101,6 +108,7 @@ class MessageStore:
         self.delete_expired, self.set_expiry_limit = self._retention.delete_expired, self._retention.set_expiry_limit
         self._durability.start()
         self._retention.start()
+        self._cleaner.start()
 
     @classmethod
     def open(cls, root_dir: str | Path, config: StoreConfig | None = None) -> MessageStore:
@@ -115,6 +123,7 @@ class MessageStore:
             return
         commitlog, flusher = self._commitlog, self._flusher
         self._topics.close()
+        self._cleaner.stop()
         self._retention.stop()
         with self._write_lock:
             flushed = flusher.stop()
@@ -187,7 +196,8 @@ class MessageStore:
 
     def metric_collectors(self) -> list[Collector]:
         """The store's own metrics (flush latency and errors, retention deletions), for a registry."""
-        return [self._flusher.latency, self._flusher.errors, *self._retention.metric_collectors()]
+        return [self._flusher.latency, self._flusher.errors, *self._retention.metric_collectors(),
+                *self._cleaner.metric_collectors()]
 
     def resident_fraction(self) -> float:
         """Of the active commitlog file's written pages, the fraction in the page cache (what a

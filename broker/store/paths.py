@@ -4,6 +4,7 @@
         commitlog/<20-digit start offset>      shared mapped files, all topics
         consumequeue/<topic>/<queue id>/<20-digit byte offset>   20-byte index entries
         index/<20-digit commitlog offset>      key index files (hash slots + chained entries)
+        compacted/<topic>/<queue id>/<20-digit point>.seg   a compacted queue's kept records below its point
         config/topics.json                     topic -> queue count, limits, incarnation
         config/layout.json                     the geometry the store was created with
         config/min_offsets.json                queue minimums moved by per-topic retention
@@ -48,6 +49,11 @@ class StorePaths:
     def key_index(self) -> Path:
         """The index by message key (gms.broker.keyindex), files named by their first record's offset."""
         return self.root / "index"
+
+    @property
+    def compacted(self) -> Path:
+        """Compacted topics' logs: ``<topic>/<queue id>/<20-digit compaction point>.seg``."""
+        return self.root / "compacted"
 
     def queue_dir(self, topic: str, queue_id: int) -> Path:
         return self.consumequeue / topic / str(queue_id)

@@ -16,6 +16,8 @@ import numpy as np
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import OffsetExpired, pick_tags
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex
+from gms.broker.store.compacted import CompactedLogs
+from gms.broker.store.compacted_reads import first_at_time, low_offset, read_segment
 from gms.broker.store.damage import DamageTracker, check_stored_records
 from gms.broker.store.many_reads import ManyQueueRead
 from gms.broker.store.origins import OriginMap, leader_key
@@ -51,8 +53,10 @@ class StoreReads:
     after); ``flushed()``: the commitlog offset on disk."""
 
     def __init__(self, commitlog: Callable[[], CommitLog], queues: QueueTable, topics: TopicTable, keys: KeyIndex,
-                 origins: OriginMap, damage: DamageTracker, flushed: Callable[[], int]) -> None:
+                 origins: OriginMap, damage: DamageTracker, flushed: Callable[[], int],
+                 compacted: CompactedLogs) -> None:
         self._commitlog = commitlog
+        self._segment = compacted.segment
         self._queue = queues.queue
         self._holds = queues.holds
         self._topics = topics
@@ -64,6 +68,11 @@ class StoreReads:
         self._replica_checked: dict[QueueKey, tuple[int, int, float]] = {}
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first readable offset (of a compacted queue: its first compacted record's)."""
+        return low_offset(self._segment(topic, queue_id), self._queue(topic, queue_id).min_offset)
+
+    def log_start(self, topic: str, queue_id: int) -> int:
+        """The first offset held in the commitlog (what followers replicate from)."""
         return self._queue(topic, queue_id).min_offset
 
     def max_offset(self, topic: str, queue_id: int) -> int:
@@ -86,6 +95,16 @@ class StoreReads:
         cq = self._queue(topic, queue_id)
         lo, end = cq.min_offset, cq.max_offset
         hi = end if read_limit is None else max(min(end, read_limit), lo)
+        if (segment := self._segment(topic, queue_id)) is not None:  # a compacted queue
+            lo = low_offset(segment, lo)
+            if lo <= offset < min(segment.point, hi):
+                found = read_segment(segment, offset, max_msgs, max_bytes, tag_hashes, select, coalesce)
+                if found is not None:
+                    return GetResult(GetStatus.FOUND if found.views else GetStatus.NO_MATCHED_MESSAGE,
+                                     found.next_offset, lo, hi, found.views, (), found.offsets)
+                offset = segment.point  # nothing kept from there: the commitlog's part
+            if lo <= offset < cq.min_offset:  # between the compacted log and the queue (the disk cap's cut)
+                offset = cq.min_offset
         if offset < lo:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi, [])
         if offset > end:
@@ -128,10 +147,30 @@ class StoreReads:
         reached once the total is spent: the list is then shorter than ``queues``."""
         commitlog = self._commitlog()
         commitlog.reads += len(queues)
+        if any((segment := self._segment(q.topic, q.queue_id)) is not None and q.offset < segment.point
+               for q in queues):  # compacted records: each queue read by get
+            return self._get_each(queues, max_msgs, max_bytes, total_bytes)
 
         def get(topic: str, queue_id: int, offset: int, msgs: int, size: int, limit: int | None) -> GetResult:
             return self.get(topic, queue_id, offset, msgs, size, read_limit=limit, coalesce=True)
         return ManyQueueRead(commitlog, self._queue, get, queues, max_msgs, max_bytes).run(total_bytes)
+
+    def _get_each(self, queues: Sequence[QueueGet], max_msgs: int, max_bytes: int,
+                  total_bytes: int) -> list[GetResult | StoreError]:
+        """:meth:`get_many` as one :meth:`get` per queue."""
+        results: list[GetResult | StoreError] = []
+        for topic, queue_id, offset, limit in queues:
+            if total_bytes <= 0:
+                break
+            try:
+                got = self.get(topic, queue_id, offset, max_msgs, min(max_bytes, total_bytes), read_limit=limit,
+                               coalesce=True)
+            except StoreError as err:
+                results.append(err)
+                continue
+            total_bytes -= sum(len(view) for view in got.records)
+            results.append(got)
+        return results
 
     def _serve(self, commitlog: CommitLog, key: QueueKey, served: np.ndarray, phys: np.ndarray, sizes: np.ndarray,
                coalesced: bool, select: RecordSelector | None
@@ -292,7 +331,13 @@ class StoreReads:
         """The first queue offset whose store timestamp is >= ``ts_ms`` (max offset if none)."""
         commitlog = self._commitlog()
         cq = self._queue(topic, queue_id)
-        return first_stored_at(commitlog, cq, cq.min_offset, cq.max_offset, ts_ms)
+        lo = cq.min_offset
+        if (segment := self._segment(topic, queue_id)) is not None:
+            found = first_at_time(segment, ts_ms)
+            if found is not None:
+                return found
+            lo = max(lo, segment.point)
+        return first_stored_at(commitlog, cq, lo, cq.max_offset, ts_ms)
 
     def timer_records(self, topic: str, queue_id: int, start: int, chunk: int = 65_536) -> Iterator[TimerRecord]:
         """The records with timer flags in a queue from offset ``start`` to its end (a restart's

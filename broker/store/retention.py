@@ -108,6 +108,10 @@ class Retention:
         keeps its log start offset below the HW); None = the queue's end."""
         self._expiry_limit = limit
 
+    def expiry_limit(self, topic: str, queue_id: int) -> int | None:
+        """The offset nothing may move a queue's minimum past (see :meth:`set_expiry_limit`)."""
+        return self._expiry_limit(topic, queue_id)
+
     def delete_expired(self, now_ms: int | None = None) -> int:
         """One retention run: move every queue's minimum past the records its topic no longer
         keeps, then delete the commitlog files no queue needs any more (and, oldest first, more
@@ -147,7 +151,7 @@ class Retention:
             lo = cq.min_offset
             cap = self._expiry_limit(topic, queue_id)
             hi = cq.max_offset if cap is None else max(lo, min(cap, cq.max_offset))
-            if topic_limits is None or lo >= hi:
+            if topic_limits is None or not topic_limits.expires or lo >= hi:  # plain compact: no expiry
                 continue
             cutoff_ms = now_ms - (topic_limits.retention_ms or self._config.retention_ms)
             if store_ts(commitlog, cq, lo) >= cutoff_ms:

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from gms.broker.atomic_file import parsing, write_atomically
-from gms.cluster.model import check_message_size_max, validate_message_type
+from gms.cluster.model import (
+    DEFAULT_COMPACTION,
+    TopicSettings,
+    check_compaction,
+    check_message_size_max,
+    validate_message_type,
+)
 from gms.errors import InvalidTopicError
 from gms.naming import validate_topic_name
 from gms.private_files import make_private_dir
@@ -34,6 +40,12 @@ class TopicLimits:
     retention_ms: int | None = None  # None: StoreConfig.retention_hours
     message_size_bytes_max: int | None = None  # whole stored record; None: only body_size_max_bytes
     message_type: str | None = None  # gms.cluster.model.TOPIC_MESSAGE_TYPES; None: mixed
+    # Compaction (docs/storage-format.md "Compacted topics"); None: delete only / the defaults
+    cleanup_policy: str | None = None
+    min_compaction_lag_ms: int | None = None
+    dirty_ratio: float | None = None
+    tombstone_retention_ms: int | None = None
+    segment_roll_messages: int | None = None
 
     def __post_init__(self) -> None:
         if self.message_type is not None:
@@ -43,14 +55,35 @@ class TopicLimits:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise InvalidTopicError(f"topic setting {name} must be a positive integer")
         check_message_size_max(self.message_size_bytes_max)
+        check_compaction(self.cleanup_policy, self.min_compaction_lag_ms, self.dirty_ratio,
+                         self.tombstone_retention_ms, self.segment_roll_messages)
+
+    @classmethod
+    def of(cls, settings: TopicSettings) -> TopicLimits:
+        """What a broker in a cluster keeps of a topic's settings."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+    @property
+    def compacted(self) -> bool:
+        return self.cleanup_policy is not None and "compact" in self.cleanup_policy
+
+    @property
+    def expires(self) -> bool:
+        """Retention by time applies (every policy but plain ``compact``)."""
+        return self.cleanup_policy != "compact"
+
+    def compaction(self, name: str) -> int | float:
+        """A compaction setting, its default when unset."""
+        value = getattr(self, name)
+        return DEFAULT_COMPACTION[name] if value is None else value
 
     def merged(self, changes: Mapping[str, Any]) -> TopicLimits:
         """These limits with the named ones changed (None restores the store default)."""
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
             raise InvalidTopicError(f"topic setting(s) {', '.join(sorted(unknown))} need a cluster (a broker"
-                                    " without a nameserver knows retention_ms,"
-                                    " message_size_bytes_max and message_type)")
+                                    " without a nameserver knows retention_ms, message_size_bytes_max,"
+                                    " message_type and the compaction settings)")
         return replace(self, **changes)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
+from gms.broker.store.compacted import CompactedLogs
 from gms.broker.store.paths import StorePaths
 from gms.broker.store.producer_state import ProducerStates
 from gms.broker.store.queues import QueueTable
@@ -30,8 +31,10 @@ class StoreTopics:
 
     def __init__(self, paths: StorePaths, commitlog: Callable[[], CommitLog], table: TopicTable, queues: QueueTable,
                  producers: ProducerStates, truncations: TruncationLog,
-                 locks: tuple[threading.Lock, threading.Lock], timers: Callable[[], TimerListener]) -> None:
+                 locks: tuple[threading.Lock, threading.Lock], timers: Callable[[], TimerListener],
+                 compacted: CompactedLogs) -> None:
         self._paths = paths
+        self._compacted = compacted
         self._commitlog = commitlog
         self._table = table
         self._queues = queues
@@ -110,6 +113,7 @@ class StoreTopics:
                 self._truncations.drop_topic(name)
         for name in names:
             shutil.rmtree(self._paths.consumequeue / name, ignore_errors=True)
+            self._compacted.drop_topic(name)
         self._queues.save_min_offsets()  # a topic created again under one of the names starts at 0
 
     def _make_queue_dirs(self, queues: Mapping[str, Iterable[int]]) -> None:
@@ -144,6 +148,8 @@ class StoreTopics:
         if self._table.get(name) is None and leftover.exists():
             log.warning("topic %s: removing the index files a deleted topic of this name left", name)
             shutil.rmtree(leftover, ignore_errors=True)
+        if self._table.get(name) is None:
+            self._compacted.drop_topic(name)
 
     def _drop_orphan_queues(self) -> None:
         """Remove the index files of every topic the table does not list (see above)."""

@@ -29,6 +29,17 @@ DEFAULT_CLUSTER = "DefaultCluster"
 # RocketMQ 5's topic message types: what a topic accepts from RocketMQ clients ("mixed": all four).
 TOPIC_MESSAGE_TYPES = ("normal", "fifo", "delay", "transaction", "mixed")
 DEFAULT_TOPIC_MESSAGE_TYPE = "mixed"
+# Kafka's cleanup.policy values: delete old records (by retention), keep the latest per key, or both.
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
+DEFAULT_CLEANUP_POLICY = "delete"
+DEFAULT_MIN_COMPACTION_LAG_MS = 0
+DEFAULT_DIRTY_RATIO = 0.5
+DEFAULT_TOMBSTONE_RETENTION_MS = 86_400_000
+DEFAULT_SEGMENT_ROLL_MESSAGES = 1000
+DEFAULT_COMPACTION: dict[str, int | float] = {
+    "min_compaction_lag_ms": DEFAULT_MIN_COMPACTION_LAG_MS, "dirty_ratio": DEFAULT_DIRTY_RATIO,
+    "tombstone_retention_ms": DEFAULT_TOMBSTONE_RETENTION_MS, "segment_roll_messages": DEFAULT_SEGMENT_ROLL_MESSAGES}
+SEGMENT_ROLL_MESSAGES_MAX = 1 << 24
 
 
 def default_min_insync_replicas(replication_factor: int) -> int:
@@ -105,6 +116,25 @@ def check_message_size_max(value: int | None) -> None:
             " be: one travels whole in a request")
 
 
+def check_compaction(policy: str | None, lag_ms: int | None, dirty_ratio: float | None,
+                     tombstone_retention_ms: int | None, segment_roll_messages: int | None) -> None:
+    """Refuse compaction settings a topic cannot have (None: unset)."""
+    if policy is not None and policy not in CLEANUP_POLICIES:
+        raise InvalidTopicError(f"topic setting cleanup_policy (--cleanup) is {policy!r}: give one of"
+                                f" {', '.join(CLEANUP_POLICIES)}")
+    for name, value in (("min_compaction_lag_ms", lag_ms), ("tombstone_retention_ms", tombstone_retention_ms)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InvalidTopicError(f"topic setting {name} must be an integer >= 0 (milliseconds), got {value!r}")
+    if dirty_ratio is not None and (isinstance(dirty_ratio, bool) or not isinstance(dirty_ratio, (int, float))
+                                    or not 0 <= dirty_ratio <= 1):
+        raise InvalidTopicError(f"topic setting dirty_ratio must be a number in [0, 1], got {dirty_ratio!r}")
+    if segment_roll_messages is not None and (
+            not isinstance(segment_roll_messages, int) or isinstance(segment_roll_messages, bool)
+            or not 1 <= segment_roll_messages <= SEGMENT_ROLL_MESSAGES_MAX):
+        raise InvalidTopicError(f"topic setting segment_roll_messages must be 1..{SEGMENT_ROLL_MESSAGES_MAX},"
+                                f" got {segment_roll_messages!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSettings:
     # Records older than this are no longer served (store time); None: the broker's own
@@ -123,9 +153,18 @@ class TopicSettings:
     # What the topic accepts from RocketMQ 5 clients (one of TOPIC_MESSAGE_TYPES): the RocketMQ
     # endpoint refuses sends of other types, as RocketMQ's brokers do. Topics without it are mixed.
     message_type: str = DEFAULT_TOPIC_MESSAGE_TYPE
+    # Compaction (docs/storage-format.md "Compacted topics"): "compact" keeps the latest record per
+    # key, "compact,delete" also expires by retention_ms; the other four tune the cleaner.
+    cleanup_policy: str = DEFAULT_CLEANUP_POLICY
+    min_compaction_lag_ms: int = DEFAULT_MIN_COMPACTION_LAG_MS
+    dirty_ratio: float = DEFAULT_DIRTY_RATIO
+    tombstone_retention_ms: int = DEFAULT_TOMBSTONE_RETENTION_MS
+    segment_roll_messages: int = DEFAULT_SEGMENT_ROLL_MESSAGES
 
     def __post_init__(self) -> None:
         validate_message_type(self.message_type)
+        check_compaction(self.cleanup_policy, self.min_compaction_lag_ms, self.dirty_ratio,
+                         self.tombstone_retention_ms, self.segment_roll_messages)
         for key in ("retention_ms", "message_size_bytes_max", "min_insync_replicas"):
             value = getattr(self, key)
             if value is None and key != "message_size_bytes_max":

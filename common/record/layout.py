@@ -120,6 +120,10 @@ PRODUCER_FLAGS = FLAG_SCHEDULED | FLAG_HALF | FLAG_SEQUENCED
 DELIVER_AT_PROPERTY = "__DELIVER_AT_MS"
 MESSAGE_GROUP_PROPERTY = "__MESSAGE_GROUP"  # FIFO order within the group (docs/fifo.md)
 ORIGIN_PROPERTY = "__TIMER_ORIGIN"  # the queue offset of the scheduled message
+# A compacted topic's tombstone: its key is deleted (docs/storage-format.md "Compacted topics").
+TOMBSTONE_PROPERTY = "__TOMBSTONE"
+# A Kafka record key that is not one word of text (gms.broker.kafka.convert.KEY_PROPERTY).
+KAFKA_KEY_PROPERTY = "__KAFKA_KEY"
 TX_ID_PROPERTY = "__TX_ID"  # a half message's transaction (kept by its copy and its cancel)
 TX_GROUP_PROPERTY = "__TX_GROUP"  # the producer group asked to resolve it (check-back)
 TX_TIMEOUT_PROPERTY = "__TX_TIMEOUT_MS"  # optional: ms before its first check-back

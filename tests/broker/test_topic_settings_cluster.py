@@ -17,6 +17,7 @@ from gms_cluster import LocalCluster
 from processes import BrokerProcess, wait_until
 
 from gms.client import Admin, Producer
+from gms.cluster.model import DEFAULT_COMPACTION
 from gms.errors import MessageIllegalError
 from gms.net.blocking import BlockingConnection
 from gms.protocol.codes import RequestCode
@@ -173,7 +174,7 @@ def test_cli_flags_and_update_changes_only_what_it_names(cluster):
                              "--unclean-leader-election", "--json").stdout)
     assert created["settings"] == {"retention_ms": 7_200_000, "message_size_bytes_max": 5000,
                                    "min_insync_replicas": 1, "unclean_leader_election": True,
-                                   "message_type": "mixed"}
+                                   "message_type": "mixed", "cleanup_policy": "delete", **DEFAULT_COMPACTION}
     gms(cluster, "topic", "update", topic, "--retention-ms", "60000")
     described = json.loads(gms(cluster, "topic", "describe", topic, "--json").stdout)
     assert described["replication_factor"] == 1 and len(described["queues"]) == 2

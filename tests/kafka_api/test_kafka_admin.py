@@ -188,7 +188,21 @@ def test_created_topics_keep_their_configs_and_the_admin_clients_change_them(boo
     assert _topic_configs(admin, name)["retention.ms"].value == "1800000"
 
 
-@pytest.mark.parametrize("config", [{"segment.bytes": "1024"}, {"cleanup.policy": "compact"},
+def test_cleanup_policy_compact_is_kept_with_its_settings(bootstrap):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    name = f"k-{uuid.uuid4().hex[:10]}"
+    admin.create_topics([NewTopic(name, 1, 1, config={"cleanup.policy": "delete,compact",
+                                                       "min.cleanable.dirty.ratio": "0.25",
+                                                       "delete.retention.ms": "60000"})])[name].result(WAIT_S)
+    configs = _topic_configs(admin, name)
+    assert {k: configs[k].value for k in ("cleanup.policy", "min.cleanable.dirty.ratio", "delete.retention.ms",
+                                          "min.compaction.lag.ms")} == {
+        "cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.25", "delete.retention.ms": "60000",
+        "min.compaction.lag.ms": "0"}
+
+
+@pytest.mark.parametrize("config", [{"segment.bytes": "1024"}, {"cleanup.policy": "shrink"},
+                                    {"min.cleanable.dirty.ratio": "1.5"},
                                     {"retention.ms": "-1"}, {"max.message.bytes": "many"}])
 def test_a_config_gms_cannot_keep_is_refused_not_ignored(bootstrap, topic, config):
     admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -12,7 +12,7 @@ from test_server_helpers import RunningNameServer
 
 from gms.cluster.etcd_client import EtcdClient
 from gms.cluster.metadata import ClusterMetadata, Keys
-from gms.cluster.model import BrokerInfo
+from gms.cluster.model import DEFAULT_COMPACTION, BrokerInfo
 from gms.errors import (
     BadRequestError,
     InvalidTopicError,
@@ -72,7 +72,7 @@ def test_update_grows_and_delete_removes(ns, brokers):
     updated = ns.call(C.UPDATE_TOPIC, {"topic": "t", "settings": {"retention_ms": 1000}})
     assert updated["settings"] == {"retention_ms": 1000, "message_size_bytes_max": 2048,
                                    "min_insync_replicas": 1, "unclean_leader_election": False,
-                                   "message_type": "mixed"}
+                                   "message_type": "mixed", "cleanup_policy": "delete", **DEFAULT_COMPACTION}
     assert ns.server.view.topic("t").settings.message_size_bytes_max == 2048  # kept: update names only what changes
     ns.call(C.DELETE_TOPIC, {"topic": "t"})
     with pytest.raises(TopicNotFoundError):

@@ -1,0 +1,186 @@
+"""Compacted topics in the store: the latest record per key survives at its original offset,
+tombstones go after their retention, the commitlog files below the compaction point go, reads
+(get, get_many, by time) serve the compacted log, and a crash at any step of a compaction loses
+nothing (docs/storage-format.md "Compacted topics")."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from compaction_helpers import KEYS, TOPIC, is_tombstone, keyed_batch, latest_per_key, read_all
+from store_helpers import small_config
+
+from gms.broker.store import GetStatus, MessageStore, QueueGet
+from gms.broker.store.topic_table import TopicLimits
+from gms.errors import InvalidTopicError
+from gms.record import iter_records
+
+COMPACT = TopicLimits(cleanup_policy="compact", segment_roll_messages=10, dirty_ratio=0.0)
+DAY_MS = 86_400_000
+
+
+def open_store(root: Path) -> MessageStore:
+    # checkpoints at every flush: retention never deletes at or past the last checkpoint
+    return MessageStore(root, small_config(checkpoint_interval_ms=1, compaction_check_interval_ms=3_600_000))
+
+
+def fill(store: MessageStore, first: int, n: int) -> int:
+    end = store.append(keyed_batch(first, n)).end_phys_offset
+    store.durable_future(end).result(5)
+    return first + n
+
+
+def expected_latest(end: int) -> dict[str, tuple[int, bool]]:
+    return {f"k{seq % KEYS}": (seq, is_tombstone(seq)) for seq in range(end)}
+
+
+def test_the_latest_record_of_each_key_survives_at_its_offset(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        end = fill(store, 0, 205)
+        assert store.compact() == 1
+        found = read_all(store)
+        assert latest_per_key(found) == expected_latest(end)
+        offsets = [offset for offset, *_ in found]
+        below = [o for o in offsets if o < 200]  # the point: a multiple of segment_roll_messages
+        assert len(below) == KEYS and offsets[len(below):] == list(range(200, 205))
+        assert all(seq == offset for offset, _, seq, _ in found)  # original offsets
+        assert store.min_offset(TOPIC, 0) == below[0] == 200 - KEYS
+        # a read at a removed offset answers the next kept one; below the first, the minimum
+        got = store.get(TOPIC, 0, below[0] + 1, 1)
+        assert got.status is GetStatus.FOUND and got.offsets.tolist() == [below[1]] and got.min_offset == below[0]
+        assert got.next_offset == below[2]
+        got = store.get(TOPIC, 0, 0, 1)
+        assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_offset == below[0]
+        got = store.get(TOPIC, 0, below[-1] + 1, 10)
+        assert got.offsets.tolist() == [200, 201, 202, 203, 204]
+        # get_many serves the compacted log too, and the commitlog's records after it
+        many = store.get_many([QueueGet(TOPIC, 0, below[0])], max_msgs=100)
+        assert [r.queue_offset for view in many[0].records for r in iter_records(view)] == below
+        assert many[0].next_offset == 200
+        assert store.offset_for_timestamp(TOPIC, 0, 0) == below[0]
+    with open_store(store_dir) as store:  # and after a restart
+        assert read_all(store) == found
+
+
+def test_compaction_frees_the_commitlog_files_below_its_point(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 400)
+        store.delete_expired()
+        first_file = store.stats().min_offset
+        store.compact()
+        fill(store, 400, 1)  # a checkpoint past the files
+        store.delete_expired()
+        assert store.stats().min_offset > first_file
+        assert latest_per_key(read_all(store)) == expected_latest(401)
+        assert all(not name.endswith(".tmp") for name in os.listdir(store_dir / "compacted" / TOPIC / "0"))
+
+
+def test_repeated_passes_and_tombstones_expire_after_their_retention(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        end = 0
+        for _ in range(5):  # keys overwritten many times, compacted again and again
+            end = fill(store, end, 100)
+            store.compact()
+            assert latest_per_key(read_all(store)) == expected_latest(end)
+        tombstoned = {key for key, (_, tomb) in expected_latest(end).items() if tomb}
+        assert tombstoned
+        end = fill(store, end, 10)
+        store.compact(now_ms=int(time.time() * 1000) + 2 * DAY_MS)  # past the tombstone retention (1 day)
+        latest = latest_per_key(read_all(store))
+        for key, (seq, tomb) in expected_latest(end).items():
+            if tomb and seq < end // 10 * 10:
+                assert key not in latest  # gone with every older value: never resurrected
+            else:
+                assert latest[key] == (seq, tomb)
+
+
+def test_the_dirty_ratio_and_the_lag_hold_compaction_back(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, TopicLimits(cleanup_policy="compact", segment_roll_messages=10,
+                                                 min_compaction_lag_ms=DAY_MS))
+        fill(store, 0, 100)
+        assert store.compact() == 0  # everything stored less than a day ago
+        store.update_topic(TOPIC, limits=TopicLimits(cleanup_policy="compact", segment_roll_messages=10,
+                                                     dirty_ratio=0.9))
+        assert store.compact() == 1  # nothing compacted yet: all dirty
+        fill(store, 100, 10)
+        assert store.compact() == 0  # 10 new records beside 13 compacted: below 0.9
+        assert latest_per_key(read_all(store)) == expected_latest(110)
+
+
+def test_a_delete_topic_is_never_compacted_and_settings_are_checked(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1)
+        fill(store, 0, 100)
+        assert store.compact() == 0
+        assert len(read_all(store)) == 100
+    for bad in ({"cleanup_policy": "shrink"}, {"dirty_ratio": 1.5}, {"min_compaction_lag_ms": -1},
+                {"segment_roll_messages": 0}, {"tombstone_retention_ms": "x"}):
+        with pytest.raises(InvalidTopicError, match=next(iter(bad))):
+            TopicLimits(**bad)
+
+
+def test_a_deleted_topic_takes_its_compacted_log_with_it(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 100)
+        store.compact()
+        store.delete_topic(TOPIC)
+        assert not (store_dir / "compacted" / TOPIC).exists()
+        store.create_topic(TOPIC, 1, COMPACT)
+        assert read_all(store) == []
+
+
+def test_what_an_interrupted_compaction_leaves_is_resolved_on_open(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 100)
+        store.compact()
+        found = read_all(store)
+    qdir = store_dir / "compacted" / TOPIC / "0"
+    (newest,) = os.listdir(qdir)
+    (qdir / f"{0:020d}.seg").write_bytes((qdir / newest).read_bytes()[:50])  # an older one, not yet removed
+    (qdir / f"{200:020d}.tmp").write_bytes(b"torn")  # a rewrite cut short
+    with open_store(store_dir) as store:
+        assert read_all(store) == found
+    assert os.listdir(qdir) == [newest]
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
+    """The writer compacts every 50 records at a low IO rate, so a kill at a random time lands in
+    a compaction (or a retention run, or an append) most rounds; whatever it interrupts, every key
+    still serves its latest acknowledged record (or a later one)."""
+    root = tmp_path / "store"
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(here)}
+    rng = random.Random()
+    acked = 0
+    for round_ in range(10):
+        child = subprocess.Popen([sys.executable, str(here / "compaction_crash_writer.py"), str(root)],
+                                 stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            word, seq = child.stdout.readline().split()
+            assert word == "start" and int(seq) >= acked
+            time.sleep(rng.uniform(0.1, 0.6))
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        lines = child.stdout.read().split("\n")
+        child.stdout.close()
+        acked = max([acked, *(int(line.split()[1]) for line in lines if line.startswith("acked"))])
+        assert acked > 0, f"round {round_}: the writer did not get going"
+        with MessageStore(root, small_config(commitlog_file_size_bytes=16 * 1024)) as store:
+            latest = latest_per_key(read_all(store))
+            for key, (seq, _) in expected_latest(acked).items():
+                found_seq, found_tomb = latest[key]  # tombstones stay (1 day): every key is there
+                assert found_seq >= seq, f"round {round_}, {key}: {found_seq} served, {seq} acknowledged"
+                assert found_tomb == is_tombstone(found_seq)
