@@ -168,7 +168,7 @@ class ReplicationService:
             commits = tuple(self.manager.offsets.changed_since(topic, queue_id, want.offsets_seq))
             news = news or bool(size or damaged or commits)
             rows.append(FetchedRange(topic, queue_id, 0, p.hw, leo, size, epochs, commits, crc, sizes,
-                                     self.store.min_offset(topic, queue_id), damaged))
+                                     self.store.log_start(topic, queue_id), damaged))
         return rows, body, news
 
     def _read_repairs(self, repair: Sequence[RepairWant]) -> tuple[list[RepairedQueue], list[memoryview]]:

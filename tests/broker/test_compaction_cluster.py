@@ -1,0 +1,69 @@
+"""Compacted topics against real processes (embedded etcd, a nameserver, brokers whose cleaner
+runs every 200 ms): ``gms topic create/update --cleanup`` and its checks, keyed messages
+overwritten many times and tombstones read back from the start by ``gms tail`` and the SDK, the
+cleaner's /metrics (the replicated case: tests/ha/test_ha_compaction.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from compaction_cluster_helpers import CLEANER_TOML, KEYS, compacted, keyed, latest, read_from_start
+from gms_cluster import LocalCluster
+from processes import free_port, wait_until
+from scrape import scrape
+
+from gms.client import Producer
+from gms.record.layout import TOMBSTONE_PROPERTY
+
+TIMEOUT_S = 60
+pytestmark = pytest.mark.timeout(120)
+
+
+def gms(nameserver: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-P", "-m", "gms.cli", *args], capture_output=True, text=True,
+                            env={**os.environ, "GMS_NAMESERVER": nameserver}, timeout=TIMEOUT_S, check=False)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert (result.returncode == 0) == ok, result.stderr
+    return result
+
+
+def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
+    config = tmp_path / "cleaner.toml"
+    config.write_text(CLEANER_TOML)
+    metrics_port = free_port()
+    cluster = LocalCluster(tmp_path)
+    try:
+        cluster.etcd.start()
+        cluster.add_nameserver()
+        broker = cluster.add_broker("--config", str(config), "--metrics-listen", f"127.0.0.1:{metrics_port}")
+        cluster.wait_registered(1)
+        ns, topic = cluster.nameserver, f"c-{uuid.uuid4().hex[:8]}"
+        created = json.loads(gms(ns, "topic", "create", topic, "--queues", "1", "--cleanup", "compact",
+                                 "--segment-roll-messages", "10", "--dirty-ratio", "0", "--json").stdout)
+        assert created["settings"]["cleanup_policy"] == "compact"
+        assert created["settings"]["segment_roll_messages"] == 10
+        assert gms(ns, "topic", "update", topic, "--cleanup", "shrink", ok=False).returncode == 2
+        assert gms(ns, "topic", "update", topic, "--dirty-ratio", "2", ok=False).returncode == 2
+        with Producer(nameserver=ns) as producer:
+            for first in range(0, 300, 50):  # each key overwritten ~23 times
+                producer.send_batch(keyed(topic, first, 50))
+        wait_until(lambda: time.sleep(0.2) or compacted(read_from_start(broker.address, topic), 300, 300), TIMEOUT_S)
+        shown = gms(ns, "tail", topic, "--from", "first", "--count", str(KEYS), "--format", "json").stdout
+        lines = [json.loads(line) for line in shown.splitlines()]
+        assert {m["keys"][0]: int(m["body"]) for m in lines} == latest(300)
+        assert all((TOMBSTONE_PROPERTY in m["properties"]) == (int(m["body"]) % 7 == 6) for m in lines)
+        metrics = scrape(metrics_port)
+        assert metrics["gms_broker_compaction_reclaimed_bytes_total", ()] > 0
+        assert metrics["gms_broker_compaction_last_run_timestamp_seconds", ()] > 0
+        assert ("gms_broker_compaction_cleanable_ratio", ()) in metrics
+        gms(ns, "topic", "update", topic, "--cleanup", "compact,delete")
+        table = gms(ns, "topic", "describe", topic).stdout
+        assert "compact,delete" in table and "10 messages" in table
+    finally:
+        cluster.stop()

@@ -1,0 +1,60 @@
+"""A replicated compacted queue: leader and follower compact on their own to the same offsets
+(same records, same rules, the point bounded by the high watermark), and after the leader is
+killed the new leader serves the compacted log and goes on compacting what follows."""
+
+from __future__ import annotations
+
+import pytest
+from compaction_cluster_helpers import CLEANER_TOML, compacted, keyed, read_from_start
+from ha_helpers import BROKER_TOML, HaCluster, request, wait_for
+from processes import free_port
+from scrape import scrape
+
+from gms.broker.server import broker_id_for
+from gms.client import Producer
+from gms.protocol.codes import RequestCode
+
+TIMEOUT_S = 60
+pytestmark = pytest.mark.timeout(150)
+
+
+def queues_compacted(port: int) -> float:
+    return scrape(port).get(("gms_broker_compaction_queues_compacted_total", ()), 0.0)
+
+
+@pytest.mark.slow
+def test_replicas_compact_alike_and_a_new_leader_serves_the_compacted_log(tmp_path):
+    config = tmp_path / "cleaner.toml"
+    config.write_text(BROKER_TOML + CLEANER_TOML)
+    cluster = HaCluster(tmp_path, broker_args=("--config", str(config))).start(nameservers=1, brokers=0)
+    try:
+        ports = {}
+        for _ in range(2):
+            port = free_port()
+            ports[broker_id_for(cluster.add_broker("--metrics-listen", f"127.0.0.1:{port}").address)] = port
+        cluster.wait_registered(2)
+        cluster.create_topic("cr", 1, replicas=2, min_isr=1)
+        request(cluster.nameservers[0].address, RequestCode.UPDATE_TOPIC, {"topic": "cr", "settings": {
+            "cleanup_policy": "compact", "segment_roll_messages": 10, "dirty_ratio": 0.0}})
+        queue = cluster.topic("cr").queues[0]
+        leader = cluster.broker_by_id(queue.leader)
+        follower = next(b for b in cluster.brokers if b is not leader)
+        follower_port = ports[broker_id_for(follower.address)]
+        with Producer(nameserver=cluster.nameserver) as producer:
+            for first in range(0, 200, 50):
+                producer.send_batch(keyed("cr", first, 50))
+            wait_for(lambda: compacted(read_from_start(leader.address, "cr"), 200, 200), TIMEOUT_S, 0.2)
+            on_leader = read_from_start(leader.address, "cr")
+            # the follower compacts on its own once its high watermark passes the point
+            compactions = queues_compacted(follower_port)
+            producer.send_batch(keyed("cr", 200, 1))  # the follower learns the HW of 200 with it
+            wait_for(lambda: queues_compacted(follower_port) > compactions, TIMEOUT_S, 0.2)
+            leader.kill()
+            wait_for(lambda: cluster.topic("cr").queues[0].leader == broker_id_for(follower.address), 30)
+            # the new leader serves the same compacted records at the same offsets
+            wait_for(lambda: [r for r in read_from_start(follower.address, "cr") if r[0] < 200]
+                     == [r for r in on_leader if r[0] < 200], TIMEOUT_S, 0.2)
+            producer.send_batch(keyed("cr", 201, 49))
+        wait_for(lambda: compacted(read_from_start(follower.address, "cr"), 250, 250), TIMEOUT_S, 0.2)
+    finally:
+        cluster.stop()
