@@ -53,6 +53,8 @@ from gms.store_errors import StoreError
 log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
+CHUNK_RECORDS = 1024  # records whose keys are read between two yields of the GIL
+YIELD_S = 0.0002
 
 
 class IoBudget:
@@ -78,7 +80,7 @@ class Candidates(NamedTuple):
     source: np.ndarray  # per record, its buffer in ``bufs``
     starts: np.ndarray
     sizes: np.ndarray
-    keys: list[bytes | None]
+    latest: np.ndarray  # bool: the record is its key's latest (or has no key)
     tombstone: np.ndarray  # bool
     store_ts: np.ndarray
 
@@ -99,12 +101,8 @@ def survivors(candidates: Candidates, tombstones_before: int, expired_before: in
     """Indexes of the candidates a compaction keeps: the latest of each key (and every record
     without one), minus tombstones stored before ``tombstones_before`` and records stored before
     ``expired_before``."""
-    latest = {key: i for i, key in enumerate(candidates.keys) if key is not None}  # the last one wins
-    keep = np.array([key is None for key in candidates.keys], bool)
-    keep[list(latest.values())] = True
-    keep &= ~(candidates.tombstone & (candidates.store_ts < tombstones_before))
-    keep &= candidates.store_ts >= expired_before
-    return np.flatnonzero(keep)
+    keep = candidates.latest & ~(candidates.tombstone & (candidates.store_ts < tombstones_before))
+    return np.flatnonzero(keep & (candidates.store_ts >= expired_before))
 
 
 class Cleaner:
@@ -253,21 +251,36 @@ class Cleaner:
             for f, lo, hi in runs:
                 bufs.append(f.view)
                 parts.append((len(bufs) - 1, phys[lo:hi] - f.base_offset, sizes[lo:hi]))
-        keys: list[bytes | None] = []
-        tombstones, times, sources = [], [], []
-        for index, starts, part_sizes in parts:
-            self._budget.spend(int(part_sizes.sum()))
-            part_keys, tombstone, store_ts = record_keys(bufs[index], starts)
-            keys += part_keys
-            tombstones.append(tombstone)
-            times.append(store_ts)
-            sources.append(np.full(len(starts), index, np.int64))
+        return self._decide(bufs, parts)
+
+    def _decide(self, bufs: list[memoryview], parts: list[tuple[int, np.ndarray, np.ndarray]]) -> Candidates:
+        """The keys of every candidate and which is its key's latest, CHUNK_RECORDS at a time with
+        the GIL let go between chunks (the request loop's sends wait no longer than a chunk)."""
+        last: dict[bytes | None, int] = {}  # key -> its latest candidate
+        tombstones, times, keyless, sources, starts, sizes = [], [], [], [], [], []
+        count = 0
+        for index, part_starts, part_sizes in parts:
+            for lo in range(0, len(part_starts), CHUNK_RECORDS):
+                chunk = part_starts[lo:lo + CHUNK_RECORDS]
+                self._budget.spend(int(part_sizes[lo:lo + CHUNK_RECORDS].sum()))
+                keys, tombstone, store_ts = record_keys(bufs[index], chunk)
+                last.update(zip(keys, range(count, count + len(chunk)), strict=True))
+                count += len(chunk)
+                tombstones.append(tombstone)
+                times.append(store_ts)
+                keyless.append(np.fromiter((key is None for key in keys), bool, len(keys)))
+                self._stop.wait(YIELD_S)
+            sources.append(np.full(len(part_starts), index, np.int64))
+            starts.append(part_starts)
+            sizes.append(part_sizes)
 
         def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
             return np.concatenate(arrays) if arrays else np.empty(0, dtype)
-        return Candidates(bufs, joined(sources, np.int64), joined([p[1] for p in parts], np.int64),
-                          joined([p[2] for p in parts], np.int64), keys, joined(tombstones, bool),
-                          joined(times, np.int64))
+        latest = joined(keyless, bool)  # a record without a key always stays
+        last.pop(None, None)
+        latest[np.fromiter(last.values(), np.int64, len(last))] = True
+        return Candidates(bufs, joined(sources, np.int64), joined(starts, np.int64), joined(sizes, np.int64),
+                          latest, joined(tombstones, bool), joined(times, np.int64))
 
     def _write(self, topic: str, queue_id: int, point: int, candidates: Candidates, kept: np.ndarray) -> int:
         """The survivors as the queue's new compacted log (tmp, sync, rename, directory sync);
