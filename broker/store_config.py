@@ -26,7 +26,7 @@ class StoreConfig:
     # The cleaner of compacted topics (docs/storage-format.md "Compacted topics"): a pass over the
     # compacted queues this often, reading and writing at most this many bytes a second.
     compaction_check_interval_ms: int = 15_000
-    compaction_io_bytes_per_s: int = 64 * MIB
+    compaction_io_bytes_per_s: int = 32 * MIB
     disk_usage_max_bytes: int | None = None
     body_size_max_bytes: int = 4 * MIB
     warm_next_file: bool = True  # create and pre-fault the next commitlog file in the background

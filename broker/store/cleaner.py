@@ -53,8 +53,8 @@ from gms.store_errors import StoreError
 log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
-CHUNK_RECORDS = 1024  # records whose keys are read between two yields of the GIL
-YIELD_S = 0.0002
+CHUNK_RECORDS = 256  # records whose keys are read between two yields of the GIL (~0.3 ms of work)
+YIELD_S = 0.0001
 
 
 class IoBudget:
@@ -294,11 +294,13 @@ class Cleaner:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         try:
             with os.fdopen(fd, "wb") as fh:
-                for first, end in zip(firsts.tolist(), ends.tolist(), strict=True):
+                for n, (first, end) in enumerate(zip(firsts.tolist(), ends.tolist(), strict=True), 1):
                     buf, begin = candidates.bufs[int(source[first])], int(starts[first])
                     size = int(starts[end - 1] + sizes[end - 1]) - begin
                     fh.write(buf[begin:begin + size])
                     self._budget.spend(size)
+                    if n % CHUNK_RECORDS == 0:
+                        self._stop.wait(YIELD_S)
                 fh.flush()
                 os.fsync(fh.fileno())
         except BaseException:
