@@ -1,6 +1,7 @@
 """Compacted topics against real processes (embedded etcd, a nameserver, brokers whose cleaner
 runs every 200 ms): ``gms topic create/update --cleanup`` and its checks, keyed messages
-overwritten many times and tombstones read back from the start by ``gms tail`` and the SDK, the
+overwritten many times and tombstones read back from the start by PULL, ``gms tail`` and a Kafka
+consumer, the
 cleaner's /metrics (the replicated case: tests/ha/test_ha_compaction.py)."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import uuid
 
 import pytest
 from compaction_cluster_helpers import CLEANER_TOML, KEYS, compacted, keyed, latest, read_from_start
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import Consumer as KafkaConsumer
 from gms_cluster import LocalCluster
 from processes import free_port, wait_until
 from scrape import scrape
@@ -33,15 +36,33 @@ def gms(nameserver: str, *args: str, ok: bool = True) -> subprocess.CompletedPro
     return result
 
 
+def kafka_read(bootstrap: str, topic: str, end: int) -> list[tuple[int, str, int]]:
+    """(offset, key, value) of every record a Kafka consumer reads from the partition's start."""
+    consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                              "enable.auto.commit": False})
+    found: list[tuple[int, str, int]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + TIMEOUT_S
+        while (not found or found[-1][0] < end - 1) and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                found.append((message.offset(), message.key().decode(), int(message.value())))
+    finally:
+        consumer.close()
+    return found
+
+
 def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
     config = tmp_path / "cleaner.toml"
     config.write_text(CLEANER_TOML)
-    metrics_port = free_port()
+    metrics_port, kafka_port = free_port(), free_port()
     cluster = LocalCluster(tmp_path)
     try:
         cluster.etcd.start()
         cluster.add_nameserver()
-        broker = cluster.add_broker("--config", str(config), "--metrics-listen", f"127.0.0.1:{metrics_port}")
+        broker = cluster.add_broker("--config", str(config), "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                    "--kafka-listen", f"127.0.0.1:{kafka_port}")
         cluster.wait_registered(1)
         ns, topic = cluster.nameserver, f"c-{uuid.uuid4().hex[:8]}"
         created = json.loads(gms(ns, "topic", "create", topic, "--queues", "1", "--cleanup", "compact",
@@ -58,6 +79,7 @@ def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
         lines = [json.loads(line) for line in shown.splitlines()]
         assert {m["keys"][0]: int(m["body"]) for m in lines} == latest(300)
         assert all((TOMBSTONE_PROPERTY in m["properties"]) == (int(m["body"]) % 7 == 6) for m in lines)
+        assert kafka_read(f"127.0.0.1:{kafka_port}", topic, 300) == read_from_start(broker.address, topic)
         metrics = scrape(metrics_port)
         assert metrics["gms_broker_compaction_reclaimed_bytes_total", ()] > 0
         assert metrics["gms_broker_compaction_last_run_timestamp_seconds", ()] > 0
