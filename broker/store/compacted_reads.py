@@ -4,6 +4,7 @@ answers the next kept one)."""
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import numpy as np
@@ -11,8 +12,9 @@ import numpy as np
 from gms.broker.store.compacted import Segment
 from gms.broker.store.records import coalesce
 from gms.broker.store.types import RecordSelector
-from gms.record import record_views
+from gms.record import OFF_PHYS_OFFSET, crc_mismatches, record_views
 
+log = logging.getLogger(__name__)
 SEGMENT_SCAN_MAX = 65_536  # records one filtered read of a segment may examine
 
 
@@ -20,6 +22,7 @@ class SegmentRead(NamedTuple):
     views: list[memoryview]
     offsets: np.ndarray  # the queue offsets served
     next_offset: int
+    damaged: tuple[tuple[int, int], ...]  # (queue offset, message id's commitlog offset) of records whose CRC fails
 
 
 def low_offset(segment: Segment | None, cq_min: int) -> int:
@@ -55,10 +58,21 @@ def read_segment(segment: Segment, offset: int, max_msgs: int, max_bytes: int, t
     picked = picked[:take]
     next_offset = int(offsets[stop]) if stop < len(offsets) else segment.point
     starts, sizes = segment.starts[picked], segment.sizes[picked]
+    damaged: tuple[tuple[int, int], ...] = ()
+    bad = crc_mismatches(segment.view, starts, sizes) if len(picked) else np.empty(0, np.intp)
+    if bad.size:  # a bit flipped since the file was opened: answered as damaged, as the commitlog's
+        phys = [int.from_bytes(segment.view[s + OFF_PHYS_OFFSET:s + OFF_PHYS_OFFSET + 8], "big", signed=True)
+                for s in starts[bad].tolist()]
+        damaged = tuple(zip(offsets[picked[bad]].tolist(), phys, strict=True))
+        log.error("compacted log %s: damaged record(s) (CRC mismatch) at offsets %s, answered as damaged",
+                  segment.path, [d[0] for d in damaged])
+        keep = np.ones(len(picked), bool)
+        keep[bad] = False
+        picked, starts, sizes = picked[keep], starts[keep], sizes[keep]
     if select is not None and len(picked):
         keep = select(segment.view, starts)
         picked, starts, sizes = picked[keep], starts[keep], sizes[keep]
     if coalesced and len(picked):
         starts, sizes = coalesce(starts, sizes)
     views = record_views(segment.view, starts, sizes) if len(starts) else []
-    return SegmentRead(views, offsets[picked], next_offset)
+    return SegmentRead(views, offsets[picked], next_offset, damaged)

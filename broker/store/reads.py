@@ -100,8 +100,8 @@ class StoreReads:
             if lo <= offset < min(segment.point, hi):
                 found = read_segment(segment, offset, max_msgs, max_bytes, tag_hashes, select, coalesce)
                 if found is not None:
-                    return GetResult(GetStatus.FOUND if found.views else GetStatus.NO_MATCHED_MESSAGE,
-                                     found.next_offset, lo, hi, found.views, (), found.offsets)
+                    return GetResult(GetStatus.FOUND if found.views or found.damaged else GetStatus.NO_MATCHED_MESSAGE,
+                                     found.next_offset, lo, hi, found.views, found.damaged, found.offsets)
                 offset = segment.point  # nothing kept from there: the commitlog's part
             if lo <= offset < cq.min_offset:  # between the compacted log and the queue (the disk cap's cut)
                 offset = cq.min_offset

@@ -184,3 +184,21 @@ def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
                 found_seq, found_tomb = latest[key]  # tombstones stay (1 day): every key is there
                 assert found_seq >= seq, f"round {round_}, {key}: {found_seq} served, {seq} acknowledged"
                 assert found_tomb == is_tombstone(found_seq)
+
+
+def test_a_bit_flipped_in_a_compacted_log_is_answered_as_damaged(store_dir):
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 100)
+        store.compact()
+        kept = [offset for offset, *_ in read_all(store)]
+        (segment,) = (store_dir / "compacted" / TOPIC / "0").iterdir()
+        with open(segment, "r+b") as fh:  # the last byte of the first record's body, under the reader's map
+            first_size = int.from_bytes(fh.read(4), "big")
+            fh.seek(first_size - 1)
+            last = fh.read(1)
+            fh.seek(first_size - 1)
+            fh.write(bytes([last[0] ^ 0x01]))
+        got = store.get(TOPIC, 0, kept[0], 100)
+        assert got.status is GetStatus.FOUND and [d[0] for d in got.damaged] == [kept[0]]
+        assert got.offsets.tolist() == kept[1:]
