@@ -25,6 +25,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, CQ_UNIT, queue_bound
 from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.mapped_file import list_files
 from gms.broker.segment_list import newest_run
+from gms.broker.store.compacted import SEGMENT_SUFFIX, Segment, open_segment
 from gms.broker.store.paths import StorePaths
 from gms.naming import validate_topic_name
 
@@ -126,6 +127,26 @@ def queue_index(root: Path, topic: str, queue_id: int) -> QueueIndex:
     saved = load_min_offsets(paths.min_offsets).get((topic, queue_id), 0)
     index.min_offset, index.max_offset = restored_bounds(index.min_offset, index.max_offset, saved)
     return index
+
+
+def compacted_segment(root: Path, topic: str, queue_id: int) -> Segment | None:
+    """A compacted queue's compacted log (the kept records below its compaction point), read-only:
+    the newest ``.seg`` file, as the broker opens it (a ``.tmp`` is never read). The broker may
+    replace it meanwhile: a file gone under us is looked for again."""
+    directory = StorePaths(root).compacted / topic / str(queue_id)
+    for _ in range(3):
+        try:
+            points = sorted((int(p.name[:-len(SEGMENT_SUFFIX)]), p) for p in directory.iterdir()
+                            if p.name.endswith(SEGMENT_SUFFIX) and p.name[:-len(SEGMENT_SUFFIX)].isdigit())
+        except FileNotFoundError:
+            return None
+        if not points:
+            return None
+        try:
+            return open_segment(points[-1][1], points[-1][0])
+        except FileNotFoundError:
+            continue
+    return None
 
 
 class CommitLogFiles:

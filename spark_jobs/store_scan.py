@@ -17,13 +17,21 @@ import numpy as np
 import pyarrow as pa
 
 from gms.address import split_address
+from gms.broker.store.compacted import Segment
 from gms.msgid import encode_msg_id
-from gms.record import OFF_STORE_TS
+from gms.record import OFF_PHYS_OFFSET, OFF_STORE_TS
 from gms.record.layout import HIDDEN_TAG_HASH
 from gms.spark_jobs.arrow_batches import check_records, to_batch
 from gms.spark_jobs.options import BATCH_BYTES_MAX, EARLIEST, LATEST, OptionError, ReadOptions, resolve_offset
 from gms.spark_jobs.partitions import BadRecordSink, QueueRange, QueueSpan, after_index_filters
-from gms.spark_jobs.store_files import CommitLogFiles, QueueIndex, queue_index, read_topics, store_root
+from gms.spark_jobs.store_files import (
+    CommitLogFiles,
+    QueueIndex,
+    compacted_segment,
+    queue_index,
+    read_topics,
+    store_root,
+)
 
 _STORE_TS = struct.Struct(">q")
 _MSG_ID_OFFSET_HEX_DIGITS = 16
@@ -71,6 +79,9 @@ def queue_bounds(root: Path, topic: str, queue_id: int, options: ReadOptions,
     """The offsets [start, end) of one queue the options select (start == end: nothing)."""
     index = queue_index(root, topic, queue_id)
     low, high = index.min_offset, index.max_offset
+    segment = compacted_segment(root, topic, queue_id)
+    if segment is not None and len(segment.offsets):  # a compacted queue starts at its first kept record
+        low = min(low, int(segment.offsets[0]))
     start = resolve_offset(options.starting_offsets, topic, queue_id, low, high, EARLIEST)
     end = resolve_offset(options.ending_offsets, topic, queue_id, low, high, LATEST)
     if start < end and options.start_time_ms is not None:
@@ -116,7 +127,12 @@ def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
     prefix = msg_id_prefix(options.broker_address)
     hashes = options.tags.hashes
     wanted = np.array(sorted(hashes), np.int64) if hashes is not None else None
-    pos = max(rng.start, index.min_offset)  # retention may have moved the minimum since planning
+    pos = rng.start
+    segment = compacted_segment(root, rng.topic, rng.queue_id)
+    if segment is not None and pos < segment.point:  # below the compaction point: the compacted log's records
+        yield from _compacted_batches(segment, rng, options, schema, report_bad, prefix)
+        pos = segment.point
+    pos = max(pos, index.min_offset)  # retention may have moved the minimum since planning
     while pos < rng.end:
         entries = index.read(pos, min(options.batch_records, rng.end - pos))
         if not len(entries):
@@ -147,3 +163,27 @@ def read_store_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
             records = after_index_filters(records, options)
             if len(records.starts):
                 yield to_batch(records, schema, prefix)
+
+
+def _compacted_batches(segment: Segment, rng: QueueRange, options: ReadOptions, schema: pa.Schema,
+                       report_bad: BadRecordSink, prefix: bytes | None) -> Iterator[pa.RecordBatch]:
+    """The compacted log's records in [rng.start, min(rng.end, its point)), as the index's are."""
+    lo, hi = np.searchsorted(segment.offsets, [rng.start, min(rng.end, segment.point)])
+    hashes = options.tags.hashes
+    arr = np.frombuffer(segment.view, np.uint8) if len(segment.view) else np.empty(0, np.uint8)
+    while lo < hi:
+        take = min(options.batch_records, int(hi - lo))
+        take = _byte_bounded(segment.sizes[lo:lo + take])
+        picked = np.arange(lo, lo + take)
+        lo += take
+        if hashes is not None:
+            picked = picked[np.isin(segment.tag_hashes[picked], np.array(sorted(hashes), np.int64))]
+        offsets = segment.offsets[picked]
+        records, bad = check_records(arr, segment.starts[picked], segment.sizes[picked], offsets)
+        if bad.any():  # their message ids, as the commitlog's bad records are named
+            at = segment.starts[picked][bad] + OFF_PHYS_OFFSET
+            report_bad(rng.topic, rng.queue_id, offsets[bad],
+                       np.array([int.from_bytes(arr[a:a + 8].tobytes(), "big", signed=True) for a in at.tolist()]))
+        records = after_index_filters(records, options)
+        if len(records.starts):
+            yield to_batch(records, schema, prefix)

@@ -122,3 +122,22 @@ def test_scheduled_messages_not_yet_delivered_are_not_read(spark, tmp_path):
                                properties={DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 3_600_000)}))
     store.close()
     assert [bytes(r.body) for r in gms(spark, topics="sched").load(str(root)).collect()] == [b"visible"]
+
+
+def test_a_compacted_queue_reads_its_compacted_log_then_the_rest(spark, tmp_path):
+    """Below the compaction point a store read gets the kept records (the latest per key) at their
+    offsets, as consumers do, then every record from the point on."""
+    from gms.broker.store.topic_table import TopicLimits
+    from gms.record import Message, encode_batch
+
+    root = tmp_path / "compacted"
+    store = MessageStore.open(root, store_config())
+    store.create_topic("c", 1, TopicLimits(cleanup_policy="compact", segment_roll_messages=10, dirty_ratio=0.0))
+    store.append(encode_batch([Message("c", b"%d" % i, keys=(f"k{i % 5}",)) for i in range(104)]))
+    assert store.compact() == 1
+    store.close()
+    rows = gms(spark, topics="c").load(str(root)).collect()
+    assert [(r.queue_offset, bytes(r.body)) for r in rows] == [(i, b"%d" % i) for i in (*range(95, 100), 100,
+                                                                                         101, 102, 103)]
+    later = gms(spark, topics="c", startingOffsets=json.dumps({"c": {"0": 97}})).load(str(root)).collect()
+    assert [r.queue_offset for r in later] == [97, 98, 99, 100, 101, 102, 103]
