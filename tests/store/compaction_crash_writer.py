@@ -28,6 +28,7 @@ def main() -> None:
         seq += 10
         print("acked", seq, flush=True)
         if seq % 50 == 0:
+            print("compacting", seq, flush=True)
             store.compact()
             store.delete_expired()
             print("compacted", seq, flush=True)

@@ -156,9 +156,10 @@ def test_what_an_interrupted_compaction_leaves_is_resolved_on_open(store_dir):
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
-    """The writer compacts every 50 records at a low IO rate, so a kill at a random time lands in
-    a compaction (or a retention run, or an append) most rounds; whatever it interrupts, every key
-    still serves its latest acknowledged record (or a later one)."""
+    """The writer compacts every 50 records at a low IO rate; the kill comes at a random moment of
+    the first, second or third compaction of each round (or of the retention run or append after
+    it); whatever it interrupts, every key still serves its latest acknowledged record (or a
+    later one)."""
     root = tmp_path / "store"
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": str(here)}
@@ -170,11 +171,15 @@ def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
         try:
             word, seq = child.stdout.readline().split()
             assert word == "start" and int(seq) >= acked
-            time.sleep(rng.uniform(0.1, 0.6))
+            lines, wanted = [], rng.randrange(1, 4)  # the kill comes in the wanted-th compaction
+            while sum(line.startswith("compacting") for line in lines) < wanted:
+                lines.append(child.stdout.readline())
+                assert lines[-1], "the writer stopped"
+            time.sleep(rng.uniform(0, 0.15))  # a compaction of ~6 KB at 50 KB/s takes ~0.12 s
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
-        lines = child.stdout.read().split("\n")
+        lines += child.stdout.read().split("\n")
         child.stdout.close()
         acked = max([acked, *(int(line.split()[1]) for line in lines if line.startswith("acked"))])
         assert acked > 0, f"round {round_}: the writer did not get going"
