@@ -45,10 +45,13 @@ def test_replicas_compact_alike_and_a_new_leader_serves_the_compacted_log(tmp_pa
                 producer.send_batch(keyed("cr", first, 50))
             wait_for(lambda: compacted(read_from_start(leader.address, "cr"), 200, 200), TIMEOUT_S, 0.2)
             on_leader = read_from_start(leader.address, "cr")
-            # the follower compacts on its own once its high watermark passes the point
-            compactions = queues_compacted(follower_port)
-            producer.send_batch(keyed("cr", 200, 1))  # the follower learns the HW of 200 with it
-            wait_for(lambda: queues_compacted(follower_port) > compactions, TIMEOUT_S, 0.2)
+            # the follower compacts on its own once its high watermark reaches the point: its first
+            # offset is then the first kept record's below 200 (it answers QUERY_MIN_OFFSET)
+            producer.send_batch(keyed("cr", 200, 1))
+            first_kept = on_leader[0][0]
+            wait_for(lambda: request(follower.address, RequestCode.QUERY_MIN_OFFSET,
+                                     {"topic": "cr", "queue_id": 0})["offset"] == first_kept, TIMEOUT_S, 0.2)
+            assert queues_compacted(follower_port) >= 1
             leader.kill()
             wait_for(lambda: cluster.topic("cr").queues[0].leader == broker_id_for(follower.address), 30)
             # the new leader serves the same compacted records at the same offsets
