@@ -43,6 +43,12 @@ class Err(enum.IntEnum):
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
+    UNKNOWN_PRODUCER_ID = 59
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     FENCED_LEADER_EPOCH = 74
@@ -69,6 +75,9 @@ _BY_CLASS: tuple[tuple[type[errors.GmsError], Err], ...] = (
     (errors.GroupNotFoundError, Err.GROUP_ID_NOT_FOUND),
     (errors.GroupNotEmptyError, Err.NON_EMPTY_GROUP),
     (errors.OutOfOrderSequenceError, Err.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    (errors.SequenceTooOldError, Err.DUPLICATE_SEQUENCE_NUMBER),
+    (errors.ProducerFencedError, Err.INVALID_PRODUCER_EPOCH),
+    (errors.UnknownProducerIdError, Err.UNKNOWN_PRODUCER_ID),
     (errors.ForbiddenError, Err.TOPIC_AUTHORIZATION_FAILED),
     (errors.UnauthenticatedError, Err.SASL_AUTHENTICATION_FAILED),
     (errors.RequestTimeoutError, Err.REQUEST_TIMED_OUT),

@@ -26,6 +26,7 @@ from gms.broker.kafka.configs import Configs
 from gms.broker.kafka.data import Data, UnansweredError
 from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
+from gms.broker.kafka.idempotence import ProducerIds
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
@@ -94,6 +95,7 @@ class KafkaEndpoint:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
             ApiKey.CREATE_PARTITIONS: configs.create_partitions,
             ApiKey.PRODUCE: data.produce,
+            ApiKey.INIT_PRODUCER_ID: ProducerIds(services).init_producer_id,
             ApiKey.FETCH: data.fetch,
             ApiKey.LIST_OFFSETS: data.list_offsets,
             ApiKey.OFFSET_COMMIT: offsets.offset_commit,
