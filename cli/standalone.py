@@ -228,8 +228,8 @@ def run_standalone(
             lines.append("  kafka       not served (--no-kafka)")
         else:
             kafka_bound = broker.wait_port_file(kafka_port_file, CHILD_START_TIMEOUT_S)
-            how = "SASL_SSL, SCRAM-SHA-256 or PLAIN; " if secure else ""
-            lines.append(f"  kafka       {host}:{kafka_bound}  ({how}for Kafka clients: docs/kafka-compat.md)")
+            how = "SASL_SSL with SCRAM-SHA-256 or PLAIN" if secure else "for Kafka clients"
+            lines.append(f"  kafka       {host}:{kafka_bound}  ({how}: docs/kafka-compat.md)")
         if console_port is not None:
             console = _Child(
                 "console",

@@ -38,6 +38,11 @@ Handler = Callable[[dict[str, Any], int, str], Awaitable[dict[str, Any] | None] 
 TOPIC_TYPE, BROKER_TYPE = 2, 4  # DescribeConfigs' and AlterConfigs' resource types
 _CODES = {"topic": Err.TOPIC_AUTHORIZATION_FAILED, "group": Err.GROUP_AUTHORIZATION_FAILED,
           CLUSTER: Err.CLUSTER_AUTHORIZATION_FAILED}
+# A secured cluster's topics change only through its nameservers, at the request of the user
+# itself: a broker does not act there for the Kafka clients it authenticated.
+TOPICS_THROUGH_NAMESERVERS = ("with security on, topics are created, changed and deleted through gms's nameservers"
+                              " (gms topic create|update|delete, gms's Admin), not through a broker's Kafka API")
+_NOT_HERE = -1  # a refusal code of its own: TOPIC_AUTHORIZATION_FAILED, with that reason
 
 
 class _Ask:
@@ -114,7 +119,8 @@ def _on(resource: str, operation: str, name: Callable[[Any], str]) -> Callable[[
 def _config(operation: str) -> Callable[[_Ask, Any], int]:
     def check(ask: _Ask, row: dict[str, Any]) -> int:
         if row["resource_type"] == TOPIC_TYPE:
-            return ask.refused("topic", row["resource_name"], operation)
+            code = ask.refused("topic", row["resource_name"], operation)
+            return code or (_NOT_HERE if operation == "admin" else 0)
         if row["resource_type"] == BROKER_TYPE:
             return ask.refused(CLUSTER, CLUSTER, operation)
         return 0  # the handler refuses what it does not serve
@@ -122,13 +128,25 @@ def _config(operation: str) -> Callable[[_Ask, Any], int]:
 
 
 def _config_refusal(row: dict[str, Any], code: int) -> dict[str, Any]:
-    return {"error_code": code, "error_message": "not authorised", "resource_type": row["resource_type"],
+    return {**_error(code), "resource_type": row["resource_type"],
             "resource_name": row["resource_name"]}
 
 
-def _topic_refusal(name_field: str = "name") -> Callable[[Any, int], dict[str, Any]]:
-    return lambda row, code: {name_field: row["name"] if isinstance(row, dict) else row, "error_code": code,
-                              "error_message": "not authorised"}
+def _topic_refusal(row: Any, code: int) -> dict[str, Any]:
+    return {"name": row["name"] if isinstance(row, dict) else row, **_error(code)}
+
+
+def _error(code: int) -> dict[str, Any]:
+    """A refused row's error fields (``_NOT_HERE``: TOPIC_AUTHORIZATION_FAILED, with why)."""
+    if code == _NOT_HERE:
+        return {"error_code": Err.TOPIC_AUTHORIZATION_FAILED, "error_message": TOPICS_THROUGH_NAMESERVERS}
+    return {"error_code": code, "error_message": "not authorised"}
+
+
+def _topic_change(operation: str, name: Callable[[Any], str]) -> Callable[[_Ask, Any], int]:
+    """A change to a topic (its creation, deletion, queues or settings) made through the nameservers:
+    refused with security on, authorised or not (TOPICS_THROUGH_NAMESERVERS)."""
+    return lambda ask, row: ask.refused("topic", name(row), operation) or _NOT_HERE
 
 
 def _partitions_refused(row: dict[str, Any], code: int, indexes: str = "partitions") -> dict[str, Any]:
@@ -246,11 +264,11 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.LIST_GROUPS: _list_groups,
     ApiKey.DELETE_GROUPS: _named_rows("groups_names", "results", _on("group", "admin", str),
                                       lambda group, code: {"group_id": group, "error_code": code}),
-    ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),
-                                      _topic_refusal()),
-    ApiKey.DELETE_TOPICS: _named_rows("topic_names", "responses", _on("topic", "admin", str), _topic_refusal()),
-    ApiKey.CREATE_PARTITIONS: _named_rows("topics", "results", _on("topic", "admin", lambda row: row["name"]),
-                                          _topic_refusal()),
+    ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _topic_change("admin", lambda row: row["name"]),
+                                      _topic_refusal),
+    ApiKey.DELETE_TOPICS: _named_rows("topic_names", "responses", _topic_change("admin", str), _topic_refusal),
+    ApiKey.CREATE_PARTITIONS: _named_rows("topics", "results", _topic_change("admin", lambda row: row["name"]),
+                                          _topic_refusal),
     ApiKey.DESCRIBE_CONFIGS: _named_rows("resources", "results", _config("describe"), _config_refusal),
     ApiKey.ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),

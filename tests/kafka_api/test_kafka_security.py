@@ -22,11 +22,15 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    kafka = f"127.0.0.1:{free_port()}"
-    running = SecuredCluster(tmp_path_factory.mktemp("kafka-secured"),
-                             broker_toml=f'[broker]\nkafka_listen = "{kafka}"\n').start(brokers=1)
-    running.kafka = kafka
+    running = SecuredCluster(tmp_path_factory.mktemp("kafka-secured")).start(brokers=0)
+    endpoints = []
     try:
+        for _ in range(2):  # a group's commits reach the partitions' leaders on both
+            endpoints.append(f"127.0.0.1:{free_port()}")
+            running.broker_toml = f'[broker]\nkafka_listen = "{endpoints[-1]}"\n'
+            running.add_broker()
+        running.wait_registered(2)
+        running.kafka = ",".join(endpoints)
         with running.admin() as admin:
             for topic in ("k-orders", "k-secret", "k-peek"):
                 admin.create_topic(topic, queues=2)
@@ -71,7 +75,9 @@ def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mech
             if message is not None and message.error() is None:
                 got.append(message.value())
         assert value in got
-        consumer.commit(asynchronous=False)
+        offsets = [TopicPartition("k-orders", p, 1) for p in range(2)]
+        consumer.commit(offsets=offsets, asynchronous=False)  # at each partition's leader
+        assert [tp.offset for tp in consumer.committed(offsets, timeout=WAIT_S)] == [1, 1]
     finally:
         consumer.close()
 
@@ -130,3 +136,12 @@ def test_wrong_credentials_and_unauthenticated_clients_are_refused(cluster):
         plain.list_topics(timeout=5)
     super_user = AdminClient(config(cluster, "admin"))  # the endpoint kept serving
     assert {"k-orders", "k-secret", "k-peek"} <= set(super_user.list_topics(timeout=WAIT_S).topics)
+
+
+def test_topics_are_administered_through_the_nameservers_even_by_super_users(cluster):
+    admin = AdminClient(config(cluster, "admin"))  # kept until the result: its futures fail once it goes
+    created = admin.create_topics([NewTopic("k-made", 1, 1)])["k-made"]
+    with pytest.raises(KafkaException) as refused:
+        created.result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "nameservers" in refused.value.args[0].str()
