@@ -63,7 +63,7 @@ def produce(conf: dict, topic: str, value: bytes) -> KafkaError | None:
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
 def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mechanism):
     value = f"order-{uuid.uuid4().hex[:6]}".encode()
-    assert produce(config(cluster, mechanism=mechanism), "k-orders", value) is None
+    assert produce(config(cluster, mechanism=mechanism, **{"enable.idempotence": True}), "k-orders", value) is None
     consumer = Consumer(config(cluster, mechanism=mechanism, **{"group.id": "k-billing",
                                                                 "auto.offset.reset": "earliest"}))
     try:
