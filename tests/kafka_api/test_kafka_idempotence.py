@@ -20,10 +20,11 @@ from tests.kafka_api.test_kafka_wire import call, connect
 TIMEOUT_S = 30
 
 
-def idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int, tag: str = "v") -> bytes:
-    """A batch of ``count`` records as an idempotent producer numbers them from ``sequence``."""
+def idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int, pad: int = 0) -> bytes:
+    """A batch of ``count`` records (values ``v<sequence>`` and ``pad`` bytes) as an idempotent
+    producer numbers them from ``sequence``."""
     now = int(time.time() * 1000)
-    batch = bytearray(encode_batch(0, [KafkaRecord(i, now, None, f"{tag}{sequence + i}".encode(), [])
+    batch = bytearray(encode_batch(0, [KafkaRecord(i, now, None, b"v%d" % (sequence + i) + b"." * pad, [])
                                        for i in range(count)]))
     struct.pack_into(">qhi", batch, 43, producer_id, epoch, sequence)
     struct.pack_into(">I", batch, 17, crc32c.crc32c(batch[CRC_START:]))
@@ -74,6 +75,17 @@ def test_a_retried_batch_is_stored_once_and_answered_with_where_it_is(bootstrap,
         assert produce(sock, topic, idempotent_batch(pid, 0, 4, 1))["error_code"] == Err.OUT_OF_ORDER_SEQUENCE_NUMBER
         assert produce(sock, topic, idempotent_batch(pid, 0, 5, 1))["base_offset"] == 5  # the next one is taken
     assert read_values(bootstrap, topic, 2) == [b"v0", b"v1", b"v2", b"v3", b"v4", b"v5"]
+
+
+def test_a_batch_stored_as_several_gms_sends_is_recognised_when_retried(bootstrap, topic):
+    with connect(bootstrap) as sock:
+        pid = init_producer_id(sock)["producer_id"]
+        big = idempotent_batch(pid, 0, 0, 30, pad=100_000)  # 3 MB: more than one gms send holds
+        for _ in range(2):
+            stored = produce(sock, topic, big)
+            assert (stored["error_code"], stored["base_offset"]) == (0, 0)
+        assert produce(sock, topic, idempotent_batch(pid, 0, 30, 1))["base_offset"] == 30
+    assert len(read_values(bootstrap, topic, 2)) == 31
 
 
 def test_stale_epochs_unknown_producers_and_old_retries_get_kafkas_codes(bootstrap, topic):
