@@ -11,6 +11,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from kafka import KafkaProducer
 
 from gms.security.acl import AclRule
 from tests.processes import free_port
@@ -80,6 +81,16 @@ def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mech
         assert [tp.offset for tp in consumer.committed(offsets, timeout=WAIT_S)] == [1, 1]
     finally:
         consumer.close()
+
+
+def test_kafka_python_authenticates_with_scram(cluster):
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka.split(","), security_protocol="SASL_SSL",
+                             sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                             sasl_plain_password=PASSWORDS["alice"], ssl_cafile=str(cluster.pki.ca_cert), acks="all")
+    try:
+        assert producer.send("k-orders", b"from kafka-python", partition=1).get(WAIT_S).offset >= 0
+    finally:
+        producer.close()
 
 
 def test_what_the_acls_do_not_allow_gets_kafkas_authorisation_codes(cluster):
