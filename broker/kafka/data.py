@@ -2,8 +2,8 @@
 
 Produce stores each partition's batches as one gms send of their records (the partition the client
 chose is the queue; an idempotent producer's stamped with its sequence, :mod:`.idempotence`), with
-the request's acks as gms's; partitions of one request are stored one
-after another and waited for together. Fetch is the message service's fetch of many queues in one
+the request's acks as gms's; partitions of one request are stored one after another and waited
+for together. Fetch is the message service's fetch of many queues in one
 long poll, repeated until ``min_bytes`` are read or ``max_wait_ms`` passes; the records read are
 answered as one uncompressed record batch per partition. gms hides a transaction's records until
 it commits, so both isolation levels read the same records, the last stable offset is the high
