@@ -34,8 +34,8 @@ def gms(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def secure(tmp_path_factory):
     data = tmp_path_factory.mktemp("secure") / "data"
     proc = subprocess.Popen([sys.executable, "-P", "-m", "gms.cli", "standalone", "--secure", "--data-dir", str(data),
-                             "--nameserver-port", "0", "--broker-port", "0", "--kafka-port", "0",
-                             *FREE_MONITORING_PORTS, "--commitlog-file-size", str(32 << 20)],
+                             "--nameserver-port", "0", "--broker-port", "0", *FREE_MONITORING_PORTS,
+                             "--commitlog-file-size", str(32 << 20)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     banner = ""
     deadline = time.monotonic() + START_TIMEOUT_S
