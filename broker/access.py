@@ -28,6 +28,8 @@ CREATE_TOPICS                             admin on every topic it names
 TOPIC_LIST, BROKER_STATUS                 describe on the cluster
 REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH    the replica principal of the very broker named
                                           in ``replica`` (a broker's own identity); nobody else
+COMMIT/FETCH_OFFSET, DELETE_GROUP,        also a ``broker`` credential: a coordinator acting at
+BROKER_STATUS                             the other brokers for clients it authorised
 ========================================  ==========================================
 """
 
@@ -48,6 +50,11 @@ from gms.security.gate import current_principal, forbidden
 from gms.security.users import Principal
 
 REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEADER_EPOCH})
+# What a group's coordinator asks of the other brokers for the clients it serves and authorised
+# (a Kafka consumer's commits and committed offsets at each queue's leader, a group's deletion, the
+# groups each broker knows): a ``broker`` credential may ask them.
+PEER_CODES = frozenset({RequestCode.COMMIT_OFFSET, RequestCode.FETCH_OFFSET, RequestCode.DELETE_GROUP,
+                        RequestCode.BROKER_STATUS})
 
 
 def _group(operation: str) -> Policy:
@@ -136,6 +143,8 @@ class BrokerAccess:
         code = frame.code
         if code in REPLICA_CODES or principal.role == "replica":
             self._check_replica(principal, frame)
+            return
+        if principal.role == "broker" and code in PEER_CODES:
             return
         policy = POLICY.get(code)
         if policy is not None:

@@ -94,9 +94,6 @@ class BrokerConfig:
         if self.security.authentication and self.rocketmq_listen:
             raise ValueError("the RocketMQ API does not authenticate its clients yet: it cannot be served with"
                              " authentication on (drop --rocketmq-listen or the [security] authentication)")
-        if self.security.authentication and self.kafka_listen:
-            raise ValueError("the Kafka API does not authenticate its clients yet: it cannot be served with"
-                             " authentication on (drop --kafka-listen or the [security] authentication)")
         if self.kafka_advertised:
             split_address(self.kafka_advertised, "kafka advertised address")
 

@@ -202,7 +202,9 @@ class BrokerServer:
                 self.services, broker_id_for(self.name), self.address, *config.kafka_host_port,
                 advertised_host=split_address(self.address, "advertised address")[0],
                 advertised=config.kafka_advertised, default_queue_count=config.default_queue_count,
-                limits=KafkaLimits(config.connections_max, config.idle_timeout_ms))
+                limits=KafkaLimits(config.connections_max, config.idle_timeout_ms),
+                security=config.security.server_security(self._user, None),
+                authorizer=self.access.authorizer if self.access is not None else None)
         except OSError:
             await self.stop()
             raise

@@ -144,7 +144,7 @@ def run_standalone(
     ``console_port`` is None (read-only unless ``console_admin``); the broker serves the RocketMQ 5 gRPC
     API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``
     (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an error), and the
-    Kafka API on ``kafka_port`` unless it is None or ``secure``.
+    Kafka API on ``kafka_port`` unless it is None (with ``secure``: TLS and SASL, docs/kafka-compat.md).
     ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
     :mod:`gms.cli.standalone_security`)."""
     data_dir = Path(data_dir).resolve()
@@ -177,7 +177,7 @@ def run_standalone(
                                  "--etcd-port": etcd_port, "--nameserver-metrics-port": nameserver_metrics_port,
                                  "--broker-metrics-port": broker_metrics_port, "--console-port": console_port,
                                  "--rocketmq-port": None if rocketmq_off else rocketmq_port,
-                                 "--kafka-port": None if secure else kafka_port})
+                                 "--kafka-port": kafka_port})
         etcd.start()
         if secured is not None:
             secured.create_users(etcd)
@@ -200,7 +200,7 @@ def run_standalone(
                                                   "--rocketmq-port-file", str(rocketmq_port_file)])
         kafka_port_file = run_dir / "broker.kafka-port"
         kafka_port_file.unlink(missing_ok=True)
-        kafka_off = kafka_port is None or secure
+        kafka_off = kafka_port is None
         kafka_args = ([] if kafka_off else ["--kafka-listen", f"{host}:{kafka_port}",
                                             "--kafka-port-file", str(kafka_port_file)])
         broker = _Child(
@@ -225,11 +225,11 @@ def run_standalone(
             rocketmq_bound = broker.wait_port_file(rocketmq_port_file, CHILD_START_TIMEOUT_S)
             lines.append(f"  rocketmq    {host}:{rocketmq_bound}  (for RocketMQ 5 clients: docs/rocketmq-compat.md)")
         if kafka_off:
-            why = "the Kafka API has no authentication yet (docs/kafka-compat.md)" if secure else "--no-kafka"
-            lines.append(f"  kafka       not served ({why})")
+            lines.append("  kafka       not served (--no-kafka)")
         else:
             kafka_bound = broker.wait_port_file(kafka_port_file, CHILD_START_TIMEOUT_S)
-            lines.append(f"  kafka       {host}:{kafka_bound}  (for Kafka clients: docs/kafka-compat.md)")
+            how = "SASL_SSL with SCRAM-SHA-256 or PLAIN" if secure else "for Kafka clients"
+            lines.append(f"  kafka       {host}:{kafka_bound}  ({how}: docs/kafka-compat.md)")
         if console_port is not None:
             console = _Child(
                 "console",

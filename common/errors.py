@@ -198,6 +198,12 @@ class ProducerFencedError(GmsError):
     status = Status.PRODUCER_FENCED
 
 
+class SequenceTooOldError(ProducerFencedError):
+    """A batch numbered before the last ones the broker keeps of its producer on that queue: a
+    retry from long ago, stored then (Kafka's DUPLICATE_SEQUENCE_NUMBER). On gms's wire it is
+    PRODUCER_FENCED."""
+
+
 class DuplicateBatchError(GmsError):
     """A send of an idempotent producer's batches for several queues holds one the broker stored
     before (``fields``: its ``topic`` and ``queue_id``): nothing of the send was stored. Sent alone,

@@ -9,5 +9,9 @@
 - :mod:`.groups`: Kafka's classic consumer group protocol on the group's coordinator;
 - :mod:`.group_admin`, :mod:`.configs`: the admin APIs (groups listed, described and deleted;
   topic configs as gms settings; partitions added);
+- :mod:`.idempotence`: InitProducerId, and idempotent producers' batches stamped with gms's
+  producer sequences;
+- :mod:`.sasl`, :mod:`.access`: with security on, who a connection is (SASL, a client
+  certificate) and gms's ACLs on each request;
 - :mod:`.server`: the TCP endpoint on the broker's event loop.
 """

@@ -33,12 +33,15 @@ class ApiKey(enum.IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
+    SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_CLUSTER = 60
@@ -47,7 +50,8 @@ class ApiKey(enum.IntEnum):
 # The versions served: capped where a later one needs what gms lacks (topic ids in Produce and
 # Fetch 13+, ListOffsets 7+'s max-timestamp lookup, the consumer protocol of KIP-848 in
 # OffsetCommit / OffsetFetch 9+, DeleteTopics 6's topic ids, ListGroups 5's group types, DescribeGroups
-# 6's error messages; DescribeConfigs 0 as Kafka 4 dropped it).
+# 6's error messages; DescribeConfigs 0 as Kafka 4 dropped it; SaslHandshake 0, whose tokens follow
+# without Kafka's framing; InitProducerId 6, two-phase commit).
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 12),
     ApiKey.FETCH: (4, 12),
@@ -62,12 +66,15 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.SYNC_GROUP: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5),
     ApiKey.LIST_GROUPS: (0, 4),
+    ApiKey.SASL_HANDSHAKE: (1, 1),
     ApiKey.API_VERSIONS: (0, 3),
     ApiKey.CREATE_TOPICS: (2, 7),
     ApiKey.DELETE_TOPICS: (1, 5),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),

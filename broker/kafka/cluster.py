@@ -21,6 +21,7 @@ from gms.address import split_address
 from gms.broker.kafka.apis import api_versions_body
 from gms.broker.kafka.configs import ConfigError, topic_settings
 from gms.broker.kafka.errors import Err, code_of
+from gms.broker.kafka.idempotence import TRANSACTIONS_REFUSED
 from gms.broker.services import Services
 from gms.cluster.model import BrokerInfo
 from gms.errors import GmsError
@@ -129,8 +130,8 @@ class Cluster:
         """A group's coordinator: the broker gms's group coordinator is on."""
         none = {"key": key, "node_id": -1, "host": "", "port": -1}
         if key_type != 0:
-            return {**none, "error_code": Err.COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "transactions are not supported by gms's Kafka API"}
+            return {**none, "error_code": Err.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                    "error_message": TRANSACTIONS_REFUSED}
         try:
             address = self.services.groups.coordinator(key)
         except GmsError as err:

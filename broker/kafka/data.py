@@ -1,8 +1,9 @@
 """Produce, Fetch and ListOffsets on the message service.
 
 Produce stores each partition's batches as one gms send of their records (the partition the client
-chose is the queue), with the request's acks as gms's; partitions of one request are stored one
-after another and waited for together. Fetch is the message service's fetch of many queues in one
+chose is the queue; an idempotent producer's stamped with its sequence, :mod:`.idempotence`), with
+the request's acks as gms's; partitions of one request are stored one after another and waited
+for together. Fetch is the message service's fetch of many queues in one
 long poll, repeated until ``min_bytes`` are read or ``max_wait_ms`` passes; the records read are
 answered as one uncompressed record batch per partition. gms hides a transaction's records until
 it commits, so both isolation levels read the same records, the last stable offset is the high
@@ -20,6 +21,7 @@ from typing import Any
 from gms.broker.kafka.convert import to_gms
 from gms.broker.kafka.errors import Err, code_of
 from gms.broker.kafka.fetched import fetched_batch
+from gms.broker.kafka.idempotence import stamped_bodies
 from gms.broker.kafka.records import UnsupportedBatch, decode_batch, split_batches
 from gms.broker.kafka.wire import Malformed
 from gms.broker.services import Services
@@ -86,7 +88,9 @@ class Data:
         A batch larger than one gms send may be (SEND_BODY_SIZE_MAX_BYTES as gms records) goes as
         several sends, one after another without a pause, so its records stay adjacent."""
         try:
-            results = [self.messages.send(body, acks, started) for body in _gms_bodies(topic, queue_id, data, client)]
+            bodies = stamped_bodies(topic, queue_id, data, client, _gms_bodies)
+            results = [self.messages.send(body, acks, started)
+                       for body in bodies or _gms_bodies(topic, queue_id, data, client)]
         except UnsupportedBatch as err:
             return _partition_error(Err.UNSUPPORTED_FOR_MESSAGE_FORMAT, str(err))
         except Malformed as err:

@@ -8,6 +8,10 @@ ApiVersions (ApiVersions itself answers UNSUPPORTED_VERSION, :mod:`.apis`), byte
 follow the API's schema. A produce request with acks=0 gets no answer, as Kafka's. Connections
 beyond the broker's ``connections_max`` are closed at once, and one silent for its
 ``idle_timeout_ms`` is closed (Kafka's connections.max.idle.ms, 10 min by default).
+
+With the broker's security on, the endpoint serves TLS with the broker's certificate, a connection
+authenticates before its requests are served (:mod:`.sasl`), and each request is held to gms's
+ACLs (:mod:`.access`).
 """
 
 from __future__ import annotations
@@ -15,21 +19,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gms.address import join_address
+from gms.broker.kafka.access import Handler, KafkaAccess, served
 from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, unsupported_api_versions, write_response
 from gms.broker.kafka.cluster import Cluster
 from gms.broker.kafka.configs import Configs
 from gms.broker.kafka.data import Data, UnansweredError
 from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
+from gms.broker.kafka.idempotence import ProducerIds
 from gms.broker.kafka.offsets import Offsets
+from gms.broker.kafka.sasl import SaslSession
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
 from gms.net.server import CONNECTIONS_MAX, IDLE_TIMEOUT_MS
+from gms.security.authorizer import Authorizer
+from gms.security.gate import ServerSecurity, current_principal
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +52,14 @@ class Limits:
     idle_timeout_ms: int = IDLE_TIMEOUT_MS
 
 
-Handler = Callable[[dict[str, Any], int, str], Awaitable[dict[str, Any] | None] | dict[str, Any] | None]
-
-
 class KafkaEndpoint:
     """The server; ``endpoint`` is the host:port clients are told to use (Metadata, etcd)."""
 
     def __init__(self, server: asyncio.Server, port: int, endpoint: str, handlers: dict[ApiKey, Handler],
-                 groups: KafkaGroups, limits: Limits) -> None:
+                 groups: KafkaGroups, limits: Limits, security: ServerSecurity, access: KafkaAccess | None) -> None:
         self.server = server
+        self.security = security
+        self.access = access
         self.groups = groups
         self.limits = limits
         self.port = port
@@ -63,17 +70,22 @@ class KafkaEndpoint:
     @classmethod
     async def start(cls, services: Services, broker_id: str, address: str, host: str, port: int,
                     advertised_host: str, advertised: str, default_queue_count: int,
-                    limits: Limits | None = None) -> KafkaEndpoint:
+                    limits: Limits | None = None, security: ServerSecurity | None = None,
+                    authorizer: Authorizer | None = None) -> KafkaEndpoint:
         """Listen on ``host:port`` (port 0: a free one). Clients are told ``advertised`` (host:port)
         or, when it is empty, ``advertised_host`` with the bound port; ``address``: the broker's
-        gms address, ``broker_id`` its id."""
+        gms address, ``broker_id`` its id. ``security``: the broker's TLS and users (SASL,
+        :mod:`.sasl`); ``authorizer``: its ACLs, applied per request (:mod:`.access`)."""
+        security = security or ServerSecurity()
         endpoint: KafkaEndpoint | None = None
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             assert endpoint is not None
             await endpoint._serve(reader, writer)
 
-        server = await asyncio.start_server(serve, host, port, limit=1 << 16)
+        tls_timeout_s = security.tls_handshake_timeout_ms / 1000 if security.tls is not None else None
+        server = await asyncio.start_server(serve, host, port, limit=1 << 16, ssl=security.tls,
+                                            ssl_handshake_timeout=tls_timeout_s, ssl_shutdown_timeout=tls_timeout_s)
         bound = server.sockets[0].getsockname()[1]
         public = advertised or join_address(advertised_host, bound)
         cluster = Cluster(services, broker_id, address, public, default_queue_count)
@@ -94,6 +106,7 @@ class KafkaEndpoint:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
             ApiKey.CREATE_PARTITIONS: configs.create_partitions,
             ApiKey.PRODUCE: data.produce,
+            ApiKey.INIT_PRODUCER_ID: ProducerIds(services).init_producer_id,
             ApiKey.FETCH: data.fetch,
             ApiKey.LIST_OFFSETS: data.list_offsets,
             ApiKey.OFFSET_COMMIT: offsets.offset_commit,
@@ -106,7 +119,8 @@ class KafkaEndpoint:
             ApiKey.DESCRIBE_GROUPS: group_admin.describe_groups,
             ApiKey.DELETE_GROUPS: group_admin.delete_groups,
         }
-        endpoint = cls(server, bound, public, handlers, groups, limits or Limits())
+        endpoint = cls(server, bound, public, handlers, groups, limits or Limits(), security,
+                       KafkaAccess(authorizer) if authorizer is not None else None)
         groups.start()
         return endpoint
 
@@ -129,13 +143,14 @@ class KafkaEndpoint:
             return
         self._connections.add(task)
         idle_s = self.limits.idle_timeout_ms / 1000
+        session = SaslSession(self.security, writer.get_extra_info("ssl_object"), client)
         try:
-            while True:
+            while not session.closing:
                 size = _SIZE.unpack(await asyncio.wait_for(reader.readexactly(4), idle_s))[0]
                 if not 0 < size <= FRAME_BYTES_MAX:
                     log.info("kafka client %s: frame of %d bytes: closing", client, size)
                     return
-                answer = await self._answer(await reader.readexactly(size), client)
+                answer = await self._answer(await reader.readexactly(size), client, session)
                 if answer is None:
                     return
                 if answer:
@@ -147,7 +162,7 @@ class KafkaEndpoint:
             self._connections.discard(task)
             writer.close()
 
-    async def _answer(self, frame: bytes, client: str) -> bytes | bytearray | None:
+    async def _answer(self, frame: bytes, client: str, session: SaslSession) -> bytes | bytearray | None:
         """The response frame; b"" for none (acks=0); None to close the connection."""
         reader = Reader(frame)
         try:
@@ -167,14 +182,27 @@ class KafkaEndpoint:
             log.info("kafka client %s: malformed %s v%d (%s): closing", client, ApiKey(header.api_key).name,
                      header.api_version, err)
             return None
-        return await self._handle(header, request, client)
+        key = ApiKey(header.api_key)
+        if key is ApiKey.SASL_HANDSHAKE:
+            return write_response(header, session.handshake(request, header.api_version, client))
+        if key is ApiKey.SASL_AUTHENTICATE:
+            return write_response(header, session.authenticate(request, header.api_version, client))
+        if session.required and session.principal is None and key is not ApiKey.API_VERSIONS:
+            log.info("kafka client %s: %s before authenticating: closing", client, key.name)
+            return None
+        return await self._handle(header, request, client, session)
 
-    async def _handle(self, header: Header, request: dict[str, Any], client: str) -> bytes | bytearray | None:
-        handler = self.handlers[ApiKey(header.api_key)]
+    async def _handle(self, header: Header, request: dict[str, Any], client: str,
+                      session: SaslSession) -> bytes | bytearray | None:
+        key = ApiKey(header.api_key)
+        handler = self.handlers[key]
+        principal = session.principal
+        current_principal.set(principal)  # the services check what they learn of (a produce's topics)
         try:
-            body = handler(request, header.api_version, client)
-            if asyncio.iscoroutine(body):
-                body = await body
+            if self.access is not None and principal is not None:
+                body = await self.access.answer(key, handler, request, header.api_version, client, principal)
+            else:
+                body = await served(handler, request, header.api_version, client)
         except UnansweredError as err:
             log.info("kafka client %s: %s: closing", client, err)
             return None
@@ -184,4 +212,4 @@ class KafkaEndpoint:
             return None
         if body is None:
             return b""
-        return write_response(header, body)  # type: ignore[arg-type]
+        return write_response(header, body)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
@@ -204,8 +205,15 @@ class TopicService:
             return
         await self.nameserver_request(RequestCode.DELETE_TOPIC, {"topic": topic})
 
-    async def nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> None:
-        """One request to the first nameserver that answers (its error if it refuses)."""
+    async def new_producer_id(self) -> int:
+        """An id for a new idempotent producer: from the nameservers' counter, as gms's producers
+        get theirs; a broker without nameservers draws a random 63-bit one (as the SDK does)."""
+        if not self.broker.config.nameserver:
+            return secrets.randbits(63) or 1
+        return int((await self.nameserver_request(RequestCode.INIT_PRODUCER_ID, {}))["producer_id"])
+
+    async def nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> Mapping[str, Any]:
+        """One request to the first nameserver that answers: its answer's fields (its error if it refuses)."""
         registration = self.broker.registration
         if registration is None:
             raise ServiceUnavailableError("the broker is not registered with the cluster yet: retry")
@@ -220,8 +228,7 @@ class TopicService:
                 failed = err
                 continue
             try:
-                await connection.request(code, fields)
-                return
+                return (await connection.request(code, fields)).fields
             finally:
                 connection.close()
         raise failed or ServiceUnavailableError("no nameserver to ask")

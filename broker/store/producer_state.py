@@ -2,14 +2,16 @@
 
 Kafka's producer state (KIP-98), kept by the store beside its indexes. A batch stamped with a
 :class:`BatchSequence` is accepted when it is the producer's next one on that queue; a retry of
-one of its last :data:`BATCHES_KEPT` batches is a duplicate (answered with the stored offsets);
-anything else is refused: a gap (``OUT_OF_ORDER_SEQUENCE``, retriable: an earlier batch is on its
-way) or a stale epoch (``PRODUCER_FENCED``). So a queue stores one producer's batches in the order
-they were numbered, or refuses them. A producer this store does not know on a queue may start only
-at batch 0: a later batch is refused (``UNKNOWN_PRODUCER_ID``, retriable), since its earlier ones
-may still be on their way. When they are not (the state expired, or was cut with the batches it
-described), the producer, with nothing earlier of that queue unacknowledged, numbers the queue from
-0 again under a new epoch (KIP-360; client/idempotence.py).
+one of its last :data:`BATCHES_KEPT` batches is a duplicate (answered with the stored offsets).
+A Kafka producer (RECORD_NUMBERED in its epoch) numbers records instead: its next batch starts at
+the number after the previous batch's records. Anything else is refused: a gap
+(``OUT_OF_ORDER_SEQUENCE``, retriable: an earlier batch is on its way), a stale epoch
+(``PRODUCER_FENCED``) or a batch older than those kept (:class:`SequenceTooOldError`). So a
+queue stores one producer's batches in the order they were numbered, or refuses them. A producer
+this store does not know on a queue may start only at batch 0: a later batch is refused
+(``UNKNOWN_PRODUCER_ID``, retriable), since its earlier ones may still be on their way. When they
+are not (the state expired, or was cut with the batches it described), the producer, with nothing
+earlier of that queue unacknowledged, numbers the queue from 0 again under a new epoch (KIP-360; client/idempotence.py).
 
 Every stamped record in the log updates the state, whoever wrote it (a send, replication,
 recovery's re-indexing), so followers know it before they lead. A snapshot written with each
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gms.broker.atomic_file import write_atomically
-from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
+from gms.errors import OutOfOrderSequenceError, ProducerFencedError, SequenceTooOldError, UnknownProducerIdError
 from gms.record.sequence import BatchSequence
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,12 @@ class _Producer:
         self.batches: deque[StoredBatch] = deque(maxlen=BATCHES_KEPT)
 
 
+def _following(batch: StoredBatch, epoch: int) -> int:
+    """The sequence of the batch after ``batch``: the next number, or for a producer numbering
+    records (Kafka's, RECORD_NUMBERED in its epoch) the number after its records."""
+    return BatchSequence(0, epoch, batch.sequence, batch.records).following
+
+
 class ProducerStates:
     def __init__(self, snapshot_path: Path, expiry_ms: int) -> None:
         self._path = snapshot_path
@@ -98,12 +106,12 @@ class ProducerStates:
                 f"producer {sequence.producer_id} sent a batch of epoch {sequence.epoch} to {key[0]}/{key[1]}, "
                 f"which is at epoch {producer.epoch}: the producer gave that batch up")
         batches = producer.batches
-        last = batches[-1].sequence if batches else -1
+        expected = _following(batches[-1], producer.epoch) if batches else 0
         if sequence.epoch > producer.epoch:
             if sequence.sequence == 0:
                 return None
-            last = -1  # a new epoch starts at 0
-        elif sequence.sequence == last + 1:
+            expected = 0  # a new epoch starts at 0
+        elif sequence.sequence == expected:
             return None
         else:
             for i, batch in enumerate(batches):
@@ -114,12 +122,12 @@ class ProducerStates:
                     for _ in range(len(batches) - i):  # lost with the queue's tail: stored afresh
                         batches.pop()
                     return None
-            if sequence.sequence <= last:
-                raise ProducerFencedError(
+            if batches and sequence.sequence < batches[0].sequence:
+                raise SequenceTooOldError(
                     f"batch {sequence.sequence} of producer {sequence.producer_id} on {key[0]}/{key[1]} is older "
-                    f"than the last {BATCHES_KEPT} batches kept (the newest is {last}): a retry from long ago")
+                    f"than the last {BATCHES_KEPT} batches kept (the next is {expected}): a retry from long ago")
         raise OutOfOrderSequenceError(
-            f"{key[0]}/{key[1]} expects batch {last + 1} of producer {sequence.producer_id} "
+            f"{key[0]}/{key[1]} expects batch {expected} of producer {sequence.producer_id} "
             f"(epoch {sequence.epoch}), not {sequence.sequence}")
 
     def appended(self, key: QueueKey, sequence: BatchSequence, base_offset: int, phys: int, now_ms: int) -> None:

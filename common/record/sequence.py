@@ -32,11 +32,26 @@ _U16 = struct.Struct(">H")
 _OFF_FLAGS, _OFF_PROPS_LEN = OFFSETS["flags"], OFFSETS["props_len"]
 
 
+# Kafka's producers number a queue's records, not its batches: a batch's sequence is the number of
+# its first record, the next batch's that plus its count (modulo 2**31, where Kafka's wrap). Their
+# stamps (the Kafka endpoint's, broker/kafka/idempotence.py) carry this bit in the epoch; gms's own
+# producers number batches 0, 1, 2 ... under epochs that never reach it.
+RECORD_NUMBERED = 1 << 30
+KAFKA_SEQUENCE_WRAP = 1 << 31
+
+
 class BatchSequence(NamedTuple):
     producer_id: int  # 0..2**63-1
     epoch: int  # 0..2**31-1: bumped by the producer to restart its sequence of a queue at 0
     sequence: int  # the batch's number among the producer's batches to its queue in this epoch
     records: int  # how many the batch holds
+
+    @property
+    def following(self) -> int:
+        """The sequence of the producer's next batch to the queue after this one (same epoch)."""
+        if self.epoch & RECORD_NUMBERED:
+            return (self.sequence + self.records) % KAFKA_SEQUENCE_WRAP
+        return self.sequence + 1
 
     def encode(self) -> bytes:
         return f"{self.producer_id:016x}.{self.epoch:08x}.{self.sequence:016x}.{self.records:08x}".encode()

@@ -65,10 +65,10 @@ def test_confluent_kafka_produces_with_each_acks_and_compression(bootstrap, topi
 @pytest.mark.parametrize("acks", [0, 1, "all"])
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_kafka_python_produces_and_seeks(bootstrap, topic, acks, compression):
-    # kafka-python's snappy, lz4 and zstd need extra packages; librdkafka covers them above. gms
-    # does not serve InitProducerId yet: the idempotent producer is off.
+    # kafka-python's snappy, lz4 and zstd need extra packages; librdkafka covers them above. Its
+    # idempotent producer (the default) needs acks=all.
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=acks, compression_type=compression,
-                             enable_idempotence=False)
+                             enable_idempotence=acks == "all")
     for i in range(5):
         producer.send(topic, value=b"early-%d" % i, key=b"k", partition=0)
     producer.flush(WAIT_S)

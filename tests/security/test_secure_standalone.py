@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer
 from processes import FREE_MONITORING_PORTS
 
 from gms.cluster.errors import ClusterError
@@ -54,6 +55,9 @@ def secure(tmp_path_factory):
         etcd = re.search(r"etcd\s+(\S+)", banner)
         assert etcd, banner
         admin_env["etcd"] = etcd.group(1)
+        kafka = re.search(r"kafka\s+(\S+)\s+\(SASL_SSL", banner)
+        assert kafka, banner
+        admin_env["kafka"] = kafka.group(1)
         yield data, admin_env
     finally:
         proc.send_signal(signal.SIGINT)
@@ -106,6 +110,28 @@ def test_admin_manages_users_and_acls_and_a_user_gets_what_it_is_granted(secure)
     assert gms("user", "delete", "alice", env=admin).returncode == 0
     gone = gms("topic", "list", env=alice)
     assert gone.returncode == 1 and "authenticat" in gone.stderr
+
+
+def test_kafka_clients_authenticate_over_tls(secure):
+    _, admin = secure
+    conf = {"bootstrap.servers": admin["kafka"], "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "admin", "sasl.password": admin["GMS_PASSWORD"], "ssl.ca.location": admin["GMS_TLS_CA"]}
+    env = {k: v for k, v in admin.items() if k not in ("etcd", "kafka")}
+    assert gms("topic", "create", "kafka-secure", "--queues", "1", env=env).returncode == 0
+    delivered: list[object] = []
+    producer = Producer(conf)
+    producer.produce("kafka-secure", value=b"over TLS", on_delivery=lambda err, _: delivered.append(err))
+    assert producer.flush(30) == 0 and delivered == [None]
+    consumer = Consumer({**conf, "group.id": "kafka-secure", "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe(["kafka-secure"])
+        message = None
+        deadline = time.monotonic() + 30
+        while (message is None or message.error() is not None) and time.monotonic() < deadline:
+            message = consumer.poll(1)
+        assert message is not None and message.value() == b"over TLS"
+    finally:
+        consumer.close()
 
 
 def test_secrets_and_certificates_are_private(secure):

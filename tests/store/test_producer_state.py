@@ -20,7 +20,13 @@ from gms.broker.store import MessageStore
 from gms.broker.store.producer_state import BATCHES_KEPT, DuplicateBatch
 from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from gms.record import Message, decode_record, encode_batch, iter_records
-from gms.record.sequence import BatchSequence, read_sequence, stamp_sequence
+from gms.record.sequence import (
+    KAFKA_SEQUENCE_WRAP,
+    RECORD_NUMBERED,
+    BatchSequence,
+    read_sequence,
+    stamp_sequence,
+)
 from gms.store_errors import InvalidRecord
 
 PID = 77
@@ -83,6 +89,25 @@ def test_gaps_and_stale_epochs_are_refused_and_new_epochs_restart_at_zero(store_
             store.append(batch(6, 2, 1, epoch=3, pid=PID + 2))  # whatever its epoch
         store.append(batch(6, 2, 0, epoch=3, pid=PID + 2))
         assert store.max_offset("t", 0) == 8
+
+
+def test_a_kafka_producer_numbers_records_and_its_sequences_wrap(store_dir):
+    kafka = RECORD_NUMBERED  # epoch 0 of a producer numbering records
+    with open_store(store_dir) as store:
+        store.append(batch(0, 3, 0, epoch=kafka))
+        with pytest.raises(OutOfOrderSequenceError):
+            store.append(batch(3, 2, 1, epoch=kafka))  # batch-numbered: the next starts at record 3
+        with pytest.raises(OutOfOrderSequenceError):
+            store.append(batch(1, 2, 1, epoch=kafka))  # inside the batch stored: not a retry of it
+        store.append(batch(3, 2, 3, epoch=kafka))
+        with pytest.raises(DuplicateBatch) as dup:
+            store.append(batch(3, 2, 3, epoch=kafka))
+        assert (dup.value.base_offset, dup.value.count) == (3, 2)
+        assert store.max_offset("t", 0) == 5
+        last = KAFKA_SEQUENCE_WRAP - 2  # a new epoch, numbered up to the wrap and past it
+        store.append(batch(5, 1, 0, epoch=kafka + 1))
+        assert BatchSequence(PID, kafka + 1, last, 2).following == 0
+        assert BatchSequence(PID, 1, last, 2).following == last + 1  # gms's numbering does not wrap
 
 
 def test_a_producer_forgotten_or_cut_starts_again_at_zero(store_dir):
