@@ -1,0 +1,455 @@
+/* Kafka records <-> gms records without a Python step per message (gms.broker.kafka.convert's
+ * mapping; docs/kafka-compat.md, "The mapping" and "Performance").
+ *
+ * to_gms: the records of one Kafka batch (decompressed, its header and CRC checked by records.py)
+ * as gms records. A record without headers whose key is null or plain ASCII text (a gms key) is
+ * encoded here; any other is handed to a Python function (convert.to_gms's mapping), after the
+ * whole batch has been read. Anything the reference decoder (records.decode_batch) would refuse,
+ * or that this reader does not take (a varint beyond 64 bits, a timestamp beyond int64, a header
+ * key not UTF-8), answers False before anything is written: the caller decodes that batch with
+ * the reference, which raises its error (so the errors are the reference's, word for word).
+ *
+ * to_kafka: stored gms records (whole records, CRCs checked by the store) as the records of one
+ * Kafka batch; a record with a tag or properties is handed to a Python function.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "crc32.h"
+
+#define GMS_HEADER_SIZE 76
+#define GMS_MAGIC_V1 0x474D5301u
+#define GMS_KEYS_BYTES_MAX 0xFFFF
+#define KAFKA_BATCH_HEADER_SIZE 61 /* left free at the start of to_kafka's answer */
+#define VARINT_BYTES_MAX 10
+
+static inline uint32_t get_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t get_be64(const uint8_t *p) { return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4); }
+
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static inline void put_be64(uint8_t *p, uint64_t v) {
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+/* The zig-zag varint at *pos (reading no further than end): 0, or -1 when cut short, longer than
+ * 10 bytes or beyond 64 bits. */
+static int read_varint(const uint8_t *buf, Py_ssize_t end, Py_ssize_t *pos, int64_t *out) {
+    uint64_t raw = 0;
+    Py_ssize_t p = *pos;
+    for (int i = 0; i < VARINT_BYTES_MAX; i++) {
+        if (p >= end) return -1;
+        uint8_t byte = buf[p++];
+        if (i == VARINT_BYTES_MAX - 1 && byte > 1) return -1;
+        raw |= (uint64_t)(byte & 0x7F) << (7 * i);
+        if (byte < 0x80) {
+            *pos = p;
+            *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static inline int zigzag_size(int64_t v) {
+    uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 1;
+    while (u >= 0x80) {
+        u >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline uint8_t *put_zigzag(uint8_t *o, int64_t v) {
+    uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (u >= 0x80) {
+        *o++ = (uint8_t)(u | 0x80);
+        u >>= 7;
+    }
+    *o++ = (uint8_t)u;
+    return o;
+}
+
+/* --- to_gms ------------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t key_at, value_at, headers_at;
+    int64_t key_len, value_len; /* < 0: null */
+    int64_t timestamp, delta, header_count;
+    PyObject *converted; /* a record converted in Python (owned), else NULL */
+    Py_ssize_t size;     /* its gms record's size */
+} Fields;
+
+/* A varint-prefixed field inside a record ending at stop: 0, or -1 (it runs past the record). */
+static int read_varbytes(const uint8_t *buf, Py_ssize_t end, Py_ssize_t stop, Py_ssize_t *pos, Py_ssize_t *at,
+                         int64_t *len) {
+    if (read_varint(buf, end, pos, len)) return -1;
+    *at = *pos;
+    if (*len < 0) return 0;
+    if (*len > stop - *pos) return -1;
+    *pos += (Py_ssize_t)*len;
+    return 0;
+}
+
+/* Header keys must be UTF-8 (the reference decodes them); -1 if one is not, or a field is bad. */
+static int read_headers(const uint8_t *buf, Py_ssize_t end, Py_ssize_t stop, Py_ssize_t *pos, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        Py_ssize_t at;
+        int64_t len;
+        if (read_varbytes(buf, end, stop, pos, &at, &len) || len < 0) return -1;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + at, (Py_ssize_t)len, "strict");
+        if (name == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        Py_DECREF(name);
+        if (read_varbytes(buf, end, stop, pos, &at, &len)) return -1;
+    }
+    return 0;
+}
+
+/* Every record's fields, as the reference decoder reads them: 0, or -1 where it would refuse. */
+static int read_records(const uint8_t *buf, Py_ssize_t n, Py_ssize_t count, int64_t base_ts, Fields *fields) {
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Fields *f = &fields[i];
+        int64_t length, ts_delta;
+        if (read_varint(buf, n, &pos, &length) || length < 0 || length > n - pos) return -1;
+        Py_ssize_t stop = pos + (Py_ssize_t)length;
+        pos += 1; /* the record's attributes, unused */
+        if (read_varint(buf, n, &pos, &ts_delta) || read_varint(buf, n, &pos, &f->delta)) return -1;
+        if (__builtin_add_overflow(base_ts, ts_delta, &f->timestamp)) return -1;
+        if (read_varbytes(buf, n, stop, &pos, &f->key_at, &f->key_len)) return -1;
+        if (read_varbytes(buf, n, stop, &pos, &f->value_at, &f->value_len)) return -1;
+        if (read_varint(buf, n, &pos, &f->header_count)) return -1;
+        f->headers_at = pos;
+        if (read_headers(buf, n, stop, &pos, f->header_count) || pos != stop) return -1;
+    }
+    return pos == n ? 0 : -1;
+}
+
+/* A key gms stores as its key as it is: UTF-8 text (here: ASCII) without a space or a property
+ * separator, at most KEYS_BYTES_MAX bytes. */
+static int plain_key(const uint8_t *key, int64_t len) {
+    if (len <= 0 || len > GMS_KEYS_BYTES_MAX) return 0;
+    for (int64_t i = 0; i < len; i++) {
+        uint8_t c = key[i];
+        if (c >= 0x80 || c == ' ' || c == 0x01 || c == 0x02) return 0;
+    }
+    return 1;
+}
+
+static PyObject *bytes_or_none(const uint8_t *buf, Py_ssize_t at, int64_t len) {
+    if (len < 0) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)buf + at, (Py_ssize_t)len);
+}
+
+static PyObject *headers_list(const uint8_t *buf, Py_ssize_t n, Fields *f) {
+    PyObject *list = PyList_New(0);
+    Py_ssize_t pos = f->headers_at;
+    for (int64_t i = 0; list != NULL && i < f->header_count; i++) {
+        Py_ssize_t name_at, value_at;
+        int64_t name_len, value_len;
+        read_varbytes(buf, n, n, &pos, &name_at, &name_len); /* read_records checked them */
+        read_varbytes(buf, n, n, &pos, &value_at, &value_len);
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + name_at, (Py_ssize_t)name_len, "strict");
+        PyObject *value = name == NULL ? NULL : bytes_or_none(buf, value_at, value_len);
+        PyObject *pair = value == NULL ? NULL : PyTuple_Pack(2, name, value);
+        Py_XDECREF(name);
+        Py_XDECREF(value);
+        if (pair == NULL || PyList_Append(list, pair)) Py_CLEAR(list);
+        Py_XDECREF(pair);
+    }
+    return list;
+}
+
+/* The record convert (a Python function) makes of f: 0, or -1 with its exception set. */
+static int convert_one(const uint8_t *buf, Py_ssize_t n, Fields *f, PyObject *convert) {
+    PyObject *headers = headers_list(buf, n, f);
+    PyObject *key = headers == NULL ? NULL : bytes_or_none(buf, f->key_at, f->key_len);
+    PyObject *value = key == NULL ? NULL : bytes_or_none(buf, f->value_at, f->value_len);
+    if (value != NULL)
+        f->converted = PyObject_CallFunction(convert, "LLOOO", (long long)f->delta, (long long)f->timestamp, key,
+                                             value, headers);
+    Py_XDECREF(headers);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    if (f->converted == NULL) return -1;
+    if (!PyBytes_Check(f->converted)) {
+        PyErr_SetString(PyExc_TypeError, "convert must answer bytes");
+        return -1;
+    }
+    f->size = PyBytes_GET_SIZE(f->converted);
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *topic, *host;
+    Py_ssize_t topic_len, host_len;
+    int32_t queue_id;
+} Target;
+
+static void write_gms(uint8_t *o, const uint8_t *buf, const Fields *f, const Target *t) {
+    Py_ssize_t key_len = f->key_len < 0 ? 0 : (Py_ssize_t)f->key_len;
+    Py_ssize_t body_len = f->value_len < 0 ? 0 : (Py_ssize_t)f->value_len;
+    memset(o, 0, GMS_HEADER_SIZE);
+    put_be32(o, (uint32_t)f->size);
+    put_be32(o + 4, GMS_MAGIC_V1);
+    put_be32(o + 12, (uint32_t)t->queue_id);
+    put_be64(o + 44, (uint64_t)(f->timestamp ? f->timestamp : 1)); /* 0 would mean "now" */
+    put_be32(o + 64, (uint32_t)body_len);
+    o[68] = (uint8_t)t->topic_len;
+    o[70] = (uint8_t)t->host_len;
+    o[72] = (uint8_t)(key_len >> 8);
+    o[73] = (uint8_t)key_len;
+    uint8_t *p = o + GMS_HEADER_SIZE;
+    memcpy(p, t->topic, (size_t)t->topic_len);
+    p += t->topic_len;
+    memcpy(p, t->host, (size_t)t->host_len);
+    p += t->host_len;
+    memcpy(p, buf + f->key_at, (size_t)key_len);
+    memcpy(p + key_len, buf + f->value_at, (size_t)body_len);
+    put_be32(o + 8, crc32_of(o + 40, (size_t)f->size - 40));
+}
+
+/* Appends the batch's records to chunks (bytearrays of at most limit bytes, but for a larger
+ * record alone), the last one continued. */
+static int write_chunks(const uint8_t *buf, Fields *fields, Py_ssize_t count, const Target *t, Py_ssize_t limit,
+                        PyObject *chunks) {
+    for (Py_ssize_t i = 0; i < count;) {
+        Py_ssize_t last = PyList_GET_SIZE(chunks) - 1;
+        PyObject *chunk = last >= 0 ? PyList_GET_ITEM(chunks, last) : NULL;
+        Py_ssize_t used = chunk == NULL ? 0 : PyByteArray_GET_SIZE(chunk), size = used, j = i;
+        if (chunk == NULL || used + fields[i].size > limit) {
+            chunk = NULL;
+            used = 0;
+            size = fields[i].size;
+            j = i + 1;
+        }
+        for (; j < count && size + fields[j].size <= limit; j++) size += fields[j].size;
+        if (chunk == NULL) {
+            chunk = PyByteArray_FromStringAndSize(NULL, size);
+            if (chunk == NULL || PyList_Append(chunks, chunk)) {
+                Py_XDECREF(chunk);
+                return -1;
+            }
+            Py_DECREF(chunk);
+        } else if (PyByteArray_Resize(chunk, size)) {
+            return -1;
+        }
+        uint8_t *o = (uint8_t *)PyByteArray_AS_STRING(chunk) + used;
+        for (; i < j; o += fields[i].size, i++) {
+            if (fields[i].converted != NULL)
+                memcpy(o, PyBytes_AS_STRING(fields[i].converted), (size_t)fields[i].size);
+            else
+                write_gms(o, buf, &fields[i], t);
+        }
+    }
+    return 0;
+}
+
+static PyObject *to_gms(PyObject *module, PyObject *args) {
+    Py_buffer raw, topic, host;
+    Py_ssize_t count, limit;
+    long long base_ts;
+    int queue_id;
+    PyObject *convert, *chunks;
+    if (!PyArg_ParseTuple(args, "y*nLy*iy*nOO!:to_gms", &raw, &count, &base_ts, &topic, &queue_id, &host, &limit,
+                          &convert, &PyList_Type, &chunks))
+        return NULL;
+    PyObject *answer = NULL;
+    Fields *fields = NULL;
+    const uint8_t *buf = raw.buf;
+    Target target = {topic.buf, host.buf, topic.len, host.len, queue_id};
+    if (count < 0 || count > raw.len || topic.len > 255 || host.len > 255) {
+        PyErr_SetString(PyExc_ValueError, "bad record count, topic or host");
+        goto done;
+    }
+    fields = PyMem_Calloc((size_t)count + 1, sizeof(Fields));
+    if (fields == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (read_records(buf, raw.len, count, base_ts, fields)) {
+        answer = Py_NewRef(Py_False);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Fields *f = &fields[i];
+        if (f->header_count <= 0 && (f->key_len < 0 || plain_key(buf + f->key_at, f->key_len))) {
+            f->size = GMS_HEADER_SIZE + topic.len + host.len + (f->key_len < 0 ? 0 : f->key_len) +
+                      (f->value_len < 0 ? 0 : f->value_len);
+        } else if (convert_one(buf, raw.len, f, convert)) {
+            goto done;
+        }
+    }
+    if (write_chunks(buf, fields, count, &target, limit, chunks) == 0) answer = Py_NewRef(Py_True);
+done:
+    if (fields != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) Py_XDECREF(fields[i].converted);
+        PyMem_Free(fields);
+    }
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&host);
+    return answer;
+}
+
+/* --- to_kafka ----------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t count, size; /* records; bytes of the plain ones' Kafka records */
+    int64_t first_offset, last_offset, min_ts, max_ts;
+} Stats;
+
+/* The Kafka record of a plain gms record (no tag, no properties) at o; its size. */
+static Py_ssize_t kafka_plain(const uint8_t *r, int64_t base_offset, int64_t base_ts, uint8_t *o) {
+    int64_t offset_delta = (int64_t)get_be64(r + 16) - base_offset, ts_delta = (int64_t)get_be64(r + 44) - base_ts;
+    int64_t body_len = get_be32(r + 64), keys_len = ((int64_t)r[72] << 8) | r[73];
+    int64_t key_field = keys_len > 0 ? keys_len : -1;
+    int64_t size = 1 + zigzag_size(ts_delta) + zigzag_size(offset_delta) + zigzag_size(key_field) + keys_len +
+                   zigzag_size(body_len) + body_len + 1;
+    if (o == NULL) return zigzag_size(size) + (Py_ssize_t)size;
+    const uint8_t *key = r + GMS_HEADER_SIZE + r[68] + r[70];
+    uint8_t *start = o;
+    o = put_zigzag(o, size);
+    *o++ = 0; /* attributes */
+    o = put_zigzag(put_zigzag(o, ts_delta), offset_delta);
+    o = put_zigzag(o, key_field);
+    memcpy(o, key, (size_t)keys_len);
+    o = put_zigzag(o + keys_len, body_len);
+    memcpy(o, key + keys_len, (size_t)body_len);
+    o += body_len;
+    *o++ = 0; /* no headers */
+    return o - start;
+}
+
+static inline int plain_record(const uint8_t *r) { return r[69] == 0 && r[74] == 0 && r[75] == 0; }
+
+/* Walks the records of views (checking each fits its view), adding them up. */
+static int scan(Py_buffer *views, Py_ssize_t n, Stats *s) {
+    for (Py_ssize_t v = 0; v < n; v++) {
+        const uint8_t *buf = views[v].buf;
+        for (Py_ssize_t pos = 0; pos < views[v].len;) {
+            const uint8_t *r = buf + pos;
+            Py_ssize_t left = views[v].len - pos;
+            int64_t total = left >= GMS_HEADER_SIZE ? get_be32(r) : 0;
+            if (total < GMS_HEADER_SIZE || total > left || get_be32(r + 4) != GMS_MAGIC_V1 ||
+                GMS_HEADER_SIZE + r[68] + r[69] + r[70] + (int64_t)get_be32(r + 64) +
+                        (((int64_t)r[72] << 8) | r[73]) + (((int64_t)r[74] << 8) | r[75]) != total) {
+                PyErr_SetString(PyExc_ValueError, "a view does not hold whole gms records");
+                return -1;
+            }
+            int64_t offset = (int64_t)get_be64(r + 16), ts = (int64_t)get_be64(r + 44);
+            if (s->count++ == 0) {
+                s->first_offset = offset;
+                s->min_ts = s->max_ts = ts;
+            }
+            s->last_offset = offset;
+            s->min_ts = ts < s->min_ts ? ts : s->min_ts;
+            s->max_ts = ts > s->max_ts ? ts : s->max_ts;
+            pos += (Py_ssize_t)total;
+        }
+    }
+    return 0;
+}
+
+/* Calls convert(view, position, base offset, base timestamp) for every record that is not plain,
+ * in order, into converted; each plain one's size goes to s->size. */
+static int convert_others(PyObject *seq, Py_buffer *views, Stats *s, PyObject *convert, PyObject *converted) {
+    for (Py_ssize_t v = 0; v < PySequence_Fast_GET_SIZE(seq); v++) {
+        for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
+            const uint8_t *r = (const uint8_t *)views[v].buf + pos;
+            if (plain_record(r)) {
+                s->size += kafka_plain(r, s->first_offset, s->min_ts, NULL);
+                continue;
+            }
+            PyObject *one = PyObject_CallFunction(convert, "OnLL", PySequence_Fast_GET_ITEM(seq, v), pos,
+                                                  (long long)s->first_offset, (long long)s->min_ts);
+            if (one == NULL) return -1;
+            int failed = !PyBytes_Check(one) || PyList_Append(converted, one);
+            if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "convert must answer bytes");
+            if (!failed) s->size += PyBytes_GET_SIZE(one);
+            Py_DECREF(one);
+            if (failed) return -1;
+        }
+    }
+    return 0;
+}
+
+static void write_kafka(Py_buffer *views, Py_ssize_t n, const Stats *s, PyObject *converted, uint8_t *o) {
+    Py_ssize_t next = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
+            const uint8_t *r = (const uint8_t *)views[v].buf + pos;
+            if (plain_record(r)) {
+                o += kafka_plain(r, s->first_offset, s->min_ts, o);
+            } else {
+                PyObject *one = PyList_GET_ITEM(converted, next++);
+                memcpy(o, PyBytes_AS_STRING(one), (size_t)PyBytes_GET_SIZE(one));
+                o += PyBytes_GET_SIZE(one);
+            }
+        }
+    }
+}
+
+static PyObject *to_kafka(PyObject *module, PyObject *args) {
+    PyObject *views_arg, *convert;
+    if (!PyArg_ParseTuple(args, "OO:to_kafka", &views_arg, &convert)) return NULL;
+    PyObject *seq = PySequence_Fast(views_arg, "views must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
+    PyObject *answer = NULL, *converted = PyList_New(0), *out = NULL;
+    Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    Stats s = {0};
+    if (views == NULL || converted == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < n; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held], PyBUF_SIMPLE)) goto done;
+    if (scan(views, n, &s)) goto done;
+    if (s.count == 0) {
+        PyErr_SetString(PyExc_ValueError, "no records");
+        goto done;
+    }
+    if (convert_others(seq, views, &s, convert, converted)) goto done;
+    out = PyByteArray_FromStringAndSize(NULL, KAFKA_BATCH_HEADER_SIZE + s.size);
+    if (out == NULL) goto done;
+    memset(PyByteArray_AS_STRING(out), 0, KAFKA_BATCH_HEADER_SIZE);
+    write_kafka(views, n, &s, converted, (uint8_t *)PyByteArray_AS_STRING(out) + KAFKA_BATCH_HEADER_SIZE);
+    answer = Py_BuildValue("OnLLLL", out, s.count, (long long)s.first_offset, (long long)s.last_offset,
+                           (long long)s.min_ts, (long long)s.max_ts);
+done:
+    for (Py_ssize_t v = 0; v < held; v++) PyBuffer_Release(&views[v]);
+    PyMem_Free(views);
+    Py_XDECREF(out);
+    Py_XDECREF(converted);
+    Py_DECREF(seq);
+    return answer;
+}
+
+static PyMethodDef methods[] = {
+    {"to_gms", to_gms, METH_VARARGS,
+     "to_gms(raw, count, base_ts, topic, queue_id, host, limit, convert, chunks) -> bool"},
+    {"to_kafka", to_kafka, METH_VARARGS,
+     "to_kafka(views, convert) -> (records, count, first_offset, last_offset, min_ts, max_ts)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_convert", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__convert(void) {
+    crc32_init();
+    return PyModule_Create(&module_def);
+}
