@@ -10,7 +10,8 @@
  * the reference, which raises its error (so the errors are the reference's, word for word).
  *
  * to_kafka: stored gms records (whole records, CRCs checked by the store) as the records of one
- * Kafka batch; a record with a tag or properties is handed to a Python function.
+ * Kafka batch; a record with a tag or properties (but an idempotent producer's stamp) is handed to
+ * a Python function.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -312,7 +313,26 @@ typedef struct {
     int64_t first_offset, last_offset, min_ts, max_ts;
 } Stats;
 
-/* The Kafka record of a plain gms record (no tag, no properties) at o; its size. */
+/* The idempotent producer's stamp (gms.record.layout.SEQUENCE_PROPERTY and its separator): a
+ * property the decoder drops. */
+static const char SEQUENCE_NAME[] = "__PRODUCER_SEQ\x01";
+
+static inline Py_ssize_t props_len_of(const uint8_t *r) { return ((Py_ssize_t)r[74] << 8) | r[75]; }
+
+/* A record answered without headers: no tag, and no properties but an idempotent producer's
+ * stamp (alone, ASCII text). */
+static int plain_record(const uint8_t *r) {
+    Py_ssize_t len = props_len_of(r), name = sizeof SEQUENCE_NAME - 1;
+    if (r[69] != 0) return 0;
+    if (len == 0) return 1;
+    const uint8_t *props = r + GMS_HEADER_SIZE + r[68] + r[70] + (((Py_ssize_t)r[72] << 8) | r[73]);
+    if (len <= name || memcmp(props, SEQUENCE_NAME, (size_t)name) != 0 || props[len - 1] != 0x02) return 0;
+    for (Py_ssize_t i = name; i < len - 1; i++)
+        if (props[i] >= 0x80 || props[i] == 0x02) return 0;
+    return 1;
+}
+
+/* The Kafka record of a plain gms record at o (NULL: only its size); its size. */
 static Py_ssize_t kafka_plain(const uint8_t *r, int64_t base_offset, int64_t base_ts, uint8_t *o) {
     int64_t offset_delta = (int64_t)get_be64(r + 16) - base_offset, ts_delta = (int64_t)get_be64(r + 44) - base_ts;
     int64_t body_len = get_be32(r + 64), keys_len = ((int64_t)r[72] << 8) | r[73];
@@ -328,13 +348,11 @@ static Py_ssize_t kafka_plain(const uint8_t *r, int64_t base_offset, int64_t bas
     o = put_zigzag(o, key_field);
     memcpy(o, key, (size_t)keys_len);
     o = put_zigzag(o + keys_len, body_len);
-    memcpy(o, key + keys_len, (size_t)body_len);
+    memcpy(o, key + keys_len + props_len_of(r), (size_t)body_len);
     o += body_len;
     *o++ = 0; /* no headers */
     return o - start;
 }
-
-static inline int plain_record(const uint8_t *r) { return r[69] == 0 && r[74] == 0 && r[75] == 0; }
 
 /* Walks the records of views (checking each fits its view), adding them up. */
 static int scan(Py_buffer *views, Py_ssize_t n, Stats *s) {

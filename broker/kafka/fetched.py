@@ -1,12 +1,11 @@
 """A fetch's stored gms records as one Kafka record batch, without a Python step per message.
 
-The records without a tag and without properties (what gms's SDK and Kafka producers without
-headers store) are laid out in C (``_convert.to_kafka``): each Kafka record's varints (length,
-timestamp and offset deltas, key and value lengths), its key and value copied from the stored
-bytes. Each other one is converted here (:func:`gms.broker.kafka.convert.kafka_record`), mapping
-properties to headers and the tag to ``gms.tag`` (an idempotent producer stamps the first record
-of each batch: one such record per batch). The record-by-record reference is
-``encode_batch(*from_gms(views))``.
+The records without a tag and without properties but an idempotent producer's stamp (what gms's
+SDK and Kafka producers without headers store) are laid out in C (``_convert.to_kafka``): each
+Kafka record's varints (length, timestamp and offset deltas, key and value lengths), its key and
+value copied from the stored bytes. Each other one is converted here
+(:func:`gms.broker.kafka.convert.kafka_record`), mapping properties to headers and the tag to
+``gms.tag``. The record-by-record reference is ``encode_batch(*from_gms(views))``.
 """
 
 from __future__ import annotations
