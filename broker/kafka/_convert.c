@@ -2,9 +2,9 @@
  * mapping; docs/kafka-compat.md, "The mapping" and "Performance").
  *
  * to_gms: the records of one Kafka batch (decompressed, its header and CRC checked by records.py)
- * as gms records. A record without headers whose key is null or plain ASCII text (a gms key) is
- * encoded here; any other is handed to a Python function (convert.to_gms's mapping), after the
- * whole batch has been read. Anything the reference decoder (records.decode_batch) would refuse,
+ * as gms records. A record whose key and headers are ASCII (header names text, not the mapping's
+ * own names nor gms.tag, none repeated) is mapped here; any other is handed to a Python function
+ * (convert.to_gms, the mapping), after the whole batch has been read. Anything the reference decoder (records.decode_batch) would refuse,
  * or that this reader does not take (a varint beyond 64 bits, a timestamp beyond int64, a header
  * key not UTF-8), answers False before anything is written: the caller decodes that batch with
  * the reference, which raises its error (so the errors are the reference's, word for word).
@@ -87,8 +87,10 @@ typedef struct {
     Py_ssize_t key_at, value_at, headers_at;
     int64_t key_len, value_len; /* < 0: null */
     int64_t timestamp, delta, header_count;
-    PyObject *converted; /* a record converted in Python (owned), else NULL */
-    Py_ssize_t size;     /* its gms record's size */
+    int key_kind;          /* KEY_* */
+    Py_ssize_t props_len;  /* of its gms record */
+    PyObject *converted;   /* a record converted in Python (owned), else NULL */
+    Py_ssize_t size;       /* its gms record's size */
 } Fields;
 
 /* A varint-prefixed field inside a record ending at stop: 0, or -1 (it runs past the record). */
@@ -139,15 +141,123 @@ static int read_records(const uint8_t *buf, Py_ssize_t n, Py_ssize_t count, int6
     return pos == n ? 0 : -1;
 }
 
-/* A key gms stores as its key as it is: UTF-8 text (here: ASCII) without a space or a property
- * separator, at most KEYS_BYTES_MAX bytes. */
-static int plain_key(const uint8_t *key, int64_t len) {
-    if (len <= 0 || len > GMS_KEYS_BYTES_MAX) return 0;
-    for (int64_t i = 0; i < len; i++) {
-        uint8_t c = key[i];
-        if (c >= 0x80 || c == ' ' || c == 0x01 || c == 0x02) return 0;
-    }
+/* convert.py's mapping of keys and headers, for the records it maps to ASCII text (any other
+ * goes to Python): a key that is text without a space (or a property separator) is the gms key,
+ * any other is kept in the property KEY_PROPERTY (base64); a header is the property of its name,
+ * its value as text, or base64 under B64_PREFIX + name when it holds a property separator. */
+#define HEADERS_IN_C_MAX 32
+static const char KEY_PROPERTY[] = "__KAFKA_KEY";
+static const char B64_PREFIX[] = "__KAFKA_B64.";
+static const char TAG_HEADER[] = "gms.tag";
+enum { KEY_NONE, KEY_GMS, KEY_BASE64 };
+
+static int is_ascii(const uint8_t *p, int64_t len) {
+    for (int64_t i = 0; i < len; i++)
+        if (p[i] >= 0x80) return 0;
     return 1;
+}
+
+/* ASCII text without a property separator (\x01, \x02). */
+static int is_text(const uint8_t *p, int64_t len) {
+    for (int64_t i = 0; i < len; i++)
+        if (p[i] >= 0x80 || p[i] == 0x01 || p[i] == 0x02) return 0;
+    return 1;
+}
+
+static int starts_with(const uint8_t *p, int64_t len, const char *prefix) {
+    size_t n = strlen(prefix);
+    return (size_t)len >= n && memcmp(p, prefix, n) == 0;
+}
+
+static int is_name(const uint8_t *p, int64_t len, const char *name) {
+    return (size_t)len == strlen(name) && memcmp(p, name, (size_t)len) == 0;
+}
+
+static inline Py_ssize_t base64_size(int64_t n) { return (Py_ssize_t)((n + 2) / 3 * 4); }
+
+/* KEY_*, or -1 when Python maps the key (not ASCII, or a gms key past KEYS_BYTES_MAX). */
+static int key_kind(const uint8_t *key, int64_t len) {
+    if (len < 0) return KEY_NONE;
+    if (!is_ascii(key, len)) return -1;
+    if (len > 0 && is_text(key, len) && memchr(key, ' ', (size_t)len) == NULL)
+        return len <= GMS_KEYS_BYTES_MAX ? KEY_GMS : -1;
+    return KEY_BASE64;
+}
+
+/* The size of the gms properties of f's headers and key, or -1 when Python maps them (a header
+ * name that is not ASCII text, empty, repeated or one of the mapping's own; a value not ASCII;
+ * more than HEADERS_IN_C_MAX headers; properties past PROPS_BYTES_MAX). */
+static Py_ssize_t props_size(const uint8_t *buf, Py_ssize_t n, const Fields *f) {
+    Py_ssize_t size = 0, pos = f->headers_at, names_at[HEADERS_IN_C_MAX];
+    int64_t names_len[HEADERS_IN_C_MAX];
+    if (f->header_count > HEADERS_IN_C_MAX) return -1;
+    for (int64_t i = 0; i < f->header_count; i++) {
+        Py_ssize_t value_at;
+        int64_t value_len;
+        read_varbytes(buf, n, n, &pos, &names_at[i], &names_len[i]); /* read_records checked them */
+        read_varbytes(buf, n, n, &pos, &value_at, &value_len);
+        const uint8_t *name = buf + names_at[i], *value = buf + value_at;
+        int64_t len = names_len[i];
+        if (len == 0 || !is_text(name, len) || starts_with(name, len, B64_PREFIX) || is_name(name, len, KEY_PROPERTY) ||
+            is_name(name, len, TAG_HEADER))
+            return -1;
+        for (int64_t j = 0; j < i; j++)
+            if (names_len[j] == len && memcmp(buf + names_at[j], name, (size_t)len) == 0) return -1;
+        value_len = value_len < 0 ? 0 : value_len;
+        if (!is_ascii(value, value_len)) return -1;
+        size += len + 2 + (is_text(value, value_len) ? value_len : (int64_t)strlen(B64_PREFIX) + base64_size(value_len));
+    }
+    if (f->key_kind == KEY_BASE64) size += (Py_ssize_t)strlen(KEY_PROPERTY) + 2 + base64_size(f->key_len);
+    return size <= 0xFFFF ? size : -1;
+}
+
+static uint8_t *put_base64(uint8_t *o, const uint8_t *p, int64_t n) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (; n >= 3; n -= 3, p += 3) {
+        uint32_t v = ((uint32_t)p[0] << 16) | ((uint32_t)p[1] << 8) | p[2];
+        *o++ = (uint8_t)alphabet[v >> 18];
+        *o++ = (uint8_t)alphabet[(v >> 12) & 63];
+        *o++ = (uint8_t)alphabet[(v >> 6) & 63];
+        *o++ = (uint8_t)alphabet[v & 63];
+    }
+    if (n > 0) {
+        uint32_t v = ((uint32_t)p[0] << 16) | (n == 2 ? (uint32_t)p[1] << 8 : 0);
+        *o++ = (uint8_t)alphabet[v >> 18];
+        *o++ = (uint8_t)alphabet[(v >> 12) & 63];
+        *o++ = n == 2 ? (uint8_t)alphabet[(v >> 6) & 63] : '=';
+        *o++ = '=';
+    }
+    return o;
+}
+
+static uint8_t *put_raw(uint8_t *o, const void *p, size_t n) {
+    memcpy(o, p, n);
+    return o + n;
+}
+
+/* The properties props_size measured. */
+static uint8_t *put_props(uint8_t *o, const uint8_t *buf, Py_ssize_t n, const Fields *f) {
+    Py_ssize_t pos = f->headers_at;
+    for (int64_t i = 0; i < f->header_count; i++) {
+        Py_ssize_t name_at, value_at;
+        int64_t name_len, value_len;
+        read_varbytes(buf, n, n, &pos, &name_at, &name_len);
+        read_varbytes(buf, n, n, &pos, &value_at, &value_len);
+        value_len = value_len < 0 ? 0 : value_len;
+        int text = is_text(buf + value_at, value_len);
+        if (!text) o = put_raw(o, B64_PREFIX, strlen(B64_PREFIX));
+        o = put_raw(o, buf + name_at, (size_t)name_len);
+        *o++ = 0x01;
+        o = text ? put_raw(o, buf + value_at, (size_t)value_len) : put_base64(o, buf + value_at, value_len);
+        *o++ = 0x02;
+    }
+    if (f->key_kind == KEY_BASE64) {
+        o = put_raw(o, KEY_PROPERTY, strlen(KEY_PROPERTY));
+        *o++ = 0x01;
+        o = put_base64(o, buf + f->key_at, f->key_len);
+        *o++ = 0x02;
+    }
+    return o;
 }
 
 static PyObject *bytes_or_none(const uint8_t *buf, Py_ssize_t at, int64_t len) {
@@ -200,8 +310,8 @@ typedef struct {
     int32_t queue_id;
 } Target;
 
-static void write_gms(uint8_t *o, const uint8_t *buf, const Fields *f, const Target *t) {
-    Py_ssize_t key_len = f->key_len < 0 ? 0 : (Py_ssize_t)f->key_len;
+static void write_gms(uint8_t *o, const uint8_t *buf, Py_ssize_t n, const Fields *f, const Target *t) {
+    Py_ssize_t keys_len = f->key_kind == KEY_GMS ? (Py_ssize_t)f->key_len : 0;
     Py_ssize_t body_len = f->value_len < 0 ? 0 : (Py_ssize_t)f->value_len;
     memset(o, 0, GMS_HEADER_SIZE);
     put_be32(o, (uint32_t)f->size);
@@ -211,21 +321,20 @@ static void write_gms(uint8_t *o, const uint8_t *buf, const Fields *f, const Tar
     put_be32(o + 64, (uint32_t)body_len);
     o[68] = (uint8_t)t->topic_len;
     o[70] = (uint8_t)t->host_len;
-    o[72] = (uint8_t)(key_len >> 8);
-    o[73] = (uint8_t)key_len;
-    uint8_t *p = o + GMS_HEADER_SIZE;
-    memcpy(p, t->topic, (size_t)t->topic_len);
-    p += t->topic_len;
-    memcpy(p, t->host, (size_t)t->host_len);
-    p += t->host_len;
-    memcpy(p, buf + f->key_at, (size_t)key_len);
-    memcpy(p + key_len, buf + f->value_at, (size_t)body_len);
+    o[72] = (uint8_t)(keys_len >> 8);
+    o[73] = (uint8_t)keys_len;
+    o[74] = (uint8_t)(f->props_len >> 8);
+    o[75] = (uint8_t)f->props_len;
+    uint8_t *p = put_raw(o + GMS_HEADER_SIZE, t->topic, (size_t)t->topic_len);
+    p = put_raw(p, t->host, (size_t)t->host_len);
+    p = put_props(put_raw(p, buf + f->key_at, (size_t)keys_len), buf, n, f);
+    memcpy(p, buf + f->value_at, (size_t)body_len);
     put_be32(o + 8, crc32_of(o + 40, (size_t)f->size - 40));
 }
 
 /* Appends the batch's records to chunks (bytearrays of at most limit bytes, but for a larger
  * record alone), the last one continued. */
-static int write_chunks(const uint8_t *buf, Fields *fields, Py_ssize_t count, const Target *t, Py_ssize_t limit,
+static int write_chunks(const uint8_t *buf, Py_ssize_t n, Fields *fields, Py_ssize_t count, const Target *t, Py_ssize_t limit,
                         PyObject *chunks) {
     for (Py_ssize_t i = 0; i < count;) {
         Py_ssize_t last = PyList_GET_SIZE(chunks) - 1;
@@ -253,7 +362,7 @@ static int write_chunks(const uint8_t *buf, Fields *fields, Py_ssize_t count, co
             if (fields[i].converted != NULL)
                 memcpy(o, PyBytes_AS_STRING(fields[i].converted), (size_t)fields[i].size);
             else
-                write_gms(o, buf, &fields[i], t);
+                write_gms(o, buf, n, &fields[i], t);
         }
     }
     return 0;
@@ -287,14 +396,16 @@ static PyObject *to_gms(PyObject *module, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         Fields *f = &fields[i];
-        if (f->header_count <= 0 && (f->key_len < 0 || plain_key(buf + f->key_at, f->key_len))) {
-            f->size = GMS_HEADER_SIZE + topic.len + host.len + (f->key_len < 0 ? 0 : f->key_len) +
-                      (f->value_len < 0 ? 0 : f->value_len);
+        f->key_kind = key_kind(buf + f->key_at, f->key_len);
+        f->props_len = f->key_kind < 0 ? -1 : props_size(buf, raw.len, f);
+        if (f->props_len >= 0) {
+            f->size = GMS_HEADER_SIZE + topic.len + host.len + (f->key_kind == KEY_GMS ? f->key_len : 0) +
+                      f->props_len + (f->value_len < 0 ? 0 : f->value_len);
         } else if (convert_one(buf, raw.len, f, convert)) {
             goto done;
         }
     }
-    if (write_chunks(buf, fields, count, &target, limit, chunks) == 0) answer = Py_NewRef(Py_True);
+    if (write_chunks(buf, raw.len, fields, count, &target, limit, chunks) == 0) answer = Py_NewRef(Py_True);
 done:
     if (fields != NULL) {
         for (Py_ssize_t i = 0; i < count; i++) Py_XDECREF(fields[i].converted);

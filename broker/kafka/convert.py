@@ -11,9 +11,9 @@
 - a null value is stored as an empty body (answered as an empty value).
 
 A produce converts each batch in C (``_convert.to_gms``, :func:`gms_bodies`) and a fetch the
-stored records in C (:mod:`.fetched`); in both, a record the C code does not map (Kafka headers,
-a key that is not ASCII text; a gms tag or properties) is converted alone here, and the functions
-here are the record-by-record reference the C code is tested against.
+stored records in C (:mod:`.fetched`); in both, a record the C code does not map (a key or header
+that is not ASCII, the ``gms.tag`` header ...; a gms tag or properties) is converted alone here,
+and the functions here are the record-by-record reference the C code is tested against.
 """
 
 from __future__ import annotations

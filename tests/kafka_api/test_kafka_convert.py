@@ -37,8 +37,10 @@ COMPRESSIONS = [(1, cramjam.gzip.compress), (2, cramjam.snappy.compress_raw), (3
                 (4, cramjam.zstd.compress)]
 KEYS = st.one_of(st.none(), st.just(b""), st.binary(max_size=20), st.text("ab c\x01é\t", max_size=12).map(str.encode),
                  st.text("abcXYZ09-_.:", min_size=1, max_size=30).map(str.encode))
-HEADERS = st.lists(st.tuples(st.sampled_from(["h", "gms.tag", "ü", "x-y"]),
-                             st.one_of(st.none(), st.binary(max_size=8), st.just(b"T"))), max_size=3)
+HEADER_NAMES = st.sampled_from(["h", "h", "gms.tag", "ü", "x y", "", "a\x01", "__KAFKA_KEY", "__KAFKA_B64.h"])
+HEADER_VALUES = st.one_of(st.none(), st.binary(max_size=8), st.sampled_from([b"", b"T", b"a\x02b", "é".encode()]),
+                          st.text("ab\x01\x00 ", max_size=5).map(str.encode))
+HEADERS = st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=4)
 RECORDS = st.lists(st.tuples(KEYS, st.one_of(st.none(), st.binary(max_size=200)),
                              st.one_of(st.just([]), st.just([]), HEADERS), st.integers(-(1 << 20), 1 << 20)),
                    min_size=1, max_size=30)
@@ -83,8 +85,15 @@ def _in_c(topic: str, queue_id: int, data: bytes, client: str, limit: int) -> li
        st.integers(0, 1 << 30), st.sampled_from([150, 1000, 1 << 20]))
 def test_a_produce_converted_in_c_is_the_record_by_record_conversion(batches, queue_id, limit):
     data = b"".join(_batch(base_ts, rows, codec) for base_ts, rows, codec in batches)
-    assert _in_c("orders", queue_id, data, "10.0.0.9:4242", limit) == _reference(
-        "orders", queue_id, data, "10.0.0.9:4242", limit)
+    assert _outcome(_in_c, data, queue_id, limit) == _outcome(_reference, data, queue_id, limit)
+
+
+def _outcome(convert, data: bytes, queue_id: int, limit: int) -> object:
+    """The send bodies, or the error (a record no gms record can hold: an empty header name ...)."""
+    try:
+        return convert("orders", queue_id, data, "10.0.0.9:4242", limit)
+    except GmsError as err:
+        return type(err), str(err)
 
 
 def test_plain_records_are_converted_in_c_and_the_others_by_the_mapping():
@@ -100,13 +109,52 @@ def test_plain_records_are_converted_in_c_and_the_others_by_the_mapping():
 
     chunks: list[bytearray] = []
     assert _convert.to_gms(records, count, base_ts, b"t", 0, b"h", 1 << 20, convert, chunks)
-    assert [fields[2] for fields in seen] == [b"two words", b"k", b"\xff"]  # not a gms key, headers, not text
+    assert [fields[2] for fields in seen] == [b"\xff"]  # a key not ASCII: mapped in Python
     decoded = [decode_record(chunks[0], pos) for pos in _starts(chunks[0])]
     assert [(r.keys, bytes(r.body), r.tag, r.born_ts_ms) for r in decoded] == [
         (("k1",), b"v", None, 1_700_000_000_000), ((), b"", None, 1_700_000_000_001),
         ((), b"w", None, 1_700_000_000_002), (("k",), b"h", None, 1_700_000_000_003),
         ((), b"b", "T", 1_700_000_000_004)]
     assert [r.properties for r in decoded[2:]] == [{"__KAFKA_KEY": "dHdvIHdvcmRz"}, {"a": "1"}, {"__KAFKA_KEY": "/w=="}]
+
+
+@pytest.mark.parametrize("key, headers, in_c", [
+    (b"k", [("a", b"1"), ("b", None), ("c", b"")], True),
+    (b"k", [("bin", b"\x00\x01\x7f")], True),  # base64 under __KAFKA_B64.bin
+    (b"two words", [], True),  # base64 under __KAFKA_KEY
+    (b"", [], True),
+    (b"k", [("a", b"1"), ("a", b"2")], False),  # repeated: the last value, in the first one's place
+    (b"k", [("a", "é".encode())], False),
+    (b"k", [("é", b"1")], False),
+    (b"k", [("gms.tag", b"T")], False),
+    (b"k", [(f"h{i}", b"v") for i in range(33)], False),
+    (b"k", [("h", b"v" * 0x10000)], False),  # properties past their limit: refused
+    (b"k" * 0x10000, [], False),  # a gms key past its limit: refused
+    (b" " * 0xC000, [], False),  # its base64 past the properties' limit: refused
+], ids=["text", "binary", "key-with-space", "key-empty", "repeated", "value-not-ascii", "name-not-ascii", "tag",
+        "33-headers", "props-too-long", "key-too-long", "key-property-too-long"])
+def test_which_headers_and_keys_are_mapped_in_c(key, headers, in_c):
+    data = _batch(1_700_000_000_000, [(key, b"v", headers, 0)])
+    raw = split_batches(memoryview(data))[0]
+    _, records, count, base_ts = open_batch(raw)
+    seen: list[tuple] = []
+
+    def convert(*fields):
+        seen.append(fields)
+        return to_gms("t", 0, KafkaRecord(*fields), "h")
+
+    try:
+        expected: object = _reference("t", 0, data, "h", 1 << 22)
+    except GmsError as err:
+        expected = type(err)
+    try:
+        chunks: list[bytearray] = []
+        assert _convert.to_gms(records, count, base_ts, b"t", 0, b"h", 1 << 22, convert, chunks)
+        got: object = [bytes(chunk) for chunk in chunks]
+    except GmsError as err:
+        got = type(err)
+    assert got == expected
+    assert (seen == []) == in_c
 
 
 def test_a_timestamp_of_zero_is_stored_as_1_as_the_mapping_does():
