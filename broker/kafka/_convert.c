@@ -10,8 +10,8 @@
  * the reference, which raises its error (so the errors are the reference's, word for word).
  *
  * to_kafka: stored gms records (whole records, CRCs checked by the store) as the records of one
- * Kafka batch; a record with a tag or properties (but an idempotent producer's stamp) is handed to
- * a Python function.
+ * Kafka batch, their properties and tag as headers; a record whose properties the mapping decodes
+ * from base64 (or that are not as the encoder writes them) is handed to a Python function.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -424,44 +424,127 @@ typedef struct {
     int64_t first_offset, last_offset, min_ts, max_ts;
 } Stats;
 
-/* The idempotent producer's stamp (gms.record.layout.SEQUENCE_PROPERTY and its separator): a
- * property the decoder drops. */
-static const char SEQUENCE_NAME[] = "__PRODUCER_SEQ\x01";
+/* The idempotent producer's stamp (gms.record.layout.SEQUENCE_PROPERTY): a property the decoder
+ * drops. */
+static const char SEQUENCE_PROPERTY[] = "__PRODUCER_SEQ";
+#define STORED_PROPS_IN_C_MAX 32
 
-static inline Py_ssize_t props_len_of(const uint8_t *r) { return ((Py_ssize_t)r[74] << 8) | r[75]; }
+typedef struct {
+    const uint8_t *key, *props, *tag, *body;
+    Py_ssize_t keys_len, props_len, tag_len, body_len;
+} Stored;
 
-/* A record answered without headers: no tag, and no properties but an idempotent producer's
- * stamp (alone, ASCII text). */
-static int plain_record(const uint8_t *r) {
-    Py_ssize_t len = props_len_of(r), name = sizeof SEQUENCE_NAME - 1;
-    if (r[69] != 0) return 0;
-    if (len == 0) return 1;
-    const uint8_t *props = r + GMS_HEADER_SIZE + r[68] + r[70] + (((Py_ssize_t)r[72] << 8) | r[73]);
-    if (len <= name || memcmp(props, SEQUENCE_NAME, (size_t)name) != 0 || props[len - 1] != 0x02) return 0;
-    for (Py_ssize_t i = name; i < len - 1; i++)
-        if (props[i] >= 0x80 || props[i] == 0x02) return 0;
+static Stored stored_fields(const uint8_t *r) {
+    Stored f;
+    f.tag_len = r[69];
+    f.keys_len = ((Py_ssize_t)r[72] << 8) | r[73];
+    f.props_len = ((Py_ssize_t)r[74] << 8) | r[75];
+    f.body_len = (Py_ssize_t)get_be32(r + 64);
+    f.tag = r + GMS_HEADER_SIZE + r[68];
+    f.key = f.tag + f.tag_len + r[70];
+    f.props = f.key + f.keys_len;
+    f.body = f.props + f.props_len;
+    return f;
+}
+
+/* Well-formed UTF-8 (what Python's strict decoder takes: no overlong form, no surrogate, nothing
+ * past U+10FFFF). */
+static int valid_utf8(const uint8_t *p, Py_ssize_t len) {
+    for (Py_ssize_t i = 0; i < len;) {
+        uint8_t c = p[i], low = 0x80, high = 0xBF;
+        int more;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) more = 2;
+        else if (c >= 0xF0 && c <= 0xF4) more = 3;
+        else return 0;
+        if (c == 0xE0) low = 0xA0;
+        if (c == 0xED) high = 0x9F;
+        if (c == 0xF0) low = 0x90;
+        if (c == 0xF4) high = 0x8F;
+        if (len - i <= more || p[i + 1] < low || p[i + 1] > high) return 0;
+        for (int k = 2; k <= more; k++)
+            if ((p[i + k] & 0xC0) != 0x80) return 0;
+        i += more + 1;
+    }
     return 1;
 }
 
-/* The Kafka record of a plain gms record at o (NULL: only its size); its size. */
-static Py_ssize_t kafka_plain(const uint8_t *r, int64_t base_offset, int64_t base_ts, uint8_t *o) {
+/* A stored property: name [at, sep), value (sep, end); the next one starts after end. */
+typedef struct {
+    Py_ssize_t at, sep, end;
+} Property;
+
+/* Its properties as the decoder reads them (at most STORED_PROPS_IN_C_MAX): their count, or -1
+ * when Python maps them (not as the encoder writes them, a repeated name, a name the mapping
+ * decodes from base64, text that is not UTF-8). */
+static int read_properties(const Stored *f, Property *props) {
+    int n = 0;
+    if (f->props_len == 0) return 0;
+    if (f->props[f->props_len - 1] != 0x02 || !valid_utf8(f->props, f->props_len)) return -1;
+    for (Py_ssize_t at = 0; at < f->props_len; n++) {
+        const uint8_t *end = memchr(f->props + at, 0x02, (size_t)(f->props_len - at));
+        const uint8_t *sep = memchr(f->props + at, 0x01, (size_t)(end - f->props - at));
+        if (n == STORED_PROPS_IN_C_MAX || sep == NULL) return -1;
+        Property p = {at, sep - f->props, end - f->props};
+        const uint8_t *name = f->props + p.at;
+        int64_t len = p.sep - p.at;
+        if (is_name(name, len, KEY_PROPERTY) || starts_with(name, len, B64_PREFIX)) return -1;
+        for (int i = 0; i < n; i++)
+            if (props[i].sep - props[i].at == len && memcmp(f->props + props[i].at, name, (size_t)len) == 0) return -1;
+        props[n] = p;
+        at = p.end + 1;
+    }
+    return n;
+}
+
+static inline int is_stamp(const Stored *f, const Property *p) {
+    return is_name(f->props + p->at, p->sep - p->at, SEQUENCE_PROPERTY);
+}
+
+/* The Kafka record of the gms record r at o (NULL: only its size); its size, or -1 when Python
+ * maps it (read_properties; a tag or keys not UTF-8, which the decoder refuses). Its properties are its headers (but an
+ * idempotent producer's stamp), then its tag as gms.tag. */
+static Py_ssize_t kafka_record(const uint8_t *r, int64_t base_offset, int64_t base_ts, uint8_t *o) {
+    Stored f = stored_fields(r);
+    Property props[STORED_PROPS_IN_C_MAX];
+    int n = read_properties(&f, props);
+    if (n < 0 || !valid_utf8(f.tag, f.tag_len) || !valid_utf8(f.key, f.keys_len)) return -1;
+    int64_t headers = f.tag_len > 0, headers_size = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_stamp(&f, &props[i])) continue;
+        int64_t name_len = props[i].sep - props[i].at, value_len = props[i].end - props[i].sep - 1;
+        headers++;
+        headers_size += zigzag_size(name_len) + name_len + zigzag_size(value_len) + value_len;
+    }
+    if (f.tag_len > 0)
+        headers_size += zigzag_size((int64_t)strlen(TAG_HEADER)) + (int64_t)strlen(TAG_HEADER) +
+                        zigzag_size(f.tag_len) + f.tag_len;
     int64_t offset_delta = (int64_t)get_be64(r + 16) - base_offset, ts_delta = (int64_t)get_be64(r + 44) - base_ts;
-    int64_t body_len = get_be32(r + 64), keys_len = ((int64_t)r[72] << 8) | r[73];
-    int64_t key_field = keys_len > 0 ? keys_len : -1;
-    int64_t size = 1 + zigzag_size(ts_delta) + zigzag_size(offset_delta) + zigzag_size(key_field) + keys_len +
-                   zigzag_size(body_len) + body_len + 1;
+    int64_t key_field = f.keys_len > 0 ? f.keys_len : -1;
+    int64_t size = 1 + zigzag_size(ts_delta) + zigzag_size(offset_delta) + zigzag_size(key_field) + f.keys_len +
+                   zigzag_size(f.body_len) + f.body_len + zigzag_size(headers) + headers_size;
     if (o == NULL) return zigzag_size(size) + (Py_ssize_t)size;
-    const uint8_t *key = r + GMS_HEADER_SIZE + r[68] + r[70];
     uint8_t *start = o;
     o = put_zigzag(o, size);
     *o++ = 0; /* attributes */
     o = put_zigzag(put_zigzag(o, ts_delta), offset_delta);
-    o = put_zigzag(o, key_field);
-    memcpy(o, key, (size_t)keys_len);
-    o = put_zigzag(o + keys_len, body_len);
-    memcpy(o, key + keys_len + props_len_of(r), (size_t)body_len);
-    o += body_len;
-    *o++ = 0; /* no headers */
+    o = put_raw(put_zigzag(o, key_field), f.key, (size_t)f.keys_len);
+    o = put_raw(put_zigzag(o, f.body_len), f.body, (size_t)f.body_len);
+    o = put_zigzag(o, headers);
+    for (int i = 0; i < n; i++) {
+        if (is_stamp(&f, &props[i])) continue;
+        int64_t name_len = props[i].sep - props[i].at, value_len = props[i].end - props[i].sep - 1;
+        o = put_raw(put_zigzag(o, name_len), f.props + props[i].at, (size_t)name_len);
+        o = put_raw(put_zigzag(o, value_len), f.props + props[i].sep + 1, (size_t)value_len);
+    }
+    if (f.tag_len > 0) {
+        o = put_raw(put_zigzag(o, (int64_t)strlen(TAG_HEADER)), TAG_HEADER, strlen(TAG_HEADER));
+        o = put_raw(put_zigzag(o, f.tag_len), f.tag, (size_t)f.tag_len);
+    }
     return o - start;
 }
 
@@ -499,8 +582,9 @@ static int convert_others(PyObject *seq, Py_buffer *views, Stats *s, PyObject *c
     for (Py_ssize_t v = 0; v < PySequence_Fast_GET_SIZE(seq); v++) {
         for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
             const uint8_t *r = (const uint8_t *)views[v].buf + pos;
-            if (plain_record(r)) {
-                s->size += kafka_plain(r, s->first_offset, s->min_ts, NULL);
+            Py_ssize_t size = kafka_record(r, s->first_offset, s->min_ts, NULL);
+            if (size >= 0) {
+                s->size += size;
                 continue;
             }
             PyObject *one = PyObject_CallFunction(convert, "OnLL", PySequence_Fast_GET_ITEM(seq, v), pos,
@@ -521,8 +605,9 @@ static void write_kafka(Py_buffer *views, Py_ssize_t n, const Stats *s, PyObject
     for (Py_ssize_t v = 0; v < n; v++) {
         for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
             const uint8_t *r = (const uint8_t *)views[v].buf + pos;
-            if (plain_record(r)) {
-                o += kafka_plain(r, s->first_offset, s->min_ts, o);
+            Py_ssize_t size = kafka_record(r, s->first_offset, s->min_ts, o);
+            if (size >= 0) {
+                o += size;
             } else {
                 PyObject *one = PyList_GET_ITEM(converted, next++);
                 memcpy(o, PyBytes_AS_STRING(one), (size_t)PyBytes_GET_SIZE(one));

@@ -19,7 +19,6 @@ and the functions here are the record-by-record reference the C code is tested a
 from __future__ import annotations
 
 import base64
-import binascii
 
 from gms.broker.kafka import _convert
 from gms.broker.kafka.records import KafkaRecord, decode_records, open_batch, split_batches
@@ -138,7 +137,8 @@ def kafka_record(rec: Record, base_offset: int) -> KafkaRecord:
 
 
 def _unb64(value: str) -> bytes:
+    """A property's base64 value decoded; the text itself if it is not base64 (a gms producer's)."""
     try:
         return base64.b64decode(value, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or text that is not ASCII
         return value.encode()

@@ -1,11 +1,12 @@
 """A fetch's stored gms records as one Kafka record batch, without a Python step per message.
 
-The records without a tag and without properties but an idempotent producer's stamp (what gms's
-SDK and Kafka producers without headers store) are laid out in C (``_convert.to_kafka``): each
-Kafka record's varints (length, timestamp and offset deltas, key and value lengths), its key and
-value copied from the stored bytes. Each other one is converted here
-(:func:`gms.broker.kafka.convert.kafka_record`), mapping properties to headers and the tag to
-``gms.tag``. The record-by-record reference is ``encode_batch(*from_gms(views))``.
+The records are laid out in C (``_convert.to_kafka``): each Kafka record's varints (length,
+timestamp and offset deltas, key and value lengths), its key and value copied from the stored
+bytes, its properties as headers (but an idempotent producer's stamp) and its tag as ``gms.tag``.
+A record whose properties the mapping decodes from base64 (a Kafka producer's key that is not
+gms's, a header value that is not text), repeats a name or holds more than 32 is converted here
+(:func:`gms.broker.kafka.convert.kafka_record`), and so is one the decoder refuses (it raises
+here). The record-by-record reference is ``encode_batch(*from_gms(views))``.
 """
 
 from __future__ import annotations
@@ -25,5 +26,5 @@ def fetched_batch(views: list[memoryview]) -> bytearray:
 
 
 def _converted(view: memoryview, pos: int, base_offset: int, base_ts: int) -> bytes:
-    """The Kafka record of the gms record at ``pos`` that has a tag or properties."""
+    """The Kafka record of the gms record at ``pos``, mapped record by record."""
     return bytes(encode_records([kafka_record(decode_record(view, pos, verify_crc=False), base_offset)], base_ts))

@@ -29,7 +29,8 @@ from gms.broker.kafka.records import (
 from gms.errors import GmsError
 from gms.record import decode_record, encode_record
 from gms.record.codec import seal_crc
-from gms.record.layout import FLAG_SEQUENCED, OFF_QUEUE_OFFSET, SEQUENCE_PROPERTY
+from gms.record.layout import FLAG_SEQUENCED, HEADER, HEADER_SIZE, MAGIC_V1, OFF_QUEUE_OFFSET, SEQUENCE_PROPERTY
+from gms.store_errors import CorruptRecord
 
 from .test_kafka_codec import _recompressed
 
@@ -255,22 +256,35 @@ def test_a_fetch_converts_every_kind_of_stored_record_as_the_reference():
         (None, []), (None, [("gms.tag", b"T")]), (b"\xff", [("h", b"\x00")])]
 
 
-@pytest.mark.parametrize("tag, properties, in_c", [
-    (None, {SEQUENCE_PROPERTY: "0000000000000001.00000000.0000000000000000.00000002"}, True),
-    (None, {SEQUENCE_PROPERTY: "a\x03b"}, True),  # "\x03" made "\x01": one property still
-    (None, {SEQUENCE_PROPERTY: "é"}, False),
-    (None, {"p": "1", SEQUENCE_PROPERTY: "s"}, False),
-    (None, {SEQUENCE_PROPERTY: "s", "p": "1"}, False),
-    ("T", {SEQUENCE_PROPERTY: "s"}, False),
-    (None, {"__PRODUCER_SE": "s"}, False),
-], ids=["stamp", "stamp-with-separator", "stamp-not-ascii", "stamp-last", "stamp-first", "stamp-and-tag", "not-stamp"])
-def test_a_record_with_only_a_producer_stamp_is_answered_in_c(tag, properties, in_c):
-    record = bytearray(encode_record(topic="t", body=b"v", keys=("k",), tag=tag, properties=properties,
-                                     born_ts_ms=3))
-    if b"a\x03b" in record:  # the encoder refuses a separator in a value; the decoder takes the name's
-        record[record.index(b"a\x03b") + 1] = 0x01
-        seal_crc(record)
-    views = [memoryview(_stored([bytes(record)], 5))]
+def _raw_record(props: bytes, tag: bytes = b"", keys: bytes = b"k") -> bytes:
+    """A stored record with these fields as they are (the encoder checks them)."""
+    topic, host, body = b"t", b"h", b"v"
+    total = HEADER_SIZE + len(topic) + len(tag) + len(host) + len(keys) + len(props) + len(body)
+    record = bytearray(HEADER.pack(total, MAGIC_V1, 0, 0, 0, 0, 0, 0, 3, 0, 0, len(body), len(topic), len(tag),
+                                   len(host), 0, len(keys), len(props)) + topic + tag + host + keys + props + body)
+    seal_crc(record)
+    return bytes(record)
+
+
+STAMP = f"{SEQUENCE_PROPERTY}\x010000000000000001.00000000.0000000000000000.00000002\x02".encode()
+
+
+@pytest.mark.parametrize("record, in_c", [
+    (_raw_record(STAMP), True),
+    (_raw_record(f"{SEQUENCE_PROPERTY}\x01a\x01b\x02".encode()), True),  # one property still
+    (_raw_record(b"p\x011\x02" + STAMP + b"q\x01\x02"), True),
+    (_raw_record(STAMP, tag=b"T"), True),
+    (_raw_record("p\x01é\x02é\x01x\x02".encode(), tag="é".encode()), True),
+    (_raw_record(b"\x01v\x02"), True),  # an empty name: a header with an empty key
+    (_raw_record(b"__KAFKA_KEY\x01/w==\x02"), False),
+    (_raw_record(b"__KAFKA_B64.h\x01AA==\x02"), False),
+    (_raw_record("__KAFKA_KEY\x01é\x02".encode()), False),  # not base64: the text itself
+    (_raw_record(b"p\x011\x02p\x012\x02"), False),  # repeated: the last value, in the first one's place
+    (_raw_record(b"".join(b"p%d\x01v\x02" % i for i in range(33))), False),
+], ids=["stamp", "stamp-with-separator", "stamp-among-others", "stamp-and-tag", "not-ascii", "empty-name", "key",
+        "base64", "key-not-base64", "repeated", "33-properties"])
+def test_which_stored_records_are_answered_in_c(record, in_c):
+    views = [memoryview(_stored([record], 5))]
     converted: list[int] = []
 
     def convert(view, pos, base_offset, base_ts):
@@ -279,6 +293,36 @@ def test_a_record_with_only_a_producer_stamp_is_answered_in_c(tag, properties, i
 
     _convert.to_kafka(views, convert)
     assert (converted == []) == in_c
+    assert fetched_batch(views) == encode_batch(*from_gms(views))
+
+
+@pytest.mark.parametrize("record", [
+    _raw_record(b"p\x011"), _raw_record(b"p1\x02"), _raw_record(b"\x02"), _raw_record(b"p\x01\xff\x02"),
+    _raw_record(b"", tag=b"\xed\xa0\x80"), _raw_record(b"", keys=b"\xc0\x80"),
+    _raw_record(b"", tag=b"\xf4\x90\x80\x80"),
+], ids=["no-end", "no-separator", "empty-item", "value-not-utf8", "tag-surrogate", "key-overlong", "tag-past-unicode"])
+def test_a_stored_record_the_decoder_refuses_is_refused_as_the_reference_does(record):
+    views = [memoryview(_stored([record], 5))]
+    with pytest.raises(CorruptRecord):
+        from_gms(views)
+    with pytest.raises(CorruptRecord):
+        fetched_batch(views)
+
+
+PROPERTY_NAMES = st.sampled_from(["p", "é", "x y", "__KAFKA_KEY", "__KAFKA_B64.h", SEQUENCE_PROPERTY])
+PROPERTY_VALUES = st.one_of(st.text("ab é=/+", max_size=8), st.sampled_from(["AA==", "/w==", "YQ", "*"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(PROPERTY_NAMES, PROPERTY_VALUES, max_size=4), st.sampled_from([None, "é"]),
+                          st.lists(st.text("ab", min_size=1, max_size=3), max_size=2), st.binary(max_size=30),
+                          st.integers(1, 1 << 42)), min_size=1, max_size=12))
+def test_a_fetch_in_c_is_the_record_by_record_conversion(rows):
+    records = [encode_record(topic="t", body=body, tag=tag, keys=keys, properties=props, born_ts_ms=born)
+               for props, tag, keys, body, born in rows]
+    stored = _stored(records, 1 << 20)
+    cut = _starts(stored)[len(records) // 2]
+    views = [memoryview(stored)[:cut], memoryview(stored)[cut:]] if cut else [memoryview(stored)]
     assert fetched_batch(views) == encode_batch(*from_gms(views))
 
 
