@@ -81,6 +81,32 @@ static inline uint8_t *put_zigzag(uint8_t *o, int64_t v) {
     return o;
 }
 
+/* Well-formed UTF-8 (what Python's strict decoder takes: no overlong form, no surrogate, nothing
+ * past U+10FFFF). */
+static int valid_utf8(const uint8_t *p, Py_ssize_t len) {
+    for (Py_ssize_t i = 0; i < len;) {
+        uint8_t c = p[i], low = 0x80, high = 0xBF;
+        int more;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF) more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) more = 2;
+        else if (c >= 0xF0 && c <= 0xF4) more = 3;
+        else return 0;
+        if (c == 0xE0) low = 0xA0;
+        if (c == 0xED) high = 0x9F;
+        if (c == 0xF0) low = 0x90;
+        if (c == 0xF4) high = 0x8F;
+        if (len - i <= more || p[i + 1] < low || p[i + 1] > high) return 0;
+        for (int k = 2; k <= more; k++)
+            if ((p[i + k] & 0xC0) != 0x80) return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
 /* --- to_gms ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -109,13 +135,8 @@ static int read_headers(const uint8_t *buf, Py_ssize_t end, Py_ssize_t stop, Py_
     for (int64_t i = 0; i < count; i++) {
         Py_ssize_t at;
         int64_t len;
-        if (read_varbytes(buf, end, stop, pos, &at, &len) || len < 0) return -1;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + at, (Py_ssize_t)len, "strict");
-        if (name == NULL) {
-            PyErr_Clear();
+        if (read_varbytes(buf, end, stop, pos, &at, &len) || len < 0 || !valid_utf8(buf + at, (Py_ssize_t)len))
             return -1;
-        }
-        Py_DECREF(name);
         if (read_varbytes(buf, end, stop, pos, &at, &len)) return -1;
     }
     return 0;
@@ -445,32 +466,6 @@ static Stored stored_fields(const uint8_t *r) {
     f.props = f.key + f.keys_len;
     f.body = f.props + f.props_len;
     return f;
-}
-
-/* Well-formed UTF-8 (what Python's strict decoder takes: no overlong form, no surrogate, nothing
- * past U+10FFFF). */
-static int valid_utf8(const uint8_t *p, Py_ssize_t len) {
-    for (Py_ssize_t i = 0; i < len;) {
-        uint8_t c = p[i], low = 0x80, high = 0xBF;
-        int more;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if (c >= 0xC2 && c <= 0xDF) more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) more = 2;
-        else if (c >= 0xF0 && c <= 0xF4) more = 3;
-        else return 0;
-        if (c == 0xE0) low = 0xA0;
-        if (c == 0xED) high = 0x9F;
-        if (c == 0xF0) low = 0x90;
-        if (c == 0xF4) high = 0x8F;
-        if (len - i <= more || p[i + 1] < low || p[i + 1] > high) return 0;
-        for (int k = 2; k <= more; k++)
-            if ((p[i + k] & 0xC0) != 0x80) return 0;
-        i += more + 1;
-    }
-    return 1;
 }
 
 /* A stored property: name [at, sep), value (sep, end); the next one starts after end. */
