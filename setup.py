@@ -3,7 +3,7 @@
 from setuptools import Extension, setup
 
 # _recordcheck and _append include common/record/crc32.h and batch_core.h (BatchCore's layout,
-# shared by the two).
+# shared by the two); the Kafka adapter's _convert, crc32.h.
 HEADERS = ["common/record/crc32.h", "common/record/batch_core.h"]
 
 setup(ext_modules=[
@@ -12,4 +12,6 @@ setup(ext_modules=[
     Extension("gms.client._append", ["client/_append.c"], include_dirs=["common/record"], depends=HEADERS,
               extra_compile_args=["-O3"]),
     Extension("gms.client._rows", ["client/_rows.c"], extra_compile_args=["-O3"]),
+    Extension("gms.broker.kafka._convert", ["broker/kafka/_convert.c"], include_dirs=["common/record"],
+              depends=["common/record/crc32.h"], extra_compile_args=["-O3"]),
 ])

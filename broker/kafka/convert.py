@@ -10,19 +10,24 @@
   fetch answers a tagged record's tag as that header;
 - a null value is stored as an empty body (answered as an empty value).
 
-A produce converts record by record here (a Python step per message: docs/kafka-compat.md); a
-fetch converts the records without a tag or properties column by column (:mod:`.fetched`) and
-the others one by one here.
+A produce converts each batch in C (``_convert.to_gms``, :func:`gms_bodies`) and a fetch the
+stored records in C (:mod:`.fetched`); in both, a record the C code does not map (a key or header
+that is not ASCII, the ``gms.tag`` header ...; a gms tag or properties) is converted alone here,
+and the functions here are the record-by-record reference the C code is tested against.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 
-from gms.broker.kafka.records import KafkaRecord
+from gms.broker.kafka import _convert
+from gms.broker.kafka.records import KafkaRecord, decode_records, open_batch, split_batches
+from gms.broker.kafka.wire import Malformed
+from gms.errors import GmsError
+from gms.naming import validate_topic_name
+from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record import Record, encode_record, iter_records
-from gms.record.layout import PROP_NAME_VALUE_SEPARATOR, PROP_SEPARATOR
+from gms.record.layout import BORN_HOST_BYTES_MAX, PROP_NAME_VALUE_SEPARATOR, PROP_SEPARATOR
 
 TAG_HEADER = "gms.tag"
 KEY_PROPERTY = "__KAFKA_KEY"
@@ -65,6 +70,47 @@ def to_gms(topic: str, queue_id: int, record: KafkaRecord, born_host: str) -> by
                          queue_id=queue_id, born_host=born_host, born_ts_ms=record.timestamp_ms or 1)
 
 
+def gms_bodies(topic: str, queue_id: int, data: memoryview | None, client: str) -> list[bytearray]:
+    """A partition's batches as gms records, in send bodies of at most SEND_BODY_SIZE_MAX_BYTES
+    (a larger record alone). Malformed: a batch does not decode; GmsError: a record cannot be a
+    gms record. Each batch is converted in C, the records it does not map by :func:`to_gms`; a
+    batch it does not take (a malformed one), and every batch when the topic or client name is
+    no gms record's (to_gms raises why), goes record by record through the reference."""
+    if not data:
+        raise Malformed("a partition without records")
+    names = _names(topic, client)
+    chunks: list[bytearray] = []
+
+    def convert(delta: int, ts: int, key: bytes | None, value: bytes | None,
+                headers: list[tuple[str, bytes | None]]) -> bytes:
+        return to_gms(topic, queue_id, KafkaRecord(delta, ts, key, value, headers), client)
+
+    for batch in split_batches(data):
+        _, raw, count, base_ts = open_batch(batch)
+        if names is not None and _convert.to_gms(raw, count, base_ts, names[0], queue_id, names[1],
+                                                 SEND_BODY_SIZE_MAX_BYTES, convert, chunks):
+            continue
+        for record in decode_records(raw, count, base_ts):
+            encoded = to_gms(topic, queue_id, record, client)
+            if chunks and len(chunks[-1]) + len(encoded) <= SEND_BODY_SIZE_MAX_BYTES:
+                chunks[-1] += encoded
+            else:
+                chunks.append(bytearray(encoded))
+    if not chunks:
+        raise Malformed("a batch without records")
+    return chunks
+
+
+def _names(topic: str, client: str) -> tuple[bytes, bytes] | None:
+    """The topic and born host as a gms record holds them; None if they cannot be."""
+    host = client.encode()
+    try:
+        validate_topic_name(topic)
+    except GmsError:
+        return None
+    return (topic.encode(), host) if len(host) <= BORN_HOST_BYTES_MAX else None
+
+
 def from_gms(views: list[memoryview]) -> tuple[int, list[KafkaRecord]]:
     """The Kafka records of stored gms records (views of one or more adjacent records, in offset
     order, CRCs checked by the store): the first one's offset, and each with its delta from it.
@@ -91,7 +137,8 @@ def kafka_record(rec: Record, base_offset: int) -> KafkaRecord:
 
 
 def _unb64(value: str) -> bytes:
+    """A property's base64 value decoded; the text itself if it is not base64 (a gms producer's)."""
     try:
         return base64.b64decode(value, validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or text that is not ASCII
         return value.encode()

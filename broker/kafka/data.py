@@ -18,17 +18,16 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from gms.broker.kafka.convert import to_gms
+from gms.broker.kafka.convert import gms_bodies
 from gms.broker.kafka.errors import Err, code_of
 from gms.broker.kafka.fetched import fetched_batch
 from gms.broker.kafka.idempotence import stamped_bodies
-from gms.broker.kafka.records import UnsupportedBatch, decode_batch, split_batches
+from gms.broker.kafka.records import UnsupportedBatch
 from gms.broker.kafka.wire import Malformed
 from gms.broker.services import Services
 from gms.broker.services.messages import GetStatus, QueueRead
 from gms.errors import GmsError
 from gms.protocol.fetch import FETCH_BYTES_MAX, FETCH_MSGS_MAX, FETCH_TOTAL_BYTES_MAX, FetchRequest, QueueFetch
-from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record import decode_record
 
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
@@ -88,9 +87,9 @@ class Data:
         A batch larger than one gms send may be (SEND_BODY_SIZE_MAX_BYTES as gms records) goes as
         several sends, one after another without a pause, so its records stay adjacent."""
         try:
-            bodies = stamped_bodies(topic, queue_id, data, client, _gms_bodies)
+            bodies = stamped_bodies(topic, queue_id, data, client, gms_bodies)
             results = [self.messages.send(body, acks, started)
-                       for body in bodies or _gms_bodies(topic, queue_id, data, client)]
+                       for body in bodies or gms_bodies(topic, queue_id, data, client)]
         except UnsupportedBatch as err:
             return _partition_error(Err.UNSUPPORTED_FOR_MESSAGE_FORMAT, str(err))
         except Malformed as err:
@@ -206,25 +205,3 @@ async def _stored_when(results: list[Any]) -> dict[str, Any]:
     except GmsError as err:
         return _partition_error(code_of(err), str(err))
     return _stored(first)
-
-
-def _gms_bodies(topic: str, queue_id: int, data: memoryview | None, client: str) -> list[bytes]:
-    """A partition's batches as gms records, in send bodies of at most SEND_BODY_SIZE_MAX_BYTES
-    (a larger record alone). Malformed: a batch does not decode."""
-    if not data:
-        raise Malformed("a partition without records")
-    bodies: list[bytes] = []
-    chunk: list[bytes] = []
-    size = 0
-    for raw in split_batches(data):
-        for record in decode_batch(raw).records:
-            encoded = to_gms(topic, queue_id, record, client)
-            if chunk and size + len(encoded) > SEND_BODY_SIZE_MAX_BYTES:
-                bodies.append(b"".join(chunk))
-                chunk, size = [], 0
-            chunk.append(encoded)
-            size += len(encoded)
-    if not chunk:
-        raise Malformed("a batch without records")
-    bodies.append(b"".join(chunk))
-    return bodies

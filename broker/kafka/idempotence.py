@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gms.broker.kafka.errors import Err
@@ -39,7 +39,7 @@ _MAGIC_AT = 16
 _RECORD_SIZE = struct.Struct(">i")  # a gms record's first field: its total size
 
 # (topic, queue id, a batch's bytes, client address) -> the batch's records as gms send bodies
-BodiesOf = Callable[[str, int, memoryview, str], list[bytes]]
+BodiesOf = Callable[[str, int, memoryview, str], Sequence[bytes | bytearray]]
 
 
 class ProducerIds:
@@ -99,7 +99,7 @@ def _producer(batch: memoryview) -> tuple[int, int, int, int] | None:
     return fields[9], fields[10], fields[11], fields[12]
 
 
-def _record_count(body: bytes) -> int:
+def _record_count(body: bytes | bytearray) -> int:
     count = pos = 0
     while pos < len(body):
         pos += _RECORD_SIZE.unpack_from(body, pos)[0]

@@ -105,6 +105,13 @@ def split_batches(data: memoryview) -> list[memoryview]:
 
 def decode_batch(data: memoryview) -> Batch:
     """One batch (from :func:`split_batches`), CRC checked, records decompressed."""
+    fields, raw, count, base_ts = open_batch(data)
+    return Batch(*fields, decode_records(raw, count, base_ts))
+
+
+def open_batch(data: memoryview) -> tuple[tuple[int, int, int, int, int], bytes, int, int]:
+    """One batch's (base offset, attributes, producer id and epoch, base sequence), its records'
+    bytes (decompressed), their count and base timestamp; its magic, CRC and kind checked."""
     (base_offset, _, _, magic, crc, attributes, _, base_ts, _, producer_id, producer_epoch, base_sequence,
      count) = BATCH_HEADER.unpack_from(data)
     if magic != 2:
@@ -118,10 +125,16 @@ def decode_batch(data: memoryview) -> Batch:
     raw = decompress(codec, body) if codec else bytes(body)
     if count < 0 or count > len(raw):
         raise CorruptBatch(f"record count {count}")
+    return (base_offset, attributes, producer_id, producer_epoch, base_sequence), raw, count, base_ts
+
+
+def decode_records(raw: bytes, count: int, base_ts: int) -> list[KafkaRecord]:
+    """The ``count`` records of an opened batch (:func:`open_batch`): the reference decoder, which
+    the C conversion of a produce (``_convert.to_gms``) gives way to for any batch it does not take."""
     records, end = _decode_records(raw, count, base_ts)
     if end != len(raw):
         raise CorruptBatch(f"{len(raw) - end} bytes after the batch's {count} records")
-    return Batch(base_offset, attributes, producer_id, producer_epoch, base_sequence, records)
+    return records
 
 
 def _decode_records(buf: bytes, count: int, base_ts: int) -> tuple[list[KafkaRecord], int]:
@@ -226,7 +239,15 @@ def wrap_batch(base_offset: int, body: bytes | bytearray, count: int, last_offse
                max_ts: int, leader_epoch: int = -1) -> bytes:
     """An uncompressed batch of ``count`` encoded records (``body``; timestamp deltas from
     ``base_ts``), with its header and CRC-32C."""
-    header = bytearray(BATCH_HEADER.pack(base_offset, BATCH_HEADER_SIZE - LENGTH_END + len(body), leader_epoch, 2, 0,
-                                         0, last_offset_delta, base_ts, max_ts, -1, -1, -1, count))
-    struct.pack_into(">I", header, 17, crc32c.crc32c(body, crc32c.crc32c(header[CRC_START:])))
-    return bytes(header + body)
+    batch = bytearray(BATCH_HEADER_SIZE) + body
+    seal_batch(batch, base_offset, count, last_offset_delta, base_ts, max_ts, leader_epoch)
+    return bytes(batch)
+
+
+def seal_batch(batch: bytearray, base_offset: int, count: int, last_offset_delta: int, base_ts: int, max_ts: int,
+               leader_epoch: int = -1) -> None:
+    """Write the header and CRC-32C of an uncompressed batch whose records follow its first
+    BATCH_HEADER_SIZE bytes (left for the header)."""
+    BATCH_HEADER.pack_into(batch, 0, base_offset, len(batch) - LENGTH_END, leader_epoch, 2, 0, 0, last_offset_delta,
+                           base_ts, max_ts, -1, -1, -1, count)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
