@@ -71,12 +71,6 @@ class MessageTooLarge(InvalidRecord):
         self.size_bytes_max = size_bytes_max
 
 
-class EmptyBody(InvalidRecord):
-
-    def __init__(self) -> None:
-        super().__init__("body", "must not be empty")
-
-
 class UnknownTopic(StoreError, TopicNotFoundError):
 
     def __init__(self, topic: str) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from gms.net.blocking import BlockingConnection
 from gms.protocol.codes import RequestCode
-from gms.record import iter_records
+from gms.record import Record, iter_records
 from gms.record.layout import TOMBSTONE_PROPERTY
 
 KEYS = 13
@@ -32,6 +32,13 @@ def _ask(address: str, code: int, fields: dict[str, Any]) -> tuple[dict[str, Any
     finally:
         conn.close()
     return dict(frame.fields), bytes(frame.body)
+
+
+def read_records(address: str, topic: str, offset: int) -> list[Record]:
+    """The records one PULL of queue 0 from ``offset`` serves."""
+    body = _ask(address, RequestCode.PULL, {"topic": topic, "queue_id": 0, "offset": offset, "max_msgs": 1000,
+                                            "max_bytes": 1 << 20})[1]
+    return list(iter_records(body))
 
 
 def read_from_start(address: str, topic: str) -> list[tuple[int, str, int]]:

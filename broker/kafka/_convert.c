@@ -418,7 +418,8 @@ static PyObject *to_gms(PyObject *module, PyObject *args) {
     for (Py_ssize_t i = 0; i < count; i++) {
         Fields *f = &fields[i];
         f->key_kind = key_kind(buf + f->key_at, f->key_len);
-        f->props_len = f->key_kind < 0 ? -1 : props_size(buf, raw.len, f);
+        /* a null value (a tombstone) and keys C does not take are mapped in Python */
+        f->props_len = f->key_kind < 0 || f->value_len < 0 ? -1 : props_size(buf, raw.len, f);
         if (f->props_len >= 0) {
             f->size = GMS_HEADER_SIZE + topic.len + host.len + (f->key_kind == KEY_GMS ? f->key_len : 0) +
                       f->props_len + (f->value_len < 0 ? 0 : f->value_len);
@@ -448,6 +449,8 @@ typedef struct {
 /* The idempotent producer's stamp (gms.record.layout.SEQUENCE_PROPERTY): a property the decoder
  * drops. */
 static const char SEQUENCE_PROPERTY[] = "__PRODUCER_SEQ";
+/* A tombstone's mark (gms.record.layout.TOMBSTONE_PROPERTY): answered as a null value, in Python. */
+static const char TOMBSTONE_PROPERTY[] = "__TOMBSTONE";
 #define STORED_PROPS_IN_C_MAX 32
 
 typedef struct {
@@ -487,7 +490,8 @@ static int read_properties(const Stored *f, Property *props) {
         Property p = {at, sep - f->props, end - f->props};
         const uint8_t *name = f->props + p.at;
         int64_t len = p.sep - p.at;
-        if (is_name(name, len, KEY_PROPERTY) || starts_with(name, len, B64_PREFIX)) return -1;
+        if (is_name(name, len, KEY_PROPERTY) || starts_with(name, len, B64_PREFIX) || is_name(name, len, TOMBSTONE_PROPERTY))
+            return -1;
         for (int i = 0; i < n; i++)
             if (props[i].sep - props[i].at == len && memcmp(f->props + props[i].at, name, (size_t)len) == 0) return -1;
         props[n] = p;

@@ -8,7 +8,9 @@
   \\x02) under its own name, any other value base64 under ``__KAFKA_B64.<name>``; the header
   ``gms.tag`` is the record's tag (so tag subscriptions filter Kafka producers' messages), and a
   fetch answers a tagged record's tag as that header;
-- a null value is stored as an empty body (answered as an empty value).
+- a null value (Kafka's tombstone) is stored as an empty body with the property ``__TOMBSTONE``,
+  which compacted topics read as the key's deletion (docs/storage-format.md); a record with that
+  property is answered with a null value.
 
 A produce converts each batch in C (``_convert.to_gms``, :func:`gms_bodies`) and a fetch the
 stored records in C (:mod:`.fetched`); in both, a record the C code does not map (a key or header
@@ -27,7 +29,7 @@ from gms.errors import GmsError
 from gms.naming import validate_topic_name
 from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record import Record, encode_record, iter_records
-from gms.record.layout import BORN_HOST_BYTES_MAX, PROP_NAME_VALUE_SEPARATOR, PROP_SEPARATOR
+from gms.record.layout import BORN_HOST_BYTES_MAX, PROP_NAME_VALUE_SEPARATOR, PROP_SEPARATOR, TOMBSTONE_PROPERTY
 
 TAG_HEADER = "gms.tag"
 KEY_PROPERTY = "__KAFKA_KEY"
@@ -66,6 +68,8 @@ def to_gms(topic: str, queue_id: int, record: KafkaRecord, born_host: str) -> by
             keys = (text,)
         else:
             properties[KEY_PROPERTY] = base64.b64encode(key).decode()
+    if record.value is None:
+        properties[TOMBSTONE_PROPERTY] = "1"
     return encode_record(topic=topic, body=record.value or b"", tag=tag, keys=keys, properties=properties,
                          queue_id=queue_id, born_host=born_host, born_ts_ms=record.timestamp_ms or 1)
 
@@ -124,8 +128,11 @@ def kafka_record(rec: Record, base_offset: int) -> KafkaRecord:
     """The Kafka record of a decoded gms record (its offset delta from ``base_offset``)."""
     headers: list[tuple[str, bytes | None]] = []
     key: bytes | None = " ".join(rec.keys).encode() if rec.keys else None
+    body: bytes | None = bytes(rec.body)
     for name, value in rec.properties.items():
-        if name == KEY_PROPERTY:
+        if name == TOMBSTONE_PROPERTY:
+            body = None
+        elif name == KEY_PROPERTY:
             key = _unb64(value)
         elif name.startswith(B64_PREFIX):
             headers.append((name[len(B64_PREFIX):], _unb64(value)))
@@ -133,7 +140,7 @@ def kafka_record(rec: Record, base_offset: int) -> KafkaRecord:
             headers.append((name, value.encode()))
     if rec.tag:
         headers.append((TAG_HEADER, rec.tag.encode()))
-    return KafkaRecord(rec.queue_offset - base_offset, rec.born_ts_ms, key, bytes(rec.body), headers)
+    return KafkaRecord(rec.queue_offset - base_offset, rec.born_ts_ms, key, body, headers)
 
 
 def _unb64(value: str) -> bytes:

@@ -301,7 +301,7 @@ done:
 }
 
 PyDoc_STRVAR(read_headers_doc,
-"read_headers(buf, starts, topic_len_max) -> (headers, first_bad, same_topic, same_tag, body_min, body_max)\n\n"
+"read_headers(buf, starts, topic_len_max) -> (headers, first_bad, same_topic, same_tag, body_max)\n\n"
 "The fixed headers of the records at starts (native int64s) of buf, copied one after the other\n"
 "(a bytearray of gms.record.HEADER_DTYPE rows), and what a batch check needs of them in the same pass:\n"
 "the index of the first record whose header is inconsistent (-1 if none: the record lies inside\n"
@@ -330,7 +330,7 @@ static PyObject *read_headers(PyObject *self, PyObject *args) {
     const int64_t len = buf.len;
     Py_ssize_t bad = -1;
     int same_topic = 1, same_tag = 1;
-    int64_t body_min = n ? INT64_MAX : 0, body_max = n ? INT64_MIN : 0;
+    int64_t body_max = n ? INT64_MIN : 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t start = starts[i];
         if (start < 0 || start > len - HEADER_SIZE) {
@@ -350,7 +350,6 @@ static PyObject *read_headers(PyObject *self, PyObject *args) {
             bad = i;
             break;
         }
-        if (body_len < body_min) body_min = body_len;
         if (body_len > body_max) body_max = body_len;
         if (first == NULL) {
             first = p;
@@ -365,8 +364,8 @@ static PyObject *read_headers(PyObject *self, PyObject *args) {
     }
     if (bad >= 0)
         memset(out + bad * HEADER_SIZE, 0, (size_t)(n - bad) * HEADER_SIZE);
-    result = Py_BuildValue("(OnNNLL)", headers, bad, PyBool_FromLong(same_topic), PyBool_FromLong(same_tag),
-                           (long long)body_min, (long long)body_max);
+    result = Py_BuildValue("(OnNNL)", headers, bad, PyBool_FromLong(same_topic), PyBool_FromLong(same_tag),
+                           (long long)body_max);
 done:
     Py_XDECREF(headers);
     PyBuffer_Release(&starts_view);

@@ -24,7 +24,7 @@ from gms.record import (
     validate_header,
 )
 from gms.record.layout import index_tag_hash, index_tag_hashes
-from gms.store_errors import BodyTooLarge, CorruptRecord, EmptyBody, InvalidRecord
+from gms.store_errors import BodyTooLarge, CorruptRecord, InvalidRecord
 
 VECTORISE_RECORDS_MIN = 16  # from this many records a batch is checked with numpy
 _NAMES_CACHED_MAX = 4096  # distinct topic names / tags whose checks are remembered
@@ -133,7 +133,7 @@ def parse_batch(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool
         wrong = np.flatnonzero(headers["total_size"] != sizes)
         if wrong.size:
             raise CorruptRecord(int(starts_arr[wrong[0]]), "record size differs from the one announced")
-    _check_body_lengths(checked.body_min, checked.body_max, body_size_max_bytes)
+    _check_body_lengths(checked.body_max, body_size_max_bytes)
     parsed = parse_records(arr, starts_arr, headers, one_topic=checked.same_topic)
     if verify_tag_hash:
         _check_tag_hashes(arr, parsed, one_tag=checked.same_tag)
@@ -157,7 +157,7 @@ def parse_one(buf: memoryview, body_size_max_bytes: int, verify_tag_hash: bool =
     fields = validate_header(buf, 0, verify_crc=True)
     if fields[0] != len(buf):
         raise CorruptRecord(0, f"one record of {fields[0]} bytes in a buffer of {len(buf)}")
-    _check_body_lengths(fields[_BODY_LEN], fields[_BODY_LEN], body_size_max_bytes)
+    _check_body_lengths(fields[_BODY_LEN], body_size_max_bytes)
     topic_end = HEADER_SIZE + fields[_TOPIC_LEN]
     topic = _decode_topic(bytes(buf[HEADER_SIZE:topic_end]), 0)
     if verify_tag_hash:
@@ -192,7 +192,7 @@ def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,
     is the scalar twin of ``header_errors``), no numpy until the result is assembled."""
     fields = [validate_header(buf, pos, verify_crc=False) for pos in starts]  # CRCs: checked by the scan
     body_lens = [f[_BODY_LEN] for f in fields]
-    _check_body_lengths(min(body_lens), max(body_lens), body_size_max_bytes)
+    _check_body_lengths(max(body_lens), body_size_max_bytes)
     topics: dict[str, int] = {}
     topic_index = []
     for pos, f in zip(starts, fields, strict=True):
@@ -205,9 +205,7 @@ def _parse_few(buf: memoryview, starts: list[int], body_size_max_bytes: int,
     return ParsedRecords(np.array(starts, np.int64), headers, list(topics), np.array(topic_index, np.intp))
 
 
-def _check_body_lengths(shortest: int, longest: int, body_size_max_bytes: int) -> None:
-    if shortest == 0:
-        raise EmptyBody()
+def _check_body_lengths(longest: int, body_size_max_bytes: int) -> None:
     if longest > body_size_max_bytes:
         raise BodyTooLarge(longest, body_size_max_bytes)
 

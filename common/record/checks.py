@@ -64,7 +64,6 @@ class BatchHeaders(NamedTuple):
     first_bad: int  # the first record whose header is inconsistent, -1 if none
     same_topic: bool  # every record carries the first one's topic bytes
     same_tag: bool  # ... and its tag bytes
-    body_min: int  # the shortest body (0 for no record)
     body_max: int
 
 
@@ -73,9 +72,9 @@ def batch_headers(buf: bytes | memoryview, starts: np.ndarray) -> BatchHeaders:
     checks it and to lie inside ``buf`` (not the CRC), in one C pass that also tells whether the
     records share one topic and one tag (as a producer's batch does) and their body lengths'
     range: what numpy took a dozen calls over gathered copies for."""
-    raw, first_bad, same_topic, same_tag, body_min, body_max = _recordcheck.read_headers(
+    raw, first_bad, same_topic, same_tag, body_max = _recordcheck.read_headers(
         buf, np.ascontiguousarray(starts, np.int64), TOPIC_NAME_BYTES_MAX)
-    return BatchHeaders(np.frombuffer(raw, HEADER_DTYPE), first_bad, same_topic, same_tag, body_min, body_max)
+    return BatchHeaders(np.frombuffer(raw, HEADER_DTYPE), first_bad, same_topic, same_tag, body_max)
 
 
 def crc_mismatches(buf: bytes | memoryview | np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -14,9 +14,10 @@ import time
 import uuid
 
 import pytest
-from compaction_cluster_helpers import CLEANER_TOML, KEYS, compacted, keyed, latest, read_from_start
+from compaction_cluster_helpers import CLEANER_TOML, KEYS, compacted, keyed, latest, read_from_start, read_records
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import Producer as KafkaProducer
 from gms_cluster import LocalCluster
 from processes import free_port, wait_until
 from scrape import scrape
@@ -36,21 +37,30 @@ def gms(nameserver: str, *args: str, ok: bool = True) -> subprocess.CompletedPro
     return result
 
 
-def kafka_read(bootstrap: str, topic: str, end: int) -> list[tuple[int, str, int]]:
-    """(offset, key, value) of every record a Kafka consumer reads from the partition's start."""
+def kafka_read(bootstrap: str, topic: str, end: int) -> list[tuple[int, str, int | None]]:
+    """(offset, key, value) of every record a Kafka consumer reads from the partition's start
+    (None: a tombstone's null value)."""
     consumer = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
                               "enable.auto.commit": False})
-    found: list[tuple[int, str, int]] = []
+    found: list[tuple[int, str, int | None]] = []
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + TIMEOUT_S
         while (not found or found[-1][0] < end - 1) and time.monotonic() < deadline:
             message = consumer.poll(1.0)
             if message is not None and message.error() is None:
-                found.append((message.offset(), message.key().decode(), int(message.value())))
+                value = message.value()
+                found.append((message.offset(), message.key().decode(), None if value is None else int(value)))
     finally:
         consumer.close()
     return found
+
+
+def kafka_tombstone(bootstrap: str, topic: str, key: str) -> None:
+    """A Kafka producer's tombstone for ``key`` (a null value) on the partition."""
+    producer = KafkaProducer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, key=key.encode(), value=None, partition=0)
+    assert producer.flush(TIMEOUT_S) == 0
 
 
 def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
@@ -79,7 +89,13 @@ def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
         lines = [json.loads(line) for line in shown.splitlines()]
         assert {m["keys"][0]: int(m["body"]) for m in lines} == latest(300)
         assert all((TOMBSTONE_PROPERTY in m["properties"]) == (int(m["body"]) % 7 == 6) for m in lines)
-        assert kafka_read(f"127.0.0.1:{kafka_port}", topic, 300) == read_from_start(broker.address, topic)
+        assert kafka_read(f"127.0.0.1:{kafka_port}", topic, 300) == [  # a tombstone is a null value
+            (offset, key, None if seq % 7 == 6 else seq) for offset, key, seq in read_from_start(broker.address, topic)]
+        bootstrap = f"127.0.0.1:{kafka_port}"
+        kafka_tombstone(bootstrap, topic, "k0")
+        assert kafka_read(bootstrap, topic, 301)[-1] == (300, "k0", None)
+        stored = read_records(broker.address, topic, 300)[0]
+        assert (stored.keys, bytes(stored.body), stored.properties) == (("k0",), b"", {TOMBSTONE_PROPERTY: "1"})
         metrics = scrape(metrics_port)
         assert metrics["gms_broker_compaction_reclaimed_bytes_total", ()] > 0
         assert metrics["gms_broker_compaction_last_run_timestamp_seconds", ()] > 0

@@ -110,13 +110,14 @@ def test_plain_records_are_converted_in_c_and_the_others_by_the_mapping():
 
     chunks: list[bytearray] = []
     assert _convert.to_gms(records, count, base_ts, b"t", 0, b"h", 1 << 20, convert, chunks)
-    assert [fields[2] for fields in seen] == [b"\xff"]  # a key not ASCII: mapped in Python
+    assert [fields[2] for fields in seen] == [None, b"\xff"]  # a null value and a key not ASCII: mapped in Python
     decoded = [decode_record(chunks[0], pos) for pos in _starts(chunks[0])]
     assert [(r.keys, bytes(r.body), r.tag, r.born_ts_ms) for r in decoded] == [
         (("k1",), b"v", None, 1_700_000_000_000), ((), b"", None, 1_700_000_000_001),
         ((), b"w", None, 1_700_000_000_002), (("k",), b"h", None, 1_700_000_000_003),
         ((), b"b", "T", 1_700_000_000_004)]
-    assert [r.properties for r in decoded[2:]] == [{"__KAFKA_KEY": "dHdvIHdvcmRz"}, {"a": "1"}, {"__KAFKA_KEY": "/w=="}]
+    assert [r.properties for r in decoded[1:]] == [{"__TOMBSTONE": "1"}, {"__KAFKA_KEY": "dHdvIHdvcmRz"}, {"a": "1"},
+                                                   {"__KAFKA_KEY": "/w=="}]
 
 
 @pytest.mark.parametrize("key, headers, in_c", [
@@ -280,9 +281,10 @@ STAMP = f"{SEQUENCE_PROPERTY}\x010000000000000001.00000000.0000000000000000.0000
     (_raw_record(b"__KAFKA_B64.h\x01AA==\x02"), False),
     (_raw_record("__KAFKA_KEY\x01é\x02".encode()), False),  # not base64: the text itself
     (_raw_record(b"p\x011\x02p\x012\x02"), False),  # repeated: the last value, in the first one's place
+    (_raw_record(b"__TOMBSTONE\x011\x02"), False),  # a tombstone: a null value
     (_raw_record(b"".join(b"p%d\x01v\x02" % i for i in range(33))), False),
 ], ids=["stamp", "stamp-with-separator", "stamp-among-others", "stamp-and-tag", "not-ascii", "empty-name", "key",
-        "base64", "key-not-base64", "repeated", "33-properties"])
+        "base64", "key-not-base64", "repeated", "tombstone", "33-properties"])
 def test_which_stored_records_are_answered_in_c(record, in_c):
     views = [memoryview(_stored([record], 5))]
     converted: list[int] = []

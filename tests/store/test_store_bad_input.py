@@ -21,7 +21,6 @@ from gms.record.layout import (
 from gms.store_errors import (
     BodyTooLarge,
     CorruptRecord,
-    EmptyBody,
     InvalidQueueCount,
     InvalidRecord,
     InvalidTopicName,
@@ -70,7 +69,6 @@ def assert_nothing_stored(store):
 
 # Named ids: the records hold the time they were made, and every pytest-xdist worker must collect the same tests.
 @pytest.mark.parametrize("bad, error", [
-    (raw_record(body=b""), EmptyBody),
     (raw_record(body=b"x" * 2049), BodyTooLarge),
     (raw_record(topic=b"../x"), InvalidTopicName),
     (raw_record(topic=b"a b"), InvalidTopicName),
@@ -81,7 +79,7 @@ def assert_nothing_stored(store):
     (raw_record(topic=b"\xff\xfe"), CorruptRecord),
     (non_utf8_tag(), CorruptRecord),
     (forged_tag_hash(rec.encode_record(topic="t", body=b"x", tag="a")), InvalidRecord),
-], ids=["empty-body", "body-too-large", "topic-path", "topic-space", "topic-dots", "unknown-topic", "queue-4",
+], ids=["body-too-large", "topic-path", "topic-space", "topic-dots", "unknown-topic", "queue-4",
         "queue-minus-1", "topic-not-utf8", "tag-not-utf8", "forged-tag-hash"])
 @AROUND
 def test_bad_record_rejects_whole_batch(store_dir, bad, error, around):
@@ -165,6 +163,14 @@ def test_corrupt_batch(store_dir, mutate, records):
 def test_empty_batch(store):
     with pytest.raises(InvalidRecord):
         store.append(b"")
+
+
+@pytest.mark.parametrize("count", [1, VECTORISE_RECORDS_MIN])
+def test_an_empty_body_is_stored_as_kafka_stores_an_empty_or_null_value(store, count):
+    store.append(b"".join(rec.encode_record(topic="t", body=b"", keys=(f"k{i}",)) for i in range(count)))
+    got = store.get("t", 0, 0, count)
+    assert [(r.keys, bytes(r.body)) for v in got.records for r in rec.iter_records(v)] == [
+        ((f"k{i}",), b"") for i in range(count)]
 
 
 def test_record_larger_than_a_file(store):
