@@ -12,6 +12,9 @@ CREATE_TOPICS                                  as CREATE_TOPIC, on every topic i
 GROUP_SETTINGS_PUT / _DELETE                   admin on the group
 GROUP_SETTINGS_GET                             describe on the group (its consumers read it)
 INIT_PRODUCER_ID                               any authenticated user (an idempotent producer's id)
+a topic change with ``acting_for``             a ``broker`` credential, and then what the change
+  ([name, role])                               needs of that user: a broker's Kafka API making
+                                               the change for the client it authenticated
 REGISTER_BROKER (answers etcd's endpoints)     a ``broker`` credential or a super user
 USER_* and ACL_*                               super users only
 =============================================  ===========================================
@@ -58,6 +61,25 @@ POLICY: dict[int, Policy] = {
 }
 
 
+# The requests a broker may make for the user it authenticated (field ``acting_for``).
+ACTING_CODES = frozenset({RequestCode.CREATE_TOPIC, RequestCode.CREATE_TOPICS, RequestCode.UPDATE_TOPIC,
+                          RequestCode.DELETE_TOPIC})
+ACTING_ROLES = ("normal", "super")
+
+
+def _acted_for(principal: Principal, frame: Frame) -> Principal:
+    """The user a request is held to: ``principal``, or the one a broker names in ``acting_for``."""
+    acting = frame.fields.get("acting_for")
+    if acting is None:
+        return principal
+    if principal.role != "broker" or frame.code not in ACTING_CODES:
+        raise forbidden(principal, "the cluster", "act for another user in", "only a broker's topic changes may")
+    name, role = field(frame.fields, "acting_for", list) + [None, None][len(acting):]
+    if not isinstance(name, str) or role not in ACTING_ROLES:
+        raise forbidden(principal, "the cluster", f"act for {acting!r} in", "acting_for is [user, normal|super]")
+    return Principal(name, role)
+
+
 class NameserverAccess:
     def __init__(self, authorizer: Authorizer) -> None:
         self.authorizer = authorizer
@@ -72,4 +94,4 @@ class NameserverAccess:
         if policy is None:
             self.authorizer.check_super(principal, f"make request code {code} to")
             return
-        self.authorizer.check_all(principal, policy(frame.fields))
+        self.authorizer.check_all(_acted_for(principal, frame), policy(frame.fields))

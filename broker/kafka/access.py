@@ -30,6 +30,7 @@ from typing import Any
 
 from gms.broker.kafka.apis import ApiKey
 from gms.broker.kafka.errors import Err
+from gms.broker.services.topics import ACTING_FOR
 from gms.security.authorizer import CLUSTER, Authorizer
 from gms.security.gate import audit
 from gms.security.users import Principal
@@ -38,11 +39,6 @@ Handler = Callable[[dict[str, Any], int, str], Awaitable[dict[str, Any] | None] 
 TOPIC_TYPE, BROKER_TYPE = 2, 4  # DescribeConfigs' and AlterConfigs' resource types
 _CODES = {"topic": Err.TOPIC_AUTHORIZATION_FAILED, "group": Err.GROUP_AUTHORIZATION_FAILED,
           CLUSTER: Err.CLUSTER_AUTHORIZATION_FAILED}
-# A secured cluster's topics change only through its nameservers, at the request of the user
-# itself: a broker does not act there for the Kafka clients it authenticated.
-TOPICS_THROUGH_NAMESERVERS = ("with security on, topics are created, changed and deleted through gms's nameservers"
-                              " (gms topic create|update|delete, gms's Admin), not through a broker's Kafka API")
-_NOT_HERE = -1  # a refusal code of its own: TOPIC_AUTHORIZATION_FAILED, with that reason
 
 
 class _Ask:
@@ -64,7 +60,12 @@ class _Ask:
         return _CODES[resource]
 
     async def run(self, req: dict[str, Any] | None = None) -> dict[str, Any]:
-        body = await served(self.handler, self.req if req is None else req, self.version, self.client)
+        """The handler's answer; a topic change it makes at the nameservers is made for the principal."""
+        acting = ACTING_FOR.set(self.principal)
+        try:
+            body = await served(self.handler, self.req if req is None else req, self.version, self.client)
+        finally:
+            ACTING_FOR.reset(acting)
         assert body is not None  # only a produce with acks=0 goes unanswered, and Produce has no rule
         return body
 
@@ -119,8 +120,7 @@ def _on(resource: str, operation: str, name: Callable[[Any], str]) -> Callable[[
 def _config(operation: str) -> Callable[[_Ask, Any], int]:
     def check(ask: _Ask, row: dict[str, Any]) -> int:
         if row["resource_type"] == TOPIC_TYPE:
-            code = ask.refused("topic", row["resource_name"], operation)
-            return code or (_NOT_HERE if operation == "admin" else 0)
+            return ask.refused("topic", row["resource_name"], operation)
         if row["resource_type"] == BROKER_TYPE:
             return ask.refused(CLUSTER, CLUSTER, operation)
         return 0  # the handler refuses what it does not serve
@@ -137,16 +137,8 @@ def _topic_refusal(row: Any, code: int) -> dict[str, Any]:
 
 
 def _error(code: int) -> dict[str, Any]:
-    """A refused row's error fields (``_NOT_HERE``: TOPIC_AUTHORIZATION_FAILED, with why)."""
-    if code == _NOT_HERE:
-        return {"error_code": Err.TOPIC_AUTHORIZATION_FAILED, "error_message": TOPICS_THROUGH_NAMESERVERS}
+    """A refused row's error fields."""
     return {"error_code": code, "error_message": "not authorised"}
-
-
-def _topic_change(operation: str, name: Callable[[Any], str]) -> Callable[[_Ask, Any], int]:
-    """A change to a topic (its creation, deletion, queues or settings) made through the nameservers:
-    refused with security on, authorised or not (TOPICS_THROUGH_NAMESERVERS)."""
-    return lambda ask, row: ask.refused("topic", name(row), operation) or _NOT_HERE
 
 
 def _partitions_refused(row: dict[str, Any], code: int, indexes: str = "partitions") -> dict[str, Any]:
@@ -264,10 +256,10 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.LIST_GROUPS: _list_groups,
     ApiKey.DELETE_GROUPS: _named_rows("groups_names", "results", _on("group", "admin", str),
                                       lambda group, code: {"group_id": group, "error_code": code}),
-    ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _topic_change("admin", lambda row: row["name"]),
+    ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),
                                       _topic_refusal),
-    ApiKey.DELETE_TOPICS: _named_rows("topic_names", "responses", _topic_change("admin", str), _topic_refusal),
-    ApiKey.CREATE_PARTITIONS: _named_rows("topics", "results", _topic_change("admin", lambda row: row["name"]),
+    ApiKey.DELETE_TOPICS: _named_rows("topic_names", "responses", _on("topic", "admin", str), _topic_refusal),
+    ApiKey.CREATE_PARTITIONS: _named_rows("topics", "results", _on("topic", "admin", lambda row: row["name"]),
                                           _topic_refusal),
     ApiKey.DESCRIBE_CONFIGS: _named_rows("resources", "results", _config("describe"), _config_refusal),
     ApiKey.ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),

@@ -21,6 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import Collection, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from gms.errors import BadRequestError, GmsError, NotLeaderError, ServiceUnavail
 from gms.naming import check_creatable
 from gms.net import Connection
 from gms.protocol.codes import RequestCode
+from gms.security.users import Principal
 from gms.store_errors import UnknownTopic
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ log = logging.getLogger(__name__)
 # topic etcd has and this broker does not serve yet.
 ARRIVAL_POLL_S = 0.05
 REQUEST_TIMEOUT_MS = 10_000  # a request to a nameserver
+# The user a topic change at the nameservers is made for: an adapter that authenticated its client
+# (the Kafka API) sets it around the call, and the nameservers hold the change to that user's
+# rights rather than the broker credential's (nameserver/access.py; docs/security.md).
+ACTING_FOR: ContextVar[Principal | None] = ContextVar("gms_acting_for", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +219,11 @@ class TopicService:
         return int((await self.nameserver_request(RequestCode.INIT_PRODUCER_ID, {}))["producer_id"])
 
     async def nameserver_request(self, code: RequestCode, fields: dict[str, object]) -> Mapping[str, Any]:
-        """One request to the first nameserver that answers: its answer's fields (its error if it refuses)."""
+        """One request to the first nameserver that answers: its answer's fields (its error if it
+        refuses). Made for :data:`ACTING_FOR`'s user when an adapter set it."""
+        acting = ACTING_FOR.get()
+        if acting is not None:
+            fields = {**fields, "acting_for": [acting.name, acting.role]}
         registration = self.broker.registration
         if registration is None:
             raise ServiceUnavailableError("the broker is not registered with the cluster yet: retry")

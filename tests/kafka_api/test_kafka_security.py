@@ -13,8 +13,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka import KafkaProducer
 
+from gms.errors import ForbiddenError
+from gms.net.blocking import BlockingConnection
+from gms.protocol.codes import RequestCode
 from gms.security.acl import AclRule
-from tests.processes import free_port
+from tests.processes import free_port, wait_until
 from tests.security.secured_cluster import PASSWORDS, SecuredCluster
 
 WAIT_S = 30
@@ -149,10 +152,27 @@ def test_wrong_credentials_and_unauthenticated_clients_are_refused(cluster):
     assert {"k-orders", "k-secret", "k-peek"} <= set(super_user.list_topics(timeout=WAIT_S).topics)
 
 
-def test_topics_are_administered_through_the_nameservers_even_by_super_users(cluster):
+def test_topic_changes_are_made_at_the_nameservers_for_the_user_as_its_rights_allow(cluster):
     admin = AdminClient(config(cluster, "admin"))  # kept until the result: its futures fail once it goes
-    created = admin.create_topics([NewTopic("k-made", 1, 1)])["k-made"]
-    with pytest.raises(KafkaException) as refused:
-        created.result(WAIT_S)
-    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert "nameservers" in refused.value.args[0].str()
+    admin.create_topics([NewTopic("k-made", 2, 1)])["k-made"].result(WAIT_S)
+    with cluster.admin() as gms_admin:
+        assert gms_admin.topics()["k-made"] == 2
+    alice = AdminClient(config(cluster, "alice"))  # no admin rule: refused here and at the nameservers
+    for refused_future in (alice.create_topics([NewTopic("k-alices", 1, 1)])["k-alices"],
+                           alice.delete_topics(["k-made"])["k-made"]):
+        with pytest.raises(KafkaException) as refused:
+            refused_future.result(WAIT_S)
+        assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    admin.delete_topics(["k-made"])["k-made"].result(WAIT_S)
+    wait_until(lambda: "k-made" not in admin.list_topics(timeout=WAIT_S).topics, WAIT_S)
+
+
+def test_only_a_broker_credential_may_make_a_topic_change_for_another_user(cluster):
+    host, port = cluster.nameserver.rsplit(":", 1)
+    alice = BlockingConnection.open(host, int(port), security=cluster.security("alice"))
+    try:
+        with pytest.raises(ForbiddenError, match="act for"):
+            alice.request(RequestCode.CREATE_TOPIC, {"topic": "k-claimed", "queues": 1,
+                                                     "acting_for": ["admin", "super"]}, timeout_ms=WAIT_S * 1000)
+    finally:
+        alice.close()
