@@ -71,7 +71,7 @@ class FetchRequest(NamedTuple):
 
     def fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
-            "queues": [list(q) for q in self.queues],
+            "queues": self.queues,  # rows are tuples: msgpack writes them as arrays
             "filters": {topic: list(f) for topic, f in self.filters.items() if f != ("*", "")},
             "max_msgs": self.max_msgs, "max_bytes": self.max_bytes, "max_total_bytes": self.max_total_bytes,
             "poll_ms": self.poll_ms}
