@@ -12,7 +12,7 @@ import pytest
 
 from gms.errors import BadRequestError
 from gms.protocol import docs
-from gms.protocol.fetch import FETCHED_QUEUE, FetchedQueue
+from gms.protocol.fetch import FETCHED_QUEUE, FetchedQueue, FetchRequest, QueueFetch, decode_fetch_request
 from gms.protocol.groups import QUEUE_REF, ExpiredHandle, QueueOffset, QueueRef, TransactionQueue, queue_offsets
 from gms.protocol.replication import (
     EpochAnswer,
@@ -98,6 +98,27 @@ def test_answer_rows_of_a_newer_broker_drop_what_they_do_not_know():
 def test_bad_request_rows_name_what_is_wrong(row, message):
     with pytest.raises(BadRequestError) as caught:
         decode(FetchWant, row, "queues")
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("row, message", [
+    (["t", 0], "'queues' must hold rows of [topic, queue_id, offset]"),
+    (["t", 0, 5, 1], "must hold rows of"),
+    ([b"t", 0, 5], "must hold rows of"),
+    (("t", 0, 5), "must hold rows of"),
+    (["t", 1 << 31, 5], "'queues: queue_id' is 2147483648, outside int32"),
+    (["t", True, 5], "'queues: queue_id' must be int, not bool"),
+    (["t", 0, 1 << 63], "'queues: offset' is 9223372036854775808, outside int64"),
+])
+def test_a_fetch_names_its_queues_in_rows_checked_as_their_schema_checks_them(row, message):
+    """Well-formed rows are taken as they are (a FETCH names thousands); any other is refused
+    with the schema's own message, wherever it is among them."""
+    request = FetchRequest([QueueFetch("t", 0, 5), QueueFetch("u", 3, -1)], {}, 10, 1000, 10_000, 0, "", "")
+    fields = msgpack.unpackb(_packed(request.fields()))
+    assert decode_fetch_request(fields, 1000).queues == request.queues
+    fields["queues"].insert(1, row)
+    with pytest.raises(BadRequestError) as caught:
+        decode_fetch_request(fields, 1000)
     assert message in str(caught.value)
 
 
