@@ -164,12 +164,21 @@ def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[Fetch
     rows = fields.get("queues")
     if not isinstance(rows, list):
         raise BadRequestError("FETCH answer without 'queues'")
-    found = []
-    total = 0
-    for row in rows:
-        fetched: FetchedQueue = FETCHED_QUEUE.decode(row, "queues")
-        total += fetched.size
-        found.append(fetched)
+    make, decode = FetchedQueue._make, FETCHED_QUEUE.decode
+    low32, high32, low64, high64 = INT32.low, INT32.high, INT64.low, INT64.high
+    # A row of the kinds and widths of the schema's columns is made as it is (an answer may hold
+    # thousands); any other is decoded by the schema (a newer broker's longer row, or a fault).
+    found: list[FetchedQueue] = [
+        make(row) if (type(row) is list and len(row) == 9 and type(row[0]) is str
+                      and type(row[1]) is int and low32 <= row[1] <= high32
+                      and type(row[2]) is int and low32 <= row[2] <= high32
+                      and type(row[3]) is int and low64 <= row[3] <= high64
+                      and type(row[4]) is int and low64 <= row[4] <= high64
+                      and type(row[5]) is int and low64 <= row[5] <= high64
+                      and type(row[6]) is int and low64 <= row[6] <= high64
+                      and type(row[7]) is str and type(row[8]) is list)
+        else decode(row, "queues") for row in rows]
+    total = sum(fetched.size for fetched in found)
     if total != body_size:
         raise BadRequestError(f"FETCH answer rows hold {total} bytes, its body {body_size}")
     return found

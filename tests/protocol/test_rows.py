@@ -12,7 +12,14 @@ import pytest
 
 from gms.errors import BadRequestError
 from gms.protocol import docs
-from gms.protocol.fetch import FETCHED_QUEUE, FetchedQueue, FetchRequest, QueueFetch, decode_fetch_request
+from gms.protocol.fetch import (
+    FETCHED_QUEUE,
+    FetchedQueue,
+    FetchRequest,
+    QueueFetch,
+    decode_fetch_answer,
+    decode_fetch_request,
+)
 from gms.protocol.groups import QUEUE_REF, ExpiredHandle, QueueOffset, QueueRef, TransactionQueue, queue_offsets
 from gms.protocol.replication import (
     EpochAnswer,
@@ -120,6 +127,20 @@ def test_a_fetch_names_its_queues_in_rows_checked_as_their_schema_checks_them(ro
     with pytest.raises(BadRequestError) as caught:
         decode_fetch_request(fields, 1000)
     assert message in str(caught.value)
+
+
+def test_a_fetch_answer_s_rows_decode_as_their_schema_decodes_them():
+    rows = [FetchedQueue("t", 1, 0, 5, 0, 9, 30, "", ((3, 70),)), FetchedQueue("u", 0, 1, 7, 2, 8, 0, "out of range"),
+            FetchedQueue("v", 2, 0, 1 << 40, 0, 1 << 40, 12)]
+    fields = msgpack.unpackb(_packed({"queues": [row.row() for row in rows]}))
+    got = decode_fetch_answer(fields, 42)
+    assert got == [FETCHED_QUEUE.decode(row, "queues") for row in fields["queues"]]
+    assert [tuple(row[:7]) for row in got] == [tuple(row[:7]) for row in rows] and got[0].damaged == [[3, 70]]
+    for bad, message in [(["t", 1, 0, 5, 0, 9, True, "", []], "'queues: size' must be int, not bool"),
+                         (["t", 1 << 31, 0, 5, 0, 9, 30, "", []], "'queues: queue_id' is 2147483648, outside int32"),
+                         (["t", 1, 0, 5, 0, 9, 30, ""], "must hold rows of")]:
+        with pytest.raises(BadRequestError, match=message):
+            decode_fetch_answer({"queues": [*fields["queues"], bad]}, 42 + 30)
 
 
 def test_nested_rows_are_checked_too():
