@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import sys
@@ -33,6 +34,23 @@ def raise_fd_limit() -> int:
         return soft
     resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return target
+
+
+# The garbage collector's thresholds (gc.set_threshold): young collections every GC_YOUNG_OBJECTS
+# allocations instead of 700, older ones as rarely relative to them as Python's defaults.
+GC_YOUNG_OBJECTS = 50_000
+GC_OLDER_RATIOS = (20, 10)
+
+
+def tune_gc() -> None:
+    """Collect garbage less often than Python's defaults. A broker keeps a few dozen objects per
+    queue for its life (index files, maps, replica and producer state): with thousands of queues
+    a full collection walks hundreds of thousands of objects (~90 ms on the 2-core test machine),
+    and a request naming a thousand queues allocates enough objects that live a while (a FETCH's
+    rows and results, a long poll's waiters) to set one off every few hundred milliseconds: a
+    third of the CPU of a broker serving a group of 1,000 topics went to them. Reference cycles
+    are still collected, a little later."""
+    gc.set_threshold(GC_YOUNG_OBJECTS, *GC_OLDER_RATIOS)
 
 
 @options_from_env("GMS_BROKER")
@@ -106,6 +124,7 @@ def main(config_path, port_file, metrics_port_file, rocketmq_port_file, kafka_po
     if config.rocketmq_listen and not stubs_installed():
         raise click.UsageError(f"--rocketmq-listen needs {ROCKETMQ_EXTRA}")
     log.info("file descriptor limit (soft RLIMIT_NOFILE): %d", raise_fd_limit())
+    tune_gc()
     from gms.broker.server import BrokerServer
     from gms.net import run
     from gms.net.serve import serve_until_signalled, write_port_file

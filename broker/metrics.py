@@ -12,7 +12,7 @@ group rebalances and consumer-group lag of the queues this broker leads.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -54,26 +54,28 @@ class BrokerMetrics:
             self.registry.register(collector)
         self.registry.register(_BrokerCollector(broker, self))
 
-    def _add(self, totals: dict[tuple[str, str], list[int]], topic: str, queue_id: int | None, count: int,
-             size: int) -> None:
-        """``queue_id`` None: a pop's answer, which may mix queues (label ``queue="pop"``)."""
-        key = (topic, ("pop" if queue_id is None else str(queue_id)) if self.per_queue else "")
-        pair = totals.get(key)
-        if pair is None:
-            pair = totals[key] = [0, 0]
-        pair[0] += count
-        pair[1] += size
+    def _add(self, totals: dict[tuple[str, str], list[int]],
+             rows: Iterable[tuple[tuple[str, int | None], int, int]]) -> None:
+        """Count ``((topic, queue_id), messages, bytes)`` rows (one loop: a send of many topics'
+        batches names hundreds of queues). ``queue_id`` None: a pop's answer, which may mix
+        queues (label ``queue="pop"``)."""
+        per_queue = self.per_queue
+        for (topic, queue_id), count, size in rows:
+            key = (topic, ("pop" if queue_id is None else str(queue_id)) if per_queue else "")
+            pair = totals.get(key)
+            if pair is None:
+                pair = totals[key] = [0, 0]
+            pair[0] += count
+            pair[1] += size
 
     def stored(self, result: AppendResult) -> None:
         """A send's batch was stored."""
-        for (topic, queue_id), count, size in zip(result.touched_queues, result.queue_counts, result.queue_bytes,
-                                                  strict=True):
-            self._add(self.stored_totals, topic, queue_id, count, size)
+        self._add(self.stored_totals, zip(result.touched_queues, result.queue_counts, result.queue_bytes, strict=True))
 
     def served(self, topic: str, queue_id: int | None, count: int, size: int) -> None:
         """A pull (of ``queue_id``) or a pop (None: it may mix queues) answered ``count`` records."""
         if count:
-            self._add(self.served_totals, topic, queue_id, count, size)
+            self._add(self.served_totals, (((topic, queue_id), count, size),))
 
     def acked(self, acks: int, seconds: float) -> None:
         """A send was acknowledged ``seconds`` after its dispatch."""

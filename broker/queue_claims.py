@@ -42,10 +42,17 @@ class QueueClaims:
     def refresh(self, group: str, member: str, topic: str, queue_id: int, now_ms: int) -> None:
         """Restart the hold time of ``member``'s claim (a pull answered); no claim, no change:
         a long poll answered after its member released the queue must not claim it again."""
-        key = (group, topic, queue_id)
-        claim = self._claims.get(key)
-        if claim is not None and claim[0] == member:
-            self._claims[key] = (member, max(claim[1], now_ms + self.hold_ms))
+        self.refresh_many(group, member, [(topic, queue_id)], now_ms)
+
+    def refresh_many(self, group: str, member: str, queues: Iterable[tuple[str, int]], now_ms: int) -> None:
+        """:meth:`refresh` of each of ``queues`` (a FETCH answered); a claim that lasts past the
+        new hold time already (its long poll's wait was counted in) is left as it is."""
+        claims, until = self._claims, now_ms + self.hold_ms
+        for topic, queue_id in queues:
+            key = (group, topic, queue_id)
+            claim = claims.get(key)
+            if claim is not None and claim[0] == member and claim[1] < until:
+                claims[key] = (member, until)
 
     def release(self, group: str, member: str, queues: Iterable[tuple[str, int]]) -> None:
         for topic, queue_id in queues:

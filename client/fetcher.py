@@ -403,7 +403,7 @@ class _BrokerSession:
         asked = [(state, state.epoch, state.fetch_offset) for state in states]
         topics = {state.key.topic for state in states}
         request = FetchRequest(
-            [QueueFetch(state.key.topic, state.key.queue_id, state.fetch_offset) for state in states],
+            [QueueFetch(*state.key, state.fetch_offset) for state in states],
             {topic: fetcher.wire_filters[topic] for topic in topics}, fetcher.max_messages, fetcher.max_bytes,
             FETCH_TOTAL_BYTES_DEFAULT, fetcher.long_poll_ms, fetcher.group, fetcher.member)
         runtime = fetcher.runtime
@@ -495,21 +495,24 @@ class _BrokerSession:
         spans = [(start, start + row.size, filters[state.key.topic]) for state, _, row, start in taken]
         whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
         chunks: list[Chunk] = []
+        empty = ReceivedMessages()
         for index, (state, offset, row, start) in enumerate(taken):
-            key = state.key
-            messages = ReceivedMessages()
+            messages = empty
             if row.size:
-                try:
-                    messages = whole[index] if whole is not None else decode_pull_body(
-                        body[start:start + row.size], self.prefix, filters[key.topic], verify_crc=verify_crc)
-                except CorruptRecord as err:  # fetched again from where it was asked
-                    state.epoch += 1  # what was asked from past it meanwhile is dropped
-                    state.fetch_offset = offset
-                    self._queue_failed(state, err)
-                    state.permits.release()
-                    continue
-            damaged = [DamagedRecord(key.topic, key.queue_id, at, f"{self.prefix}{phys:016X}")
-                       for at, phys in row.damaged]
+                if whole is not None:
+                    messages = whole[index]
+                else:
+                    try:
+                        messages = decode_pull_body(body[start:start + row.size], self.prefix,
+                                                    filters[state.key.topic], verify_crc=verify_crc)
+                    except CorruptRecord as err:  # fetched again from where it was asked
+                        state.epoch += 1  # what was asked from past it meanwhile is dropped
+                        state.fetch_offset = offset
+                        self._queue_failed(state, err)
+                        state.permits.release()
+                        continue
+            damaged = [DamagedRecord(state.key.topic, state.key.queue_id, at, f"{self.prefix}{phys:016X}")
+                       for at, phys in row.damaged] if row.damaged else ()
             chunks.append(Chunk(state, messages, row.next_offset, bool(row.size), damaged))
         return chunks
 
@@ -609,6 +612,9 @@ def decode_fetch_body(body: memoryview, spans: Sequence[tuple[int, int, TagFilte
         starts = starts[keep]
         offsets = FieldOffsets(*(column[keep] for column in offsets))
         index = np.concatenate(([0], np.cumsum(keep)))[index]
-    batch = MessageBatch(body, starts, prefix, offsets)
-    return [ReceivedMessages([(batch, first, last)])
-            for first, last in zip(index[0::2].tolist(), index[1::2].tolist(), strict=True)]
+    firsts, lasts = index[0::2], index[1::2]
+    # Each record's span (a queue: one topic), whose topic is then decoded once (records of no
+    # span, rows dropped since they were asked for, are never read).
+    batch = MessageBatch(body, starts, prefix, offsets, np.searchsorted(lasts, np.arange(len(starts)), "right"))
+    of_range = ReceivedMessages.of_range
+    return [of_range(batch, first, last) for first, last in zip(firsts.tolist(), lasts.tolist(), strict=True)]

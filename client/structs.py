@@ -368,15 +368,19 @@ class MessageBatch(Sequence[ReceivedMessage]):
     keys split by C-level ``map``; the messages are then made from the rows in one C call
     (:func:`gms.client._rows.make_rows`), each body copied out of the buffer as bytes."""
 
-    __slots__ = ("_columns", "buf", "prefix", "starts")
+    __slots__ = ("_columns", "_topic_groups", "buf", "prefix", "starts")
 
     def __init__(self, buf: memoryview, starts: np.ndarray, prefix: str,
-                 offsets: FieldOffsets | None = None) -> None:
+                 offsets: FieldOffsets | None = None, topic_groups: np.ndarray | None = None) -> None:
         """``offsets`` are the checked field offsets of the records (read here if not given:
-        CorruptRecord if a header is inconsistent)."""
+        CorruptRecord if a header is inconsistent). ``topic_groups``: per record, a number shared
+        by records likely of one topic (a FETCH answer's queue): the topics of an answer of
+        thousands of topics are then decoded once per group and compared byte for byte, not
+        decoded record by record."""
         self.buf = buf
         self.starts = starts
         self.prefix = prefix  # hex of broker host and port, see :func:`gms.client.connections.msg_id_prefix`
+        self._topic_groups = topic_groups
         self._columns: list[Column] | FieldOffsets = (
             offsets if offsets is not None else read_field_offsets(buf, starts))
 
@@ -390,7 +394,7 @@ class MessageBatch(Sequence[ReceivedMessage]):
         if isinstance(columns, list):
             return columns
         buf, headers = self.buf, columns.headers
-        topics = text_column(buf, columns.topic_at, headers["topic_len"])
+        topics = text_column(buf, columns.topic_at, headers["topic_len"], groups=self._topic_groups)
         tags = text_column(buf, columns.tag_at, headers["tag_len"], groups=headers["tag_hash"], empty=None)
         keys = keys_column(buf, columns.keys_at, headers["keys_len"])
         bodies = _Slices(buf, np.ascontiguousarray(columns.body_at, np.int64),
@@ -560,6 +564,14 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
         ranges = [(p, 0, len(p)) if isinstance(p, MessageBatch) else p for p in parts]
         self._parts = [r for r in ranges if r[2] > r[1]]
         self._ends = list(accumulate(stop - start for _, start, stop in self._parts))
+
+    @classmethod
+    def of_range(cls, batch: MessageBatch, start: int, stop: int) -> ReceivedMessages:
+        """Messages ``start`` to ``stop`` of ``batch`` (a queue's share of a FETCH answer: one
+        per queue and answer, so made without ``__init__``'s generality)."""
+        made = cls.__new__(cls)
+        made._parts, made._ends = ([(batch, start, stop)], [stop - start]) if stop > start else ([], [])
+        return made
 
     @classmethod
     def concat(cls, sequences: Sequence[ReceivedMessages]) -> ReceivedMessages:

@@ -334,9 +334,8 @@ class MessageService:
                 to_read = [q for key in woken if (q := live.get(key)) is not None]
         if req.member:
             now_ms = _now_ms()
-            for read in reads:
-                if read.error is None:
-                    self.claims.refresh(req.group, req.member, read.queue.topic, read.queue.queue_id, now_ms)
+            self.claims.refresh_many(req.group, req.member,
+                                     [read.queue[:2] for read in reads if read.error is None], now_ms)
         if self.metrics is not None and req.group:
             for topic, found in filters.items():
                 if not isinstance(found, GmsError):
@@ -421,7 +420,8 @@ class MessageService:
         """A queue's read: answered unless it found nothing new (then it waits); the budget left."""
         if result.next_offset == queue.offset and not result.records:
             return budget
-        size = sum(view.nbytes for view in result.records)
+        records = result.records
+        size = records[0].nbytes if len(records) == 1 else sum(view.nbytes for view in records)
         if self.metrics is not None and result.offsets is not None:
             self.metrics.served(queue.topic, queue.queue_id, len(result.offsets), size)
         return self._fetched(QueueRead(queue, None, result, size), budget, reads, live)

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from gms.errors import BadRequestError, GmsError
 from gms.protocol.codes import Status
-from gms.protocol.fields import INT64, field
+from gms.protocol.fields import INT32, INT64, field
 from gms.protocol.rows import ARRAY, I32, I64, QUEUE_ID, STR, TOPIC, col, encode, wire_row
 
 # Queues one FETCH may name: far more than one consumer leads on a broker in practice, and the
@@ -71,7 +71,7 @@ class FetchRequest(NamedTuple):
 
     def fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
-            "queues": [list(q) for q in self.queues],
+            "queues": self.queues,  # rows are tuples: msgpack writes them as arrays
             "filters": {topic: list(f) for topic, f in self.filters.items() if f != ("*", "")},
             "max_msgs": self.max_msgs, "max_bytes": self.max_bytes, "max_total_bytes": self.max_total_bytes,
             "poll_ms": self.poll_ms}
@@ -84,12 +84,23 @@ def _bounded(fields: Mapping[str, Any], name: str, low: int, high: int, default:
     return min(max(field(fields, name, INT64, default), low), high)
 
 
+def _queue_rows(rows: list[Any]) -> list[QueueFetch]:
+    """The request's rows: one that is a list of str, int, int within their widths is made as it
+    is (a FETCH may name thousands), any other is decoded by its schema (which names the fault)."""
+    make, decode = QueueFetch._make, QUEUE_FETCH.decode
+    low32, high32, low64, high64 = INT32.low, INT32.high, INT64.low, INT64.high
+    return [make(row) if (type(row) is list and len(row) == 3 and type(row[0]) is str
+                          and type(row[1]) is int and low32 <= row[1] <= high32
+                          and type(row[2]) is int and low64 <= row[2] <= high64)
+            else decode(row, "queues") for row in rows]
+
+
 def decode_fetch_request(fields: Mapping[str, Any], poll_ms_max: int) -> FetchRequest:
     """The request checked: BadRequestError names the malformed field (or too many queues)."""
     rows = field(fields, "queues", list)
     if not 1 <= len(rows) <= FETCH_QUEUES_MAX:
         raise BadRequestError(f"'queues' must list 1..{FETCH_QUEUES_MAX} queues, not {len(rows)}")
-    queues: list[QueueFetch] = [QUEUE_FETCH.decode(row, "queues") for row in rows]
+    queues = _queue_rows(rows)
     if len({q[:2] for q in queues}) != len(queues):
         raise BadRequestError("'queues' names a queue more than once")
     filters: dict[str, tuple[str, str]] = {}
@@ -153,12 +164,21 @@ def decode_fetch_answer(fields: Mapping[str, Any], body_size: int) -> list[Fetch
     rows = fields.get("queues")
     if not isinstance(rows, list):
         raise BadRequestError("FETCH answer without 'queues'")
-    found = []
-    total = 0
-    for row in rows:
-        fetched: FetchedQueue = FETCHED_QUEUE.decode(row, "queues")
-        total += fetched.size
-        found.append(fetched)
+    make, decode = FetchedQueue._make, FETCHED_QUEUE.decode
+    low32, high32, low64, high64 = INT32.low, INT32.high, INT64.low, INT64.high
+    # A row of the kinds and widths of the schema's columns is made as it is (an answer may hold
+    # thousands); any other is decoded by the schema (a newer broker's longer row, or a fault).
+    found: list[FetchedQueue] = [
+        make(row) if (type(row) is list and len(row) == 9 and type(row[0]) is str
+                      and type(row[1]) is int and low32 <= row[1] <= high32
+                      and type(row[2]) is int and low32 <= row[2] <= high32
+                      and type(row[3]) is int and low64 <= row[3] <= high64
+                      and type(row[4]) is int and low64 <= row[4] <= high64
+                      and type(row[5]) is int and low64 <= row[5] <= high64
+                      and type(row[6]) is int and low64 <= row[6] <= high64
+                      and type(row[7]) is str and type(row[8]) is list)
+        else decode(row, "queues") for row in rows]
+    total = sum(fetched.size for fetched in found)
     if total != body_size:
         raise BadRequestError(f"FETCH answer rows hold {total} bytes, its body {body_size}")
     return found

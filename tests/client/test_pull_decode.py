@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import struct
+from itertools import pairwise
 
+import numpy as np
 import pytest
 
-from gms.client.fetcher import decode_pull_body
+from gms.client.fetcher import decode_fetch_body, decode_pull_body
 from gms.client.structs import ReceivedMessages
 from gms.record import OFF_QUEUE_OFFSET, Message, encode_batch, encode_record
 from gms.store_errors import CorruptRecord
@@ -63,6 +65,21 @@ def test_exact_tags_are_compared_whatever_the_topic_length():
     body = _stored(b"".join(records))
     got = decode_pull_body(memoryview(body), "P", parse_tag_expression("A || B"))
     assert [(m.topic, m.tag) for m in got] == [("t", "A"), ("t", "B"), ("a-topic", "A")]
+
+
+def test_a_fetch_answer_of_many_topics_gives_each_message_its_own_topic():
+    """The topics of a FETCH answer are decoded once per queue's span and checked byte for byte:
+    a record whose topic differs from its span's others (a broker's mistake) keeps its own."""
+    spans_topics = [[f"topic-{i:04d}"] * 10 for i in range(40)]  # few distinct: decoded per span
+    spans_topics[7][1] = "topic-9999"  # one span's record of another topic, of the same length
+    spans_topics[9][2] = "t"  # and one of another length
+    parts = [_stored(b"".join(encode_record(topic=topic, body=b"x") for topic in topics)) for topics in spans_topics]
+    body = memoryview(b"".join(parts))
+    bounds = [0, *np.cumsum([len(p) for p in parts]).tolist()]
+    got = decode_fetch_body(body, [(start, end, MATCH_ALL) for start, end in pairwise(bounds)], "P",
+                            verify_crc=True)
+    assert got is not None
+    assert [[m.topic for m in messages] for messages in got] == spans_topics
 
 
 def test_messages_are_a_list_like_sequence():

@@ -12,7 +12,14 @@ import pytest
 
 from gms.errors import BadRequestError
 from gms.protocol import docs
-from gms.protocol.fetch import FETCHED_QUEUE, FetchedQueue
+from gms.protocol.fetch import (
+    FETCHED_QUEUE,
+    FetchedQueue,
+    FetchRequest,
+    QueueFetch,
+    decode_fetch_answer,
+    decode_fetch_request,
+)
 from gms.protocol.groups import QUEUE_REF, ExpiredHandle, QueueOffset, QueueRef, TransactionQueue, queue_offsets
 from gms.protocol.replication import (
     EpochAnswer,
@@ -99,6 +106,41 @@ def test_bad_request_rows_name_what_is_wrong(row, message):
     with pytest.raises(BadRequestError) as caught:
         decode(FetchWant, row, "queues")
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("row, message", [
+    (["t", 0], "'queues' must hold rows of [topic, queue_id, offset]"),
+    (["t", 0, 5, 1], "must hold rows of"),
+    ([b"t", 0, 5], "must hold rows of"),
+    (("t", 0, 5), "must hold rows of"),
+    (["t", 1 << 31, 5], "'queues: queue_id' is 2147483648, outside int32"),
+    (["t", True, 5], "'queues: queue_id' must be int, not bool"),
+    (["t", 0, 1 << 63], "'queues: offset' is 9223372036854775808, outside int64"),
+])
+def test_a_fetch_names_its_queues_in_rows_checked_as_their_schema_checks_them(row, message):
+    """Well-formed rows are taken as they are (a FETCH names thousands); any other is refused
+    with the schema's own message, wherever it is among them."""
+    request = FetchRequest([QueueFetch("t", 0, 5), QueueFetch("u", 3, -1)], {}, 10, 1000, 10_000, 0, "", "")
+    fields = msgpack.unpackb(_packed(request.fields()))
+    assert decode_fetch_request(fields, 1000).queues == request.queues
+    fields["queues"].insert(1, row)
+    with pytest.raises(BadRequestError) as caught:
+        decode_fetch_request(fields, 1000)
+    assert message in str(caught.value)
+
+
+def test_a_fetch_answer_s_rows_decode_as_their_schema_decodes_them():
+    rows = [FetchedQueue("t", 1, 0, 5, 0, 9, 30, "", ((3, 70),)), FetchedQueue("u", 0, 1, 7, 2, 8, 0, "out of range"),
+            FetchedQueue("v", 2, 0, 1 << 40, 0, 1 << 40, 12)]
+    fields = msgpack.unpackb(_packed({"queues": [row.row() for row in rows]}))
+    got = decode_fetch_answer(fields, 42)
+    assert got == [FETCHED_QUEUE.decode(row, "queues") for row in fields["queues"]]
+    assert [tuple(row[:7]) for row in got] == [tuple(row[:7]) for row in rows] and got[0].damaged == [[3, 70]]
+    for bad, message in [(["t", 1, 0, 5, 0, 9, True, "", []], "'queues: size' must be int, not bool"),
+                         (["t", 1 << 31, 0, 5, 0, 9, 30, "", []], "'queues: queue_id' is 2147483648, outside int32"),
+                         (["t", 1, 0, 5, 0, 9, 30, ""], "must hold rows of")]:
+        with pytest.raises(BadRequestError, match=message):
+            decode_fetch_answer({"queues": [*fields["queues"], bad]}, 42 + 30)
 
 
 def test_nested_rows_are_checked_too():

@@ -74,6 +74,18 @@ def test_the_batch_parser_reads_what_the_reference_decodes(batch):
             decoded[0].topic, decoded[0].queue_id, decoded[0].total_size, decoded[0].tag_hash)
 
 
+@pytest.mark.parametrize("order", ["runs", "interleaved"])
+def test_the_batch_parser_groups_many_topics(order):
+    """A send of many topics' batches (each topic's records in a row, or mixed): every record's
+    topic is found, the distinct ones once each."""
+    names = [f"topic-{i}" * (1 + i % 3) for i in range(50)]  # of several lengths
+    topics = [name for name in names for _ in range(4)] if order == "runs" else names * 4
+    buf = b"".join(encode_record(topic=topic, body=b"x", born_ts_ms=1) for topic in topics)
+    parsed = parse_batch(memoryview(buf), BODY_MAX)
+    assert [parsed.topics[i] for i in parsed.topic_index] == topics
+    assert sorted(parsed.topics) == sorted(names)
+
+
 @settings(max_examples=300)
 @given(st.lists(messages, min_size=1, max_size=2 * VECTORISE_RECORDS_MIN), st.integers(0, 1 << 30),
        st.integers(0, 7))
