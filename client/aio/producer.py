@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self
 
+from gms.client._append import PlainFastPath
 from gms.client.accumulator import _Outcome
 from gms.client.aio._loop import running_loop
 from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
@@ -137,6 +138,10 @@ class AsyncProducer:
         self._accumulator = self._core._accumulator
         # Per topic whose routes are being looked up, its messages queued meanwhile (in order).
         self._unrouted: dict[str, list[_Deferred]] = {}
+        # send_nowait's plain messages are appended in C, without the accumulator's lock (all of
+        # this producer runs on its loop's thread), the rest by the method below: one call each.
+        self._fast = PlainFastPath(self._accumulator, self.send_nowait)
+        vars(self)["send_nowait"] = self._fast
         self._lookups: set[asyncio.Future[Any]] = set()  # route lookups, callbacks' coroutines
 
     @property
@@ -244,6 +249,7 @@ class AsyncProducer:
 
         if queued is None:
             queued = self._unrouted[topic] = []
+            self._fast.enabled = False  # plain messages to it too queue behind the lookup, in order
             task = self._loop.create_task(self._route_then_send(topic, queue))
             self._lookups.add(task)
             task.add_done_callback(self._lookups.discard)
@@ -265,6 +271,7 @@ class AsyncProducer:
         except BaseException as err:  # the messages' own error (cancelled: the loop shuts down)
             for _, outcome in self._unrouted.pop(topic):
                 outcome.set_exception(err)
+            self._fast.enabled = not self._unrouted and not self._runtime.closed
             if isinstance(err, Exception):
                 return
             raise
@@ -274,6 +281,7 @@ class AsyncProducer:
                 queue_it(fallback).add_done_callback(functools.partial(_copy, outcome))
             except Exception as err:  # noqa: BLE001 - bad input found late: the message's own error
                 outcome.set_exception(err)
+        self._fast.enabled = not self._unrouted and not self._runtime.closed
 
     async def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                           properties: Mapping[str, str] | None = None, queue: int | None = None,
@@ -312,6 +320,7 @@ class AsyncProducer:
         """Flush, then close the connections. Idempotent."""
         if self._runtime.closed:
             return
+        self._fast.enabled = False  # (then send_nowait refuses once the connections are closed)
         try:
             await self.flush()
         finally:

@@ -387,6 +387,8 @@ def test_send_nowait_never_blocks_and_drain_waits_for_room(broker, topic):
             assert not producer._accumulator.full
             results = await asyncio.gather(*pending)
         assert len({(r.queue_id, r.queue_offset) for r in results}) == 2000
+        with pytest.raises(RuntimeError, match="closed"):
+            producer.send_nowait(topic, b"too late")
 
     run(main)
 
