@@ -167,7 +167,7 @@ def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
                 next_offset = _envelope(body, walked, offset)[0] + 1
             if offset < next_offset < rng.end:  # (next_offset <= offset: the queue ends before rng.end)
                 pending = _pull(runtime, rng, options.tags.expression, next_offset)
-            records, bad = check_records(np.frombuffer(body, np.uint8), starts, sizes)
+            records, bad = check_records(np.frombuffer(body, np.uint8), starts, sizes, scattered=False)
             broken = starts[bad].tolist() + ([walked] if walked < len(body) else [])
             # The broker leaves records whose CRC fails on its disk out of the body and lists them.
             found = [_envelope(body, pos, offset) for pos in broken] + [
@@ -175,7 +175,9 @@ def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
             if found:
                 report_bad(rng.topic, rng.queue_id, np.array([q for q, _ in found]), np.array([p for _, p in found]))
             in_range = records.headers["queue_offset"] < rng.end
-            records = after_index_filters(records.take(in_range), options)
+            if not in_range.all():
+                records = records.take(in_range)
+            records = after_index_filters(records, options)
             if len(records.starts):
                 yield to_batch(records, schema, prefix)
             offset = next_offset
