@@ -149,10 +149,10 @@ def _pull(runtime: ClientRuntime, rng: QueueRange, tags: str, offset: int) -> Fu
 def read_live_range(rng: QueueRange, options: ReadOptions, schema: pa.Schema,
                     report_bad: BadRecordSink) -> Iterator[pa.RecordBatch]:
     """The batches of ``rng`` pulled from its broker, each of up to ``batchRecords`` records and
-    BATCH_BYTES_MAX (several pulls: a few large batches cost Spark less than many small ones,
-    as a store read's do). Each next
-    pull is asked for as soon as the previous answer says where it starts, so the broker reads
-    it while this task walks the previous one and builds the batch."""
+    BATCH_BYTES_MAX (several pulls' records, as large as a store read's batches). Each next pull
+    is asked for as soon as the previous answer says where it starts, so the broker reads it
+    while this task walks the previous one and builds the batch. (An answer's body is a view of
+    the connection's receive buffer, which later answers never overwrite.)"""
     broker = rng.broker
     assert broker is not None, "live ranges are planned with their broker"
     runtime = ClientRuntime([broker], name="gms-spark-task")
