@@ -42,3 +42,13 @@ class AppenderBase:
     _batch_bytes: int
     _body_size_max: int
     def append_plain(self, topic: str, body: bytes, tag: str | None, /) -> SendFuture: ...
+
+class PlainFastPath:
+    """An asyncio producer's send_nowait (C): a plain message appended to its topic's sticky batch
+    without the accumulator's lock (one thread only); every other call is ``fallback``'s."""
+
+    enabled: bool
+    @property
+    def fallback(self) -> Callable[..., SendFuture]: ...
+    def __new__(cls, appender: AppenderBase, fallback: Callable[..., SendFuture]) -> Self: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> SendFuture: ...

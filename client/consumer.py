@@ -199,16 +199,15 @@ class Consumer:
         # Auto commits run on the polling thread and in the background; one outage for both.
         self._commit_outage = Outage(log, f"auto commit of group {group}")
         self._closed = False
-        if _attached is not None:
-            self._trace = None
-            return
-        try:
-            self._runtime.run(self._membership.start())
-        except BaseException:
-            self._runtime.close()
-            raise
-        self._trace = ConsumerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
-                                                    name="gms-consumer-trace"), group, self._member) if trace else None
+        if _attached is None:
+            try:
+                self._runtime.run(self._membership.start())
+            except BaseException:
+                self._runtime.close()
+                raise
+        self._trace = ConsumerTrace(TraceDispatcher(
+            Connect(brokers, nameserver, security), trace_topic, name="gms-consumer-trace",
+            loop=None if _attached is None else self._runtime.loop), group, self._member) if trace else None
 
     @property
     def member(self) -> str:
@@ -239,12 +238,11 @@ class Consumer:
             error, self._pending_damaged = self._pending_damaged, None
             raise error
         self._handle_rebalance()
-        self._release_held()
+        if self._held:
+            self._runtime.run(self._release_held())
         if self._auto_commit_s is not None and time.monotonic() - self._last_commit >= self._auto_commit_s:
             self._commit_in_background()
-        if self._held:  # wake when a held FIFO queue may be read again
-            timeout_ms = min(timeout_ms, max(0.0, min(u for u, _ in self._held.values()) - time.monotonic()) * 1000)
-        return self._deliver(self._buffer.take(self._max_poll_messages, timeout_ms / 1000))
+        return self._deliver(self._buffer.take(self._max_poll_messages, self._poll_wait_ms(timeout_ms) / 1000))
 
     def _deliver(self, chunks: list[Chunk]) -> ReceivedMessages:
         """What :meth:`poll` returns of the ``chunks`` it took (positions advanced past them)."""
@@ -323,25 +321,38 @@ class Consumer:
         sends it to the group's dead-letter topic with ``reason`` instead. Returns the topic it went to. The
         message itself counts as consumed (its offset is committed as usual): the copy is stored
         (acknowledged) before this returns. Clustering groups only."""
-        self._check_open()
-        if not self._clustering:
-            raise ValueError("nack needs a clustering consumer group (broadcasting consumers have no retry topic)")
-        if self._fifo:
-            return self._hold(message, delay_ms, reason)
-        topic, send = retry_plan(message, self._group, delay_ms=delay_ms, reason=reason,
-                                 delays_ms=self._retry_delays_ms, max_reconsume_times=self._max_reconsume_times)
-        return self._send_copy(topic, message, send)
-
-    def _send_copy(self, topic: str, message: ReceivedMessage, send: dict[str, Any]) -> str:
+        copy = self._retry_copy(message, delay_ms, reason)
+        if copy is None:
+            return self._runtime.run(self._hold(message, delay_ms))
+        topic, send = copy
         if topic != retry_topic(self._group):
             self._runtime.run(ensure_topic(self._runtime, topic))
         if self._retry_producer is None:
             self._retry_producer = self._make_retry_producer()
         failed_us = time.time_ns() // 1000
-        copy = self._retry_producer.send(topic, bytes(message.body), **send)
+        sent = self._retry_producer.send(topic, bytes(message.body), **send)
         if self._trace is not None:
-            self._trace.failed_copy(message, topic, send, copy, failed_us)
+            self._trace.failed_copy(message, topic, send, sent, failed_us)
         return topic
+
+    def _retry_copy(self, message: ReceivedMessage, delay_ms: int | None,
+                    reason: str) -> tuple[str, dict[str, Any]] | None:
+        """What :meth:`nack` does with ``message``: send a copy (the topic and ``send``'s
+        arguments: the retry topic, or the dead-letter topic once out of retries), or, FIFO, hold
+        its queue back (None: :meth:`_hold`)."""
+        self._check_open()
+        if not self._clustering:
+            raise ValueError("nack needs a clustering consumer group (broadcasting consumers have no retry topic)")
+        attempts = None
+        if self._fifo:
+            where = (message.topic, message.queue_id, message.queue_offset)
+            attempts = self._fifo_attempts.get(where, 0) + 1
+            if attempts <= self._max_reconsume_times:
+                self._fifo_attempts[where] = attempts
+                return None
+            self._fifo_attempts.pop(where, None)  # out of retries: to the dead letters, the queue moves on
+        return retry_plan(message, self._group, delay_ms=delay_ms, reason=reason, delays_ms=self._retry_delays_ms,
+                          max_reconsume_times=self._max_reconsume_times, attempts=attempts)
 
     def held(self, message: ReceivedMessage) -> bool:
         """FIFO: whether ``message`` is held back (its queue waits for a failed earlier message,
@@ -349,30 +360,22 @@ class Consumer:
         hold = self._held.get(TopicQueue(message.topic, message.queue_id))
         return hold is not None and message.queue_offset >= hold[1]
 
-    def _hold(self, message: ReceivedMessage, delay_ms: int | None, reason: str) -> str:
+    async def _hold(self, message: ReceivedMessage, delay_ms: int | None) -> str:
         """FIFO nack: the queue goes back to the failed message and waits ``delay_ms`` (default
         1 s, RocketMQ's suspend time), so nothing after it is delivered first; after
         ``max_reconsume_times`` retries its next failure goes to the dead-letter topic and the queue
-        moves on."""
-        where = (message.topic, message.queue_id, message.queue_offset)
-        attempts = self._fifo_attempts.get(where, 0) + 1
-        if attempts > self._max_reconsume_times:
-            self._fifo_attempts.pop(where, None)
-            topic, send = retry_plan(message, self._group, delay_ms=delay_ms, reason=reason,
-                                     delays_ms=self._retry_delays_ms, max_reconsume_times=self._max_reconsume_times,
-                                     attempts=attempts)
-            return self._send_copy(topic, message, send)
-        self._fifo_attempts[where] = attempts
+        moves on (:meth:`_retry_copy`)."""
         state = self._state(message.topic, message.queue_id)
         state.paused = True
-        self._runtime.run(self._membership.restart(state, message.queue_offset))
+        await self._membership.restart(state, message.queue_offset)
         delay_s = (FIFO_RETRY_DELAY_MS if delay_ms is None else max(delay_ms, 0)) / 1000
         self._held[state.key] = (time.monotonic() + delay_s, message.queue_offset)
         if self._trace is not None:
+            attempts = self._fifo_attempts[(message.topic, message.queue_id, message.queue_offset)]
             self._trace.failed(message, message.topic, attempt=attempts, delay_ms=round(delay_s * 1000))
         return message.topic
 
-    def _release_held(self) -> None:
+    async def _release_held(self) -> None:
         """FIFO: queues whose wait after a failure is over are read again (from the failed message)."""
         now = time.monotonic()
         for queue, (until, _) in list(self._held.items()):
@@ -381,7 +384,13 @@ class Consumer:
                 state = self._membership.states.get(queue)
                 if state is not None and not state.revoked and state.paused:
                     state.paused = False
-                    self._runtime.run(self._membership.restart(state, state.position))
+                    await self._membership.restart(state, state.position)
+
+    def _poll_wait_ms(self, timeout_ms: float) -> float:
+        """How long a poll may wait: until a held FIFO queue may be read again, at the latest."""
+        if not self._held:
+            return timeout_ms
+        return min(timeout_ms, max(0.0, min(u for u, _ in self._held.values()) - time.monotonic()) * 1000)
 
     # --- offsets ---------------------------------------------------------------------------------
 

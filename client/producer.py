@@ -17,7 +17,7 @@ import itertools
 import logging
 import random
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -140,8 +140,9 @@ class Producer:
         if retries < 0 or linger_ms < 0 or batch_bytes <= 0 or busy_poll_us < 0:
             raise ValueError("retries, linger_ms and busy_poll_us must be >= 0 and batch_bytes > 0")
         born_host = socket.gethostname() if born_host is None else born_host
-        self._trace = ProducerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
-                                                    name="gms-producer-trace"), born_host) if trace else None
+        self._trace = ProducerTrace(TraceDispatcher(
+            Connect(brokers, nameserver, security), trace_topic, name="gms-producer-trace", loop=_loop),
+            born_host) if trace else None
         self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                       name="gms-producer", security=security, loop=_loop)
         self._encoder = RecordEncoder(born_host)
@@ -473,10 +474,16 @@ class Producer:
                     key: str | bytes | None = None) -> None:
         """Send without waiting for (or getting) any acknowledgement (acks=0)."""
         route = self._route(topic, queue, key)
+        self._runtime.run(self._oneway(route, topic, body, tag, keys, properties, queue is None and key is None),
+                          self._call_timeout_ms)
+
+    def _oneway(self, route: QueueRoute, topic: str, body: bytes, tag: str | None, keys: Sequence[str],
+                properties: Mapping[str, str] | None,
+                movable: bool) -> Coroutine[Any, Any, SendResults | list[SendResult]]:
+        """The send of :meth:`send_oneway`'s message (encoded now, bad input raising here)."""
         batch = BatchBuilder(route.queue_id)
         self._encoder.add(batch, topic, body, tag, keys, properties)
-        send = self._sender.send(route, batch.seal(), acks=0, movable=queue is None and key is None)
-        self._runtime.run(send, self._call_timeout_ms)
+        return self._sender.send(route, batch.seal(), acks=0, movable=movable)
 
     def begin_transaction(self) -> Transaction:
         """A new transaction: send its messages with ``send(..., transaction=tx)``, then

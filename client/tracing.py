@@ -23,6 +23,7 @@ that fail (no id either: the exception tells the caller).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -72,6 +73,7 @@ from gms.record import keys_column, read_field_offsets, scan_records, text_colum
 from gms.security.client import ClientSecurity
 
 if TYPE_CHECKING:
+    from gms.client.aio.producer import AsyncProducer
     from gms.client.producer import Producer, ProducerRecord
 
 log = logging.getLogger(__name__)
@@ -106,13 +108,15 @@ class Connect(NamedTuple):
 
 class TraceDispatcher:
     """The trace records of one client: a bounded buffer of items filled by the client's threads,
-    turned into records and written by a background thread."""
+    turned into records and written by a background thread -- or, for an asyncio client
+    (``loop``), by a task on its loop with an asyncio producer (no thread of its own)."""
 
     def __init__(self, connect: Connect, topic: str = TRACE_TOPIC, *, create_topic: bool | None = None,
                  buffer_messages_max: int = BUFFER_MESSAGES_MAX, flush_interval_ms: float = FLUSH_INTERVAL_MS,
-                 name: str = "gms-trace") -> None:
+                 name: str = "gms-trace", loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``create_topic``: create ``topic`` when missing (default: for the default topic only; a
-        topic of your own is made with ``gms topic create``)."""
+        topic of your own is made with ``gms topic create``). ``loop``: the running loop of an
+        asyncio client, whose calls :meth:`add` (close it with :meth:`aclose`)."""
         self.topic = validate_topic_name(topic)
         self._connect = connect
         self._create_topic = topic == TRACE_TOPIC if create_topic is None else create_topic
@@ -124,15 +128,22 @@ class TraceDispatcher:
         self._waiting = 0  # traced messages in _items
         self._full = Outage(log, f"trace buffer of {name} (events dropped)")
         self._writes = Outage(log, f"trace writes to {topic}")
-        self._wake = threading.Event()
         self._stopping = False
         self._producer: Producer | None = None
+        self._async_producer: AsyncProducer | None = None
         self._flushes = 0
         self.dropped = 0  # traced messages whose events were dropped (buffer full)
         self.lost = 0  # traced messages whose records could not be made or written
         self.written = 0  # trace records written
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._wake: threading.Event | asyncio.Event
+        if loop is None:
+            self._wake = threading.Event()
+            self._thread: threading.Thread | None = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+        else:
+            self._wake = asyncio.Event()
+            self._thread = None
+            self._task = loop.create_task(self._run_async(), name=name)
 
     def add(self, build: Callable[..., Iterable[Event]], args: tuple[Any, ...], count: int) -> None:
         """Queue ``build(*args)`` (run later on the background thread) for ``count`` messages;
@@ -152,17 +163,49 @@ class TraceDispatcher:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait(self._flush_interval_s)
+            cast(threading.Event, self._wake).wait(self._flush_interval_s)
             self._wake.clear()
             self.flush()
         self.flush()
 
+    async def _run_async(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(cast(asyncio.Event, self._wake).wait(), self._flush_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self.aflush()
+        await self.aflush()
+
     def flush(self) -> None:
         """Write what is buffered now (the background thread's work; tests call it too)."""
+        taken = self._take()
+        if taken is not None:
+            self._write(*taken)
+
+    async def aflush(self) -> None:
+        """:meth:`flush` of an asyncio client's dispatcher (its task's work)."""
+        taken = self._take()
+        if taken is None:
+            return
+        records, count = taken
+        try:
+            if self._topic_due():
+                await ensure_topic(self._async_writer()._runtime, self.topic, queues=TRACE_QUEUES)
+                self._create_topic = False
+            await self._async_writer().send_batch(records)
+        except Exception as err:  # noqa: BLE001 - lost and counted: traces never fail the traced client
+            self._write_failed(err, count)
+        else:
+            self._wrote(records)
+
+    def _take(self) -> tuple[list[ProducerRecord], int] | None:
+        """The records of what is buffered now and how many traced messages they cover."""
         with self._lock:
             items, self._items, self._waiting = self._items, [], 0
         if not items:
-            return
+            return None
         records: list[ProducerRecord] = []
         count = 0
         self._flushes += 1
@@ -175,8 +218,7 @@ class TraceDispatcher:
             except Exception:  # a trace must never break its client: counted and logged
                 self.lost += messages
                 log.exception("cannot make the trace records of %s", getattr(build, "__name__", build))
-        if records:
-            self._write(records, count)
+        return (records, count) if records else None
 
     def _records(self, tag: str, ids: list[str], fields: dict[str, Any], key: str) -> Iterable[ProducerRecord]:
         from gms.client.producer import ProducerRecord
@@ -196,12 +238,18 @@ class TraceDispatcher:
             self._ensure_topic()
             self._writer().send_batch(records)
         except Exception as err:  # noqa: BLE001 - lost and counted: traces never fail the traced client
-            self.lost += count
-            self._writes.failed(repr(err))
+            self._write_failed(err, count)
         else:
-            self.written += len(records)
-            if self._writes.active:
-                self._writes.recovered()
+            self._wrote(records)
+
+    def _write_failed(self, err: Exception, count: int) -> None:
+        self.lost += count
+        self._writes.failed(repr(err))
+
+    def _wrote(self, records: list[ProducerRecord]) -> None:
+        self.written += len(records)
+        if self._writes.active:
+            self._writes.recovered()
 
     def _writer(self) -> Producer:
         if self._producer is None:
@@ -211,21 +259,33 @@ class TraceDispatcher:
                                       request_timeout_ms=WRITE_TIMEOUT_MS, linger_ms=0)
         return self._producer
 
-    def _ensure_topic(self) -> None:
+    def _async_writer(self) -> AsyncProducer:
+        if self._async_producer is None:
+            from gms.client.aio.producer import AsyncProducer
+            brokers, nameserver, security = self._connect
+            self._async_producer = AsyncProducer(brokers, nameserver=nameserver, security=security, acks=1,
+                                                 retries=1, request_timeout_ms=WRITE_TIMEOUT_MS, linger_ms=0)
+        return self._async_producer
+
+    def _topic_due(self) -> bool:
+        """Whether to (try to) create the trace topic now (a failed try is made again after
+        CREATE_RETRY_S)."""
         if not self._create_topic:
-            return
+            return False
         now = time.monotonic()
         if self._created_at is not None and now - self._created_at < CREATE_RETRY_S:
-            return
+            return False
         self._created_at = now
+        return True
+
+    def _ensure_topic(self) -> None:
+        if not self._topic_due():
+            return
         brokers, nameserver, security = self._connect
         runtime = ClientRuntime(brokers, nameserver=nameserver, security=security,
                                 request_timeout_ms=WRITE_TIMEOUT_MS, name="gms-trace-setup")
         try:
             runtime.run(ensure_topic(runtime, self.topic, queues=TRACE_QUEUES), WRITE_TIMEOUT_MS * 2)
-        except Exception:
-            self._created_at = now  # tried again after CREATE_RETRY_S
-            raise
         finally:
             runtime.close()
         self._create_topic = False
@@ -236,9 +296,25 @@ class TraceDispatcher:
             return
         self._stopping = True
         self._wake.set()
+        if self._thread is None:
+            raise RuntimeError("this dispatcher runs on an asyncio client's loop: await aclose() instead")
         self._thread.join(timeout_ms / 1000)
         if self._producer is not None:
             self._producer.close(timeout_ms)
+
+    async def aclose(self, timeout_ms: float = CLOSE_TIMEOUT_MS) -> None:
+        """:meth:`close` of an asyncio client's dispatcher. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_ms / 1000)
+        except TimeoutError:
+            self._task.cancel()
+        finally:
+            if self._async_producer is not None:
+                await self._async_producer.aclose()
 
 
 # --- producers --------------------------------------------------------------------------------
@@ -254,16 +330,25 @@ class ProducerTrace:
         self.host = born_host
         self.client = client_id()
 
+    def sent(self, started_us: int, tag: str | None, keys: Sequence[str], size: int, result: SendResult) -> None:
+        """A ``send`` begun at ``started_us`` was answered ``result`` (None: acks=0, not traced)."""
+        if result is not None:
+            self.dispatcher.add(_sent_one, (now_us(), started_us, self.host, self.client, tag, keys, size, result), 1)
+
+    def sent_batch(self, started_us: int, messages: Sequence[Any], results: Sequence[SendResult]) -> None:
+        """A ``send_batch`` of ``messages`` begun at ``started_us`` was answered ``results``."""
+        if len(results) and results[0] is not None:
+            self.dispatcher.add(_sent_batch, (now_us(), started_us, self.host, self.client, messages, results),
+                                len(results))
+
     def instrument(self, producer: Producer) -> None:
-        send, send_batch, add = producer.send, producer.send_batch, self.dispatcher.add
-        host, client = self.host, self.client
+        send, send_batch = producer.send, producer.send_batch
 
         def traced_send(topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                         *args: Any, **kwargs: Any) -> SendResult:
             started = now_us()
             result = send(topic, body, tag, keys, *args, **kwargs)
-            if result is not None:
-                add(_sent_one, (now_us(), started, host, client, tag, keys, len(body), result), 1)
+            self.sent(started, tag, keys, len(body), result)
             return result
 
         def traced_send_batch(messages: Iterable[Any], *args: Any, **kwargs: Any) -> Sequence[SendResult]:
@@ -271,8 +356,7 @@ class ProducerTrace:
             if not isinstance(messages, (list, tuple)):
                 messages = list(messages)
             results = send_batch(messages, *args, **kwargs)
-            if len(results) and results[0] is not None:
-                add(_sent_batch, (now_us(), started, host, client, messages, results), len(results))
+            self.sent_batch(started, messages, results)
             return results
 
         traced_send.__doc__, traced_send_batch.__doc__ = send.__doc__, send_batch.__doc__
@@ -291,6 +375,9 @@ class ProducerTrace:
 
     def close(self) -> None:
         self.dispatcher.close()
+
+    async def aclose(self) -> None:
+        await self.dispatcher.aclose()
 
 
 def _result_fields(results: Sequence[SendResult]) -> tuple[list[str], dict[str, Any]]:
@@ -473,9 +560,13 @@ class ConsumerTrace:
     def acked_handles(self, handles: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
                       done: Future[list[ReceiptHandle]]) -> None:
         """A pop ack of ``handles`` ({topic: (queue ids, offsets, attempts)}) was answered."""
-        if done.cancelled() or done.exception() is not None:
-            return
-        expired = {(h.topic, h.queue_id, h.offset) for h in done.result()}
+        if not done.cancelled() and done.exception() is None:
+            self.acked_pop(handles, done.result())
+
+    def acked_pop(self, handles: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  expired_handles: Sequence[ReceiptHandle]) -> None:
+        """A pop ack of ``handles`` was answered: ``expired_handles`` of them no longer held."""
+        expired = {(h.topic, h.queue_id, h.offset) for h in expired_handles}
         count = sum(len(columns[0]) for columns in handles.values())
         self.dispatcher.add(self._acked_handles, (handles, expired, self._fields(now_us())), count)
 
@@ -526,6 +617,10 @@ class ConsumerTrace:
     def close(self) -> None:
         self._acked_last(now_us())
         self.dispatcher.close()
+
+    async def aclose(self) -> None:
+        self._acked_last(now_us())
+        await self.dispatcher.aclose()
 
 
 __all__ = ["TRACE_TOPIC", "Connect", "ConsumerTrace", "ProducerTrace", "TraceDispatcher"]

@@ -47,20 +47,22 @@ class Records(NamedTuple):
 
 def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
                   queue_offsets: np.ndarray | None = None,
-                  phys: np.ndarray | None = None) -> tuple[Records, np.ndarray]:
+                  phys: np.ndarray | None = None, *, scattered: bool = True) -> tuple[Records, np.ndarray]:
     """Read and verify the records at ``starts`` (length, magic, field lengths, CRC and, when
     given, the queue and commitlog offsets the index expects). Returns the good records and the
     boolean mask of bad positions, so the caller can count or fail on them.
 
-    The records are first copied into one padded (n, largest size) array when that wastes
-    little: a queue's records lie scattered over the commitlog (a TLB and cache miss each), so
-    they are gathered once and the CRC and every column read sequential memory."""
+    ``scattered`` records are first copied into one padded (n, largest size) array when that
+    wastes little: a queue's records lie scattered over the commitlog (a TLB and cache miss
+    each), so they are gathered once and the CRC and every column read sequential memory. (A
+    pull answer's lie back to back already.)"""
     starts = starts.astype(np.int64, copy=False)
     sizes = sizes.astype(np.int64, copy=False)
     bad = (sizes < HEADER_SIZE) | (starts < 0) | (starts + sizes > len(arr))
     safe_starts = np.where(bad, 0, starts)
     width = int(sizes.max()) if len(sizes) else 0
-    if width and not bad.all() and width * len(sizes) <= PADDED_GATHER_WASTE_MAX * int(sizes[~bad].sum()):
+    if (scattered and width and not bad.all()
+            and width * len(sizes) <= PADDED_GATHER_WASTE_MAX * int(sizes[~bad].sum())):
         arr = _rows(arr, safe_starts, width).ravel()
         starts = safe_starts = np.arange(len(sizes), dtype=np.int64) * width
     headers = read_headers(arr, safe_starts)

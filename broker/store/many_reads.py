@@ -23,14 +23,12 @@ import numpy as np
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, OffsetExpired
 from gms.broker.mapped_file import MappedFile
-from gms.broker.store.records import POPULATE_SPAN_FACTOR_MAX
+from gms.broker.store.records import COPY_RUN_BYTES_MAX, POPULATE_SPAN_FACTOR_MAX
 from gms.broker.store.types import GetResult, GetStatus, QueueGet
 from gms.record import _recordcheck, check_stored, record_views
 from gms.record.layout import HIDDEN_TAG_HASH
 from gms.store_errors import StoreError
 
-# A queue's records lying apart in runs of this size or less on average are answered as one copy.
-COPY_RUN_BYTES_MAX = 16 << 10
 # get(topic, queue_id, offset, max_msgs, max_bytes, read_limit) of one queue, coalesced
 QueueGetter = Callable[[str, int, int, int, int, int | None], GetResult]
 ManyResults = list[GetResult | StoreError]

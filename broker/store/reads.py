@@ -22,7 +22,14 @@ from gms.broker.store.damage import DamageTracker, check_stored_records
 from gms.broker.store.many_reads import ManyQueueRead
 from gms.broker.store.origins import OriginMap, leader_key
 from gms.broker.store.queues import QueueKey, QueueTable
-from gms.broker.store.records import POPULATE_SPAN_FACTOR_MAX, coalesce, file_runs, first_stored_at, views
+from gms.broker.store.records import (
+    POPULATE_SPAN_FACTOR_MAX,
+    coalesce,
+    file_runs,
+    first_stored_at,
+    run_views,
+    views,
+)
 from gms.broker.store.topic_table import TopicTable
 from gms.broker.store.types import (
     GET_BYTES_MAX_DEFAULT,
@@ -86,8 +93,9 @@ class StoreReads:
 
         ``read_limit`` (a replicated queue's high watermark) hides the offsets at and past it:
         they are answered like the end of the queue, and ``max_offset`` reports the limit.
-        ``coalesce`` returns adjacent records as one view (a pull answer sent as-is: a view per
-        record would cost a Python object and a write buffer per message). ``select`` (an SQL
+        ``coalesce`` returns adjacent records as one view, and records lying apart in small runs
+        as one copy of them (a pull answer sent as-is: a view per record would cost a Python
+        object and a write buffer per message). ``select`` (an SQL
         filter's) keeps only the records it selects of those read, once their CRCs held: the
         others cost no view; none selected (and none damaged) answers NO_MATCHED_MESSAGE."""
         commitlog = self._commitlog()
@@ -207,7 +215,7 @@ class StoreReads:
                 return None
         if coalesced and len(phys):
             phys, sizes = coalesce(phys, sizes)
-            runs = file_runs(commitlog, phys)
+            return run_views(file_runs(commitlog, phys), phys, sizes), damaged, served
         return views(runs, phys, sizes), damaged, served
 
     def read_runs(self, topic: str, queue_id: int, offset: int, max_msgs: int, max_bytes: int) -> ReplicaRead:

@@ -10,13 +10,15 @@ import numpy as np
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.mapped_file import MappedFile
-from gms.record import OFF_STORE_TS, record_views
+from gms.record import OFF_STORE_TS, _recordcheck, record_views
 from gms.store_errors import MessageNotFound
 
 FileRuns = list[tuple[MappedFile, int, int]]
 # A read far behind the writer maps its stretch of the commitlog at once only if the stretch is at
 # most this many times the bytes it serves (see StoreReads.get).
 POPULATE_SPAN_FACTOR_MAX = 4
+# Records lying apart in runs of this size or less on average are served as one copy of them.
+COPY_RUN_BYTES_MAX = 16 << 10
 _STORE_TS = struct.Struct(">q")
 
 
@@ -44,6 +46,20 @@ def views(runs: FileRuns, phys: np.ndarray, sizes: np.ndarray) -> list[memoryvie
     for f, lo, hi in runs:
         found += record_views(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi])
     return found
+
+
+def run_views(runs: FileRuns, phys: np.ndarray, sizes: np.ndarray) -> list[memoryview]:
+    """:func:`views` of coalesced runs, or, where they are many and small (a queue of one of many
+    topics, its records among the others'), one copy of them back to back: an object and a write
+    buffer per record cost more than copying it (the same bytes either way)."""
+    total = int(sizes.sum())
+    if len(phys) < 2 or total >= COPY_RUN_BYTES_MAX * len(phys):
+        return views(runs, phys, sizes)
+    into = np.empty(total, np.uint8)  # not zeroed first: every byte is copied to
+    at = np.cumsum(sizes) - sizes
+    for f, lo, hi in runs:
+        _recordcheck.gather(f.view, phys[lo:hi] - f.base_offset, sizes[lo:hi], into, at[lo:hi])
+    return [into.data]
 
 
 def coalesce(phys: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

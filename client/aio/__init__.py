@@ -10,13 +10,14 @@ the caller's running event loop — uvloop's too — with no thread of their own
 """
 
 from gms.client.admin import AsyncAdmin
-from gms.client.aio.consumer import AsyncConsumer, AsyncRebalanceCallback
+from gms.client.aio.consumer import AsyncConsumer, AsyncListener, AsyncRebalanceCallback
 from gms.client.aio.producer import AsyncProducer, AsyncTransaction
 from gms.client.aio.simple_consumer import AsyncSimpleConsumer
 
 __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncListener",
     "AsyncProducer",
     "AsyncRebalanceCallback",
     "AsyncSimpleConsumer",

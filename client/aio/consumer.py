@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
 from gms.client.aio._loop import running_loop
+from gms.client.aio.producer import AsyncProducer
 from gms.client.consumer import ITER_POLL_MS, LONG_POLL_MS, MODES, Attached, Consumer, DamagedCallback, prepare
 from gms.client.fetcher import QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR
 from gms.client.rebalance import RebalanceEvent, StartFrom
+from gms.client.retries import ensure_topic
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import ReceivedMessage, ReceivedMessages
 from gms.client.subscriptions import Sql
+from gms.client.tracing import TRACE_TOPIC
 from gms.errors import GmsError
-from gms.naming import group_of_topic
+from gms.naming import group_of_topic, retry_topic
 from gms.security.client import ClientSecurity
 
 # on_assigned / on_revoked: a function or a coroutine function of the queues.
 AsyncRebalanceCallback = Callable[[list[TopicQueue]], Awaitable[None] | None]
+# listen's listener: a function or a coroutine function of each message.
+AsyncListener = Callable[[ReceivedMessage], object]
+
+log = logging.getLogger(__name__)
 
 
 class AsyncConsumer:
@@ -62,8 +70,11 @@ class AsyncConsumer:
         max_reconsume_times: int | None = None,
         retry_delays_ms: Sequence[int] | None = None,
         fifo: bool | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
-        """As :class:`gms.client.Consumer`'s; nothing connects before :meth:`start`."""
+        """As :class:`gms.client.Consumer`'s; nothing connects before :meth:`start`. ``trace``:
+        the trace records are written by a task on the loop."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self._loop = running_loop("AsyncConsumer")
@@ -79,13 +90,18 @@ class AsyncConsumer:
                 request_timeout_ms=request_timeout_ms, on_damaged=on_damaged, damaged=damaged,
                 instance_name=instance_name, offset_dir=offset_dir, security=security,
                 max_reconsume_times=max_reconsume_times, retry_delays_ms=retry_delays_ms, fifo=fifo,
-                _attached=attached)
+                trace=trace, trace_topic=trace_topic, _attached=attached)
 
         def connect() -> ClientRuntime:
             return ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
                                  name="gms-consumer", security=security, loop=self._loop)
 
-        self._make, self._connect = make, connect
+        def make_retry_producer() -> AsyncProducer:  # for nack's copies
+            return AsyncProducer(brokers, nameserver=nameserver, security=security,
+                                 request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
+
+        self._make, self._connect, self._make_retry_producer = make, connect, make_retry_producer
+        self._retry_producer: AsyncProducer | None = None
         self._group = group
         self._clustering = mode == "clustering"
         self._need_settings = None in (max_reconsume_times, retry_delays_ms, fifo)
@@ -100,6 +116,7 @@ class AsyncConsumer:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         runtime = self._connect()
+        core = None
         try:
             settings, retry_topic_ready = await prepare(runtime, self._group, clustering=self._clustering,
                                                         need_settings=self._need_settings)
@@ -107,6 +124,8 @@ class AsyncConsumer:
             await core._membership.start()
         except BaseException:
             await runtime.aclose()
+            if core is not None and core._trace is not None:
+                await core._trace.aclose()
             raise
         self._core = core
 
@@ -147,15 +166,59 @@ class AsyncConsumer:
             error, core._pending_damaged = core._pending_damaged, None
             raise error
         await self._handle_rebalance(core)
+        if core._held:  # once begun, runs to its end (a queue unpaused is restarted)
+            await asyncio.shield(core._release_held())
         if core._auto_commit_s is not None and time.monotonic() - core._last_commit >= core._auto_commit_s:
             core._commit_in_background()
-        await core._buffer.wait(timeout_ms / 1000)
+        await core._buffer.wait(core._poll_wait_ms(timeout_ms) / 1000)
         return core._deliver(core._buffer.take(core._max_poll_messages, 0))
 
     async def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
         while not self._closed:
             for message in await self.poll(ITER_POLL_MS):
                 yield message
+
+    # --- failed messages -----------------------------------------------------------------------
+
+    async def listen(self, listener: AsyncListener, *, stop: Callable[[], bool] = lambda: False) -> None:
+        """:meth:`gms.client.Consumer.listen`: hand every message to ``listener`` (a function or
+        a coroutine function, awaited before the next message) until ``stop()`` is true (checked
+        between polls) or the consumer is closed; a listener that raises nacks its message with
+        the exception as the reason, and the next message follows."""
+        while not self._closed and not stop():
+            for message in await self.poll(ITER_POLL_MS):
+                if self.held(message):
+                    continue
+                try:
+                    outcome = listener(message)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception as err:  # noqa: BLE001 - the application's failure, handed to nack
+                    log.debug("listener failed %s: %r", message.msg_id, err)
+                    await self.nack(message, reason=f"{type(err).__name__}: {err}")
+
+    async def nack(self, message: ReceivedMessage, *, delay_ms: int | None = None, reason: str = "") -> str:
+        """:meth:`gms.client.Consumer.nack`: redeliver ``message`` to the group after ``delay_ms``
+        (FIFO: hold its queue back), or send it to the dead letters once out of retries; returns
+        the topic it went to, once the copy is stored."""
+        core = self._c
+        copy = core._retry_copy(message, delay_ms, reason)
+        if copy is None:
+            return await core._hold(message, delay_ms)
+        topic, send = copy
+        if topic != retry_topic(self._group):
+            await ensure_topic(core._runtime, topic)
+        if self._retry_producer is None:
+            self._retry_producer = self._make_retry_producer()
+        failed_us = time.time_ns() // 1000
+        sent = await self._retry_producer.send(topic, bytes(message.body), **send)
+        if core._trace is not None:
+            core._trace.failed_copy(message, topic, send, sent, failed_us)
+        return topic
+
+    def held(self, message: ReceivedMessage) -> bool:
+        """FIFO: whether ``message`` is held back (:meth:`gms.client.Consumer.held`): skip it."""
+        return self._c.held(message)
 
     async def _handle_rebalance(self, core: Consumer) -> None:
         """:meth:`gms.client.Consumer._handle_rebalance`, awaiting what it runs. An event leaves
@@ -259,6 +322,10 @@ class AsyncConsumer:
         finally:
             core._closed = True
             await core._runtime.aclose()
+            if self._retry_producer is not None:
+                await self._retry_producer.aclose()
+            if core._trace is not None:
+                await core._trace.aclose()
 
     async def __aenter__(self) -> Self:
         await self.start()

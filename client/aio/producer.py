@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self
 
+from gms.client._append import PlainFastPath
 from gms.client.accumulator import _Outcome
 from gms.client.aio._loop import running_loop
 from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, AwaitRequired
 from gms.client.structs import SendFuture, SendResult
+from gms.client.tracing import TRACE_TOPIC, now_us
 from gms.client.transactions import Transaction, TransactionChecker
 from gms.errors import GmsError
 from gms.net.busy_poll import CLIENT_WINDOW_US, LoopBusyPoll
@@ -25,6 +28,8 @@ log = logging.getLogger(__name__)
 # A message whose topic's routes are being looked up: how to queue it once they are known (given
 # where to send if the routes do not name the topic), and its future.
 _Deferred = tuple[Callable[[QueueRoute | None], SendFuture], _Outcome]
+# send_nowait's callback: a function or a coroutine function of the message's future.
+SendCallback = Callable[[SendFuture], object]
 
 
 def _copy(outcome: _Outcome, sent: SendFuture) -> None:
@@ -111,25 +116,33 @@ class AsyncProducer:
         group: str | None = None,
         transaction_checker: TransactionChecker | None = None,
         transaction_timeout_ms: int | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
         busy_poll_us: int = CLIENT_WINDOW_US,
     ) -> None:
         """As :class:`gms.client.Producer`'s. ``transaction_checker`` is called on the loop:
-        it must not block. ``busy_poll_us``: how long the loop polls (rather than sleeps) after
-        a :meth:`send` or :meth:`send_batch` leaves, to catch its answer awake, as the sync
-        ``send`` does (:mod:`gms.net.busy_poll`; 0: off)."""
+        it must not block. ``trace``: the trace records are written by a task on the loop.
+        ``busy_poll_us``: how long the loop polls (rather than sleeps) after a :meth:`send` or
+        :meth:`send_batch` leaves, to catch its answer awake, as the sync ``send`` does
+        (:mod:`gms.net.busy_poll`; 0: off)."""
         self._loop = running_loop("AsyncProducer")
         self._core = Producer(
             brokers, nameserver=nameserver, linger_ms=linger_ms, batch_bytes=batch_bytes,
             buffer_bytes_max=buffer_bytes_max, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms,
             request_timeout_ms=request_timeout_ms, born_host=born_host, security=security, idempotence=idempotence,
             group=group, transaction_checker=transaction_checker, transaction_timeout_ms=transaction_timeout_ms,
-            _loop=self._loop)
+            trace=trace, trace_topic=trace_topic, _loop=self._loop)
+        self._trace = self._core._trace
         self._busy_poll = LoopBusyPoll(self._loop, busy_poll_us)
         self._runtime = self._core._runtime
         self._accumulator = self._core._accumulator
         # Per topic whose routes are being looked up, its messages queued meanwhile (in order).
         self._unrouted: dict[str, list[_Deferred]] = {}
-        self._lookups: set[asyncio.Task[None]] = set()
+        # send_nowait's plain messages are appended in C, without the accumulator's lock (all of
+        # this producer runs on its loop's thread), the rest by the method below: one call each.
+        self._fast = PlainFastPath(self._accumulator, self.send_nowait)
+        vars(self)["send_nowait"] = self._fast
+        self._lookups: set[asyncio.Future[Any]] = set()  # route lookups, callbacks' coroutines
 
     @property
     def producer_id(self) -> int | None:
@@ -154,9 +167,12 @@ class AsyncProducer:
         records = core._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
                                    reconsume_times, tx)
         self._busy_poll.touch()
+        started = now_us() if self._trace is not None else 0
         result = await core._send_one_async(route, records, queue is None and key is None)
         if tx is not None:
             tx.sent(result.topic, result.queue_id)
+        if self._trace is not None:
+            self._trace.sent(started, tag, keys, len(body), result)
         return result
 
     async def send_batch(self, messages: Iterable[ProducerRecord | Mapping[str, Any]]) -> Sequence[SendResult]:
@@ -176,52 +192,77 @@ class AsyncProducer:
             return []
         bodies = {target: group.records.seal_counted() for target, group in groups.items()}
         self._busy_poll.touch()
-        return core._batch_results(groups, await core._send_all(bodies), count)
+        started = now_us() if self._trace is not None else 0
+        results = core._batch_results(groups, await core._send_all(bodies), count)
+        if self._trace is not None:
+            self._trace.sent_batch(started, records, results)
+        return results
 
     def send_nowait(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
                     properties: Mapping[str, str] | None = None, queue: int | None = None,
-                    key: str | bytes | None = None, *, deliver_at: datetime.datetime | int | None = None,
-                    delay_ms: int | None = None, delay_level: int | None = None,
-                    message_group: str | None = None) -> SendFuture:
+                    key: str | bytes | None = None, callback: SendCallback | None = None, *,
+                    deliver_at: datetime.datetime | int | None = None, delay_ms: int | None = None,
+                    delay_level: int | None = None, message_group: str | None = None) -> SendFuture:
         """Queue a message for a batched send without waiting (:meth:`gms.client.Producer.send_async`):
         the returned :class:`SendFuture` is done when the broker answers the message's batch;
         ``await`` it for the :class:`SendResult` (or the send's error), or read ``result()`` once
         ``done()`` (before, it would block the loop that answers it). Bad input raises here.
+        ``callback(future)`` runs on the loop once the future is done; a coroutine function's
+        coroutine is run as a task, which :meth:`flush` waits for.
 
         It never blocks, not even when unanswered messages fill ``buffer_bytes_max``: then
         ``await drain()`` (as with an asyncio stream's ``write``) before queueing more."""
         if self._runtime.closed:
             raise RuntimeError("the producer is closed")
-        core = self._core
         queued = self._unrouted.get(topic) if self._unrouted else None
-        if queued is None:
-            if (not keys and properties is None and queue is None and key is None and deliver_at is None
-                    and delay_ms is None and delay_level is None and message_group is None):
-                try:  # as most are: into the topic's sticky batch, routed when it opens
-                    return self._accumulator.append_plain(topic, body, tag)
-                except AwaitRequired:  # its routes are to be looked up first
-                    pass
-            elif core._runtime.routes.cached(topic) is not None:
-                return core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
-                                       delay_ms=delay_ms, delay_level=delay_level, message_group=message_group)
+        if (queued is None and callback is None and not keys and properties is None and queue is None
+                and key is None and deliver_at is None and delay_ms is None and delay_level is None
+                and message_group is None):
+            try:  # as most are: into the topic's sticky batch, routed when it opens
+                return self._accumulator.append_plain(topic, body, tag)
+            except AwaitRequired:  # its routes are to be looked up first
+                pass
+        properties, key = _grouped(properties, key, message_group)
+        future = self._queue_routed(queued, topic, body, tag, keys, properties, queue, key, deliver_at, delay_ms,
+                                    delay_level)
+        if callback is not None:
+            future.add_done_callback(functools.partial(self._run_callback, callback))
+        return future
+
+    def _queue_routed(self, queued: list[_Deferred] | None, topic: str, body: bytes, tag: str | None,
+                      keys: Sequence[str], properties: Mapping[str, str] | None, queue: int | None,
+                      key: str | bytes | None, deliver_at: datetime.datetime | int | None, delay_ms: int | None,
+                      delay_level: int | None) -> SendFuture:
+        """:meth:`send_nowait` of a message to route here, or behind its topic's routes' lookup
+        (``queued``: the messages waiting for it already)."""
+        core = self._core
+        if queued is None and core._runtime.routes.cached(topic) is not None:
+            return core._append_routed(core._route(topic, queue, key), body, tag, keys, properties,
+                                       deliver_at, delay_ms, delay_level)
         # The routes are to be looked up first: queued behind that, in order.
         core._encoder.topic(topic)
         outcome = _Outcome()  # the message's own, resolved as its batch is once it is in one
 
         def later(fallback: QueueRoute | None) -> SendFuture:
-            if fallback is None:
-                return core.send_async(topic, body, tag, keys, properties, queue, key, deliver_at=deliver_at,
-                                       delay_ms=delay_ms, delay_level=delay_level, message_group=message_group)
-            return core._append_routed(fallback, body, tag, keys, _grouped(properties, key, message_group)[0],
-                                       deliver_at, delay_ms, delay_level)
+            route = fallback or core._route(topic, queue, key)
+            return core._append_routed(route, body, tag, keys, properties, deliver_at, delay_ms, delay_level)
 
         if queued is None:
             queued = self._unrouted[topic] = []
+            self._fast.enabled = False  # plain messages to it too queue behind the lookup, in order
             task = self._loop.create_task(self._route_then_send(topic, queue))
             self._lookups.add(task)
             task.add_done_callback(self._lookups.discard)
         queued.append((later, outcome))
         return SendFuture(outcome, 0)
+
+    def _run_callback(self, callback: SendCallback, future: SendFuture) -> None:
+        """A :meth:`send_nowait` callback (on the loop); its coroutine, if any, as a task."""
+        outcome = callback(future)
+        if inspect.isawaitable(outcome):
+            task = asyncio.ensure_future(outcome)
+            self._lookups.add(task)  # flush waits for it
+            task.add_done_callback(self._lookups.discard)
 
     async def _route_then_send(self, topic: str, queue: int | None) -> None:
         """Look ``topic``'s routes up, then queue the messages that waited for them, in order."""
@@ -230,6 +271,7 @@ class AsyncProducer:
         except BaseException as err:  # the messages' own error (cancelled: the loop shuts down)
             for _, outcome in self._unrouted.pop(topic):
                 outcome.set_exception(err)
+            self._fast.enabled = not self._unrouted and not self._runtime.closed
             if isinstance(err, Exception):
                 return
             raise
@@ -239,6 +281,17 @@ class AsyncProducer:
                 queue_it(fallback).add_done_callback(functools.partial(_copy, outcome))
             except Exception as err:  # noqa: BLE001 - bad input found late: the message's own error
                 outcome.set_exception(err)
+        self._fast.enabled = not self._unrouted and not self._runtime.closed
+
+    async def send_oneway(self, topic: str, body: bytes, tag: str | None = None, keys: Sequence[str] = (),
+                          properties: Mapping[str, str] | None = None, queue: int | None = None,
+                          key: str | bytes | None = None) -> None:
+        """Send without waiting for (or getting) any acknowledgement (acks=0): returns once the
+        request is written (:meth:`gms.client.Producer.send_oneway`)."""
+        self._check_open()
+        core = self._core
+        route = core._cached_route(topic, queue, key) or await core._route_async(topic, queue, key)
+        await core._oneway(route, topic, body, tag, keys, properties, queue is None and key is None)
 
     async def drain(self) -> None:
         """Let the loop send what :meth:`send_nowait` queued, and wait while its unanswered
@@ -267,12 +320,15 @@ class AsyncProducer:
         """Flush, then close the connections. Idempotent."""
         if self._runtime.closed:
             return
+        self._fast.enabled = False  # (then send_nowait refuses once the connections are closed)
         try:
             await self.flush()
         finally:
             if self._core._transactions is not None:
                 self._core._transactions.close()
             await self._runtime.aclose()
+            if self._trace is not None:
+                await self._trace.aclose()
 
     async def __aenter__(self) -> Self:
         return self

@@ -3,6 +3,7 @@ caller's loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -17,6 +18,7 @@ from gms.client.simple_consumer import (
     AWAIT_DURATION_MS,
     INVISIBLE_DURATION_MS,
     Acknowledgeable,
+    HandleColumns,
     PopClient,
     _handle_columns,
     _handles,
@@ -25,6 +27,7 @@ from gms.client.simple_consumer import (
 )
 from gms.client.structs import PoppedMessage
 from gms.client.subscriptions import Sql
+from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher, now_us
 from gms.cluster.model import GroupSettings
 from gms.errors import ReceiptHandleExpiredError
 from gms.naming import EXHAUSTED_REASON, dlq_topic
@@ -54,7 +57,11 @@ class AsyncSimpleConsumer:
         fifo: bool | None = None,
         request_timeout_ms: float = REQUEST_TIMEOUT_MS,
         security: ClientSecurity | None = None,
+        trace: bool = False,
+        trace_topic: str = TRACE_TOPIC,
     ) -> None:
+        """As :class:`gms.client.SimpleConsumer`'s. ``trace``: the trace records are written by a
+        task on the loop."""
         self._filters = checked_options(subscription, max_delivery_attempts, start_from)
         self._loop = running_loop("AsyncSimpleConsumer")
         self._group = group
@@ -72,6 +79,10 @@ class AsyncSimpleConsumer:
         self._dead_letters: AsyncProducer | None = None
         self._retry_delays_ms: tuple[int, ...] = ()
         self._pop: PopClient | None = None
+        self._acks_on_the_way: set[asyncio.Task[None]] = set()
+        self._trace = ConsumerTrace(TraceDispatcher(Connect(brokers, nameserver, security), trace_topic,
+                                                    name="gms-simple-consumer-trace", loop=self._loop),
+                                    group) if trace else None
         self._closed = False
 
     @property
@@ -109,6 +120,8 @@ class AsyncSimpleConsumer:
             popped = await core.receive(max_messages, invisible_ms, left_ms)
             for message in popped.exhausted:
                 await self.forward_to_dead_letters(cast(PoppedMessage, message), EXHAUSTED_REASON)
+            if self._trace is not None:
+                self._trace.received(popped.messages)
             if len(popped.messages) or not len(popped.exhausted) or time.monotonic() >= deadline:
                 return cast(Sequence[PoppedMessage], popped.messages)
 
@@ -122,10 +135,25 @@ class AsyncSimpleConsumer:
         """:meth:`gms.client.SimpleConsumer.ack`: ReceiptHandleExpiredError if a handle no longer
         holds (the others are acknowledged all the same)."""
         self._check_open()
-        handles = _handle_columns(messages)
+        await self._ack(_handle_columns(messages))
+
+    def ack_nowait(self, messages: Acknowledgeable | Iterable[Acknowledgeable]) -> asyncio.Future[None]:
+        """:meth:`ack` without waiting (:meth:`gms.client.SimpleConsumer.ack_async`): the
+        acknowledgement travels while the caller goes on; the returned future fails as
+        :meth:`ack` would raise (bad input raises here). :meth:`aclose` waits for those still
+        on their way."""
+        self._check_open()
+        task = self._loop.create_task(self._ack(_handle_columns(messages)))
+        self._acks_on_the_way.add(task)
+        task.add_done_callback(self._acks_on_the_way.discard)
+        return task
+
+    async def _ack(self, handles: HandleColumns) -> None:
         if not handles:
             return
         expired = await (await self._core()).ack(handles)
+        if self._trace is not None:
+            self._trace.acked_pop(handles, expired)
         if expired:
             raise expired_error(expired, sum(len(columns[0]) for columns in handles.values()))
 
@@ -142,7 +170,10 @@ class AsyncSimpleConsumer:
         await self._core()
         if delay_ms is None:
             delay_ms = retry_delay_ms(self._retry_delays_ms, message.delivery_attempt)
-        return await self.change_invisible_duration(message, delay_ms)
+        visible_at = await self.change_invisible_duration(message, delay_ms)
+        if self._trace is not None:
+            self._trace.failed(message, message.topic, attempt=message.delivery_attempt, delay_ms=delay_ms)
+        return visible_at
 
     async def forward_to_dead_letters(self, message: PoppedMessage, reason: str = "") -> str:
         """Move ``message`` to the group's dead-letter topic: stored there (acks=-1), then
@@ -156,7 +187,10 @@ class AsyncSimpleConsumer:
         await ensure_topic(self._runtime, topic)
         if self._dead_letters is None:
             self._dead_letters = self._make_producer()
-        await self._dead_letters.send(topic, bytes(message.body), **send)
+        failed_us = now_us()
+        copy = await self._dead_letters.send(topic, bytes(message.body), **send)
+        if self._trace is not None:
+            self._trace.failed_copy(message, topic, send, copy, failed_us)
         try:
             await self.ack(message)
         except ReceiptHandleExpiredError:
@@ -168,16 +202,20 @@ class AsyncSimpleConsumer:
             raise RuntimeError("the consumer is closed")
 
     async def aclose(self) -> None:
-        """Close the connections (messages in flight become visible again when their invisible
-        duration ends). Idempotent."""
+        """Wait for acknowledgements on their way, close the connections (messages in flight
+        become visible again when their invisible duration ends). Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self._acks_on_the_way:
+                await asyncio.wait(self._acks_on_the_way, timeout=self._runtime.request_timeout_ms / 1000)
             await self._runtime.aclose()
         finally:
             if self._dead_letters is not None:
                 await self._dead_letters.aclose()
+            if self._trace is not None:
+                await self._trace.aclose()
 
     async def __aenter__(self) -> Self:
         await self.start()

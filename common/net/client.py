@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_MS = 3000
 REQUEST_TIMEOUT_MS = 30_000
 REQUEST_ID_LIMIT = 2**32  # ids wrap here; far more than can be pending at once
+CLOCK_SLACK_S = 0.001  # a deadline this close counts as passed (uvloop's clock counts whole ms)
 
 
 def tls_hint(err: BaseException) -> str:
@@ -64,6 +65,11 @@ class Connection(asyncio.BufferedProtocol):
         self._decoder = FrameDecoder(frame_size_max_bytes=frame_size_max_bytes)
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Frame]] = {}
+        # The requests pending with the connection's own timeout: their deadlines, oldest first
+        # (one timeout, so in deadline order), expired by one timer at the oldest one's (a timer
+        # per request cost ~2 us of the loop's time to make and cancel).
+        self._deadlines: dict[int, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
         self._last_id = CONNECTION_ERROR_ID
         self._drain_waiter: asyncio.Future[None] | None = None
         self._close_cause: BaseException | None = None
@@ -141,17 +147,21 @@ class Connection(asyncio.BufferedProtocol):
         future = self._loop.create_future()
         self._pending[request_id] = future
         self._transport.writelines(parts)  # type: ignore[union-attr]
-        timeout_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
-        timer = (
-            None if timeout_ms is None
-            else self._loop.call_later(timeout_ms / 1000, self._expire, request_id, timeout_ms)
-        )
+        timer = None
+        if timeout_ms is not None:
+            timer = self._loop.call_later(timeout_ms / 1000, self._expire, request_id, timeout_ms)
+        elif self._request_timeout_ms is not None:
+            deadline = self._loop.time() + self._request_timeout_ms / 1000
+            self._deadlines[request_id] = deadline
+            if self._sweeper is None:
+                self._sweeper = self._loop.call_at(deadline, self._sweep)
         try:
             response = await future
         finally:
             if timer is not None:
                 timer.cancel()
             self._pending.pop(request_id, None)
+            self._deadlines.pop(request_id, None)
         if response.status:
             raise error_for_status(response.status, response.error, response.fields)
         return response
@@ -180,6 +190,22 @@ class Connection(asyncio.BufferedProtocol):
             if self._drain_waiter is None:
                 return
             await asyncio.shield(self._drain_waiter)
+
+    def _sweep(self) -> None:
+        """Expire the requests of the connection's own timeout whose deadline passed, then wait
+        for the next one's."""
+        self._sweeper = None
+        now = self._loop.time() + CLOCK_SLACK_S
+        due = []
+        for request_id, deadline in self._deadlines.items():
+            if deadline > now:
+                break
+            due.append(request_id)
+        for request_id in due:
+            del self._deadlines[request_id]
+            self._expire(request_id, cast(float, self._request_timeout_ms))
+        if self._deadlines:
+            self._sweeper = self._loop.call_at(next(iter(self._deadlines.values())), self._sweep)
 
     def _expire(self, request_id: int, timeout_ms: float) -> None:
         future = self._pending.pop(request_id, None)
@@ -230,6 +256,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}
+        self._deadlines.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for future in pending.values():
             if not future.done():
                 future.set_exception(self._closed_error())

@@ -17,8 +17,8 @@ FLAVOURS = ("sync", "async")
 # Calls that are plain (not awaited) in both flavours (send_nowait is send_async: a SendFuture,
 # awaitable from any loop).
 _PLAIN = frozenset({"assignment", "paused", "position", "member", "damaged_count", "group", "producer_id",
-                    "tx_id", "state", "queues", "send_async"})
-_SYNC_NAMES = {"aclose": "close", "drain": "flush", "send_nowait": "send_async"}
+                    "tx_id", "state", "queues", "send_async", "held"})
+_SYNC_NAMES = {"aclose": "close", "drain": "flush", "send_nowait": "send_async", "ack_nowait": "ack_async"}
 
 
 class _Blocking:
@@ -32,6 +32,8 @@ class _Blocking:
             return lambda: _Blocking(self._target.begin_transaction())
         name = _SYNC_NAMES.get(name, name)
         value = getattr(self._target, name)
+        if name == "ack_async":  # a concurrent.futures.Future: awaited through the test's loop
+            return lambda *args: asyncio.wrap_future(value(*args))
         if name in _PLAIN or not callable(value):
             return value
 

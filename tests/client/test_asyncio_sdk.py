@@ -20,7 +20,7 @@ from sdk_flavours import FLAVOURS, Sdk, consume
 
 from gms.client.aio import AsyncAdmin, AsyncConsumer, AsyncProducer, AsyncSimpleConsumer
 from gms.errors import ReceiptHandleExpiredError, RequestTimeoutError, TopicNotFoundError
-from gms.naming import dlq_topic
+from gms.naming import dlq_topic, retry_topic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -223,6 +223,124 @@ def test_transactions_commit_and_roll_back(sdk, broker, topic):
     run(main)
 
 
+def _callback(sdk: Sdk, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` as the flavour takes a callback: a coroutine function for the asyncio classes
+    (which await it), as is for the synchronous ones."""
+    if not sdk.is_async:
+        return function
+
+    async def coroutine(*args: Any) -> Any:
+        await asyncio.sleep(0)
+        return function(*args)
+    return coroutine
+
+
+async def _trace_events(admin: Any, msg_id: str, count: int, timeout_s: float = 10) -> list[str]:
+    """The events of ``msg_id``'s trace, once ``count`` of them are written (or the deadline passed)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        events = [e.event for e in await admin.trace(msg_id)]
+        if len(events) >= count or asyncio.get_running_loop().time() > deadline:
+            return events
+        await asyncio.sleep(0.1)
+
+
+def test_fifo_listen_holds_a_failed_messages_group_back_until_it_succeeds(sdk, broker, topic):
+    order: list[str] = []
+    failures = {"a1": 2}  # a1 fails twice, then succeeds
+
+    def handle(message: Any) -> None:
+        body = bytes(message.body).decode()
+        order.append(body)
+        if failures.get(body, 0):
+            failures[body] -= 1
+            raise RuntimeError("not yet")
+
+    async def main() -> None:
+        async with sdk.producer([broker.address]) as producer:
+            for i in range(5):
+                for group in ("a", "b"):
+                    await producer.send(topic, f"{group}{i}".encode(), message_group=group)
+        deadline = asyncio.get_running_loop().time() + 20
+        async with sdk.consumer([broker.address], group=_name("fifo"), subscription={topic: "*"},
+                                start_from="first", fifo=True) as consumer:
+            await consumer.listen(_callback(sdk, handle), stop=lambda: {"a4", "b4"} <= set(order)
+                                  or asyncio.get_running_loop().time() > deadline)
+
+    run(main)
+    assert [x for x in order if x.startswith("a")] == ["a0", "a1", "a1", "a1", "a2", "a3", "a4"]
+    assert [x for x in order if x.startswith("b")] == [f"b{i}" for i in range(5)]
+
+
+def test_nack_retries_then_dead_letters_and_the_traces_show_it(sdk, broker, topic):
+    group = _name("g")
+
+    async def main() -> None:
+        async with sdk.producer([broker.address], trace=True) as producer:
+            sent = await producer.send(topic, b"poison", queue=0)
+        went: list[str] = []
+        async with sdk.consumer([broker.address], group=group, subscription={topic: "*"}, start_from="first",
+                                max_reconsume_times=1, retry_delays_ms=(100,), trace=True) as consumer:
+            deadline = asyncio.get_running_loop().time() + 15
+            while len(went) < 2 and asyncio.get_running_loop().time() < deadline:
+                for message in await consumer.poll(100):
+                    assert not consumer.held(message)  # (not FIFO: nothing is held back)
+                    went.append(await consumer.nack(message, reason="cannot parse"))
+        assert went == [retry_topic(group), dlq_topic(group)]
+        async with sdk.admin([broker.address]) as admin:
+            assert await _trace_events(admin, sent.msg_id, 6) == [
+                "send", "store", "deliver", "retry", "deliver", "dead-letter"]
+
+    run(main)
+
+
+def test_pop_nack_ack_without_waiting_and_traces(sdk, broker, topic):
+    async def main() -> None:
+        async with sdk.producer([broker.address], trace=True) as producer:
+            retried, acked = await producer.send_batch([{"topic": topic, "body": b"a", "queue": 0},
+                                                        {"topic": topic, "body": b"b", "queue": 0}])
+        async with sdk.simple_consumer([broker.address], group=_name("pop"), subscription={topic: "*"},
+                                       start_from="first", invisible_duration_ms=60_000, trace=True) as consumer:
+            first: dict[bytes, Any] = {}
+            while len(first) < 2:
+                first |= {bytes(m.body): m for m in await consumer.receive(10, await_duration_ms=3000)}
+            await consumer.nack(first[b"a"], delay_ms=100)
+            await consumer.ack_nowait(first[b"b"])
+            (again,) = await consumer.receive(10, await_duration_ms=3000)
+            assert (bytes(again.body), again.delivery_attempt) == (b"a", 2)
+            with pytest.raises(TypeError):
+                consumer.ack_nowait([object()])  # bad input raises at once
+            pending = consumer.ack_nowait(again)  # on its way as the consumer closes: close waits for it
+        await pending
+        async with sdk.admin([broker.address]) as admin:
+            assert await _trace_events(admin, acked.msg_id, 4) == ["send", "store", "deliver", "ack"]
+            assert await _trace_events(admin, retried.msg_id, 6) == [
+                "send", "store", "deliver", "retry", "deliver", "ack"]
+
+    run(main)
+
+
+def test_send_oneway_and_callbacks_of_queued_sends(sdk, broker, topic):
+    called: list[Any] = []
+
+    async def main() -> None:
+        async with sdk.producer([broker.address]) as producer:
+            await producer.send_oneway(topic, b"oneway", queue=1)
+            future = producer.send_nowait(topic, b"called back", key="k", callback=_callback(sdk, called.append))
+            await producer.flush()
+            result = await future
+            deadline = asyncio.get_running_loop().time() + 5
+            while not called and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            assert called == [future] and called[0].result() == result
+        async with sdk.consumer([broker.address], group=_name("g"), subscription={topic: "*"},
+                                start_from="first") as consumer:
+            got = await consume(consumer, 2)
+        assert sorted(bytes(m.body) for m in got) == [b"called back", b"oneway"]
+
+    run(main)
+
+
 # --- what only the asyncio classes have -------------------------------------------------------------
 
 
@@ -269,6 +387,8 @@ def test_send_nowait_never_blocks_and_drain_waits_for_room(broker, topic):
             assert not producer._accumulator.full
             results = await asyncio.gather(*pending)
         assert len({(r.queue_id, r.queue_offset) for r in results}) == 2000
+        with pytest.raises(RuntimeError, match="closed"):
+            producer.send_nowait(topic, b"too late")
 
     run(main)
 

@@ -255,6 +255,37 @@ def test_timeout_abandons_the_request_but_not_the_connection(arun: Runner) -> No
     arun(scenario())
 
 
+def test_requests_of_the_connections_own_timeout_expire_in_turn_never_early(arun: Runner) -> None:
+    """They share one timer (at the oldest one's deadline): an answered one leaves the line, the
+    others expire each past its own deadline, in the order sent, and the connection goes on."""
+    async def scenario() -> None:
+        async with serving({SEND: sleepy}) as server:
+            conn = await Connection.open("127.0.0.1", server.port, request_timeout_ms=300)
+            loop = asyncio.get_running_loop()
+            outcomes: list[tuple[str, str, float]] = []
+
+            async def call(name: str, delay_ms: int) -> None:
+                began = loop.time()
+                try:
+                    await conn.request(SEND, {"delay_ms": delay_ms})
+                    outcomes.append((name, "answered", loop.time() - began))
+                except RequestTimeoutError:
+                    outcomes.append((name, "expired", loop.time() - began))
+
+            calls = [asyncio.ensure_future(call("answered", 50)), asyncio.ensure_future(call("first", 5000))]
+            await asyncio.sleep(0.15)
+            calls.append(asyncio.ensure_future(call("second", 5000)))
+            await asyncio.gather(*calls)
+            assert [(name, outcome) for name, outcome, _ in outcomes] == [
+                ("answered", "answered"), ("first", "expired"), ("second", "expired")]
+            assert all(took >= 0.3 - 0.002 for name, _, took in outcomes if name != "answered")
+            assert conn.pending_count == 0 and conn._sweeper is None
+            assert (await conn.request(SEND, {"x": 1})).fields == {"x": 1}
+            conn.close()
+
+    arun(scenario())
+
+
 def test_oversized_frames(arun: Runner) -> None:
     async def scenario() -> None:
         config = ServerConfig(frame_size_max_bytes=1024)

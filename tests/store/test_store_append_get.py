@@ -240,6 +240,22 @@ def test_coalesced_get_returns_the_same_bytes_in_fewer_views(tmp_path):
             assert merged.next_offset == plain.next_offset
 
 
+def test_a_coalesced_get_of_records_lying_apart_answers_one_copy_of_them(tmp_path):
+    """A queue's records interleaved with another queue's (runs of one record), over several
+    commitlog files, come back as one buffer of them back to back: not a view (and a write
+    buffer on the connection) per record."""
+    with MessageStore(tmp_path, StoreConfig(commitlog_file_size_bytes=64 * 1024)) as store:
+        store.create_topic("t", 2)
+        for i in range(400):
+            store.append(rec.encode_record(topic="t", body=b"%d" % i + b"x" * 500, queue_id=i % 2))
+        assert len(store._cl().files) > 2
+        plain = store.get("t", 0, 0, 200, max_bytes=1 << 20)
+        merged = store.get("t", 0, 0, 200, max_bytes=1 << 20, coalesce=True)
+        assert len(plain.records) == 200 and len(merged.records) == 1
+        assert bytes(merged.records[0]) == b"".join(map(bytes, plain.records))
+        assert (merged.next_offset, merged.offsets.tolist()) == (plain.next_offset, plain.offsets.tolist())
+
+
 def test_a_get_of_released_pages_answers_the_queue_bounds(store_dir, monkeypatch):
     """Reading far behind the writer maps the stretch at once (its pages were released after
     their flush); the answer still names the queue's bounds, which consumers read ahead by."""
