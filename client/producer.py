@@ -5,12 +5,14 @@ target queue, retried with backoff on retriable errors); ``send_async``'s batche
 one broker go out as one request first (:meth:`gms.client.sender.Sender.send_many`). A batch over the broker's limit per
 request (``SEND_BODY_SIZE_MAX_BYTES``) goes out as several requests, one after the other. Queue
 choice: an explicit ``queue``, else a stable hash of ``key`` (same key → same queue → ordered),
-else round robin from a random queue.
+else round robin from a random queue. A ``key`` is stored with the message too, as its first key
+(compacted topics keep the latest message per key; Kafka consumers read it as the record key).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import itertools
@@ -51,7 +53,13 @@ from gms.protocol.codes import RequestCode
 from gms.protocol.fields import INT32
 from gms.protocol.frame import Frame
 from gms.record.builder import BatchBuilder, RecordEncoder
-from gms.record.layout import DELIVER_AT_PROPERTY, FLAG_SCHEDULED, MESSAGE_GROUP_PROPERTY
+from gms.record.layout import (
+    DELIVER_AT_PROPERTY,
+    FLAG_SCHEDULED,
+    KAFKA_KEY_PROPERTY,
+    KEY_SEPARATOR,
+    MESSAGE_GROUP_PROPERTY,
+)
 from gms.security.client import ClientSecurity
 
 log = logging.getLogger(__name__)
@@ -251,7 +259,7 @@ class Producer:
         (set by consumer retries). ``message_group``: FIFO order with the group's other messages
         (docs/fifo.md): they go to one queue, in the order sent. ``transaction``: a half message of
         that transaction (:meth:`begin_transaction`), hidden until it commits."""
-        properties, key = _grouped(properties, key, message_group)
+        keys, properties, key = _keyed(keys, properties, key, message_group)
         route = self._route(topic, queue, key)
         records = self._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
                                    reconsume_times, transaction)
@@ -397,6 +405,8 @@ class Producer:
         for count, given in enumerate(messages, 1):
             message = given if isinstance(given, ProducerRecord) else ProducerRecord(**given)
             topic, body, tag, keys, properties, queue, key = message
+            if key is not None:
+                keys, properties = _with_key(keys, properties, key)
             movable = queue is None and key is None
             if movable:
                 routes = topic_routes.get(topic, ())
@@ -450,7 +460,7 @@ class Producer:
         if (keys or properties or queue is not None or key is not None or callback is not None
                 or deliver_at is not None or delay_ms is not None or delay_level is not None
                 or message_group is not None):
-            properties, key = _grouped(properties, key, message_group)
+            keys, properties, key = _keyed(keys, properties, key, message_group)
             future = self._append_routed(self._route(topic, queue, key), body, tag, keys, properties,
                                          deliver_at, delay_ms, delay_level)
             if callback is not None:
@@ -473,6 +483,7 @@ class Producer:
                     properties: Mapping[str, str] | None = None, queue: int | None = None,
                     key: str | bytes | None = None) -> None:
         """Send without waiting for (or getting) any acknowledgement (acks=0)."""
+        keys, properties, key = _keyed(keys, properties, key)
         route = self._route(topic, queue, key)
         self._runtime.run(self._oneway(route, topic, body, tag, keys, properties, queue is None and key is None),
                           self._call_timeout_ms)
@@ -526,12 +537,32 @@ def _scheduled(properties: Mapping[str, str] | None, deliver_at: datetime.dateti
     return {**(properties or {}), DELIVER_AT_PROPERTY: str(at)}, FLAG_SCHEDULED
 
 
-def _grouped(properties: Mapping[str, str] | None, key: str | bytes | None,
-             message_group: str | None) -> tuple[Mapping[str, str] | None, str | bytes | None]:
-    """(properties, routing key) of a message of ``message_group``: routed by the group, which it
-    carries in a property (FIFO consumers hold a failed message's group back)."""
+def _keyed(keys: Sequence[str], properties: Mapping[str, str] | None, key: str | bytes | None,
+           message_group: str | None = None
+           ) -> tuple[Sequence[str], Mapping[str, str] | None, str | bytes | None]:
+    """(keys, properties, routing key) a message is stored and routed with.
+
+    Its ``key`` is stored as its first key when it is one word of text, else whole (base64) in
+    the property ``__KAFKA_KEY``, as the Kafka API stores a record's key: compacted topics keep
+    the latest message per key, and Kafka consumers read it as the record's key. A message of
+    ``message_group`` is routed by the group, which it carries in a property (FIFO consumers
+    hold a failed message's group back)."""
+    if key is not None:
+        keys, properties = _with_key(keys, properties, key)
     if message_group is None:
-        return properties, key
+        return keys, properties, key
     if not message_group:
         raise ValueError("message_group must not be empty")
-    return {**(properties or {}), MESSAGE_GROUP_PROPERTY: message_group}, message_group
+    return keys, {**(properties or {}), MESSAGE_GROUP_PROPERTY: message_group}, message_group
+
+
+def _with_key(keys: Sequence[str], properties: Mapping[str, str] | None, key: str | bytes
+              ) -> tuple[Sequence[str], Mapping[str, str] | None]:
+    try:
+        text = key if isinstance(key, str) else key.decode()
+    except UnicodeDecodeError:
+        text = ""
+    if text and KEY_SEPARATOR not in text:
+        return (text, *(k for k in keys if k != text)), properties
+    raw = key.encode() if isinstance(key, str) else key
+    return keys, {**(properties or {}), KAFKA_KEY_PROPERTY: base64.b64encode(raw).decode()}

@@ -15,8 +15,9 @@ CLEANER_TOML = "\n[store]\ncompaction_check_interval_ms = 200\ncheckpoint_interv
 
 
 def keyed(topic: str, first: int, n: int) -> list[dict[str, Any]]:
-    """Message ``seq`` has key k<seq % KEYS>, body ``seq``; every 7th is a tombstone."""
-    return [{"topic": topic, "body": b"%d" % seq, "keys": [f"k{seq % KEYS}"], "queue": 0,
+    """Message ``seq`` has key k<seq % KEYS> (the SDK's ``key=``, stored as its first key), body
+    ``seq``; every 7th is a tombstone."""
+    return [{"topic": topic, "body": b"%d" % seq, "key": f"k{seq % KEYS}", "queue": 0,
              "properties": {TOMBSTONE_PROPERTY: "1"} if seq % 7 == 6 else None} for seq in range(first, first + n)]
 
 

@@ -86,13 +86,14 @@ class Candidates(NamedTuple):
 
 
 def record_keys(buf: memoryview, starts: np.ndarray) -> tuple[list[bytes | None], np.ndarray, np.ndarray]:
-    """The compaction key of each record at ``starts`` (its keys field; else a Kafka key kept as a
-    property; else None: never compacted away), whether it is a tombstone, and its store time."""
+    """The compaction key of each record at ``starts`` (the first of its keys: the SDK's ``key=``
+    or a Kafka record's key; else a key kept whole as a property; else None: never compacted
+    away), whether it is a tombstone, and its store time."""
     fields = read_field_offsets(buf, starts)
     keys = bytes_column(buf, fields.keys_at, fields.headers["keys_len"])
     props = property_columns(buf, fields, (KAFKA_KEY_PROPERTY, TOMBSTONE_PROPERTY))
     found: list[bytes | None] = [
-        key if key else None if kafka is None else b"\x00" + kafka.encode()
+        key.split(b" ", 1)[0] if key else None if kafka is None else b"\x00" + kafka.encode()
         for key, kafka in zip(keys, props[KAFKA_KEY_PROPERTY].tolist(), strict=True)]
     return found, props[TOMBSTONE_PROPERTY] != None, fields.headers["store_ts_ms"].astype(np.int64)  # noqa: E711
 

@@ -13,7 +13,7 @@ from typing import Any, Self
 from gms.client._append import PlainFastPath
 from gms.client.accumulator import _Outcome
 from gms.client.aio._loop import running_loop
-from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _grouped
+from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _keyed
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, AwaitRequired
 from gms.client.structs import SendFuture, SendResult
@@ -161,7 +161,7 @@ class AsyncProducer:
         be stored (as after a timeout); it is never stored twice."""
         self._check_open()
         core = self._core
-        properties, key = _grouped(properties, key, message_group)
+        keys, properties, key = _keyed(keys, properties, key, message_group)
         route = core._cached_route(topic, queue, key) or await core._route_async(topic, queue, key)
         tx = None if transaction is None else transaction._transaction
         records = core._encode_one(route, topic, body, tag, keys, properties, deliver_at, delay_ms, delay_level,
@@ -222,7 +222,7 @@ class AsyncProducer:
                 return self._accumulator.append_plain(topic, body, tag)
             except AwaitRequired:  # its routes are to be looked up first
                 pass
-        properties, key = _grouped(properties, key, message_group)
+        keys, properties, key = _keyed(keys, properties, key, message_group)
         future = self._queue_routed(queued, topic, body, tag, keys, properties, queue, key, deliver_at, delay_ms,
                                     delay_level)
         if callback is not None:
@@ -290,6 +290,7 @@ class AsyncProducer:
         request is written (:meth:`gms.client.Producer.send_oneway`)."""
         self._check_open()
         core = self._core
+        keys, properties, key = _keyed(keys, properties, key)
         route = core._cached_route(topic, queue, key) or await core._route_async(topic, queue, key)
         await core._oneway(route, topic, body, tag, keys, properties, queue is None and key is None)
 

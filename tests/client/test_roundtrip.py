@@ -29,6 +29,21 @@ def test_every_field_round_trips(broker, admin, topic):
     assert admin.view_message(sent.msg_id).body == b"\x00body\xff"
 
 
+def test_a_key_is_stored_as_the_first_key_or_whole_in_a_property(broker, topic):
+    sent = [(b"a", {"key": "customer-7", "keys": ("o-3", "customer-7")}), (b"b", {"key": b"text"}),
+            (b"c", {"key": b"\xff\x00"}), (b"d", {"key": "two words", "keys": ("o-4",)})]
+    with Producer([broker.address]) as producer:
+        producer.send(topic, sent[0][0], queue=1, **sent[0][1])
+        producer.send_async(topic, sent[1][0], queue=1, **sent[1][1]).result(10)
+        producer.send_batch([ProducerRecord(topic, sent[2][0], queue=1, **sent[2][1])])
+        producer.send_oneway(topic, sent[3][0], queue=1, **sent[3][1])
+        with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+            got = sorted(consume(consumer, 4), key=lambda m: m.queue_offset)
+    assert [(m.body, m.keys, dict(m.properties)) for m in got] == [
+        (b"a", ("customer-7", "o-3"), {}), (b"b", ("text",), {}), (b"c", (), {"__KAFKA_KEY": "/wA="}),
+        (b"d", ("o-4",), {"__KAFKA_KEY": "dHdvIHdvcmRz"})]
+
+
 def test_batch_results_in_input_order(broker, topic):
     records = [ProducerRecord(topic, b"m%d" % i, key=f"k{i % 5}") for i in range(200)]
     with Producer([broker.address]) as producer:
