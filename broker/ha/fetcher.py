@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from isal.isal_zlib import crc32
 
+from gms.broker.ha.compacted_copy import NO_POINT, CompactedCopier
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.store import RepairOutcome
-from gms.errors import GmsError
+from gms.errors import FencedLeaderEpochError, GmsError, NotLeaderError, UnknownCodeError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.replication import EpochAnswer, EpochQuery, FetchedRange, FetchWant, RepairedQueue, RepairWant
@@ -93,6 +94,7 @@ class LeaderFetcher:
         self._conn: Connection | None = None
         self._failing = False  # log a failing leader once, not every retry
         self._offsets_session = 0  # the leader's offset-store session, from its last answer
+        self._copier = CompactedCopier(self.store, manager.broker_id)
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def follow(self, partitions: list[Partition]) -> None:
@@ -101,6 +103,7 @@ class LeaderFetcher:
 
     def stop(self) -> None:
         self.task.cancel()
+        self._copier.close()
         if self._conn is not None:
             self._conn.close()
 
@@ -186,7 +189,7 @@ class LeaderFetcher:
                       p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
         repairs = self._repairs_to_ask(sent)
         request: dict[str, Any] = {
-            "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
+            "replica": self.manager.broker_id, "wait_ms": 0 if self._copier.pending else config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
             "queues": [encode(FetchWant(*s.p.key, s.offset, s.epoch, s.p.history.latest_epoch, s.offsets_seq))
                        for s in sent],
@@ -202,6 +205,7 @@ class LeaderFetcher:
         pos = 0
         history_changed = False
         appended_end = 0  # commitlog end of this fetch's appends
+        behind: list[tuple[_Sent, int]] = []  # queues whose fetch offset is below the leader's log start
         rows = decode_rows(FetchedRange, frame.fields.get("queues"), "queues")
         for asked, row in zip(sent, rows, strict=True):
             chunk, pos = body[pos: pos + row.size], pos + row.size
@@ -212,10 +216,8 @@ class LeaderFetcher:
                 p.needs_truncation = True
             elif row.status:
                 self._pause(p, row.status)
-            elif row.log_start is not None and asked.offset < row.log_start:  # what we miss expired on the leader
-                log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
-                            " restarting the queue there", *p.key, asked.offset, self.address, row.log_start)
-                self.store.restart_queue(*p.key, row.log_start)
+            elif row.log_start is not None and asked.offset < row.log_start:  # compacted or expired on the leader
+                behind.append((asked, row.log_start))
             else:
                 appended_end = self._append_fetched(p, asked.offset, row, chunk) or appended_end
                 history_changed |= self._follow_leader(p, row, new_session or asked.offsets_seq == 0)
@@ -225,9 +227,29 @@ class LeaderFetcher:
                                 body[pos:])
         if history_changed:
             self.manager.save_state()
+        for asked, log_start in behind:
+            await self._catch_up(conn, asked, log_start)
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
             await asyncio.wrap_future(self.store.durable_future(appended_end))
         self.manager.check_caught_up()
+
+    async def _catch_up(self, conn: Connection, asked: _Sent, log_start: int) -> None:
+        """A queue whose fetch offset is below the leader's first offset: copy the leader's
+        compacted log of it, if it keeps one (the queue then starts at its point), else start
+        the queue over at the leader's first offset (what it misses expired there)."""
+        p = asked.p
+        try:
+            point = await self._copier.copy(conn, p, asked.epoch, log_start, self.manager.config.fetch_bytes_max)
+        except (NotLeaderError, FencedLeaderEpochError) as err:  # the copy goes on once the metadata did
+            self._pause(p, err.status)
+            return
+        except UnknownCodeError:  # a leader of a version before REPLICA_COMPACTED
+            point = NO_POINT
+        if point is None or point != NO_POINT or not self._mine(p) or p.leader_epoch != asked.epoch:
+            return
+        log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
+                    " restarting the queue there", *p.key, asked.offset, self.address, log_start)
+        self.store.restart_queue(*p.key, log_start)
 
     def _append_fetched(self, p: Partition, offset: int, row: FetchedRange, chunk: memoryview) -> int:
         """Append a queue's fetched records (and damaged offsets) at ``offset``; the commitlog end
