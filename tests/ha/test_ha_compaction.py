@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from compaction_cluster_helpers import CLEANER_TOML, compacted, keyed, read_from_start
+from compaction_cluster_helpers import CLEANER_TOML, compacted, compacted_chunks, keyed, read_from_start
 from ha_helpers import BROKER_TOML, HaCluster, request, wait_for
 from processes import free_port
 from scrape import scrape
@@ -98,5 +98,12 @@ def test_a_follower_that_lost_its_data_copies_the_leaders_compacted_log(tmp_path
         wait_for(lambda: cluster.topic("cw").queues[0].leader == follower_id, 30)
         # the wiped replica, now leading, serves what the old leader served: the same offsets
         wait_for(lambda: read_from_start(follower.address, "cw") == on_leader, TIMEOUT_S, 0.2)
+        # REPLICA_COMPACTED sends whole records, at least one a chunk, and starts over from byte 0
+        # when asked for another point than the leader's
+        epoch = cluster.topic("cw").queues[0].leader_epoch
+        point, chunks = compacted_chunks(follower.address, "cw", epoch, 1, point=190)
+        assert point == 200 and all(len(chunk) == 1 for chunk in chunks)
+        assert [r.queue_offset for chunk in chunks for r in chunk] == [o for o, _, _ in on_leader if o < 200]
+        assert compacted_chunks(follower.address, "cw", epoch, 1 << 20)[1] == [[r for c in chunks for r in c]]
     finally:
         cluster.stop()
