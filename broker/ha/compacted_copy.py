@@ -71,12 +71,15 @@ class CompactedCopier:
     def pending(self) -> bool:
         return bool(self._copies)
 
-    async def copy(self, conn: Connection, p: Partition, epoch: int, log_start: int, bytes_max: int) -> int | None:
-        """Go on copying the leader's compacted log of ``p``'s queue (``bytes_max`` a request):
-        the point at which it was installed (the queue now starts there, or at the leader's
-        ``log_start`` if that is beyond), NO_POINT if the leader keeps none, None if the copy is
-        not whole yet (the next fetch round goes on with it)."""
+    async def copy(self, conn: Connection, p: Partition, epoch: int, bounds: tuple[int, int],
+                   bytes_max: int) -> int | None:
+        """Go on copying the leader's compacted log of ``p``'s queue (``bytes_max`` a request).
+        ``bounds``: where the queue is to start (at least: the leader's first offset) and the
+        lowest point of use. The point at which it was installed (the queue now starts at it, or
+        at the start if that is beyond), NO_POINT if the leader keeps none (or one below the
+        lowest point of use), None if the copy is not whole yet (the next fetch round goes on)."""
         key = p.key
+        start, need = bounds
         for _ in range(COPY_CHUNKS_PER_FETCH):
             copy = self._copies.get(key)
             frame = await conn.request(RequestCode.REPLICA_COMPACTED, {
@@ -85,7 +88,7 @@ class CompactedCopier:
                 "bytes_max": min(bytes_max, COPY_CHUNK_BYTES)})
             fields = frame.fields
             point, position = int(fields["point"]), int(fields["position"])
-            if point == NO_POINT:
+            if point == NO_POINT or point < need:
                 self.discard(key)
                 return NO_POINT
             if copy is None or copy.point != point or copy.position != position:
@@ -103,7 +106,7 @@ class CompactedCopier:
             copy.position = int(fields["next_position"])
             if copy.position >= int(fields["size"]):
                 del self._copies[key]
-                installed = await asyncio.to_thread(self._install, key, copy, max(point, log_start))
+                installed = await asyncio.to_thread(self._install, key, copy, max(point, start))
                 return point if installed else None
         return None
 

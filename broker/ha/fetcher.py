@@ -95,6 +95,7 @@ class LeaderFetcher:
         self._failing = False  # log a failing leader once, not every retry
         self._offsets_session = 0  # the leader's offset-store session, from its last answer
         self._copier = CompactedCopier(self.store, manager.broker_id)
+        self._uncovered: set[tuple[tuple[str, int], int]] = set()  # (queue, first offset) the leader's log misses
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def follow(self, partitions: list[Partition]) -> None:
@@ -183,6 +184,9 @@ class LeaderFetcher:
             self.manager.save_state()
 
     async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
+        partitions = await self._copy_lacking(conn, partitions)
+        if not partitions:
+            return
         config = self.manager.config
         session = self._offsets_session
         sent = [_Sent(p, p.leader_epoch, self.store.max_offset(*p.key),
@@ -238,18 +242,52 @@ class LeaderFetcher:
         compacted log of it, if it keeps one (the queue then starts at its point), else start
         the queue over at the leader's first offset (what it misses expired there)."""
         p = asked.p
-        try:
-            point = await self._copier.copy(conn, p, asked.epoch, log_start, self.manager.config.fetch_bytes_max)
-        except (NotLeaderError, FencedLeaderEpochError) as err:  # the copy goes on once the metadata did
-            self._pause(p, err.status)
-            return
-        except UnknownCodeError:  # a leader of a version before REPLICA_COMPACTED
-            point = NO_POINT
-        if point is None or point != NO_POINT or not self._mine(p) or p.leader_epoch != asked.epoch:
+        point = await self._copy(conn, p, asked.epoch, log_start, 0)
+        if point != NO_POINT or not self._mine(p) or p.leader_epoch != asked.epoch:
             return
         log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
                     " restarting the queue there", *p.key, asked.offset, self.address, log_start)
         self.store.restart_queue(*p.key, log_start)
+
+    async def _copy_lacking(self, conn: Connection, partitions: list[Partition]) -> list[Partition]:
+        """The partitions to fetch. A queue of a ``compact`` topic holding nothing below its first
+        offset (started over at its leader's point by a version before REPLICA_COMPACTED, or cut
+        by the disk cap) copies the leader's compacted log first, if that covers its first
+        offset, and is fetched once it is installed: its fetch offset would take it into the ISR
+        without it. Not ``compact,delete`` topics: their first offsets expire on each replica."""
+        ready = []
+        for p in partitions:
+            first = self._lacking_from(p)
+            if first is not None:
+                point = await self._copy(conn, p, p.leader_epoch, first, first)
+                if point is None:  # under way (or refused)
+                    continue
+                if point == NO_POINT:  # the leader's log does not cover it: fetched as it is
+                    self._uncovered.add((p.key, first))
+            ready.append(p)
+        return ready
+
+    def _lacking_from(self, p: Partition) -> int | None:
+        """The first offset of ``p``'s queue if it holds nothing below it (see _copy_lacking)."""
+        first = self.store.log_start(*p.key)
+        own = self.store.compacted_segment(*p.key)
+        if first <= (0 if own is None else own.point) or (p.key, first) in self._uncovered:
+            return None
+        try:
+            limits = self.store.topic_limits(p.key[0])
+        except StoreError:
+            return None
+        return first if limits.compacted and not limits.expires else None
+
+    async def _copy(self, conn: Connection, p: Partition, epoch: int, start: int, need: int) -> int | None:
+        """``CompactedCopier.copy``; None (the partition paused) when the leader refuses it."""
+        try:
+            return await self._copier.copy(conn, p, epoch, (start, need), self.manager.config.fetch_bytes_max)
+        except (NotLeaderError, FencedLeaderEpochError) as err:  # the copy goes on once the metadata did
+            self._pause(p, err.status)
+            return None
+        except UnknownCodeError:  # a leader of a version before REPLICA_COMPACTED
+            return NO_POINT
 
     def _append_fetched(self, p: Partition, offset: int, row: FetchedRange, chunk: memoryview) -> int:
         """Append a queue's fetched records (and damaged offsets) at ``offset``; the commitlog end

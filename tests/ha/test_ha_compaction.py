@@ -66,11 +66,13 @@ def test_replicas_compact_alike_and_a_new_leader_serves_the_compacted_log(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_follower_that_lost_its_data_copies_the_leaders_compacted_log(tmp_path):
-    """A follower restarted with an empty data directory is behind the leader's compaction point:
-    it copies the leader's compacted log (in chunks of a record: a tiny fetch byte bound), so once
-    the leader is killed it serves, from the start, the latest value of every key at the old
-    leader's offsets."""
+@pytest.mark.parametrize("lost", ["store", "compacted"])
+def test_a_follower_that_lost_its_data_copies_the_leaders_compacted_log(tmp_path, lost):
+    """A follower restarted with an empty data directory is behind the leader's compaction point;
+    one that lost its compacted logs only (as one a version before REPLICA_COMPACTED started over
+    at the leader's point) holds nothing below its first offset. Either copies the leader's
+    compacted log (in chunks of a record: a tiny fetch byte bound), so once the leader is killed
+    it serves, from the start, the latest value of every key at the old leader's offsets."""
     config = tmp_path / "cleaner.toml"
     config.write_text(BROKER_TOML.replace("[broker]\n", "[broker]\nreplica_fetch_bytes_max = 100\n") + CLEANER_TOML)
     cluster = HaCluster(tmp_path, broker_args=("--config", str(config))).start(nameservers=1, brokers=2)
@@ -88,9 +90,11 @@ def test_a_follower_that_lost_its_data_copies_the_leaders_compacted_log(tmp_path
         wait_for(lambda: compacted(read_from_start(leader.address, "cw"), 201, 200), TIMEOUT_S, 0.2)
         on_leader = read_from_start(leader.address, "cw")
         follower_id = broker_id_for(follower.address)
+        wait_for(lambda: request(follower.address, RequestCode.QUERY_MIN_OFFSET,
+                                 {"topic": "cw", "queue_id": 0})["offset"] == on_leader[0][0], TIMEOUT_S, 0.2)
         follower.stop()
         wait_for(lambda: follower_id not in cluster.topic("cw").queues[0].isr, TIMEOUT_S, 0.2)
-        shutil.rmtree(follower.store_dir)
+        shutil.rmtree(follower.store_dir if lost == "store" else follower.store_dir / "store" / "compacted")
         follower.restart()
         # back in the ISR: it caught up with the leader's HW (201)
         wait_for(lambda: follower_id in cluster.topic("cw").queues[0].isr, TIMEOUT_S, 0.2)
