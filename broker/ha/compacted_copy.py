@@ -36,7 +36,7 @@ from gms.private_files import open_private
 from gms.protocol.codes import RequestCode
 from gms.record import RecordCheck, scan_records
 from gms.record.columns import read_field_offsets
-from gms.store_errors import CorruptRecord
+from gms.store_errors import CorruptRecord, StoreIOError
 
 if TYPE_CHECKING:
     from gms.broker.store import MessageStore
@@ -77,8 +77,17 @@ class CompactedCopier:
         ``bounds``: where the queue is to start (at least: the leader's first offset) and the
         lowest point of use. The point at which it was installed (the queue now starts at it, or
         at the start if that is beyond), NO_POINT if the leader keeps none (or one below the
-        lowest point of use), None if the copy is not whole yet (the next fetch round goes on)."""
-        key = p.key
+        lowest point of use), None if the copy is not whole yet (the next fetch round goes on).
+        StoreIOError (the copy dropped) if this broker's disk refuses it."""
+        try:
+            return await self._copy(conn, p.key, epoch, bounds, bytes_max)
+        except OSError as err:
+            self.discard(p.key)
+            raise StoreIOError(f"{p.key[0]}/{p.key[1]}: cannot write the copy of the leader's compacted log:"
+                               f" {err}") from err
+
+    async def _copy(self, conn: Connection, key: tuple[str, int], epoch: int, bounds: tuple[int, int],
+                    bytes_max: int) -> int | None:
         start, need = bounds
         for _ in range(COPY_CHUNKS_PER_FETCH):
             copy = self._copies.get(key)
@@ -117,11 +126,13 @@ class CompactedCopier:
 
     def _install(self, key: tuple[str, int], copy: _Copy, start: int) -> bool:
         try:
-            copy.fh.flush()
-            os.fsync(copy.fh.fileno())
-        finally:
-            copy.fh.close()
-        installed = self.store.install_copy(*key, copy.point, copy.tmp, start)
+            with copy.fh:
+                copy.fh.flush()
+                os.fsync(copy.fh.fileno())
+            installed = self.store.install_copy(*key, copy.point, copy.tmp, start)
+        except BaseException:
+            copy.tmp.unlink(missing_ok=True)  # gone already if it was renamed
+            raise
         if installed:
             log.info("%s/%d: installed the leader's compacted log below point %d (%d bytes)", *key, copy.point,
                      copy.position)
