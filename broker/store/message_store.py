@@ -153,11 +153,15 @@ class MessageStore:
     def install_copy(self, topic: str, queue_id: int, point: int, tmp: Path, start: int) -> bool:
         """Make a follower's synced copy of its leader's compacted log the queue's at ``point``,
         then start the queue over empty at ``start`` (the point, or the leader's first offset if
-        retention moved it beyond) if it ends before; False if the queue is gone (its topic
-        deleted meanwhile). A crash between the two leaves the copy installed and the queue where
-        it was: its next fetch copies and installs again."""
+        retention moved it beyond) if it ends before; False (the copy removed) if the queue is
+        gone (its topic deleted meanwhile) or its own compacted log reached past ``point`` while
+        the copy came (the copy would drop what that log kept at and past the point). A crash
+        between the two leaves the copy installed and the queue where it was: its next fetch
+        copies and installs again."""
         with self._compacted.busy:  # never beside a cleaner pass over the queue
-            if self._queues.by_key.get((topic, queue_id)) is None or not tmp.exists():
+            own = self._compacted.segment(topic, queue_id)
+            if (self._queues.by_key.get((topic, queue_id)) is None or not tmp.exists()
+                    or (own is not None and own.point > point)):
                 tmp.unlink(missing_ok=True)
                 return False
             self._compacted.install(topic, queue_id, point, tmp)

@@ -176,6 +176,9 @@ def test_a_copied_compacted_log_is_installed_whole_or_not_at_all(tmp_path):
         tmp.write_bytes(data)
         assert follower.install_copy(TOPIC, 0, 200, tmp, 200)
         assert read_all(follower) == on_leader and follower.max_offset(TOPIC, 0) == 200
+        older = follower.copy_tmp(TOPIC, 0, 100)  # a copy of a lower point than the queue's log: refused
+        older.write_bytes(data)
+        assert not follower.install_copy(TOPIC, 0, 100, older, 100) and not older.exists()
     with open_store(tmp_path / "follower") as follower:
         assert read_all(follower) == on_leader and os.listdir(qdir) == [f"{200:020d}.seg"]
 
