@@ -26,8 +26,8 @@ DELETE_GROUP                              admin on the group
 CREATE/UPDATE/DELETE_TOPIC                admin on the topic
 CREATE_TOPICS                             admin on every topic it names
 TOPIC_LIST, BROKER_STATUS                 describe on the cluster
-REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH    the replica principal of the very broker named
-                                          in ``replica`` (a broker's own identity); nobody else
+REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH,   the replica principal of the very broker named
+REPLICA_COMPACTED                         in ``replica`` (a broker's own identity); nobody else
 COMMIT/FETCH_OFFSET, DELETE_GROUP,        also a ``broker`` credential: a coordinator acting at
 BROKER_STATUS                             the other brokers for clients it authorised
 ========================================  ==========================================
@@ -49,7 +49,8 @@ from gms.security.authorizer import Authorizer, Check, Policy, on_cluster, on_to
 from gms.security.gate import current_principal, forbidden
 from gms.security.users import Principal
 
-REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEADER_EPOCH})
+REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEADER_EPOCH,
+                           RequestCode.REPLICA_COMPACTED})
 # What a group's coordinator asks of the other brokers for the clients it serves and authorised
 # (a Kafka consumer's commits and committed offsets at each queue's leader, a group's deletion, the
 # groups each broker knows): a ``broker`` credential may ask them.
@@ -158,7 +159,8 @@ class BrokerAccess:
         if frame.code not in REPLICA_CODES:
             raise forbidden(principal, f"request code {frame.code}", "send", "a broker's replica identity may only"
                             " fetch as that broker")
-        if principal.broker_id is None or (frame.code == RequestCode.REPLICA_FETCH and claimed != principal.broker_id):
+        if principal.broker_id is None or (
+                frame.code != RequestCode.OFFSET_FOR_LEADER_EPOCH and claimed != principal.broker_id):
             raise forbidden(principal, f"replica {claimed}", "fetch as",
                             "only that broker's own identity may fetch as a replica")
 

@@ -430,6 +430,7 @@ class BrokerServer:
         leader = LeaderHandlers(ReplicationService(self.replicas))
         self.rpc.register(RequestCode.REPLICA_FETCH, leader.replica_fetch)
         self.rpc.register(RequestCode.OFFSET_FOR_LEADER_EPOCH, leader.offset_for_leader_epoch)
+        self.rpc.register(RequestCode.REPLICA_COMPACTED, leader.replica_compacted)
 
     def _register_handlers(self) -> None:
         messages = MessageService(self.config, self.store, self.waiters, self.claims, self.address, self.access,

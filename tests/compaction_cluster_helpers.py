@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from zlib import crc32
 
 from gms.net.blocking import BlockingConnection
 from gms.protocol.codes import RequestCode
@@ -60,3 +61,21 @@ def compacted(found: list[tuple[int, str, int]], end: int, point: int) -> bool:
     below = [seq for offset, _, seq in found if offset < point]
     return (len(below) == KEYS and {key: seq for _, key, seq in found} == latest(end)
             and [o for o, _, _ in found if o >= point] == list(range(point, end)))
+
+
+def compacted_chunks(address: str, topic: str, leader_epoch: int, bytes_max: int,
+                     point: int = -1) -> tuple[int, list[list[Record]]]:
+    """The leader's compacted log of queue 0 as REPLICA_COMPACTED sends it, ``bytes_max`` a chunk
+    (asked from byte 0 for ``point``): the point and each chunk's records; every answer's CRC and
+    position checked."""
+    chunks: list[list[Record]] = []
+    position = 0
+    while True:
+        fields, body = _ask(address, RequestCode.REPLICA_COMPACTED, {
+            "replica": "test", "topic": topic, "queue_id": 0, "leader_epoch": leader_epoch, "point": point,
+            "position": position, "bytes_max": bytes_max})
+        assert fields["position"] == position and fields["crc"] == crc32(body)
+        point, position = fields["point"], fields["next_position"]
+        chunks.append(list(iter_records(body)))
+        if position >= fields["size"]:
+            return point, chunks

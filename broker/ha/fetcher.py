@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from isal.isal_zlib import crc32
 
+from gms.broker.ha.compacted_copy import NO_POINT, CompactedCopier
 from gms.broker.ha.epochs import UNDEFINED_EPOCH
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.store import RepairOutcome
-from gms.errors import GmsError
+from gms.errors import FencedLeaderEpochError, GmsError, NotLeaderError, UnknownCodeError
 from gms.net import Connection
 from gms.protocol.codes import RequestCode, Status
 from gms.protocol.replication import EpochAnswer, EpochQuery, FetchedRange, FetchWant, RepairedQueue, RepairWant
@@ -93,6 +94,8 @@ class LeaderFetcher:
         self._conn: Connection | None = None
         self._failing = False  # log a failing leader once, not every retry
         self._offsets_session = 0  # the leader's offset-store session, from its last answer
+        self._copier = CompactedCopier(self.store, manager.broker_id)
+        self._uncovered: set[tuple[tuple[str, int], int]] = set()  # (queue, first offset) the leader's log misses
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def follow(self, partitions: list[Partition]) -> None:
@@ -101,6 +104,7 @@ class LeaderFetcher:
 
     def stop(self) -> None:
         self.task.cancel()
+        self._copier.close()
         if self._conn is not None:
             self._conn.close()
 
@@ -180,13 +184,16 @@ class LeaderFetcher:
             self.manager.save_state()
 
     async def _fetch(self, conn: Connection, partitions: list[Partition]) -> None:
+        partitions = await self._copy_lacking(conn, partitions)
+        if not partitions:
+            return
         config = self.manager.config
         session = self._offsets_session
         sent = [_Sent(p, p.leader_epoch, self.store.max_offset(*p.key),
                       p.offsets_seen[1] if p.offsets_seen[0] == session else 0) for p in partitions]
         repairs = self._repairs_to_ask(sent)
         request: dict[str, Any] = {
-            "replica": self.manager.broker_id, "wait_ms": config.fetch_wait_ms,
+            "replica": self.manager.broker_id, "wait_ms": 0 if self._copier.pending else config.fetch_wait_ms,
             "bytes_max": config.fetch_bytes_max, "offsets_session": session,
             "queues": [encode(FetchWant(*s.p.key, s.offset, s.epoch, s.p.history.latest_epoch, s.offsets_seq))
                        for s in sent],
@@ -202,6 +209,7 @@ class LeaderFetcher:
         pos = 0
         history_changed = False
         appended_end = 0  # commitlog end of this fetch's appends
+        behind: list[tuple[_Sent, int]] = []  # queues whose fetch offset is below the leader's log start
         rows = decode_rows(FetchedRange, frame.fields.get("queues"), "queues")
         for asked, row in zip(sent, rows, strict=True):
             chunk, pos = body[pos: pos + row.size], pos + row.size
@@ -212,10 +220,8 @@ class LeaderFetcher:
                 p.needs_truncation = True
             elif row.status:
                 self._pause(p, row.status)
-            elif row.log_start is not None and asked.offset < row.log_start:  # what we miss expired on the leader
-                log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
-                            " restarting the queue there", *p.key, asked.offset, self.address, row.log_start)
-                self.store.restart_queue(*p.key, row.log_start)
+            elif row.log_start is not None and asked.offset < row.log_start:  # compacted or expired on the leader
+                behind.append((asked, row.log_start))
             else:
                 appended_end = self._append_fetched(p, asked.offset, row, chunk) or appended_end
                 history_changed |= self._follow_leader(p, row, new_session or asked.offsets_seq == 0)
@@ -225,9 +231,63 @@ class LeaderFetcher:
                                 body[pos:])
         if history_changed:
             self.manager.save_state()
+        for asked, log_start in behind:
+            await self._catch_up(conn, asked, log_start)
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
             await asyncio.wrap_future(self.store.durable_future(appended_end))
         self.manager.check_caught_up()
+
+    async def _catch_up(self, conn: Connection, asked: _Sent, log_start: int) -> None:
+        """A queue whose fetch offset is below the leader's first offset: copy the leader's
+        compacted log of it, if it keeps one (the queue then starts at its point), else start
+        the queue over at the leader's first offset (what it misses expired there)."""
+        p = asked.p
+        point = await self._copy(conn, p, asked.epoch, log_start, 0)
+        if point != NO_POINT or not self._mine(p) or p.leader_epoch != asked.epoch:
+            return
+        log.warning("queue %s/%d: fetch offset %d is below leader %s's first offset %d (retention);"
+                    " restarting the queue there", *p.key, asked.offset, self.address, log_start)
+        self.store.restart_queue(*p.key, log_start)
+
+    async def _copy_lacking(self, conn: Connection, partitions: list[Partition]) -> list[Partition]:
+        """The partitions to fetch. A queue of a ``compact`` topic holding nothing below its first
+        offset (started over at its leader's point by a version before REPLICA_COMPACTED, or cut
+        by the disk cap) copies the leader's compacted log first, if that covers its first
+        offset, and is fetched once it is installed: its fetch offset would take it into the ISR
+        without it. Not ``compact,delete`` topics: their first offsets expire on each replica."""
+        ready = []
+        for p in partitions:
+            first = self._lacking_from(p)
+            if first is not None:
+                point = await self._copy(conn, p, p.leader_epoch, first, first)
+                if point is None:  # under way (or refused)
+                    continue
+                if point == NO_POINT:  # the leader's log does not cover it: fetched as it is
+                    self._uncovered.add((p.key, first))
+            ready.append(p)
+        return ready
+
+    def _lacking_from(self, p: Partition) -> int | None:
+        """The first offset of ``p``'s queue if it holds nothing below it (see _copy_lacking)."""
+        first = self.store.log_start(*p.key)
+        own = self.store.compacted_segment(*p.key)
+        if first <= (0 if own is None else own.point) or (p.key, first) in self._uncovered:
+            return None
+        try:
+            limits = self.store.topic_limits(p.key[0])
+        except StoreError:
+            return None
+        return first if limits.compacted and not limits.expires else None
+
+    async def _copy(self, conn: Connection, p: Partition, epoch: int, start: int, need: int) -> int | None:
+        """``CompactedCopier.copy``; None (the partition paused) when the leader refuses it."""
+        try:
+            return await self._copier.copy(conn, p, epoch, (start, need), self.manager.config.fetch_bytes_max)
+        except (NotLeaderError, FencedLeaderEpochError) as err:  # the copy goes on once the metadata did
+            self._pause(p, err.status)
+            return None
+        except UnknownCodeError:  # a leader of a version before REPLICA_COMPACTED
+            return NO_POINT
 
     def _append_fetched(self, p: Partition, offset: int, row: FetchedRange, chunk: memoryview) -> int:
         """Append a queue's fetched records (and damaged offsets) at ``offset``; the commitlog end

@@ -1,12 +1,17 @@
-"""The leader's side of replication on the gms wire: REPLICA_FETCH and OFFSET_FOR_LEADER_EPOCH
-decoded into the replication service's arguments (gms.broker.services.replication, which does the
+"""The leader's side of replication on the gms wire: REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH and
+REPLICA_COMPACTED decoded into the replication service's arguments (gms.broker.services.replication, which does the
 work) and its results encoded (their rows: gms.protocol.replication)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gms.broker.services.replication import FETCH_BYTES_MAX, ReplicaFetchArgs, ReplicationService
+from gms.broker.services.replication import (
+    COMPACTED_CHUNK_BYTES_MAX,
+    FETCH_BYTES_MAX,
+    ReplicaFetchArgs,
+    ReplicationService,
+)
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.protocol.replication import EpochQuery, FetchWant, RepairWant
@@ -35,3 +40,12 @@ class LeaderHandlers:
     async def offset_for_leader_epoch(self, request: Frame) -> Response:
         queries = decode_rows(EpochQuery, field(request.fields, "queues", list), "queues")
         return Response({"queues": [encode(row) for row in self.replication.leader_epochs(queries)]})
+
+    async def replica_compacted(self, request: Frame) -> Response:
+        fields = request.fields
+        chunk = self.replication.compacted_chunk(
+            field(fields, "topic", str), field(fields, "queue_id", int), field(fields, "leader_epoch", int),
+            field(fields, "point", int, -1), field(fields, "position", int, 0),
+            field(fields, "bytes_max", int, COMPACTED_CHUNK_BYTES_MAX))
+        return Response({"point": chunk.point, "position": chunk.position, "next_position": chunk.next_position,
+                         "size": chunk.size, "crc": chunk.crc}, body=chunk.body)

@@ -12,20 +12,27 @@ A queue this broker does not lead, or leads in another epoch than the follower b
 refused in its own row (the status of :class:`~gms.errors.NotLeaderError`,
 :class:`~gms.errors.FencedLeaderEpochError` or :class:`~gms.errors.OffsetIllegalError`): the
 other queues of the fetch are served.
+
+A follower whose fetch offset is below the leader's compaction point of a compacted queue copies
+the leader's compacted log of the queue first (REPLICA_COMPACTED, :meth:`ReplicationService.compacted_chunk`:
+whole records, a bounded chunk per request; docs/storage-format.md "Compacted topics").
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from isal.isal_zlib import crc32  # zlib's CRC-32 values, several times faster
 
 from gms.broker.ha.partition import Partition, Role
 from gms.broker.ha.replica_manager import ReplicaManager
 from gms.broker.store import GetStatus
-from gms.errors import FencedLeaderEpochError, GmsError, NotLeaderError, OffsetIllegalError
+from gms.broker.store.records import coalesce
+from gms.errors import BadRequestError, FencedLeaderEpochError, GmsError, NotLeaderError, OffsetIllegalError
 from gms.protocol.replication import (
     SIZES_DTYPE,
     EpochAnswer,
@@ -39,12 +46,16 @@ from gms.protocol.replication import (
     RepairWant,
     offset_runs,
 )
+from gms.record import crc_mismatches, record_views
+
+log = logging.getLogger(__name__)
 
 FETCH_MSGS_MAX = 65_536  # per queue per response
 FETCH_WAIT_MS_MAX = 30_000
 FETCH_BYTES_MAX = 32 << 20
 REPAIR_BYTES_MAX = 4 << 20  # records one response sends for repairs (at least one)
 REPAIR_RECORDS_MAX = 1024  # offsets one request may ask to repair
+COMPACTED_CHUNK_BYTES_MAX = 8 << 20  # bytes of a compacted log one REPLICA_COMPACTED answer sends
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +82,21 @@ class ReplicaFetched:
     offsets_session: int
     offsets_seq: int
     repaired: list[RepairedQueue] | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedChunk:
+    """A chunk of the leader's compacted log of a queue: whole records from byte ``position`` of
+    the log at ``point`` (-1: the leader keeps none) up to ``next_position``; ``size``: the log's
+    bytes (the copy is whole when ``next_position`` reaches it). ``body`` leaves out the records
+    the leader holds damaged (logged); ``crc``: zlib's CRC-32 of the body."""
+
+    point: int
+    position: int
+    next_position: int
+    size: int
+    crc: int
+    body: list[memoryview]
 
 
 class ReplicationService:
@@ -119,6 +145,38 @@ class ReplicationService:
             found = p.history.end_for(query.epoch, self.store.max_offset(topic, queue_id))
             rows.append(EpochAnswer(topic, queue_id, 0, found.epoch, found.end_offset))
         return rows
+
+    def compacted_chunk(self, topic: str, queue_id: int, leader_epoch: int, point: int, position: int,
+                        bytes_max: int) -> CompactedChunk:
+        """Records of the queue's compacted log from byte ``position`` if its point is still
+        ``point``, else from its start (the log was replaced since: the copy starts over)."""
+        self._leading(topic, queue_id, leader_epoch)
+        segment = self.store.compacted_segment(topic, queue_id)
+        if segment is None:
+            return CompactedChunk(-1, 0, 0, 0, 0, [])
+        starts, sizes = segment.starts, segment.sizes
+        end = int(starts[-1] + sizes[-1]) if len(starts) else 0
+        position = position if point == segment.point else 0
+        first = int(np.searchsorted(starts, position))
+        if position > end or (first < len(starts) and int(starts[first]) != position):
+            raise BadRequestError(f"{topic}/{queue_id}: byte {position} is not a record's start in the compacted log")
+        budget = min(max(bytes_max, 1), COMPACTED_CHUNK_BYTES_MAX)
+        stop = first + max(int(np.searchsorted(np.cumsum(sizes[first:]), budget, side="right")), 1)
+        stop = min(stop, len(starts))
+        picked_starts, picked_sizes = starts[first:stop], sizes[first:stop]
+        next_position = int(picked_starts[-1] + picked_sizes[-1]) if stop > first else end
+        bad = crc_mismatches(segment.view, picked_starts, picked_sizes) if stop > first else np.empty(0, np.intp)
+        if bad.size:
+            log.error("%s/%d: %d damaged record(s) of the compacted log left out of a follower's copy",
+                      topic, queue_id, bad.size)
+            keep = np.ones(len(picked_starts), bool)
+            keep[bad] = False
+            picked_starts, picked_sizes = picked_starts[keep], picked_sizes[keep]
+        body = record_views(segment.view, *coalesce(picked_starts, picked_sizes)) if len(picked_starts) else []
+        crc = 0
+        for view in body:
+            crc = crc32(view, crc)
+        return CompactedChunk(segment.point, position, next_position, end, crc, body)
 
     def _record_progress(self, replica: str, wanted: list[FetchWant]) -> None:
         """A fetch offset is what the follower has: the ISR and the HW move with it."""

@@ -96,6 +96,7 @@ class MessageStore:
         self.min_offset, self.max_offset, self.get, self.get_many, self.read_runs, self.backlog = (
             reads.min_offset, reads.max_offset, reads.get, reads.get_many, reads.read_runs, reads.backlog)
         self.log_start, self.compact = reads.log_start, self._cleaner.clean
+        self._compacted, self.compacted_segment = compacted, compacted.segment
         self.read_entry, self.read_at, self.find_by_key, self.find_replicated = (
             reads.read_entry, reads.read_at, reads.find_by_key, reads.find_replicated)
         self.offset_for_timestamp, self.timer_records = reads.offset_for_timestamp, reads.timer_records
@@ -143,6 +144,29 @@ class MessageStore:
             self._keys.close()
             self._origins.close()
             self._closed = True
+
+    def copy_tmp(self, topic: str, queue_id: int, point: int) -> Path:
+        """Where a follower writes its copy of its leader's compacted log at ``point`` while it
+        comes (not a ``.seg``: opening the store removes it)."""
+        return self._compacted.new_tmp(topic, queue_id, point).with_name(f"{point:020d}.copy.tmp")
+
+    def install_copy(self, topic: str, queue_id: int, point: int, tmp: Path, start: int) -> bool:
+        """Make a follower's synced copy of its leader's compacted log the queue's at ``point``,
+        then start the queue over empty at ``start`` (the point, or the leader's first offset if
+        retention moved it beyond) if it ends before; False (the copy removed) if the queue is
+        gone (its topic deleted meanwhile) or its own compacted log reached past ``point`` while
+        the copy came (the copy would drop what that log kept at and past the point). A crash
+        between the two leaves the copy installed and the queue where it was: its next fetch
+        copies and installs again."""
+        with self._compacted.busy:  # never beside a cleaner pass over the queue
+            own = self._compacted.segment(topic, queue_id)
+            if (self._queues.by_key.get((topic, queue_id)) is None or not tmp.exists()
+                    or (own is not None and own.point > point)):
+                tmp.unlink(missing_ok=True)
+                return False
+            self._compacted.install(topic, queue_id, point, tmp)
+            self.restart_queue(topic, queue_id, start)
+        return True
 
     def __enter__(self) -> MessageStore:
         return self

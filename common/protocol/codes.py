@@ -77,6 +77,7 @@ class RequestCode(IntEnum):
     REPLICA_FETCH = 200
     LEADER_AND_ISR = 201
     OFFSET_FOR_LEADER_EPOCH = 202
+    REPLICA_COMPACTED = 203
 
 
 class Status(IntEnum):

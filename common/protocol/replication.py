@@ -15,6 +15,9 @@ REPLICA_FETCH (200), one request for every queue a follower follows from one lea
   records in the order of ``repaired``.
 OFFSET_FOR_LEADER_EPOCH (202), the follower's truncation point (Kafka KIP-101):
   request ``queues``: :class:`EpochQuery` rows; answer ``queues``: an :class:`EpochAnswer` per row.
+REPLICA_COMPACTED (203), a chunk of the leader's compacted log of one queue, for a follower
+  below its compaction point: plain fields, no rows (docs/protocol.md; the leader's side:
+  ``ReplicationService.compacted_chunk``, the follower's: broker/ha/compacted_copy.py).
 
 Row statuses are 0 or a wire Status: NOT_LEADER, FENCED_LEADER_EPOCH (the two epochs differ:
 whoever is behind must learn the new metadata first), OFFSET_ILLEGAL (fetch offset beyond the

@@ -209,9 +209,12 @@ def test_replica_fetch_only_by_the_broker_it_names(cluster):
     with producer(cluster, "admin", acks=-1) as p:
         p.send("sec-repl", b"replicated")  # acks=-1: the follower, authenticated as itself, fetched it
     fetch = {"replica": follower_id, "wait_ms": 0, "queues": [["sec-repl", 0, 10, 0]]}
+    copy = {"replica": follower_id, "topic": "sec-repl", "queue_id": 0, "leader_epoch": queue["leader_epoch"]}
     for user in ("admin", "svc-broker", "alice"):
         with pytest.raises(ForbiddenError, match="replica"):
             request_as(cluster, user, leader, RequestCode.REPLICA_FETCH, fetch)
+        with pytest.raises(ForbiddenError, match="replica"):  # nor a copy of its compacted logs
+            request_as(cluster, user, leader, RequestCode.REPLICA_COMPACTED, copy)
 
 
 def test_a_forged_fetch_does_not_move_the_high_watermark(cluster):

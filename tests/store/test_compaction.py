@@ -154,6 +154,35 @@ def test_what_an_interrupted_compaction_leaves_is_resolved_on_open(store_dir):
     assert os.listdir(qdir) == [newest]
 
 
+def test_a_copied_compacted_log_is_installed_whole_or_not_at_all(tmp_path):
+    """A follower's copy of its leader's compacted log: a copy cut short (a crash) is removed when
+    the store opens; a whole one, installed, serves what the leader's serves, the queue restarted
+    at the point."""
+    with open_store(tmp_path / "leader") as leader:
+        leader.create_topic(TOPIC, 1, COMPACT)
+        fill(leader, 0, 205)
+        leader.compact()
+        on_leader = [r for r in read_all(leader) if r[0] < 200]
+        segment = leader.compacted_segment(TOPIC, 0)
+        assert segment is not None and segment.point == 200
+        data = bytes(segment.view)
+    with open_store(tmp_path / "follower") as follower:
+        follower.create_topic(TOPIC, 1, COMPACT)
+        follower.copy_tmp(TOPIC, 0, 200).write_bytes(data[:100])  # a crash in the middle of the copy
+    qdir = tmp_path / "follower" / "compacted" / TOPIC / "0"
+    with open_store(tmp_path / "follower") as follower:
+        assert os.listdir(qdir) == [] and follower.min_offset(TOPIC, 0) == follower.max_offset(TOPIC, 0) == 0
+        tmp = follower.copy_tmp(TOPIC, 0, 200)
+        tmp.write_bytes(data)
+        assert follower.install_copy(TOPIC, 0, 200, tmp, 200)
+        assert read_all(follower) == on_leader and follower.max_offset(TOPIC, 0) == 200
+        older = follower.copy_tmp(TOPIC, 0, 100)  # a copy of a lower point than the queue's log: refused
+        older.write_bytes(data)
+        assert not follower.install_copy(TOPIC, 0, 100, older, 100) and not older.exists()
+    with open_store(tmp_path / "follower") as follower:
+        assert read_all(follower) == on_leader and os.listdir(qdir) == [f"{200:020d}.seg"]
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
     """The writer compacts every 50 records at a low IO rate; the kill comes at a random moment of
