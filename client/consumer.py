@@ -23,6 +23,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gms.client.consumer_trace import ConsumerTrace
 from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
@@ -31,7 +32,7 @@ from gms.client.retries import ensure_topic, group_settings, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import DamagedRecord, DamagedRecordError, ReceivedMessage, ReceivedMessages
 from gms.client.subscriptions import Sql, parse_subscription
-from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
+from gms.client.tracing import TRACE_TOPIC, Connect, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage

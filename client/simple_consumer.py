@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from gms.client.connections import msg_id_prefix
+from gms.client.consumer_trace import ConsumerTrace
 from gms.client.fetcher import LEADER_LOST_ERRORS, TopicQueue, leader_of
 from gms.client.producer import Producer
 from gms.client.rebalance import StartFrom
@@ -30,7 +31,7 @@ from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, leader_reques
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
 from gms.client.structs import PopBatch, PoppedMessage, ReceiptHandle, ReceivedMessages
 from gms.client.subscriptions import Sql, parse_subscription
-from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher
+from gms.client.tracing import TRACE_TOPIC, Connect, TraceDispatcher
 from gms.cluster.model import GroupSettings
 from gms.errors import GmsError, ReceiptHandleExpiredError, TopicNotFoundError
 from gms.naming import EXHAUSTED_REASON, dlq_topic

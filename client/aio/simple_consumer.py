@@ -11,6 +11,7 @@ from typing import Self, cast
 
 from gms.client.aio._loop import running_loop
 from gms.client.aio.producer import AsyncProducer
+from gms.client.consumer_trace import ConsumerTrace
 from gms.client.rebalance import StartFrom
 from gms.client.retries import ensure_topic, group_settings, retry_delay_ms, retry_plan
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
@@ -27,7 +28,7 @@ from gms.client.simple_consumer import (
 )
 from gms.client.structs import PoppedMessage
 from gms.client.subscriptions import Sql
-from gms.client.tracing import TRACE_TOPIC, Connect, ConsumerTrace, TraceDispatcher, now_us
+from gms.client.tracing import TRACE_TOPIC, Connect, TraceDispatcher, now_us
 from gms.cluster.model import GroupSettings
 from gms.errors import ReceiptHandleExpiredError
 from gms.naming import EXHAUSTED_REASON, dlq_topic
