@@ -104,7 +104,7 @@ def materialise_ns(n: int = 5_000, size: int = 100, tagged: bool = False, reps: 
     """Median ns per message (in this process, no I/O) to decode a PULL response body of ``n``
     records (about one 1 MiB response) and make every message; and to do that and read each
     message's topic, tag, keys and body as well."""
-    from gms.client.fetcher import decode_pull_body
+    from gms.client.body_decode import decode_pull_body
     from gms.record import encode_record, write_broker_fields
     from gms.tags import MATCH_ALL
     payload = os.urandom(size)

@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from gms.client.body_decode import decode_pull_body
 from gms.client.connections import msg_id_prefix
-from gms.client.fetcher import decode_pull_body
 from gms.client.offset_reset import QueueReset, ResetMode, ResetSpec, new_offset
 from gms.client.rebalance import NO_COMMITTED_OFFSET
 from gms.client.routing import UNREACHABLE_ERRORS, NameserverRoutes, QueueRoute

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gms.client.body_decode import decode_pull_body
 from gms.client.connections import msg_id_prefix
-from gms.client.fetcher import decode_pull_body
 from gms.client.runtime import ClientRuntime
 from gms.client.structs import ReceivedMessage
 from gms.errors import GmsError, TransactionNotFoundError

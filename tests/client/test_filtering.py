@@ -10,8 +10,8 @@ import pytest
 from client_helpers import consume
 
 from gms.client import Consumer, Producer
+from gms.client.body_decode import decode_pull_body
 from gms.client.connections import parse_address
-from gms.client.fetcher import decode_pull_body
 from gms.errors import BadTagExpressionError, GmsError, InvalidTopicError, MessageIllegalError, TopicNotFoundError
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gms.client._rows import make_rows
-from gms.client.fetcher import decode_pull_body
+from gms.client.body_decode import decode_pull_body
 from gms.client.structs import MessageBatch, ReceivedMessage, ReceivedMessages, _Same, _Slices
 from gms.record import (
     HEADER,

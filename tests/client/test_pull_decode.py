@@ -8,7 +8,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from gms.client.fetcher import decode_fetch_body, decode_pull_body
+from gms.client.body_decode import decode_fetch_body, decode_pull_body
 from gms.client.structs import ReceivedMessages
 from gms.record import OFF_QUEUE_OFFSET, Message, encode_batch, encode_record
 from gms.store_errors import CorruptRecord
