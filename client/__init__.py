@@ -13,6 +13,7 @@ from gms.client.consumer import Consumer, Sql
 from gms.client.fetcher import TopicQueue
 from gms.client.producer import Producer, ProducerRecord
 from gms.client.routing import NameserverRoutes, QueueRoute, RouteProvider, StaticRoutes
+from gms.client.send_results import SendFuture, SendResult, SendResults
 from gms.client.simple_consumer import SimpleConsumer
 from gms.client.structs import (
     DamagedRecord,
@@ -21,9 +22,6 @@ from gms.client.structs import (
     ReceiptHandle,
     ReceivedMessage,
     ReceivedMessages,
-    SendFuture,
-    SendResult,
-    SendResults,
 )
 from gms.client.transactions import Transaction, TransactionState
 

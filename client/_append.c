@@ -138,7 +138,7 @@ static PyObject *send_future_repr(SendFutureObject *self) {
     return PyUnicode_FromString(failed ? "<SendFuture failed>" : "<SendFuture done>");
 }
 
-/* ``await future``: the iterator gms.client.structs registered (set_await_hook) makes for it. */
+/* ``await future``: the iterator gms.client.send_results registered (set_await_hook) makes for it. */
 static PyObject *await_hook;
 
 static PyObject *send_future_await(PyObject *self) {
@@ -516,7 +516,7 @@ static PyTypeObject FastPath_Type = {
 
 static PyMethodDef module_methods[] = {
     {"set_await_hook", set_await_hook, METH_O,
-     "set_await_hook(fn): ``await future`` iterates fn(future) (gms.client.structs sets it)."},
+     "set_await_hook(fn): ``await future`` iterates fn(future) (gms.client.send_results sets it)."},
     {NULL, NULL, 0, NULL},
 };
 

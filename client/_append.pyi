@@ -2,7 +2,7 @@ import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol, Self
 
-from gms.client.structs import SendResult
+from gms.client.send_results import SendResult
 
 class BatchOutcome(Protocol):
     """What a SendFuture reads its batch's outcome from (a concurrent.futures.Future is one)."""

@@ -31,8 +31,8 @@ from typing import cast
 
 from gms.client._append import AppenderBase
 from gms.client.routing import QueueRoute
+from gms.client.send_results import SendFuture, SendResult
 from gms.client.sender import FIRST_ANSWER
-from gms.client.structs import SendFuture, SendResult
 from gms.errors import ProtocolError
 from gms.protocol.frame import SEND_BODY_SIZE_MAX_BYTES
 from gms.record.builder import REQUEST_BYTES_MAX, BatchBuilder, RecordEncoder

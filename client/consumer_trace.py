@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from gms.client.retries import DLQ_REASON_PROPERTY, ORIGIN_MSG_ID_PROPERTY
-from gms.client.structs import PopBatch, ReceiptHandle, ReceivedMessage, ReceivedMessages, SendResult
+from gms.client.send_results import SendResult
+from gms.client.structs import PopBatch, ReceiptHandle, ReceivedMessage, ReceivedMessages
 from gms.client.trace_format import (
     ACK,
     DEAD_LETTER,

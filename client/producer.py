@@ -38,8 +38,8 @@ from gms.client.routing import (
     leader_moved,
 )
 from gms.client.runtime import REQUEST_TIMEOUT_MS, ClientRuntime
+from gms.client.send_results import SendFuture, SendResult, SendResults
 from gms.client.sender import Sender, joined, one_result, results
-from gms.client.structs import SendFuture, SendResult, SendResults
 from gms.client.tracing import TRACE_TOPIC, Connect, ProducerTrace, TraceDispatcher
 from gms.client.transactions import Transaction, TransactionChecker, TransactionClient
 from gms.errors import (

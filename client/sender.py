@@ -23,7 +23,7 @@ from gms.client.connections import msg_id_prefix
 from gms.client.idempotence import Sequencer, Ticket
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute, leader_request
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import SendResult, SendResults
+from gms.client.send_results import SendResult, SendResults
 from gms.errors import (
     STORED_FIELD,
     BadRequestError,

@@ -42,10 +42,7 @@ from gms.client.accumulator import SendFn as SendBodies
 from gms.client.retries import ensure_topic
 from gms.client.routing import QueueRoute
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import (
-    SendResult,
-    SendResults,
-)
+from gms.client.send_results import SendResult, SendResults
 from gms.client.trace_format import (
     IDS_PER_RECORD_MAX,
     SEND,

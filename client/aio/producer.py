@@ -16,7 +16,7 @@ from gms.client.aio._loop import running_loop
 from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _keyed
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, AwaitRequired
-from gms.client.structs import SendFuture, SendResult
+from gms.client.send_results import SendFuture, SendResult
 from gms.client.tracing import TRACE_TOPIC, now_us
 from gms.client.transactions import Transaction, TransactionChecker
 from gms.errors import GmsError

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gms.client import Consumer, Producer, accumulator
 from gms.client.accumulator import Accumulator
 from gms.client.routing import QueueRoute
-from gms.client.structs import SendFuture
+from gms.client.send_results import SendFuture
 from gms.errors import InvalidTopicError, MessageIllegalError
 from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING
 from gms.record import encode_record, iter_records
