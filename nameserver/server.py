@@ -3,11 +3,11 @@ administration through etcd transactions.
 
 Reads (GET_ROUTE, GET_BROKER_LIST, TOPIC_LIST) never touch etcd: they come from
 :class:`ClusterView`, so they keep answering while etcd is down. Writes (CREATE/UPDATE/
-DELETE_TOPIC, CREATE_TOPICS) are etcd round trips run off the event loop; with etcd unreachable they fail with
-SERVICE_UNAVAILABLE. After a write, the handler waits (briefly) until this nameserver's own view
-shows it, so a client that creates a topic and then asks the same nameserver for its route finds
-it. Each nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster
-status lists the live ones, and runs a :class:`Controller` candidate: the elected one moves
+DELETE_TOPIC, CREATE_TOPICS) are etcd round trips run off the event loop, then wait for this
+nameserver's view to show them (:mod:`gms.nameserver.writes`); with etcd unreachable they fail
+with SERVICE_UNAVAILABLE. Users and ACLs are :mod:`gms.nameserver.access_admin`'s. Each
+nameserver also keeps a key under its own lease (``nameservers/<lease>``) so the cluster status
+lists the live ones, and runs a :class:`Controller` candidate: the elected one moves
 queue leaders off dead brokers. Its metrics (:mod:`gms.nameserver.metrics`) and readiness are
 served on the optional monitoring endpoint.
 """
@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -40,26 +40,26 @@ from gms.cluster.model import (
 from gms.errors import BadRequestError, GmsError, ServiceUnavailableError, TopicNotFoundError
 from gms.monitoring.http import MonitoringServer
 from gms.nameserver.access import NameserverAccess
+from gms.nameserver.access_admin import AccessAdmin
 from gms.nameserver.controller import Controller, ControllerStatus
 from gms.nameserver.metrics import NameserverMetrics
+from gms.nameserver.writes import MetadataWrites
 from gms.naming import SYSTEM_TOPIC_FIELD, check_creatable
 from gms.net import RpcServer
 from gms.protocol.codes import RequestCode
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
 from gms.protocol.topic_batch import entry_name, error_row, ok_row, repeated_name, topic_entries
-from gms.security.acl import AclRule, AclTable
+from gms.security.acl import AclTable
 from gms.security.authorizer import Authorizer
 from gms.security.config import SecurityConfig
-from gms.security.scram import Credential
-from gms.security.users import USER_ROLES, User
+from gms.security.users import User
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9876
 NAMESERVER_TTL_S = 10
 ETCD_REQUEST_TIMEOUT_S = 3.0  # a topic write that waits longer than this is reported, not hung
-VIEW_CATCH_UP_TIMEOUT_S = 2.0  # read-your-writes wait; the write already succeeded in etcd
 LAYOUT_VERSION = 1
 PRODUCER_ID_BLOCK = 1000  # producer ids a nameserver reserves in etcd at a time
 
@@ -93,10 +93,6 @@ def route_fields(route: TopicRoute) -> dict[str, Any]:
 
 def settings_fields(topic: TopicMetadata) -> dict[str, Any]:
     return {"replication_factor": topic.replication_factor, "settings": asdict(topic.settings)}
-
-
-def acl_fields(rule: AclRule) -> dict[str, Any]:
-    return asdict(rule)
 
 
 def broker_fields(info: BrokerInfo) -> dict[str, Any]:
@@ -158,6 +154,7 @@ class NameServer:
         self._view: ClusterView | None = None
         self._keeper: LeaseKeeper | None = None
         self._controller: Controller | None = None
+        self._writes = MetadataWrites(etcd_endpoints, self._require_metadata, lambda: self.view)
         self._rpc = RpcServer(
             {
                 RequestCode.GET_ROUTE: self._get_route,
@@ -173,12 +170,7 @@ class NameServer:
                 RequestCode.GROUP_SETTINGS_GET: self._get_group_settings,
                 RequestCode.GROUP_SETTINGS_DELETE: self._delete_group_settings,
                 RequestCode.INIT_PRODUCER_ID: self._init_producer_id,
-                RequestCode.USER_PUT: self._put_user,
-                RequestCode.USER_DELETE: self._delete_user,
-                RequestCode.USER_LIST: self._list_users,
-                RequestCode.ACL_ADD: self._add_acl,
-                RequestCode.ACL_REMOVE: self._remove_acl,
-                RequestCode.ACL_LIST: self._list_acls,
+                **AccessAdmin(self._writes).handlers(),
             },
             security=security.server_security(self._user, self._access().authorize if security.authentication
                                               else None),
@@ -186,8 +178,6 @@ class NameServer:
         )
         # GET_ROUTE is the hot path: the response fields are built once per route object.
         self._route_cache: dict[str, tuple[TopicRoute, dict[str, Any]]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._view_changed = asyncio.Event()
         self._known_nameservers: list[dict[str, Any]] = []
         self._producer_ids = [0, 0]  # the block of producer ids reserved: [next, end)
         self._producer_ids_lock = asyncio.Lock()
@@ -224,7 +214,7 @@ class NameServer:
 
         Raises :class:`EtcdUnavailable` if etcd does not answer and ``OSError`` if the
         listen address cannot be bound; nothing is left running then."""
-        self._loop = asyncio.get_running_loop()
+        self._writes.serve_on(asyncio.get_running_loop())
         self._client = EtcdClient(self.etcd_endpoints, timeout_s=ETCD_REQUEST_TIMEOUT_S,
                                   auth=self.security.etcd_auth(), observe=self.metrics.etcd_call)
         self._metadata = ClusterMetadata(self._client, self._keys.prefix)
@@ -299,25 +289,7 @@ class NameServer:
     def _on_view_change(self, change: ViewChange) -> None:
         if change.kind is ChangeKind.TOPIC_DELETED:
             self._route_cache.pop(change.name, None)  # a deleted topic's answer is not kept
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._wake_view_waiters)
-            except RuntimeError:
-                pass  # the loop closed between the check and the call: nobody is waiting
-
-    def _wake_view_waiters(self) -> None:
-        event, self._view_changed = self._view_changed, asyncio.Event()
-        event.set()
-
-    async def _until_view(self, holds: Callable[[], bool]) -> None:
-        """Wait until this nameserver's view reflects a write that etcd already accepted."""
-        try:
-            async with asyncio.timeout(VIEW_CATCH_UP_TIMEOUT_S):
-                while not holds():
-                    await self._view_changed.wait()
-        except TimeoutError:
-            log.warning("view did not catch up with a write within %s s", VIEW_CATCH_UP_TIMEOUT_S)
+        self._writes.view_changed()
 
     # -- reads from the cache --------------------------------------------------------------
     async def _get_route(self, request: Frame) -> Response:
@@ -391,29 +363,18 @@ class NameServer:
         return version, nameservers
 
     # -- topic administration through etcd -------------------------------------------------
-    async def _write(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return await asyncio.to_thread(fn)
-        except EtcdUnavailable as err:
-            raise self._unavailable(what) from err
-
-    def _unavailable(self, what: str) -> ServiceUnavailableError:
-        return ServiceUnavailableError(
-            f"cannot {what}: etcd ({self.etcd_endpoints}) is unreachable; topic changes need"
-            " etcd, existing routes are still served. Retry once etcd is back.")
-
     async def _create_topic(self, request: Frame) -> Response:
         fields = request.fields
         name = check_creatable(field(fields, "topic", str), field(fields, SYSTEM_TOPIC_FIELD, bool, False))
         queues = field(fields, "queues", int, DEFAULT_QUEUE_COUNT)
         replicas = field(fields, "replicas", int, 1)
         settings = TopicSettings.from_dict(field(fields, "settings", dict, {}))
-        metadata = self._require_metadata()
-        topic: TopicMetadata = await self._write(
+        metadata = self._writes.metadata()
+        topic: TopicMetadata = await self._writes.write(
             f"create topic {name}",
             lambda: metadata.create_topic(name, queues, replicas, settings),
         )
-        await self._until_view(lambda: self.view.has_topic(name))
+        await self._writes.until_view(lambda: self.view.has_topic(name))
         return Response(fields=self._placement(topic))
 
     async def _create_topics(self, request: Frame) -> Response:
@@ -429,11 +390,11 @@ class NameServer:
                 rows.append(None)
             except GmsError as err:
                 rows.append(error_row(entry_name(entry), err))
-        metadata = self._require_metadata()
-        written: list[TopicMetadata | GmsError] = await self._write(
+        metadata = self._writes.metadata()
+        written: list[TopicMetadata | GmsError] = await self._writes.write(
             f"create {len(specs)} topics", lambda: metadata.create_topics(specs)) if specs else []
         created = {t.name for t in written if isinstance(t, TopicMetadata)}
-        await self._until_view(lambda: all(map(self.view.has_topic, created)))
+        await self._writes.until_view(lambda: all(map(self.view.has_topic, created)))
         addresses = {b.broker_id: b.address for b in self.view.brokers()}
         results = iter(zip(specs, written, strict=True))
         for n, row in enumerate(rows):
@@ -455,7 +416,7 @@ class NameServer:
         """A written topic's row: its queue count, replication factor and the brokers holding it
         (not the route: a thousand routes would not fit one answer)."""
         if isinstance(result, EtcdUnavailable):
-            return error_row(spec.name, self._unavailable(f"create topic {spec.name}"))
+            return error_row(spec.name, self._writes.unavailable(f"create topic {spec.name}"))
         if isinstance(result, GmsError):
             return error_row(spec.name, result)
         brokers = sorted({addresses.get(r, r) for q in result.queues for r in q.replicas})
@@ -470,19 +431,19 @@ class NameServer:
         if queues is None and not settings:
             raise BadRequestError("update_topic needs 'queues' and/or 'settings'")
         TopicSettings.from_dict(settings)  # names and values checked before any etcd round trip
-        metadata = self._require_metadata()
-        topic: TopicMetadata = await self._write(
+        metadata = self._writes.metadata()
+        topic: TopicMetadata = await self._writes.write(
             f"update topic {name}",
             lambda: metadata.update_topic(name, queue_count=queues, settings=settings),
         )
-        await self._until_view(lambda: self._view_has(topic))
+        await self._writes.until_view(lambda: self._view_has(topic))
         return Response(fields=self._placement(topic))
 
     async def _delete_topic(self, request: Frame) -> Response:
         name = field(request.fields, "topic", str)
-        metadata = self._require_metadata()
-        await self._write(f"delete topic {name}", lambda: metadata.delete_topic(name))
-        await self._until_view(lambda: not self.view.has_topic(name))
+        metadata = self._writes.metadata()
+        await self._writes.write(f"delete topic {name}", lambda: metadata.delete_topic(name))
+        await self._writes.until_view(lambda: not self.view.has_topic(name))
         return Response()
 
     # -- consumer group settings -----------------------------------------------------------------
@@ -493,26 +454,27 @@ class NameServer:
         name = field(request.fields, "group", str)
         changes = field(request.fields, "settings", dict)
         create = field(request.fields, "create", bool, False)
-        metadata = self._require_metadata()
+        metadata = self._writes.metadata()
 
         def put() -> GroupSettings:
             current = None if create else metadata.get_group_settings(name)
             settings = GroupSettings.from_dict({**(current.to_dict() if current else {}), **changes})
             metadata.put_group_settings(name, settings, create=create)
             return settings
-        settings = await self._write(f"save the settings of group {name}", put)
+        settings = await self._writes.write(f"save the settings of group {name}", put)
         return Response({"settings": settings.to_dict()})
 
     async def _get_group_settings(self, request: Frame) -> Response:
         name = field(request.fields, "group", str)
-        metadata = self._require_metadata()
-        settings = await self._write(f"read the settings of group {name}", lambda: metadata.get_group_settings(name))
+        metadata = self._writes.metadata()
+        settings = await self._writes.write(f"read the settings of group {name}",
+                                            lambda: metadata.get_group_settings(name))
         return Response({"settings": None if settings is None else settings.to_dict()})
 
     async def _delete_group_settings(self, request: Frame) -> Response:
         name = field(request.fields, "group", str)
-        metadata = self._require_metadata()
-        deleted = await self._write(f"delete the settings of group {name}",
+        metadata = self._writes.metadata()
+        deleted = await self._writes.write(f"delete the settings of group {name}",
                                     lambda: metadata.delete_group_settings(name))
         return Response({"deleted": bool(deleted)})
 
@@ -522,73 +484,13 @@ class NameServer:
         in etcd (one etcd write per PRODUCER_ID_BLOCK producers)."""
         async with self._producer_ids_lock:
             if self._producer_ids[0] >= self._producer_ids[1]:
-                metadata = self._require_metadata()
-                first = await self._write("allocate producer ids",
+                metadata = self._writes.metadata()
+                first = await self._writes.write("allocate producer ids",
                                           lambda: metadata.allocate_producer_ids(PRODUCER_ID_BLOCK))
                 self._producer_ids = [first, first + PRODUCER_ID_BLOCK]
             producer_id = self._producer_ids[0]
             self._producer_ids[0] += 1
         return Response({"producer_id": producer_id, "epoch": 0})
-
-    # -- users and ACLs (super users only: see gms.nameserver.access) -----------------------
-    async def _put_user(self, request: Frame) -> Response:
-        """Create or update a user; the client sends the SCRAM verifier, never the password."""
-        fields = request.fields
-        role = field(fields, "role", str, "normal")
-        if role not in USER_ROLES:
-            raise BadRequestError(f"role must be one of {', '.join(USER_ROLES)}, not {role!r}")
-        try:
-            user = User(field(fields, "name", str), role, Credential.from_json(field(fields, "credential", dict)))
-        except (KeyError, ValueError, TypeError) as err:
-            raise BadRequestError(f"bad user credential: {err}") from err
-        metadata = self._require_metadata()
-        await self._write(f"save user {user.name}", lambda: self._checked(metadata.put_user, user))
-        await self._until_view(lambda: self.view.user(user.name) == user)
-        return Response()
-
-    async def _delete_user(self, request: Frame) -> Response:
-        name = field(request.fields, "name", str)
-        metadata = self._require_metadata()
-        existed = await self._write(f"delete user {name}", lambda: self._checked(metadata.delete_user, name))
-        await self._until_view(lambda: self.view.user(name) is None)
-        return Response({"deleted": bool(existed)})
-
-    async def _list_users(self, request: Frame) -> Response:
-        metadata = self._require_metadata()
-        users = await self._write("list users", metadata.list_users)
-        return Response({"users": [{"name": u.name, "role": u.role} for u in users]})
-
-    async def _add_acl(self, request: Frame) -> Response:
-        rule = self._rule(request)
-        metadata = self._require_metadata()
-        added = await self._write(f"add ACL {rule.describe()}", lambda: metadata.put_acl(rule))
-        await self._until_view(lambda: rule in self.view.acls().rules())
-        return Response({"added": bool(added)})
-
-    async def _remove_acl(self, request: Frame) -> Response:
-        rule = self._rule(request)
-        metadata = self._require_metadata()
-        removed = await self._write(f"remove ACL {rule.describe()}", lambda: metadata.delete_acl(rule))
-        await self._until_view(lambda: rule not in self.view.acls().rules())
-        return Response({"removed": bool(removed)})
-
-    async def _list_acls(self, request: Frame) -> Response:
-        return Response({"acls": [acl_fields(rule) for rule in self.view.acls().rules()]})
-
-    @staticmethod
-    def _rule(request: Frame) -> AclRule:
-        try:
-            return AclRule(**field(request.fields, "acl", dict))
-        except (TypeError, ValueError) as err:
-            raise BadRequestError(f"bad ACL: {err}") from err
-
-    @staticmethod
-    def _checked(fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)``, its ValueError (a bad name) as the client's BAD_REQUEST."""
-        try:
-            return fn(arg)
-        except ValueError as err:
-            raise BadRequestError(str(err)) from err
 
     def _require_metadata(self) -> ClusterMetadata:
         if self._metadata is None:
