@@ -161,18 +161,19 @@ def standalone(data_dir: Path, host: str, nameserver_port: int, broker_port: int
                commitlog_file_size: int | None, secure: bool) -> None:
     """Run embedded etcd + a nameserver + a broker + the web console in the foreground (Ctrl-C
     stops all). Both servers serve Prometheus /metrics, /healthz and /readyz."""
-    from gms.cli.standalone import run_standalone
+    from gms.cli.standalone import StandaloneOptions, run_standalone
 
     given = click.get_current_context().get_parameter_source
     rocketmq_asked = any(given(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
                          for name in ("rocketmq_port", "with_rocketmq"))
-    code = run_standalone(data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
-                          nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
-                          console_port=console_port if with_console else None, console_admin=console_admin,
-                          rocketmq_port=rocketmq_port if with_rocketmq else None, rocketmq_asked=rocketmq_asked,
-                          kafka_port=kafka_port if with_kafka else None,
-                          log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size,
-                          secure=secure, echo=click.echo)
+    options = StandaloneOptions(
+        data_dir, nameserver_port, broker_port, host=host, etcd_port=etcd_port,
+        nameserver_metrics_port=nameserver_metrics_port, broker_metrics_port=broker_metrics_port,
+        console_port=console_port if with_console else None, console_admin=console_admin,
+        rocketmq_port=rocketmq_port if with_rocketmq else None, rocketmq_asked=rocketmq_asked,
+        kafka_port=kafka_port if with_kafka else None,
+        log_level=log_level, log_format=log_format, commitlog_file_size_bytes=commitlog_file_size, secure=secure)
+    code = run_standalone(options, echo=click.echo)
     sys.exit(code)
 
 

@@ -10,6 +10,7 @@ the supervisor itself dies (`gms.die_with_parent`), so nothing outlives it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -116,149 +117,194 @@ class _Child:
         return self.proc.wait()
 
 
-def run_standalone(
-    data_dir: str | Path = DEFAULT_DATA_DIR,
-    nameserver_port: int = ports.NAMESERVER_PORT,
-    broker_port: int = ports.BROKER_PORT,
-    *,
-    host: str = "127.0.0.1",
-    etcd_port: int = 0,
-    nameserver_metrics_port: int = ports.NAMESERVER_METRICS_PORT,
-    broker_metrics_port: int = ports.BROKER_METRICS_PORT,
-    console_port: int | None = ports.CONSOLE_PORT,
-    console_admin: bool = False,
-    rocketmq_port: int | None = ports.ROCKETMQ_PORT,
-    rocketmq_asked: bool = False,
-    kafka_port: int | None = ports.KAFKA_PORT,
-    log_level: str = "info",
-    log_format: str = "text",
-    commitlog_file_size_bytes: int | None = None,
-    secure: bool = False,
-    echo: Callable[[str], None] = print,
-) -> int:
+@dataclasses.dataclass(frozen=True)
+class StandaloneOptions:
+    """What ``gms standalone`` runs (its flags). Port 0 picks a free port. The web console runs
+    unless ``console_port`` is None (read-only unless ``console_admin``); the broker serves the
+    RocketMQ 5 gRPC API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is
+    None or ``secure`` (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an
+    error), and the Kafka API on ``kafka_port`` unless it is None (with ``secure``: TLS and SASL,
+    docs/kafka-compat.md). ``secure``: TLS with a development CA, authentication and ACLs, an
+    ``admin`` super user (see :mod:`gms.cli.standalone_security`)."""
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    nameserver_port: int = ports.NAMESERVER_PORT
+    broker_port: int = ports.BROKER_PORT
+    host: str = "127.0.0.1"
+    etcd_port: int = 0
+    nameserver_metrics_port: int = ports.NAMESERVER_METRICS_PORT
+    broker_metrics_port: int = ports.BROKER_METRICS_PORT
+    console_port: int | None = ports.CONSOLE_PORT
+    console_admin: bool = False
+    rocketmq_port: int | None = ports.ROCKETMQ_PORT
+    rocketmq_asked: bool = False
+    kafka_port: int | None = ports.KAFKA_PORT
+    log_level: str = "info"
+    log_format: str = "text"
+    commitlog_file_size_bytes: int | None = None
+    secure: bool = False
+
+    def fixed_ports(self, rocketmq_off: str) -> dict[str, int | None]:
+        """Each port by the flag that sets it (None: not served)."""
+        return {"--nameserver-port": self.nameserver_port, "--broker-port": self.broker_port,
+                "--etcd-port": self.etcd_port, "--nameserver-metrics-port": self.nameserver_metrics_port,
+                "--broker-metrics-port": self.broker_metrics_port, "--console-port": self.console_port,
+                "--rocketmq-port": None if rocketmq_off else self.rocketmq_port, "--kafka-port": self.kafka_port}
+
+
+def run_standalone(options: StandaloneOptions, echo: Callable[[str], None] = print) -> int:
     """Run the parts until SIGINT/SIGTERM (a second one kills at once); return the exit
     code: 0 after a clean stop, 1 if a part failed to start or died. Call from the main thread
     (it installs signal handlers and the children's death signal follows the calling thread).
-    Children's logs go to ``<data_dir>/logs/``; port 0 picks free ports. Both servers serve
-    /metrics, /healthz and /readyz on their metrics ports; the web console runs unless
-    ``console_port`` is None (read-only unless ``console_admin``); the broker serves the RocketMQ 5 gRPC
-    API on ``rocketmq_port`` when the ``rocketmq`` extra is installed, unless it is None or ``secure``
-    (without the extra, ``rocketmq_asked`` -- the port was given -- makes that an error), and the
-    Kafka API on ``kafka_port`` unless it is None (with ``secure``: TLS and SASL, docs/kafka-compat.md).
-    ``secure``: TLS with a development CA, authentication and ACLs, an ``admin`` super user (see
-    :mod:`gms.cli.standalone_security`)."""
-    data_dir = Path(data_dir).resolve()
-    run_dir = data_dir / "logs"  # audit lines name users and their addresses: private, like the stores
-    make_private_dir(run_dir)
-    tighten_tree(run_dir)
-    stop = threading.Event()
-    children: list[_Child] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            for child in children:
-                child.kill()
-        stop.set()
-
-    if not secure and secured_before(data_dir):
+    Children's logs go to ``<data_dir>/logs/``. Both servers serve /metrics, /healthz and
+    /readyz on their metrics ports."""
+    data_dir = Path(options.data_dir).resolve()
+    if not options.secure and secured_before(data_dir):
         echo(f"gms standalone: the data dir {data_dir} is secured (it was started with --secure, and its etcd has"
              " authentication on since): add --secure")
         return 1
+    stop = threading.Event()
+    parts = _Parts(options, data_dir)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            parts.kill()
+        stop.set()
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    etcd_host, etcd_advertise_host = etcd_hosts(host)
-    secured = prepare_secure(data_dir, host) if secure else None
-    etcd = EmbeddedEtcd(data_dir / "etcd", client_port=etcd_port, host=etcd_host, advertise_host=etcd_advertise_host,
-                        tls=secured.etcd_tls if secured else None, auth=secured.etcd_auth if secured else None)
     code = 0
     try:
-        store_args = _store_args(data_dir, commitlog_file_size_bytes)
-        rocketmq_off = _rocketmq_off(rocketmq_port, secure, rocketmq_asked)
-        _check_ports_free(host, {"--nameserver-port": nameserver_port, "--broker-port": broker_port,
-                                 "--etcd-port": etcd_port, "--nameserver-metrics-port": nameserver_metrics_port,
-                                 "--broker-metrics-port": broker_metrics_port, "--console-port": console_port,
-                                 "--rocketmq-port": None if rocketmq_off else rocketmq_port,
-                                 "--kafka-port": kafka_port})
-        etcd.start()
-        if secured is not None:
-            secured.create_users(etcd)
-        security_args, nameserver_env, broker_env = secured.server_args() if secured else ([], {}, {})
-        log_args = ["--log-level", log_level, "--log-format", log_format]
-        nameserver = _Child(
-            "nameserver",
-            "gms.nameserver",
-            ["--listen", f"{host}:{nameserver_port}", "--etcd", etcd.endpoint,
-             "--data-dir", str(data_dir / "nameserver"), *log_args, *security_args],
-            run_dir,
-            nameserver_env,
-            metrics_listen=f"{host}:{nameserver_metrics_port}",
-        )
-        children.append(nameserver)
-        nameserver_address = f"{host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
-        rocketmq_port_file = run_dir / "broker.rocketmq-port"
-        rocketmq_port_file.unlink(missing_ok=True)
-        rocketmq_args = ([] if rocketmq_off else ["--rocketmq-listen", f"{host}:{rocketmq_port}",
-                                                  "--rocketmq-port-file", str(rocketmq_port_file)])
-        kafka_port_file = run_dir / "broker.kafka-port"
-        kafka_port_file.unlink(missing_ok=True)
-        kafka_off = kafka_port is None
-        kafka_args = ([] if kafka_off else ["--kafka-listen", f"{host}:{kafka_port}",
-                                            "--kafka-port-file", str(kafka_port_file)])
-        broker = _Child(
-            "broker",
-            "gms.broker",
-            ["--listen", f"{host}:{broker_port}", "--store-dir", str(data_dir / "broker"),
-             "--nameserver", nameserver_address, *log_args, *store_args, *security_args, *rocketmq_args,
-             *kafka_args],
-            run_dir,
-            broker_env,
-            metrics_listen=f"{host}:{broker_metrics_port}",
-        )
-        children.append(broker)
-        broker_address = f"{host}:{broker.wait_port(CHILD_START_TIMEOUT_S)}"
-        monitoring = (f"http://{host}:{nameserver.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics (nameserver),"
-                      f" http://{host}:{broker.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics (broker)")
-        lines = [f"  nameserver  {nameserver_address}", f"  broker      {broker_address}",
-                 f"  metrics     {monitoring}; /healthz and /readyz beside them"]
-        if rocketmq_off:
-            lines.append(f"  rocketmq    {rocketmq_off}")
-        else:
-            rocketmq_bound = broker.wait_port_file(rocketmq_port_file, CHILD_START_TIMEOUT_S)
-            lines.append(f"  rocketmq    {host}:{rocketmq_bound}  (for RocketMQ 5 clients: docs/rocketmq-compat.md)")
-        if kafka_off:
-            lines.append("  kafka       not served (--no-kafka)")
-        else:
-            kafka_bound = broker.wait_port_file(kafka_port_file, CHILD_START_TIMEOUT_S)
-            how = "SASL_SSL with SCRAM-SHA-256 or PLAIN" if secure else "for Kafka clients"
-            lines.append(f"  kafka       {host}:{kafka_bound}  ({how}: docs/kafka-compat.md)")
-        if console_port is not None:
-            console = _Child(
-                "console",
-                "gms.console",
-                ["--nameserver", nameserver_address, "--listen", f"{host}:{console_port}",
-                 *(["--admin"] if console_admin else ["--admin-how", "gms standalone --console-admin"])],
-                run_dir,
-                secured.client_env() if secured else None,
-            )
-            children.append(console)
-            lines.append(f"  console     http://{host}:{console.wait_port(CHILD_START_TIMEOUT_S)}/"
-                         + ("" if console_admin else "  (read-only; --console-admin for admin actions)"))
-        lines += [f"  etcd        {etcd.endpoint}", f"  data        {data_dir}  (logs in {run_dir})"]
-        echo("gms standalone is running (Ctrl-C stops it)\n" + "\n".join(lines)
-             + (f"\n{secured.describe()}" if secured else ""))
-        code = _supervise(children, stop, echo)
+        echo(parts.start())
+        code = _supervise(parts.children, stop, echo)
     except (StandaloneError, ClusterError) as err:
         echo(f"gms standalone: {err}")
         code = 1
     finally:
-        for child in reversed(children):  # console, then broker: it deregisters while etcd is up
-            if child.stop() != 0:
-                code = 1
-        etcd.stop()
+        if not parts.stop():
+            code = 1
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if code == 0:
         echo("gms standalone stopped")
     return code
+
+
+class _Parts:
+    """The standalone cluster's processes: embedded etcd, then the nameserver, the broker and the
+    console as children (started in that order, stopped in the other)."""
+
+    def __init__(self, options: StandaloneOptions, data_dir: Path) -> None:
+        self.options = options
+        self.data_dir = data_dir
+        self.run_dir = data_dir / "logs"  # audit lines name users and their addresses: private, like the stores
+        make_private_dir(self.run_dir)
+        tighten_tree(self.run_dir)
+        self.children: list[_Child] = []
+        self.secured = prepare_secure(data_dir, options.host) if options.secure else None
+        etcd_host, etcd_advertise_host = etcd_hosts(options.host)
+        self.etcd = EmbeddedEtcd(data_dir / "etcd", client_port=options.etcd_port, host=etcd_host,
+                                 advertise_host=etcd_advertise_host,
+                                 tls=self.secured.etcd_tls if self.secured else None,
+                                 auth=self.secured.etcd_auth if self.secured else None)
+
+    def start(self) -> str:
+        """Start every part; the banner saying where each serves."""
+        options, secured = self.options, self.secured
+        store_args = _store_args(self.data_dir, options.commitlog_file_size_bytes)
+        rocketmq_off = _rocketmq_off(options.rocketmq_port, options.secure, options.rocketmq_asked)
+        _check_ports_free(options.host, options.fixed_ports(rocketmq_off))
+        self.etcd.start()
+        if secured is not None:
+            secured.create_users(self.etcd)
+        nameserver = self._start_nameserver()
+        nameserver_address = f"{options.host}:{nameserver.wait_port(CHILD_START_TIMEOUT_S)}"
+        lines = [f"  nameserver  {nameserver_address}",
+                 *self._start_broker(nameserver, nameserver_address, store_args, rocketmq_off)]
+        if options.console_port is not None:
+            lines.append(self._start_console(nameserver_address))
+        lines += [f"  etcd        {self.etcd.endpoint}", f"  data        {self.data_dir}  (logs in {self.run_dir})"]
+        return ("gms standalone is running (Ctrl-C stops it)\n" + "\n".join(lines)
+                + (f"\n{secured.describe()}" if secured else ""))
+
+    def _server_args(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """Arguments both servers take; the nameserver's and the broker's environment."""
+        security_args, nameserver_env, broker_env = self.secured.server_args() if self.secured else ([], {}, {})
+        return ["--log-level", self.options.log_level, "--log-format", self.options.log_format,
+                *security_args], nameserver_env, broker_env
+
+    def _start_nameserver(self) -> _Child:
+        host = self.options.host
+        args, env, _ = self._server_args()
+        return self._child(
+            "nameserver", "gms.nameserver",
+            ["--listen", f"{host}:{self.options.nameserver_port}", "--etcd", self.etcd.endpoint,
+             "--data-dir", str(self.data_dir / "nameserver"), *args],
+            env, metrics_listen=f"{host}:{self.options.nameserver_metrics_port}")
+
+    def _start_broker(self, nameserver: _Child, nameserver_address: str, store_args: list[str],
+                      rocketmq_off: str) -> list[str]:
+        """The broker's banner lines: its address, both servers' metrics, the RocketMQ and Kafka APIs."""
+        options, host = self.options, self.options.host
+        rocketmq_port_file = self.run_dir / "broker.rocketmq-port"
+        kafka_port_file = self.run_dir / "broker.kafka-port"
+        rocketmq_port_file.unlink(missing_ok=True)
+        kafka_port_file.unlink(missing_ok=True)
+        api_args = [] if rocketmq_off else ["--rocketmq-listen", f"{host}:{options.rocketmq_port}",
+                                            "--rocketmq-port-file", str(rocketmq_port_file)]
+        if options.kafka_port is not None:
+            api_args += ["--kafka-listen", f"{host}:{options.kafka_port}", "--kafka-port-file", str(kafka_port_file)]
+        args, _, env = self._server_args()
+        broker = self._child(
+            "broker", "gms.broker",
+            ["--listen", f"{host}:{options.broker_port}", "--store-dir", str(self.data_dir / "broker"),
+             "--nameserver", nameserver_address, *args, *store_args, *api_args],
+            env, metrics_listen=f"{host}:{options.broker_metrics_port}")
+        metrics = [f"http://{host}:{child.wait_metrics_port(CHILD_START_TIMEOUT_S)}/metrics ({child.name})"
+                   for child in (nameserver, broker)]
+        lines = [f"  broker      {host}:{broker.wait_port(CHILD_START_TIMEOUT_S)}",
+                 f"  metrics     {', '.join(metrics)}; /healthz and /readyz beside them"]
+        if rocketmq_off:
+            lines.append(f"  rocketmq    {rocketmq_off}")
+        else:
+            rocketmq_bound = broker.wait_port_file(rocketmq_port_file, CHILD_START_TIMEOUT_S)
+            lines.append(f"  rocketmq    {host}:{rocketmq_bound}  (for RocketMQ 5 clients: docs/rocketmq-compat.md)")
+        if options.kafka_port is None:
+            lines.append("  kafka       not served (--no-kafka)")
+        else:
+            kafka_bound = broker.wait_port_file(kafka_port_file, CHILD_START_TIMEOUT_S)
+            how = "SASL_SSL with SCRAM-SHA-256 or PLAIN" if options.secure else "for Kafka clients"
+            lines.append(f"  kafka       {host}:{kafka_bound}  ({how}: docs/kafka-compat.md)")
+        return lines
+
+    def _start_console(self, nameserver_address: str) -> str:
+        options = self.options
+        console = self._child(
+            "console", "gms.console",
+            ["--nameserver", nameserver_address, "--listen", f"{options.host}:{options.console_port}",
+             *(["--admin"] if options.console_admin else ["--admin-how", "gms standalone --console-admin"])],
+            self.secured.client_env() if self.secured else None)
+        return (f"  console     http://{options.host}:{console.wait_port(CHILD_START_TIMEOUT_S)}/"
+                + ("" if options.console_admin else "  (read-only; --console-admin for admin actions)"))
+
+    def _child(self, name: str, module: str, args: list[str], env: dict[str, str] | None,
+               metrics_listen: str = "") -> _Child:
+        child = _Child(name, module, args, self.run_dir, env, metrics_listen=metrics_listen)
+        self.children.append(child)
+        return child
+
+    def kill(self) -> None:
+        for child in self.children:
+            child.kill()
+
+    def stop(self) -> bool:
+        """Stop the children, the console first and the broker before the nameserver (it
+        deregisters while etcd is up), then etcd; False if a child did not exit cleanly."""
+        clean = True
+        for child in reversed(self.children):
+            if child.stop() != 0:
+                clean = False
+        self.etcd.stop()
+        return clean
 
 
 def _rocketmq_off(rocketmq_port: int | None, secure: bool, rocketmq_asked: bool) -> str:

@@ -18,10 +18,11 @@ from gms.protocol.codes import RequestCode as C
 
 SCRIPT = """
 import sys
-from gms.cli.standalone import run_standalone
-sys.exit(run_standalone(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), nameserver_metrics_port=0,
-                        broker_metrics_port=0, console_port=None, rocketmq_port=None, kafka_port=None,
-                        commitlog_file_size_bytes=32 << 20))
+from pathlib import Path
+from gms.cli.standalone import StandaloneOptions, run_standalone
+sys.exit(run_standalone(StandaloneOptions(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                          nameserver_metrics_port=0, broker_metrics_port=0, console_port=None,
+                                          rocketmq_port=None, kafka_port=None, commitlog_file_size_bytes=32 << 20)))
 """
 START_TIMEOUT_S = 40
 
