@@ -170,7 +170,10 @@ def _read_value(r: Reader, f: Field, kind: str, version: int, flexible: bool) ->
             raise Malformed(f"{f.name} is null")
         return text
     if kind in ("bytes", "records"):
-        return r.blob(flexible)
+        blob = r.blob(flexible)
+        if blob is None and not _in(f.nullable, version):
+            raise Malformed(f"{f.name} is null")
+        return blob
     return getattr(r, _METHODS.get(kind, kind))()
 
 

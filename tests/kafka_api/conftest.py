@@ -15,8 +15,10 @@ PARTITIONS = 2
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
-    """The banner's addresses (``kafka``: the Kafka API's host:port) of a running `gms standalone`."""
-    yield from running_standalone(tmp_path_factory.mktemp("sa"))
+    """The banner's addresses (``kafka``: the Kafka API's host:port) of a running `gms standalone`,
+    and its ``data_dir``."""
+    data_dir = tmp_path_factory.mktemp("sa")
+    yield from ({**banner, "data_dir": str(data_dir)} for banner in running_standalone(data_dir))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,27 @@ def test_a_request_the_broker_cannot_serve_closes_the_connection_and_it_serves_o
         assert closed(sock)
     with connect(bootstrap) as sock:
         assert call(sock, ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
+
+
+def _null_metadata_join() -> bytes:
+    """A JoinGroup v5 whose protocol metadata (bytes, not nullable) is sent as null."""
+    def string(text: bytes) -> bytes:
+        return struct.pack(">h", len(text)) + text
+    body = (string(b"g") + struct.pack(">ii", 10000, 10000) + string(b"") + struct.pack(">h", -1)
+            + string(b"consumer") + struct.pack(">i", 1) + string(b"range") + struct.pack(">i", -1))
+    return frame(ApiKey.JOIN_GROUP, 5, body)
+
+
+def test_a_null_the_schema_does_not_allow_is_a_malformed_request_not_a_broker_failure(standalone, bootstrap):
+    broker_log = Path(standalone["data_dir"]) / "logs" / "broker.log"
+    with connect(bootstrap) as sock:
+        sock.sendall(_null_metadata_join())
+        assert closed(sock)
+    with connect(bootstrap) as sock:
+        assert call(sock, ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
+    log = broker_log.read_text(errors="replace")
+    assert "malformed JOIN_GROUP v5 (metadata is null)" in log
+    assert "Traceback" not in log
 
 
 def _served(bootstrap: str) -> bool:
