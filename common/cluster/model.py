@@ -226,7 +226,8 @@ class GroupSettings:
     fifo: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_reconsume_times, bool) or not 0 <= self.max_reconsume_times <= 1000:
+        if (not isinstance(self.max_reconsume_times, int) or isinstance(self.max_reconsume_times, bool)
+                or not 0 <= self.max_reconsume_times <= 1000):
             raise BadRequestError(f"max_reconsume_times must be 0..1000, not {self.max_reconsume_times!r}")
         delays = self.retry_delays_ms
         if not 1 <= len(delays) <= RETRY_DELAYS_MAX or not all(

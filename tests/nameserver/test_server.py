@@ -122,6 +122,19 @@ def test_bad_create_is_a_typed_error_and_writes_nothing(ns, brokers, client, pre
     assert ns.call(C.TOPIC_LIST) == {"topics": {}}
 
 
+@pytest.mark.parametrize("settings", [
+    {"max_reconsume_times": [1]}, {"max_reconsume_times": "3"}, {"max_reconsume_times": None},
+    {"max_reconsume_times": 1.5}, {"retry_delays_ms": [None]}, {"retry_delays_ms": "1000"}, {"fifo": 1},
+    {"colour": 1},
+], ids=repr)
+def test_bad_group_settings_are_a_bad_request_and_the_group_keeps_its_own(ns, settings):
+    ns.call(C.GROUP_SETTINGS_PUT, {"group": "g", "settings": {"max_reconsume_times": 2}})
+    with pytest.raises(BadRequestError) as info:
+        ns.call(C.GROUP_SETTINGS_PUT, {"group": "g", "settings": settings})
+    assert str(info.value)
+    assert ns.call(C.GROUP_SETTINGS_GET, {"group": "g"})["settings"]["max_reconsume_times"] == 2
+
+
 def test_no_brokers_means_no_topic(ns, client, prefix):
     with pytest.raises(NotEnoughReplicasError, match="0 live broker"):
         ns.call(C.CREATE_TOPIC, {"topic": "t"})
