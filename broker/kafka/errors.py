@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 from gms import errors
+from gms.store_errors import BodyTooLarge, MessageTooLarge
 
 
 class Err(enum.IntEnum):
@@ -68,6 +69,8 @@ _BY_CLASS: tuple[tuple[type[errors.GmsError], Err], ...] = (
     (errors.NotEnoughReplicasError, Err.NOT_ENOUGH_REPLICAS),
     (errors.FencedLeaderEpochError, Err.FENCED_LEADER_EPOCH),
     (errors.OffsetIllegalError, Err.OFFSET_OUT_OF_RANGE),
+    (MessageTooLarge, Err.MESSAGE_TOO_LARGE),  # over the topic's max.message.bytes
+    (BodyTooLarge, Err.MESSAGE_TOO_LARGE),
     (errors.MessageIllegalError, Err.INVALID_RECORD),
     (errors.InvalidTopicError, Err.INVALID_TOPIC_EXCEPTION),
     (errors.TopicAlreadyExistsError, Err.TOPIC_ALREADY_EXISTS),

@@ -14,7 +14,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioPartition
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpPartition
@@ -181,6 +181,19 @@ def test_a_batch_larger_than_one_gms_send_is_stored_whole_and_in_order(bootstrap
     assert sorted(offsets, key=lambda row: row[1]) == [(None, i, b"%020d" % i) for i in range(count)]
     got = consume(bootstrap, topic, 0, count)
     assert [m.value() for m in got] == [b"%020d" % i for i in range(count)]
+
+
+def test_a_record_over_the_topics_max_message_bytes_is_message_too_large_and_the_rest_is_stored(bootstrap):
+    name = f"k-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, 1, 1, config={"max.message.bytes": str(64 << 10)})])[name].result(WAIT_S)
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 4 << 20})
+    outcomes: list = []
+    for value in (b"a" * 1000, b"b" * (256 << 10), b"c" * 1000):
+        producer.produce(name, value=value, partition=0, on_delivery=lambda err, msg: outcomes.append(err))
+        producer.flush(WAIT_S)
+    assert [err.code() if err else None for err in outcomes] == [None, KafkaError.MSG_SIZE_TOO_LARGE, None]
+    assert [m.value()[:1] for m in consume(bootstrap, name, 0, 2)] == [b"a", b"c"]
 
 
 def test_a_kafka_producers_messages_reach_a_rocketmq_5_client(bootstrap, topic, standalone):
