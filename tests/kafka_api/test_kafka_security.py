@@ -1,5 +1,5 @@
 """The Kafka API of a secured cluster (TLS with a development CA, authentication, ACLs): confluent-
-kafka clients authenticate with SASL/SCRAM-SHA-256 or PLAIN over TLS against gms's users, and
+kafka clients authenticate with SASL/SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN over TLS against gms's users, and
 each request is held to gms's ACLs with Kafka's codes; wrong credentials and unauthenticated
 clients are refused."""
 
@@ -17,6 +17,7 @@ from gms.errors import ForbiddenError
 from gms.net.blocking import BlockingConnection
 from gms.protocol.codes import RequestCode
 from gms.security.acl import AclRule
+from gms.security.scram import Credential
 from tests.processes import free_port, wait_until
 from tests.security.secured_cluster import PASSWORDS, SecuredCluster
 
@@ -64,7 +65,7 @@ def produce(conf: dict, topic: str, value: bytes) -> KafkaError | None:
     return outcome[0]
 
 
-@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
 def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mechanism):
     value = f"order-{uuid.uuid4().hex[:6]}".encode()
     assert produce(config(cluster, mechanism=mechanism, **{"enable.idempotence": True}), "k-orders", value) is None
@@ -86,9 +87,10 @@ def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mech
         consumer.close()
 
 
-def test_kafka_python_authenticates_with_scram(cluster):
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_kafka_python_authenticates_with_scram(cluster, mechanism):
     producer = KafkaProducer(bootstrap_servers=cluster.kafka.split(","), security_protocol="SASL_SSL",
-                             sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                             sasl_mechanism=mechanism, sasl_plain_username="alice",
                              sasl_plain_password=PASSWORDS["alice"], ssl_cafile=str(cluster.pki.ca_cert), acks="all")
     try:
         assert producer.send("k-orders", b"from kafka-python", partition=1).get(WAIT_S).offset >= 0
@@ -150,6 +152,28 @@ def test_wrong_credentials_and_unauthenticated_clients_are_refused(cluster):
         plain.list_topics(timeout=5)
     super_user = AdminClient(config(cluster, "admin"))  # the endpoint kept serving
     assert {"k-orders", "k-secret", "k-peek"} <= set(super_user.list_topics(timeout=WAIT_S).topics)
+
+
+def test_a_user_stored_without_a_sha512_verifier_authenticates_with_sha256_only(cluster):
+    """A user whose credential was stored before SHA-512 verifiers were kept (as an older gms
+    stored it) is refused SCRAM-SHA-512 as a wrong password is, and still serves SCRAM-SHA-256."""
+    credential = Credential.for_password("old-secret").to_json()
+    del credential["sha512"]
+    host, port = cluster.nameserver.rsplit(":", 1)
+    connection = BlockingConnection.open(host, int(port), security=cluster.security("admin"))
+    try:
+        connection.request(RequestCode.USER_PUT, {"name": "olduser", "role": "super", "credential": credential},
+                           timeout_ms=WAIT_S * 1000)
+    finally:
+        connection.close()
+    refused: list[KafkaError] = []
+    admin = AdminClient(config(cluster, "olduser", "old-secret", "SCRAM-SHA-512", error_cb=refused.append))
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=5)
+    admin.poll(1)  # serves error_cb
+    assert any(err.code() == KafkaError._AUTHENTICATION for err in refused), refused
+    sha256 = AdminClient(config(cluster, "olduser", "old-secret", "SCRAM-SHA-256"))
+    assert "k-orders" in sha256.list_topics(timeout=WAIT_S).topics
 
 
 def test_topic_changes_are_made_at_the_nameservers_for_the_user_as_its_rights_allow(cluster):
