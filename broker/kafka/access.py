@@ -14,6 +14,7 @@ OffsetCommit, OffsetFetch                             subscribe on the group, de
 FindCoordinator, DescribeGroups, ListGroups           describe on the group
 JoinGroup, SyncGroup, Heartbeat, LeaveGroup           subscribe on the group
 DeleteGroups                                          admin on the group
+OffsetDelete                                          admin on the group, subscribe on the topic
 CreateTopics, DeleteTopics, CreatePartitions          admin on the topic
 DescribeConfigs / AlterConfigs, IncrementalAlter...   describe / admin on the topic (a broker's:
                                                       on the cluster)
@@ -153,6 +154,14 @@ async def _group_member(ask: _Ask) -> dict[str, Any]:
     return {"error_code": code} if code else await ask.run()
 
 
+async def _offset_delete(ask: _Ask) -> dict[str, Any]:
+    code = ask.refused("group", ask.req["group_id"], "admin")
+    if code:
+        return {"error_code": code, "topics": []}
+    return await _named_rows("topics", "topics", _on("topic", "subscribe", lambda row: row["name"]),
+                             _partitions_refused)(ask)
+
+
 async def _describe_cluster(ask: _Ask) -> dict[str, Any]:
     code = ask.refused(CLUSTER, CLUSTER, "describe")
     return {"error_code": code, "error_message": "not authorised"} if code else await ask.run()
@@ -254,6 +263,7 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.DESCRIBE_GROUPS: _named_rows("groups", "groups", _on("group", "describe", str), lambda group, code: {
         "group_id": group, "error_code": code, "group_state": "", "protocol_type": "", "protocol_data": ""}),
     ApiKey.LIST_GROUPS: _list_groups,
+    ApiKey.OFFSET_DELETE: _offset_delete,
     ApiKey.DELETE_GROUPS: _named_rows("groups_names", "results", _on("group", "admin", str),
                                       lambda group, code: {"group_id": group, "error_code": code}),
     ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),

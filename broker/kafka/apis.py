@@ -44,6 +44,7 @@ class ApiKey(enum.IntEnum):
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
 
 
@@ -77,6 +78,7 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.OFFSET_DELETE: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
 }
 # The schema's name: the key's name in CamelCase ("OFFSET_COMMIT" -> "OffsetCommit").

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gms.broker.kafka.errors import Err, code_of
+from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
 from gms.errors import GmsError
 
 EMPTY, PREPARING, COMPLETING, STABLE = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable"
+CONSUMER = "consumer"  # the protocol type of Kafka's consumers
 SESSION_TIMEOUT_MS_MIN, SESSION_TIMEOUT_MS_MAX = 1_000, 1_800_000  # Kafka's: 6 s and 30 min
 EXPIRY_CHECK_S = 0.5
 MEMBER_ID_REQUIRED_VERSION = 4  # from JoinGroup v4 a new member first gets its id (KIP-394)
@@ -89,6 +91,24 @@ class KafkaGroups:
 
     def names(self) -> list[str]:
         return list(self._groups)
+
+    def subscribed(self, group_id: str) -> set[str]:
+        """The topics the members of a Kafka group subscribe to (their consumer protocol
+        metadata: ConsumerProtocolSubscription's topics; metadata that is not one names none)."""
+        group = self._groups.get(group_id)
+        if group is None or group.protocol_type != CONSUMER:
+            return set()
+        topics: set[str] = set()
+        for member in group.members.values():
+            protocols = dict(member.protocols)
+            metadata = protocols.get(group.protocol or "", next(iter(protocols.values()), b""))
+            try:
+                reader = Reader(metadata)
+                reader.int16()  # the subscription's version
+                topics.update(reader.string(False) or "" for _ in range(reader.int32()))
+            except Malformed:
+                continue
+        return topics
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (deleted)."""

@@ -118,6 +118,7 @@ class KafkaEndpoint:
             ApiKey.LIST_GROUPS: group_admin.list_groups,
             ApiKey.DESCRIBE_GROUPS: group_admin.describe_groups,
             ApiKey.DELETE_GROUPS: group_admin.delete_groups,
+            ApiKey.OFFSET_DELETE: group_admin.offset_delete,
         }
         endpoint = cls(server, bound, public, handlers, groups, limits or Limits(), security,
                        KafkaAccess(authorizer) if authorizer is not None else None)
