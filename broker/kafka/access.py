@@ -19,6 +19,8 @@ CreateTopics, DeleteTopics, CreatePartitions          admin on the topic
 DescribeConfigs / AlterConfigs, IncrementalAlter...   describe / admin on the topic (a broker's:
                                                       on the cluster)
 DescribeCluster                                       describe on the cluster
+DeleteRecords                                         admin on the topic
+ElectLeaders                                          admin on the cluster
 ApiVersions, SaslHandshake/Authenticate, InitProducerId   any authenticated principal
 ====================================================  ========================================
 """
@@ -162,6 +164,15 @@ async def _offset_delete(ask: _Ask) -> dict[str, Any]:
                              _partitions_refused)(ask)
 
 
+async def _elect_leaders(ask: _Ask) -> dict[str, Any]:
+    code = ask.refused(CLUSTER, CLUSTER, "admin")
+    if not code:
+        return await ask.run()
+    return {"error_code": code, "replica_election_results": [  # v0 has no top-level code: each row's
+        {"topic": row["topic"], "partition_result": [{"partition_id": p, **_error(code)} for p in row["partitions"]]}
+        for row in ask.req["topic_partitions"] or ()]}
+
+
 async def _describe_cluster(ask: _Ask) -> dict[str, Any]:
     code = ask.refused(CLUSTER, CLUSTER, "describe")
     return {"error_code": code, "error_message": "not authorised"} if code else await ask.run()
@@ -275,4 +286,9 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),
     ApiKey.DESCRIBE_CLUSTER: _describe_cluster,
+    ApiKey.DELETE_RECORDS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),
+                                       lambda row, code: {"name": row["name"], "partitions": [
+                                           {"partition_index": p["partition_index"], "low_watermark": -1,
+                                            "error_code": code} for p in row["partitions"]]}),
+    ApiKey.ELECT_LEADERS: _elect_leaders,
 }

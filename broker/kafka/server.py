@@ -32,6 +32,7 @@ from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.idempotence import ProducerIds
 from gms.broker.kafka.offsets import Offsets
+from gms.broker.kafka.partitions import Partitions
 from gms.broker.kafka.sasl import SaslSession
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
@@ -94,6 +95,7 @@ class KafkaEndpoint:
         offsets = Offsets(services, groups)
         group_admin = GroupAdmin(services, groups)
         configs = Configs(services, default_queue_count)
+        partitions = Partitions(services)
         handlers: dict[ApiKey, Handler] = {
             ApiKey.API_VERSIONS: lambda req, version, client: cluster.api_versions(req, version),
             ApiKey.METADATA: lambda req, version, client: cluster.metadata(req, version),
@@ -119,6 +121,8 @@ class KafkaEndpoint:
             ApiKey.DESCRIBE_GROUPS: group_admin.describe_groups,
             ApiKey.DELETE_GROUPS: group_admin.delete_groups,
             ApiKey.OFFSET_DELETE: group_admin.offset_delete,
+            ApiKey.DELETE_RECORDS: partitions.delete_records,
+            ApiKey.ELECT_LEADERS: partitions.elect_leaders,
         }
         endpoint = cls(server, bound, public, handlers, groups, limits or Limits(), security,
                        KafkaAccess(authorizer) if authorizer is not None else None)
