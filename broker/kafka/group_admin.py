@@ -83,7 +83,8 @@ class GroupAdmin:
         kafka = self.members.known(name)
         if kafka is not None and (kafka.members or kafka.state != EMPTY):
             stable = kafka.state == STABLE
-            members = [{"member_id": m.member_id, "client_id": "", "client_host": _host(m.client),
+            members = [{"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": "",
+                        "client_host": _host(m.client),
                         "member_metadata": dict(m.protocols).get(kafka.protocol or "", b"") if stable else b"",
                         "member_assignment": m.assignment if stable else b""} for m in kafka.members.values()]
             return {"group_state": kafka.state, "protocol_type": kafka.protocol_type,
