@@ -28,6 +28,7 @@ from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, uns
 from gms.broker.kafka.cluster import Cluster
 from gms.broker.kafka.configs import Configs
 from gms.broker.kafka.data import Data, UnansweredError
+from gms.broker.kafka.fetch_sessions import FetchSessions
 from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.idempotence import ProducerIds
@@ -109,7 +110,7 @@ class KafkaEndpoint:
             ApiKey.CREATE_PARTITIONS: configs.create_partitions,
             ApiKey.PRODUCE: data.produce,
             ApiKey.INIT_PRODUCER_ID: ProducerIds(services).init_producer_id,
-            ApiKey.FETCH: data.fetch,
+            ApiKey.FETCH: FetchSessions(data.fetch).fetch,
             ApiKey.LIST_OFFSETS: data.list_offsets,
             ApiKey.OFFSET_COMMIT: offsets.offset_commit,
             ApiKey.OFFSET_FETCH: offsets.offset_fetch,
