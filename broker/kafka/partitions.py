@@ -20,7 +20,7 @@ from typing import Any
 
 from gms.broker.kafka.errors import Err, code_of
 from gms.broker.services import Services
-from gms.errors import BadRequestError, GmsError
+from gms.errors import BadRequestError, GmsError, TopicNotFoundError
 
 PREFERRED, UNCLEAN = 0, 1  # ElectLeaders' election types
 HIGH_WATERMARK = -1  # DeleteRecords' offset meaning "up to the high watermark"
@@ -53,6 +53,8 @@ class Partitions:
             low = await self.topics.delete_records(topic, queue_id, target)
         except BadRequestError:  # a compacted topic
             return {"low_watermark": -1, "error_code": Err.POLICY_VIOLATION}
+        except TopicNotFoundError:  # the cluster has it, this broker none of its queues (yet)
+            return {"low_watermark": -1, "error_code": Err.NOT_LEADER_OR_FOLLOWER}
         except GmsError as err:
             return {"low_watermark": -1, "error_code": code_of(err)}
         return {"low_watermark": low, "error_code": 0}

@@ -17,6 +17,7 @@ from kafka.errors import GroupSubscribedToTopicError, NoError
 
 from gms.broker.kafka.apis import ApiKey
 from gms.broker.kafka.errors import Err
+from gms.client import Consumer as GmsConsumer
 from tests.kafka_api.test_kafka_wire import call, connect
 from tests.processes import wait_until
 
@@ -133,7 +134,9 @@ def test_delete_records_answers_kafkas_errors(bootstrap, topic):
     compacted = f"kc-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(compacted, 1, 1, config={"cleanup.policy": "compact"})])[compacted].result(WAIT_S)
-    wait_until(lambda: compacted in admin.list_topics(timeout=WAIT_S).topics, WAIT_S)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer.produce(compacted, key=b"k", value=b"v", partition=0)
+    assert producer.flush(WAIT_S) == 0  # once its queue is led here
     with connect(bootstrap) as sock:
         answer = call(sock, ApiKey.DELETE_RECORDS, 2, {"timeout_ms": 5000, "topics": [
             {"name": topic, "partitions": [{"partition_index": 0, "offset": 3},
@@ -153,3 +156,17 @@ def test_elect_leaders_answers_that_no_election_is_needed(bootstrap, topic):
         result = admin.elect_leaders(election, [TopicPartition(topic, 0), TopicPartition(topic, 9)]).result(WAIT_S)
         codes = {tp.partition: error.code() if error is not None else None for tp, error in result.items()}
         assert codes == {0: KafkaError.ELECTION_NOT_NEEDED, 9: KafkaError.UNKNOWN_TOPIC_OR_PART}
+
+
+def test_offset_delete_refuses_the_queues_a_gms_member_reads(bootstrap, topic, standalone, kp_admin):
+    group = _group_name()
+    _commit(bootstrap, group, [TopicPartition(topic, 0, 1)])
+    consumer = GmsConsumer(nameserver=standalone["nameserver"], group=group, subscription={topic: "*"})
+    try:
+        def refused() -> bool:
+            consumer.poll(200)
+            answer = kp_admin.delete_group_offsets(group, [KpTopicPartition(topic, 0)])
+            return answer == {KpTopicPartition(topic, 0): GroupSubscribedToTopicError}
+        wait_until(refused, WAIT_S)  # once the member reads the queue
+    finally:
+        consumer.close()

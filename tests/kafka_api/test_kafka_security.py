@@ -9,9 +9,11 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka import TopicPartition as KpTopicPartition
+from kafka.errors import GroupAuthorizationFailedError
 
 from gms.errors import ForbiddenError
 from gms.net.blocking import BlockingConnection
@@ -119,6 +121,29 @@ def test_what_the_acls_do_not_allow_gets_kafkas_authorisation_codes(cluster):
         KafkaError.TOPIC_AUTHORIZATION_FAILED  # its metadata refused
     assert first_error(Consumer(config(cluster, **{"group.id": "k-billing"})),
                        assign=[TopicPartition("k-peek", 0, 0)]) == KafkaError.TOPIC_AUTHORIZATION_FAILED  # fetch
+
+
+def test_deleting_records_and_group_offsets_and_electing_leaders_need_admin_rights(cluster):
+    alice = AdminClient(config(cluster))
+    deleted = alice.delete_records([TopicPartition("k-orders", 0, 0)])
+    with pytest.raises(KafkaException) as refused:
+        next(iter(deleted.values())).result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    elected = alice.elect_leaders(ElectionType.PREFERRED, [TopicPartition("k-orders", 0)])
+    with pytest.raises(KafkaException) as refused:
+        elected.result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    kp = KafkaAdminClient(bootstrap_servers=cluster.kafka.split(","), security_protocol="SASL_SSL",
+                          sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                          sasl_plain_password=PASSWORDS["alice"], ssl_cafile=str(cluster.pki.ca_cert))
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):  # alice may consume in k-billing, not administer it
+            kp.delete_group_offsets("k-billing", [KpTopicPartition("k-orders", 0)])
+    finally:
+        kp.close()
+    admin = AdminClient(config(cluster, "admin"))
+    result = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("k-orders", 0)]).result(WAIT_S)
+    assert [error.code() for error in result.values()] == [KafkaError.ELECTION_NOT_NEEDED]
 
 
 def first_error(consumer: Consumer, subscribe: list[str] | None = None,
