@@ -86,9 +86,6 @@ class FetchSessions:
         self._fetch = fetch
         self._sessions: OrderedDict[int, _Session] = OrderedDict()  # least recently used first
 
-    def __len__(self) -> int:
-        return len(self._sessions)
-
     async def fetch(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
         if version < SESSIONS_VERSION:
             return await self._fetch(req, version, client)
