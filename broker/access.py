@@ -22,14 +22,14 @@ LIST_TRANSACTIONS                         describe on the cluster
 HEARTBEAT                                 subscribe on the group and every topic
 COMMIT/FETCH_OFFSET, UNREGISTER, RESET    subscribe on the group (describe on topics)
 GET_CONSUMER_GROUP_MEMBERS, FIND_COORD.   describe on the group
-DELETE_GROUP                              admin on the group
+DELETE_GROUP, DELETE_OFFSETS              admin on the group
 CREATE/UPDATE/DELETE_TOPIC                admin on the topic
 CREATE_TOPICS                             admin on every topic it names
 TOPIC_LIST, BROKER_STATUS                 describe on the cluster
 REPLICA_FETCH, OFFSET_FOR_LEADER_EPOCH,   the replica principal of the very broker named
 REPLICA_COMPACTED                         in ``replica`` (a broker's own identity); nobody else
 COMMIT/FETCH_OFFSET, DELETE_GROUP,        also a ``broker`` credential: a coordinator acting at
-BROKER_STATUS                             the other brokers for clients it authorised
+DELETE_OFFSETS, BROKER_STATUS             the other brokers for clients it authorised
 ========================================  ==========================================
 """
 
@@ -55,7 +55,7 @@ REPLICA_CODES = frozenset({RequestCode.REPLICA_FETCH, RequestCode.OFFSET_FOR_LEA
 # (a Kafka consumer's commits and committed offsets at each queue's leader, a group's deletion, the
 # groups each broker knows): a ``broker`` credential may ask them.
 PEER_CODES = frozenset({RequestCode.COMMIT_OFFSET, RequestCode.FETCH_OFFSET, RequestCode.DELETE_GROUP,
-                        RequestCode.BROKER_STATUS})
+                        RequestCode.DELETE_OFFSETS, RequestCode.BROKER_STATUS})
 
 
 def _group(operation: str) -> Policy:
@@ -120,6 +120,7 @@ POLICY: dict[int, Policy] = {
     RequestCode.GET_CONSUMER_GROUP_MEMBERS: _group("describe"),
     RequestCode.FIND_COORDINATOR: _group("describe"),
     RequestCode.DELETE_GROUP: _group("admin"),
+    RequestCode.DELETE_OFFSETS: _group("admin"),
     RequestCode.CREATE_TOPIC: on_topic("admin"),
     RequestCode.CREATE_TOPICS: lambda fields: [check for entry in topic_entries(fields)
                                                for check in on_topic("admin")(entry)],

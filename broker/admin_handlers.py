@@ -1,10 +1,10 @@
 """Topic administration, broker status, and the group offsets an operator sets or deletes
-(``gms group reset-offsets`` / ``gms group delete``): the gms wire adapter of
+(``gms group reset-offsets`` / ``gms group delete``, Kafka's OffsetDelete): the gms wire adapter of
 :class:`gms.broker.services.topics.TopicService` and of :class:`gms.broker.services.groups.GroupService`.
 
 CREATE_TOPIC, CREATE_TOPICS, UPDATE_TOPIC and DELETE_TOPIC are a standalone broker's own (a broker
 in a cluster refuses them: :mod:`gms.broker.services.topics`). Group offsets (RESET_OFFSETS,
-DELETE_GROUP) stay broker requests in both modes.
+DELETE_GROUP, DELETE_OFFSETS) stay broker requests in both modes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gms.errors import GmsError
 from gms.naming import SYSTEM_TOPIC_FIELD
 from gms.protocol.fields import field
 from gms.protocol.frame import Frame, Response
-from gms.protocol.groups import queue_offsets
+from gms.protocol.groups import queue_offsets, queue_refs
 from gms.protocol.rows import encode
 from gms.protocol.topic_batch import entry_name, error_row, ok_row, topic_entries
 
@@ -97,6 +97,12 @@ class AdminHandlers:
     async def delete_group(self, request: Frame) -> Response:
         fields = request.fields
         queues = await self.groups.delete_group(group_name_field(fields), field(fields, "force", bool, False))
+        return Response({"queues": [encode(queue) for queue in queues]})
+
+    async def delete_offsets(self, request: Frame) -> Response:
+        fields = request.fields
+        queues = await self.groups.delete_offsets(group_name_field(fields), queue_refs(fields, "queues"),
+                                                  field(fields, "force", bool, False))
         return Response({"queues": [encode(queue) for queue in queues]})
 
     async def broker_status(self, request: Frame) -> Response:

@@ -132,6 +132,13 @@ class OffsetStore:
             self._remove(group, topic, queue_id)
         return queues
 
+    def delete_offsets(self, group: str, queues: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Delete ``group``'s committed offsets of ``queues`` here; return those it had."""
+        had = [(topic, queue_id) for topic, queue_id in queues if self.get(group, topic, queue_id) is not None]
+        for topic, queue_id in had:
+            self._remove(group, topic, queue_id)
+        return had
+
     def changed_since(self, topic: str, queue_id: int, seq: int) -> list[GroupCommit]:
         """The commit of every group whose commit on the queue is newer than ``seq`` of this
         session (seq 0: every group known here, loaded from the file or committed), with its pop

@@ -488,6 +488,7 @@ class BrokerServer:
             RequestCode.BROKER_STATUS: admin.broker_status,
             RequestCode.RESET_OFFSETS: admin.reset_offsets,
             RequestCode.DELETE_GROUP: admin.delete_group,
+            RequestCode.DELETE_OFFSETS: admin.delete_offsets,
         }.items():
             self.rpc.register(code, handler)
 

@@ -225,6 +225,7 @@ class LeaderFetcher:
             else:
                 appended_end = self._append_fetched(p, asked.offset, row, chunk) or appended_end
                 history_changed |= self._follow_leader(p, row, new_session or asked.offsets_seq == 0)
+                self._follow_log_start(p, row.log_start)
                 p.offsets_seen = seen
         if repairs:
             self._apply_repairs(repairs, decode_rows(RepairedQueue, frame.fields.get("repaired", []), "repaired"),
@@ -236,6 +237,19 @@ class LeaderFetcher:
         if appended_end and config.fsync_before_ack:  # the next fetch acknowledges these records
             await asyncio.wrap_future(self.store.durable_future(appended_end))
         self.manager.check_caught_up()
+
+    def _follow_log_start(self, p: Partition, log_start: int | None) -> None:
+        """Take the leader's first offset where it moved past this queue's (Kafka's DeleteRecords,
+        the leader's retention or disk cap), as a Kafka follower takes its leader's log start
+        offset, so records deleted at the leader are not served again after a failover. A queue
+        of a compacted topic keeps its own: its compacted log covers what lies below."""
+        if log_start is None or log_start <= self.store.log_start(*p.key):
+            return
+        try:
+            if not self.store.topic_limits(p.key[0]).compacted:
+                self.store.delete_records(*p.key, log_start)
+        except StoreError as err:  # the topic went meanwhile
+            log.debug("queue %s/%d: leader's first offset %d not taken: %s", *p.key, log_start, err)
 
     async def _catch_up(self, conn: Connection, asked: _Sent, log_start: int) -> None:
         """A queue whose fetch offset is below the leader's first offset: copy the leader's

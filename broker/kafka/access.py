@@ -14,10 +14,13 @@ OffsetCommit, OffsetFetch                             subscribe on the group, de
 FindCoordinator, DescribeGroups, ListGroups           describe on the group
 JoinGroup, SyncGroup, Heartbeat, LeaveGroup           subscribe on the group
 DeleteGroups                                          admin on the group
+OffsetDelete                                          admin on the group, subscribe on the topic
 CreateTopics, DeleteTopics, CreatePartitions          admin on the topic
 DescribeConfigs / AlterConfigs, IncrementalAlter...   describe / admin on the topic (a broker's:
                                                       on the cluster)
 DescribeCluster                                       describe on the cluster
+DeleteRecords                                         admin on the topic
+ElectLeaders                                          admin on the cluster
 ApiVersions, SaslHandshake/Authenticate, InitProducerId   any authenticated principal
 ====================================================  ========================================
 """
@@ -153,6 +156,23 @@ async def _group_member(ask: _Ask) -> dict[str, Any]:
     return {"error_code": code} if code else await ask.run()
 
 
+async def _offset_delete(ask: _Ask) -> dict[str, Any]:
+    code = ask.refused("group", ask.req["group_id"], "admin")
+    if code:
+        return {"error_code": code, "topics": []}
+    return await _named_rows("topics", "topics", _on("topic", "subscribe", lambda row: row["name"]),
+                             _partitions_refused)(ask)
+
+
+async def _elect_leaders(ask: _Ask) -> dict[str, Any]:
+    code = ask.refused(CLUSTER, CLUSTER, "admin")
+    if not code:
+        return await ask.run()
+    return {"error_code": code, "replica_election_results": [  # v0 has no top-level code: each row's
+        {"topic": row["topic"], "partition_result": [{"partition_id": p, **_error(code)} for p in row["partitions"]]}
+        for row in ask.req["topic_partitions"] or ()]}
+
+
 async def _describe_cluster(ask: _Ask) -> dict[str, Any]:
     code = ask.refused(CLUSTER, CLUSTER, "describe")
     return {"error_code": code, "error_message": "not authorised"} if code else await ask.run()
@@ -254,6 +274,7 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.DESCRIBE_GROUPS: _named_rows("groups", "groups", _on("group", "describe", str), lambda group, code: {
         "group_id": group, "error_code": code, "group_state": "", "protocol_type": "", "protocol_data": ""}),
     ApiKey.LIST_GROUPS: _list_groups,
+    ApiKey.OFFSET_DELETE: _offset_delete,
     ApiKey.DELETE_GROUPS: _named_rows("groups_names", "results", _on("group", "admin", str),
                                       lambda group, code: {"group_id": group, "error_code": code}),
     ApiKey.CREATE_TOPICS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),
@@ -265,4 +286,9 @@ _RULES: dict[ApiKey, Rule] = {
     ApiKey.ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: _named_rows("resources", "responses", _config("admin"), _config_refusal),
     ApiKey.DESCRIBE_CLUSTER: _describe_cluster,
+    ApiKey.DELETE_RECORDS: _named_rows("topics", "topics", _on("topic", "admin", lambda row: row["name"]),
+                                       lambda row, code: {"name": row["name"], "partitions": [
+                                           {"partition_index": p["partition_index"], "low_watermark": -1,
+                                            "error_code": code} for p in row["partitions"]]}),
+    ApiKey.ELECT_LEADERS: _elect_leaders,
 }

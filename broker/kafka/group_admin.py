@@ -1,12 +1,16 @@
-"""ListGroups, DescribeGroups and DeleteGroups: the groups a broker coordinates, as Kafka's admin
-clients list, describe and delete consumer groups. Both kinds are answered: Kafka's (the members
-of its classic protocol, :mod:`.groups`) and gms's (the group service's members and offsets).
+"""ListGroups, DescribeGroups, DeleteGroups and OffsetDelete: the groups a broker coordinates, as
+Kafka's admin clients list, describe and delete consumer groups and their offsets. Both kinds are
+answered: Kafka's (the members of its classic protocol, :mod:`.groups`) and gms's (the group
+service's members and offsets).
 
 A gms group with members is a consumer group of protocol ``gms`` (gms's own assignment) whose
 members' assignments are their queues, encoded as a Kafka consumer's; a group known only by its
 committed offsets is Empty without a protocol type, as Kafka's simple consumer groups are.
 Deleting a group deletes its committed offsets on every broker (as ``gms group delete`` does),
-refused with NON_EMPTY_GROUP while it has live members, Kafka's or gms's.
+refused with NON_EMPTY_GROUP while it has live members, Kafka's or gms's. Deleting a group's
+offsets of some partitions deletes them at each partition's leader, refused per partition with
+GROUP_SUBSCRIBED_TO_TOPIC while a member subscribes to the topic (a Kafka member) or reads the
+queue (a gms member).
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from gms.broker.kafka.errors import Err, code_of
-from gms.broker.kafka.groups import EMPTY, STABLE, KafkaGroups
+from gms.broker.kafka.groups import CONSUMER, EMPTY, STABLE, KafkaGroups
 from gms.broker.kafka.wire import Writer
 from gms.broker.services import Services
-from gms.errors import GmsError, GroupNotFoundError
+from gms.errors import GmsError, GroupNotEmptyError, GroupNotFoundError
 from gms.protocol.groups import QueueRef
 
 DEAD = "Dead"  # DescribeGroups' state of a group the coordinator does not know
-CONSUMER = "consumer"  # the protocol type of Kafka's consumers
 GMS_PROTOCOL = "gms"  # the protocol (assignor) named for a gms group's members
 AUTHORIZED_OPERATIONS_OMITTED = -(1 << 31)
 
@@ -80,7 +83,8 @@ class GroupAdmin:
         kafka = self.members.known(name)
         if kafka is not None and (kafka.members or kafka.state != EMPTY):
             stable = kafka.state == STABLE
-            members = [{"member_id": m.member_id, "client_id": "", "client_host": _host(m.client),
+            members = [{"member_id": m.member_id, "group_instance_id": m.instance_id, "client_id": "",
+                        "client_host": _host(m.client),
                         "member_metadata": dict(m.protocols).get(kafka.protocol or "", b"") if stable else b"",
                         "member_assignment": m.assignment if stable else b""} for m in kafka.members.values()]
             return {"group_state": kafka.state, "protocol_type": kafka.protocol_type,
@@ -116,6 +120,33 @@ class GroupAdmin:
             return code_of(err)
         self.members.forget(name)
         return Err.NONE if deleted or kafka is not None else Err.GROUP_ID_NOT_FOUND
+
+
+    async def offset_delete(self, req: dict[str, Any], version: int, client: str) -> dict[str, Any]:
+        name = req["group_id"]
+        code = self._coordinator_code(name)
+        kafka = self.members.known(name)
+        if code == Err.NONE and kafka is not None and kafka.members and kafka.protocol_type != CONSUMER:
+            code = Err.NON_EMPTY_GROUP  # a group of another protocol: Kafka knows none of its topics
+        elif code == Err.NONE and kafka is None and name not in await self._known_anywhere():
+            code = Err.GROUP_ID_NOT_FOUND
+        if code != Err.NONE:
+            return {"error_code": code, "topics": []}
+        subscribed = self.members.subscribed(name)
+        queues = [QueueRef(topic["name"], p["partition_index"]) for topic in req["topics"]
+                  if topic["name"] not in subscribed for p in topic["partitions"]]
+        errors = iter(await self.groups.delete_offsets_at_leaders(name, queues))
+        return {"error_code": 0, "topics": [{"name": topic["name"], "partitions": [
+            {"partition_index": p["partition_index"],
+             "error_code": Err.GROUP_SUBSCRIBED_TO_TOPIC if topic["name"] in subscribed else _offset_code(next(errors))}
+            for p in topic["partitions"]]} for topic in req["topics"]]}
+
+
+def _offset_code(err: GmsError | None) -> int:
+    """A partition's code in OffsetDelete: a gms member reading the queue is a subscriber."""
+    if err is None:
+        return Err.NONE
+    return Err.GROUP_SUBSCRIBED_TO_TOPIC if isinstance(err, GroupNotEmptyError) else code_of(err)
 
 
 def _host(address: str) -> str:

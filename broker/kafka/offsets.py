@@ -25,7 +25,8 @@ class Offsets:
         group = req["group_id"]
         refused: int | None = None
         try:
-            self.members.check_commit(group, req.get("member_id", ""), req.get("generation_id_or_member_epoch", -1))
+            self.members.check_commit(group, req.get("member_id", ""), req.get("generation_id_or_member_epoch", -1),
+                                      req.get("group_instance_id"))
         except GroupError as err:
             refused = err.code
         entries = [QueueOffset(topic["name"], p["partition_index"], p["committed_offset"])

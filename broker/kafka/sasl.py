@@ -6,6 +6,8 @@ two SASL ones (anything else closes it, as Kafka closes it). Mechanisms:
 
 - ``SCRAM-SHA-256``: the exchange gms's own clients make (``gms.security.scram``), against the
   verifier each user has in etcd: the password never crosses the wire;
+- ``SCRAM-SHA-512``: the same against the user's SHA-512 verifier, stored beside the SHA-256 one
+  when its password is set (a user stored without one is refused as a wrong password would be);
 - ``PLAIN`` (user and password in the clear, checked against the same verifier), offered only on a
   TLS listener.
 
@@ -27,6 +29,7 @@ from gms.errors import UnauthenticatedError
 from gms.security.gate import ServerSecurity, audit
 from gms.security.scram import ITERATIONS, Credential, ScramServerExchange
 from gms.security.scram import MECHANISM as SCRAM
+from gms.security.scram import SHA512 as SCRAM_SHA512
 from gms.security.tls import peer_common_name
 from gms.security.users import Principal
 
@@ -41,7 +44,7 @@ class SaslSession:
     def __init__(self, security: ServerSecurity, ssl_object: Any, peer: str) -> None:
         self.security = security
         self.peer = peer
-        self.mechanisms = [SCRAM, PLAIN] if security.tls is not None else [SCRAM]
+        self.mechanisms = [SCRAM, SCRAM_SHA512, PLAIN] if security.tls is not None else [SCRAM, SCRAM_SHA512]
         self.principal: Principal | None = security.principal_for_certificate(peer_common_name(ssl_object))
         self.closing = False  # a refused exchange: the connection closes once the answer is sent
         self._mechanism: str | None = None
@@ -83,7 +86,10 @@ class SaslSession:
         users = self.security.users
         assert users is not None
         if self._scram is None:
-            self._scram = ScramServerExchange(lambda name: user.credential if (user := users(name)) else None)
+            mechanism = self._mechanism
+            assert mechanism is not None
+            self._scram = ScramServerExchange(
+                lambda name: user.credential.for_mechanism(mechanism) if (user := users(name)) else None, mechanism)
         exchange = self._scram
         answer, done = exchange.step(message)
         if not done or exchange.username is None:

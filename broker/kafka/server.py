@@ -28,10 +28,12 @@ from gms.broker.kafka.apis import ApiKey, Header, read_header, read_request, uns
 from gms.broker.kafka.cluster import Cluster
 from gms.broker.kafka.configs import Configs
 from gms.broker.kafka.data import Data, UnansweredError
+from gms.broker.kafka.fetch_sessions import FetchSessions
 from gms.broker.kafka.group_admin import GroupAdmin
 from gms.broker.kafka.groups import KafkaGroups
 from gms.broker.kafka.idempotence import ProducerIds
 from gms.broker.kafka.offsets import Offsets
+from gms.broker.kafka.partitions import Partitions
 from gms.broker.kafka.sasl import SaslSession
 from gms.broker.kafka.wire import Malformed, Reader
 from gms.broker.services import Services
@@ -94,6 +96,7 @@ class KafkaEndpoint:
         offsets = Offsets(services, groups)
         group_admin = GroupAdmin(services, groups)
         configs = Configs(services, default_queue_count)
+        partitions = Partitions(services)
         handlers: dict[ApiKey, Handler] = {
             ApiKey.API_VERSIONS: lambda req, version, client: cluster.api_versions(req, version),
             ApiKey.METADATA: lambda req, version, client: cluster.metadata(req, version),
@@ -107,7 +110,7 @@ class KafkaEndpoint:
             ApiKey.CREATE_PARTITIONS: configs.create_partitions,
             ApiKey.PRODUCE: data.produce,
             ApiKey.INIT_PRODUCER_ID: ProducerIds(services).init_producer_id,
-            ApiKey.FETCH: data.fetch,
+            ApiKey.FETCH: FetchSessions(data.fetch).fetch,
             ApiKey.LIST_OFFSETS: data.list_offsets,
             ApiKey.OFFSET_COMMIT: offsets.offset_commit,
             ApiKey.OFFSET_FETCH: offsets.offset_fetch,
@@ -118,6 +121,9 @@ class KafkaEndpoint:
             ApiKey.LIST_GROUPS: group_admin.list_groups,
             ApiKey.DESCRIBE_GROUPS: group_admin.describe_groups,
             ApiKey.DELETE_GROUPS: group_admin.delete_groups,
+            ApiKey.OFFSET_DELETE: group_admin.offset_delete,
+            ApiKey.DELETE_RECORDS: partitions.delete_records,
+            ApiKey.ELECT_LEADERS: partitions.elect_leaders,
         }
         endpoint = cls(server, bound, public, handlers, groups, limits or Limits(), security,
                        KafkaAccess(authorizer) if authorizer is not None else None)

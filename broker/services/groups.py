@@ -134,11 +134,7 @@ class GroupService:
         for topic, queue_id, offset in entries:  # unknown queues would grow the offsets without bound
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
-            queue_count = self.queue_count(topic)
-            if not queue_count:
-                raise TopicNotFoundError(f"topic {topic!r} does not exist")
-            if not 0 <= queue_id < queue_count:
-                raise QueueNotFoundError(f"topic {topic!r} has no queue {queue_id} (it has {queue_count})")
+            self._check_queue(topic, queue_id)
         if member:
             now_ms = _now_ms()
             for topic, queue_id, _ in entries:
@@ -165,14 +161,10 @@ class GroupService:
         here (:meth:`commit_offsets`), or over this broker's connection to it (a protocol whose
         consumers commit to the group's coordinator, as Kafka's do). Each entry's error, or None."""
         errors: list[GmsError | None] = [None] * len(entries)
-        elsewhere: dict[str, list[int]] = {}
-        for i, entry in enumerate(entries):
-            leader = self.leader_of(entry.topic, entry.queue_id)
-            if leader is not None and leader != self.address and self.peers is not None:
-                elsewhere.setdefault(leader, []).append(i)
-                continue
+        here, elsewhere = self._by_leader(entries)
+        for i in here:
             try:
-                self.commit_offsets(group, [entry])
+                self.commit_offsets(group, [entries[i]])
             except GmsError as err:
                 errors[i] = err
 
@@ -190,12 +182,8 @@ class GroupService:
         """:meth:`committed_offsets` of each queue asked of its leader (see :meth:`commit_at_leaders`):
         the offset, None for none, or the error."""
         found: list[int | GmsError | None] = [None] * len(queues)
-        elsewhere: dict[str, list[int]] = {}
-        for i, (topic, queue_id) in enumerate(queues):
-            leader = self.leader_of(topic, queue_id)
-            if leader is not None and leader != self.address and self.peers is not None:
-                elsewhere.setdefault(leader, []).append(i)
-                continue
+        here, elsewhere = self._by_leader(queues)
+        for i in here:
             try:
                 found[i] = self.committed_offsets(group, [queues[i]])[0]
             except GmsError as err:
@@ -212,6 +200,48 @@ class GroupService:
                     found[i] = err
         await asyncio.gather(*(ask(address, indexes) for address, indexes in elsewhere.items()))
         return found
+
+    async def delete_offsets_at_leaders(self, group: str, queues: list[QueueRef]) -> list[GmsError | None]:
+        """:meth:`delete_offsets` of each queue at its leader (see :meth:`commit_at_leaders`):
+        each queue's error, or None."""
+        errors: list[GmsError | None] = [None] * len(queues)
+        here, elsewhere = self._by_leader(queues)
+        for i in here:
+            try:
+                await self.delete_offsets(group, [queues[i]])
+            except GmsError as err:
+                errors[i] = err
+
+        async def forward(address: str, indexes: list[int]) -> None:
+            try:
+                await self.peers.request(address, RequestCode.DELETE_OFFSETS,  # type: ignore[union-attr]
+                                         {"group": group, "queues": [encode(queues[i]) for i in indexes]})
+            except GmsError as err:
+                for i in indexes:
+                    errors[i] = err
+        await asyncio.gather(*(forward(address, indexes) for address, indexes in elsewhere.items()))
+        return errors
+
+    def _by_leader(self, queues: Iterable[QueueRef | QueueOffset]) -> tuple[list[int], dict[str, list[int]]]:
+        """The indexes of the queues led here (or whose leader is not known), and of the others by
+        their leader's address."""
+        here: list[int] = []
+        elsewhere: dict[str, list[int]] = {}
+        for i, queue in enumerate(queues):
+            leader = self.leader_of(queue.topic, queue.queue_id)
+            if leader is not None and leader != self.address and self.peers is not None:
+                elsewhere.setdefault(leader, []).append(i)
+            else:
+                here.append(i)
+        return here, elsewhere
+
+    def _check_queue(self, topic: str, queue_id: int) -> None:
+        """TopicNotFoundError or QueueNotFoundError unless the cluster has the queue."""
+        queue_count = self.queue_count(topic)
+        if not queue_count:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        if not 0 <= queue_id < queue_count:
+            raise QueueNotFoundError(f"topic {topic!r} has no queue {queue_id} (it has {queue_count})")
 
     def describe(self, name: str, members: bool = True) -> GroupView:
         """Members (from the coordinator) and the offsets committed on this broker. A
@@ -259,6 +289,20 @@ class GroupService:
         await self.offsets.persist_async()
         self.on_commit(queues)
         return [QueueRef(*key) for key in queues]
+
+    async def delete_offsets(self, group: str, queues: list[QueueRef], force: bool = False) -> list[QueueRef]:
+        """Delete the group's committed offsets of ``queues`` here (as :meth:`delete_group` does
+        all of them); those it had. Refused (GroupNotEmptyError) while a member of the group reads
+        any of them, unless ``force``; every queue is checked before any offset goes."""
+        check_group_name(group)
+        for topic, queue_id in queues:
+            self._check_queue(topic, queue_id)
+        if not force:
+            self._refuse_live_members(group, [(topic, queue_id) for topic, queue_id in queues])
+        deleted = self.offsets.delete_offsets(group, queues)
+        await self.offsets.persist_async()
+        self.on_commit(deleted)
+        return [QueueRef(*key) for key in deleted]
 
     async def delete_everywhere(self, group: str, brokers: Iterable[str]) -> int:
         """:meth:`delete_group` here and at each other of ``brokers`` (addresses; the queues'

@@ -56,13 +56,15 @@ ACTING_FOR: ContextVar[Principal | None] = ContextVar("gms_acting_for", default=
 @dataclass(frozen=True, slots=True)
 class QueuePlacement:
     """Who holds a queue in the cluster: its leader (None while down), every registered replica
-    (``assigned``, preferred leader first) and those in sync, with the leader's epoch."""
+    (``assigned``, preferred leader first) and those in sync, with the leader's epoch;
+    ``preferred``: the address of its preferred leader, registered or not."""
 
     queue_id: int
     leader: BrokerInfo | None
     assigned: tuple[BrokerInfo, ...]
     isr: tuple[BrokerInfo, ...]
     leader_epoch: int
+    preferred: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,16 @@ class TopicService:
                 raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
             raise NotLeaderError(f"this broker does not lead {topic}/{queue_id}: refresh the route")
 
+    async def delete_records(self, topic: str, queue_id: int, offset: int) -> int:
+        """Kafka's DeleteRecords: the queue (led here) serves no records below ``offset`` any more
+        (nor below the high watermark where it is replicated: retention's limit); its followers
+        move their first offset to it with their next fetch. The queue's first offset.
+        BadRequestError for a queue of a compacted topic: its compacted records below stay."""
+        self.check_led(topic, queue_id)
+        if self.store.topic_limits(topic).compacted:
+            raise BadRequestError(f"topic {topic!r} is compacted: its records are deleted by key, not by offset")
+        return await asyncio.to_thread(self.store.delete_records, topic, queue_id, offset)
+
     def message_size_max(self, topic: str) -> int:
         """The largest body a message of ``topic`` may have (its setting, else the broker's)."""
         return self.store.topic_limits(topic).message_size_bytes_max or self.store.config.body_size_max_bytes
@@ -158,7 +170,7 @@ class TopicService:
         def known(addresses: tuple[str, ...]) -> tuple[BrokerInfo, ...]:
             return tuple(live[address] for address in addresses if address in live)
         return [QueuePlacement(queue.queue_id, live.get(queue.leader_address or ""), known(queue.replica_addresses),
-                              known(queue.isr_addresses), queue.leader_epoch)
+                              known(queue.isr_addresses), queue.leader_epoch, next(iter(queue.replica_addresses), ""))
                 for queue in registration.route(topic).queues]
 
     async def create_in_cluster(self, topic: str, queues: int, replicas: int, timeout_s: float,

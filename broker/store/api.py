@@ -112,3 +112,6 @@ class StoreAPI(Protocol):
 
     def delete_expired(self, now_ms: int | None = None) -> int:
         """A retention run as of ``now_ms``; the number of commitlog files deleted."""
+
+    def delete_records(self, topic: str, queue_id: int, offset: int) -> int:
+        """Serve the queue from ``offset`` on only (at most its expiry limit); its minimum."""

@@ -112,6 +112,18 @@ class Retention:
         """The offset nothing may move a queue's minimum past (see :meth:`set_expiry_limit`)."""
         return self._expiry_limit(topic, queue_id)
 
+    def delete_records(self, topic: str, queue_id: int, offset: int) -> int:
+        """Serve a queue's records from ``offset`` on only (Kafka's DeleteRecords, and a follower
+        taking its leader's first offset): its minimum moves there, never past the expiry limit
+        nor back; the commitlog files no queue needs go with the next retention run. The
+        queue's minimum (UnknownTopic, UnknownQueue: no such queue)."""
+        with self._write_lock, self._index_lock:  # index files may be deleted
+            cq = self._queues.queue(topic, queue_id)
+            cap = self._expiry_limit(topic, queue_id)
+            if cq.advance_min(offset if cap is None else min(offset, cap)):
+                self._queues.save_min_offsets()
+            return cq.min_offset
+
     def delete_expired(self, now_ms: int | None = None) -> int:
         """One retention run: move every queue's minimum past the records its topic no longer
         keeps, then delete the commitlog files no queue needs any more (and, oldest first, more

@@ -53,6 +53,7 @@ class RequestCode(IntEnum):
     DELETE_GROUP = 57
     LIST_TRANSACTIONS = 58  # the open transactions a broker holds (``gms tx list``)
     CREATE_TOPICS = 59  # many topics in one request, a result per topic (nameserver and standalone broker)
+    DELETE_OFFSETS = 60  # a group's committed offsets of some queues (Kafka's OffsetDelete, at each queue's leader)
 
     # 100-119: nameserver.
     REGISTER_BROKER = 100

@@ -1,7 +1,8 @@
 """The Kafka API on a gms cluster of three brokers (embedded etcd, a nameserver, broker processes
 each serving Kafka): any broker's Metadata names every broker at the Kafka address it registered,
 and each partition's leader, replicas and ISR as gms routes the queue; a producer with acks=all
-reaches every leader and a consumer reads every partition back from it."""
+reaches every leader and a consumer reads every partition back from it; DeleteRecords moves a
+partition's first offset on its followers too, OffsetDelete deletes at each partition's leader."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from gms_cluster import LocalCluster
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KpTopicPartition
+from kafka.errors import NoError
 from processes import free_port, wait_until
 
 from gms.client import Admin
 from gms.errors import GroupNotFoundError
+from gms.net.blocking import BlockingConnection
+from gms.protocol.codes import RequestCode
 
 pytestmark = pytest.mark.timeout(180)
 BROKERS = 3
@@ -125,3 +131,45 @@ def test_every_broker_names_the_same_controller_and_a_groups_offsets_are_listed_
     admin.delete_consumer_groups([group])[group].result(WAIT_S)
     with Admin(nameserver=cluster.nameserver) as gms_admin, pytest.raises(GroupNotFoundError):
         gms_admin.group_describe(group)
+
+
+def _min_offsets(address: str, topic: str) -> dict[int, int]:
+    """The first offset of each of ``topic``'s queues a broker holds (leading or following)."""
+    host, port = address.rsplit(":", 1)
+    connection = BlockingConnection.open(host, int(port))
+    try:
+        answer = connection.request(RequestCode.TOPIC_STATS, {"topic": topic}, timeout_ms=WAIT_S * 1000)
+        queues = answer.fields["queues"]
+    finally:
+        connection.close()
+    return {row["queue_id"]: row["min_offset"] for row in queues}
+
+
+def test_delete_records_moves_the_first_offset_on_every_replica_and_offset_delete_reaches_every_leader(cluster):
+    topic, _ = _settled_topic(cluster)
+    producer = Producer({"bootstrap.servers": cluster.brokers[0].kafka, "acks": "all"})
+    for queue in range(QUEUES):
+        for i in range(5):
+            producer.produce(topic, value=b"%d" % i, partition=queue)
+    assert producer.flush(WAIT_S) == 0
+    admin = AdminClient({"bootstrap.servers": cluster.brokers[1].kafka})
+    deleted = admin.delete_records([TopicPartition(topic, queue, 3) for queue in range(QUEUES)])
+    assert [future.result(WAIT_S).low_watermark for future in deleted.values()] == [3] * QUEUES
+    expected = dict.fromkeys(range(QUEUES), 3)
+    wait_until(lambda: all(_min_offsets(broker.address, topic) == expected for broker in cluster.brokers), WAIT_S)
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[2].kafka, "group.id": group,
+                         "enable.auto.commit": False})
+    kp = KafkaAdminClient(bootstrap_servers=cluster.brokers[0].kafka)
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, queue, 4) for queue in range(QUEUES)], asynchronous=False)
+        dropped = kp.delete_group_offsets(group, [KpTopicPartition(topic, queue) for queue in range(QUEUES - 1)])
+        assert set(dropped.values()) == {NoError}
+        committed = consumer.committed([TopicPartition(topic, queue) for queue in range(QUEUES)], timeout=WAIT_S)
+    finally:
+        kp.close()
+        consumer.close()
+    assert [tp.offset for tp in committed] == [-1001] * (QUEUES - 1) + [4]  # each deleted at its leader
+    elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(WAIT_S)
+    assert [error.code() for error in elected.values()] == [KafkaError.ELECTION_NOT_NEEDED]

@@ -1,5 +1,5 @@
 """The Kafka API of a secured cluster (TLS with a development CA, authentication, ACLs): confluent-
-kafka clients authenticate with SASL/SCRAM-SHA-256 or PLAIN over TLS against gms's users, and
+kafka clients authenticate with SASL/SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN over TLS against gms's users, and
 each request is held to gms's ACLs with Kafka's codes; wrong credentials and unauthenticated
 clients are refused."""
 
@@ -9,14 +9,17 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka import TopicPartition as KpTopicPartition
+from kafka.errors import GroupAuthorizationFailedError
 
 from gms.errors import ForbiddenError
 from gms.net.blocking import BlockingConnection
 from gms.protocol.codes import RequestCode
 from gms.security.acl import AclRule
+from gms.security.scram import Credential
 from tests.processes import free_port, wait_until
 from tests.security.secured_cluster import PASSWORDS, SecuredCluster
 
@@ -64,7 +67,7 @@ def produce(conf: dict, topic: str, value: bytes) -> KafkaError | None:
     return outcome[0]
 
 
-@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
 def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mechanism):
     value = f"order-{uuid.uuid4().hex[:6]}".encode()
     assert produce(config(cluster, mechanism=mechanism, **{"enable.idempotence": True}), "k-orders", value) is None
@@ -86,9 +89,10 @@ def test_a_user_produces_and_consumes_in_a_group_as_its_acls_allow(cluster, mech
         consumer.close()
 
 
-def test_kafka_python_authenticates_with_scram(cluster):
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_kafka_python_authenticates_with_scram(cluster, mechanism):
     producer = KafkaProducer(bootstrap_servers=cluster.kafka.split(","), security_protocol="SASL_SSL",
-                             sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                             sasl_mechanism=mechanism, sasl_plain_username="alice",
                              sasl_plain_password=PASSWORDS["alice"], ssl_cafile=str(cluster.pki.ca_cert), acks="all")
     try:
         assert producer.send("k-orders", b"from kafka-python", partition=1).get(WAIT_S).offset >= 0
@@ -117,6 +121,29 @@ def test_what_the_acls_do_not_allow_gets_kafkas_authorisation_codes(cluster):
         KafkaError.TOPIC_AUTHORIZATION_FAILED  # its metadata refused
     assert first_error(Consumer(config(cluster, **{"group.id": "k-billing"})),
                        assign=[TopicPartition("k-peek", 0, 0)]) == KafkaError.TOPIC_AUTHORIZATION_FAILED  # fetch
+
+
+def test_deleting_records_and_group_offsets_and_electing_leaders_need_admin_rights(cluster):
+    alice = AdminClient(config(cluster))
+    deleted = alice.delete_records([TopicPartition("k-orders", 0, 0)])
+    with pytest.raises(KafkaException) as refused:
+        next(iter(deleted.values())).result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    elected = alice.elect_leaders(ElectionType.PREFERRED, [TopicPartition("k-orders", 0)])
+    with pytest.raises(KafkaException) as refused:
+        elected.result(WAIT_S)
+    assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    kp = KafkaAdminClient(bootstrap_servers=cluster.kafka.split(","), security_protocol="SASL_SSL",
+                          sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                          sasl_plain_password=PASSWORDS["alice"], ssl_cafile=str(cluster.pki.ca_cert))
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):  # alice may consume in k-billing, not administer it
+            kp.delete_group_offsets("k-billing", [KpTopicPartition("k-orders", 0)])
+    finally:
+        kp.close()
+    admin = AdminClient(config(cluster, "admin"))
+    result = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("k-orders", 0)]).result(WAIT_S)
+    assert [error.code() for error in result.values()] == [KafkaError.ELECTION_NOT_NEEDED]
 
 
 def first_error(consumer: Consumer, subscribe: list[str] | None = None,
@@ -150,6 +177,28 @@ def test_wrong_credentials_and_unauthenticated_clients_are_refused(cluster):
         plain.list_topics(timeout=5)
     super_user = AdminClient(config(cluster, "admin"))  # the endpoint kept serving
     assert {"k-orders", "k-secret", "k-peek"} <= set(super_user.list_topics(timeout=WAIT_S).topics)
+
+
+def test_a_user_stored_without_a_sha512_verifier_authenticates_with_sha256_only(cluster):
+    """A user whose credential was stored before SHA-512 verifiers were kept (as an older gms
+    stored it) is refused SCRAM-SHA-512 as a wrong password is, and still serves SCRAM-SHA-256."""
+    credential = Credential.for_password("old-secret").to_json()
+    del credential["sha512"]
+    host, port = cluster.nameserver.rsplit(":", 1)
+    connection = BlockingConnection.open(host, int(port), security=cluster.security("admin"))
+    try:
+        connection.request(RequestCode.USER_PUT, {"name": "olduser", "role": "super", "credential": credential},
+                           timeout_ms=WAIT_S * 1000)
+    finally:
+        connection.close()
+    refused: list[KafkaError] = []
+    admin = AdminClient(config(cluster, "olduser", "old-secret", "SCRAM-SHA-512", error_cb=refused.append))
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=5)
+    admin.poll(1)  # serves error_cb
+    assert any(err.code() == KafkaError._AUTHENTICATION for err in refused), refused
+    sha256 = AdminClient(config(cluster, "olduser", "old-secret", "SCRAM-SHA-256"))
+    assert "k-orders" in sha256.list_topics(timeout=WAIT_S).topics
 
 
 def test_topic_changes_are_made_at_the_nameservers_for_the_user_as_its_rights_allow(cluster):
