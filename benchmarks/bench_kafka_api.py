@@ -150,6 +150,7 @@ def run(count: int, rounds: int) -> dict[str, float]:
             consumed: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
             for i in range(rounds):  # each reads every message, both sides' (2 × count); alternately first
                 for name in sorted(sides, reverse=i % 2 == 0):
+                    _wait_idle(proc.pid)  # what the sends left to flush is no consumer's CPU
                     consume = sides[name][1]
                     consumed[name].append(_measured(proc.pid, 2 * count, lambda c=consume: c(2 * count)))
             for name, figures in consumed.items():
