@@ -12,7 +12,8 @@ its threads, /proc/PID/task/*/schedstat: nanoseconds, where /proc/PID/stat count
 much as a whole phase's CPU at 0.1 µs per message) and the client's (the benchmark process's
 user + system time: librdkafka's threads, gms's fetcher). ``*_rate_ratio`` is Kafka's rate over
 gms's (issue 32's target ≥ 1.0) and ``*_server_cpu_ratio`` Kafka's broker CPU per message over
-gms's (target ≤ 1.5). The consumers read ``--rounds`` times, alternately (Kafka first, then gms
+gms's (target ≤ 1.5). Each phase starts once the broker is idle (what one left to flush is not
+counted in the next). The consumers read ``--rounds`` times, alternately (Kafka first, then gms
 first ...); each figure is the median of its rounds: on a shared host one round may stall (a
 librdkafka consumer that falls 100,000 messages behind its fetches pauses them for
 ``fetch.queue.backoff.ms``, a second by default). Prints one JSON line. ``--quick`` runs small
@@ -141,16 +142,16 @@ def run(count: int, rounds: int) -> dict[str, float]:
         try:
             with Admin([address]) as admin:
                 admin.create_topic(TOPIC, queues=QUEUES)
-            _wait_idle(proc.pid)
             sides: dict[str, tuple[Callable[[int], None], Callable[[int], None]]] = {
                 "kafka": (lambda n: kafka_produce(bootstrap, n), lambda n: kafka_consume(bootstrap, n)),
                 "gms": (lambda n: gms_produce(address, n), lambda n: gms_consume(address, n))}
             for name, (produce, _) in sides.items():
+                _wait_idle(proc.pid)  # the files preallocated, what the sends before left flushed
                 _record(out, f"{name}_produce", [_measured(proc.pid, count, lambda p=produce: p(count))])
             consumed: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
             for i in range(rounds):  # each reads every message, both sides' (2 × count); alternately first
                 for name in sorted(sides, reverse=i % 2 == 0):
-                    _wait_idle(proc.pid)  # what the sends left to flush is no consumer's CPU
+                    _wait_idle(proc.pid)
                     consume = sides[name][1]
                     consumed[name].append(_measured(proc.pid, 2 * count, lambda c=consume: c(2 * count)))
             for name, figures in consumed.items():
