@@ -7,29 +7,41 @@ Workloads (100 B messages, a 4-queue topic, one broker process, everything on 12
 - ``consume``: every message of the topic read once (confluent-kafka's ``assign`` from offset 0;
   gms's ``Consumer`` from the first), each body read.
 
-For each, the rate the application sees and the broker's CPU time per message (user + system,
-from /proc); ``*_rate_ratio`` is Kafka's rate over gms's (issue 32's target ≥ 1.0) and
-``*_server_cpu_ratio`` Kafka's broker CPU per message over gms's (target ≤ 1.5). Prints one JSON
-line. ``--quick`` runs small counts.
+For each, the rate the application sees, the broker's CPU time per message (the on-CPU time of
+its threads, /proc/PID/task/*/schedstat: nanoseconds, where /proc/PID/stat counts 10 ms ticks, as
+much as a whole phase's CPU at 0.1 µs per message) and the client's (the benchmark process's
+user + system time: librdkafka's threads, gms's fetcher). ``*_rate_ratio`` is Kafka's rate over
+gms's (issue 32's target ≥ 1.0) and ``*_server_cpu_ratio`` Kafka's broker CPU per message over
+gms's (target ≤ 1.5). Each phase starts once the broker is idle (what one left to flush is not
+counted in the next). The consumers read ``--rounds`` times, alternately (Kafka first, then gms
+first ...); each figure is the median of its rounds: on a shared host one round may stall (a
+librdkafka consumer that falls 100,000 messages behind its fetches pauses them for
+``fetch.queue.backoff.ms``, a second by default). Prints one JSON line. ``--quick`` runs small
+counts.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import resource
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench_procs import start_server, stop_servers
-from bench_rocketmq_api import _measured, _pipelined, _wait_idle
+from bench_rocketmq_api import _pipelined, _wait_idle
 
 BODY = b"x" * 100
 TOPIC = "kafka-bench"
 QUEUES = 4
 POLL_S = 1.0
 READ_TIMEOUT_S = 120
+_GROUPS = itertools.count()
 
 
 def kafka_produce(bootstrap: str, count: int) -> None:
@@ -72,7 +84,8 @@ def gms_produce(address: str, count: int) -> None:
 
 def gms_consume(address: str, count: int) -> None:
     from gms.client import Consumer
-    with Consumer([address], group="bench-gms", subscription={TOPIC: "*"}, start_from="first") as consumer:
+    group = f"bench-gms-{next(_GROUPS)}"  # a new group reads from the first message again
+    with Consumer([address], group=group, subscription={TOPIC: "*"}, start_from="first") as consumer:
         got, deadline = 0, time.monotonic() + READ_TIMEOUT_S
         while got < count and time.monotonic() < deadline:
             for message in consumer.poll(POLL_S * 1000):
@@ -82,7 +95,40 @@ def gms_consume(address: str, count: int) -> None:
             raise RuntimeError(f"gms's Consumer read {got} of {count}")
 
 
-def run(count: int) -> dict[str, float]:
+def _server_cpu_s(pid: int) -> float:
+    """On-CPU seconds of the process's threads now (a thread that ended is left out: the
+    broker's live as long as it does)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+                total += int(fh.read().split()[0])
+        except FileNotFoundError:  # ended since listed
+            continue
+    return total / 1e9
+
+
+def _client_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread's, ended ones too
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measured(pid: int, count: int, work: Callable[[], None]) -> tuple[float, float, float]:
+    """(messages/s, broker and client CPU µs per message) of ``work`` handling ``count`` messages."""
+    started, server, client = time.perf_counter(), _server_cpu_s(pid), _client_cpu_s()
+    work()
+    elapsed = time.perf_counter() - started
+    return count / elapsed, (_server_cpu_s(pid) - server) * 1e6 / count, (_client_cpu_s() - client) * 1e6 / count
+
+
+def _record(out: dict[str, float], prefix: str, figures: list[tuple[float, float, float]]) -> None:
+    """The medians of a side's rounds (rate, broker and client CPU per message)."""
+    rate, server, client = (statistics.median(column) for column in zip(*figures, strict=True))
+    out[f"{prefix}_msgs_per_s"], out[f"{prefix}_server_cpu_us"] = round(rate), round(server, 2)
+    out[f"{prefix}_client_cpu_us"] = round(client, 2)
+
+
+def run(count: int, rounds: int) -> dict[str, float]:
     from gms.client import Admin
     from gms.nameserver.embedded_etcd import free_port
 
@@ -96,23 +142,27 @@ def run(count: int) -> dict[str, float]:
         try:
             with Admin([address]) as admin:
                 admin.create_topic(TOPIC, queues=QUEUES)
-            _wait_idle(proc.pid)
             sides: dict[str, tuple[Callable[[int], None], Callable[[int], None]]] = {
                 "kafka": (lambda n: kafka_produce(bootstrap, n), lambda n: kafka_consume(bootstrap, n)),
                 "gms": (lambda n: gms_produce(address, n), lambda n: gms_consume(address, n))}
             for name, (produce, _) in sides.items():
-                rate, cpu = _measured(proc.pid, count, lambda p=produce: p(count))
-                out[f"{name}_produce_msgs_per_s"], out[f"{name}_produce_server_cpu_us"] = round(rate), round(cpu, 1)
-            for name, (_, consume) in sides.items():  # each reads every message, both sides' (2 × count)
-                rate, cpu = _measured(proc.pid, 2 * count, lambda c=consume: c(2 * count))
-                out[f"{name}_consume_msgs_per_s"], out[f"{name}_consume_server_cpu_us"] = round(rate), round(cpu, 1)
+                _wait_idle(proc.pid)  # the files preallocated, what the sends before left flushed
+                _record(out, f"{name}_produce", [_measured(proc.pid, count, lambda p=produce: p(count))])
+            consumed: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+            for i in range(rounds):  # each reads every message, both sides' (2 × count); alternately first
+                for name in sorted(sides, reverse=i % 2 == 0):
+                    _wait_idle(proc.pid)
+                    consume = sides[name][1]
+                    consumed[name].append(_measured(proc.pid, 2 * count, lambda c=consume: c(2 * count)))
+            for name, figures in consumed.items():
+                _record(out, f"{name}_consume", figures)
         finally:
             stop_servers([proc])
     for workload in ("produce", "consume"):
         out[f"{workload}_rate_ratio"] = round(out[f"kafka_{workload}_msgs_per_s"] / out[f"gms_{workload}_msgs_per_s"],
                                               3)
         out[f"{workload}_server_cpu_ratio"] = round(
-            out[f"kafka_{workload}_server_cpu_us"] / max(out[f"gms_{workload}_server_cpu_us"], 0.1), 2)
+            out[f"kafka_{workload}_server_cpu_us"] / max(out[f"gms_{workload}_server_cpu_us"], 0.01), 2)
     return out
 
 
@@ -120,9 +170,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small counts (well under a minute)")
     parser.add_argument("--count", type=int, help="messages produced by each client (default 100000; 10000 quick)")
+    parser.add_argument("--rounds", type=int, default=3, help="consume rounds of each client (default 3)")
     args = parser.parse_args()
     count = args.count or (10_000 if args.quick else 100_000)
-    print(json.dumps({"count": count, **run(count)}))
+    print(json.dumps({"count": count, "rounds": args.rounds, **run(count, max(args.rounds, 1))}))
 
 
 if __name__ == "__main__":

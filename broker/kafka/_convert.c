@@ -10,8 +10,9 @@
  * the reference, which raises its error (so the errors are the reference's, word for word).
  *
  * to_kafka: stored gms records (whole records, CRCs checked by the store) as the records of one
- * Kafka batch, their properties and tag as headers; a record whose properties the mapping decodes
- * from base64 (or that are not as the encoder writes them) is handed to a Python function.
+ * Kafka batch, their properties and tag as headers, written in one pass into a buffer the size of
+ * the stored records; a record whose properties the mapping decodes from base64 (or that are not
+ * as the encoder writes them) is handed to a Python function.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -442,7 +443,7 @@ done:
 /* --- to_kafka ----------------------------------------------------------------------------- */
 
 typedef struct {
-    Py_ssize_t count, size; /* records; bytes of the plain ones' Kafka records */
+    Py_ssize_t count; /* records */
     int64_t first_offset, last_offset, min_ts, max_ts;
 } Stats;
 
@@ -575,45 +576,49 @@ static int scan(Py_buffer *views, Py_ssize_t n, Stats *s) {
     return 0;
 }
 
-/* Calls convert(view, position, base offset, base timestamp) for every record that is not plain,
- * in order, into converted; each plain one's size goes to s->size. */
-static int convert_others(PyObject *seq, Py_buffer *views, Stats *s, PyObject *convert, PyObject *converted) {
+/* The most a plain record's Kafka record exceeds its gms record by: its varints (at most 36 bytes)
+ * and up to 4 per property (a length varint of up to 3 bytes for each separator) and the gms.tag
+ * header's 10, less the gms header's 76. */
+#define KAFKA_RECORD_GROWTH_MAX (36 + 4 * STORED_PROPS_IN_C_MAX + 10 - GMS_HEADER_SIZE)
+
+/* Room for need more bytes after used in out (grown to twice as much, at least). */
+static uint8_t *reserve(PyObject *out, Py_ssize_t used, Py_ssize_t need) {
+    Py_ssize_t size = PyByteArray_GET_SIZE(out);
+    if (used + need > size && PyByteArray_Resize(out, used + need > 2 * size ? used + need : 2 * size)) return NULL;
+    return (uint8_t *)PyByteArray_AS_STRING(out) + used;
+}
+
+/* Writes the Kafka record of every record of views after the batch header left in out, in one
+ * pass: a plain one here, any other as convert(view, position, base offset, base timestamp)
+ * answers it; the bytes written, or -1. */
+static Py_ssize_t write_kafka(PyObject *seq, Py_buffer *views, const Stats *s, PyObject *convert, PyObject *out) {
+    Py_ssize_t used = KAFKA_BATCH_HEADER_SIZE;
     for (Py_ssize_t v = 0; v < PySequence_Fast_GET_SIZE(seq); v++) {
         for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
             const uint8_t *r = (const uint8_t *)views[v].buf + pos;
-            Py_ssize_t size = kafka_record(r, s->first_offset, s->min_ts, NULL);
+            uint8_t *o = reserve(out, used, (Py_ssize_t)get_be32(r) + KAFKA_RECORD_GROWTH_MAX);
+            if (o == NULL) return -1;
+            Py_ssize_t size = kafka_record(r, s->first_offset, s->min_ts, o);
             if (size >= 0) {
-                s->size += size;
+                used += size;
                 continue;
             }
             PyObject *one = PyObject_CallFunction(convert, "OnLL", PySequence_Fast_GET_ITEM(seq, v), pos,
                                                   (long long)s->first_offset, (long long)s->min_ts);
             if (one == NULL) return -1;
-            int failed = !PyBytes_Check(one) || PyList_Append(converted, one);
-            if (failed && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "convert must answer bytes");
-            if (!failed) s->size += PyBytes_GET_SIZE(one);
-            Py_DECREF(one);
-            if (failed) return -1;
-        }
-    }
-    return 0;
-}
-
-static void write_kafka(Py_buffer *views, Py_ssize_t n, const Stats *s, PyObject *converted, uint8_t *o) {
-    Py_ssize_t next = 0;
-    for (Py_ssize_t v = 0; v < n; v++) {
-        for (Py_ssize_t pos = 0; pos < views[v].len; pos += get_be32((const uint8_t *)views[v].buf + pos)) {
-            const uint8_t *r = (const uint8_t *)views[v].buf + pos;
-            Py_ssize_t size = kafka_record(r, s->first_offset, s->min_ts, o);
-            if (size >= 0) {
-                o += size;
-            } else {
-                PyObject *one = PyList_GET_ITEM(converted, next++);
-                memcpy(o, PyBytes_AS_STRING(one), (size_t)PyBytes_GET_SIZE(one));
-                o += PyBytes_GET_SIZE(one);
+            if (!PyBytes_Check(one)) {
+                PyErr_SetString(PyExc_TypeError, "convert must answer bytes");
+                Py_DECREF(one);
+                return -1;
             }
+            o = reserve(out, used, PyBytes_GET_SIZE(one));
+            if (o != NULL) memcpy(o, PyBytes_AS_STRING(one), (size_t)PyBytes_GET_SIZE(one));
+            used += PyBytes_GET_SIZE(one);
+            Py_DECREF(one);
+            if (o == NULL) return -1;
         }
     }
+    return used;
 }
 
 static PyObject *to_kafka(PyObject *module, PyObject *args) {
@@ -621,33 +626,36 @@ static PyObject *to_kafka(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO:to_kafka", &views_arg, &convert)) return NULL;
     PyObject *seq = PySequence_Fast(views_arg, "views must be a sequence");
     if (seq == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0;
-    PyObject *answer = NULL, *converted = PyList_New(0), *out = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), held = 0, stored = 0, used;
+    PyObject *answer = NULL, *out = NULL;
     Py_buffer *views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
     Stats s = {0};
-    if (views == NULL || converted == NULL) {
+    if (views == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (; held < n; held++)
+    for (; held < n; held++) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held], PyBUF_SIMPLE)) goto done;
+        stored += views[held].len;
+    }
     if (scan(views, n, &s)) goto done;
     if (s.count == 0) {
         PyErr_SetString(PyExc_ValueError, "no records");
         goto done;
     }
-    if (convert_others(seq, views, &s, convert, converted)) goto done;
-    out = PyByteArray_FromStringAndSize(NULL, KAFKA_BATCH_HEADER_SIZE + s.size);
+    /* As many bytes as the stored records (and one record's growth): a Kafka record is smaller than
+     * its gms record but in contrived cases, so write_kafka grows it hardly ever. */
+    out = PyByteArray_FromStringAndSize(NULL, KAFKA_BATCH_HEADER_SIZE + stored + KAFKA_RECORD_GROWTH_MAX);
     if (out == NULL) goto done;
     memset(PyByteArray_AS_STRING(out), 0, KAFKA_BATCH_HEADER_SIZE);
-    write_kafka(views, n, &s, converted, (uint8_t *)PyByteArray_AS_STRING(out) + KAFKA_BATCH_HEADER_SIZE);
+    used = write_kafka(seq, views, &s, convert, out);
+    if (used < 0 || PyByteArray_Resize(out, used)) goto done;
     answer = Py_BuildValue("OnLLLL", out, s.count, (long long)s.first_offset, (long long)s.last_offset,
                            (long long)s.min_ts, (long long)s.max_ts);
 done:
     for (Py_ssize_t v = 0; v < held; v++) PyBuffer_Release(&views[v]);
     PyMem_Free(views);
     Py_XDECREF(out);
-    Py_XDECREF(converted);
     Py_DECREF(seq);
     return answer;
 }

@@ -335,3 +335,23 @@ def test_a_view_that_does_not_hold_whole_records_is_refused():
     with pytest.raises(ValueError):
         _convert.to_kafka([memoryview(b"")], _never)
     assert BATCH_HEADER.size == 61  # the room to_kafka leaves for the header
+
+
+def test_a_record_converted_in_python_may_be_longer_than_the_stored_records():
+    """to_kafka writes into a buffer the size of the stored records: a longer answer grows it."""
+    plain, other = encode_record(topic="t", body=b"v", born_ts_ms=1), _raw_record(b"__TOMBSTONE\x011\x02")
+    views = [memoryview(_stored([plain, other, plain], 5))]
+    mapped: list[bytes] = []
+
+    def convert(view, pos, base_offset, base_ts):
+        mapped.append(_converted(view, pos, base_offset, base_ts))
+        return b"r" * (1 << 20)
+
+    records, count, *_ = _convert.to_kafka(views, convert)
+    reference = bytes(fetched_batch(views))
+    at = reference.index(mapped[0], BATCH_HEADER.size)
+    assert count == 3
+    assert bytes(records[BATCH_HEADER.size:]) == (reference[BATCH_HEADER.size:at] + b"r" * (1 << 20)
+                                                  + reference[at + len(mapped[0]):])
+    with pytest.raises(TypeError):
+        _convert.to_kafka(views, lambda view, pos, base_offset, base_ts: "text")

@@ -6,8 +6,11 @@ consumeQueue files."""
 
 from __future__ import annotations
 
+import os
 import random
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +131,28 @@ def test_the_budget_stops_before_the_first_queue_reached_once_spent(filled):
     assert len(got) == 1 and _comparable(got[0]) == _comparable(first)
     assert len(store.get_many(queues, 10, 1 << 20, size + 1)) == 2  # the second reads a record at least
     assert isinstance(store.get_many(queues, 10, 1 << 20, 1 << 30)[2], UnknownTopic)  # an error in its place
+
+
+_FIRST_READ = """
+import sys
+from store_helpers import small_config
+from gms.broker.store import MessageStore, QueueGet
+from gms.record import Message, encode_batch
+
+store = MessageStore.open(sys.argv[1], small_config())
+store.create_topic("t", 2)
+store.append(encode_batch([Message("t", b"x", queue_id=i % 2) for i in range(8)]))
+loaded = set(sys.modules)
+found = store.get_many([QueueGet("t", 0, 0, None), QueueGet("t", 1, 0, None)], 32, 1 << 20, 1 << 20)
+assert [len(result.offsets) for result in found] == [4, 4], found
+print(sorted(set(sys.modules) - loaded))
+store.close()
+"""
+
+
+def test_a_first_read_imports_nothing(tmp_path):
+    """A broker's first fetch does not wait for an import: np.unique imports numpy.ma on its first
+    call (15-80 ms), so many_reads imports it with itself."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_READ, str(tmp_path / "store")], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": "."})
+    assert out.stdout.strip() == "[]", out.stdout
