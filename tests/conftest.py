@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from processes import BrokerProcess  # tests/ is on sys.path (rootdir conftest)
+
+# Property tests check results, not speed: on a loaded host one example can take 100x its usual
+# time, which hypothesis's default 200 ms deadline would report as a failure.
+settings.register_profile("gms", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gms")
 
 
 @pytest.fixture

@@ -290,7 +290,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         duration, renewed while the client holds them. A topic created a moment ago is waited
         for up to ``arrival_wait_s`` first (the long polling goes on meanwhile)."""
         deadline = time.monotonic() + _long_polling_ms(request) / 1000
-        await self.broker.services.topics.arrival(request.message_queue.topic.name, arrival_wait_s, led_here=True)
+        topics, topic = self.broker.services.topics, request.message_queue.topic.name
+        await topics.arrival(topic, arrival_wait_s, led_here=True)
+        if topics.arriving_here(topic):  # still being applied here (a slow host): no message yet, not an error
+            return []
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
         while True:
             popped = await self._pop(request, invisible_ms, max(int((deadline - time.monotonic()) * 1000), 0))

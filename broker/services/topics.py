@@ -262,6 +262,12 @@ class TopicService:
             return self.store.topic_limits(topic).message_type
         return registration.topic(topic).settings.message_type
 
+    def arriving_here(self, topic: str) -> bool:
+        """Whether ``topic`` is in etcd's view but this broker has not yet taken the queues of it
+        the view has it lead (it applies a new topic a moment after its creation returns)."""
+        registration = self.broker.registration
+        return registration is not None and registration.has_topic(topic) and self._arriving(topic, True, None)
+
     async def arrival(self, topic: str, timeout_s: float, *, led_here: bool,
                       queues: Collection[int] | None = None) -> None:
         """:meth:`arrivals` of one topic."""
