@@ -30,7 +30,8 @@ from gms.record._recordcheck import gather
 from gms.record.layout import SEQUENCE_PROPERTY
 
 MS_TO_US = 1000
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
+# The two hex digits of every byte value, as the 2 bytes of a uint16 (one lookup per byte).
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % v for v in range(256)), np.uint16)
 _VARIABLE_FIELDS = ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len", "body_len")
 
 
@@ -178,8 +179,7 @@ def _msg_ids(records: Records, prefix: bytes | None) -> pa.Array:
     raw = records.headers["phys_offset"].astype(">i8").view(np.uint8).reshape(n, 8)
     digits = np.empty((n, len(prefix) + 16), np.uint8)
     digits[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    digits[:, len(prefix)::2] = _HEX_DIGITS[raw >> 4]
-    digits[:, len(prefix) + 1::2] = _HEX_DIGITS[raw & 0xF]
+    digits[:, len(prefix):].view(np.uint16)[...] = _HEX_PAIRS[raw]
     offsets = np.arange(n + 1, dtype=np.int32) * digits.shape[1]
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
 
