@@ -75,7 +75,7 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
         packed_at = np.zeros(len(sizes), np.int64)
         np.cumsum(sizes[:-1], out=packed_at[1:])
         packed = np.empty(int(packed_at[-1] + sizes[-1]), np.uint8)
-        gather(arr, starts, sizes, packed, packed_at)
+        gather(arr.data, starts, sizes, packed, packed_at)
         arr, starts = packed, packed_at
     safe_starts = np.where(bad, 0, starts)
     headers = read_headers(arr, safe_starts)
@@ -102,7 +102,7 @@ def _segments(records: Records, field: str) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(lengths, out=at[1:])
     data = np.empty(int(at[-1]), np.uint8)
     if len(data):
-        gather(records.arr, records.field_starts[field], lengths, data, at[:-1])
+        gather(records.arr.data, records.field_starts[field], lengths, data, at[:-1])
     return at.astype(np.int32), data
 
 
