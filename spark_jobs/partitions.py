@@ -1,5 +1,5 @@
-"""What a Spark task reads (one queue offset range), how bad records are reported, and the
-filters applied after the index: exact tags and store time."""
+"""What a Spark task reads (queue offset ranges, dealt into partitions), how bad records are
+reported, and the filters applied after the index: exact tags and store time."""
 
 from __future__ import annotations
 
