@@ -2,20 +2,20 @@
 
 Input is a uint8 array (a mapped commitlog file or a pull response body) and the positions of
 records in it. Headers are read in one gather through ``gms.record.read_headers`` (the record
-layout is declared there, not here); variable-length fields are cut out with one C-level
-``bytes.join`` per column; keys and properties are split with Arrow compute kernels. Only the
-requested columns are built, so a count or a tag histogram never copies a body.
+layout is declared there, not here); variable-length fields are copied out with one C call
+per column (``gms.record._recordcheck.gather``); keys and properties are split with Arrow
+compute kernels. Only the requested columns are built, so a count or a tag histogram never
+copies a body.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numpy.lib.stride_tricks import as_strided
 
 from gms.record import (
     HEADER_SIZE,
@@ -26,23 +26,35 @@ from gms.record import (
     header_errors,
     read_headers,
 )
+from gms.record._recordcheck import gather
 from gms.record.layout import SEQUENCE_PROPERTY
 
 MS_TO_US = 1000
-PADDED_GATHER_WASTE_MAX = 4  # gather padded rows while they hold at most 4x the field bytes
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", np.uint8)
+# The two hex digits of every byte value, as the 2 bytes of a uint16 (one lookup per byte).
+_HEX_PAIRS = np.frombuffer(b"".join(b"%02X" % v for v in range(256)), np.uint16)
 _VARIABLE_FIELDS = ("topic_len", "tag_len", "born_host_len", "keys_len", "props_len", "body_len")
 
 
-class Records(NamedTuple):
+class Records:
     """Checked records of one buffer: positions and their parsed headers (HEADER_DTYPE)."""
 
-    arr: np.ndarray
-    starts: np.ndarray  # int64 positions in arr
-    headers: np.ndarray
+    def __init__(self, arr: np.ndarray, starts: np.ndarray, headers: np.ndarray) -> None:
+        self.arr = arr
+        self.starts = starts  # int64 positions in arr
+        self.headers = headers
 
     def take(self, mask: np.ndarray) -> Records:
         return Records(self.arr, self.starts[mask], self.headers[mask])
+
+    @functools.cached_property
+    def field_starts(self) -> dict[str, np.ndarray]:
+        """Where each variable-length field starts (int64 positions in arr): after the header and
+        the fields before it, summed once for all the columns a batch builds."""
+        found, pos = {}, self.starts + HEADER_SIZE
+        for name in _VARIABLE_FIELDS:
+            found[name] = pos
+            pos = pos + self.headers[name].astype(np.int64)
+        return found
 
 
 def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
@@ -52,19 +64,20 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     given, the queue and commitlog offsets the index expects). Returns the good records and the
     boolean mask of bad positions, so the caller can count or fail on them.
 
-    ``scattered`` records are first copied into one padded (n, largest size) array when that
-    wastes little: a queue's records lie scattered over the commitlog (a TLB and cache miss
-    each), so they are gathered once and the CRC and every column read sequential memory. (A
-    pull answer's lie back to back already.)"""
+    ``scattered`` records are first copied back to back (one memcpy each, in C): a queue's
+    records lie scattered over the commitlog (a TLB and cache miss each), so they are gathered
+    once and the CRC and every column read sequential memory. (A pull answer's lie back to back
+    already.)"""
     starts = starts.astype(np.int64, copy=False)
     sizes = sizes.astype(np.int64, copy=False)
     bad = (sizes < HEADER_SIZE) | (starts < 0) | (starts + sizes > len(arr))
+    if scattered and len(sizes) and not bad.any():
+        packed_at = np.zeros(len(sizes), np.int64)
+        np.cumsum(sizes[:-1], out=packed_at[1:])
+        packed = np.empty(int(packed_at[-1] + sizes[-1]), np.uint8)
+        gather(arr.data, starts, sizes, packed, packed_at)
+        arr, starts = packed, packed_at
     safe_starts = np.where(bad, 0, starts)
-    width = int(sizes.max()) if len(sizes) else 0
-    if (scattered and width and not bad.all()
-            and width * len(sizes) <= PADDED_GATHER_WASTE_MAX * int(sizes[~bad].sum())):
-        arr = _rows(arr, safe_starts, width).ravel()
-        starts = safe_starts = np.arange(len(sizes), dtype=np.int64) * width
     headers = read_headers(arr, safe_starts)
     bad |= header_errors(headers) | (headers["total_size"] != sizes)
     if queue_offsets is not None:
@@ -81,53 +94,16 @@ def check_records(arr: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     return Records(arr, starts[good], headers[good]), bad
 
 
-def _field_start(headers: np.ndarray, starts: np.ndarray, field: str) -> np.ndarray:
-    """Where a variable-length field starts: after the header and the fields before it."""
-    pos = starts + HEADER_SIZE
-    for name in _VARIABLE_FIELDS:
-        if name == field:
-            return pos
-        pos = pos + headers[name].astype(np.int64)
-    raise KeyError(field)
-
-
-def _rows(arr: np.ndarray, first: np.ndarray, width: int) -> np.ndarray:
-    """``arr[f:f+width]`` for every f as one (n, width) array, zero-padded past the end of arr.
-    One memcpy per row out of a strided window (gms.record.gather_rows would copy the whole
-    mapped file to pad it)."""
-    usable = len(arr) - width + 1
-    window = as_strided(arr, (max(usable, 0), width), (arr.strides[0], arr.strides[0]))
-    safe = first < usable
-    if safe.all():
-        return window[first]
-    rows = np.zeros((len(first), width), np.uint8)
-    rows[safe] = window[first[safe]]
-    for i in np.flatnonzero(~safe).tolist():
-        tail = arr[int(first[i]):]
-        rows[i, : len(tail)] = tail
-    return rows
-
-
-def _segments(records: Records, field: str) -> tuple[np.ndarray, bytes | np.ndarray]:
-    """(int32 Arrow offsets, concatenated bytes) of one variable-length field of every record.
-
-    Short fields are gathered as padded rows and compacted with a mask (a few ns a byte);
-    fields whose lengths vary a lot are cut one by one (one C-level slice per record)."""
+def _segments(records: Records, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 Arrow offsets, concatenated bytes) of one variable-length field of every record:
+    the fields copied back to back in one C call (a memcpy each)."""
     lengths = records.headers[field].astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total == 0:
-        return offsets, b""
-    first = _field_start(records.headers, records.starts, field)
-    width = int(lengths.max())
-    if width * len(lengths) <= PADDED_GATHER_WASTE_MAX * total:
-        rows = _rows(records.arr, first, width)
-        if width * len(lengths) == total:  # all of one length: the rows are the data
-            return offsets, rows
-        return offsets, rows[np.arange(width) < lengths[:, None]]
-    mv = records.arr.data
-    return offsets, b"".join(map(mv.__getitem__, map(slice, first.tolist(), (first + lengths).tolist())))
+    at = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=at[1:])
+    data = np.empty(int(at[-1]), np.uint8)
+    if len(data):
+        gather(records.arr.data, records.field_starts[field], lengths, data, at[:-1])
+    return at.astype(np.int32), data
 
 
 def _var_array(records: Records, field: str, kind: pa.DataType, empty_is_null: bool = False) -> pa.Array:
@@ -203,8 +179,7 @@ def _msg_ids(records: Records, prefix: bytes | None) -> pa.Array:
     raw = records.headers["phys_offset"].astype(">i8").view(np.uint8).reshape(n, 8)
     digits = np.empty((n, len(prefix) + 16), np.uint8)
     digits[:, : len(prefix)] = np.frombuffer(prefix, np.uint8)
-    digits[:, len(prefix)::2] = _HEX_DIGITS[raw >> 4]
-    digits[:, len(prefix) + 1::2] = _HEX_DIGITS[raw & 0xF]
+    digits[:, len(prefix):].view(np.uint16)[...] = _HEX_PAIRS[raw]
     offsets = np.arange(n + 1, dtype=np.int32) * digits.shape[1]
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
 

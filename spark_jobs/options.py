@@ -12,6 +12,7 @@ from gms.tags import TagFilter, parse_tag_expression
 from gms.times import parse_time_ms
 
 RECORDS_PER_PARTITION_DEFAULT = 2_000_000  # a larger queue is split into offset ranges
+MIN_RECORDS_PER_PARTITION_DEFAULT = 250_000  # smaller queues share partitions (partitions.split_spans)
 BATCH_RECORDS_DEFAULT = 65_536  # rows per Arrow batch handed to Spark
 BATCH_BYTES_MAX = 64 << 20  # Arrow binary/string offsets are int32: stay far below 2 GiB
 EARLIEST, LATEST = -2, -1  # Kafka's conventions inside startingOffsets / endingOffsets JSON
@@ -47,6 +48,7 @@ class ReadOptions:
     records_per_partition: int
     batch_records: int
     group: str | None = None  # the consumer group a streaming query commits its offsets to
+    min_records_per_partition: int = MIN_RECORDS_PER_PARTITION_DEFAULT
 
     @property
     def live(self) -> bool:
@@ -134,6 +136,7 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         records_per_partition=_positive(opts, "maxrecordsperpartition", RECORDS_PER_PARTITION_DEFAULT),
         batch_records=_positive(opts, "batchrecords", BATCH_RECORDS_DEFAULT),
         group=group,
+        min_records_per_partition=_positive(opts, "minrecordsperpartition", MIN_RECORDS_PER_PARTITION_DEFAULT),
     )
 
 

@@ -1,5 +1,5 @@
-"""What a Spark task reads (one queue offset range), how bad records are reported, and the
-filters applied after the index: exact tags and store time."""
+"""What a Spark task reads (queue offset ranges, dealt into partitions), how bad records are
+reported, and the filters applied after the index: exact tags and store time."""
 
 from __future__ import annotations
 
@@ -16,20 +16,29 @@ from gms.spark_jobs.options import OnCorrupt, ReadOptions
 log = logging.getLogger(__name__)
 
 
-class QueueRange(InputPartition):
+class QueueRange(NamedTuple):
     """Queue offsets [start, end) of one queue; ``broker`` is set for a live-cluster read."""
 
-    def __init__(self, topic: str, queue_id: int, start: int, end: int, broker: str | None = None) -> None:
-        super().__init__((topic, queue_id, start, end, broker))
-        self.topic = topic
-        self.queue_id = queue_id
-        self.start = start
-        self.end = end
-        self.broker = broker
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+    broker: str | None = None
 
     def __repr__(self) -> str:
         where = f"@{self.broker}" if self.broker else ""
         return f"QueueRange({self.topic}/{self.queue_id}{where} [{self.start}, {self.end}))"
+
+
+class QueueRanges(InputPartition):
+    """What one Spark task reads: queue ranges, one after the other."""
+
+    def __init__(self, ranges: tuple[QueueRange, ...]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
+
+    def __repr__(self) -> str:
+        return f"QueueRanges{self.ranges!r}"
 
 
 class QueueSpan(NamedTuple):
@@ -42,10 +51,29 @@ class QueueSpan(NamedTuple):
     broker: str | None  # who serves the queue on a live read
 
 
-def split_spans(spans: list[QueueSpan], records_max: int) -> list[QueueRange]:
-    """One partition per queue, queues longer than ``records_max`` cut into offset ranges."""
-    return [QueueRange(s.topic, s.queue_id, lo, min(lo + records_max, s.end), s.broker)
-            for s in spans for lo in range(s.start, s.end, records_max)]
+def split_spans(spans: list[QueueSpan], records_max: int, records_min: int,
+                parallelism: int | None = None) -> list[QueueRanges]:
+    """The partitions of a read: queues longer than ``records_max`` cut into offset ranges, and
+    the ranges, in order, dealt into about one partition per ``records_min`` records (a multiple
+    of ``parallelism``, the cluster's cores when known, so each core gets as many; never more
+    than there are ranges). Each Spark task costs tens of ms of the JVM's and its Python worker's
+    CPU however few rows it reads: a partition per queue of 30k records spent more on that than
+    on the records."""
+    ranges = [QueueRange(s.topic, s.queue_id, lo, min(lo + records_max, s.end), s.broker)
+              for s in spans for lo in range(s.start, s.end, records_max)]
+    if not ranges:
+        return []
+    total = sum(r.end - r.start for r in ranges)
+    count = -(-total // records_min)
+    if parallelism:
+        count = -(-count // parallelism) * parallelism
+    count = min(count, len(ranges))
+    groups: list[list[QueueRange]] = [[] for _ in range(count)]
+    before = 0
+    for rng in ranges:  # each range to the group its first record falls in: as many records each
+        groups[before * count // total].append(rng)
+        before += rng.end - rng.start
+    return [QueueRanges(tuple(group)) for group in groups if group]
 
 
 class CorruptRecordsError(RuntimeError):

@@ -74,6 +74,8 @@ class Connection(asyncio.BufferedProtocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._close_cause: BaseException | None = None
         self._closed = self._loop.create_future()
+        # The transport asks for room before each read: the decoder's own, without a call through here.
+        self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
 
     @classmethod
     async def open(
@@ -138,7 +140,8 @@ class Connection(asyncio.BufferedProtocol):
         request is abandoned (it may still take effect) and :class:`RequestTimeoutError`
         is raised.
         """
-        await self._wait_writable()
+        if self._close_cause is not None or self._drain_waiter is not None:  # (no coroutine when writable)
+            await self._wait_writable()
         request_id = self._next_id()
         parts = encode_frame(
             code, request_id, fields=fields, body=body,

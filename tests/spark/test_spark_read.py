@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -47,11 +50,38 @@ def test_rows_match_what_was_produced(spark, store):
     assert without_address.where(F.col("msg_id").isNotNull()).count() == 0
     assert gms(spark, topics="empty").load(str(base)).count() == 0
     many = gms(spark, topics="many", columns="queue_id,body").load(str(base))
-    assert many.rdd.getNumPartitions() == MANY_QUEUES
+    # Small queues share partitions: as many as local[2] runs at once, each queue read whole once.
+    assert many.rdd.getNumPartitions() == 2
     assert sorted((r.queue_id, bytes(r.body)) for r in many.collect()) == [(q, b"m%d" % q) for q in range(MANY_QUEUES)]
+    one_each = gms(spark, topics="many", columns="queue_id", minRecordsPerPartition="1").load(str(base))
+    assert one_each.rdd.getNumPartitions() == MANY_QUEUES
     assert gms(spark).load(str(base)).count() == ORDERS + MANY_QUEUES
-    split = gms(spark, topics="orders", columns="queue_offset", maxRecordsPerPartition="100").load(str(base))
-    assert split.rdd.getNumPartitions() == 4 * 3 and split.count() == ORDERS
+    split = gms(spark, topics="orders", columns="queue_offset", maxRecordsPerPartition="100",
+                minRecordsPerPartition="300").load(str(base))
+    assert split.rdd.getNumPartitions() == 4 and split.count() == ORDERS  # 4 queues x 3 ranges, 3 a partition
+    assert sorted(r.queue_offset for r in split.collect()) == sorted(list(range(ORDERS // 4)) * 4)
+
+
+def test_a_python_worker_freezes_its_heap_at_its_first_read(store):
+    """PySpark's daemon runs a full gc.collect() after every task of a reused Python worker: a
+    worker's first gms read moves what it holds then (its modules) out of that collection's
+    reach, once (later reads' objects stay collectable)."""
+    base, _ = store
+    code = textwrap.dedent(f"""
+        import gc
+        from gms.spark_jobs.datasource import _read
+        from gms.spark_jobs.options import parse_options
+        from gms.spark_jobs.partitions import QueueRange, QueueRanges
+        options = parse_options({{"path": {str(base)!r}, "topics": "orders"}})
+        before = gc.get_freeze_count()
+        rows = sum(b.num_rows for b in _read(QueueRanges((QueueRange("orders", 0, 0, 10),)), options,
+                                             ("queue_offset",), None))
+        frozen = gc.get_freeze_count()
+        list(_read(QueueRanges((QueueRange("orders", 1, 0, 10),)), options, ("queue_offset",), None))
+        print(before, rows, frozen > 0, gc.get_freeze_count() == frozen)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "10", "True", "True"]
 
 
 def test_tag_time_and_offset_filters(spark, store):
