@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gms.client.consumer_trace import ConsumerTrace
-from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, Permits, QueueState, TopicQueue
+from gms.client.fetch_buffer import Chunk, FetchBuffer
+from gms.client.fetcher import Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
