@@ -19,12 +19,11 @@ import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from gms.client.consumer_trace import ConsumerTrace
-from gms.client.fetch_buffer import Chunk, FetchBuffer
+from gms.client.fetch_buffer import Chunk, FetchBuffer, received
 from gms.client.fetcher import Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
@@ -268,40 +267,43 @@ class Consumer:
 
     def _deliver(self, chunks: list[Chunk]) -> ReceivedMessages:
         """What :meth:`poll` returns of the ``chunks`` it took (positions advanced past them)."""
-        messages: list[ReceivedMessages] = []
+        delivered: list[Chunk] = []
         taken: list[Permits] = []  # given back in one call to the loop (not a wake-up per chunk)
+        error = None
         for index, chunk in enumerate(chunks):
             state = chunk.state
             if state.revoked:
                 continue  # taken away since it was fetched
             if chunk.damaged and self._raise_on_damaged:
-                error = self._stop_at_damaged(chunk, chunks[index + 1:], messages)
-                if not sum(map(len, messages)):
-                    raise error
-                self._pending_damaged = error
+                error = self._stop_at_damaged(chunk, chunks[index + 1:], delivered)
                 break
             self._passed_damaged(chunk.damaged)
-            messages.append(chunk.messages)
+            delivered.append(chunk)
             state.position = chunk.next_offset
             if chunk.holds_permit:
                 taken.append(state.permits)
         if taken:
             self._runtime.loop.call_soon_threadsafe(Permits.release_all, taken)
-        received = ReceivedMessages.concat(messages)
+        messages = received(delivered)
+        if error is not None:
+            if not messages:
+                raise error
+            self._pending_damaged = error
         if self._trace is not None:
-            self._trace.polled(received)
-        return received
+            self._trace.polled(messages)
+        return messages
 
-    def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk],
-                         messages: list[ReceivedMessages]) -> DamagedRecordError:
+    def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk], delivered: list[Chunk]) -> DamagedRecordError:
         """``damaged="raise"``: take the chunk's messages before its first damaged record, pass
         that record, and put the rest back in line for the next poll."""
         first, *rest = chunk.damaged
-        head, tail = chunk.messages.split(
-            bisect_left(chunk.messages, first.queue_offset, key=attrgetter("queue_offset")))
-        messages.append(head)
+        batch, start = chunk.batch, chunk.start
+        cut = start if batch is None else start + bisect_left(range(start, chunk.stop), first.queue_offset,
+                                                              key=batch.queue_offset)
+        delivered.append(Chunk(chunk.state, batch, start, cut, first.queue_offset + 1, False))
         chunk.state.position = first.queue_offset + 1
-        self._buffer.put_back([Chunk(chunk.state, tail, chunk.next_offset, chunk.holds_permit, rest), *later])
+        self._buffer.put_back([Chunk(chunk.state, batch, cut, chunk.stop, chunk.next_offset, chunk.holds_permit, rest),
+                               *later])
         self._passed_damaged([first])
         return DamagedRecordError(first)
 

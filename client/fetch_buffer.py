@@ -10,24 +10,56 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gms.client.structs import DamagedRecord, ReceivedMessages
+from gms.client.structs import DamagedRecord, MessageBatch, ReceivedMessages
 
 if TYPE_CHECKING:
     from gms.client.fetcher import QueueState
 
 
 class Chunk:
-    """One queue's messages of one FETCH answer and the damaged records the broker passed among them."""
+    """One queue's messages of one FETCH answer, ``batch``'s ``start`` to ``stop`` (the messages of
+    one answer share its batch: a poll hands out the chunks of consecutive queues as one range of
+    it), and the damaged records the broker passed among them."""
 
-    __slots__ = ("damaged", "holds_permit", "messages", "next_offset", "state")
+    __slots__ = ("batch", "damaged", "holds_permit", "next_offset", "start", "state", "stop")
 
-    def __init__(self, state: QueueState, messages: ReceivedMessages, next_offset: int,
+    def __init__(self, state: QueueState, batch: MessageBatch | None, start: int, stop: int, next_offset: int,
                  holds_permit: bool, damaged: Sequence[DamagedRecord] = ()) -> None:
         self.state = state
-        self.messages = messages
+        self.batch = batch  # None: no messages
+        self.start = start
+        self.stop = stop
         self.next_offset = next_offset
         self.holds_permit = holds_permit
         self.damaged = damaged  # in queue offset order, all below next_offset
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def split(self, index: int) -> Chunk:
+        """Hand the messages before ``index`` (of the batch, inside the chunk) to a chunk of their
+        own, returned; this one keeps the rest and the permit."""
+        assert self.batch is not None and self.start < index < self.stop
+        cut = self.batch.queue_offset(index - 1) + 1
+        damaged = self.damaged
+        self.damaged = [d for d in damaged if d.queue_offset >= cut]
+        head = Chunk(self.state, self.batch, self.start, index, cut, False,
+                     [d for d in damaged if d.queue_offset < cut])
+        self.start = index
+        return head
+
+
+def received(chunks: Sequence[Chunk]) -> ReceivedMessages:
+    """The messages of ``chunks`` in order, the ranges of consecutive queues of one answer joined."""
+    parts: list[tuple[MessageBatch, int, int]] = []
+    for chunk in chunks:
+        batch, start, stop = chunk.batch, chunk.start, chunk.stop
+        if batch is None or stop == start:
+            continue
+        if parts and parts[-1][0] is batch and parts[-1][2] == start:
+            start = parts.pop()[1]
+        parts.append((batch, start, stop))
+    return ReceivedMessages(parts)
 
 
 class FetchBuffer:
@@ -57,17 +89,13 @@ class FetchBuffer:
             chunks = self._chunks
             while chunks and room > 0:
                 chunk = chunks[0]
-                if len(chunk.messages) <= room:
+                size = chunk.stop - chunk.start
+                if size <= room:
                     chunks.popleft()
                     taken.append(chunk)
-                    room -= len(chunk.messages)
+                    room -= size
                 else:  # split: the rest stays first in line and keeps the permit
-                    head, chunk.messages = chunk.messages.split(room)
-                    cut = head.queue_offset(-1) + 1
-                    damaged = chunk.damaged
-                    chunk.damaged = [d for d in damaged if d.queue_offset >= cut]
-                    taken.append(Chunk(chunk.state, head, cut, False,
-                                       [d for d in damaged if d.queue_offset < cut]))
+                    taken.append(chunk.split(chunk.start + room))
                     room = 0
         return taken
 

@@ -22,7 +22,7 @@ from gms.client.connections import msg_id_prefix
 from gms.client.fetch_buffer import Chunk, FetchBuffer
 from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, LeaderMovedError, RouteProvider, abandon_when
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import DamagedRecord, ReceivedMessages
+from gms.client.structs import DamagedRecord
 from gms.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -471,25 +471,25 @@ class _BrokerSession:
         spans = [(start, start + row.size, filters[state.key.topic]) for state, _, row, start in taken]
         whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
         chunks: list[Chunk] = []
-        empty = ReceivedMessages()
         for index, (state, offset, row, start) in enumerate(taken):
-            messages = empty
-            if row.size:
-                if whole is not None:
-                    messages = whole[index]
-                else:
-                    try:
-                        messages = decode_pull_body(body[start:start + row.size], self.prefix,
-                                                    filters[state.key.topic], verify_crc=verify_crc)
-                    except CorruptRecord as err:  # fetched again from where it was asked
-                        state.epoch += 1  # what was asked from past it meanwhile is dropped
-                        state.fetch_offset = offset
-                        self._queue_failed(state, err)
-                        state.permits.release()
-                        continue
+            batch, first, last = None, 0, 0
+            if row.size and whole is not None:
+                batch, first, last = whole[0], whole[1][index], whole[2][index]
+            elif row.size:
+                try:
+                    messages = decode_pull_body(body[start:start + row.size], self.prefix,
+                                                filters[state.key.topic], verify_crc=verify_crc).parts()
+                except CorruptRecord as err:  # fetched again from where it was asked
+                    state.epoch += 1  # what was asked from past it meanwhile is dropped
+                    state.fetch_offset = offset
+                    self._queue_failed(state, err)
+                    state.permits.release()
+                    continue
+                if messages:
+                    batch, first, last = messages[0]
             damaged = [DamagedRecord(state.key.topic, state.key.queue_id, at, f"{self.prefix}{phys:016X}")
                        for at, phys in row.damaged] if row.damaged else ()
-            chunks.append(Chunk(state, messages, row.next_offset, bool(row.size), damaged))
+            chunks.append(Chunk(state, batch, first, last, row.next_offset, bool(row.size), damaged))
         return chunks
 
     def _queue_failed(self, state: QueueState, err: GmsError | CorruptRecord) -> None:
