@@ -58,6 +58,10 @@ FETCH_ERROR_BACKOFF_MS = 200
 # records each, took four requests of 4,000 queues). A thousand queues of a few dozen records
 # fit one answer.
 FETCH_REQUEST_QUEUES = 1000
+# With none in flight (a start), the first request names this share of FETCH_REQUEST_QUEUES and
+# each next one twice as many: the first answer comes while the broker reads the rest, and the
+# consumer hands it out meanwhile (rather than waiting for a thousand queues read).
+FETCH_RAMP_DIVISOR = 8
 
 
 class TopicQueue(NamedTuple):
@@ -362,8 +366,10 @@ class _BrokerSession:
             return
         self._turn = (self._turn + 1) % len(ready)
         ready = ready[self._turn:] + ready[:self._turn]
-        for start in range(0, len(ready), FETCH_REQUEST_QUEUES):
-            part = ready[start:start + FETCH_REQUEST_QUEUES]
+        size = FETCH_REQUEST_QUEUES if self.inflight else max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1)
+        while ready:
+            part, ready = ready[:size], ready[size:]
+            size = min(size * 2, FETCH_REQUEST_QUEUES)
             token = object()
             self.inflight.update((s.key, token) for s in part)
             task = self._loop.create_task(self._fetch(part, token))
