@@ -555,6 +555,9 @@ class Consumer:
             return
         try:
             self._runtime.run(self._membership.stop())
+            # Its long polls end now, not failing as the connections close (each failure would
+            # look up the routes of every subscribed topic again).
+            self._runtime.run(self._fetcher.close())
             self._membership.take_events()
             if self._auto_commit_s is not None:
                 self._auto_commit(list(self._membership.states.values()))
