@@ -39,13 +39,14 @@ def decode_pull_body(body: memoryview | bytes | bytearray, prefix: str, tag_filt
 
 
 def decode_fetch_body(body: memoryview, spans: Sequence[tuple[int, int, TagFilter]], prefix: str, *,
-                      verify_crc: bool) -> list[ReceivedMessages] | None:
-    """The messages of each ``(start, end, filter)`` span of a FETCH answer's body, checked as
-    :func:`decode_pull_body` checks them, but scanned and decoded as one batch: a message batch's
-    columns cost a few numpy calls, paid once per answer instead of once per queue. None when
-    the body does not scan whole (then each span is decoded alone, to fail its queue only)."""
+                      verify_crc: bool) -> tuple[MessageBatch | None, list[int], list[int]] | None:
+    """The messages of a FETCH answer's body as one batch, and where each ``(start, end, filter)``
+    span's messages start and stop in it, checked as :func:`decode_pull_body` checks them: a
+    message batch's columns cost a few numpy calls, paid once per answer instead of once per
+    queue. None when the body does not scan whole (then each span is decoded alone, to fail its
+    queue only)."""
     if not body:
-        return [ReceivedMessages() for _ in spans]
+        return None, [0] * len(spans), [0] * len(spans)
     scan = scan_records(body, verify_crc=verify_crc)
     if scan.stop is not RecordCheck.OK or scan.stop_pos != len(body):
         return None
@@ -75,5 +76,4 @@ def decode_fetch_body(body: memoryview, spans: Sequence[tuple[int, int, TagFilte
     # Each record's span (a queue: one topic), whose topic is then decoded once (records of no
     # span, rows dropped since they were asked for, are never read).
     batch = MessageBatch(body, starts, prefix, offsets, np.searchsorted(lasts, np.arange(len(starts)), "right"))
-    of_range = ReceivedMessages.of_range
-    return [of_range(batch, first, last) for first, last in zip(firsts.tolist(), lasts.tolist(), strict=True)]
+    return batch, firsts.tolist(), lasts.tolist()

@@ -19,12 +19,12 @@ import uuid
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from gms.client.consumer_trace import ConsumerTrace
-from gms.client.fetcher import Chunk, FetchBuffer, Fetcher, Permits, QueueState, TopicQueue
+from gms.client.fetch_buffer import Chunk, FetchBuffer, received
+from gms.client.fetcher import Fetcher, Permits, QueueState, TopicQueue
 from gms.client.local_offsets import DEFAULT_OFFSET_DIR, LocalOffsetStore
 from gms.client.producer import Producer
 from gms.client.rebalance import Membership, StartFrom
@@ -38,7 +38,7 @@ from gms.errors import ForbiddenError, GmsError, UnauthenticatedError
 from gms.log_throttle import Outage
 from gms.naming import group_of_topic, retry_topic
 from gms.security.client import ClientSecurity
-from gms.tags import parse_tag_expression
+from gms.tags import TagFilter, parse_tag_expression
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,38 @@ async def prepare(runtime: ClientRuntime, group: str, *, clustering: bool,
                     " to this consumer", group, retry_topic(group), err)
         return settings, False
     return settings, True
+
+
+def _check_options(mode: str, start_from: StartFrom, subscription: Mapping[str, str | Sql], damaged: str,
+                   fifo: bool | None, max_reconsume_times: int | None, retry_delays_ms: Sequence[int] | None) -> None:
+    """ValueError for a :class:`Consumer` option out of its range."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
+        raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
+    if not subscription:
+        raise ValueError("subscribe to at least one topic")
+    if damaged not in DAMAGED_MODES:
+        raise ValueError(f"damaged must be one of {DAMAGED_MODES}, not {damaged!r}")
+    if (max_reconsume_times is not None and max_reconsume_times < 0) or (
+            retry_delays_ms is not None and (not retry_delays_ms or min(retry_delays_ms) < 0)):
+        raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
+    if fifo and mode != "clustering":
+        raise ValueError("fifo needs a clustering consumer group")
+
+
+def _connect(brokers: Sequence[str] | str | None, nameserver: Sequence[str] | str | None, request_timeout_ms: float,
+             security: ClientSecurity | None, group: str, *, clustering: bool, need_settings: bool) -> Attached:
+    """A loop thread of its own for a :class:`Consumer`, and what it needs before it joins
+    (:func:`prepare`)."""
+    runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                            name="gms-consumer", security=security)
+    try:
+        return Attached(runtime, *runtime.run(prepare(runtime, group, clustering=clustering,
+                                                      need_settings=need_settings)))
+    except BaseException:
+        runtime.close()
+        raise
 
 
 class Consumer:
@@ -132,83 +164,71 @@ class Consumer:
         """``trace``: record deliveries, acks, retries and dead letters in ``trace_topic``
         (``gms msg trace``, docs/traces.md). ``_attached``: driven by an asyncio consumer
         (gms.client.aio), which joins the group itself."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        if start_from not in ("first", "last") and (isinstance(start_from, bool) or not isinstance(start_from, int)):
-            raise ValueError(f"start_from must be 'first', 'last' or a timestamp in ms, not {start_from!r}")
-        if not subscription:
-            raise ValueError("subscribe to at least one topic")
-        if damaged not in DAMAGED_MODES:
-            raise ValueError(f"damaged must be one of {DAMAGED_MODES}, not {damaged!r}")
-        if (max_reconsume_times is not None and max_reconsume_times < 0) or (
-                retry_delays_ms is not None and (not retry_delays_ms or min(retry_delays_ms) < 0)):
-            raise ValueError("max_reconsume_times must be >= 0 and retry_delays_ms non-empty and >= 0")
+        _check_options(mode, start_from, subscription, damaged, fifo, max_reconsume_times, retry_delays_ms)
         filters = parse_subscription(subscription)
-        self._clustering = mode == "clustering"
-        if fifo and not self._clustering:
-            raise ValueError("fifo needs a clustering consumer group")
-        # FIFO: queues held back after a failure (until when, from which offset), failures so far.
-        self._held: dict[TopicQueue, tuple[float, int]] = {}
-        self._fifo_attempts: dict[tuple[str, int, int], int] = {}
-        self._group = group
-        self._retry_producer: Producer | None = None
+        self._clustering, self._group = mode == "clustering", group
+        self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._make_retry_producer = lambda: Producer(brokers, nameserver=nameserver, security=security,
                                                      request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
         self._auto_commit_s = auto_commit_interval_ms / 1000 if auto_commit else None
-        self._max_poll_messages = max_poll_messages
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
-        self._on_damaged = on_damaged
-        self._raise_on_damaged = damaged == "raise"
-        self._damaged_count = 0
-        self._pending_damaged: DamagedRecordError | None = None  # raised by the next poll
-        self._member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        local_offsets = None if self._clustering else LocalOffsetStore(
-            offset_dir, group, instance_name or socket.gethostname())
-        if _attached is None:
-            self._runtime = ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                          name="gms-consumer", security=security)
-            # What was not given comes from the group's settings (gms group config), else the defaults.
-            try:
-                settings, retry_topic_ready = self._runtime.run(prepare(
-                    self._runtime, group, clustering=self._clustering,
-                    need_settings=None in (max_reconsume_times, retry_delays_ms, fifo)))
-            except BaseException:
-                self._runtime.close()
-                raise
-        else:
-            self._runtime, settings, retry_topic_ready = _attached
+        self._max_poll_messages, self._raise_on_damaged = max_poll_messages, damaged == "raise"
+        self._on_assigned, self._on_revoked, self._on_damaged = on_assigned, on_revoked, on_damaged
+        self._init_bookkeeping()
+        self._runtime, settings, retry_topic_ready = _attached or _connect(
+            brokers, nameserver, request_timeout_ms, security, group, clustering=self._clustering,
+            need_settings=None in (max_reconsume_times, retry_delays_ms, fifo))
         if retry_topic_ready:
             filters[retry_topic(group)] = parse_tag_expression("*")
         self._max_reconsume_times = settings.max_reconsume_times if max_reconsume_times is None else max_reconsume_times
         self._retry_delays_ms = settings.retry_delays_ms if retry_delays_ms is None else tuple(retry_delays_ms)
         self._fifo = (settings.fifo and self._clustering) if fifo is None else fifo
+        self._read(filters, start_from=start_from, heartbeat_interval_ms=heartbeat_interval_ms,
+                   fetch_max_messages=fetch_max_messages, fetch_max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
+                   local_offsets=None if self._clustering
+                   else LocalOffsetStore(offset_dir, group, instance_name or socket.gethostname()),
+                   join=_attached is None)
+        self._trace = ConsumerTrace(TraceDispatcher(
+            Connect(brokers, nameserver, security), trace_topic, name="gms-consumer-trace",
+            loop=None if _attached is None else self._runtime.loop), group, self._member) if trace else None
+
+    def _init_bookkeeping(self) -> None:
+        """What the consumer keeps track of as it runs (FIFO holds, damaged records, commits)."""
+        # FIFO: queues held back after a failure (until when, from which offset), failures so far.
+        self._held: dict[TopicQueue, tuple[float, int]] = {}
+        self._fifo_attempts: dict[tuple[str, int, int], int] = {}
+        self._retry_producer: Producer | None = None
+        self._damaged_count = 0
+        self._pending_damaged: DamagedRecordError | None = None  # raised by the next poll
+        self._last_commit = time.monotonic()
+        self._background_commit: Future[None] | None = None
+        # Auto commits run on the polling thread and in the background; one outage for both.
+        self._commit_outage = Outage(log, f"auto commit of group {self._group}")
+        self._closed = False
+
+    def _read(self, filters: dict[str, TagFilter], *, start_from: StartFrom, heartbeat_interval_ms: float | None,
+              fetch_max_messages: int, fetch_max_bytes: int, long_poll_ms: int,
+              local_offsets: LocalOffsetStore | None, join: bool) -> None:
+        """The fetcher filling poll's buffer and the group membership giving it queues; ``join``:
+        join the group now (the first heartbeat: the queues this member reads)."""
         self._buffer = FetchBuffer()
         self._fetcher = Fetcher(
             self._runtime, self._buffer, filters,
-            group=group if self._clustering else None, member=self._member if self._clustering else None,
+            group=self._group if self._clustering else None, member=self._member if self._clustering else None,
             max_messages=fetch_max_messages, max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
             on_leader_lost=self._leader_lost,
         )
         self._membership = Membership(
-            self._runtime, self._fetcher, group=group, member=self._member, clustering=self._clustering,
+            self._runtime, self._fetcher, group=self._group, member=self._member, clustering=self._clustering,
             subscription={t: f.expression for t, f in filters.items()}, start_from=start_from,
             heartbeat_interval_ms=heartbeat_interval_ms, local_offsets=local_offsets,
         )
-        self._last_commit = time.monotonic()
-        self._background_commit: Future[None] | None = None
-        # Auto commits run on the polling thread and in the background; one outage for both.
-        self._commit_outage = Outage(log, f"auto commit of group {group}")
-        self._closed = False
-        if _attached is None:
-            try:
-                self._runtime.run(self._membership.start())
-            except BaseException:
-                self._runtime.close()
-                raise
-        self._trace = ConsumerTrace(TraceDispatcher(
-            Connect(brokers, nameserver, security), trace_topic, name="gms-consumer-trace",
-            loop=None if _attached is None else self._runtime.loop), group, self._member) if trace else None
+        if not join:
+            return
+        try:
+            self._runtime.run(self._membership.start())
+        except BaseException:
+            self._runtime.close()
+            raise
 
     @property
     def member(self) -> str:
@@ -247,40 +267,43 @@ class Consumer:
 
     def _deliver(self, chunks: list[Chunk]) -> ReceivedMessages:
         """What :meth:`poll` returns of the ``chunks`` it took (positions advanced past them)."""
-        messages: list[ReceivedMessages] = []
+        delivered: list[Chunk] = []
         taken: list[Permits] = []  # given back in one call to the loop (not a wake-up per chunk)
+        error = None
         for index, chunk in enumerate(chunks):
             state = chunk.state
             if state.revoked:
                 continue  # taken away since it was fetched
             if chunk.damaged and self._raise_on_damaged:
-                error = self._stop_at_damaged(chunk, chunks[index + 1:], messages)
-                if not sum(map(len, messages)):
-                    raise error
-                self._pending_damaged = error
+                error = self._stop_at_damaged(chunk, chunks[index + 1:], delivered)
                 break
             self._passed_damaged(chunk.damaged)
-            messages.append(chunk.messages)
+            delivered.append(chunk)
             state.position = chunk.next_offset
             if chunk.holds_permit:
                 taken.append(state.permits)
         if taken:
             self._runtime.loop.call_soon_threadsafe(Permits.release_all, taken)
-        received = ReceivedMessages.concat(messages)
+        messages = received(delivered)
+        if error is not None:
+            if not messages:
+                raise error
+            self._pending_damaged = error
         if self._trace is not None:
-            self._trace.polled(received)
-        return received
+            self._trace.polled(messages)
+        return messages
 
-    def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk],
-                         messages: list[ReceivedMessages]) -> DamagedRecordError:
+    def _stop_at_damaged(self, chunk: Chunk, later: Sequence[Chunk], delivered: list[Chunk]) -> DamagedRecordError:
         """``damaged="raise"``: take the chunk's messages before its first damaged record, pass
         that record, and put the rest back in line for the next poll."""
         first, *rest = chunk.damaged
-        head, tail = chunk.messages.split(
-            bisect_left(chunk.messages, first.queue_offset, key=attrgetter("queue_offset")))
-        messages.append(head)
+        batch, start = chunk.batch, chunk.start
+        cut = start if batch is None else start + bisect_left(range(start, chunk.stop), first.queue_offset,
+                                                              key=batch.queue_offset)
+        delivered.append(Chunk(chunk.state, batch, start, cut, first.queue_offset + 1, False))
         chunk.state.position = first.queue_offset + 1
-        self._buffer.put_back([Chunk(chunk.state, tail, chunk.next_offset, chunk.holds_permit, rest), *later])
+        self._buffer.put_back([Chunk(chunk.state, batch, cut, chunk.stop, chunk.next_offset, chunk.holds_permit, rest),
+                               *later])
         self._passed_damaged([first])
         return DamagedRecordError(first)
 
@@ -532,6 +555,9 @@ class Consumer:
             return
         try:
             self._runtime.run(self._membership.stop())
+            # Its long polls end now, not failing as the connections close (each failure would
+            # look up the routes of every subscribed topic again).
+            self._runtime.run(self._fetcher.close())
             self._membership.take_events()
             if self._auto_commit_s is not None:
                 self._auto_commit(list(self._membership.states.values()))

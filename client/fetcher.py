@@ -3,7 +3,7 @@
 Each owned queue first finds where to start (unless told) and which broker leads it; then the
 session of that broker fetches it, with every other queue that broker leads, in FETCH long polls
 (one request naming many queues, as Kafka's Fetch does) and puts what each queue got into
-:class:`FetchBuffer` as one chunk per queue and answer. A queue may have at most
+:class:`~gms.client.fetch_buffer.FetchBuffer` as one chunk per queue and answer. A queue may have at most
 ``PREFETCH_CHUNKS`` unconsumed chunks (a permit per chunk, given back when ``poll`` takes the
 chunk; a queue out of permits is left out of requests), so memory is bounded by
 queues × chunks × fetch_max_bytes. A queue's own failure (out of range, not the leader, held,
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gms.client.body_decode import decode_fetch_body, decode_pull_body
 from gms.client.connections import msg_id_prefix
+from gms.client.fetch_buffer import Chunk, FetchBuffer
 from gms.client.routing import LONG_POLL_LEADER_CHECK_INTERVAL_MS, LeaderMovedError, RouteProvider, abandon_when
 from gms.client.runtime import ClientRuntime
-from gms.client.structs import DamagedRecord, ReceivedMessages
+from gms.client.structs import DamagedRecord
 from gms.errors import (
     BadRequestError,
     ConnectionClosedError,
@@ -60,6 +58,10 @@ FETCH_ERROR_BACKOFF_MS = 200
 # records each, took four requests of 4,000 queues). A thousand queues of a few dozen records
 # fit one answer.
 FETCH_REQUEST_QUEUES = 1000
+# With none in flight (a start), the first request names this share of FETCH_REQUEST_QUEUES and
+# each next one twice as many: the first answer comes while the broker reads the rest, and the
+# consumer hands it out meanwhile (rather than waiting for a thousand queues read).
+FETCH_RAMP_DIVISOR = 8
 
 
 class TopicQueue(NamedTuple):
@@ -75,6 +77,27 @@ async def leader_of(routes: RouteProvider, queue: TopicQueue) -> str:
         if route.queue_id == queue.queue_id:
             return route.broker
     raise ServiceUnavailableError(f"queue {queue.topic}/{queue.queue_id} has no live leader now")
+
+
+async def leaders(routes: RouteProvider, topics: Iterable[str]) -> dict[TopicQueue, str]:
+    """The brokers leading the queues of ``topics`` now, routes not cached asked together (a
+    topic whose lookup fails and a queue without a live leader are left out)."""
+    found: dict[TopicQueue, str] = {}
+    missing = []
+    for topic in topics:
+        cached = routes.cached(topic)
+        if cached is None:
+            missing.append(topic)
+        else:
+            found.update((TopicQueue(topic, r.queue_id), r.broker) for r in cached)
+    answers = await asyncio.gather(*(routes.routes(topic) for topic in missing), return_exceptions=True)
+    for topic, answer in zip(missing, answers, strict=True):
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, GmsError):
+                raise answer
+            continue
+        found.update((TopicQueue(topic, r.queue_id), r.broker) for r in answer)
+    return found
 
 
 class Permits:
@@ -123,102 +146,16 @@ class QueueState:
         self.failing = False  # its last fetch failed (logged once per run of failures)
 
 
-class Chunk:
-    """One queue's messages of one FETCH answer and the damaged records the broker passed among them."""
-
-    __slots__ = ("damaged", "holds_permit", "messages", "next_offset", "state")
-
-    def __init__(self, state: QueueState, messages: ReceivedMessages, next_offset: int,
-                 holds_permit: bool, damaged: Sequence[DamagedRecord] = ()) -> None:
-        self.state = state
-        self.messages = messages
-        self.next_offset = next_offset
-        self.holds_permit = holds_permit
-        self.damaged = damaged  # in queue offset order, all below next_offset
-
-
-class FetchBuffer:
-    """Chunks waiting for ``poll``: filled by the loop thread, drained by the user thread."""
-
-    def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._chunks: deque[Chunk] = deque()
-        self._arrival: asyncio.Future[None] | None = None  # an asyncio consumer's poll waiting (see wait)
-
-    def put_many(self, chunks: Sequence[Chunk]) -> None:
-        with self._ready:
-            self._chunks.extend(chunks)
-            self._ready.notify()
-        self._arrived()
-
-    def take(self, max_messages: int, timeout_s: float) -> list[Chunk]:
-        """Up to ``max_messages`` messages as chunks, waiting up to ``timeout_s`` for the first."""
-        deadline = time.monotonic() + timeout_s
-        taken: list[Chunk] = []
-        room = max_messages
-        with self._ready:
-            while not self._chunks:
-                left = deadline - time.monotonic()
-                if (left <= 0 or not self._ready.wait(left)) and not self._chunks:
-                    return taken
-            chunks = self._chunks
-            while chunks and room > 0:
-                chunk = chunks[0]
-                if len(chunk.messages) <= room:
-                    chunks.popleft()
-                    taken.append(chunk)
-                    room -= len(chunk.messages)
-                else:  # split: the rest stays first in line and keeps the permit
-                    head, chunk.messages = chunk.messages.split(room)
-                    cut = head.queue_offset(-1) + 1
-                    damaged = chunk.damaged
-                    chunk.damaged = [d for d in damaged if d.queue_offset >= cut]
-                    taken.append(Chunk(chunk.state, head, cut, False,
-                                       [d for d in damaged if d.queue_offset < cut]))
-                    room = 0
-        return taken
-
-    def put_back(self, chunks: Sequence[Chunk]) -> None:
-        """Return taken ``chunks`` to the front of the line, in order."""
-        with self._ready:
-            self._chunks.extendleft(reversed(chunks))
-            self._ready.notify()
-        self._arrived()
-
-    def drop(self, is_dropped: Callable[[Chunk], bool]) -> None:
-        with self._ready:
-            self._chunks = deque(c for c in self._chunks if not is_dropped(c))
-
-    def wake(self) -> None:
-        with self._ready:
-            self._ready.notify_all()
-        self._arrived()
-
-    async def wait(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for chunks to :meth:`take`: an asyncio consumer's poll, on the
-        loop that fills the buffer (so nothing else needs a lock or a thread to wake it)."""
-        if self._chunks or timeout_s <= 0:
-            return
-        self._arrival = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._arrival
-        except TimeoutError:
-            pass
-        finally:
-            self._arrival = None
-
-    def _arrived(self) -> None:
-        if self._arrival is not None and not self._arrival.done():
-            self._arrival.set_result(None)
-
-
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.
 LEADER_LOST_ERRORS = (NotLeaderError, ConnectionClosedError, ServiceUnavailableError, LeaderMovedError)
 
 # Where a queue starts: (offset to fetch from, committed offset or None), asked when no position
 # is given; the offset may be FETCH's EARLIEST or LATEST.
 StartOffset = Callable[[TopicQueue], Awaitable[tuple[int, int | None]]]
+# Where newly assigned queues start, asked together, given their leaders: a StartOffset answer
+# per queue, or None for a queue to place alone (its lookup failed, or needs a request of its own).
+StartOffsets = Callable[[list[TopicQueue], Mapping[TopicQueue, str]],
+                        Awaitable[list[tuple[int, int | None] | None]]]
 
 
 class Fetcher:
@@ -241,10 +178,44 @@ class Fetcher:
         self.max_bytes = max_bytes
         self.long_poll_ms = long_poll_ms
         self._sessions: dict[str, _BrokerSession] = {}
+        # Placements of many queues by one task (start_many), with the queues still waiting for it.
+        self._placing: dict[asyncio.Task[None], set[QueueState]] = {}
 
     def start(self, state: QueueState, start_offset: StartOffset) -> None:
         """Fetch ``state``'s queue from its position, or from ``start_offset`` if it has none yet."""
         state.task = asyncio.get_running_loop().create_task(self._place(state, start_offset))
+
+    def start_many(self, states: list[QueueState], start_offsets: StartOffsets, start_offset: StartOffset) -> None:
+        """:meth:`start` newly assigned queues (no position yet) in one task: their start offsets
+        and leaders asked in one pass, not a task, a future and two route lookups per queue (a
+        group of thousands of queues starts fetching at once). A queue whose lookup fails is
+        placed alone, with retries."""
+        task = asyncio.get_running_loop().create_task(self._place_many(states, start_offsets, start_offset))
+        self._placing[task] = set(states)
+        task.add_done_callback(lambda done: self._placing.pop(done, None))
+        for state in states:
+            state.task = task
+
+    async def _place_many(self, states: list[QueueState], start_offsets: StartOffsets,
+                          start_offset: StartOffset) -> None:
+        led = await leaders(self.runtime.routes, dict.fromkeys(state.key.topic for state in states))
+        try:
+            starts = await start_offsets([state.key for state in states], led)
+        except (GmsError, CorruptRecord) as err:
+            self.failed("finding where the assigned queues start", err, loud=False)
+            starts = [None] * len(states)
+        task = asyncio.current_task()
+        for state, start in zip(states, starts, strict=True):
+            if state.task is not task:
+                continue  # stopped meanwhile
+            broker = led.get(state.key)
+            if start is None or broker is None:
+                self.start(state, start_offset)
+                continue
+            state.task = None
+            state.position = start[0] if start[0] >= 0 else None
+            state.fetch_offset, state.committed = start
+            self._hand_over(state, broker)
 
     def reroute(self, state: QueueState, why: GmsError) -> None:
         """Take ``state`` from its session and place it again with its leader after a back-off."""
@@ -269,6 +240,10 @@ class Fetcher:
         routes = self.runtime.routes
         broker = await self._retrying(f"finding the leader of {key.topic}/{key.queue_id}",
                                       lambda: leader_of(routes, key))
+        self._hand_over(state, broker)
+
+    def _hand_over(self, state: QueueState, broker: str) -> None:
+        """Fetch ``state``'s queue in ``broker``'s session (unless it was paused or revoked meanwhile)."""
         if state.revoked or state.paused:
             return
         session = self._sessions.get(broker)
@@ -284,11 +259,24 @@ class Fetcher:
             task.cancel()
         await asyncio.gather(*requests, return_exceptions=True)
 
+    def abandon(self, state: QueueState) -> asyncio.Task[None] | None:
+        """Stop placing ``state``'s queue: its placement task, cancelled unless it still places
+        other queues (then it passes this one), which is returned."""
+        task, state.task = state.task, None
+        if task is None:
+            return None
+        others = self._placing.get(task)
+        if others is not None:
+            others.discard(state)
+            if others:
+                return None
+        task.cancel()
+        return task
+
     async def stop(self, state: QueueState) -> None:
         """Stop fetching ``state``'s queue and forget what it fetched but ``poll`` did not take."""
-        task, state.task = state.task, None
+        task = self.abandon(state)
         if task is not None:
-            task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if state.session is not None:
             state.session.remove(state)
@@ -378,8 +366,10 @@ class _BrokerSession:
             return
         self._turn = (self._turn + 1) % len(ready)
         ready = ready[self._turn:] + ready[:self._turn]
-        for start in range(0, len(ready), FETCH_REQUEST_QUEUES):
-            part = ready[start:start + FETCH_REQUEST_QUEUES]
+        size = FETCH_REQUEST_QUEUES if self.inflight else max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1)
+        while ready:
+            part, ready = ready[:size], ready[size:]
+            size = min(size * 2, FETCH_REQUEST_QUEUES)
             token = object()
             self.inflight.update((s.key, token) for s in part)
             task = self._loop.create_task(self._fetch(part, token))
@@ -487,25 +477,25 @@ class _BrokerSession:
         spans = [(start, start + row.size, filters[state.key.topic]) for state, _, row, start in taken]
         whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
         chunks: list[Chunk] = []
-        empty = ReceivedMessages()
         for index, (state, offset, row, start) in enumerate(taken):
-            messages = empty
-            if row.size:
-                if whole is not None:
-                    messages = whole[index]
-                else:
-                    try:
-                        messages = decode_pull_body(body[start:start + row.size], self.prefix,
-                                                    filters[state.key.topic], verify_crc=verify_crc)
-                    except CorruptRecord as err:  # fetched again from where it was asked
-                        state.epoch += 1  # what was asked from past it meanwhile is dropped
-                        state.fetch_offset = offset
-                        self._queue_failed(state, err)
-                        state.permits.release()
-                        continue
+            batch, first, last = None, 0, 0
+            if row.size and whole is not None:
+                batch, first, last = whole[0], whole[1][index], whole[2][index]
+            elif row.size:
+                try:
+                    messages = decode_pull_body(body[start:start + row.size], self.prefix,
+                                                filters[state.key.topic], verify_crc=verify_crc).parts()
+                except CorruptRecord as err:  # fetched again from where it was asked
+                    state.epoch += 1  # what was asked from past it meanwhile is dropped
+                    state.fetch_offset = offset
+                    self._queue_failed(state, err)
+                    state.permits.release()
+                    continue
+                if messages:
+                    batch, first, last = messages[0]
             damaged = [DamagedRecord(state.key.topic, state.key.queue_id, at, f"{self.prefix}{phys:016X}")
                        for at, phys in row.damaged] if row.damaged else ()
-            chunks.append(Chunk(state, messages, row.next_offset, bool(row.size), damaged))
+            chunks.append(Chunk(state, batch, first, last, row.next_offset, bool(row.size), damaged))
         return chunks
 
     def _queue_failed(self, state: QueueState, err: GmsError | CorruptRecord) -> None:

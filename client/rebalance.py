@@ -350,9 +350,9 @@ class Membership:
         self._revoke([q for q, s in self.states.items() if q not in assigned and not s.revoked])
         added = sorted(q for q in assigned if q not in self.states)
         for queue in added:
-            state = self.states[queue] = QueueState(queue)
-            self._fetcher.start(state, self._start_offset)
+            self.states[queue] = QueueState(queue)
         if added:
+            self._fetcher.start_many([self.states[q] for q in added], self._start_offsets, self._start_offset)
             log.info("%s/%s: queues assigned %s", self._group, self._member, added)
             with self._events_lock:
                 self._events.append(RebalanceEvent(True, added))
@@ -363,8 +363,7 @@ class Membership:
         for queue in queues:
             state = self.states[queue]
             state.revoked = True
-            if state.task is not None:
-                state.task.cancel()
+            self._fetcher.abandon(state)
             if lost:  # nothing to commit: forget the queue now
                 del self.states[queue]
         log.info("%s/%s: queues %s %s", self._group, self._member, "lost" if lost else "revoked", queues)
@@ -392,44 +391,71 @@ class Membership:
             return (EARLIEST if self._start_from == "first" else LATEST), None
         return await self.query_offset(queue, self._start_from), None
 
+    async def _start_offsets(self, queues: list[TopicQueue],
+                             led: Mapping[TopicQueue, str]) -> list[tuple[int, int | None] | None]:
+        """:meth:`_start_offset` of newly assigned ``queues`` (led by ``led``) at once: the
+        committed offsets in one FETCH_OFFSET per broker; None for a queue to place alone (its
+        committed offset not known now, or a start at a timestamp, asked of its leader)."""
+        if self._clustering:
+            by_broker: dict[str, list[TopicQueue]] = defaultdict(list)
+            for queue in queues:
+                if queue in led:
+                    by_broker[led[queue]].append(queue)
+            asked = list(by_broker.items())
+            answers = await asyncio.gather(*(self._fetch_offsets(broker, part) for broker, part in asked))
+            known = {q: a for (_, part), found in zip(asked, answers, strict=True)
+                     for q, a in zip(part, found, strict=True) if not isinstance(a, BaseException)}
+            committed = [known.get(q) for q in queues]
+        else:
+            own = self._local_offsets
+            committed = [NO_COMMITTED_OFFSET if own is None or (at := own.get(q)) is None else at for q in queues]
+        start: tuple[int, int | None] | None = None
+        if self._start_from in ("first", "last"):
+            start = (EARLIEST if self._start_from == "first" else LATEST), None
+        return [None if c is None else (c, c) if c >= 0 else start for c in committed]
+
     async def _committed(self, queue: TopicQueue) -> int:
         """The group's committed offset of ``queue`` (-1: none), asked of its leader in one
-        FETCH_OFFSET with every other queue of that broker asked for meanwhile (a group of
-        thousands of queues starts with a request per broker, not per queue)."""
+        FETCH_OFFSET with every other queue of that broker asked for meanwhile."""
         broker = await leader_of(self._runtime.routes, queue)
         loop = asyncio.get_running_loop()
         batch = self._offset_batches.get(broker)
         if batch is None:
             batch = self._offset_batches[broker] = []
-            loop.call_soon(lambda: loop.create_task(self._fetch_offsets(broker, batch)))
+            loop.call_soon(lambda: loop.create_task(self._answer_offsets(broker, batch)))
         answer: asyncio.Future[int] = loop.create_future()
         batch.append((queue, answer))
         return await answer
 
-    async def _fetch_offsets(self, broker: str, batch: list[tuple[TopicQueue, asyncio.Future[int]]]) -> None:
+    async def _answer_offsets(self, broker: str, batch: list[tuple[TopicQueue, asyncio.Future[int]]]) -> None:
         if self._offset_batches.get(broker) is batch:
             del self._offset_batches[broker]
-        first = batch[0][0]
+        found = await self._fetch_offsets(broker, [queue for queue, _ in batch])
+        for (_, answer), offset in zip(batch, found, strict=True):
+            if answer.done():
+                continue
+            if isinstance(offset, BaseException):
+                answer.set_exception(offset)
+            else:
+                answer.set_result(offset)
+
+    async def _fetch_offsets(self, broker: str, queues: list[TopicQueue]) -> list[int | GmsError]:
+        """The group's committed offsets of ``queues`` (-1: none), asked of their leader
+        ``broker``, or why not (a queue held by another member fails alone)."""
+        first = queues[0]
         try:
             frame = await leader_request(
                 self._runtime.routes, self._runtime.pool, first.topic, first.queue_id, broker,
                 RequestCode.FETCH_OFFSET, {"group": self._group, "member": self._member,
-                                           "queues": [encode(QueueRef(q.topic, q.queue_id)) for q, _ in batch]})
+                                           "queues": [encode(QueueRef(q.topic, q.queue_id)) for q in queues]})
         except QueueHeldError as err:
-            if len(batch) > 1:  # another member still reads some: ask for each alone, the others start
-                await asyncio.gather(*(self._fetch_offsets(broker, [one]) for one in batch))
-                return
-            if not batch[0][1].done():
-                batch[0][1].set_exception(err)
-            return
+            if len(queues) > 1:  # another member still reads some: ask for each alone, the others start
+                alone = await asyncio.gather(*(self._fetch_offsets(broker, [queue]) for queue in queues))
+                return [found for one in alone for found in one]
+            return [err]
         except GmsError as err:
-            for _, answer in batch:
-                if not answer.done():
-                    answer.set_exception(err)
-            return
-        for (_, answer), offset in zip(batch, frame.fields["offsets"], strict=True):
-            if not answer.done():
-                answer.set_result(offset)
+            return [err] * len(queues)
+        return list(frame.fields["offsets"])
 
     async def query_offset(self, queue: TopicQueue, where: StartFrom) -> int:
         """The offset of ``queue`` at ``where``: "first", "last" or a timestamp in ms."""

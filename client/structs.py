@@ -440,14 +440,6 @@ class ReceivedMessages(_ListLike, Sequence[ReceivedMessage]):
         self._ends = list(accumulate(stop - start for _, start, stop in self._parts))
 
     @classmethod
-    def of_range(cls, batch: MessageBatch, start: int, stop: int) -> ReceivedMessages:
-        """Messages ``start`` to ``stop`` of ``batch`` (a queue's share of a FETCH answer: one
-        per queue and answer, so made without ``__init__``'s generality)."""
-        made = cls.__new__(cls)
-        made._parts, made._ends = ([(batch, start, stop)], [stop - start]) if stop > start else ([], [])
-        return made
-
-    @classmethod
     def concat(cls, sequences: Sequence[ReceivedMessages]) -> ReceivedMessages:
         return cls([part for seq in sequences for part in seq._parts])
 

@@ -7,6 +7,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Self
 
@@ -81,26 +82,19 @@ class AsyncConsumer:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
 
-        def make(attached: Attached) -> Consumer:
-            return Consumer(
-                brokers, nameserver=nameserver, group=group, subscription=subscription, mode=mode,
-                start_from=start_from, auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
-                heartbeat_interval_ms=heartbeat_interval_ms, max_poll_messages=max_poll_messages,
-                fetch_max_messages=fetch_max_messages, fetch_max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
-                request_timeout_ms=request_timeout_ms, on_damaged=on_damaged, damaged=damaged,
-                instance_name=instance_name, offset_dir=offset_dir, security=security,
-                max_reconsume_times=max_reconsume_times, retry_delays_ms=retry_delays_ms, fifo=fifo,
-                trace=trace, trace_topic=trace_topic, _attached=attached)
-
-        def connect() -> ClientRuntime:
-            return ClientRuntime(brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
-                                 name="gms-consumer", security=security, loop=self._loop)
-
-        def make_retry_producer() -> AsyncProducer:  # for nack's copies
-            return AsyncProducer(brokers, nameserver=nameserver, security=security,
-                                 request_timeout_ms=request_timeout_ms, acks=-1, retries=10)
-
-        self._make, self._connect, self._make_retry_producer = make, connect, make_retry_producer
+        self._make = partial(  # the core, once joined: make(_attached=...)
+            Consumer, brokers, nameserver=nameserver, group=group, subscription=subscription, mode=mode,
+            start_from=start_from, auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, max_poll_messages=max_poll_messages,
+            fetch_max_messages=fetch_max_messages, fetch_max_bytes=fetch_max_bytes, long_poll_ms=long_poll_ms,
+            request_timeout_ms=request_timeout_ms, on_damaged=on_damaged, damaged=damaged,
+            instance_name=instance_name, offset_dir=offset_dir, security=security,
+            max_reconsume_times=max_reconsume_times, retry_delays_ms=retry_delays_ms, fifo=fifo,
+            trace=trace, trace_topic=trace_topic)
+        self._connect = partial(ClientRuntime, brokers, nameserver=nameserver, request_timeout_ms=request_timeout_ms,
+                                name="gms-consumer", security=security, loop=self._loop)
+        self._make_retry_producer = partial(AsyncProducer, brokers, nameserver=nameserver, security=security,
+                                            request_timeout_ms=request_timeout_ms, acks=-1, retries=10)  # nack's copies
         self._retry_producer: AsyncProducer | None = None
         self._group = group
         self._clustering = mode == "clustering"
@@ -120,7 +114,7 @@ class AsyncConsumer:
         try:
             settings, retry_topic_ready = await prepare(runtime, self._group, clustering=self._clustering,
                                                         need_settings=self._need_settings)
-            core = self._make(Attached(runtime, settings, retry_topic_ready))
+            core = self._make(_attached=Attached(runtime, settings, retry_topic_ready))
             await core._membership.start()
         except BaseException:
             await runtime.aclose()

@@ -208,3 +208,43 @@ def test_more_queues_than_one_fetch_names_go_out_in_several_requests(broker, mon
     assert got == expected
     assert max(map(len, asked)) <= 16
     assert set(expected) <= {q for queues in asked for q in queues}  # and the group's retry topic
+
+
+def test_polls_cut_across_queues_hand_out_each_message_once_and_commit_where_they_stopped(broker):
+    """A poll smaller than an answer cuts its queues' ranges (7 messages of queues of 9) and joins
+    those of consecutive queues: every message once in queue order, positions and commits past
+    the last message handed out, a seek reads its queue again alone."""
+    prefix = f"mc-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(30)]
+    per_queue = 9
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, f"{t}/{q}/{n}".encode(), queue=q)
+                             for n in range(per_queue) for t in topics for q in range(QUEUES)])
+    total = len(topics) * QUEUES * per_queue
+    group = f"g-{prefix}"
+
+    def read(consumer: Consumer, count: int) -> dict[tuple[str, int], list[int]]:
+        got: dict[tuple[str, int], list[int]] = {}
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < count and time.monotonic() < deadline:
+            polled = consumer.poll(500)
+            assert len(polled) <= 7
+            for m in polled:
+                assert m.body == f"{m.topic}/{m.queue_id}/{m.queue_offset}".encode()
+                got.setdefault((m.topic, m.queue_id), []).append(m.queue_offset)
+        return got
+
+    with Consumer([broker.address], group=group, subscription=dict.fromkeys(topics, "*"), start_from="first",
+                  auto_commit=False, max_poll_messages=7) as consumer:
+        got = read(consumer, total)
+        assert got == {(t, q): list(range(per_queue)) for t in topics for q in range(QUEUES)}
+        assert {consumer.position(t, q) for t in topics for q in range(QUEUES)} == {per_queue}
+        consumer.commit()
+        consumer.seek(topics[3], 1, 4)
+        assert read(consumer, per_queue - 4) == {(topics[3], 1): list(range(4, per_queue))}
+        assert not consumer.poll(300)
+    with Consumer([broker.address], group=group, subscription=dict.fromkeys(topics, "*"), start_from="first",
+                  auto_commit=False) as again:
+        assert not again.poll(1000)  # committed past the last message of every queue

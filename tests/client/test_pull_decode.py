@@ -79,7 +79,9 @@ def test_a_fetch_answer_of_many_topics_gives_each_message_its_own_topic():
     got = decode_fetch_body(body, [(start, end, MATCH_ALL) for start, end in pairwise(bounds)], "P",
                             verify_crc=True)
     assert got is not None
-    assert [[m.topic for m in messages] for messages in got] == spans_topics
+    batch, firsts, lasts = got
+    assert batch is not None
+    assert [[m.topic for m in batch[first:last]] for first, last in zip(firsts, lasts, strict=True)] == spans_topics
 
 
 def test_messages_are_a_list_like_sequence():
