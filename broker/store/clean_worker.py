@@ -1,4 +1,4 @@
-"""The compaction worker: a child process (``python -m gms.broker.store.clean_worker``) the
+"""The compaction worker: a child process (:func:`main`, argument: the broker's pid) the
 cleaner (:mod:`.cleaner`) starts for each queue it compacts. The CPU work of a compaction
 (checking CRCs, reading every record's key, choosing the survivors, writing them) runs here,
 outside the broker's interpreter and at the lowest CPU and IO priority: the broker's request
@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, NamedTuple
 
 import numpy as np
@@ -90,9 +91,10 @@ class Job:
     def decode(cls, stream: IO[bytes]) -> Job:
         head = json.loads(stream.readline())
         counts = head.pop("counts")
-        arrays = {name: np.frombuffer(stream.read(8 * n), np.int64) for name, n in zip(_ARRAYS, counts, strict=True)}
+        for name, n in zip(_ARRAYS, counts, strict=True):
+            head[name] = np.frombuffer(stream.read(8 * n), np.int64)
         head["runs"] = [tuple(run) for run in head["runs"]]
-        return cls(**head, **arrays)
+        return cls(**head)
 
 
 class PrivateMap(NamedTuple):
@@ -202,7 +204,7 @@ def write(tmp: str, candidates: Candidates, kept: np.ndarray, budget: IoBudget) 
     breaks = np.flatnonzero((source[1:] != source[:-1]) | (starts[1:] != starts[:-1] + sizes[:-1])) + 1
     firsts = np.concatenate(([0], breaks)).astype(np.int64) if len(kept) else np.empty(0, np.int64)
     ends = np.concatenate((breaks, [len(kept)])).astype(np.int64) if len(kept) else firsts
-    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+    with os.fdopen(open_private(Path(tmp), os.O_WRONLY | os.O_TRUNC), "wb") as fh:
         for first, end in zip(firsts.tolist(), ends.tolist(), strict=True):
             buf, begin = candidates.bufs[int(source[first])], int(starts[first])
             size = int(starts[end - 1] + sizes[end - 1]) - begin
@@ -235,13 +237,10 @@ def lower_priority(parent_pid: int) -> None:
 
 
 def main() -> None:
-    """``clean_worker PARENT_PID``: the job on stdin, its outcome on stdout."""
+    """The worker (argument: the broker's pid): the job on stdin, its outcome on stdout."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     lower_priority(int(sys.argv[1]))
     job = Job.decode(sys.stdin.buffer)
     print(json.dumps(compact(job)), flush=True)
 
-
-if __name__ == "__main__":
-    main()

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
 _NONE = np.empty(0, np.int64)
+WORKER_MAIN = "from gms.broker.store.clean_worker import main; main()"  # not -m: the package imports it
 
 
 class Cleaner:
@@ -199,7 +200,7 @@ class Cleaner:
         """Run ``job`` in a worker process (:mod:`.clean_worker`); the bytes it wrote to
         ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
         try:
-            worker = subprocess.Popen([sys.executable, "-P", "-m", "gms.broker.store.clean_worker", str(os.getpid())],
+            worker = subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._worker = worker
             if self._stop.is_set():  # stop() came before the worker was known

@@ -9,10 +9,20 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from compaction_helpers import KEYS, TOPIC, is_tombstone, keyed_batch, latest_per_key, read_all
+from compaction_helpers import (
+    KEYS,
+    TOPIC,
+    compaction_workers,
+    is_tombstone,
+    keyed_batch,
+    latest_per_key,
+    read_all,
+    running,
+)
 from store_helpers import small_config
 
 from gms.broker.store import GetStatus, MessageStore, QueueGet
@@ -205,9 +215,14 @@ def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
                 lines.append(child.stdout.readline())
                 assert lines[-1], "the writer stopped"
             time.sleep(rng.uniform(0, 0.15))  # a compaction of ~6 KB at 50 KB/s takes ~0.12 s
+            workers = compaction_workers(child.pid)
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
+        deadline = time.monotonic() + 30
+        while any(running(pid) for pid in workers):  # a worker dies with its broker
+            assert time.monotonic() < deadline, f"round {round_}: compaction worker(s) {workers} outlived the writer"
+            time.sleep(0.05)
         lines += child.stdout.read().split("\n")
         child.stdout.close()
         acked = max([acked, *(int(line.split()[1]) for line in lines if line.startswith("acked"))])
@@ -236,3 +251,26 @@ def test_a_bit_flipped_in_a_compacted_log_is_answered_as_damaged(store_dir):
         got = store.get(TOPIC, 0, kept[0], 100)
         assert got.status is GetStatus.FOUND and [d[0] for d in got.damaged] == [kept[0]]
         assert got.offsets.tolist() == kept[1:]
+
+
+def test_a_compaction_worker_killed_midway_changes_nothing(store_dir):
+    """The cleaner's worker process killed while it writes: the pass is skipped, its tmp file
+    removed, the queue served as before; the next pass compacts."""
+    config = small_config(checkpoint_interval_ms=1, compaction_check_interval_ms=3_600_000,
+                          compaction_io_bytes_per_s=10_000)  # ~40 KB to read and write: seconds
+    with MessageStore(store_dir, config) as store, ThreadPoolExecutor(1) as pool:
+        store.create_topic(TOPIC, 1, COMPACT)
+        end = fill(store, 0, 400)
+        before = read_all(store)
+        qdir = store_dir / "compacted" / TOPIC / "0"
+        passed = pool.submit(store.compact)
+        while not (workers := compaction_workers(os.getpid())) or not qdir.is_dir() or not os.listdir(qdir):
+            assert not passed.done(), "the pass ended before its worker was seen writing"
+            time.sleep(0.01)
+        os.kill(workers[0], signal.SIGKILL)
+        assert passed.result(60) == 0
+        assert read_all(store) == before and os.listdir(qdir) == []
+        assert store.min_offset(TOPIC, 0) == 0
+        assert store.compact() == 1
+        assert latest_per_key(read_all(store)) == expected_latest(end)
+        assert [name.endswith(".seg") for name in os.listdir(qdir)] == [True]
