@@ -3,6 +3,7 @@ tombstones go after their retention, the commitlog files below the compaction po
 (get, get_many, by time) serve the compacted log, and a crash at any step of a compaction loses
 nothing (docs/storage-format.md "Compacted topics")."""
 
+import logging
 import os
 import random
 import signal
@@ -28,7 +29,7 @@ from store_helpers import small_config
 from gms.broker.store import GetStatus, MessageStore, QueueGet
 from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError
-from gms.record import iter_records
+from gms.record import OFF_QUEUE_OFFSET, iter_records
 
 COMPACT = TopicLimits(cleanup_policy="compact", segment_roll_messages=10, dirty_ratio=0.0)
 DAY_MS = 86_400_000
@@ -274,3 +275,50 @@ def test_a_compaction_worker_killed_midway_changes_nothing(store_dir):
         assert store.compact() == 1
         assert latest_per_key(read_all(store)) == expected_latest(end)
         assert [name.endswith(".seg") for name in os.listdir(qdir)] == [True]
+
+
+@pytest.mark.parametrize("damage", ["body", "length", "magic", "queue_offset", "tail"])
+def test_damage_found_at_open_in_a_compacted_log_is_never_served(store_dir, damage, caplog):
+    """A bit flipped on disk in a kept record (its body, its length, its magic or its queue
+    offset, which lie outside the CRC) or a torn tail: opening the store serves every other kept
+    record and never the damaged one; the next compaction rewrites the log without it."""
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 100)
+        store.compact()
+        kept = read_all(store)
+    (path,) = (store_dir / "compacted" / TOPIC / "0").iterdir()
+    data = bytearray(path.read_bytes())
+    starts = [0]
+    while (end := starts[-1] + int.from_bytes(data[starts[-1]:starts[-1] + 4], "big")) < len(data):
+        starts.append(end)
+    victim = 5  # the sixth kept record
+    at = starts[victim]
+    lost = {victim}
+    if damage == "body":
+        data[starts[victim + 1] - 1] ^= 0x01
+    elif damage == "length":
+        data[at + 2] ^= 0x10  # 4 KiB more: past the next record's start
+    elif damage == "magic":
+        data[at + 5] ^= 0x01
+    elif damage == "queue_offset":
+        data[at + OFF_QUEUE_OFFSET + 7] ^= 0x80  # +128: past the point, it and its successor are out of order
+        lost.add(victim + 1)
+    else:
+        del data[starts[-1] + 10:]
+        lost = {len(starts) - 1}
+    path.write_bytes(bytes(data))
+    served = [record for i, record in enumerate(kept) if i not in lost]
+    with open_store(store_dir) as store:
+        assert read_all(store) == served  # read_all checks that no answer holds a damaged record
+        got = store.get(TOPIC, 0, kept[min(lost)][0], 1)  # a read there answers the next one served
+        assert got.offsets is None or got.offsets.tolist() != [kept[min(lost)][0]]
+        fill(store, 100, 10)
+        assert store.compact() == 1
+        newer = [(seq, f"k{seq % KEYS}", seq, is_tombstone(seq)) for seq in range(100, 110)]
+        rewritten = read_all(store)
+        assert latest_per_key(rewritten) == latest_per_key(served + newer)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR), open_store(store_dir) as store:  # the rewritten log has no damage left
+        assert read_all(store) == rewritten
+    assert not caplog.records
