@@ -39,9 +39,9 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 from prometheus_client.registry import Collector
 
+from gms.broker.clean_worker import Job
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue, OffsetExpired
-from gms.broker.store.clean_worker import Job
 from gms.broker.store.compacted import CompactedLogs, Segment
 from gms.broker.store.queues import QueueTable
 from gms.broker.store.records import file_runs, first_stored_at
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
 _NONE = np.empty(0, np.int64)
-WORKER_MAIN = "from gms.broker.store.clean_worker import main; main()"  # not -m: the package imports it
+WORKER_MAIN = "from gms.broker.clean_worker import main; main()"  # not -m: the store imports it
 
 
 class Cleaner:
@@ -197,7 +197,7 @@ class Cleaner:
                    _NONE if seg is None else seg.sizes, phys, sizes, offsets)
 
     def _run_worker(self, job: Job) -> int:
-        """Run ``job`` in a worker process (:mod:`.clean_worker`); the bytes it wrote to
+        """Run ``job`` in a worker process (:mod:`gms.broker.clean_worker`); the bytes it wrote to
         ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
         try:
             worker = subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],

@@ -106,7 +106,7 @@ def _next_record(mm: mmap.mmap, pos: int) -> int:
     """The first position from ``pos`` where an intact record starts (the end if none does)."""
     while (found := mm.find(_MAGIC, pos + OFF_MAGIC)) >= 0:
         pos = found - OFF_MAGIC
-        if check_record(mm, pos)[0] is RecordCheck.OK:
+        if check_record(memoryview(mm), pos)[0] is RecordCheck.OK:
             return pos
         pos += 1
     return len(mm)

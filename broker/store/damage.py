@@ -6,15 +6,14 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.store.queues import QueueKey, QueueTable
-from gms.broker.store.records import file_runs
+from gms.broker.store.records import FileRuns, file_runs
 from gms.broker.store.types import LOST_ENTRY_SIZE, RepairOutcome
 from gms.record import MAGIC_V1, OFF_QUEUE_ID, check_stored
 from gms.record.batch import parse_batch, parse_records
@@ -28,18 +27,8 @@ _HEAD_STRUCT = struct.Struct(">iI")
 _ENVELOPE_HEAD_STRUCT = struct.Struct(">iqq")
 
 
-class Mapped(Protocol):
-    """Where records lie: a commitlog file (or a private map of one, see :mod:`.clean_worker`)."""
-
-    @property
-    def view(self) -> memoryview: ...
-
-    @property
-    def base_offset(self) -> int: ...
-
-
-def check_stored_records(runs: Sequence[tuple[Mapped, int, int]], phys: np.ndarray, sizes: np.ndarray,
-                         offsets: np.ndarray, queue_id: int) -> np.ndarray:
+def check_stored_records(runs: FileRuns, phys: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
+                         queue_id: int) -> np.ndarray:
     """Indexes of the records at ``phys`` (in the file ``runs``) whose CRC fails, and of the
     entries for records recovery found lost. Length, magic and envelope lie outside the CRC: a
     bit flipped there would hand consumers an undecodable record or a wrong position. The

@@ -48,7 +48,7 @@ def latest_per_key(found: list[tuple[int, str, int, bool]]) -> dict[str, tuple[i
 
 
 def compaction_workers(parent: int) -> list[int]:
-    """The pids of ``parent``'s compaction worker processes (see broker/store/clean_worker.py)."""
+    """The pids of ``parent``'s compaction worker processes (see broker/clean_worker.py)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:

@@ -1,5 +1,5 @@
 """The compaction worker: a child process (:func:`main`, argument: the broker's pid) the
-cleaner (:mod:`.cleaner`) starts for each queue it compacts. The CPU work of a compaction
+cleaner (:mod:`gms.broker.store.cleaner`) starts for each queue it compacts. The CPU work of a compaction
 (checking CRCs, reading every record's key, choosing the survivors, writing them) runs here,
 outside the broker's interpreter and at the lowest CPU and IO priority: the broker's request
 loop neither waits for the GIL behind it nor shares a core with it on equal terms.
@@ -9,7 +9,8 @@ rate, syncs it and prints one JSON line (bytes written, records kept, damaged re
 It never renames nor deletes a file: the cleaner installs the tmp (rename, directory sync) and
 moves the queue's minimum. Killed at any point, it leaves at most the tmp file, which the
 cleaner removes (or opening the store does: a ``.tmp`` is never trusted). It dies with the
-cleaner's thread (``PR_SET_PDEATHSIG``), so no worker outlives a killed broker.
+cleaner's thread (``PR_SET_PDEATHSIG``), so no worker outlives a killed broker. It lies outside
+the store package, whose import would double its start-up time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import mmap
 import os
 import platform
 import signal
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -29,13 +31,12 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-from gms.broker.store.damage import check_stored_records
 from gms.private_files import open_private
-from gms.record import crc_mismatches
+from gms.record import MAGIC_V1, OFF_QUEUE_ID, check_stored, crc_mismatches
 from gms.record.columns import bytes_column, property_columns, read_field_offsets
 from gms.record.layout import KAFKA_KEY_PROPERTY, TOMBSTONE_PROPERTY
 
-log = logging.getLogger("gms.broker.store.clean_worker")
+log = logging.getLogger("gms.broker.clean_worker")
 
 WORKER_NICE = 19
 CHUNK_RECORDS = 4096  # records whose keys are read at a time (the IO budget spent between)
@@ -43,6 +44,8 @@ _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # the ioprio_set syscall's number
 _IOPRIO_BEST_EFFORT_LOWEST = (2 << 13) | 7  # class best-effort, level 7
 _PR_SET_PDEATHSIG = 1
 _ARRAYS = ("seg_starts", "seg_sizes", "phys", "sizes", "offsets")
+_HEAD_STRUCT = struct.Struct(">iI")  # as broker/store/damage.py repairs a header
+_ENVELOPE_HEAD_STRUCT = struct.Struct(">iqq")
 
 
 class IoBudget:
@@ -97,13 +100,6 @@ class Job:
         return cls(**head)
 
 
-class PrivateMap(NamedTuple):
-    """A file mapped privately (copy on write: a header repaired here stays here)."""
-
-    view: memoryview
-    base_offset: int
-
-
 class Candidates(NamedTuple):
     """Records a pass looks at, in queue offset order: where their bytes are and what decides."""
 
@@ -138,6 +134,7 @@ def survivors(candidates: Candidates, tombstones_before: int, expired_before: in
 
 
 def map_file(path: str) -> memoryview:
+    """The file mapped privately (copy on write: a header repaired here stays here)."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         return memoryview(mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)) if size else memoryview(b"")
@@ -157,14 +154,18 @@ def sources(job: Job) -> tuple[list[memoryview], list[tuple[int, np.ndarray, np.
         damaged += bad.size
         parts.append((0, job.seg_starts[keep], job.seg_sizes[keep]))
     for path, base, lo, hi in job.runs:
-        mapped = PrivateMap(map_file(path), base)
-        phys, sizes = job.phys[lo:hi], job.sizes[lo:hi]
-        bad = check_stored_records([(mapped, 0, hi - lo)], phys, sizes, job.offsets[lo:hi], job.queue_id)
+        view = map_file(path)
+        starts, sizes, offsets = job.phys[lo:hi] - base, job.sizes[lo:hi], job.offsets[lo:hi]
+        check = check_stored(view, starts, sizes, base, job.queue_id, offsets)
+        for i in check.misplaced.tolist():  # the CRC holds, the header outside it not: as the index says
+            _HEAD_STRUCT.pack_into(view, int(starts[i]), int(sizes[i]), MAGIC_V1)
+            _ENVELOPE_HEAD_STRUCT.pack_into(view, int(starts[i]) + OFF_QUEUE_ID, job.queue_id, int(offsets[i]),
+                                            int(starts[i]) + base)
         keep = np.ones(hi - lo, bool)
-        keep[bad] = False
-        damaged += bad.size
-        bufs.append(mapped.view)
-        parts.append((len(bufs) - 1, phys[keep] - base, sizes[keep]))
+        keep[check.damaged] = False
+        damaged += check.damaged.size
+        bufs.append(view)
+        parts.append((len(bufs) - 1, starts[keep], sizes[keep]))
     if damaged:
         log.error("queue %d: %d damaged record(s) left out of compaction", job.queue_id, damaged)
     return bufs, parts, damaged
