@@ -225,14 +225,19 @@ def compact(job: Job) -> dict[str, int]:
 
 
 def lower_priority(parent_pid: int) -> None:
-    """Die with the cleaner's thread; the lowest CPU priority (batch, nice 19) and the lowest
-    best-effort IO priority (where the kernel's IO scheduler heeds it)."""
+    """Die with the cleaner's thread; the lowest CPU priority (SCHED_IDLE: it runs on a core
+    nothing else wants, and a task that wakes there preempts it at once, where a nice 19 task
+    may finish its slice first) and the lowest best-effort IO priority (where the kernel's IO
+    scheduler heeds it)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the prctl
         sys.exit("the broker is gone")
-    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)
+    os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)  # what is left if SCHED_IDLE is refused
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as err:
+        log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
     if (number := _IOPRIO_SET.get(platform.machine())) is not None:
         libc.syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
 
