@@ -1,8 +1,8 @@
 """The compaction worker: a child process (:func:`main`, argument: the broker's pid) the
-cleaner (:mod:`gms.broker.store.cleaner`) starts for each queue it compacts. The CPU work of a compaction
-(checking CRCs, reading every record's key, choosing the survivors, writing them) runs here,
-outside the broker's interpreter and at the lowest CPU and IO priority: the broker's request
-loop neither waits for the GIL behind it nor shares a core with it on equal terms.
+cleaner (:mod:`gms.broker.store.cleaner`) starts for each queue it compacts. The CPU work of a
+compaction (checking CRCs, reading every record's key, choosing the survivors, writing them)
+runs here, outside the broker's interpreter and at the lowest CPU and IO priority: the broker's
+request loop neither waits for the GIL behind it nor shares a core with it.
 
 It reads a :class:`Job` on stdin, writes the survivors to the job's ``tmp`` file at the job's IO
 rate, syncs it and prints one JSON line (bytes written, records kept, damaged records left out).

@@ -200,15 +200,21 @@ class Cleaner:
         """Run ``job`` in a worker process (:mod:`gms.broker.clean_worker`); the bytes it wrote to
         ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
         try:
-            worker = subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self._worker = worker
-            if self._stop.is_set():  # stop() came before the worker was known
-                worker.kill()
-            try:
-                out, _ = worker.communicate(job.encode())
-            finally:
-                self._worker = None
+            with subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE) as worker:
+                self._worker = worker
+                try:
+                    if self._stop.is_set():  # stop() came before the worker was known
+                        worker.kill()
+                    assert worker.stdin is not None and worker.stdout is not None
+                    try:  # one write (the GIL let go while it blocks), not communicate()'s 4 KiB a turn
+                        with worker.stdin:
+                            worker.stdin.write(job.encode())
+                    except BrokenPipeError:
+                        pass  # the worker is gone: its exit status says why
+                    out = worker.stdout.read()
+                finally:
+                    self._worker = None
             if worker.returncode != 0:
                 raise OSError(f"the compaction worker exited with {worker.returncode}")
             return int(json.loads(out)["written"])
