@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -199,23 +200,29 @@ def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
     """The writer compacts every 50 records at a low IO rate; the kill comes at a random moment of
     the first, second or third compaction of each round (or of the retention run or append after
     it); whatever it interrupts, every key still serves its latest acknowledged record (or a
-    later one)."""
+    later one), and no compaction worker outlives the writer."""
     root = tmp_path / "store"
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": str(here)}
     rng = random.Random()
     acked = 0
+    took: list[float] = []  # how long the compactions seen took
     for round_ in range(10):
         child = subprocess.Popen([sys.executable, str(here / "compaction_crash_writer.py"), str(root)],
                                  stdout=subprocess.PIPE, env=env, text=True)
         try:
             word, seq = child.stdout.readline().split()
             assert word == "start" and int(seq) >= acked
-            lines, wanted = [], rng.randrange(1, 4)  # the kill comes in the wanted-th compaction
+            lines, wanted, began = [], rng.randrange(1, 4), 0.0  # the kill comes in the wanted-th compaction
             while sum(line.startswith("compacting") for line in lines) < wanted:
                 lines.append(child.stdout.readline())
                 assert lines[-1], "the writer stopped"
-            time.sleep(rng.uniform(0, 0.15))  # a compaction of ~6 KB at 50 KB/s takes ~0.12 s
+                if lines[-1].startswith("compacting"):
+                    began = time.monotonic()
+                elif lines[-1].startswith("compacted"):
+                    took.append(time.monotonic() - began)
+            # anywhere in it (its worker's start, ~6 KB read and written at 50 KB/s, the install) or just after
+            time.sleep(rng.uniform(0, 1.2 * (statistics.median(took) if took else 0.5)))
             workers = compaction_workers(child.pid)
         finally:
             child.send_signal(signal.SIGKILL)
