@@ -1,16 +1,18 @@
 """The compaction worker: a child process (:func:`main`, argument: the broker's pid) the
-cleaner (:mod:`gms.broker.store.cleaner`) starts for each queue it compacts. The CPU work of a
-compaction (checking CRCs, reading every record's key, choosing the survivors, writing them)
-runs here, outside the broker's interpreter and at the lowest CPU and IO priority: the broker's
-request loop neither waits for the GIL behind it nor shares a core with it.
+cleaner (:mod:`gms.broker.store.cleaner`) starts at its first compaction and keeps (started
+again if it died) to compact queues one after the other. The CPU work of a compaction
+(checking CRCs, reading every record's key, choosing the survivors, writing them) runs here,
+outside the broker's interpreter and at the lowest CPU and IO priority: the broker's request
+loop neither waits for the GIL behind it nor shares a core with it.
 
-It reads a :class:`Job` on stdin, writes the survivors to the job's ``tmp`` file at the job's IO
-rate, syncs it and prints one JSON line (bytes written, records kept, damaged records left out).
-It never renames nor deletes a file: the cleaner installs the tmp (rename, directory sync) and
+For each :class:`Job` it reads on stdin, it writes the survivors to the job's ``tmp`` file at the
+job's IO rate, syncs it and prints one JSON line (bytes written, records kept, damaged records
+left out). It never renames nor deletes a file: the cleaner installs the tmp (rename, directory sync) and
 moves the queue's minimum. Killed at any point, it leaves at most the tmp file, which the
 cleaner removes (or opening the store does: a ``.tmp`` is never trusted). It dies with the
-cleaner's thread (``PR_SET_PDEATHSIG``), so no worker outlives a killed broker. It lies outside
-the store package, whose import would double its start-up time.
+thread that started it (``PR_SET_PDEATHSIG``: the cleaner's, or one calling
+``MessageStore.compact``), so no worker outlives a killed broker. It lies outside the store
+package, whose import would double its start-up time.
 """
 
 from __future__ import annotations
@@ -91,8 +93,12 @@ class Job:
         return json.dumps(head).encode() + b"\n" + arrays
 
     @classmethod
-    def decode(cls, stream: IO[bytes]) -> Job:
-        head = json.loads(stream.readline())
+    def decode(cls, stream: IO[bytes]) -> Job | None:
+        """The next job on ``stream`` (None: it ended)."""
+        line = stream.readline()
+        if not line:
+            return None
+        head = json.loads(line)
         counts = head.pop("counts")
         for name, n in zip(_ARRAYS, counts, strict=True):
             head[name] = np.frombuffer(stream.read(8 * n), np.int64)
@@ -243,10 +249,11 @@ def lower_priority(parent_pid: int) -> None:
 
 
 def main() -> None:
-    """The worker (argument: the broker's pid): the job on stdin, its outcome on stdout."""
+    """The worker (argument: the broker's pid): jobs on stdin, one after the other, each one's
+    outcome on stdout; it ends with its stdin (a job that fails ends it, the traceback logged)."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     lower_priority(int(sys.argv[1]))
-    job = Job.decode(sys.stdin.buffer)
-    print(json.dumps(compact(job)), flush=True)
+    while (job := Job.decode(sys.stdin.buffer)) is not None:
+        print(json.dumps(compact(job)), flush=True)
 

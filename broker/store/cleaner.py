@@ -25,6 +25,7 @@ which keep their leader's offsets and store times, keep the same offsets below t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -72,7 +73,7 @@ class Cleaner:
         self._write_lock, self._index_lock = locks
         self._expiry_limit = expiry_limit
         self._stop = threading.Event()
-        self._worker: subprocess.Popen[bytes] | None = None  # the compaction worker at work
+        self._worker: subprocess.Popen[bytes] | None = None  # the compaction worker, once started
         self._thread = threading.Thread(target=self._run, name="gms-cleaner", daemon=True)
         self.cleanable_ratio = Gauge("gms_broker_compaction_cleanable_ratio", "Of the compacted queues' bytes"
                                      " the cleaner could compact, the largest fraction not yet compacted"
@@ -89,10 +90,13 @@ class Cleaner:
 
     def stop(self) -> None:
         self._stop.set()
-        if (worker := self._worker) is not None:  # its tmp file is removed by the pass it served
+        if (worker := self._worker) is not None:  # the tmp file of a job under way is removed by its pass
             worker.kill()
         if self._thread.is_alive():
             self._thread.join()
+        if worker is not None:
+            with contextlib.suppress(BrokenPipeError), worker:  # its pipes closed, its exit waited for
+                pass
 
     def metric_collectors(self) -> list[Collector]:
         return [self.cleanable_ratio, self.reclaimed_bytes, self.last_run, self.compacted_queues]
@@ -196,28 +200,34 @@ class Cleaner:
                    expired_before, self._config.compaction_io_bytes_per_s, _NONE if seg is None else seg.starts,
                    _NONE if seg is None else seg.sizes, phys, sizes, offsets)
 
+    def _started_worker(self) -> subprocess.Popen[bytes]:
+        """The worker process, started if there is none or it died."""
+        worker = self._worker
+        if worker is None or worker.poll() is not None:
+            if worker is not None:
+                with contextlib.suppress(BrokenPipeError), worker:
+                    pass
+            worker = self._worker = subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
+                                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            if self._stop.is_set():  # stop() came before the worker was known
+                worker.kill()
+        return worker
+
     def _run_worker(self, job: Job) -> int:
-        """Run ``job`` in a worker process (:mod:`gms.broker.clean_worker`); the bytes it wrote to
-        ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
+        """Run ``job`` in the worker process (:mod:`gms.broker.clean_worker`); the bytes it wrote
+        to ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
         try:
-            with subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE) as worker:
-                self._worker = worker
-                try:
-                    if self._stop.is_set():  # stop() came before the worker was known
-                        worker.kill()
-                    assert worker.stdin is not None and worker.stdout is not None
-                    try:  # one write (the GIL let go while it blocks), not communicate()'s 4 KiB a turn
-                        with worker.stdin:
-                            worker.stdin.write(job.encode())
-                    except BrokenPipeError:
-                        pass  # the worker is gone: its exit status says why
-                    out = worker.stdout.read()
-                finally:
-                    self._worker = None
-            if worker.returncode != 0:
-                raise OSError(f"the compaction worker exited with {worker.returncode}")
-            return int(json.loads(out)["written"])
+            worker = self._started_worker()
+            assert worker.stdin is not None and worker.stdout is not None
+            try:  # one write (the GIL let go while it blocks), then its answer
+                worker.stdin.write(job.encode())
+                worker.stdin.flush()
+                answer = worker.stdout.readline()
+            except (BrokenPipeError, ValueError):  # ValueError: stop() closed the pipes
+                answer = b""
+            if not answer:
+                raise OSError(f"the compaction worker exited with {worker.wait()}")
+            return int(json.loads(answer)["written"])
         except BaseException:
             Path(job.tmp).unlink(missing_ok=True)
             raise
