@@ -30,7 +30,8 @@ from store_helpers import small_config
 from gms.broker.store import GetStatus, MessageStore, QueueGet
 from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError
-from gms.record import OFF_QUEUE_OFFSET, iter_records
+from gms.record import OFF_QUEUE_OFFSET, decode_record, iter_records
+from gms.store_errors import MessageNotFound
 
 COMPACT = TopicLimits(cleanup_policy="compact", segment_roll_messages=10, dirty_ratio=0.0)
 DAY_MS = 86_400_000
@@ -329,3 +330,41 @@ def test_damage_found_at_open_in_a_compacted_log_is_never_served(store_dir, dama
     with caplog.at_level(logging.ERROR), open_store(store_dir) as store:  # the rewritten log has no damage left
         assert read_all(store) == rewritten
     assert not caplog.records
+
+
+def test_lookups_by_key_and_id_answer_kept_records_below_the_point_never_damaged_ones(store_dir):
+    """Once commitlog files below the point are gone: a lookup by key answers each key's kept
+    record, by position (message id) the kept record stored there and no removed one; a kept
+    record whose bit flipped since is answered by neither."""
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 400)
+        phys = {}  # queue offset -> where it was stored (its message id's position)
+        got = store.get(TOPIC, 0, 0, 400, 1 << 20)
+        for view in got.records:
+            phys[decode_record(view).queue_offset] = decode_record(view).phys_offset
+        store.compact()
+        fill(store, 400, 1)  # a checkpoint past the files
+        store.delete_expired()
+        kept = {offset: key for offset, key, _, _ in read_all(store) if offset < 400}
+        gone = store.stats().min_offset
+        assert phys[min(kept)] < gone  # the commitlog file of the first kept record is gone
+        for offset, key in kept.items():
+            assert [decode_record(v).queue_offset for v in store.find_by_key(TOPIC, key)] == [
+                o for o in (400, offset) if o == offset or f"k{o % KEYS}" == key]
+            assert decode_record(store.read_at(phys[offset])).queue_offset == offset
+        removed = min(set(range(400)) - set(kept))
+        assert phys[removed] < gone
+        with pytest.raises(MessageNotFound):
+            store.read_at(phys[removed])
+        (path,) = (store_dir / "compacted" / TOPIC / "0").iterdir()
+        first, key = min(kept), kept[min(kept)]
+        with open(path, "r+b") as fh:  # the last byte of the first kept record, under the store's map
+            size = int.from_bytes(fh.read(4), "big")
+            fh.seek(size - 1)
+            last = fh.read(1)
+            fh.seek(size - 1)
+            fh.write(bytes([last[0] ^ 0x01]))
+        assert first not in [decode_record(v, verify_crc=False).queue_offset for v in store.find_by_key(TOPIC, key)]
+        with pytest.raises(MessageNotFound):
+            store.read_at(phys[first])
