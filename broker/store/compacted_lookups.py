@@ -16,11 +16,14 @@ from gms.broker.store.compacted import CompactedLogs, Segment
 from gms.broker.store.queues import QueueKey
 from gms.record import OFF_PHYS_OFFSET, crc_mismatches
 from gms.record.columns import read_field_offsets
+from gms.store_errors import CorruptRecord
 
 log = logging.getLogger(__name__)
 
 
 class SegmentIndex(NamedTuple):
+    """The keys and stored positions of a segment's records (rows: positions in the segment's arrays)."""
+
     key_hashes: np.ndarray  # int64 ascending: the hash of every key of every kept record
     key_rows: np.ndarray  # the record (row of the segment) of each
     phys: np.ndarray  # int64 ascending: the commitlog offset each record was stored at
@@ -28,16 +31,25 @@ class SegmentIndex(NamedTuple):
 
 
 def index_segment(segment: Segment, topic: str) -> SegmentIndex:
-    if not len(segment.starts):
+    """The index of a segment's records whose CRC holds (one damaged since the segment was
+    opened is left out: it would not be answered)."""
+    rows = np.arange(len(segment.starts))
+    bad = crc_mismatches(segment.view, segment.starts, segment.sizes) if len(rows) else np.empty(0, np.intp)
+    rows = np.delete(rows, bad)
+    try:
+        headers = read_field_offsets(segment.view, segment.starts[rows]).headers if len(rows) else None
+    except CorruptRecord as err:  # a length outside the CRC flipped since: the log is looked up no more
+        log.error("compacted log %s: %s: not indexed for lookups", segment.path, err)
+        headers = None
+    if headers is None:
         empty = np.empty(0, np.int64)
         return SegmentIndex(empty, empty, empty, empty)
-    headers = read_field_offsets(segment.view, segment.starts).headers
-    keys = batch_keys(np.frombuffer(segment.view, np.uint8), segment.starts, headers, [topic],
-                      np.zeros(len(segment.starts), np.intp))
+    keys = batch_keys(np.frombuffer(segment.view, np.uint8), segment.starts[rows], headers, [topic],
+                      np.zeros(len(rows), np.intp))
     by_hash = np.argsort(keys.hashes, kind="stable")
     phys = headers["phys_offset"].astype(np.int64)
     by_phys = np.argsort(phys, kind="stable")
-    return SegmentIndex(keys.hashes[by_hash], keys.records[by_hash], phys[by_phys], by_phys)
+    return SegmentIndex(keys.hashes[by_hash], rows[keys.records[by_hash]], phys[by_phys], rows[by_phys])
 
 
 def checked(segment: Segment, row: int) -> memoryview | None:
