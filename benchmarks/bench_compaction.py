@@ -15,12 +15,12 @@ bodies, batches of 100) goes to one compacted queue; then:
   one-message sends to another topic, paced one a millisecond, while its cleaner compacts the
   same backlog at its default IO rate, over the p99 with it idle (<= 1.2 wanted). The backlog
   is split over three topics compacted in turn; each pass is measured whole (sends from a check
-  interval after its topic's lag is lifted until /metrics count it done: ``sends_cleaner_on``
-  in all), and after each as many sends with the cleaner idle, so that load from elsewhere on
-  a shared host falls on both kinds alike (and an idle window before the first pass). The sends
-  are the same in every window (pace, topic, record; /metrics read every 0.1 s throughout), on
-  the same store; ``broker_cleaner_mb_per_s`` is the backlog's bytes over the time from lifting
-  the lags to the passes' ends: the rate the cleaner compacted at meanwhile.
+  interval after its topic's lag is lifted until its compacted log appears in the store
+  directory: ``sends_cleaner_on`` in all), and after each as many sends with the cleaner idle,
+  so that load from elsewhere on a shared host falls on both kinds alike (and an idle window
+  before the first pass). The sends are the same in every window (pace, topic, record), on the
+  same store; ``broker_cleaner_mb_per_s`` is the backlog's bytes over the time from lifting the
+  lags to the passes' ends: the rate the cleaner compacted at meanwhile.
 """
 
 from __future__ import annotations
@@ -32,17 +32,14 @@ import random
 import shutil
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 from bench_procs import start_server, stop_servers
-from prometheus_client.parser import text_string_to_metric_families
 
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store.topic_table import TopicLimits
 from gms.broker.store_config import StoreConfig
-from gms.nameserver.embedded_etcd import free_port
 from gms.net import Connection, run
 from gms.protocol.codes import RequestCode
 from gms.record import Message, encode_batch, encode_record, iter_records
@@ -109,22 +106,20 @@ def bench_cleaner(root: Path, n_batches: int) -> dict[str, float | int]:
             "lost_latest_values": lost, "compacted_messages": n_batches * BATCH}
 
 
-async def _paced_sends(conn: Connection, record: bytes, metrics_port: int, count: int | None = None,
-                       until_compacted: float | None = None) -> list[float]:
-    """The round trips (s) of one-record sends, one every PACE_S: ``count`` of them, or until
-    the broker's compactions reach ``until_compacted``. Its /metrics are read every
-    POLL_S either way (the same load on the broker in both kinds of windows)."""
+async def _paced_sends(conn: Connection, record: bytes, count: int | None = None,
+                       until: Path | None = None) -> list[float]:
+    """The round trips (s) of one-record sends, one every PACE_S: ``count`` of them, or until a
+    compacted log is in the directory ``until`` (looked for every POLL_S: the broker is not
+    asked, so the watch costs it nothing)."""
     latencies: list[float] = []
     loop = asyncio.get_running_loop()
     next_at, done = loop.time(), asyncio.Event()
 
-    async def poll() -> None:
-        while not done.is_set():
-            compacted = await asyncio.to_thread(_compacted_count, metrics_port)
-            if until_compacted is not None and compacted >= until_compacted:
-                done.set()
+    async def watch(directory: Path) -> None:
+        while not await asyncio.to_thread(lambda: directory.is_dir() and any(directory.glob("*.seg"))):
             await asyncio.sleep(POLL_S)
-    poller = asyncio.create_task(poll())
+        done.set()
+    watcher = None if until is None else asyncio.create_task(watch(until))
     while not done.is_set():
         next_at += PACE_S
         start = time.perf_counter()
@@ -133,7 +128,8 @@ async def _paced_sends(conn: Connection, record: bytes, metrics_port: int, count
         if count is not None and len(latencies) >= count:
             done.set()
         await asyncio.sleep(max(0.0, next_at - loop.time()))
-    await poller
+    if watcher is not None:
+        await watcher
     return latencies
 
 
@@ -150,15 +146,7 @@ async def _fill(conn: Connection, batches: list[bytes]) -> None:
     await asyncio.gather(*(sender() for _ in range(IN_FLIGHT)))
 
 
-def _compacted_count(metrics_port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == "gms_broker_compaction_queues_compacted_total")
-
-
-async def _measure_p99(port: int, metrics_port: int, backlogs: list[list[bytes]],
-                       n_sends: int) -> dict[str, float | int]:
+async def _measure_p99(port: int, store: Path, backlogs: list[list[bytes]], n_sends: int) -> dict[str, float | int]:
     """Windows of paced sends, the cleaner idle and compacting in turn: an idle one, then for
     each backlog (a topic of its own) one from lifting its lag to the end of its pass and one
     of as many sends after it."""
@@ -172,17 +160,17 @@ async def _measure_p99(port: int, metrics_port: int, backlogs: list[list[bytes]]
             await _fill(conn, backlog)
         await asyncio.sleep(SETTLE_S)  # the backlog's pages written back
         record = encode_record(topic="p", body=BODY, queue_id=0)
-        await _paced_sends(conn, record, metrics_port, n_sends // 4)  # warm-up
-        off, on, pass_s = await _paced_sends(conn, record, metrics_port, n_sends // len(backlogs)), [], 0.0
+        await _paced_sends(conn, record, n_sends // 4)  # warm-up
+        off, on, pass_s = await _paced_sends(conn, record, n_sends // len(backlogs)), [], 0.0
         for i in range(len(backlogs)):
             released = time.perf_counter()
             await conn.request(RequestCode.UPDATE_TOPIC, {"topic": f"c{i}", "settings": {"min_compaction_lag_ms": 0}})
             await asyncio.sleep(CLEANER_INTERVAL_MS / 1000)  # its pass has begun
-            during = await _paced_sends(conn, record, metrics_port, until_compacted=i + 1)
+            during = await _paced_sends(conn, record, until=store / "compacted" / f"c{i}" / "0")
             on += during
             pass_s += time.perf_counter() - released
             await asyncio.sleep(SETTLE_S)  # the compacted log's pages written back
-            off += await _paced_sends(conn, record, metrics_port, len(during))  # as many, the cleaner idle
+            off += await _paced_sends(conn, record, len(during))  # as many, the cleaner idle
     finally:
         conn.close()
     return {"produce_p99_ms_cleaner_off": round(_p99_ms(off), 3), "produce_p99_ms_cleaner_on": round(_p99_ms(on), 3),
@@ -196,13 +184,11 @@ def bench_produce_p99(root: Path, n_backlog: int, n_sends: int) -> dict[str, flo
     config = root / "broker.toml"
     root.mkdir(parents=True)
     config.write_text(f"[store]\ncompaction_check_interval_ms = {CLEANER_INTERVAL_MS}\n")
-    metrics_port = free_port()
     proc, port = start_server("gms.broker", root, "broker", "--store-dir", str(root / "store"), "--config",
-                              str(config), "--commitlog-file-size", str(256 << 20),
-                              "--metrics-listen", f"127.0.0.1:{metrics_port}")
+                              str(config), "--commitlog-file-size", str(256 << 20))
     try:
         backlogs = [keyed_batches(f"c{i}", n_backlog // ROUNDS, seed=2 + i)[0] for i in range(ROUNDS)]
-        return run(_measure_p99(port, metrics_port, backlogs, n_sends))
+        return run(_measure_p99(port, root / "store" / "store", backlogs, n_sends))
     finally:
         stop_servers([proc])
 
