@@ -164,7 +164,7 @@ class ReplicationService:
         stop = first + max(int(np.searchsorted(np.cumsum(sizes[first:]), budget, side="right")), 1)
         stop = min(stop, len(starts))
         picked_starts, picked_sizes = starts[first:stop], sizes[first:stop]
-        next_position = int(picked_starts[-1] + picked_sizes[-1]) if stop > first else end
+        next_position = int(starts[stop]) if stop < len(starts) else end  # past a damaged stretch skipped at open
         bad = crc_mismatches(segment.view, picked_starts, picked_sizes) if stop > first else np.empty(0, np.intp)
         if bad.size:
             log.error("%s/%d: %d damaged record(s) of the compacted log left out of a follower's copy",

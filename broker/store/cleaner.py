@@ -25,85 +25,38 @@ which keep their leader's offsets and store times, keep the same offsets below t
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import Counter, Gauge
 from prometheus_client.registry import Collector
 
+from gms.broker.clean_worker import Job
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue, OffsetExpired
 from gms.broker.store.compacted import CompactedLogs, Segment
-from gms.broker.store.damage import check_stored_records
 from gms.broker.store.queues import QueueTable
 from gms.broker.store.records import file_runs, first_stored_at
 from gms.broker.store.topic_table import TopicLimits, TopicTable
 from gms.broker.store_config import StoreConfig
-from gms.private_files import open_private
 from gms.record import HEADER_SIZE
-from gms.record.columns import bytes_column, property_columns, read_field_offsets
-from gms.record.layout import HIDDEN_TAG_HASH, KAFKA_KEY_PROPERTY, TOMBSTONE_PROPERTY
+from gms.record.layout import HIDDEN_TAG_HASH
 from gms.store_errors import StoreError
 
 log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
-CHUNK_RECORDS = 256  # records whose keys are read between two yields of the GIL (~0.3 ms of work)
-YIELD_S = 0.0001
-
-
-class IoBudget:
-    """Sleeps so that the bytes spent stay under ``rate`` a second (woken early by ``stop``)."""
-
-    def __init__(self, rate: int, stop: threading.Event) -> None:
-        self._rate, self._stop = rate, stop
-        self._start, self._spent = time.monotonic(), 0
-
-    def spend(self, nbytes: int) -> None:
-        self._spent += nbytes
-        ahead = self._spent / self._rate - (time.monotonic() - self._start)
-        if ahead > 0:
-            self._stop.wait(ahead)
-        if time.monotonic() - self._start > 1.0:  # a fresh window: idle time does not bank a burst
-            self._start, self._spent = time.monotonic(), 0
-
-
-class Candidates(NamedTuple):
-    """Records a pass looks at, in queue offset order: where their bytes are and what decides."""
-
-    bufs: list[memoryview]  # a view per record source (the segment, commitlog files)
-    source: np.ndarray  # per record, its buffer in ``bufs``
-    starts: np.ndarray
-    sizes: np.ndarray
-    latest: np.ndarray  # bool: the record is its key's latest (or has no key)
-    tombstone: np.ndarray  # bool
-    store_ts: np.ndarray
-
-
-def record_keys(buf: memoryview, starts: np.ndarray) -> tuple[list[bytes | None], np.ndarray, np.ndarray]:
-    """The compaction key of each record at ``starts`` (the first of its keys: the SDK's ``key=``
-    or a Kafka record's key; else a key kept whole as a property; else None: never compacted
-    away), whether it is a tombstone, and its store time."""
-    fields = read_field_offsets(buf, starts)
-    keys = bytes_column(buf, fields.keys_at, fields.headers["keys_len"])
-    props = property_columns(buf, fields, (KAFKA_KEY_PROPERTY, TOMBSTONE_PROPERTY))
-    found: list[bytes | None] = [
-        key.split(b" ", 1)[0] if key else None if kafka is None else b"\x00" + kafka.encode()
-        for key, kafka in zip(keys, props[KAFKA_KEY_PROPERTY].tolist(), strict=True)]
-    return found, props[TOMBSTONE_PROPERTY] != None, fields.headers["store_ts_ms"].astype(np.int64)  # noqa: E711
-
-
-def survivors(candidates: Candidates, tombstones_before: int, expired_before: int) -> np.ndarray:
-    """Indexes of the candidates a compaction keeps: the latest of each key (and every record
-    without one), minus tombstones stored before ``tombstones_before`` and records stored before
-    ``expired_before``."""
-    keep = candidates.latest & ~(candidates.tombstone & (candidates.store_ts < tombstones_before))
-    return np.flatnonzero(keep & (candidates.store_ts >= expired_before))
+_NONE = np.empty(0, np.int64)
+WORKER_MAIN = "from gms.broker.clean_worker import main; main()"  # not -m: the store imports it
 
 
 class Cleaner:
@@ -120,7 +73,7 @@ class Cleaner:
         self._write_lock, self._index_lock = locks
         self._expiry_limit = expiry_limit
         self._stop = threading.Event()
-        self._budget = IoBudget(config.compaction_io_bytes_per_s, self._stop)
+        self._worker: subprocess.Popen[bytes] | None = None  # the compaction worker, once started
         self._thread = threading.Thread(target=self._run, name="gms-cleaner", daemon=True)
         self.cleanable_ratio = Gauge("gms_broker_compaction_cleanable_ratio", "Of the compacted queues' bytes"
                                      " the cleaner could compact, the largest fraction not yet compacted"
@@ -137,8 +90,13 @@ class Cleaner:
 
     def stop(self) -> None:
         self._stop.set()
+        if (worker := self._worker) is not None:  # the tmp file of a job under way is removed by its pass
+            worker.kill()
         if self._thread.is_alive():
             self._thread.join()
+        if worker is not None:
+            with contextlib.suppress(BrokenPipeError), worker:  # its pipes closed, its exit waited for
+                pass
 
     def metric_collectors(self) -> list[Collector]:
         return [self.cleanable_ratio, self.reclaimed_bytes, self.last_run, self.compacted_queues]
@@ -199,11 +157,12 @@ class Cleaner:
         ratio = dirty / max(dirty + clean, 1)
         if ratio < float(limits.compaction("dirty_ratio")):
             return ratio, False
-        candidates = self._candidates(commitlog, segment, entries, start, queue_id)
         retention_ms = limits.retention_ms or self._config.retention_ms
-        kept = survivors(candidates, now_ms - int(limits.compaction("tombstone_retention_ms")),
-                         now_ms - retention_ms if limits.expires else 0)
-        written = self._write(topic, queue_id, point, candidates, kept)
+        job = self._job(commitlog, segment, entries, start, queue_id, self._compacted.new_tmp(topic, queue_id, point),
+                        now_ms - int(limits.compaction("tombstone_retention_ms")),
+                        now_ms - retention_ms if limits.expires else 0)
+        written = self._run_worker(job)
+        self._compacted.install(topic, queue_id, point, Path(job.tmp))
         self._advance(cq, point)
         self.reclaimed_bytes.inc(max(dirty + clean - written, 0))
         self.compacted_queues.inc()
@@ -227,88 +186,51 @@ class Cleaner:
         roll = int(limits.compaction("segment_roll_messages"))
         return end // roll * roll
 
-    def _candidates(self, commitlog: CommitLog, segment: Segment | None, entries: np.ndarray, start: int,
-                    queue_id: int) -> Candidates:
-        """The compacted log's records, then the commitlog's in [start, point) whose CRCs hold
-        (a damaged record, or a lost one, is left out: it is answered as damaged no more)."""
-        bufs: list[memoryview] = []
-        parts: list[tuple[int, np.ndarray, np.ndarray]] = []
-        if segment is not None and len(segment.starts):
-            bufs.append(segment.view)
-            parts.append((0, segment.starts, segment.sizes))
+    def _job(self, commitlog: CommitLog, segment: Segment | None, entries: np.ndarray, start: int, queue_id: int,
+             tmp: Path, tombstones_before: int, expired_before: int) -> Job:
+        """The worker's job: the compacted log's records, then the commitlog's in [start, point)
+        (lost entries left out) and the commitlog files they lie in."""
         phys, sizes = entries["phys"].astype(np.int64), entries["size"].astype(np.int64)
         offsets = np.arange(start, start + len(entries), dtype=np.int64)
         real = np.flatnonzero(sizes >= HEADER_SIZE)
         phys, sizes, offsets = phys[real], sizes[real], offsets[real]
-        if len(phys):
-            runs = file_runs(commitlog, phys)
-            bad = check_stored_records(runs, phys, sizes, offsets, queue_id)
-            if bad.size:
-                log.error("queue %d: %d damaged record(s) left out of compaction", queue_id, bad.size)
-                keep = np.ones(len(phys), bool)
-                keep[bad] = False
-                phys, sizes = phys[keep], sizes[keep]
-                runs = file_runs(commitlog, phys) if len(phys) else []
-            for f, lo, hi in runs:
-                bufs.append(f.view)
-                parts.append((len(bufs) - 1, phys[lo:hi] - f.base_offset, sizes[lo:hi]))
-        return self._decide(bufs, parts)
+        runs = [(str(f.path), f.base_offset, lo, hi) for f, lo, hi in file_runs(commitlog, phys)] if len(phys) else []
+        seg = segment if segment is not None and segment.path is not None and len(segment.starts) else None
+        return Job(queue_id, str(tmp), None if seg is None else str(seg.path), runs, tombstones_before,
+                   expired_before, self._config.compaction_io_bytes_per_s, _NONE if seg is None else seg.starts,
+                   _NONE if seg is None else seg.sizes, phys, sizes, offsets)
 
-    def _decide(self, bufs: list[memoryview], parts: list[tuple[int, np.ndarray, np.ndarray]]) -> Candidates:
-        """The keys of every candidate and which is its key's latest, CHUNK_RECORDS at a time with
-        the GIL let go between chunks (the request loop's sends wait no longer than a chunk)."""
-        last: dict[bytes | None, int] = {}  # key -> its latest candidate
-        tombstones, times, keyless, sources, starts, sizes = [], [], [], [], [], []
-        count = 0
-        for index, part_starts, part_sizes in parts:
-            for lo in range(0, len(part_starts), CHUNK_RECORDS):
-                chunk = part_starts[lo:lo + CHUNK_RECORDS]
-                self._budget.spend(int(part_sizes[lo:lo + CHUNK_RECORDS].sum()))
-                keys, tombstone, store_ts = record_keys(bufs[index], chunk)
-                last.update(zip(keys, range(count, count + len(chunk)), strict=True))
-                count += len(chunk)
-                tombstones.append(tombstone)
-                times.append(store_ts)
-                keyless.append(np.fromiter((key is None for key in keys), bool, len(keys)))
-                self._stop.wait(YIELD_S)
-            sources.append(np.full(len(part_starts), index, np.int64))
-            starts.append(part_starts)
-            sizes.append(part_sizes)
+    def _started_worker(self) -> subprocess.Popen[bytes]:
+        """The worker process, started if there is none or it died."""
+        worker = self._worker
+        if worker is None or worker.poll() is not None:
+            if worker is not None:
+                with contextlib.suppress(BrokenPipeError), worker:
+                    pass
+            worker = self._worker = subprocess.Popen([sys.executable, "-P", "-c", WORKER_MAIN, str(os.getpid())],
+                                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            if self._stop.is_set():  # stop() came before the worker was known
+                worker.kill()
+        return worker
 
-        def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-            return np.concatenate(arrays) if arrays else np.empty(0, dtype)
-        latest = joined(keyless, bool)  # a record without a key always stays
-        last.pop(None, None)
-        latest[np.fromiter(last.values(), np.int64, len(last))] = True
-        return Candidates(bufs, joined(sources, np.int64), joined(starts, np.int64), joined(sizes, np.int64),
-                          latest, joined(tombstones, bool), joined(times, np.int64))
-
-    def _write(self, topic: str, queue_id: int, point: int, candidates: Candidates, kept: np.ndarray) -> int:
-        """The survivors as the queue's new compacted log (tmp, sync, rename, directory sync);
-        the bytes written."""
-        tmp = self._compacted.new_tmp(topic, queue_id, point)
-        source, starts, sizes = candidates.source[kept], candidates.starts[kept], candidates.sizes[kept]
-        # records back to back in one source are written as one run
-        breaks = np.flatnonzero((source[1:] != source[:-1]) | (starts[1:] != starts[:-1] + sizes[:-1])) + 1
-        firsts = np.concatenate(([0], breaks)).astype(np.int64) if len(kept) else np.empty(0, np.int64)
-        ends = np.concatenate((breaks, [len(kept)])).astype(np.int64) if len(kept) else firsts
-        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+    def _run_worker(self, job: Job) -> int:
+        """Run ``job`` in the worker process (:mod:`gms.broker.clean_worker`); the bytes it wrote
+        to ``job.tmp`` (synced). The tmp file goes if the worker fails or is killed."""
         try:
-            with os.fdopen(fd, "wb") as fh:
-                for n, (first, end) in enumerate(zip(firsts.tolist(), ends.tolist(), strict=True), 1):
-                    buf, begin = candidates.bufs[int(source[first])], int(starts[first])
-                    size = int(starts[end - 1] + sizes[end - 1]) - begin
-                    fh.write(buf[begin:begin + size])
-                    self._budget.spend(size)
-                    if n % CHUNK_RECORDS == 0:
-                        self._stop.wait(YIELD_S)
-                fh.flush()
-                os.fsync(fh.fileno())
+            worker = self._started_worker()
+            assert worker.stdin is not None and worker.stdout is not None
+            try:  # one write (the GIL let go while it blocks), then its answer
+                worker.stdin.write(job.encode())
+                worker.stdin.flush()
+                answer = worker.stdout.readline()
+            except (BrokenPipeError, ValueError):  # ValueError: stop() closed the pipes
+                answer = b""
+            if not answer:
+                raise OSError(f"the compaction worker exited with {worker.wait()}")
+            return int(json.loads(answer)["written"])
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(job.tmp).unlink(missing_ok=True)
             raise
-        self._compacted.install(topic, queue_id, point, tmp)
-        return int(sizes.sum())
 
     def _advance(self, cq: ConsumeQueue, point: int) -> None:
         """The queue's minimum to ``point`` (the compacted log serves below it), saved."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from gms.broker.mapped_file import fsync_dir
 from gms.private_files import make_private_dir
-from gms.record import RecordCheck, scan_records
+from gms.record import HEADER_SIZE, MAGIC_V1, OFF_MAGIC, RecordCheck, check_record, scan_records
 from gms.record.columns import read_field_offsets
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SEGMENT_SUFFIX = ".seg"
 TMP_SUFFIX = ".tmp"
 _EMPTY = np.empty(0, np.int64)
+_MAGIC = MAGIC_V1.to_bytes(4, "big")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +63,53 @@ def segment_name(point: int) -> str:
 
 
 def open_segment(path: Path, point: int) -> Segment:
-    """The segment in ``path``, its records checked (length, magic, CRC): a damaged record and
-    what follows it are not served (logged; the file is replaced whole by the next compaction)."""
+    """The segment in ``path``, its records checked (length, magic, CRC; queue offsets rising
+    below the point): a damaged record is never served (logged; the next compaction rewrites the
+    file without it), and the intact records after it still are."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        view = memoryview(mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)) if size else memoryview(b"")
-    scan = scan_records(view) if size else None
-    starts = _EMPTY if scan is None else scan.starts
-    if scan is not None and scan.stop is not RecordCheck.OK and scan.stop_pos < size:
-        log.error("compacted log %s is damaged at byte %d: its records from there are not served", path,
-                  scan.stop_pos)
-    return _segment(point, path, view, starts)
+        if not size:
+            return _segment(point, path, memoryview(b""), _EMPTY)
+        mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+    return _segment(point, path, memoryview(mm), intact_records(mm, point, path))
+
+
+def intact_records(mm: mmap.mmap, point: int, path: Path) -> np.ndarray:
+    """The starts of the intact records of a segment's bytes. Past a damaged stretch the walk
+    goes on at the next position where an intact record lies: where the damaged record's length
+    says, else the next magic number starting a record whose CRC holds."""
+    view, size = memoryview(mm), len(mm)
+    parts, pos = [], 0
+    while pos < size:
+        scan = scan_records(view, pos)
+        parts.append(scan.starts)
+        if scan.stop is RecordCheck.OK:
+            break
+        bad = scan.stop_pos
+        claimed = int.from_bytes(view[bad:bad + 4], "big")
+        pos = bad + claimed if HEADER_SIZE <= claimed <= size - bad and check_record(view, bad + claimed)[0] in (
+            RecordCheck.OK, RecordCheck.EMPTY) else _next_record(mm, bad + 1)
+        log.error("compacted log %s is damaged in bytes [%d, %d) (%s): the records there are not served", path,
+                  bad, pos, scan.stop.value)
+    starts = np.concatenate(parts) if parts else _EMPTY
+    offsets = read_field_offsets(view, starts).headers["queue_offset"].astype(np.int64) if len(starts) else _EMPTY
+    # The queue offset lies outside the CRC: one that does not rise between its neighbours' was flipped
+    rising = np.diff(np.concatenate(([-1], offsets, [point]))) > 0
+    in_order = rising[:-1] & rising[1:]
+    if not in_order.all():
+        log.error("compacted log %s: %d record(s) with a queue offset out of order (damaged) not served", path,
+                  int((~in_order).sum()))
+    return starts[in_order]
+
+
+def _next_record(mm: mmap.mmap, pos: int) -> int:
+    """The first position from ``pos`` where an intact record starts (the end if none does)."""
+    while (found := mm.find(_MAGIC, pos + OFF_MAGIC)) >= 0:
+        pos = found - OFF_MAGIC
+        if check_record(memoryview(mm), pos)[0] is RecordCheck.OK:
+            return pos
+        pos += 1
+    return len(mm)
 
 
 def _segment(point: int, path: Path | None, view: memoryview, starts: np.ndarray) -> Segment:

@@ -17,6 +17,7 @@ from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import OffsetExpired, pick_tags
 from gms.broker.keyindex import TIME_MAX_MS, KeyIndex
 from gms.broker.store.compacted import CompactedLogs
+from gms.broker.store.compacted_lookups import CompactedLookups
 from gms.broker.store.compacted_reads import first_at_time, low_offset, read_segment
 from gms.broker.store.damage import DamageTracker, check_stored_records
 from gms.broker.store.many_reads import ManyQueueRead
@@ -64,6 +65,7 @@ class StoreReads:
                  compacted: CompactedLogs) -> None:
         self._commitlog = commitlog
         self._segment = compacted.segment
+        self._lookups = CompactedLookups(compacted)
         self._queue = queues.queue
         self._holds = queues.holds
         self._topics = topics
@@ -290,8 +292,11 @@ class StoreReads:
         return self.read_at(int(cq.read(offset, 1)["phys"][0]))
 
     def read_at(self, phys_offset: int) -> memoryview:
-        """The stored record starting at ``phys_offset`` (message lookup by id)."""
+        """The stored record starting at ``phys_offset`` (message lookup by id): from the
+        commitlog, or, below its first file, a compacted log's copy of it."""
         commitlog = self._commitlog()
+        if phys_offset < commitlog.min_offset and (kept := self._lookups.record_at(phys_offset)) is not None:
+            return kept
         if not commitlog.min_offset <= phys_offset < commitlog.committed_pos:
             raise MessageNotFound(phys_offset, f"outside [{commitlog.min_offset}, {commitlog.committed_pos})")
         f = commitlog.file_for(phys_offset)
@@ -304,11 +309,12 @@ class StoreReads:
     def find_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = TIME_MAX_MS,
                     max_messages: int = 32) -> list[memoryview]:
         """Up to ``max_messages`` records of ``topic`` carrying ``key``, stored in [begin_ms, end_ms],
-        newest first. Each candidate of the key index is read and checked: its CRC, topic and keys
-        (hashes collide) and that its queue still holds it (truncated, expired or deleted ones
-        do not count)."""
+        newest first: the key index's and the compacted logs' (below their points). Each
+        candidate is read and checked: its CRC, topic and keys (hashes collide) and that its
+        queue still holds it (truncated, expired, compacted away or deleted ones do not count)."""
         self._topics.queue_count(topic)  # UnknownTopic
-        found: list[memoryview] = []
+        found: list[tuple[int, memoryview]] = []
+        seen: set[tuple[int, int]] = set()  # (queue id, offset): a crash may leave a record in both
         for phys in self._keys.find(topic, key, begin_ms, end_ms):
             try:
                 view = self.read_at(phys)
@@ -317,21 +323,30 @@ class StoreReads:
                 continue
             if record.topic == topic and key in record.keys and self._holds(record.queue_id, record.queue_offset,
                                                                               topic, phys):
-                found.append(view)
+                found.append((record.store_ts_ms, view))
+                seen.add((record.queue_id, record.queue_offset))
                 if len(found) >= max_messages:
                     break
-        return found
+        for ts, view in self._lookups.find_by_key(topic, key, begin_ms, end_ms):
+            record = decode_record(view, verify_crc=False)  # its CRC was checked
+            if key in record.keys and (record.queue_id, record.queue_offset) not in seen:
+                found.append((ts, view))
+        found.sort(key=lambda pair: pair[0], reverse=True)  # stable: the index's order among equal times
+        return [view for _, view in found[:max_messages]]
 
     def find_replicated(self, leader: str, leader_phys: int) -> memoryview | None:
         """This store's copy of the record that ``leader`` stored at ``leader_phys`` (a message id
-        of a leader, resolved on a replica), if it still holds it in its queue."""
+        of a leader, resolved on a replica), if it still holds it in its queue (or its
+        compacted log keeps it)."""
         for phys in self._origins.find(leader_key(leader), leader_phys):
             try:
                 record = self.read_at(phys)
                 found = parse_one(record, len(record), verify_tag_hash=False)
             except (StoreError, ValueError):
                 continue
-            if self._holds(found.queue_id, _I64.unpack_from(record, OFF_QUEUE_OFFSET)[0], found.topic, phys):
+            offset = _I64.unpack_from(record, OFF_QUEUE_OFFSET)[0]
+            if (self._holds(found.queue_id, offset, found.topic, phys)
+                    or self._lookups.keeps(found.topic, found.queue_id, offset, phys)):
                 return record
         return None
 

@@ -105,3 +105,34 @@ def test_a_compacted_topic_through_the_cli_the_sdk_and_gms_tail(tmp_path):
         assert "compact,delete" in table and "10 messages" in table
     finally:
         cluster.stop()
+
+
+def test_lookups_by_key_and_by_id_find_what_compaction_kept(tmp_path):
+    """Once the commitlog files below the compaction point are deleted, ``gms msg find`` and
+    ``gms msg show`` still find each key's kept record (in the compacted log), never one
+    compaction removed."""
+    config = tmp_path / "cleaner.toml"
+    config.write_text(CLEANER_TOML + "retention_check_interval_ms = 200\n")
+    cluster = LocalCluster(tmp_path)
+    try:
+        cluster.etcd.start()
+        cluster.add_nameserver()
+        broker = cluster.add_broker("--config", str(config), "--commitlog-file-size", str(16 * 1024))
+        cluster.wait_registered(1)
+        ns, topic = cluster.nameserver, f"c-{uuid.uuid4().hex[:8]}"
+        gms(ns, "topic", "create", topic, "--queues", "1", "--cleanup", "compact", "--segment-roll-messages", "10",
+            "--dirty-ratio", "0")
+        with Producer(nameserver=ns) as producer:
+            sent = [r.msg_id for first in range(0, 300, 50) for r in producer.send_batch(keyed(topic, first, 50))]
+        commitlog = broker.store_dir / "store" / "commitlog"
+        wait_until(lambda: time.sleep(0.2) or (compacted(read_from_start(broker.address, topic), 300, 300)
+                                               and int(min(os.listdir(commitlog))) > 0), TIMEOUT_S)
+        for key, seq in latest(300).items():
+            found = json.loads(gms(ns, "msg", "find", "--topic", topic, "--key", key, "--json").stdout)
+            assert [(m["queue_offset"], m["body"], m["msg_id"]) for m in found] == [(seq, str(seq), sent[seq])]
+            shown = json.loads(gms(ns, "msg", "show", sent[seq], "--json").stdout)
+            assert (shown["queue_offset"], shown["keys"], shown["body"]) == (seq, [key], str(seq))
+        removed = next(seq for seq in range(300) if seq != latest(300)[f"k{seq % KEYS}"])
+        assert "no message" in gms(ns, "msg", "show", sent[removed], ok=False).stderr
+    finally:
+        cluster.stop()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gms.broker.store import GetStatus, MessageStore
 from gms.record import Message, decode_record, encode_batch
 from gms.record.layout import TOMBSTONE_PROPERTY
@@ -43,3 +45,23 @@ def latest_per_key(found: list[tuple[int, str, int, bool]]) -> dict[str, tuple[i
     for _, key, seq, tomb in found:
         latest[key] = (seq, tomb)
     return latest
+
+
+def compaction_workers(parent: int) -> list[int]:
+    """The pids of ``parent``'s compaction worker processes (see broker/clean_worker.py)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and b"clean_worker" in (entry / "cmdline").read_bytes()
+                    and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -3,22 +3,35 @@ tombstones go after their retention, the commitlog files below the compaction po
 (get, get_many, by time) serve the compacted log, and a crash at any step of a compaction loses
 nothing (docs/storage-format.md "Compacted topics")."""
 
+import logging
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from compaction_helpers import KEYS, TOPIC, is_tombstone, keyed_batch, latest_per_key, read_all
+from compaction_helpers import (
+    KEYS,
+    TOPIC,
+    compaction_workers,
+    is_tombstone,
+    keyed_batch,
+    latest_per_key,
+    read_all,
+    running,
+)
 from store_helpers import small_config
 
 from gms.broker.store import GetStatus, MessageStore, QueueGet
 from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError
-from gms.record import iter_records
+from gms.record import OFF_QUEUE_OFFSET, decode_record, iter_records
+from gms.store_errors import MessageNotFound
 
 COMPACT = TopicLimits(cleanup_policy="compact", segment_roll_messages=10, dirty_ratio=0.0)
 DAY_MS = 86_400_000
@@ -188,26 +201,37 @@ def test_sigkill_at_random_points_of_compaction_loses_no_latest_value(tmp_path):
     """The writer compacts every 50 records at a low IO rate; the kill comes at a random moment of
     the first, second or third compaction of each round (or of the retention run or append after
     it); whatever it interrupts, every key still serves its latest acknowledged record (or a
-    later one)."""
+    later one), and no compaction worker outlives the writer."""
     root = tmp_path / "store"
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": str(here)}
     rng = random.Random()
     acked = 0
+    took: list[float] = []  # how long the compactions seen took
     for round_ in range(10):
         child = subprocess.Popen([sys.executable, str(here / "compaction_crash_writer.py"), str(root)],
                                  stdout=subprocess.PIPE, env=env, text=True)
         try:
             word, seq = child.stdout.readline().split()
             assert word == "start" and int(seq) >= acked
-            lines, wanted = [], rng.randrange(1, 4)  # the kill comes in the wanted-th compaction
+            lines, wanted, began = [], rng.randrange(1, 4), 0.0  # the kill comes in the wanted-th compaction
             while sum(line.startswith("compacting") for line in lines) < wanted:
                 lines.append(child.stdout.readline())
                 assert lines[-1], "the writer stopped"
-            time.sleep(rng.uniform(0, 0.15))  # a compaction of ~6 KB at 50 KB/s takes ~0.12 s
+                if lines[-1].startswith("compacting"):
+                    began = time.monotonic()
+                elif lines[-1].startswith("compacted"):
+                    took.append(time.monotonic() - began)
+            # anywhere in it (its worker's start, ~6 KB read and written at 50 KB/s, the install) or just after
+            time.sleep(rng.uniform(0, 1.2 * (statistics.median(took) if took else 0.5)))
+            workers = compaction_workers(child.pid)
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
+        deadline = time.monotonic() + 30
+        while any(running(pid) for pid in workers):  # a worker dies with its broker
+            assert time.monotonic() < deadline, f"round {round_}: compaction worker(s) {workers} outlived the writer"
+            time.sleep(0.05)
         lines += child.stdout.read().split("\n")
         child.stdout.close()
         acked = max([acked, *(int(line.split()[1]) for line in lines if line.startswith("acked"))])
@@ -236,3 +260,111 @@ def test_a_bit_flipped_in_a_compacted_log_is_answered_as_damaged(store_dir):
         got = store.get(TOPIC, 0, kept[0], 100)
         assert got.status is GetStatus.FOUND and [d[0] for d in got.damaged] == [kept[0]]
         assert got.offsets.tolist() == kept[1:]
+
+
+def test_a_compaction_worker_killed_midway_changes_nothing(store_dir):
+    """The cleaner's worker process killed while it writes: the pass is skipped, its tmp file
+    removed, the queue served as before; the next pass compacts."""
+    config = small_config(checkpoint_interval_ms=1, compaction_check_interval_ms=3_600_000,
+                          compaction_io_bytes_per_s=10_000)  # ~40 KB to read and write: seconds
+    with MessageStore(store_dir, config) as store, ThreadPoolExecutor(1) as pool:
+        store.create_topic(TOPIC, 1, COMPACT)
+        end = fill(store, 0, 400)
+        before = read_all(store)
+        qdir = store_dir / "compacted" / TOPIC / "0"
+        passed = pool.submit(store.compact)
+        while not (workers := compaction_workers(os.getpid())) or not qdir.is_dir() or not os.listdir(qdir):
+            assert not passed.done(), "the pass ended before its worker was seen writing"
+            time.sleep(0.01)
+        os.kill(workers[0], signal.SIGKILL)
+        assert passed.result(60) == 0
+        assert read_all(store) == before and os.listdir(qdir) == []
+        assert store.min_offset(TOPIC, 0) == 0
+        assert store.compact() == 1
+        assert latest_per_key(read_all(store)) == expected_latest(end)
+        assert [name.endswith(".seg") for name in os.listdir(qdir)] == [True]
+
+
+@pytest.mark.parametrize("damage", ["body", "length", "magic", "queue_offset", "tail"])
+def test_damage_found_at_open_in_a_compacted_log_is_never_served(store_dir, damage, caplog):
+    """A bit flipped on disk in a kept record (its body, its length, its magic or its queue
+    offset, which lie outside the CRC) or a torn tail: opening the store serves every other kept
+    record and never the damaged one; the next compaction rewrites the log without it."""
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 100)
+        store.compact()
+        kept = read_all(store)
+    (path,) = (store_dir / "compacted" / TOPIC / "0").iterdir()
+    data = bytearray(path.read_bytes())
+    starts = [0]
+    while (end := starts[-1] + int.from_bytes(data[starts[-1]:starts[-1] + 4], "big")) < len(data):
+        starts.append(end)
+    victim = 5  # the sixth kept record
+    at = starts[victim]
+    lost = {victim}
+    if damage == "body":
+        data[starts[victim + 1] - 1] ^= 0x01
+    elif damage == "length":
+        data[at + 2] ^= 0x10  # 4 KiB more: past the next record's start
+    elif damage == "magic":
+        data[at + 5] ^= 0x01
+    elif damage == "queue_offset":
+        data[at + OFF_QUEUE_OFFSET + 7] ^= 0x80  # +128: past the point, it and its successor are out of order
+        lost.add(victim + 1)
+    else:
+        del data[starts[-1] + 10:]
+        lost = {len(starts) - 1}
+    path.write_bytes(bytes(data))
+    served = [record for i, record in enumerate(kept) if i not in lost]
+    with open_store(store_dir) as store:
+        assert read_all(store) == served  # read_all checks that no answer holds a damaged record
+        got = store.get(TOPIC, 0, kept[min(lost)][0], 1)  # a read there answers the next one served
+        assert got.offsets is None or got.offsets.tolist() != [kept[min(lost)][0]]
+        fill(store, 100, 10)
+        assert store.compact() == 1
+        newer = [(seq, f"k{seq % KEYS}", seq, is_tombstone(seq)) for seq in range(100, 110)]
+        rewritten = read_all(store)
+        assert latest_per_key(rewritten) == latest_per_key(served + newer)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR), open_store(store_dir) as store:  # the rewritten log has no damage left
+        assert read_all(store) == rewritten
+    assert not caplog.records
+
+
+def test_lookups_by_key_and_id_answer_kept_records_below_the_point_never_damaged_ones(store_dir):
+    """Once commitlog files below the point are gone: a lookup by key answers each key's kept
+    record, by position (message id) the kept record stored there and no removed one; a kept
+    record whose bit flipped since is answered by neither."""
+    with open_store(store_dir) as store:
+        store.create_topic(TOPIC, 1, COMPACT)
+        fill(store, 0, 400)
+        phys = {}  # queue offset -> where it was stored (its message id's position)
+        got = store.get(TOPIC, 0, 0, 400, 1 << 20)
+        for view in got.records:
+            phys[decode_record(view).queue_offset] = decode_record(view).phys_offset
+        store.compact()
+        fill(store, 400, 1)  # a checkpoint past the files
+        store.delete_expired()
+        kept = {offset: key for offset, key, _, _ in read_all(store) if offset < 400}
+        gone = store.stats().min_offset
+        assert phys[min(kept)] < gone  # the commitlog file of the first kept record is gone
+        for offset, key in kept.items():
+            assert [decode_record(v).queue_offset for v in store.find_by_key(TOPIC, key)] == [
+                o for o in (400, offset) if o == offset or f"k{o % KEYS}" == key]
+            assert decode_record(store.read_at(phys[offset])).queue_offset == offset
+        removed = min(set(range(400)) - set(kept))
+        assert phys[removed] < gone
+        with pytest.raises(MessageNotFound):
+            store.read_at(phys[removed])
+        (path,) = (store_dir / "compacted" / TOPIC / "0").iterdir()
+        first, key = min(kept), kept[min(kept)]
+        with open(path, "r+b") as fh:  # the last byte of the first kept record, under the store's map
+            size = int.from_bytes(fh.read(4), "big")
+            fh.seek(size - 1)
+            last = fh.read(1)
+            fh.seek(size - 1)
+            fh.write(bytes([last[0] ^ 0x01]))
+        assert first not in [decode_record(v, verify_crc=False).queue_offset for v in store.find_by_key(TOPIC, key)]
+        with pytest.raises(MessageNotFound):
+            store.read_at(phys[first])
