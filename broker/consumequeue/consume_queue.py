@@ -168,7 +168,7 @@ class ConsumeQueue:
     def write(self, start_offset: int, entries: np.ndarray) -> None:
         """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see
         them once :meth:`publish` moves the end."""
-        self.write_raw(start_offset, memoryview(entries.view(np.uint8)))
+        self.write_raw(start_offset, entries.view(np.uint8).data)
 
     def write_raw(self, start_offset: int, raw: memoryview) -> None:
         """:meth:`write` of entries given as their bytes (one queue's slice of a batch's entries:

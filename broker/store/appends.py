@@ -6,6 +6,7 @@ to the dispatchers (:mod:`.dispatch`) and committed -- or leaves no trace."""
 from __future__ import annotations
 
 import logging
+import operator
 import struct
 import threading
 import time
@@ -143,7 +144,7 @@ class StoreWriter:
                 dispatcher.dispatch(batch)
         self._flush_service().appended(n)
         return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys, keys, counts,
-                            group_bytes(groups, sizes))
+                            group_bytes(groups, sizes), list(map(operator.add, bases, counts)))
 
     def _prepare(self, commitlog: CommitLog, placement: Placement, groups: list[QueueGroup],
                  counts: list[int]) -> None:
@@ -213,7 +214,7 @@ class StoreWriter:
                 dispatch_one(record, buf, cq, queue_offset, phys, store_ts_ms, sequence)
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
-                            np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
+                            np.array([phys], np.int64), [(topic, queue_id)], [1], [size], [queue_offset + 1])
 
     def batch_result(self, key: tuple[str, int], base_offset: int, count: int) -> AppendResult:
         """An AppendResult of records stored before (an idempotent producer's duplicate batch)."""
@@ -226,7 +227,7 @@ class StoreWriter:
         sizes = entries["size"].astype(np.int64)
         return AppendResult(int((phys + sizes).max()), np.full(count, key[1], np.int64),
                             np.arange(base_offset, base_offset + count, dtype=np.int64), phys, [key], [count],
-                            [int(sizes.sum())])
+                            [int(sizes.sum())], [cq.max_offset])
 
     # --- replicas ------------------------------------------------------------------------------------
     def append_lost(self, topic: str, queue_id: int, offset: int, count: int) -> None:

@@ -89,7 +89,7 @@ class ConsumeQueueDispatcher:
         entries["tag_hash"] = batch.tag_hashes
         groups, bases = batch.groups, batch.bases
         if isinstance(groups[0].indices, slice):  # each queue's records in a row: its entries' bytes
-            raw, unit = memoryview(entries.view(np.uint8)), CQ_DTYPE.itemsize
+            raw, unit = entries.view(np.uint8).data, CQ_DTYPE.itemsize
             for (cq, idx, _), base, count in zip(groups, bases, batch.counts, strict=True):
                 start = cast(slice, idx).start or 0
                 cq.write_raw(base, raw[start * unit: (start + count) * unit])
