@@ -194,8 +194,8 @@ class AppendValidator:
         checked = {}
         positions = parsed.starts[firsts].tolist()
         stamps: list[BatchSequence] | list[None] = _read_stamps(buf, parsed, firsts) or [None] * len(firsts)
-        for first, count, pos, stamp, (cq, _, key) in sorted(
-                zip(firsts, counts, positions, stamps, groups, strict=True), key=lambda g: g[0]):
+        # groups of records in a row are slices, in body order (index arrays were refused above)
+        for first, count, pos, stamp, (cq, _, key) in zip(firsts, counts, positions, stamps, groups, strict=True):
             try:
                 checked[first] = self.admit_sequence(buf, cq, key, count, pos, stamp)
             except DuplicateBatch as duplicate:
