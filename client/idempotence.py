@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from gms.record.sequence import BatchSequence, stamp_sequence
@@ -77,7 +78,7 @@ class Sequencer:
         self._id_lock: asyncio.Lock | None = None
         self._lock = threading.Lock()
         self._lanes: dict[QueueKey, _Lane] = {}
-        self._in_flight: dict[QueueKey, asyncio.Semaphore] = {}
+        self._in_flight: dict[QueueKey, QueueSlots] = {}
 
     @property
     def producer_id(self) -> int | None:
@@ -145,27 +146,43 @@ class Sequencer:
         may have been, they keep their numbers (their broker says which it is)."""
         self._done(ticket, restart=not maybe_stored)
 
-    def _done(self, ticket: Ticket, restart: bool) -> None:
-        lane = ticket.lane
+    def acked_many(self, tickets: list[Ticket]) -> None:
+        """:meth:`acked` of the batches one send of several queues' batches stored (one lock for all)."""
         with self._lock:
-            try:
-                lane.outstanding.remove(ticket)
-            except ValueError:
-                return  # done before
-            if ticket.failed:
-                lane.failed -= 1
-            if restart and ticket.sequence.epoch == lane.epoch:
-                self._renumber(lane)
-            waiters, lane.waiters = lane.waiters, []
-        if waiters:
-            try:
-                on_loop = asyncio.get_running_loop() is self._loop
-            except RuntimeError:
-                on_loop = False
-            if on_loop:
-                _wake(waiters)
-            else:
-                self._loop.call_soon_threadsafe(_wake, waiters)
+            waiters = [waiter for ticket in tickets for waiter in self._finish(ticket, restart=False)]
+        self._wake(waiters)
+
+    def _done(self, ticket: Ticket, restart: bool) -> None:
+        with self._lock:
+            waiters = self._finish(ticket, restart)
+        self._wake(waiters)
+
+    def _finish(self, ticket: Ticket, restart: bool) -> list[asyncio.Future[None]]:
+        """Take the batch out of its lane (under the lock); the batches waiting for their turn there."""
+        lane = ticket.lane
+        try:
+            lane.outstanding.remove(ticket)
+        except ValueError:
+            return []  # done before
+        if ticket.failed:
+            lane.failed -= 1
+        if restart and ticket.sequence.epoch == lane.epoch:
+            self._renumber(lane)
+        waiters, lane.waiters = lane.waiters, []
+        return waiters
+
+    def _wake(self, waiters: list[asyncio.Future[None]]) -> None:
+        """Wake batches that wait for their turn, from any thread."""
+        if not waiters:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            _wake(waiters)
+        else:
+            self._loop.call_soon_threadsafe(_wake, waiters)
 
     def _renumber(self, lane: _Lane) -> None:
         """A new epoch: the outstanding batches are numbered 0, 1, ... in their order (under the lock)."""
@@ -174,12 +191,60 @@ class Sequencer:
             ticket.sequence = ticket.sequence._replace(epoch=lane.epoch, sequence=number)
         lane.next = len(lane.outstanding)
 
-    def in_flight(self, topic: str, queue_id: int) -> asyncio.Semaphore:
+    def in_flight(self, topic: str, queue_id: int) -> QueueSlots:
         """Held while a batch of the queue is being sent (on the I/O loop)."""
-        semaphore = self._in_flight.get((topic, queue_id))
-        if semaphore is None:
-            semaphore = self._in_flight[(topic, queue_id)] = asyncio.Semaphore(IN_FLIGHT_PER_QUEUE)
-        return semaphore
+        slots = self._in_flight.get((topic, queue_id))
+        if slots is None:
+            slots = self._in_flight[(topic, queue_id)] = QueueSlots(IN_FLIGHT_PER_QUEUE)
+        return slots
+
+
+class QueueSlots:
+    """A queue's batches in flight (on the I/O loop): an asyncio.Semaphore whose free slot is also
+    taken without awaiting (:meth:`take`: a send of a thousand queues' batches takes one each).
+    A released slot goes to the first waiter, if any."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def locked(self) -> bool:
+        return self._free <= 0 or bool(self._waiters)
+
+    def take(self) -> bool:
+        """Take a slot if one is free now (False: none is, or others wait for one)."""
+        if self._free <= 0 or self._waiters:
+            return False
+        self._free -= 1
+        return True
+
+    async def acquire(self) -> None:
+        if self.take():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a slot as it was cancelled: pass it on
+                self.release()
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:

@@ -102,6 +102,18 @@ def _in_input_order(groups: list[_Group], answers: list[SendResults | list[SendR
     return [all_results[i] for i in order.tolist()]
 
 
+def _check_settings(acks: int, retries: int, linger_ms: float, batch_bytes: int, busy_poll_us: int) -> None:
+    if acks not in ACKS_VALUES:
+        raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
+    if retries < 0 or linger_ms < 0 or batch_bytes <= 0 or busy_poll_us < 0:
+        raise ValueError("retries, linger_ms and busy_poll_us must be >= 0 and batch_bytes > 0")
+
+
+def _call_timeout_ms(request_timeout_ms: float, retries: int, retry_backoff_ms: float) -> float:
+    """How long a sync call waits: the whole retry schedule, never forever."""
+    return request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+
+
 class Producer:
     """Sends messages to gms brokers. Thread-safe; use as a context manager or call close().
 
@@ -143,10 +155,7 @@ class Producer:
         sleeps: ~25 µs less per ``send()`` on a virtual machine, for up to that much CPU
         (:mod:`gms.net.busy_poll`; 0: off). ``_loop``: the running loop of an
         :class:`gms.client.aio.AsyncProducer` that drives this one (no thread of its own)."""
-        if acks not in ACKS_VALUES:
-            raise ValueError(f"acks must be one of {ACKS_VALUES}, not {acks!r}")
-        if retries < 0 or linger_ms < 0 or batch_bytes <= 0 or busy_poll_us < 0:
-            raise ValueError("retries, linger_ms and busy_poll_us must be >= 0 and batch_bytes > 0")
+        _check_settings(acks, retries, linger_ms, batch_bytes, busy_poll_us)
         born_host = socket.gethostname() if born_host is None else born_host
         self._trace = ProducerTrace(TraceDispatcher(
             Connect(brokers, nameserver, security), trace_topic, name="gms-producer-trace", loop=_loop),
@@ -159,24 +168,26 @@ class Producer:
                            if idempotence and acks != 0 else None)
         self._sender = Sender(self._runtime, self._faults, acks=acks, retries=retries,
                                retry_backoff_ms=retry_backoff_ms, sequencer=self._sequencer)
-        self._accumulator = Accumulator(
-            self._runtime.loop, self._encoder,
-            self._sender.send_bodies if self._trace is None else self._trace.batches(self._sender.send_bodies),
-            self._route_any, linger_ms=linger_ms, batch_bytes=batch_bytes, buffer_bytes_max=buffer_bytes_max,
-            send_many=self._sender.send_many if self._trace is None else None,  # traced: each batch alone
-        )
+        self._accumulator = self._batching(linger_ms, batch_bytes, buffer_bytes_max)
         # A random start: short-lived producers (one per `gms produce`) would all begin at queue 0.
         self._round_robin = itertools.count(random.randrange(ROUND_ROBIN_START_RANGE))
         self._acks = acks
         self._request_timeout_ms = request_timeout_ms
         self._blocking = BlockingPool(security=self._runtime.security, busy_poll_us=busy_poll_us)
-        # A sync call waits for the whole retry schedule, never forever.
-        self._call_timeout_ms = request_timeout_ms * (retries + 1) + retry_backoff_ms * retries * (retries + 1)
+        self._call_timeout_ms = _call_timeout_ms(request_timeout_ms, retries, retry_backoff_ms)
         self._transactions = None if group is None else TransactionClient(
             self._runtime, group, acks=acks, retries=retries, retry_backoff_ms=retry_backoff_ms,
             call_timeout_ms=self._call_timeout_ms, timeout_ms=transaction_timeout_ms, checker=transaction_checker)
         if self._trace is not None:
             self._trace.instrument(self)
+
+    def _batching(self, linger_ms: float, batch_bytes: int, buffer_bytes_max: int) -> Accumulator:
+        """send_async's batching; a traced producer's batches each go alone (traced per batch)."""
+        sender, trace = self._sender, self._trace
+        return Accumulator(self._runtime.loop, self._encoder,
+                           sender.send_bodies if trace is None else trace.batches(sender.send_bodies),
+                           self._route_any, linger_ms=linger_ms, batch_bytes=batch_bytes,
+                           buffer_bytes_max=buffer_bytes_max, send_many=sender.send_many if trace is None else None)
 
     @property
     def producer_id(self) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any, cast
 import numpy as np
 
 from gms.client.connections import msg_id_prefix
-from gms.client.idempotence import Sequencer, Ticket
+from gms.client.idempotence import QueueSlots, Sequencer, Ticket
 from gms.client.routing import UNREACHABLE_ERRORS, BrokerFaults, QueueRoute, leader_request
 from gms.client.runtime import ClientRuntime
 from gms.client.send_results import SendResult, SendResults
@@ -66,6 +66,8 @@ NOT_STORED_ERRORS = (NotLeaderError, TopicNotFoundError, QueueNotFoundError, Ser
 FIRST_ANSWER: ContextVar[Callable[[], None] | None] = ContextVar("first_answer", default=None)
 REFUSED_ERRORS = (*NOT_STORED_ERRORS, DuplicateBatchError, ProducerFencedError, ForbiddenError,
                   UnauthenticatedError, MessageIllegalError, BadRequestError)
+# What a batch of a send of several gets: its results, its error, or what gives them (sent alone).
+_BatchOutcome = Sequence[SendResult] | BaseException | asyncio.Future[Sequence[SendResult]]
 
 
 class Sender:
@@ -107,13 +109,7 @@ class Sender:
                         failed, first_error = first_error, None
                         raise failed
                     if ticket is not None:
-                        if not sequencer.may_go(ticket):
-                            answered()
-                            await sequencer.turn(ticket)
-                        if ticket.sequence != stamped:  # its lane started a new epoch
-                            stamped = ticket.sequence
-                            body = bytearray(body)  # an abandoned attempt's write may still hold the old
-                            stamp_sequence(body, stamped)
+                        body, stamped = await self._in_turn(ticket, body, stamped)
                         oldest = ticket.oldest
                     if acks == 0:
                         await self._runtime.pool.oneway(route.broker, RequestCode.SEND_BATCH, {"acks": 0}, body)
@@ -143,22 +139,44 @@ class Sender:
                     if ticket is not None:
                         sequencer.acked(ticket)
                     return results(route.topic, frame.fields)
-                self._runtime.routes.invalidate()
-                await asyncio.sleep(self._retry_backoff_s * (attempt + 1))
                 attempt += 1
-                # A batch that may be stored on a replicated queue waits there for the new leader,
-                # which answers a retry of a stored batch with where it is (exactly once); one of an
-                # unreplicated queue whose broker is gone moves on (docs/idempotence.md).
-                moved = await self._reroute(route, body, movable and not (maybe_stored and route.replicated))
-                if ticket is not None and moved.queue_id != route.queue_id:
-                    sequencer.gave_up(ticket, maybe_stored)
-                    ticket = sequencer.stamp(body, moved.topic, moved.queue_id, ticket.sequence.records)
-                    stamped = ticket.sequence
-                route = moved
+                route, moved_ticket = await self._retry_route(route, body, movable, ticket, maybe_stored, attempt)
+                if moved_ticket is not ticket:
+                    ticket, stamped = moved_ticket, cast(Ticket, moved_ticket).sequence
         except BaseException as err:
             if ticket is not None:
                 sequencer.gave_up(ticket, maybe_stored or not isinstance(err, NOT_STORED_ERRORS))
             raise
+
+    async def _in_turn(self, ticket: Ticket, body: bytearray, stamped: BatchSequence | None,
+                       ) -> tuple[bytearray, BatchSequence]:
+        """Wait until the batch may go (an earlier one of its queue is retried first); the body
+        restamped, a copy, if its lane started a new epoch meanwhile, and the stamp it carries."""
+        sequencer = cast(Sequencer, self.sequencer)
+        if not sequencer.may_go(ticket):
+            answered()
+            await sequencer.turn(ticket)
+        if ticket.sequence != stamped:  # its lane started a new epoch
+            stamped = ticket.sequence
+            body = bytearray(body)  # an abandoned attempt's write may still hold the old
+            stamp_sequence(body, stamped)
+        return body, stamped
+
+    async def _retry_route(self, route: QueueRoute, body: bytearray, movable: bool, ticket: Ticket | None,
+                           maybe_stored: bool, attempt: int) -> tuple[QueueRoute, Ticket | None]:
+        """Where a failed batch goes for its ``attempt``-th retry, after a backoff, and its ticket
+        (a new one on another queue). A batch that may be stored on a replicated queue waits
+        there for the new leader, which answers a retry of a stored batch with where it is
+        (exactly once); one of an unreplicated queue whose broker is gone moves on
+        (docs/idempotence.md)."""
+        self._runtime.routes.invalidate()
+        await asyncio.sleep(self._retry_backoff_s * attempt)
+        moved = await self._reroute(route, body, movable and not (maybe_stored and route.replicated))
+        if ticket is not None and moved.queue_id != route.queue_id:
+            sequencer = cast(Sequencer, self.sequencer)
+            sequencer.gave_up(ticket, maybe_stored)
+            ticket = sequencer.stamp(body, moved.topic, moved.queue_id, ticket.sequence.records)
+        return moved, ticket
 
     def _out_of_turn(self, ticket: Ticket, stamped: BatchSequence | None, oldest: bool, err: GmsError) -> bool:
         """Whether ``err`` refused the batch only for its place in its queue's order: then it is
@@ -208,94 +226,93 @@ class Sender:
         sequencer = self.sequencer if self._acks else None
         if sequencer is not None:
             await sequencer.ready()
-        outcomes: list[asyncio.Future[Sequence[SendResult]] | None] = [None] * len(batches)
-        together: list[tuple[int, Ticket | None, asyncio.Semaphore | None]] = []
+        outcomes: list[_BatchOutcome | None] = [None] * len(batches)
+        together: list[tuple[int, Ticket | None, QueueSlots | None]] = []
         for i, (route, body, count) in enumerate(batches):
             if sequencer is None:
                 together.append((i, None, None))
                 continue
-            semaphore = sequencer.in_flight(route.topic, route.queue_id)
-            if semaphore.locked():
+            slots = sequencer.in_flight(route.topic, route.queue_id)
+            if not slots.take():
                 outcomes[i] = _on_its_own(self.send_bodies(route, [(body, count)]))
                 continue
-            await semaphore.acquire()  # free: returns at once
             ticket = sequencer.stamp(body, route.topic, route.queue_id, count)
             if sequencer.may_go(ticket):
-                together.append((i, ticket, semaphore))
+                together.append((i, ticket, slots))
             else:
-                outcomes[i] = _on_its_own(self._alone(route, body, ticket, semaphore))
+                outcomes[i] = _on_its_own(self._alone(route, body, ticket, slots))
         if len(together) == 1:  # the others went alone: no request of several
-            i, one_ticket, one_semaphore = together.pop()
-            outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], one_ticket, one_semaphore))
+            i, one_ticket, one_slots = together.pop()
+            outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], one_ticket, one_slots))
         elif not together:
             answered()  # no request: each batch waits for its queue
         if together:
             for i, answer in zip([i for i, _, _ in together], await self._send_together(broker, batches, together),
                                  strict=True):
                 outcomes[i] = answer
-        futures = cast(list[asyncio.Future[Sequence[SendResult]]], outcomes)
-        if all(future.done() for future in futures):  # all answered by the one request: no gather's callbacks
-            return [_outcome(future) for future in futures]
-        return list(await asyncio.gather(*futures, return_exceptions=True))
+        futures = [outcome for outcome in outcomes if isinstance(outcome, asyncio.Future)]
+        if not all(future.done() for future in futures):
+            await asyncio.gather(*futures, return_exceptions=True)
+        return [_outcome(outcome) if isinstance(outcome, asyncio.Future) else outcome
+                for outcome in cast(list[_BatchOutcome], outcomes)]
 
     async def _send_together(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
-                             together: list[tuple[int, Ticket | None, asyncio.Semaphore | None]],
-                             ) -> list[asyncio.Future[Sequence[SendResult]]]:
-        """The one request of :meth:`send_many`: per batch, what gives its results."""
+                             together: list[tuple[int, Ticket | None, QueueSlots | None]]) -> list[_BatchOutcome]:
+        """The one request of :meth:`send_many`: per batch, its results, its error or what gives them
+        (a batch retried alone). The batches it stores are acknowledged together."""
         parts = [batches[i][1] for i, _, _ in together]
         try:
             if self._acks == 0:
                 await self._runtime.pool.oneway(broker, RequestCode.SEND_BATCH, {"acks": 0}, parts)
-                return [_done([]) for _ in together]
+                return [[] for _ in together]
             frame = await self._runtime.pool.request(broker, RequestCode.SEND_BATCH, {"acks": self._acks}, parts)
         except GmsError as err:
             answered()
             first_error = None if isinstance(err, REFUSED_ERRORS) and not err.fields.get(STORED_FIELD) else err
             log.debug("a send of %d batches to %s failed (%r): each goes alone", len(together), broker, err)
-            return [_on_its_own(self._alone(batches[i][0], batches[i][1], ticket, semaphore, first_error))
-                    for i, ticket, semaphore in together]
+            return [_on_its_own(self._alone(batches[i][0], batches[i][1], ticket, slots, first_error))
+                    for i, ticket, slots in together]
         except BaseException:
-            for _, ticket, semaphore in together:
-                self._settled(ticket, semaphore, maybe_stored=True)
+            for _, ticket, slots in together:
+                self._settled(ticket, slots, maybe_stored=True)
             raise
         answered()
         answer = results("", frame.fields)
         counts = [batches[i][2] for i, _, _ in together]
         if len(answer) != sum(counts):
             mismatch = ProtocolError(f"{len(answer)} results for a send of {sum(counts)} messages", must_close=False)
-            for _, ticket, semaphore in together:
-                self._settled(ticket, semaphore, maybe_stored=True)
-            return [_failed(mismatch) for _ in together]
+            for _, ticket, slots in together:
+                self._settled(ticket, slots, maybe_stored=True)
+            return [mismatch for _ in together]
+        if self.sequencer is not None:
+            self.sequencer.acked_many([ticket for _, ticket, _ in together if ticket is not None])
         prefix, queue_ids, queue_offsets, phys_offsets = answer.arrays()
-        split: list[asyncio.Future[Sequence[SendResult]]] = []
+        split: list[_BatchOutcome] = []
         start = 0
-        for (i, ticket, semaphore), count in zip(together, counts, strict=True):
+        for (i, _, slots), count in zip(together, counts, strict=True):
             end = start + count
-            split.append(_done(SendResults(batches[i][0].topic, answer.broker, prefix, queue_ids[start:end],
-                                           queue_offsets[start:end], phys_offsets[start:end])))
-            self._settled(ticket, semaphore, acked=True)
+            split.append(SendResults(batches[i][0].topic, answer.broker, prefix, queue_ids[start:end],
+                                     queue_offsets[start:end], phys_offsets[start:end]))
+            if slots is not None:
+                slots.release()
             start = end
         return split
 
     async def _alone(self, route: QueueRoute, body: bytearray, ticket: Ticket | None,
-                     semaphore: asyncio.Semaphore | None, first_error: GmsError | None = None) -> Sequence[SendResult]:
+                     slots: QueueSlots | None, first_error: GmsError | None = None) -> Sequence[SendResult]:
         """``send`` of one numbered batch of :meth:`send_many`, its queue's slot in flight held until done."""
         try:
             return await self.send(route, body, ticket=ticket, first_error=first_error)
         finally:
-            if semaphore is not None:
-                semaphore.release()
+            if slots is not None:
+                slots.release()
 
-    def _settled(self, ticket: Ticket | None, semaphore: asyncio.Semaphore | None, *, acked: bool = False,
-                 maybe_stored: bool = False) -> None:
+    def _settled(self, ticket: Ticket | None, slots: QueueSlots | None, *, maybe_stored: bool) -> None:
+        """A batch of a send of several that will not be retried (its queue's slot freed)."""
         if ticket is not None:
-            sequencer = cast(Sequencer, self.sequencer)
-            if acked:
-                sequencer.acked(ticket)
-            else:
-                sequencer.gave_up(ticket, maybe_stored)
-        if semaphore is not None:
-            semaphore.release()
+            cast(Sequencer, self.sequencer).gave_up(ticket, maybe_stored)
+        if slots is not None:
+            slots.release()
 
     async def send_bodies(self, route: QueueRoute, bodies: list[tuple[bytearray, int]], *,
                           movable: bool = False) -> SendResults | list[SendResult]:
@@ -307,10 +324,10 @@ class Sender:
             answers = [await self.send(route, body, movable=movable) for body, _ in bodies]
         else:
             await sequencer.ready()
-            semaphore = sequencer.in_flight(route.topic, route.queue_id)
-            if semaphore.locked():
+            slots = sequencer.in_flight(route.topic, route.queue_id)
+            if slots.locked():
                 answered()
-            async with semaphore:
+            async with slots:
                 answers = [await self.send(route, body, movable=movable,
                                            ticket=sequencer.stamp(body, route.topic, route.queue_id, count))
                            for body, count in bodies]
@@ -365,18 +382,6 @@ def _outcome(future: asyncio.Future[Sequence[SendResult]]) -> Sequence[SendResul
     if future.cancelled():
         return asyncio.CancelledError()
     return future.exception() or future.result()
-
-
-def _done(answer: Sequence[SendResult]) -> asyncio.Future[Sequence[SendResult]]:
-    future: asyncio.Future[Sequence[SendResult]] = asyncio.get_running_loop().create_future()
-    future.set_result(answer)
-    return future
-
-
-def _failed(err: GmsError) -> asyncio.Future[Sequence[SendResult]]:
-    future: asyncio.Future[Sequence[SendResult]] = asyncio.get_running_loop().create_future()
-    future.set_exception(err)
-    return future
 
 
 def set_queue_ids(body: bytearray, queue_id: int) -> None:

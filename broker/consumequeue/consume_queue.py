@@ -168,19 +168,24 @@ class ConsumeQueue:
     def write(self, start_offset: int, entries: np.ndarray) -> None:
         """Copy ``entries`` (CQ_DTYPE) into the reserved files at ``start_offset``; readers see
         them once :meth:`publish` moves the end."""
+        self.write_raw(start_offset, entries.view(np.uint8).data)
+
+    def write_raw(self, start_offset: int, raw: memoryview) -> None:
+        """:meth:`write` of entries given as their bytes (one queue's slice of a batch's entries:
+        a send of thousands of queues' batches makes no numpy call per queue)."""
         if start_offset != self.max_offset:
             raise StoreInvariantBroken(f"{self.directory}: entries written at {start_offset}, not at the end"
                                        f" {self.max_offset}")
-        raw = entries.view(np.uint8)
+        entries = len(raw) // CQ_UNIT.size
         slot = start_offset % self.entries_per_file
-        if slot + len(entries) <= self.entries_per_file:  # all in one file, as nearly always
-            self._file(start_offset, self.files).array[slot * CQ_UNIT.size: slot * CQ_UNIT.size + len(raw)] = raw
+        if slot + entries <= self.entries_per_file:  # all in one file, as nearly always
+            self._file(start_offset, self.files).view[slot * CQ_UNIT.size: slot * CQ_UNIT.size + len(raw)] = raw
             return
         offset, done = start_offset, 0
-        while done < len(entries):
+        while done < entries:
             slot = offset % self.entries_per_file
-            count = min(len(entries) - done, self.entries_per_file - slot)
-            self._file(offset, self.files).array[slot * CQ_UNIT.size: (slot + count) * CQ_UNIT.size] = \
+            count = min(entries - done, self.entries_per_file - slot)
+            self._file(offset, self.files).view[slot * CQ_UNIT.size: (slot + count) * CQ_UNIT.size] = \
                 raw[done * CQ_UNIT.size: (done + count) * CQ_UNIT.size]
             offset += count
             done += count

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -299,16 +299,17 @@ class ReplicaManager:
         """Consumers read below the high watermark of a queue this broker leads."""
         return self.leader_of(key).hw
 
-    def on_appended(self, keys: Iterable[QueueKey]) -> None:
-        """The leader appended to ``keys``: wake parked follower fetches, move single-replica HWs
-        (the readers of the queues whose HW moved are woken once for all: a send may carry the
-        batches of thousands of queues)."""
+    def on_appended(self, keys: Sequence[QueueKey], ends: Sequence[int] | None = None) -> None:
+        """The leader appended to ``keys`` (``ends``: where each ends now, if known): wake parked
+        follower fetches, move single-replica HWs (the readers of the queues whose HW moved are
+        woken once for all: a send may carry the batches of thousands of queues)."""
         now = time.monotonic()
         moved = []
-        for key in keys:
-            p = self.partitions.get(key)
-            if p is not None and p.role is Role.LEADER:
-                leo = self.store.max_offset(*key)
+        partitions, leader = self.partitions, Role.LEADER
+        for i, key in enumerate(keys):
+            p = partitions.get(key)
+            if p is not None and p.role is leader:
+                leo = self.store.max_offset(*key) if ends is None else ends[i]
                 if len(p.isr) > 1:
                     p.note_append(leo, now)
                 if p.advance_hw(self.broker_id, leo):

@@ -166,8 +166,8 @@ class MessageService:
                     raise
                 return self._store_when_taken(body, acks, started, allowed_flags)
             if acks == -1:
-                ends = {key: self.store.max_offset(*key) for key in result.touched_queues}
-            replicas.on_appended(result.touched_queues)
+                ends = dict(zip(result.touched_queues, result.queue_ends, strict=True))
+            replicas.on_appended(result.touched_queues, result.queue_ends)
         if self.metrics is not None:
             self.metrics.stored(result)
         wait_flush = self._flush_waiters is not None and acks != 0

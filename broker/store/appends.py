@@ -6,6 +6,7 @@ to the dispatchers (:mod:`.dispatch`) and committed -- or leaves no trace."""
 from __future__ import annotations
 
 import logging
+import operator
 import struct
 import threading
 import time
@@ -21,7 +22,7 @@ from gms.broker.store.damage import repair
 from gms.broker.store.dispatch import Appended, Dispatcher
 from gms.broker.store.health import out_of_space
 from gms.broker.store.loader import LoadedStore
-from gms.broker.store.queues import QueueGroup, group_bytes, group_size
+from gms.broker.store.queues import QueueGroup, group_bytes, group_counts
 from gms.broker.store.types import LOST_ENTRY_SIZE, AppendResult, RepairOutcome, ReplicaGap
 from gms.broker.store.validation import Admit, AppendValidator
 from gms.errors import MessageNotFoundError
@@ -110,9 +111,12 @@ class StoreWriter:
                 validator.check_batch(buf, parsed, flag_union, allowed_flags)
             queue_ids = parsed.headers["queue_id"].astype(np.int64)
             groups = self._group_by_queue(parsed, queue_ids)
+            keys = [group.key for group in groups]
             if admit is not None:
-                admit([group.key for group in groups])
+                admit(keys)
             n = len(queue_ids)
+            counts = group_counts(groups, n)  # a send may carry thousands of queues: their
+            bases = [group.queue.max_offset for group in groups]  # sizes and ends, once
             envelope = np.empty(n, ENVELOPE_DTYPE)
             if replicated:
                 queue_offsets = validator.check_replicated_offsets(groups, parsed)
@@ -120,8 +124,9 @@ class StoreWriter:
                 envelope["store_ts_ms"] = parsed.headers["store_ts_ms"]
                 sequences = {}
             else:
-                sequences = validator.check_sequences(buf, parsed, groups) if flag_union & FLAG_SEQUENCED else {}
-                queue_offsets = _assign_queue_offsets(groups, n)
+                sequences = (validator.check_sequences(buf, parsed, groups, counts) if flag_union & FLAG_SEQUENCED
+                             else {})
+                queue_offsets = _assign_queue_offsets(groups, counts, bases, n)
                 store_ts_ms = max(int(time.time() * 1000), self.last_store_ts_ms)
                 envelope["store_ts_ms"] = store_ts_ms
             sizes = parsed.sizes
@@ -129,24 +134,25 @@ class StoreWriter:
             envelope["queue_id"] = queue_ids
             envelope["queue_offset"] = queue_offsets
             envelope["phys_offset"] = placement.phys
-            self._prepare(commitlog, placement, groups, n)
-            batch = Appended(np.frombuffer(buf, np.uint8), parsed, groups, queue_ids, queue_offsets, placement.phys,
-                             sizes, parsed.index_tag_hashes, envelope["store_ts_ms"], flag_union, sequences, origin)
+            self._prepare(commitlog, placement, groups, counts)
+            batch = Appended(np.frombuffer(buf, np.uint8), parsed, groups, counts, bases, queue_ids, queue_offsets,
+                             placement.phys, sizes, parsed.index_tag_hashes, envelope["store_ts_ms"], flag_union,
+                             sequences, origin)
             self._write(commitlog, buf, placement, envelope, batch)
             self.last_store_ts_ms = store_ts_ms
             for dispatcher in self._after_commit:
                 dispatcher.dispatch(batch)
         self._flush_service().appended(n)
-        return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys,
-                            [group.key for group in groups], [group_size(g.indices, n) for g in groups],
-                            group_bytes(groups, sizes))
+        return AppendResult(placement.end_offset, queue_ids, queue_offsets, placement.phys, keys, counts,
+                            group_bytes(groups, sizes), list(map(operator.add, bases, counts)))
 
-    def _prepare(self, commitlog: CommitLog, placement: Placement, groups: list[QueueGroup], n: int) -> None:
+    def _prepare(self, commitlog: CommitLog, placement: Placement, groups: list[QueueGroup],
+                 counts: list[int]) -> None:
         """Create every file the batch needs (commitlog and consumeQueues): what can fail, fails here."""
         try:
             commitlog.prepare(placement)
-            for cq, idx, _ in groups:
-                cq.reserve(group_size(idx, n))
+            for (cq, _, _), count in zip(groups, counts, strict=True):
+                cq.reserve(count)
         except StoreIOError as err:
             self.disk_full = out_of_space(err)
             raise
@@ -162,9 +168,8 @@ class StoreWriter:
                 dispatcher.dispatch(batch)
         except BaseException:
             commitlog.rollback(placement.end_offset)
-            n = len(batch.phys)
-            for cq, idx, _ in batch.groups:
-                cq.erase(int(batch.queue_offsets[idx][0]), group_size(idx, n))
+            for (cq, _, _), base, count in zip(batch.groups, batch.bases, batch.counts, strict=True):
+                cq.erase(base, count)
             raise
         commitlog.commit(placement.end_offset)
 
@@ -209,7 +214,7 @@ class StoreWriter:
                 dispatch_one(record, buf, cq, queue_offset, phys, store_ts_ms, sequence)
         self._flush_service().appended(1)
         return AppendResult(phys + size, np.array([queue_id], np.int64), np.array([queue_offset], np.int64),
-                            np.array([phys], np.int64), [(topic, queue_id)], [1], [size])
+                            np.array([phys], np.int64), [(topic, queue_id)], [1], [size], [queue_offset + 1])
 
     def batch_result(self, key: tuple[str, int], base_offset: int, count: int) -> AppendResult:
         """An AppendResult of records stored before (an idempotent producer's duplicate batch)."""
@@ -222,7 +227,7 @@ class StoreWriter:
         sizes = entries["size"].astype(np.int64)
         return AppendResult(int((phys + sizes).max()), np.full(count, key[1], np.int64),
                             np.arange(base_offset, base_offset + count, dtype=np.int64), phys, [key], [count],
-                            [int(sizes.sum())])
+                            [int(sizes.sum())], [cq.max_offset])
 
     # --- replicas ------------------------------------------------------------------------------------
     def append_lost(self, topic: str, queue_id: int, offset: int, count: int) -> None:
@@ -335,16 +340,15 @@ class StoreWriter:
         self._timers.listener.truncated(topic, queue_id)
 
 
-def _assign_queue_offsets(groups: list[QueueGroup], n: int) -> np.ndarray:
-    """The one place queue offsets are chosen: each queue continues from its end, no gaps.
-    (A replica instead takes the leader's offsets, checked by the validator.)"""
+def _assign_queue_offsets(groups: list[QueueGroup], counts: list[int], bases: list[int], n: int) -> np.ndarray:
+    """The one place queue offsets are chosen: each queue continues from its end (``bases``), no
+    gaps. (A replica instead takes the leader's offsets, checked by the validator.)"""
     if len(groups) > 1 and isinstance(groups[0].indices, slice):  # records in a row per queue: one pass
-        counts = [group_size(idx, n) for _, idx, _ in groups]
-        shifts = [cq.max_offset - cast(slice, idx).start for cq, idx, _ in groups]  # record index -> offset
+        shifts = [base - cast(slice, g.indices).start for g, base in zip(groups, bases, strict=True)]
         return np.arange(n, dtype=np.int64) + np.repeat(np.array(shifts, np.int64), counts)
     offsets = np.empty(n, np.int64)
-    for cq, idx, _ in groups:
-        offsets[idx] = np.arange(cq.max_offset, cq.max_offset + group_size(idx, n), dtype=np.int64)
+    for (_, idx, _), base, count in zip(groups, bases, counts, strict=True):
+        offsets[idx] = np.arange(base, base + count, dtype=np.int64)
     return offsets
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
 from gms.broker.keyindex import KeyIndex, keys_field
 from gms.broker.store.origins import OriginMap, leader_key, runs
 from gms.broker.store.producer_state import ProducerStates
-from gms.broker.store.queues import QueueGroup, group_size
+from gms.broker.store.queues import QueueGroup
 from gms.broker.store.types import NoTimers, TimerListener, TimerRecord
 from gms.record.batch import OneRecord, ParsedRecords
 from gms.record.layout import FLAG_SEQUENCED, TIMER_FLAGS
@@ -36,6 +36,8 @@ class Appended(NamedTuple):
     records: np.ndarray  # uint8: holds the records at parsed.starts (the batch sent, or a commitlog file)
     parsed: ParsedRecords
     groups: list[QueueGroup]  # the queues to index it in, their entries reserved
+    counts: list[int]  # each group's records
+    bases: list[int]  # each group's first queue offset (its queue's end before the batch)
     queue_ids: np.ndarray
     queue_offsets: np.ndarray
     phys: np.ndarray
@@ -85,11 +87,17 @@ class ConsumeQueueDispatcher:
         entries["phys"] = batch.phys
         entries["size"] = batch.sizes
         entries["tag_hash"] = batch.tag_hashes
-        queue_offsets = batch.queue_offsets
-        for cq, idx, _ in batch.groups:  # the entries of a queue go in with one copy
-            cq.write(int(queue_offsets[idx][0]), entries[idx])
-        for cq, idx, _ in batch.groups:
-            cq.publish(int(queue_offsets[idx][0]) + group_size(idx, n))
+        groups, bases = batch.groups, batch.bases
+        if isinstance(groups[0].indices, slice):  # each queue's records in a row: its entries' bytes
+            raw, unit = entries.view(np.uint8).data, CQ_DTYPE.itemsize
+            for (cq, idx, _), base, count in zip(groups, bases, batch.counts, strict=True):
+                start = cast(slice, idx).start or 0
+                cq.write_raw(base, raw[start * unit: (start + count) * unit])
+        else:
+            for (cq, idx, _), base in zip(groups, bases, strict=True):  # the entries of a queue go in with one copy
+                cq.write(base, entries[idx])
+        for (cq, _, _), base, count in zip(groups, bases, batch.counts, strict=True):
+            cq.publish(base + count)
 
     def dispatch_one(self, record: OneRecord, buf: memoryview, cq: ConsumeQueue, queue_offset: int, phys: int,
                      store_ts_ms: int, sequence: BatchSequence | None) -> None:

@@ -31,7 +31,7 @@ from gms.broker.store.layout import check_layout
 from gms.broker.store.origins import OriginMap
 from gms.broker.store.paths import StorePaths
 from gms.broker.store.producer_state import ProducerStates
-from gms.broker.store.queues import QueueGroup, QueueKey, QueueTable, group_size
+from gms.broker.store.queues import QueueGroup, QueueKey, QueueTable, group_counts
 from gms.broker.store.topic_table import TopicTable
 from gms.broker.store.truncation_log import TruncationLog
 from gms.broker.store.types import LOST_ENTRY_SIZE
@@ -212,12 +212,14 @@ class StoreLoader:
                 consistent.append(group)
             else:  # damaged envelopes: never a reason to refuse to start
                 self._index_reconciled(cq, key, offs, phys[idx], sizes[idx], tag_hashes[idx])
-        for cq, idx, _ in consistent:
-            cq.reserve(group_size(idx, len(phys)))
+        counts = group_counts(consistent, len(phys))
+        bases = [cq.max_offset for cq, _, _ in consistent]
+        for (cq, _, _), count in zip(consistent, counts, strict=True):
+            cq.reserve(count)
         f = self.commitlog.file_for(int(phys[0]))  # recovery hands over the records of one file at a time
         in_file = ParsedRecords(phys - f.base_offset, parsed.headers, parsed.topics, parsed.topic_index)
         store_ts_ms = parsed.headers["store_ts_ms"]
-        batch = Appended(f.array, in_file, consistent, queue_ids, queue_offsets, phys, sizes, tag_hashes,
+        batch = Appended(f.array, in_file, consistent, counts, bases, queue_ids, queue_offsets, phys, sizes, tag_hashes,
                          store_ts_ms, int(np.bitwise_or.reduce(parsed.headers["flags"])), {}, None)
         for dispatcher in self.dispatchers.before_commit:
             dispatcher.dispatch(batch)

@@ -196,11 +196,13 @@ class ProducerStates:
             for producer_id, producer in list(producers.items()):
                 if producer.last_ms < oldest:
                     continue
-                # copies: the event loop appends while the flush thread saves
-                held = list(producer.batches)
-                batches = [list(b) for b in held if b.phys < end_phys]
-                if len(batches) < len(held):  # the rest belongs in the next snapshot
-                    self._changed = True
+                # a copy: the event loop appends while the flush thread saves. Batches are in
+                # commitlog order, so all are below the end when the last is (json writes
+                # each StoredBatch, a tuple, as a list): thousands of queues are saved every second
+                batches = list(producer.batches)
+                if batches and batches[-1].phys >= end_phys:
+                    batches = [b for b in batches if b.phys < end_phys]
+                    self._changed = True  # the rest belongs in the next snapshot
                 if batches:
                     queues.setdefault(f"{queue_id}/{topic}", {})[str(producer_id)] = [
                         producer.epoch, producer.last_ms, batches]

@@ -35,6 +35,11 @@ def group_size(indices: np.ndarray | slice, n: int) -> int:
     return len(indices)
 
 
+def group_counts(groups: list[QueueGroup], n: int) -> list[int]:
+    """How many of a batch's ``n`` records each group holds (once per append: its steps share them)."""
+    return [group_size(group.indices, n) for group in groups]
+
+
 def group_bytes(groups: list[QueueGroup], sizes: np.ndarray) -> list[int]:
     """The bytes of each group's records (groups of records in a row: one numpy call for all)."""
     if len(groups) > 1 and isinstance(groups[0].indices, slice):

@@ -92,6 +92,7 @@ class AppendResult(NamedTuple):
     touched_queues: list[tuple[str, int]]  # the (topic, queue id) pairs the batch appended to
     queue_counts: list[int]  # how many records went to each of them
     queue_bytes: list[int]  # and how many bytes
+    queue_ends: list[int]  # and the end of each after it (its max offset)
 
 
 class ReplicaRead(NamedTuple):

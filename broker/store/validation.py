@@ -12,7 +12,7 @@ from isal.isal_zlib import crc32 as chunk_crc32  # zlib's CRC-32 values, several
 
 from gms.broker.consumequeue.consume_queue import ConsumeQueue
 from gms.broker.store.producer_state import DuplicateBatch, ProducerStates
-from gms.broker.store.queues import QueueGroup, QueueKey, group_size
+from gms.broker.store.queues import QueueGroup, QueueKey
 from gms.broker.store.topic_table import TopicTable
 from gms.broker.store.types import ReplicaGap
 from gms.broker.store_config import StoreConfig
@@ -164,8 +164,8 @@ class AppendValidator:
                                                          " ms ahead (schedule_max_delay_ms)")
 
     # --- idempotent producers --------------------------------------------------------------------
-    def check_sequences(self, buf: memoryview, parsed: ParsedRecords, groups: list[QueueGroup]
-                        ) -> dict[int, BatchSequence]:
+    def check_sequences(self, buf: memoryview, parsed: ParsedRecords, groups: list[QueueGroup],
+                        counts: list[int]) -> dict[int, BatchSequence]:
         """An idempotent producer's batches: each queue's records one contiguous batch, stamped on
         its first record; the stamps, by the index of the record that carries each. A body of
         several queues' batches (a producer's batches for one broker sent together) is admitted
@@ -183,12 +183,10 @@ class AppendValidator:
             return {0: self.admit_sequence(buf, cq, key, n)}
         if isinstance(groups[0].indices, slice):  # several groups of records in a row, in body order
             firsts = [cast(slice, idx).start for _, idx, _ in groups]
-            counts = [group_size(idx, n) for _, idx, _ in groups]
             in_rows = True
         else:  # index arrays
             indices = [cast(np.ndarray, idx) for _, idx, _ in groups]
             firsts = [int(idx[0]) for idx in indices]
-            counts = [len(idx) for idx in indices]
             in_rows = all(int(idx[-1]) - int(idx[0]) + 1 == len(idx) for idx in indices)
         if len(stamped) != len(groups) or set(stamped.tolist()) != set(firsts) or not in_rows:
             raise InvalidRecord(SEQUENCE_PROPERTY, "each queue's records in a send are one batch, in a row,"
@@ -196,8 +194,8 @@ class AppendValidator:
         checked = {}
         positions = parsed.starts[firsts].tolist()
         stamps: list[BatchSequence] | list[None] = _read_stamps(buf, parsed, firsts) or [None] * len(firsts)
-        for first, count, pos, stamp, (cq, _, key) in sorted(
-                zip(firsts, counts, positions, stamps, groups, strict=True), key=lambda g: g[0]):
+        # groups of records in a row are slices, in body order (index arrays were refused above)
+        for first, count, pos, stamp, (cq, _, key) in zip(firsts, counts, positions, stamps, groups, strict=True):
             try:
                 checked[first] = self.admit_sequence(buf, cq, key, count, pos, stamp)
             except DuplicateBatch as duplicate:

@@ -15,7 +15,7 @@ from processes import free_port
 from scrape import scrape
 
 from gms.client import Admin, Producer
-from gms.errors import QueueNotFoundError
+from gms.errors import MessageIllegalError, QueueNotFoundError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,6 +116,44 @@ def test_a_batch_refused_in_a_request_of_many_fails_alone(watched):
     with Admin([broker.address]) as admin:
         for topic in topics:
             assert sum(q["max_offset"] - q["min_offset"] for q in admin.topic_stats(topic)) == 2
+
+
+def test_a_bad_record_in_a_request_of_many_fails_its_batch_alone_and_the_others_keep_their_order(watched):
+    """A batch holding a record over its topic's size limit shares a request with the other
+    topics' batches: the broker refuses the request whole; the others are then stored once each,
+    in order, the bad one fails with the clear error, and the same idempotent producer's next
+    batches for every queue (the refused one's too) are stored after them."""
+    broker, _, topics = watched
+    small = f"{topics[0]}-small"
+    with Admin([broker.address]) as admin:
+        admin.create_topic(small, queues=1, settings={"message_size_bytes_max": 1000})
+    with Producer([broker.address], linger_ms=LINGER_MS, retries=0) as producer:
+        for topic in [*topics, small]:
+            producer.send(topic, b"warm-up", queue=0)
+        rounds = []
+        for n in range(2):
+            futures = {b"%s/%d" % (topic.encode(), n): producer.send_async(topic, b"%s/%d" % (topic.encode(), n),
+                                                                          queue=0) for topic in topics}
+            fine = producer.send_async(small, b"fits/%d" % n)
+            too_large = producer.send_async(small, b"x" * 2000) if n == 0 else None
+            producer.flush()
+            rounds.append((futures, fine, too_large))
+        after = producer.send(small, b"after")
+    first_fine, refused = rounds[0][1], rounds[0][2]
+    with pytest.raises(MessageIllegalError, match="1000"):
+        refused.result(timeout=30)  # type: ignore[union-attr]
+    with pytest.raises(MessageIllegalError):  # the record before it shared its batch
+        first_fine.result(timeout=30)
+    assert rounds[1][1].result(timeout=30).queue_offset == 1 and after.queue_offset == 2
+    for futures, _, _ in rounds:
+        _check_stored(broker.address, futures)
+    with Admin([broker.address]) as admin:
+        for topic in topics:
+            stored = admin.topic_stats(topic)[0]
+            assert stored["max_offset"] - stored["min_offset"] == 3  # warm-up, round 0, round 1: once each
+        bodies = [admin.view_message(f.result(timeout=30).msg_id).body
+                  for f in (rounds[0][0][b"%s/0" % topics[1].encode()], rounds[1][0][b"%s/1" % topics[1].encode()])]
+        assert bodies == [b"%s/0" % topics[1].encode(), b"%s/1" % topics[1].encode()]
 
 
 def test_batches_being_retried_do_not_hold_back_the_brokers_other_batches(watched):

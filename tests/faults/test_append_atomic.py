@@ -160,14 +160,14 @@ def test_error_while_indexing_queues_in_rows_rolls_the_batch_back(tmp_path, monk
     try:
         acked(store, batch((b"a0", 0), (b"b0", 1)))
         committed = store._commitlog.committed_pos
-        real_write = ConsumeQueue.write
+        real_write = ConsumeQueue.write_raw  # a queue's entries as a slice of the batch's
 
-        def write(cq: ConsumeQueue, start: int, entries: np.ndarray) -> None:
-            if cq.directory.name == "1" and entries["size"].any():
+        def write_raw(cq: ConsumeQueue, start: int, raw: memoryview) -> None:
+            if cq.directory.name == "1" and any(bytes(raw)):
                 raise MemoryError("injected")
-            real_write(cq, start, entries)
+            real_write(cq, start, raw)
 
-        monkeypatch.setattr(ConsumeQueue, "write", write)
+        monkeypatch.setattr(ConsumeQueue, "write_raw", write_raw)
         with pytest.raises(MemoryError):
             store.append(batch((b"c", 0), (b"d", 0), (b"e", 0), (b"f", 0), (b"g", 1), (b"h", 1)))
         assert (store.max_offset("t", 0), store.max_offset("t", 1)) == (1, 1)
@@ -179,7 +179,7 @@ def test_error_while_indexing_queues_in_rows_rolls_the_batch_back(tmp_path, monk
         result = store.append(rows)
         assert result.queue_offsets.tolist() == [1, 2, 1, 2, 3, 4]
         assert result.touched_queues == [("t", 1), ("t", 0)] and result.queue_counts == [2, 4]
-        assert result.queue_bytes == [len(rows) // 3, len(rows) // 3 * 2]
+        assert result.queue_bytes == [len(rows) // 3, len(rows) // 3 * 2] and result.queue_ends == [3, 5]
         store.durable_future(result.end_phys_offset).result(5)
         expected = [[b"a0", b"k", b"l", b"m", b"n"], [b"b0", b"i", b"j"]]
         assert [queue_bodies(store, q) for q in (0, 1)] == expected
