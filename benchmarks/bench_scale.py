@@ -24,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +40,8 @@ SETTLE_TIMEOUT_S = 60
 FIRST_SEND_TIMEOUT_S = 600
 LIVE_TOPIC = "live"
 CONSUME_TIMEOUT_S = 600
+PRODUCE_ROUNDS = 3  # passes of 1 and of N topics, taken in turn (medians)
+CONSUME_ROUNDS = 3  # fresh groups of 1 and of N topics, read in turn (medians)
 
 
 def allocated_bytes(root: Path) -> int:
@@ -518,7 +521,8 @@ def scenario_queues(quick: bool) -> dict[str, float]:
 def scenario_produce(quick: bool) -> dict[str, float]:
     """``send_async`` of 100 B messages round-robin over 1, 10, 100 and N topics of 4 queues
     (quick: N = 300, full: 1,000) on one gms standalone, each point acknowledged in full (flush),
-    back to back in one run: msg/s per point and N topics' rate over one topic's."""
+    back to back in one run: msg/s per point and N topics' rate over one topic's (1 and N topics:
+    the medians of PRODUCE_ROUNDS passes taken in turn)."""
     from gms.client import Admin, Producer, TopicSpec
 
     many = 300 if quick else 1000
@@ -536,15 +540,23 @@ def scenario_produce(quick: bool) -> dict[str, float]:
                 for queue in range(QUEUES):
                     producer.send_async(name, payload, queue=queue)
             producer.flush()
-            for n in counts:
+            def rate(n: int, total: int) -> float:
                 topics = names[:n]
-                for rep in range(2):  # a warm-up pass (routes, connections, pages), then the measured one
-                    total = messages // 4 if rep == 0 else messages
-                    t0 = time.perf_counter()
-                    for i in range(total):
-                        producer.send_async(topics[i % n], payload)
-                    producer.flush()
-                    rates[n] = total / (time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for i in range(total):
+                    producer.send_async(topics[i % n], payload)
+                producer.flush()
+                return total / (time.perf_counter() - t0)
+
+            for n in counts:  # a warm-up pass (routes, connections, pages), then the measured one
+                rate(n, messages // 4)
+                rates[n] = rate(n, messages)
+            # one topic's pass lasts a fraction of a second: the ratio is the median of alternated passes
+            passes = {1: [rates[1]], many: [rates[many]]}
+            for _ in range(PRODUCE_ROUNDS - 1):
+                for n in passes:
+                    passes[n].append(rate(n, messages))
+            rates |= {n: statistics.median(found) for n, found in passes.items()}
     figures: dict[str, float] = {f"send_async_msgs_per_s_{n}_topic{'s' if n > 1 else ''}": rates[n] for n in counts}
     figures["produce_topics"] = many
     figures["send_async_msgs_per_s_many_topics"] = rates[many]
@@ -578,12 +590,14 @@ def consume_rate(nameserver: str, group: str, topics: list[str], expected: int) 
 
 def scenario_consume(quick: bool) -> dict[str, float]:
     """A group subscribed to N topics of 4 queues (quick: 300, full: 1,000) against one topic: the
-    same number of 100 B messages (quick: 100k, full: 200k) produced beforehand (not timed), into
-    one topic and round-robin over the N, then read by a fresh group from the start."""
+    same number of 100 B messages (quick: 100k, full: 1 M: 250 a queue, so a read lasts long enough
+    that its join and first fetches are not most of it) produced beforehand (not timed), into
+    one topic and round-robin over the N, then read by fresh groups from the start: CONSUME_ROUNDS
+    of each, in turn (medians)."""
     from gms.client import Admin, Producer
 
     count = 300 if quick else 1000
-    messages = 100_000 if quick else 200_000
+    messages = 100_000 if quick else 1_000_000
     many = [f"c{i:05d}" for i in range(count)]
     with tempfile.TemporaryDirectory(prefix="bench-scale-consume-") as tmp, \
             gms_standalone(Path(tmp)) as (nameserver, _):
@@ -597,8 +611,10 @@ def scenario_consume(quick: bool) -> dict[str, float]:
                 producer.send_async("one", payload)
                 producer.send_async(many[i % count], payload)
             producer.flush()
-        one, join_one = consume_rate(nameserver, "g-one", ["one"], messages)
-        spread, join_many = consume_rate(nameserver, "g-many", many, messages)
+        rounds = [(consume_rate(nameserver, f"g-one-{r}", ["one"], messages),
+                   consume_rate(nameserver, f"g-many-{r}", many, messages)) for r in range(CONSUME_ROUNDS)]
+    one, join_one = (statistics.median(found) for found in zip(*(pair[0] for pair in rounds), strict=True))
+    spread, join_many = (statistics.median(found) for found in zip(*(pair[1] for pair in rounds), strict=True))
     return {"consume_topics": count, "consume_msgs_per_s_1_topic": one,
             "consume_msgs_per_s_many_topics": spread, "consume_many_topics_ratio": spread / one,
             "consume_join_s_1_topic": join_one, "consume_join_s_many_topics": join_many}
