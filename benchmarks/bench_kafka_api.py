@@ -2,8 +2,9 @@
 the same work against the same broker process (issue 32).
 
 Workloads (100 B messages, a 4-queue topic, one broker process, everything on 127.0.0.1):
-- ``produce``: pipelined sends with acks=1 (librdkafka batches as it does by default, linger 5 ms;
-  gms's ``send_async`` with at most ``WINDOW`` unacknowledged);
+- ``produce``: every message handed to the producer, then a flush that waits for their acks
+  (acks=1; librdkafka batches as it does by default, linger 5 ms; gms's ``send_async`` batches
+  as its pipeline keeps up);
 - ``consume``: every message of the topic read once (confluent-kafka's ``assign`` from offset 0;
   gms's ``Consumer`` from the first), each body read.
 
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_procs import start_server, stop_servers
-from bench_rocketmq_api import _pipelined, _wait_idle
+from bench_rocketmq_api import _wait_idle
 
 BODY = b"x" * 100
 TOPIC = "kafka-bench"
@@ -77,9 +78,12 @@ def kafka_consume(bootstrap: str, count: int) -> None:
 
 
 def gms_produce(address: str, count: int) -> None:
+    """As the Kafka producer: every message handed over, then a flush waits for their acks."""
     from gms.client import Producer
     with Producer([address]) as producer:
-        _pipelined(lambda i: producer.send_async(TOPIC, BODY, queue=i % QUEUES), count)
+        for i in range(count):
+            producer.send_async(TOPIC, BODY, queue=i % QUEUES)
+        producer.flush()
 
 
 def gms_consume(address: str, count: int) -> None:

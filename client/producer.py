@@ -483,6 +483,8 @@ class Producer:
     def _append_routed(self, route: QueueRoute, body: bytes, tag: str | None, keys: Sequence[str],
                        properties: Mapping[str, str] | None, deliver_at: datetime.datetime | int | None,
                        delay_ms: int | None, delay_level: int | None) -> SendFuture:
+        if deliver_at is None and delay_ms is None and delay_level is None:  # as most are
+            return self._accumulator.append(route, body, tag, keys, properties)
         return self._accumulator.append(route, body, tag, keys,
                                         *_scheduled(properties, deliver_at, delay_ms, delay_level))
 
