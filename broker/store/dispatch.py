@@ -88,6 +88,8 @@ class ConsumeQueueDispatcher:
         entries["size"] = batch.sizes
         entries["tag_hash"] = batch.tag_hashes
         groups, bases = batch.groups, batch.bases
+        if not groups:  # recovery: every queue of these records was reconciled entry by entry
+            return
         if isinstance(groups[0].indices, slice):  # each queue's records in a row: its entries' bytes
             raw, unit = entries.view(np.uint8).data, CQ_DTYPE.itemsize
             for (cq, idx, _), base, count in zip(groups, bases, batch.counts, strict=True):

@@ -28,7 +28,8 @@ ROWS: list[tuple[str, type[tuple]]] = [
     ("`FETCH` (24) answer `queues`", FetchedQueue),
     ("`ACK_MESSAGE` (19) answer `expired`", ExpiredHandle),
     ("`COMMIT_OFFSET` (30) `release`, `FETCH_OFFSET` (31) `queues`, `HEARTBEAT` (32) `held`,"
-     " `GET_CONSUMER_GROUP_MEMBERS` (34) answer `members`' `queues`, `DELETE_GROUP` (57) answer `queues`", QueueRef),
+     " `GET_CONSUMER_GROUP_MEMBERS` (34) answer `members`' `queues`, `DELETE_GROUP` (57) answer `queues`,"
+     " `DELETE_OFFSETS` (60) `queues` and its answer's", QueueRef),
     ("`COMMIT_OFFSET` (30) `offsets`, `RESET_OFFSETS` (56) request and answer `offsets`", QueueOffset),
     ("`LIST_TRANSACTIONS` (58) answer `transactions`' `queues`", TransactionQueue),
     ("`REPLICA_FETCH` (200) request `queues`", repl.FetchWant),
