@@ -10,6 +10,7 @@ docs/spark.md#writing.
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -139,9 +140,18 @@ def row_chunks(rows: Iterable[Any], columns: tuple[str, ...]) -> Iterator[Chunk]
         yield columns_of(chunk)
 
 
-def _failed(future: Any) -> SinkError | None:
-    err = future.exception()
+def _failed(outcome: Any) -> SinkError | None:
+    err = outcome.exception()
     return None if err is None else SinkError(f"a message was not acknowledged: {err!r}")
+
+
+_outcome_of = operator.attrgetter("_batch")  # a SendFuture's batch: its rows' outcome, shared
+
+
+def _outcomes(futures: Iterable[Any]) -> Iterable[Any]:
+    """The outcomes of the batches ``futures`` went into, once each: a batch holds thousands of
+    rows, so its answer is checked once rather than once a row."""
+    return dict.fromkeys(map(_outcome_of, futures))
 
 
 def _futures(send: Any, topics: list[Any], chunk: Chunk) -> Iterable[Any]:
@@ -164,7 +174,7 @@ def send_chunks(options: WriteOptions, chunks: Iterable[Chunk], counter: Any = N
     from gms.client import Producer
 
     sent = 0
-    pending: collections.deque[Any] = collections.deque()
+    pending: collections.deque[Any] = collections.deque()  # batches' outcomes, in about the order sent
     with Producer(list(options.brokers) if options.brokers else None, nameserver=options.nameserver,
                   acks=options.acks, retries=options.retries, linger_ms=options.linger_ms,
                   request_timeout_ms=options.request_timeout_ms, idempotence=options.idempotence) as producer:
@@ -174,14 +184,14 @@ def send_chunks(options: WriteOptions, chunks: Iterable[Chunk], counter: Any = N
             for name, values in (("body", chunk["body"]), ("topic", topics)):
                 if None in values:
                     raise SinkError(f"row {sent + values.index(None)} has no {name}")
-            pending.extend(_futures(producer.send_async, topics, chunk))
+            pending.extend(_outcomes(_futures(producer.send_async, topics, chunk)))
             sent += count
             while pending and pending[0].done():  # answers come in about the order sent: keep few
                 if err := _failed(pending.popleft()):
                     raise err
         producer.flush()
-    for future in pending:
-        if err := _failed(future):
+    for outcome in pending:
+        if err := _failed(outcome):
             raise err
     if counter is not None:
         counter.add(sent)

@@ -68,6 +68,14 @@ def test_bad_rows_fail_the_job_with_a_clear_error(spark, broker):
         writer(good, broker).option("topic", "no-such-topic").save()
 
 
+def test_a_send_the_broker_refuses_fails_the_job_with_its_error(spark, broker):
+    with Admin(brokers=[broker.address]) as admin:
+        admin.create_topic("sink-small", 1, settings={"message_size_bytes_max": 1024})
+    rows = spark.createDataFrame([(b"a",), (b"x" * 4096,), (b"b",)], "body binary").coalesce(1)
+    with pytest.raises(Exception, match=r"not acknowledged.*limit of 1024 bytes"):
+        writer(rows, broker).option("topic", "sink-small").save()
+
+
 def test_streaming_write_commits_per_micro_batch(spark, broker, tmp_path: Path):
     create_topics(broker, **{"sink-stream": 2})
     source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
