@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gms.broker.groups import MODE_CLUSTERING, Beat, GroupCoordinator, Member
 from gms.broker.offsets import OffsetStore
@@ -29,6 +30,8 @@ from gms.protocol.codes import RequestCode
 from gms.protocol.groups import QueueOffset, QueueRef
 from gms.protocol.rows import encode
 from gms.tags import BadTagExpression, parse_tag_expression
+
+Q = TypeVar("Q", QueueRef, QueueOffset)  # a queue, or a queue with an offset
 
 GROUP_NAME_BYTES_MAX = 255
 
@@ -160,23 +163,9 @@ class GroupService:
         """Commit each queue's offset where the group's offsets of that queue live, its leader:
         here (:meth:`commit_offsets`), or over this broker's connection to it (a protocol whose
         consumers commit to the group's coordinator, as Kafka's do). Each entry's error, or None."""
-        errors: list[GmsError | None] = [None] * len(entries)
-        here, elsewhere = self._by_leader(entries)
-        for i in here:
-            try:
-                self.commit_offsets(group, [entries[i]])
-            except GmsError as err:
-                errors[i] = err
-
-        async def forward(address: str, indexes: list[int]) -> None:
-            try:
-                await self.peers.request(address, RequestCode.COMMIT_OFFSET,  # type: ignore[union-attr]
-                                         {"group": group, "offsets": [encode(entries[i]) for i in indexes]})
-            except GmsError as err:
-                for i in indexes:
-                    errors[i] = err
-        await asyncio.gather(*(forward(address, indexes) for address, indexes in elsewhere.items()))
-        return errors
+        async def commit_here(entry: QueueOffset) -> None:
+            self.commit_offsets(group, [entry])
+        return await self._apply_at_leaders(group, entries, commit_here, RequestCode.COMMIT_OFFSET, "offsets")
 
     async def committed_at_leaders(self, group: str, queues: list[QueueRef]) -> list[int | GmsError | None]:
         """:meth:`committed_offsets` of each queue asked of its leader (see :meth:`commit_at_leaders`):
@@ -204,18 +193,26 @@ class GroupService:
     async def delete_offsets_at_leaders(self, group: str, queues: list[QueueRef]) -> list[GmsError | None]:
         """:meth:`delete_offsets` of each queue at its leader (see :meth:`commit_at_leaders`):
         each queue's error, or None."""
-        errors: list[GmsError | None] = [None] * len(queues)
-        here, elsewhere = self._by_leader(queues)
+        async def delete_here(queue: QueueRef) -> None:
+            await self.delete_offsets(group, [queue])
+        return await self._apply_at_leaders(group, queues, delete_here, RequestCode.DELETE_OFFSETS, "queues")
+
+    async def _apply_at_leaders(self, group: str, items: list[Q], apply_here: Callable[[Q], Awaitable[None]],
+                                code: RequestCode, field: str) -> list[GmsError | None]:
+        """``apply_here`` to each of ``items`` led here; the others sent to their leaders as
+        ``code`` requests (the items in ``field``). Each item's error, or None."""
+        errors: list[GmsError | None] = [None] * len(items)
+        here, elsewhere = self._by_leader(items)
         for i in here:
             try:
-                await self.delete_offsets(group, [queues[i]])
+                await apply_here(items[i])
             except GmsError as err:
                 errors[i] = err
 
         async def forward(address: str, indexes: list[int]) -> None:
             try:
-                await self.peers.request(address, RequestCode.DELETE_OFFSETS,  # type: ignore[union-attr]
-                                         {"group": group, "queues": [encode(queues[i]) for i in indexes]})
+                await self.peers.request(address, code,  # type: ignore[union-attr]
+                                         {"group": group, field: [encode(items[i]) for i in indexes]})
             except GmsError as err:
                 for i in indexes:
                     errors[i] = err
