@@ -191,16 +191,37 @@ def test_a_fetch_answer_whose_records_are_written_by_reference_is_one_whole_fram
     with connect(bootstrap) as sock:
         assert _produce(sock, topic, batch)["error_code"] == 0
         for _ in range(2):
-            answer = call(sock, ApiKey.FETCH, 12, {
-                "replica_id": -1, "max_wait_ms": 100, "min_bytes": 1, "max_bytes": 50 << 20, "isolation_level": 0,
-                "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
-                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
-                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]})
-            row = answer["responses"][0]["partitions"][0]
+            row = _fetch(sock, topic, 0, 1 << 20)
             assert (row["error_code"], row["high_watermark"]) == (0, len(values))
-            fetched = [bytes(r.value) for raw in split_batches(memoryview(row["records"]))
-                       for r in decode_batch(raw).records]
-            assert fetched == values
+            assert _values(row) == values
+
+
+def _fetch(sock: socket.socket, topic: str, offset: int, partition_max_bytes: int, max_bytes: int = 50 << 20) -> dict:
+    """Partition 0's row of a Fetch v12 from ``offset``."""
+    answer = call(sock, ApiKey.FETCH, 12, {
+        "replica_id": -1, "max_wait_ms": 100, "min_bytes": 1, "max_bytes": max_bytes, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
+             "log_start_offset": -1, "partition_max_bytes": partition_max_bytes}]}]})
+    return answer["responses"][0]["partitions"][0]
+
+
+def _values(row: dict) -> list[bytes]:
+    return [bytes(r.value) for raw in split_batches(memoryview(row["records"])) for r in decode_batch(raw).records]
+
+
+def test_a_fetch_answers_a_partition_up_to_its_max_bytes_but_a_first_record_larger_whole(bootstrap, topic):
+    """As Kafka (KIP-74): a partition's records up to partition_max_bytes, and a first record
+    larger than that (or than max_bytes) alone rather than nothing, so the consumer moves on."""
+    now = int(time.time() * 1000)
+    values = [b"%04d" % i + b"x" * 996 for i in range(20)] + [b"big" * 2000] + [b"after"]
+    with connect(bootstrap) as sock:
+        assert _produce(sock, topic, encode_batch(0, [KafkaRecord(i, now, None, value, [])
+                                                      for i, value in enumerate(values)]))["error_code"] == 0
+        some = _values(_fetch(sock, topic, 0, 5000))
+        assert 1 <= len(some) < 20 and some == values[:len(some)]
+        assert _values(_fetch(sock, topic, 20, 1000)) == [values[20]]
+        assert _values(_fetch(sock, topic, 20, 1 << 20, max_bytes=1000)) == [values[20]]
 
 
 def test_a_frame_writer_writes_what_a_writer_writes():
