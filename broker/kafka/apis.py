@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from gms.broker.kafka.schema import Message, message
-from gms.broker.kafka.wire import Reader, Writer
+from gms.broker.kafka.wire import FrameWriter, Reader
 
 
 class ApiKey(enum.IntEnum):
@@ -122,20 +122,21 @@ def read_header(reader: Reader) -> Header:
     return header
 
 
-def write_response(header: Header, body: dict[str, object]) -> bytearray:
-    """The response frame (length prefix, header, body) to ``header``'s request."""
+def write_response(header: Header, body: dict[str, object]) -> list[bytes | bytearray | memoryview]:
+    """The response frame (length prefix, header, body) to ``header``'s request, as buffers to
+    write in order (large byte fields, a fetch's records, are not copied: :class:`FrameWriter`)."""
     key = ApiKey(header.api_key)
     version = header.api_version
     schema = response_schema(key)
-    writer = Writer()
+    writer = FrameWriter()
+    head = writer.buf  # the frame's first buffer, whatever follows
     writer.int32(0)  # the frame length, set below
     writer.int32(header.correlation_id)
     if key is not ApiKey.API_VERSIONS and schema.is_flexible(version):
         writer.uvarint(0)  # no tagged fields in the header
     schema.write(writer, body, version)
-    buf = writer.buf
-    buf[0:4] = (len(buf) - 4).to_bytes(4, "big")
-    return buf
+    head[0:4] = (writer.size() - 4).to_bytes(4, "big")
+    return writer.parts()
 
 
 def api_versions_body(error: int = 0) -> dict[str, object]:
@@ -143,7 +144,7 @@ def api_versions_body(error: int = 0) -> dict[str, object]:
                                               for key, (low, high) in sorted(SUPPORTED.items())]}
 
 
-def unsupported_api_versions(header: Header) -> bytearray:
+def unsupported_api_versions(header: Header) -> list[bytes | bytearray | memoryview]:
     """ApiVersions at a version not served: UNSUPPORTED_VERSION and the list, at version 0."""
     return write_response(Header(header.api_key, 0, header.correlation_id, header.client_id),
                           api_versions_body(error=35))

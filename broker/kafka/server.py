@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 FRAME_BYTES_MAX = 100 << 20  # Kafka's socket.request.max.bytes
 _SIZE = struct.Struct(">i")
+Frame = list[bytes | bytearray | memoryview]  # a response frame's buffers, written in order
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -160,7 +161,7 @@ class KafkaEndpoint:
                 if answer is None:
                     return
                 if answer:
-                    writer.write(answer)
+                    writer.writelines(answer)
                     await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass
@@ -168,8 +169,8 @@ class KafkaEndpoint:
             self._connections.discard(task)
             writer.close()
 
-    async def _answer(self, frame: bytes, client: str, session: SaslSession) -> bytes | bytearray | None:
-        """The response frame; b"" for none (acks=0); None to close the connection."""
+    async def _answer(self, frame: bytes, client: str, session: SaslSession) -> Frame | None:
+        """The response frame's buffers; [] for none (acks=0); None to close the connection."""
         reader = Reader(frame)
         try:
             header = read_header(reader)
@@ -199,7 +200,7 @@ class KafkaEndpoint:
         return await self._handle(header, request, client, session)
 
     async def _handle(self, header: Header, request: dict[str, Any], client: str,
-                      session: SaslSession) -> bytes | bytearray | None:
+                      session: SaslSession) -> Frame | None:
         key = ApiKey(header.api_key)
         handler = self.handlers[key]
         principal = session.principal
@@ -217,5 +218,5 @@ class KafkaEndpoint:
                           client)
             return None
         if body is None:
-            return b""
+            return []
         return write_response(header, body)

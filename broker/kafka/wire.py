@@ -16,6 +16,9 @@ _I8, _I16, _U16, _I32, _U32, _I64, _F64 = (struct.Struct(f">{c}") for c in "bhHi
 LENGTH_MAX = 1 << 30
 
 
+BY_REFERENCE_MIN = 64 << 10  # a byte field this large is not copied into a response frame
+
+
 class Malformed(ValueError):
     """A request's bytes do not follow its schema."""
 
@@ -174,6 +177,34 @@ class Writer:
             return
         self.length(len(v), compact)
         self.buf += v
+
+
+class FrameWriter(Writer):
+    """A Writer of one response frame that keeps its large byte fields (a fetch's record batches)
+    by reference instead of copying them in: :meth:`parts` are the frame's buffers, in order, for
+    one ``writelines`` (a fetch of 1.7 MB was copied once more here, and its answer written)."""
+
+    __slots__ = ("_parts", "_size")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parts: list[bytes | bytearray | memoryview] = []
+        self._size = 0  # the bytes in _parts
+
+    def blob(self, v: bytes | bytearray | memoryview | None, compact: bool) -> None:
+        if v is None or len(v) < BY_REFERENCE_MIN:
+            super().blob(v, compact)
+            return
+        self.length(len(v), compact)
+        self._parts += (self.buf, v)
+        self._size += len(self.buf) + len(v)
+        self.buf = bytearray()
+
+    def size(self) -> int:
+        return self._size + len(self.buf)
+
+    def parts(self) -> list[bytes | bytearray | memoryview]:
+        return [*self._parts, self.buf]
 
 
 def uvarint_bytes(v: int) -> bytes:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gms.broker.kafka.apis import SUPPORTED, ApiKey, request_schema, response_schema
+from gms.broker.kafka.apis import SUPPORTED, ApiKey, Header, request_schema, response_schema, write_response
 from gms.broker.kafka.errors import Err
-from gms.broker.kafka.records import KafkaRecord, encode_batch
-from gms.broker.kafka.wire import Reader, Writer
+from gms.broker.kafka.records import KafkaRecord, decode_batch, encode_batch, split_batches
+from gms.broker.kafka.wire import BY_REFERENCE_MIN, Reader, Writer
 from tests.processes import wait_until
 
 TIMEOUT_S = 10
@@ -39,10 +39,17 @@ def encode(key: ApiKey, version: int, body: dict) -> bytes:
 
 def read_frame(sock: socket.socket) -> bytes | None:
     """A response frame's bytes after its size (None: the broker closed the connection)."""
-    size = sock.recv(4, socket.MSG_WAITALL)
-    if len(size) < 4:
-        return None
-    return sock.recv(struct.unpack(">i", size)[0], socket.MSG_WAITALL)
+    size = _read(sock, 4)
+    return None if len(size) < 4 else _read(sock, struct.unpack(">i", size)[0])
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes, or fewer if the connection closes first (a socket with a timeout reads what
+    has come, MSG_WAITALL or not)."""
+    got = bytearray()
+    while len(got) < n and (chunk := sock.recv(n - len(got))):
+        got += chunk
+    return bytes(got)
 
 
 def call(sock: socket.socket, key: ApiKey, version: int, body: dict) -> dict:
@@ -171,6 +178,67 @@ def test_an_acks_0_produce_that_fails_closes_the_connection(bootstrap, topic):
         request["topic_data"][0]["name"] = "no-such-topic"
         sock.sendall(encode(ApiKey.PRODUCE, 9, request))
         assert closed(sock)
+
+
+def test_a_fetch_answer_whose_records_are_written_by_reference_is_one_whole_frame(bootstrap, topic):
+    """A fetch's record batch of more than BY_REFERENCE_MIN bytes goes out as its own buffer, the
+    frame's length counting it: the records come back whole, and the connection's next answer
+    is framed where this one ends."""
+    now = int(time.time() * 1000)
+    values = [b"%06d" % i + b"v" * 994 for i in range(300)]  # 300 kB: several times BY_REFERENCE_MIN
+    batch = encode_batch(0, [KafkaRecord(i, now, None, value, []) for i, value in enumerate(values)])
+    assert len(batch) > 4 * BY_REFERENCE_MIN
+    with connect(bootstrap) as sock:
+        assert _produce(sock, topic, batch)["error_code"] == 0
+        for _ in range(2):
+            row = _fetch(sock, topic, 0, 1 << 20)
+            assert (row["error_code"], row["high_watermark"]) == (0, len(values))
+            assert _values(row) == values
+
+
+def _fetch(sock: socket.socket, topic: str, offset: int, partition_max_bytes: int, max_bytes: int = 50 << 20) -> dict:
+    """Partition 0's row of a Fetch v12 from ``offset``."""
+    answer = call(sock, ApiKey.FETCH, 12, {
+        "replica_id": -1, "max_wait_ms": 100, "min_bytes": 1, "max_bytes": max_bytes, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "rack_id": "", "topics": [{"topic": topic, "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
+             "log_start_offset": -1, "partition_max_bytes": partition_max_bytes}]}]})
+    return answer["responses"][0]["partitions"][0]
+
+
+def _values(row: dict) -> list[bytes]:
+    return [bytes(r.value) for raw in split_batches(memoryview(row["records"])) for r in decode_batch(raw).records]
+
+
+def test_a_fetch_answers_a_partition_up_to_its_max_bytes_but_a_first_record_larger_whole(bootstrap, topic):
+    """As Kafka (KIP-74): a partition's records up to partition_max_bytes, and a first record
+    larger than that (or than max_bytes) alone rather than nothing, so the consumer moves on."""
+    now = int(time.time() * 1000)
+    values = [b"%04d" % i + b"x" * 996 for i in range(20)] + [b"big" * 2000] + [b"after"]
+    with connect(bootstrap) as sock:
+        assert _produce(sock, topic, encode_batch(0, [KafkaRecord(i, now, None, value, [])
+                                                      for i, value in enumerate(values)]))["error_code"] == 0
+        some = _values(_fetch(sock, topic, 0, 5000))
+        assert 1 <= len(some) < 20 and some == values[:len(some)]
+        assert _values(_fetch(sock, topic, 20, 1000)) == [values[20]]
+        assert _values(_fetch(sock, topic, 20, 1 << 20, max_bytes=1000)) == [values[20]]
+
+
+def test_a_frame_writer_writes_what_a_writer_writes():
+    """A frame written in parts (large byte fields by reference) is byte for byte the one a
+    plain Writer writes in one buffer."""
+    body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": "t", "partitions": [
+        {"partition_index": p, "error_code": 0, "high_watermark": 9, "last_stable_offset": 9, "log_start_offset": 0,
+         "aborted_transactions": [], "preferred_read_replica": -1, "records": bytes([p]) * size}
+        for p, size in enumerate((0, 10, BY_REFERENCE_MIN, 3 * BY_REFERENCE_MIN + 1))]}]}
+    header = Header(ApiKey.FETCH, 12, 7, "test")
+    plain = Writer()
+    plain.int32(7)
+    plain.uvarint(0)
+    response_schema(ApiKey.FETCH).write(plain, body, 12)
+    parts = write_response(header, body)
+    assert len(parts) == 5  # the two large batches by reference, each between the bytes around it
+    assert b"".join(parts) == struct.pack(">i", len(plain.buf)) + plain.buf
 
 
 def test_clients_beyond_the_connection_maximum_are_closed_and_the_others_served(broker_factory, tmp_path):
