@@ -17,13 +17,10 @@ package, whose import would double its start-up time.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import mmap
 import os
-import platform
-import signal
 import struct
 import sys
 import time
@@ -40,11 +37,12 @@ from gms.record.layout import KAFKA_KEY_PROPERTY, TOMBSTONE_PROPERTY
 
 log = logging.getLogger("gms.broker.clean_worker")
 
-WORKER_NICE = 19
+# The worker's command (python -c; argument: the broker's pid). Not -m: the store imports this
+# module. Its priority is lowered before the imports of this module, which take most of its start-up.
+WORKER_MAIN = ("import sys; from gms.broker.worker_priority import lower_priority; lower_priority(int(sys.argv[1]));"
+               " from gms.broker.clean_worker import main; main()")
+
 CHUNK_RECORDS = 4096  # records whose keys are read at a time (the IO budget spent between)
-_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # the ioprio_set syscall's number
-_IOPRIO_BEST_EFFORT_LOWEST = (2 << 13) | 7  # class best-effort, level 7
-_PR_SET_PDEATHSIG = 1
 _ARRAYS = ("seg_starts", "seg_sizes", "phys", "sizes", "offsets")
 _HEAD_STRUCT = struct.Struct(">iI")  # as broker/store/damage.py repairs a header
 _ENVELOPE_HEAD_STRUCT = struct.Struct(">iqq")
@@ -230,30 +228,12 @@ def compact(job: Job) -> dict[str, int]:
     return {"written": write(job.tmp, candidates, kept, budget), "kept": len(kept), "damaged": damaged}
 
 
-def lower_priority(parent_pid: int) -> None:
-    """Die with the cleaner's thread; the lowest CPU priority (SCHED_IDLE: it runs on a core
-    nothing else wants, and a task that wakes there preempts it at once, where a nice 19 task
-    may finish its slice first) and the lowest best-effort IO priority (where the kernel's IO
-    scheduler heeds it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before the prctl
-        sys.exit("the broker is gone")
-    os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)  # what is left if SCHED_IDLE is refused
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except OSError as err:
-        log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
-    if (number := _IOPRIO_SET.get(platform.machine())) is not None:
-        libc.syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
-
-
 def main() -> None:
-    """The worker (argument: the broker's pid): jobs on stdin, one after the other, each one's
-    outcome on stdout; it ends with its stdin (a job that fails ends it, the traceback logged)."""
+    """The worker, its priority lowered (:data:`WORKER_MAIN`): jobs on stdin, one after the
+    other, each one's outcome on stdout; it ends with its stdin (a job that fails ends it, the
+    traceback logged)."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
-    lower_priority(int(sys.argv[1]))
     while (job := Job.decode(sys.stdin.buffer)) is not None:
         print(json.dumps(compact(job)), flush=True)
 

@@ -40,7 +40,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 from prometheus_client.registry import Collector
 
-from gms.broker.clean_worker import Job
+from gms.broker.clean_worker import WORKER_MAIN, Job
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.consumequeue.consume_queue import ConsumeQueue, OffsetExpired
 from gms.broker.store.compacted import CompactedLogs, Segment
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 
 CLEAN_ENTRIES_MAX = 1 << 20  # queue offsets one pass over a queue compacts at most (20 MiB of entries)
 _NONE = np.empty(0, np.int64)
-WORKER_MAIN = "from gms.broker.clean_worker import main; main()"  # not -m: the store imports it
 
 
 class Cleaner:

@@ -27,6 +27,7 @@ from compaction_helpers import (
 )
 from store_helpers import small_config
 
+from gms.broker.clean_worker import WORKER_MAIN
 from gms.broker.store import GetStatus, MessageStore, QueueGet
 from gms.broker.store.topic_table import TopicLimits
 from gms.errors import InvalidTopicError
@@ -283,6 +284,20 @@ def test_a_compaction_worker_killed_midway_changes_nothing(store_dir):
         assert store.compact() == 1
         assert latest_per_key(read_all(store)) == expected_latest(end)
         assert [name.endswith(".seg") for name in os.listdir(qdir)] == [True]
+
+
+def test_the_compaction_worker_runs_at_idle_priority_before_its_imports():
+    """The worker's command (what the cleaner starts) lowers its priority before it imports numpy
+    and the record modules: that start-up, a seventh of a second of CPU, must not compete with
+    the broker's request loop at the broker's own priority."""
+    watch = ("import os, sys\n"
+             "def hook(event, args):\n"
+             "    if event == 'import' and args[0] == 'numpy':\n"
+             "        sys.stderr.write(f'numpy imported at policy {os.sched_getscheduler(0)}\\n')\n"
+             "sys.addaudithook(hook)\n")
+    done = subprocess.run([sys.executable, "-P", "-c", watch + WORKER_MAIN, str(os.getpid())], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert f"numpy imported at policy {os.SCHED_IDLE}\n" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("damage", ["body", "length", "magic", "queue_offset", "tail"])

@@ -1,0 +1,38 @@
+"""The compaction worker's first step (:mod:`gms.broker.clean_worker`), before it imports
+anything else: its start-up (the interpreter's, numpy's and the record modules' imports, a
+seventh of a second of CPU) would otherwise run at the broker's own priority, on a core the
+broker's request loop and its clients may want."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import signal
+import sys
+
+log = logging.getLogger("gms.broker.clean_worker")
+
+WORKER_NICE = 19
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # the ioprio_set syscall's number
+_IOPRIO_BEST_EFFORT_LOWEST = (2 << 13) | 7  # class best-effort, level 7
+_PR_SET_PDEATHSIG = 1
+
+
+def lower_priority(parent_pid: int) -> None:
+    """Die with the cleaner's thread; the lowest CPU priority (SCHED_IDLE: it runs on a core
+    nothing else wants, and a task that wakes there preempts it at once, where a nice 19 task
+    may finish its slice first) and the lowest best-effort IO priority (where the kernel's IO
+    scheduler heeds it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the prctl
+        sys.exit("the broker is gone")
+    os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)  # what is left if SCHED_IDLE is refused
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as err:
+        log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
+    if (number := _IOPRIO_SET.get(platform.machine())) is not None:
+        libc.syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
