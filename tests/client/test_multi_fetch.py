@@ -165,6 +165,26 @@ def test_a_parked_fetch_answers_when_any_of_its_queues_gets_a_message(broker, ad
     assert [(r.topic, r.queue_id, r.next_offset) for r in rows] == [(topics[37], 1, 1)]
 
 
+def test_a_fetch_whose_budget_runs_out_leaves_the_queues_past_it_unclaimed(broker, admin):
+    """The broker admits a FETCH's queues (claims, index reads) a segment at a time and stops
+    where the byte budget runs out: a queue past it was not read, so another member of the group
+    may read it at once (no QUEUE_HELD), and the first member's next request reads it."""
+    prefix = f"budget-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:03d}" for i in range(160)]  # 320 queues: more than one segment
+    assert not [r for r in admin.create_topics([(t, 2) for t in topics]) if r.error]
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, b"x" * 1000, queue=q) for t in (topics[0], topics[-1]) for q in (0, 1)])
+    group = f"g-{prefix}"
+    queues = [[t, q, 0] for t in topics for q in range(2)]
+    rows, _ = fetch(broker.address, {"queues": queues, "max_total_bytes": 1, "group": group, "member": "m1"})
+    assert [(r.topic, r.queue_id, r.status) for r in rows] == [(topics[0], 0, Status.SUCCESS)]
+    rows, _ = fetch(broker.address, {"queues": [[topics[-1], 1, 0]], "group": group, "member": "m2"})
+    assert [(r.topic, r.queue_id, r.status, r.next_offset) for r in rows] == [(topics[-1], 1, Status.SUCCESS, 1)]
+    rows, _ = fetch(broker.address, {"queues": queues[1:], "group": group, "member": "m1"})
+    assert {(r.topic, r.queue_id): r.status for r in rows} == {
+        (topics[0], 1): Status.SUCCESS, (topics[-1], 0): Status.SUCCESS, (topics[-1], 1): Status.QUEUE_HELD}
+
+
 def _send(address: str, topic: str) -> None:
     with Producer([address]) as producer:
         producer.send(topic, b"wake", queue=1)
