@@ -230,6 +230,55 @@ def test_more_queues_than_one_fetch_names_go_out_in_several_requests(broker, mon
     assert set(expected) <= {q for queues in asked for q in queues}  # and the group's retry topic
 
 
+def test_once_an_answer_runs_out_of_bytes_requests_name_as_many_queues_and_those_with_records_first(broker,
+                                                                                                    monkeypatch):
+    """A request naming more queues than its answer's byte budget holds makes the broker decode,
+    and the consumer name again, those past where it ran out: the next requests name as many
+    queues as that answer held, those with records to read before those caught up (which wait
+    in requests of their own); every message still comes once."""
+    from gms.client import fetcher
+    from gms.client.connections import ConnectionPool
+
+    monkeypatch.setattr(fetcher, "FETCH_TOTAL_BYTES_DEFAULT", 30_000)
+    asked: list[list[tuple[str, int]]] = []
+    answered: list[list[tuple[tuple[str, int], bool]]] = []  # (queue, caught up) per row
+    request = ConnectionPool.request
+
+    async def spied(self, address, code, fields=None, *args, **kwargs):
+        if code != RequestCode.FETCH:
+            return await request(self, address, code, fields, *args, **kwargs)
+        asked.append([(t, q) for t, q, _ in fields["queues"]])
+        frame = await request(self, address, code, fields, *args, **kwargs)
+        answered.append([((r.topic, r.queue_id), r.next_offset >= r.max_offset)
+                         for r in decode_fetch_answer(frame.fields, len(frame.body))])
+        return frame
+
+    monkeypatch.setattr(ConnectionPool, "request", spied)
+    prefix = f"fits-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(20)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    per_queue = 8
+    expected = {(t, q): [f"{t}/{q}/{n}".encode().ljust(1000, b".") for n in range(per_queue)]
+                for t in topics for q in range(QUEUES)}
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, body, queue=q)
+                             for (t, q), bodies in expected.items() for body in bodies])
+    got: dict[tuple[str, int], list[bytes]] = {}
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False, long_poll_ms=5000, fetch_max_bytes=10_000) as consumer:
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < len(expected) * per_queue and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                got.setdefault((m.topic, m.queue_id), []).append(m.body)
+    assert got == expected
+    first = answered[0]
+    assert set(expected) <= set(asked[0]) and 0 < len(first) < len(expected)  # one request (and the retry
+    # topic's queue), cut by the byte budget
+    assert all(len(queues) <= len(first) for queues in asked[1:4])
+    assert not {queue for queue, caught_up in first if caught_up} & set(asked[1])
+
+
 def test_polls_cut_across_queues_hand_out_each_message_once_and_commit_where_they_stopped(broker):
     """A poll smaller than an answer cuts its queues' ranges (7 messages of queues of 9) and joins
     those of consecutive queues: every message once in queue order, positions and commits past
