@@ -326,8 +326,6 @@ class _Taken(NamedTuple):
 
     def current(self) -> _Taken:
         """Those of the queues not stopped since (their epoch moved on)."""
-        if all(state.epoch == epoch for state, epoch in zip(self.states, self.epochs, strict=True)):
-            return self
         kept = _Taken([], [], [], [], [])
         for state, offset, row, start, epoch in zip(*self, strict=True):
             if state.epoch == epoch:
@@ -592,9 +590,7 @@ class _BrokerSession:
 
 def _turned(states: list[QueueState], turn: int) -> list[QueueState]:
     """``states`` rotated by ``turn`` (each in its turn first)."""
-    if not states:
-        return states
-    turn %= len(states)
+    turn %= max(len(states), 1)
     return states[turn:] + states[:turn]
 
 
