@@ -62,6 +62,9 @@ FETCH_REQUEST_QUEUES = 1000
 # each next one twice as many: the first answer comes while the broker reads the rest, and the
 # consumer hands it out meanwhile (rather than waiting for a thousand queues read).
 FETCH_RAMP_DIVISOR = 8
+# Queues with records a request names at least (one queue may fill an answer: requests of one
+# each would park by the hundred on queues that turn out empty).
+FETCH_FIT_QUEUES_MIN = 64
 
 
 class TopicQueue(NamedTuple):
@@ -307,9 +310,8 @@ class Fetcher:
 
 
 class _Taken(NamedTuple):
-    """The rows of an answer to make chunks of, column by column (not a tuple per row: an answer
-    of thousands of queues would leave thousands of them for the collector): each queue, the
-    offset it was asked from, its row, where its records start in the body and its epoch then."""
+    """An answer's rows to make chunks of, as columns (not a tuple per row for the collector to
+    walk): queue, offset asked, row, where its records start in the body, the queue's epoch."""
 
     states: list[QueueState]
     offsets: list[int]
@@ -353,11 +355,7 @@ class _BrokerSession:
         self._kick = self.kick  # one bound method every queue's permits call (not one per queue)
         self._timer: asyncio.TimerHandle | None = None
         self._turn = 0  # where the next request starts in the queue list (fair share of max_total_bytes)
-        # Queues a request names at most: as many as the last answer its byte budget cut held
-        # (queues of hundreds of records each), doubled back up to FETCH_REQUEST_QUEUES by answers
-        # it did not cut. A request naming more makes the broker decode, and the consumer encode
-        # and name again, the queues past where the budget ran out.
-        self._fits = FETCH_REQUEST_QUEUES
+        self._fits = FETCH_REQUEST_QUEUES  # queues with records a request names at most (_fitted)
 
     def add(self, state: QueueState) -> None:
         self.queues[state.key] = state
@@ -401,16 +399,17 @@ class _BrokerSession:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self._loop.call_at(later, self._retry_due)
-        if not ready and not waiting:
-            return
-        # Queues with records to read first, in turns (a fair share of max_total_bytes), and those
-        # that wait for records last: the broker reads the first without passing the others.
+        # Queues with records first, in turns (a fair share of max_total_bytes), as many a request as
+        # an answer fits; those caught up last, in requests of their own (not passed by the broker).
         self._turn += 1
-        ready = [*_turned(ready, self._turn), *_turned(waiting, self._turn)]
-        most = self._fits
-        size = most if self.inflight else min(max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1), most)
-        while ready:
-            part, ready = ready[:size], ready[size:]
+        first = self._fits if self.inflight else min(max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1), self._fits)
+        self._send(_turned(ready, self._turn), first, self._fits)
+        self._send(_turned(waiting, self._turn), FETCH_REQUEST_QUEUES, FETCH_REQUEST_QUEUES)
+
+    def _send(self, states: list[QueueState], size: int, most: int) -> None:
+        """Ask for ``states`` in requests of ``size`` queues, each next one twice as many up to ``most``."""
+        while states:
+            part, states = states[:size], states[size:]
             size = min(size * 2, most)
             token = object()
             self.inflight.update((s.key, token) for s in part)
@@ -469,10 +468,13 @@ class _BrokerSession:
                     other.cancel()
 
     def _fitted(self, asked: int, answered: int, size: int) -> None:
-        """Learn how many queues a request fits from an answer of ``size`` bytes holding
-        ``answered`` rows of ``asked`` queues."""
-        if size + self.fetcher.max_bytes >= FETCH_TOTAL_BYTES_DEFAULT:
-            self._fits = max(answered, 1)  # the byte budget ran out (or as good as)
+        """Learn from an answer of ``size`` bytes holding ``answered`` rows of ``asked`` queues how
+        many a request fits: as many as one its byte budget cut held (queues of hundreds of records
+        each; naming more costs both sides the queues past it, named again next time), doubled
+        back up to FETCH_REQUEST_QUEUES by each answer it did not cut."""
+        total = FETCH_TOTAL_BYTES_DEFAULT
+        if answered < asked and size >= total - min(self.fetcher.max_bytes, total // 2):
+            self._fits = max(answered, FETCH_FIT_QUEUES_MIN)  # the byte budget ran out (or as good as)
         elif asked >= self._fits:
             self._fits = min(self._fits * 2, FETCH_REQUEST_QUEUES)
 
@@ -590,8 +592,7 @@ class _BrokerSession:
 
 def _turned(states: list[QueueState], turn: int) -> list[QueueState]:
     """``states`` rotated by ``turn`` (each in its turn first)."""
-    turn %= max(len(states), 1)
-    return states[turn:] + states[:turn]
+    return states[turn % len(states):] + states[:turn % len(states)] if states else states
 
 
 def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:

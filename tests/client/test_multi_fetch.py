@@ -240,6 +240,7 @@ def test_once_an_answer_runs_out_of_bytes_requests_name_as_many_queues_and_those
     from gms.client.connections import ConnectionPool
 
     monkeypatch.setattr(fetcher, "FETCH_TOTAL_BYTES_DEFAULT", 30_000)
+    monkeypatch.setattr(fetcher, "FETCH_FIT_QUEUES_MIN", 1)
     asked: list[list[tuple[str, int]]] = []
     answered: list[list[tuple[tuple[str, int], bool]]] = []  # (queue, caught up) per row
     request = ConnectionPool.request
@@ -277,6 +278,41 @@ def test_once_an_answer_runs_out_of_bytes_requests_name_as_many_queues_and_those
     # topic's queue), cut by the byte budget
     assert all(len(queues) <= len(first) for queues in asked[1:4])
     assert not {queue for queue, caught_up in first if caught_up} & set(asked[1])
+
+
+def test_idle_answers_leave_requests_whole_when_one_queue_may_fill_an_answer(broker, monkeypatch):
+    """With ``fetch_max_bytes`` as large as an answer, an idle answer (nothing to read) is not
+    taken for one its byte budget cut: the queues are still asked for in one request, not one each."""
+    from gms.client import fetcher
+    from gms.client.connections import ConnectionPool
+    from gms.protocol.fetch import FETCH_BYTES_MAX
+
+    monkeypatch.setattr(fetcher, "FETCH_TOTAL_BYTES_DEFAULT", FETCH_BYTES_MAX)
+    asked: list[int] = []
+    request = ConnectionPool.request
+
+    async def spied(self, address, code, fields=None, *args, **kwargs):
+        if code == RequestCode.FETCH:
+            asked.append(len(fields["queues"]))
+        return await request(self, address, code, fields, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionPool, "request", spied)
+    prefix = f"idle-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(20)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False, long_poll_ms=200, fetch_max_bytes=FETCH_BYTES_MAX) as consumer:
+        while len(asked) < 4:  # a few idle answers
+            assert not consumer.poll(100)
+        with Producer([broker.address]) as producer:
+            producer.send_batch([ProducerRecord(t, b"x", queue=q) for t in topics for q in range(QUEUES)])
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(topics) * QUEUES and time.monotonic() < deadline:
+            got += consumer.poll(500)
+    assert len(got) == len(topics) * QUEUES
+    assert asked[:4] == [asked[0]] * 4 and asked[0] > len(topics) * QUEUES  # and the retry topic's queue
 
 
 def test_polls_cut_across_queues_hand_out_each_message_once_and_commit_where_they_stopped(broker):
