@@ -44,7 +44,6 @@ from gms.protocol.fetch import (
     QueueFetch,
     decode_fetch_answer,
 )
-from gms.protocol.frame import Frame
 from gms.store_errors import CorruptRecord
 from gms.tags import TagFilter
 
@@ -441,6 +440,8 @@ class _BrokerSession:
                                          timeout_ms=fetcher.long_poll_ms + runtime.request_timeout_ms),
                     lambda: self._moved(states), LONG_POLL_LEADER_CHECK_INTERVAL_MS)
                 rows = decode_fetch_answer(frame.fields, len(frame.body))
+                body, crc_checked = memoryview(frame.body), bool(frame.fields.get("crc_checked", False))
+                del frame  # its header (a list per row) goes now, not once the records are decoded
             finally:
                 for state in states:
                     if self.inflight.get(state.key) is token:
@@ -453,14 +454,14 @@ class _BrokerSession:
             # these queues were free again: ask for them now, or they wait for the next kick.
             self.kick()
             raise
-        self._fitted(len(states), len(rows), len(frame.body))
+        self._fitted(len(states), len(rows), len(body))
         taken = self._advance(states, epochs, offsets, rows)
         self.kick()
         if taken.states:
             await asyncio.sleep(0)  # the next request goes out before this answer's records are decoded
             # A queue stopped meanwhile (paused, sought, revoked: its buffered chunks were dropped)
             # takes none of this answer's records.
-            self.fetcher.buffer.put_many(self._chunks(taken.current(), frame))
+            self.fetcher.buffer.put_many(self._chunks(taken.current(), body, crc_checked))
         elif not rows and len(self.requests) > self._requests_needed(len(states)):
             # idle: wait on every queue in as few requests as they fit again
             for other in self.requests:
@@ -525,12 +526,11 @@ class _BrokerSession:
             taken.add(state, offset, row, start)
         return taken
 
-    def _chunks(self, taken: _Taken, frame: Frame) -> list[Chunk]:
+    def _chunks(self, taken: _Taken, body: memoryview, crc_checked: bool) -> list[Chunk]:
         """The rows' records as chunks for the buffer (a chunk of records holds a permit; one of
         none moves the position past what the broker skipped: unmatched, expired, damaged)."""
         filters = self.fetcher.filters
-        verify_crc = not frame.fields.get("crc_checked", False)
-        body = memoryview(frame.body)
+        verify_crc = not crc_checked
         spans = [(start, start + row.size, filters[state.key.topic])
                  for state, row, start in zip(taken.states, taken.rows, taken.starts, strict=True)]
         whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
