@@ -140,7 +140,7 @@ class BrokerServer:
         """``topic``'s queues over the cluster (a standalone broker: its own)."""
         if self.registration is not None:
             return self.registration.queue_count(topic)
-        return self.store.topics().get(topic, 0)
+        return self.store.queue_count(topic) or 0
 
     def coordinator_of(self, group: str) -> str:
         """The address of ``group``'s coordinator: a live broker chosen by the group's hash (this
@@ -299,7 +299,7 @@ class BrokerServer:
 
     def _queues_led(self, topic: str) -> list[int]:
         """The queues of ``topic`` this broker leads now."""
-        count = self.store.topics().get(topic)
+        count = self.store.queue_count(topic)
         if count is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
         return [queue_id for queue_id in range(count) if self.leads((topic, queue_id))]

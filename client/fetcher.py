@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from gms.client.body_decode import decode_fetch_body, decode_pull_body
 from gms.client.connections import msg_id_prefix
@@ -44,7 +44,6 @@ from gms.protocol.fetch import (
     QueueFetch,
     decode_fetch_answer,
 )
-from gms.protocol.frame import Frame
 from gms.store_errors import CorruptRecord
 from gms.tags import TagFilter
 
@@ -62,6 +61,9 @@ FETCH_REQUEST_QUEUES = 1000
 # each next one twice as many: the first answer comes while the broker reads the rest, and the
 # consumer hands it out meanwhile (rather than waiting for a thousand queues read).
 FETCH_RAMP_DIVISOR = 8
+# Queues with records a request names at least (one queue may fill an answer: requests of one
+# each would park by the hundred on queues that turn out empty).
+FETCH_FIT_QUEUES_MIN = 64
 
 
 class TopicQueue(NamedTuple):
@@ -128,8 +130,8 @@ class QueueState:
     rest belongs to the fetcher (on the loop): where it fetches next, the broker session
     fetching it, and ``epoch``, which a stop moves on so that answers asked before are dropped."""
 
-    __slots__ = ("committed", "epoch", "failing", "fetch_offset", "key", "paused", "permits", "position",
-                 "retry_at", "revoked", "session", "task")
+    __slots__ = ("caught_up", "committed", "epoch", "failing", "fetch_offset", "key", "paused", "permits",
+                 "position", "retry_at", "revoked", "session", "task")
 
     def __init__(self, key: TopicQueue) -> None:
         self.key = key
@@ -144,6 +146,7 @@ class QueueState:
         self.session: _BrokerSession | None = None
         self.retry_at = 0.0  # loop time before which it is not fetched (after a failure)
         self.failing = False  # its last fetch failed (logged once per run of failures)
+        self.caught_up = False  # its last answer reached the queue's end (it waits for new records)
 
 
 # A pull failing with one of these means the route is stale: the queue moved or its broker died.
@@ -305,6 +308,32 @@ class Fetcher:
             self.on_leader_lost()
 
 
+class _Taken(NamedTuple):
+    """An answer's rows to make chunks of, as columns (not a tuple per row for the collector to
+    walk): queue, offset asked, row, where its records start in the body, the queue's epoch."""
+
+    states: list[QueueState]
+    offsets: list[int]
+    rows: list[FetchedQueue]
+    starts: list[int]
+    epochs: list[int]
+
+    def add(self, state: QueueState, offset: int, row: FetchedQueue, start: int) -> None:
+        self.states.append(state)
+        self.offsets.append(offset)
+        self.rows.append(row)
+        self.starts.append(start)
+        self.epochs.append(state.epoch)
+
+    def current(self) -> _Taken:
+        """Those of the queues not stopped since (their epoch moved on)."""
+        kept = _Taken([], [], [], [], [])
+        for state, offset, row, start, epoch in zip(*self, strict=True):
+            if state.epoch == epoch:
+                kept.add(state, offset, row, start)
+        return kept
+
+
 class _BrokerSession:
     """The queues one broker leads, fetched with FETCH requests. Each queue is in one request at a
     time; queues that become fetchable while a request waits (a permit given back, a queue
@@ -322,13 +351,15 @@ class _BrokerSession:
         self.requests: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
         self._kicked = False
+        self._kick = self.kick  # one bound method every queue's permits call (not one per queue)
         self._timer: asyncio.TimerHandle | None = None
         self._turn = 0  # where the next request starts in the queue list (fair share of max_total_bytes)
+        self._fits = FETCH_REQUEST_QUEUES  # queues with records a request names at most (_fitted)
 
     def add(self, state: QueueState) -> None:
         self.queues[state.key] = state
         state.session = self
-        state.permits.on_free = self.kick
+        state.permits.on_free = self._kick
         self.kick()
 
     def remove(self, state: QueueState) -> None:
@@ -348,28 +379,37 @@ class _BrokerSession:
         self._kicked = False
         now = self._loop.time()
         ready: list[QueueState] = []
+        waiting: list[QueueState] = []  # caught up: named after the others, in requests of their own
+        gone: list[QueueState] = []
         later = float("inf")
-        for key, state in list(self.queues.items()):
+        inflight = self.inflight
+        for state in self.queues.values():
             if state.revoked or state.paused:
-                self.remove(state)
-            elif key in self.inflight or state.permits.free <= 0:
+                gone.append(state)
+            elif state.permits.free <= 0 or state.key in inflight:
                 continue
             elif state.retry_at > now:
                 later = min(later, state.retry_at)
             else:
-                ready.append(state)
+                (waiting if state.caught_up else ready).append(state)
+        for state in gone:
+            self.remove(state)
         if later != float("inf") and (self._timer is None or self._timer.when() > later):
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self._loop.call_at(later, self._retry_due)
-        if not ready:
-            return
-        self._turn = (self._turn + 1) % len(ready)
-        ready = ready[self._turn:] + ready[:self._turn]
-        size = FETCH_REQUEST_QUEUES if self.inflight else max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1)
-        while ready:
-            part, ready = ready[:size], ready[size:]
-            size = min(size * 2, FETCH_REQUEST_QUEUES)
+        # Queues with records first, in turns (a fair share of max_total_bytes), as many a request as
+        # an answer fits; those caught up last, in requests of their own (not passed by the broker).
+        self._turn += 1
+        first = self._fits if self.inflight else min(max(FETCH_REQUEST_QUEUES // FETCH_RAMP_DIVISOR, 1), self._fits)
+        self._send(_turned(ready, self._turn), first, self._fits)
+        self._send(_turned(waiting, self._turn), FETCH_REQUEST_QUEUES, FETCH_REQUEST_QUEUES)
+
+    def _send(self, states: list[QueueState], size: int, most: int) -> None:
+        """Ask for ``states`` in requests of ``size`` queues, each next one twice as many up to ``most``."""
+        while states:
+            part, states = states[:size], states[size:]
+            size = min(size * 2, most)
             token = object()
             self.inflight.update((s.key, token) for s in part)
             task = self._loop.create_task(self._fetch(part, token))
@@ -382,10 +422,14 @@ class _BrokerSession:
 
     async def _fetch(self, states: list[QueueState], token: object) -> None:
         fetcher = self.fetcher
-        asked = [(state, state.epoch, state.fetch_offset) for state in states]
+        # What was asked, as columns: a request of thousands of queues lasts a while, and a tuple
+        # per queue living that long would be walked by the collector's full collections.
+        epochs = [state.epoch for state in states]
+        offsets = [state.fetch_offset for state in states]
         topics = {state.key.topic for state in states}
         request = FetchRequest(
-            [QueueFetch(*state.key, state.fetch_offset) for state in states],
+            # plain tuples of str and ints (QueueFetch's fields): the collector stops tracking them
+            cast(list[QueueFetch], [(*state.key, state.fetch_offset) for state in states]),
             {topic: fetcher.wire_filters[topic] for topic in topics}, fetcher.max_messages, fetcher.max_bytes,
             FETCH_TOTAL_BYTES_DEFAULT, fetcher.long_poll_ms, fetcher.group, fetcher.member)
         runtime = fetcher.runtime
@@ -396,6 +440,8 @@ class _BrokerSession:
                                          timeout_ms=fetcher.long_poll_ms + runtime.request_timeout_ms),
                     lambda: self._moved(states), LONG_POLL_LEADER_CHECK_INTERVAL_MS)
                 rows = decode_fetch_answer(frame.fields, len(frame.body))
+                body, crc_checked = memoryview(frame.body), bool(frame.fields.get("crc_checked", False))
+                del frame  # its header (a list per row) goes now, not once the records are decoded
             finally:
                 for state in states:
                     if self.inflight.get(state.key) is token:
@@ -408,20 +454,30 @@ class _BrokerSession:
             # these queues were free again: ask for them now, or they wait for the next kick.
             self.kick()
             raise
-        taken = self._advance(asked, rows)
+        self._fitted(len(states), len(rows), len(body))
+        taken = self._advance(states, epochs, offsets, rows)
         self.kick()
-        if taken:
-            epochs = [state.epoch for state, *_ in taken]
+        if taken.states:
             await asyncio.sleep(0)  # the next request goes out before this answer's records are decoded
             # A queue stopped meanwhile (paused, sought, revoked: its buffered chunks were dropped)
             # takes none of this answer's records.
-            taken = [t for t, epoch in zip(taken, epochs, strict=True) if t[0].epoch == epoch]
-            self.fetcher.buffer.put_many(self._chunks(taken, frame))
+            self.fetcher.buffer.put_many(self._chunks(taken.current(), body, crc_checked))
         elif not rows and len(self.requests) > self._requests_needed(len(states)):
             # idle: wait on every queue in as few requests as they fit again
             for other in self.requests:
                 if other is not asyncio.current_task():
                     other.cancel()
+
+    def _fitted(self, asked: int, answered: int, size: int) -> None:
+        """Learn from an answer of ``size`` bytes holding ``answered`` rows of ``asked`` queues how
+        many a request fits: as many as one its byte budget cut held (queues of hundreds of records
+        each; naming more costs both sides the queues past it, named again next time), doubled
+        back up to FETCH_REQUEST_QUEUES by each answer it did not cut."""
+        total = FETCH_TOTAL_BYTES_DEFAULT
+        if answered < asked and size >= total - min(self.fetcher.max_bytes, total // 2):
+            self._fits = max(answered, FETCH_FIT_QUEUES_MIN)  # the byte budget ran out (or as good as)
+        elif asked >= self._fits:
+            self._fits = min(self._fits * 2, FETCH_REQUEST_QUEUES)
 
     def _requests_needed(self, freed: int) -> int:
         """How few requests could ask for the queues asked for now and the ``freed`` ones."""
@@ -440,44 +496,46 @@ class _BrokerSession:
             state.retry_at = retry_at
         self.kick()
 
-    def _advance(self, asked: list[tuple[QueueState, int, int]],
-                 rows: list[FetchedQueue]) -> list[tuple[QueueState, int, FetchedQueue, int]]:
+    def _advance(self, states: list[QueueState], epochs: list[int], offsets: list[int],
+                 rows: list[FetchedQueue]) -> _Taken:
         """Move each queue of the answer on past what its row holds (or handle its error), so
-        the next request can go out at once; the rows to make chunks of, as (state, offset asked,
-        row, where its records start in the body)."""
-        current = {state.key: (state, offset) for state, epoch, offset in asked
+        the next request can go out at once (``states`` were asked at ``epochs`` and
+        ``offsets``); the rows to make chunks of."""
+        asked = zip(states, epochs, offsets, strict=True)
+        current = {state.key: index for index, (state, epoch, offset) in enumerate(asked)
                    if state.epoch == epoch and state.session is self and state.fetch_offset == offset}
-        taken = []
+        taken = _Taken([], [], [], [], [])
         end = 0
         for row in rows:
             start, end = end, end + row.size
-            found = current.get(TopicQueue(row.topic, row.queue_id))
-            if found is None:
+            index = current.get((row.topic, row.queue_id))  # type: ignore[call-overload]
+            if index is None:
                 continue  # stopped, moved or revoked meanwhile: not asked any more
-            state, offset = found
+            state, offset = states[index], offsets[index]
             if row.status != OK:
                 self._queue_failed(state, error_for_status(
                     row.status, row.error, {"min_offset": row.min_offset, "max_offset": row.max_offset}))
                 continue
             state.failing = False
+            state.caught_up = row.next_offset >= row.max_offset
             if row.size:
                 state.permits.free -= 1
             elif row.next_offset == offset:
                 continue
             state.fetch_offset = row.next_offset
-            taken.append((state, offset, row, start))
+            taken.add(state, offset, row, start)
         return taken
 
-    def _chunks(self, taken: list[tuple[QueueState, int, FetchedQueue, int]], frame: Frame) -> list[Chunk]:
+    def _chunks(self, taken: _Taken, body: memoryview, crc_checked: bool) -> list[Chunk]:
         """The rows' records as chunks for the buffer (a chunk of records holds a permit; one of
         none moves the position past what the broker skipped: unmatched, expired, damaged)."""
         filters = self.fetcher.filters
-        verify_crc = not frame.fields.get("crc_checked", False)
-        body = memoryview(frame.body)
-        spans = [(start, start + row.size, filters[state.key.topic]) for state, _, row, start in taken]
+        verify_crc = not crc_checked
+        spans = [(start, start + row.size, filters[state.key.topic])
+                 for state, row, start in zip(taken.states, taken.rows, taken.starts, strict=True)]
         whole = decode_fetch_body(body, spans, self.prefix, verify_crc=verify_crc)
         chunks: list[Chunk] = []
-        for index, (state, offset, row, start) in enumerate(taken):
+        for index, (state, offset, row, start) in enumerate(zip(*taken[:4], strict=True)):
             batch, first, last = None, 0, 0
             if row.size and whole is not None:
                 batch, first, last = whole[0], whole[1][index], whole[2][index]
@@ -530,6 +588,11 @@ class _BrokerSession:
                 if route.queue_id == state.key.queue_id and route.broker != self.broker:
                     return LeaderMovedError(state.key.topic, state.key.queue_id, self.broker, route.broker)
         return None
+
+
+def _turned(states: list[QueueState], turn: int) -> list[QueueState]:
+    """``states`` rotated by ``turn`` (each in its turn first)."""
+    return states[turn % len(states):] + states[:turn % len(states)] if states else states
 
 
 def _clamp(offset: int, bounds: Mapping[str, Any]) -> int:

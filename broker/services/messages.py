@@ -59,6 +59,9 @@ PULL_BYTES_DEFAULT = 4 << 20
 ACKS = (0, 1, -1)
 ACKS_ERROR = "acks must be 0, 1 or -1, not {}"
 FIND_MESSAGES_DEFAULT = 32
+# A FETCH's first round admits and reads its queues this many at a time (one store call each),
+# and stops where its byte budget runs out.
+FETCH_SEGMENT_QUEUES = 256
 FIND_MESSAGES_MAX = 1024  # one answer holds at most this many records (each read and checked)
 
 # (topic -> the queues of it a send names, timeout in s): returns once this broker leads them, or at the timeout
@@ -301,10 +304,47 @@ class MessageService:
         ``poll_ms``. While it waits, one waiter is parked for all its queues, and a wake-up reads
         again only the queues it names."""
         filters = self._fetch_filters(req)
-        now_ms = _now_ms()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + req.poll_ms / 1000
         reads: list[QueueRead] = []
         live: dict[tuple[str, int], QueueFetch] = {}  # the queues read (again) when woken
-        for queue in req.queues:
+        budget = req.max_total_bytes
+        # The first round takes the queues a segment at a time, each admitted (filter, claim) as
+        # it is reached: those past where the byte budget runs out cost nothing but their decoding
+        # (the consumer asks for them again), not a claim, an index read and a place in the read.
+        for start in range(0, len(req.queues), FETCH_SEGMENT_QUEUES):
+            admitted = self._fetch_admit(req, req.queues[start:start + FETCH_SEGMENT_QUEUES], filters, reads, live)
+            budget = self._fetch_round(req, admitted, filters, budget, reads, live)
+            if budget <= 0:
+                break
+        while True:
+            remaining_s = deadline - loop.time()
+            if reads or not live or remaining_s <= 0:
+                break
+            woken = await self.waiters.wait_any(live, remaining_s)
+            if not woken:  # timed out or stopping: answer after one last look at every queue
+                deadline = loop.time()
+                to_read = list(live.values())
+            else:
+                to_read = [q for key in woken if (q := live.get(key)) is not None]
+            budget = self._fetch_round(req, to_read, filters, budget, reads, live)
+        if req.member:
+            now_ms = _now_ms()
+            self.claims.refresh_many(req.group, req.member,
+                                     [read.queue[:2] for read in reads if read.error is None], now_ms)
+        if self.metrics is not None and req.group:
+            for topic, found in filters.items():
+                if not isinstance(found, GmsError):
+                    self.metrics.subscriptions[req.group, topic] = found[0]
+        return reads
+
+    def _fetch_admit(self, req: FetchRequest, queues: list[QueueFetch], filters: dict[str, _Filter | GmsError],
+                     reads: list[QueueRead], live: dict[tuple[str, int], QueueFetch]) -> list[QueueFetch]:
+        """Those of ``queues`` this fetch may read, now in ``live``: the others (their topic's
+        filter failed, another member of the group holds them) go to ``reads`` with their error."""
+        admitted = []
+        now_ms = _now_ms()
+        for queue in queues:
             found = filters[queue.topic]
             if isinstance(found, GmsError):
                 reads.append(QueueRead(queue, found))
@@ -317,30 +357,8 @@ class MessageService:
                     reads.append(QueueRead(queue, err))
                     continue
             live[queue.topic, queue.queue_id] = queue
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + req.poll_ms / 1000
-        budget = req.max_total_bytes
-        to_read = list(live.values())
-        while True:
-            budget = self._fetch_round(req, to_read, filters, budget, reads, live)
-            remaining_s = deadline - loop.time()
-            if reads or not live or remaining_s <= 0:
-                break
-            woken = await self.waiters.wait_any(live, remaining_s)
-            if not woken:  # timed out or stopping: answer after one last look at every queue
-                deadline = loop.time()
-                to_read = list(live.values())
-            else:
-                to_read = [q for key in woken if (q := live.get(key)) is not None]
-        if req.member:
-            now_ms = _now_ms()
-            self.claims.refresh_many(req.group, req.member,
-                                     [read.queue[:2] for read in reads if read.error is None], now_ms)
-        if self.metrics is not None and req.group:
-            for topic, found in filters.items():
-                if not isinstance(found, GmsError):
-                    self.metrics.subscriptions[req.group, topic] = found[0]
-        return reads
+            admitted.append(queue)
+        return admitted
 
     def _fetch_filters(self, req: FetchRequest) -> dict[str, _Filter | GmsError]:
         """Each topic's filter, or the error all its queues answer (a bad expression, no access)."""

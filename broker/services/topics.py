@@ -116,7 +116,7 @@ class TopicService:
     def check_led(self, topic: str, queue_id: int) -> None:
         """BadRequestError if ``topic`` has no such queue, NotLeaderError if another broker leads it."""
         if queue_id not in self.queues_led(topic):
-            if not 0 <= queue_id < (self.store.topics().get(topic) or 0):
+            if not 0 <= queue_id < (self.store.queue_count(topic) or 0):
                 raise BadRequestError(f"topic {topic!r} has no queue {queue_id}")
             raise NotLeaderError(f"this broker does not lead {topic}/{queue_id}: refresh the route")
 
@@ -332,7 +332,7 @@ class TopicService:
         return self.store.topics()
 
     def topic_stats(self, topic: str) -> list[QueueBounds]:
-        count = self.store.topics().get(topic)
+        count = self.store.queue_count(topic)
         if count is None:
             raise UnknownTopic(topic)
         return [QueueBounds(q, self.store.min_offset(topic, q), self.store.max_offset(topic, q)) for q in range(count)]

@@ -104,6 +104,9 @@ class StoreAPI(Protocol):
     def topics(self) -> dict[str, int]:
         """Topic name -> queue count."""
 
+    def queue_count(self, topic: str) -> int | None:
+        """``topic``'s queue count (None: no such topic), without copying the table as ``topics`` does."""
+
     def stats(self) -> StoreStats: ...
 
     # --- replication and retention --------------------------------------------------------------------

@@ -103,8 +103,8 @@ class MessageStore:
         self.damaged_records, self.forget_damaged = loaded.damage.damaged_records, loaded.damage.forget_damaged
         self.create_topic, self.create_topics, self.create_topics_async = (
             topics.create_topic, topics.create_topics, topics.create_topics_async)
-        self.update_topic, self.update_topic_async, self.topic_limits, self.topics = (
-            topics.update_topic, topics.update_topic_async, topics.topic_limits, topics.topics)
+        self.update_topic, self.update_topic_async, self.topic_limits, self.topics, self.queue_count = (
+            topics.update_topic, topics.update_topic_async, topics.topic_limits, topics.topics, topics.queue_count)
         self.delete_topic, self.delete_topics = topics.delete_topic, topics.delete_topics
         self.delete_expired, self.set_expiry_limit = self._retention.delete_expired, self._retention.set_expiry_limit
         self.delete_records = self._retention.delete_records

@@ -86,6 +86,9 @@ class StoreTopics:
     def topics(self) -> dict[str, int]:
         return self._table.snapshot()
 
+    def queue_count(self, name: str) -> int | None:
+        return self._table.get(name)
+
     def delete_topic(self, name: str) -> None:
         self.delete_topics([name]).result()
 

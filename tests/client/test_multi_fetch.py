@@ -165,6 +165,26 @@ def test_a_parked_fetch_answers_when_any_of_its_queues_gets_a_message(broker, ad
     assert [(r.topic, r.queue_id, r.next_offset) for r in rows] == [(topics[37], 1, 1)]
 
 
+def test_a_fetch_whose_budget_runs_out_leaves_the_queues_past_it_unclaimed(broker, admin):
+    """The broker admits a FETCH's queues (claims, index reads) a segment at a time and stops
+    where the byte budget runs out: a queue past it was not read, so another member of the group
+    may read it at once (no QUEUE_HELD), and the first member's next request reads it."""
+    prefix = f"budget-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:03d}" for i in range(160)]  # 320 queues: more than one segment
+    assert not [r for r in admin.create_topics([(t, 2) for t in topics]) if r.error]
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, b"x" * 1000, queue=q) for t in (topics[0], topics[-1]) for q in (0, 1)])
+    group = f"g-{prefix}"
+    queues = [[t, q, 0] for t in topics for q in range(2)]
+    rows, _ = fetch(broker.address, {"queues": queues, "max_total_bytes": 1, "group": group, "member": "m1"})
+    assert [(r.topic, r.queue_id, r.status) for r in rows] == [(topics[0], 0, Status.SUCCESS)]
+    rows, _ = fetch(broker.address, {"queues": [[topics[-1], 1, 0]], "group": group, "member": "m2"})
+    assert [(r.topic, r.queue_id, r.status, r.next_offset) for r in rows] == [(topics[-1], 1, Status.SUCCESS, 1)]
+    rows, _ = fetch(broker.address, {"queues": queues[1:], "group": group, "member": "m1"})
+    assert {(r.topic, r.queue_id): r.status for r in rows} == {
+        (topics[0], 1): Status.SUCCESS, (topics[-1], 0): Status.SUCCESS, (topics[-1], 1): Status.QUEUE_HELD}
+
+
 def _send(address: str, topic: str) -> None:
     with Producer([address]) as producer:
         producer.send(topic, b"wake", queue=1)
@@ -208,6 +228,91 @@ def test_more_queues_than_one_fetch_names_go_out_in_several_requests(broker, mon
     assert got == expected
     assert max(map(len, asked)) <= 16
     assert set(expected) <= {q for queues in asked for q in queues}  # and the group's retry topic
+
+
+def test_once_an_answer_runs_out_of_bytes_requests_name_as_many_queues_and_those_with_records_first(broker,
+                                                                                                    monkeypatch):
+    """A request naming more queues than its answer's byte budget holds makes the broker decode,
+    and the consumer name again, those past where it ran out: the next requests name as many
+    queues as that answer held, those with records to read before those caught up (which wait
+    in requests of their own); every message still comes once."""
+    from gms.client import fetcher
+    from gms.client.connections import ConnectionPool
+
+    monkeypatch.setattr(fetcher, "FETCH_TOTAL_BYTES_DEFAULT", 30_000)
+    monkeypatch.setattr(fetcher, "FETCH_FIT_QUEUES_MIN", 1)
+    asked: list[list[tuple[str, int]]] = []
+    answered: list[list[tuple[tuple[str, int], bool]]] = []  # (queue, caught up) per row
+    request = ConnectionPool.request
+
+    async def spied(self, address, code, fields=None, *args, **kwargs):
+        if code != RequestCode.FETCH:
+            return await request(self, address, code, fields, *args, **kwargs)
+        asked.append([(t, q) for t, q, _ in fields["queues"]])
+        frame = await request(self, address, code, fields, *args, **kwargs)
+        answered.append([((r.topic, r.queue_id), r.next_offset >= r.max_offset)
+                         for r in decode_fetch_answer(frame.fields, len(frame.body))])
+        return frame
+
+    monkeypatch.setattr(ConnectionPool, "request", spied)
+    prefix = f"fits-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(20)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    per_queue = 8
+    expected = {(t, q): [f"{t}/{q}/{n}".encode().ljust(1000, b".") for n in range(per_queue)]
+                for t in topics for q in range(QUEUES)}
+    with Producer([broker.address]) as producer:
+        producer.send_batch([ProducerRecord(t, body, queue=q)
+                             for (t, q), bodies in expected.items() for body in bodies])
+    got: dict[tuple[str, int], list[bytes]] = {}
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False, long_poll_ms=5000, fetch_max_bytes=10_000) as consumer:
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < len(expected) * per_queue and time.monotonic() < deadline:
+            for m in consumer.poll(500):
+                got.setdefault((m.topic, m.queue_id), []).append(m.body)
+    assert got == expected
+    first = answered[0]
+    assert set(expected) <= set(asked[0]) and 0 < len(first) < len(expected)  # one request (and the retry
+    # topic's queue), cut by the byte budget
+    assert all(len(queues) <= len(first) for queues in asked[1:4])
+    assert not {queue for queue, caught_up in first if caught_up} & set(asked[1])
+
+
+def test_idle_answers_leave_requests_whole_when_one_queue_may_fill_an_answer(broker, monkeypatch):
+    """With ``fetch_max_bytes`` as large as an answer, an idle answer (nothing to read) is not
+    taken for one its byte budget cut: the queues are still asked for in one request, not one each."""
+    from gms.client import fetcher
+    from gms.client.connections import ConnectionPool
+    from gms.protocol.fetch import FETCH_BYTES_MAX
+
+    monkeypatch.setattr(fetcher, "FETCH_TOTAL_BYTES_DEFAULT", FETCH_BYTES_MAX)
+    asked: list[int] = []
+    request = ConnectionPool.request
+
+    async def spied(self, address, code, fields=None, *args, **kwargs):
+        if code == RequestCode.FETCH:
+            asked.append(len(fields["queues"]))
+        return await request(self, address, code, fields, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionPool, "request", spied)
+    prefix = f"idle-{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}-{i:02d}" for i in range(20)]
+    with Admin([broker.address]) as admin:
+        assert not [r for r in admin.create_topics([(t, QUEUES) for t in topics]) if r.error]
+    with Consumer([broker.address], group=f"g-{prefix}", subscription=dict.fromkeys(topics, "*"),
+                  start_from="first", auto_commit=False, long_poll_ms=200, fetch_max_bytes=FETCH_BYTES_MAX) as consumer:
+        while len(asked) < 4:  # a few idle answers
+            assert not consumer.poll(100)
+        with Producer([broker.address]) as producer:
+            producer.send_batch([ProducerRecord(t, b"x", queue=q) for t in topics for q in range(QUEUES)])
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(topics) * QUEUES and time.monotonic() < deadline:
+            got += consumer.poll(500)
+    assert len(got) == len(topics) * QUEUES
+    assert asked[:4] == [asked[0]] * 4 and asked[0] > len(topics) * QUEUES  # and the retry topic's queue
 
 
 def test_polls_cut_across_queues_hand_out_each_message_once_and_commit_where_they_stopped(broker):
