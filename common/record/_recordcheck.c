@@ -643,9 +643,8 @@ static PyObject *batch_core_new(PyTypeObject *type, PyObject *args, PyObject *kw
     if (born_ts_ms == -1 && PyErr_Occurred()) return NULL;
     BatchCoreObject *self = (BatchCoreObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    self->parts = PyList_New(0);
     self->shapes = PyDict_New();
-    if (self->parts == NULL || self->shapes == NULL) {
+    if (self->shapes == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -655,7 +654,6 @@ static PyObject *batch_core_new(PyTypeObject *type, PyObject *args, PyObject *kw
 }
 
 static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->parts);
     Py_VISIT(self->shapes);
     Py_VISIT(self->last_topic);
     Py_VISIT(self->last_tag);
@@ -664,7 +662,6 @@ static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg
 }
 
 static int batch_core_clear(BatchCoreObject *self) {
-    Py_CLEAR(self->parts);
     Py_CLEAR(self->shapes);
     Py_CLEAR(self->last_topic);
     Py_CLEAR(self->last_tag);
@@ -675,13 +672,14 @@ static int batch_core_clear(BatchCoreObject *self) {
 static void batch_core_dealloc(BatchCoreObject *self) {
     PyObject_GC_UnTrack(self);
     batch_core_clear(self);
+    PyMem_Free(self->buf);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 PyDoc_STRVAR(batch_core_add_doc,
 "add(total_size, shape_crc, shape, body) -> None\n\n"
 "Append one record: its first 12 bytes (total size, magic, CRC = zlib.crc32(body, shape_crc)),\n"
-"then shape and body themselves (no copy); count and size_bytes grow with it.");
+"then shape and body (copied); count and size_bytes grow with it.");
 
 static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -696,21 +694,34 @@ static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "total_size or shape_crc out of range");
         return NULL;
     }
-    Py_buffer data;
-    if (PyObject_GetBuffer(args[3], &data, PyBUF_SIMPLE) < 0) return NULL;
-    int failed = batch_core_append(self, total, (uint32_t)shape_crc, args[2], args[3], data.buf, data.len);
+    Py_buffer shape, data;
+    if (PyObject_GetBuffer(args[2], &shape, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[3], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&shape);
+        return NULL;
+    }
+    int failed = batch_core_append(self, total, (uint32_t)shape_crc, shape.buf, shape.len, data.buf, data.len);
     PyBuffer_Release(&data);
+    PyBuffer_Release(&shape);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(batch_core_seal_doc,
+"seal() -> bytearray\n\n"
+"The request body: all records back to back, each with its CRC (a copy: the batch is unchanged).");
+
+static PyObject *batch_core_seal(BatchCoreObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyByteArray_FromStringAndSize(self->buf_len ? self->buf : "", self->buf_len);
+}
+
 static PyMethodDef batch_core_methods[] = {
     {"add", (PyCFunction)(void (*)(void))batch_core_add, METH_FASTCALL, batch_core_add_doc},
+    {"seal", (PyCFunction)batch_core_seal, METH_NOARGS, batch_core_seal_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef batch_core_members[] = {
-    {"parts", T_OBJECT, offsetof(BatchCoreObject, parts), READONLY, "Each record as 3 buffers."},
     {"shapes", T_OBJECT, offsetof(BatchCoreObject, shapes), READONLY,
      "(topic, tag, body length) -> (shape, shape CRC, record size) of the batch's plain records."},
     {"count", T_PYSSIZET, offsetof(BatchCoreObject, count), READONLY, "Records in the batch."},
