@@ -7,7 +7,9 @@
  * copied back to back into one buffer of the batch: sealing it is one copy of contiguous memory.
  * (Kept as three objects per record and joined at the end, a batch's records lay scattered over
  * the heap when a producer filled a thousand topics' batches in turn: the join then missed the
- * cache at nearly every record.)
+ * cache at nearly every record.) A body of BATCH_CORE_LARGE_BODY bytes or more is not copied but
+ * kept (`large`: where it goes in the buffer, and the body), and seal puts it in place: a copy of
+ * a large body costs more than its cache misses save.
  */
 #ifndef GMS_BATCH_CORE_H
 #define GMS_BATCH_CORE_H
@@ -19,11 +21,14 @@
 #include "crc32.h"
 
 #define BATCH_CORE_MAGIC_V1 0x474D5301u
+#define BATCH_CORE_LARGE_BODY (64 * 1024)
 
 typedef struct {
     PyObject_HEAD
-    char *buf;            /* the records, back to back (PyMem) */
+    char *buf;            /* the records, back to back (PyMem), but for their large bodies */
     Py_ssize_t buf_len, buf_cap;
+    Py_ssize_t sealed_len;  /* the records' bytes, large bodies included */
+    PyObject *large;      /* list of (position in buf, body) of the large bodies, or NULL */
     PyObject *shapes;     /* dict: (topic, tag, body length) -> (shape, shape CRC, record size) */
     Py_ssize_t count;     /* records */
     Py_ssize_t size_bytes;
@@ -46,8 +51,10 @@ static inline void batch_core_store_be32(uint8_t *p, uint32_t v) {
 /* Appends one record of `total` bytes: its first 12 bytes (CRC = zlib.crc32(body, shape_crc)),
  * shape, body. 0, or -1 with an exception set (the batch then holds whole records only). */
 static inline int batch_core_append(BatchCoreObject *batch, Py_ssize_t total, uint32_t shape_crc,
-                                    const void *shape, Py_ssize_t shape_len, const void *data, Py_ssize_t len) {
-    Py_ssize_t need = batch->buf_len + 12 + shape_len + len;
+                                    const void *shape, Py_ssize_t shape_len, PyObject *body,
+                                    const void *data, Py_ssize_t len) {
+    int keep = len >= BATCH_CORE_LARGE_BODY;
+    Py_ssize_t need = batch->buf_len + 12 + shape_len + (keep ? 0 : len);
     if (need > batch->buf_cap) {
         Py_ssize_t cap = batch->buf_cap ? batch->buf_cap : 256;
         while (cap < need) {
@@ -65,13 +72,21 @@ static inline int batch_core_append(BatchCoreObject *batch, Py_ssize_t total, ui
         batch->buf = grown;
         batch->buf_cap = cap;
     }
+    if (keep) {
+        if (batch->large == NULL && (batch->large = PyList_New(0)) == NULL) return -1;
+        PyObject *entry = Py_BuildValue("(nO)", need, body);
+        int failed = entry == NULL || PyList_Append(batch->large, entry) < 0;
+        Py_XDECREF(entry);
+        if (failed) return -1;
+    }
     uint8_t *p = (uint8_t *)batch->buf + batch->buf_len;
     batch_core_store_be32(p, (uint32_t)total);
     batch_core_store_be32(p + 4, BATCH_CORE_MAGIC_V1);
     batch_core_store_be32(p + 8, crc32_continue(shape_crc, data, (size_t)len));
     memcpy(p + 12, shape, (size_t)shape_len);
-    memcpy(p + 12 + shape_len, data, (size_t)len);
+    if (!keep) memcpy(p + 12 + shape_len, data, (size_t)len);
     batch->buf_len = need;
+    batch->sealed_len += 12 + shape_len + len;
     batch->count += 1;
     batch->size_bytes += total;
     return 0;

@@ -34,7 +34,7 @@ from gms.record import (
     encode_properties,
     tag_hash,
 )
-from gms.record._recordcheck import BatchCore, walk
+from gms.record._recordcheck import BatchCore
 from gms.record.sequence import STAMP_BYTES
 from gms.store_errors import InvalidRecord, InvalidTopicName
 
@@ -158,16 +158,14 @@ class BatchBuilder(BatchCore):
 
     def seal_counted(self, size_bytes_max: int = REQUEST_BYTES_MAX) -> list[tuple[bytearray, int]]:
         """:meth:`seal_requests`, each body with the number of records it holds."""
-        body = self.seal()
         if self.size_bytes <= size_bytes_max:
-            return [(body, self.count)]
-        starts, _, _ = walk(body, 0, len(body), self.count, False)
-        ends = np.append(np.frombuffer(starts, np.int64)[1:], len(body))
+            return [(self.seal(), self.count)]
+        ends = np.frombuffer(self.record_ends(), np.int64)
         bodies = []
         first = 0  # the first record of the next body
         while first < len(ends):
             start_bytes = int(ends[first - 1]) if first else 0
             stop = max(int(np.searchsorted(ends, start_bytes + size_bytes_max, "right")), first + 1)
-            bodies.append((body[start_bytes:int(ends[stop - 1])], stop - first))
+            bodies.append((self.seal(start_bytes, int(ends[stop - 1])), stop - first))
             first = stop
         return bodies

@@ -194,3 +194,24 @@ def test_pick_tags_is_isin_up_to_max_picks(hashes, wanted, max_picks):
     assert picked.tolist() == expected[:max_picks].tolist()
     assert scanned == (int(expected[max_picks - 1]) + 1 if 0 < max_picks <= len(expected) else
                        0 if max_picks == 0 else len(hashes))
+
+
+@given(st.lists(st.sampled_from([0, 1, 100, 65535, 65536, 200_000]), min_size=1, max_size=6), st.data())
+def test_batch_seals_small_bodies_copied_and_large_ones_kept_in_order(lengths, data):
+    """Bodies under 64 KiB are copied into the batch, larger ones kept and put in place when sealed:
+    either way seal gives the records back to back, any byte range of them, and where each ends."""
+    batch = _recordcheck.BatchCore(1)
+    expected = bytearray()
+    ends = []
+    for i, length in enumerate(lengths):
+        shape, body = b"shape-%d" % i, bytearray(os.urandom(length))
+        batch.add(12 + len(shape) + length, 0, shape, body)
+        expected += struct.pack(">iII", 12 + len(shape) + length, rec.MAGIC_V1, zlib.crc32(body)) + shape + body
+        ends.append(len(expected))
+    assert batch.seal() == expected
+    assert np.frombuffer(batch.record_ends(), np.int64).tolist() == ends
+    start = data.draw(st.integers(0, len(expected)))
+    stop = data.draw(st.integers(start, len(expected)))
+    assert batch.seal(start, stop) == expected[start:stop]
+    with pytest.raises(ValueError):
+        batch.seal(0, len(expected) + 1)
