@@ -302,7 +302,9 @@ static PyObject *append_locked(AppenderObject *self, BatchCoreObject *batch, PyO
     PyObject *batch_future = PyObject_GetAttr((PyObject *)batch, str_future);
     if (batch_future == NULL) return NULL;
     SendFutureObject *future = PyObject_New(SendFutureObject, &SendFuture_Type);
-    if (future == NULL || batch_core_append(batch, total, (uint32_t)shape_crc, PyTuple_GET_ITEM(entry, 0), body,
+    if (future == NULL || batch_core_append(batch, total, (uint32_t)shape_crc,
+                                            PyBytes_AS_STRING(PyTuple_GET_ITEM(entry, 0)),
+                                            PyBytes_GET_SIZE(PyTuple_GET_ITEM(entry, 0)), body,
                                             PyBytes_AS_STRING(body), len) < 0) {
         Py_DECREF(batch_future);
         if (future != NULL) {

@@ -15,7 +15,12 @@ broker go out together, as one request (``SendManyFn``: the broker stores them i
 whenever that broker has fewer than ``REQUESTS_PER_BROKER`` requests in flight. While it has that
 many, a lingered batch stays open and keeps taking messages: a producer spread over many topics
 sends fewer, fuller requests the busier its broker is (Kafka's sender drains a broker's ready
-batches into one request too). A batch alone, one over the limit per request, one of a
+batches into one request too). A request sent while its broker has others in flight takes at most
+OPEN_BATCHES_PER_BUSY_REQUEST batches that are still open (closed ones, full or flushed, are not
+counted): each batch costs both sides about as much as dozens of messages, and the open ones left
+keep growing until a request takes them, so a busy producer over a thousand topics sends batches
+of a hundred messages or more rather than hundreds of batches of a few each (the buffer,
+``buffer_bytes_max``, bounds how long they wait). A batch alone, one over the limit per request, one of a
 replicated queue and every batch when there is no ``SendManyFn`` go through ``SendFn``.
 """
 
@@ -51,6 +56,8 @@ log = logging.getLogger(__name__)
 HANDOFF_WAIT_S = 0.002
 # Requests in flight per broker before its ready batches wait (and grow) for the next one.
 REQUESTS_PER_BROKER = 4
+# Open (lingered, still growing) batches a request takes while its broker has others in flight.
+OPEN_BATCHES_PER_BUSY_REQUEST = 16
 # A request this close to SEND_BODY_SIZE_MAX_BYTES takes no more batches (see _take_ready).
 REQUEST_FULL_MARGIN_BYTES = 32 * 1024
 
@@ -337,9 +344,10 @@ class Accumulator(AppenderBase):
         takes no slot: the broker's other queues go on)."""
         ready = self._ready.get(broker)
         while ready and self._requests.get(broker, 0) < REQUESTS_PER_BROKER:
+            busy = self._requests.get(broker, 0)
             with self._lock:
-                taken = self._take_ready(ready)
-            self._requests[broker] = self._requests.get(broker, 0) + 1
+                taken = self._take_ready(ready, OPEN_BATCHES_PER_BUSY_REQUEST if busy else len(ready))
+            self._requests[broker] = busy + 1
             task = self._loop.create_task(self._send_request(broker, taken, _Slot(self, broker)))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
@@ -348,12 +356,13 @@ class Accumulator(AppenderBase):
         self._requests[broker] -= 1
         self._drain(broker)
 
-    def _take_ready(self, ready: list[_OpenBatch]) -> list[_OpenBatch]:
+    def _take_ready(self, ready: list[_OpenBatch], open_max: int) -> list[_OpenBatch]:
         """The batches of the next request, out of ``ready`` and closed (under the lock): the oldest,
         alone if it must go alone, else with the others that fit one request, one per queue, until
-        the request is within REQUEST_FULL_MARGIN_BYTES of the limit (the rest are not looked at:
-        with a batch per topic, a thousand may be ready)."""
+        the request is within REQUEST_FULL_MARGIN_BYTES of the limit or holds ``open_max`` batches
+        that were open (the rest are not looked at: with a batch per topic, a thousand may be ready)."""
         first = ready[0]
+        growing = 0 if first.closed else 1
         self._close(first)
         if self._send_many is None or not self._combinable(first):
             del ready[0]
@@ -362,6 +371,9 @@ class Accumulator(AppenderBase):
         size = first.size_bytes + STAMP_BYTES
         for k in range(1, len(ready)):  # under the lock their sizes hold still; the ones left stay open
             batch = ready[k]
+            if growing >= open_max and not batch.closed:
+                left += ready[k:]
+                break
             if batch.route in routes or not self._combinable(batch) or (
                     size + batch.size_bytes + STAMP_BYTES > SEND_BODY_SIZE_MAX_BYTES):
                 left.append(batch)
@@ -369,6 +381,7 @@ class Accumulator(AppenderBase):
                     left += ready[k + 1:]
                     break
                 continue
+            growing += not batch.closed
             self._close(batch)
             size += batch.size_bytes + STAMP_BYTES
             taken.append(batch)

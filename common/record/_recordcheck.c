@@ -643,9 +643,8 @@ static PyObject *batch_core_new(PyTypeObject *type, PyObject *args, PyObject *kw
     if (born_ts_ms == -1 && PyErr_Occurred()) return NULL;
     BatchCoreObject *self = (BatchCoreObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    self->parts = PyList_New(0);
     self->shapes = PyDict_New();
-    if (self->parts == NULL || self->shapes == NULL) {
+    if (self->shapes == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -655,8 +654,8 @@ static PyObject *batch_core_new(PyTypeObject *type, PyObject *args, PyObject *kw
 }
 
 static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->parts);
     Py_VISIT(self->shapes);
+    Py_VISIT(self->large);
     Py_VISIT(self->last_topic);
     Py_VISIT(self->last_tag);
     Py_VISIT(self->last_entry);
@@ -664,8 +663,8 @@ static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg
 }
 
 static int batch_core_clear(BatchCoreObject *self) {
-    Py_CLEAR(self->parts);
     Py_CLEAR(self->shapes);
+    Py_CLEAR(self->large);
     Py_CLEAR(self->last_topic);
     Py_CLEAR(self->last_tag);
     Py_CLEAR(self->last_entry);
@@ -675,13 +674,14 @@ static int batch_core_clear(BatchCoreObject *self) {
 static void batch_core_dealloc(BatchCoreObject *self) {
     PyObject_GC_UnTrack(self);
     batch_core_clear(self);
+    PyMem_Free(self->buf);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 PyDoc_STRVAR(batch_core_add_doc,
 "add(total_size, shape_crc, shape, body) -> None\n\n"
 "Append one record: its first 12 bytes (total size, magic, CRC = zlib.crc32(body, shape_crc)),\n"
-"then shape and body themselves (no copy); count and size_bytes grow with it.");
+"then shape and body (copied, but for a large one, kept); count and size_bytes grow with it.");
 
 static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
@@ -696,21 +696,104 @@ static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "total_size or shape_crc out of range");
         return NULL;
     }
-    Py_buffer data;
-    if (PyObject_GetBuffer(args[3], &data, PyBUF_SIMPLE) < 0) return NULL;
-    int failed = batch_core_append(self, total, (uint32_t)shape_crc, args[2], args[3], data.buf, data.len);
+    Py_buffer shape, data;
+    if (PyObject_GetBuffer(args[2], &shape, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[3], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&shape);
+        return NULL;
+    }
+    int failed = batch_core_append(self, total, (uint32_t)shape_crc, shape.buf, shape.len, args[3], data.buf,
+                                   data.len);
     PyBuffer_Release(&data);
+    PyBuffer_Release(&shape);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(batch_core_seal_doc,
+"seal(start=0, stop=None) -> bytearray\n\n"
+"The request body: the records back to back, each with its CRC; bytes [start, stop) of it (a\n"
+"copy: the batch is unchanged).");
+
+/* Copies bytes [start, stop) of the sealed records (the buffer with the large bodies in place) to dst. */
+static int batch_core_copy(BatchCoreObject *self, char *dst, Py_ssize_t start, Py_ssize_t stop) {
+    Py_ssize_t buf_pos = 0, sealed_pos = 0, n = self->large == NULL ? 0 : PyList_GET_SIZE(self->large);
+    for (Py_ssize_t i = 0; i <= n && sealed_pos < stop; i++) {
+        /* a stretch of the buffer up to the next large body (or its end), then that body */
+        Py_ssize_t at = i < n ? PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(self->large, i), 0)) : self->buf_len;
+        Py_ssize_t lo = start > sealed_pos ? start - sealed_pos : 0, hi = at - buf_pos;
+        if (sealed_pos + hi > stop) hi = stop - sealed_pos;
+        if (hi > lo) {
+            memcpy(dst, self->buf + buf_pos + lo, (size_t)(hi - lo));
+            dst += hi - lo;
+        }
+        sealed_pos += at - buf_pos;
+        buf_pos = at;
+        if (i == n) break;
+        Py_buffer body;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(PyList_GET_ITEM(self->large, i), 1), &body, PyBUF_SIMPLE) < 0)
+            return -1;
+        lo = start > sealed_pos ? start - sealed_pos : 0;
+        hi = sealed_pos + body.len > stop ? stop - sealed_pos : body.len;
+        if (hi > lo) {
+            memcpy(dst, (char *)body.buf + lo, (size_t)(hi - lo));
+            dst += hi - lo;
+        }
+        sealed_pos += body.len;
+        PyBuffer_Release(&body);
+    }
+    return 0;
+}
+
+static PyObject *batch_core_seal(BatchCoreObject *self, PyObject *args) {
+    Py_ssize_t start = 0, stop = self->sealed_len;
+    if (!PyArg_ParseTuple(args, "|nn:seal", &start, &stop)) return NULL;
+    if (start < 0 || stop > self->sealed_len || start > stop) {
+        PyErr_SetString(PyExc_ValueError, "seal: 0 <= start <= stop <= the records' bytes");
+        return NULL;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, stop - start);
+    if (out == NULL) return NULL;
+    if (batch_core_copy(self, PyByteArray_AS_STRING(out), start, stop) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+PyDoc_STRVAR(batch_core_record_ends_doc,
+"record_ends() -> bytes\n\n"
+"Where each record ends in the sealed body (native int64s), by the sizes their heads give.");
+
+static PyObject *batch_core_record_ends(BatchCoreObject *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) return NULL;
+    int64_t *ends = (int64_t *)PyBytes_AS_STRING(out);
+    Py_ssize_t pos = 0, sealed = 0, li = 0, n = self->large == NULL ? 0 : PyList_GET_SIZE(self->large);
+    for (Py_ssize_t k = 0; k < self->count; k++) {
+        const uint8_t *p = (const uint8_t *)self->buf + pos;
+        Py_ssize_t total = (Py_ssize_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+        Py_ssize_t at = li < n ? PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(self->large, li), 0)) : -1;
+        if (at >= 0 && at < pos + total) {  /* this record's body is a large one, kept: not in the buffer */
+            pos = at;
+            li++;
+        } else {
+            pos += total;
+        }
+        sealed += total;
+        ends[k] = sealed;
+    }
+    return out;
+}
+
 static PyMethodDef batch_core_methods[] = {
     {"add", (PyCFunction)(void (*)(void))batch_core_add, METH_FASTCALL, batch_core_add_doc},
+    {"seal", (PyCFunction)batch_core_seal, METH_VARARGS, batch_core_seal_doc},
+    {"record_ends", (PyCFunction)batch_core_record_ends, METH_NOARGS, batch_core_record_ends_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef batch_core_members[] = {
-    {"parts", T_OBJECT, offsetof(BatchCoreObject, parts), READONLY, "Each record as 3 buffers."},
     {"shapes", T_OBJECT, offsetof(BatchCoreObject, shapes), READONLY,
      "(topic, tag, body length) -> (shape, shape CRC, record size) of the batch's plain records."},
     {"count", T_PYSSIZET, offsetof(BatchCoreObject, count), READONLY, "Records in the batch."},

@@ -1,13 +1,13 @@
 """Producer-side record encoding for many messages at once.
 
 :func:`gms.record.encode_record` costs about 2 µs a message (validation, a fresh buffer and a
-CRC pass each). Here a record is three buffers: the first 12 bytes (size, magic, CRC), a
+CRC pass each). Here a record is three pieces: the first 12 bytes (size, magic, CRC), a
 *shape* (the broker's envelope, the CRC-covered fixed fields, topic, tag, born host, keys,
 properties) and the body. A batch's messages mostly share a shape (same topic, tag and body
 length, no keys or properties), so each shape is packed once per batch together with the
 CRC of its covered part; a message then costs one C call (``BatchCore.add``: the CRC continued
-over the body, the first 12 bytes, three list appends). :meth:`BatchBuilder.seal` joins the
-buffers once. The layout is :mod:`gms.record`'s.
+over the body, the record copied into the batch's one buffer). ``BatchBuilder.seal`` copies that
+buffer out once. The layout is :mod:`gms.record`'s.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from gms.store_errors import InvalidRecord, InvalidTopicName
 
 _OFF_SHAPE = 12  # total_size, magic, crc32: the per-record start add_record writes
 assert _OFF_SHAPE == OFF_QUEUE_ID
-_PARTS_PER_RECORD = 3  # a batch holds each record as: size/magic/CRC, shape, body
 # Records travel in one frame; no topic may allow more, so say it early. Each topic's own limit
 # (message_size_bytes_max, 4 MiB by default) is the broker's to check: its refusal names the topic.
 BODY_SIZE_MAX_BYTES = MESSAGE_SIZE_BYTES_MAX_CEILING
@@ -152,10 +151,6 @@ class BatchBuilder(BatchCore):
     def __len__(self) -> int:
         return self.count
 
-    def seal(self) -> bytearray:
-        """The request body: all records, each with its CRC."""
-        return bytearray().join(self.parts)
-
     def seal_requests(self, size_bytes_max: int = REQUEST_BYTES_MAX) -> list[bytearray]:
         """The records as request bodies of at most ``size_bytes_max`` bytes each (a bigger
         record alone), in order: what the broker accepts in one send request."""
@@ -165,13 +160,12 @@ class BatchBuilder(BatchCore):
         """:meth:`seal_requests`, each body with the number of records it holds."""
         if self.size_bytes <= size_bytes_max:
             return [(self.seal(), self.count)]
-        parts = self.parts
-        ends = np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)).reshape(-1, _PARTS_PER_RECORD).sum(1))
+        ends = np.frombuffer(self.record_ends(), np.int64)
         bodies = []
         first = 0  # the first record of the next body
         while first < len(ends):
             start_bytes = int(ends[first - 1]) if first else 0
             stop = max(int(np.searchsorted(ends, start_bytes + size_bytes_max, "right")), first + 1)
-            bodies.append((bytearray().join(parts[first * _PARTS_PER_RECORD:stop * _PARTS_PER_RECORD]), stop - first))
+            bodies.append((self.seal(start_bytes, int(ends[stop - 1])), stop - first))
             first = stop
         return bodies

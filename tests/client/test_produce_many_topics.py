@@ -2,7 +2,8 @@
 broker go out as one request (fewer SEND_BATCH requests than batches, seen on the broker's
 /metrics), each message stored where its result says; an idempotent producer's request of many
 batches that times out and is retried stores nothing twice; one batch refused in such a request
-fails alone, the others are stored."""
+fails alone, the others are stored; a busy broker gets requests of few lingered batches, the
+others growing meanwhile."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from processes import free_port
 from scrape import scrape
 
 from gms.client import Admin, Producer
+from gms.client.accumulator import OPEN_BATCHES_PER_BUSY_REQUEST, REQUESTS_PER_BROKER
 from gms.errors import MessageIllegalError, QueueNotFoundError
 
 pytestmark = pytest.mark.timeout(120)
@@ -202,3 +204,44 @@ def test_batches_of_many_topics_go_out_once_lingered_without_flush(watched):
         assert called.wait(30) and seen == [topics[10]]
         assert [getattr(r, "topic", None) for r in waiter_saw] == [topics[-1]]
     _check_stored(broker.address, {b"first": first[0], b"later": later[-1]})
+
+
+def test_a_busy_broker_gets_requests_of_few_open_batches_the_others_grow(watched):
+    """While a broker has requests in flight, a request takes at most OPEN_BATCHES_PER_BUSY_REQUEST
+    of its lingered (still open) batches; the others stay open, take more messages and go with a
+    later request. The broker is paused so that its first requests stay unanswered while every
+    topic's batch lingers; resumed, it gets the waiting batches in requests of at most that many,
+    and every message is stored where its result says."""
+    broker, _, topics = watched
+    with Producer([broker.address], linger_ms=50) as producer:
+        for topic in topics:
+            producer.send(topic, b"warm-up")
+        accumulator = producer._accumulator
+        requests: list[tuple[int, int]] = []  # (requests of the broker in flight before it, batches)
+        send_request = accumulator._send_request
+
+        def spied(address, batches, slot):
+            requests.append((accumulator._requests[address] - 1, len(batches)))
+            return send_request(address, batches, slot)
+
+        accumulator._send_request = spied  # type: ignore[method-assign]
+        broker.pause()
+        try:
+            futures = {b"%s/first" % topic.encode(): producer.send_async(topic, b"%s/first" % topic.encode())
+                       for topic in topics}
+            deadline = time.monotonic() + 60
+            while len(requests) < REQUESTS_PER_BROKER and time.monotonic() < deadline:
+                time.sleep(0.05)  # the first lingered batches go out and wait in the paused broker
+            assert len(requests) == REQUESTS_PER_BROKER
+            waiting = len(topics) - sum(batches for _, batches in requests)
+            assert waiting > OPEN_BATCHES_PER_BUSY_REQUEST
+            futures |= {b"%s/more" % topic.encode(): producer.send_async(topic, b"%s/more" % topic.encode())
+                        for topic in topics}  # the waiting batches take these too
+        finally:
+            broker.resume()
+        for future in futures.values():
+            future.result(timeout=60)
+        later = requests[REQUESTS_PER_BROKER:]
+    assert later[0] == (REQUESTS_PER_BROKER - 1, OPEN_BATCHES_PER_BUSY_REQUEST)  # the first slot freed
+    assert all(batches <= OPEN_BATCHES_PER_BUSY_REQUEST for busy, batches in later if busy)
+    _check_stored(broker.address, futures)

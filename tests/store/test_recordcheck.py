@@ -35,7 +35,7 @@ def test_both_crc_kernels_agree_with_zlib():
         "        assert r.crc32(view) == zlib.crc32(view), (n, skip)\n"
         "        batch = r.BatchCore(0)\n"
         "        batch.add(n + 12, 0x1234567, b'', view)\n"
-        "        assert batch.parts[0][8:] == zlib.crc32(view, 0x1234567).to_bytes(4, 'big'), (n, skip)\n"
+        "        assert batch.seal()[8:12] == zlib.crc32(view, 0x1234567).to_bytes(4, 'big'), (n, skip)\n"
         "print(r.KERNEL)\n"
     )
     kernels = set()
@@ -145,9 +145,10 @@ def test_batch_add_is_pack_and_zlib(body, shape, shape_crc, total):
     batch = _recordcheck.BatchCore(5)
     batch.add(7, 0, b"s", b"b")
     batch.add(total, shape_crc, shape, body)
-    parts = batch.parts
-    assert parts[3:] == [struct.pack(">iII", total, rec.MAGIC_V1, zlib.crc32(body, shape_crc)), shape, body]
-    assert parts[4] is shape and parts[5] is body  # kept, not copied
+    sealed = batch.seal()
+    assert sealed[14:] == struct.pack(">iII", total, rec.MAGIC_V1, zlib.crc32(body, shape_crc)) + shape + body
+    assert sealed[:14] == struct.pack(">iII", 7, rec.MAGIC_V1, zlib.crc32(b"b", 0)) + b"sb"
+    assert type(sealed) is bytearray and sealed is not batch.seal()  # a copy each, the batch unchanged
     assert (batch.count, batch.size_bytes, batch.queue_id) == (2, 7 + total, 5)
 
 
@@ -163,7 +164,7 @@ def test_bad_arguments_raise_not_crash():
         batch.add(10, 0, b"")
     with pytest.raises(TypeError):
         _recordcheck.BatchCore("queue")
-    assert (batch.count, batch.size_bytes, batch.parts) == (0, 0, [])  # nothing half-added
+    assert (batch.count, batch.size_bytes, batch.seal()) == (0, 0, bytearray())  # nothing half-added
     buf = bytes(200)
     with pytest.raises(TypeError, match="int64"):
         _recordcheck.check_stored(buf, np.zeros(1, np.int32), np.array([80]), 0, 0, np.zeros(1, np.int64))
@@ -193,3 +194,24 @@ def test_pick_tags_is_isin_up_to_max_picks(hashes, wanted, max_picks):
     assert picked.tolist() == expected[:max_picks].tolist()
     assert scanned == (int(expected[max_picks - 1]) + 1 if 0 < max_picks <= len(expected) else
                        0 if max_picks == 0 else len(hashes))
+
+
+@given(st.lists(st.sampled_from([0, 1, 100, 65535, 65536, 200_000]), min_size=1, max_size=6), st.data())
+def test_batch_seals_small_bodies_copied_and_large_ones_kept_in_order(lengths, data):
+    """Bodies under 64 KiB are copied into the batch, larger ones kept and put in place when sealed:
+    either way seal gives the records back to back, any byte range of them, and where each ends."""
+    batch = _recordcheck.BatchCore(1)
+    expected = bytearray()
+    ends = []
+    for i, length in enumerate(lengths):
+        shape, body = b"shape-%d" % i, bytearray(os.urandom(length))
+        batch.add(12 + len(shape) + length, 0, shape, body)
+        expected += struct.pack(">iII", 12 + len(shape) + length, rec.MAGIC_V1, zlib.crc32(body)) + shape + body
+        ends.append(len(expected))
+    assert batch.seal() == expected
+    assert np.frombuffer(batch.record_ends(), np.int64).tolist() == ends
+    start = data.draw(st.integers(0, len(expected)))
+    stop = data.draw(st.integers(start, len(expected)))
+    assert batch.seal(start, stop) == expected[start:stop]
+    with pytest.raises(ValueError):
+        batch.seal(0, len(expected) + 1)
