@@ -6,6 +6,8 @@
  * the producer's buffer, of a shape the batch already holds (same topic, tag and body length),
  * is appended here under the accumulator's lock; anything else, and every error, takes the
  * accumulator's Python path (_append_plain_slow), which raises the right error or waits.
+ * append_open does the same for a message sent to a queue (queue=) without keys or properties,
+ * into that queue's open batch; its Python path is the accumulator's append.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -15,7 +17,8 @@
 #include "crc32.h"
 
 static PyTypeObject *batch_core_type;  /* gms.record._recordcheck.BatchCore */
-static PyObject *str_acquire, *str_release, *str_future, *str_close, *str_filled, *str_slow;
+static PyObject *str_acquire, *str_release, *str_future, *str_close, *str_filled, *str_slow, *str_append;
+static PyObject *empty_tuple;  /* append's keys for a message without any */
 
 /* --- SendFuture: one message's place in its batch's Future -------------------------------- */
 
@@ -244,18 +247,21 @@ typedef struct {
     PyObject_HEAD
     PyObject *lock;         /* the accumulator's threading.Lock */
     PyObject *sticky;       /* dict: topic -> the open batch its plain messages fill (a BatchCore) */
+    PyObject *open;         /* dict: route -> its open batch (a BatchCore) */
     Py_ssize_t buffered_bytes, buffer_bytes_max, batch_bytes, body_size_max;
 } AppenderObject;
 
 static int appender_traverse(AppenderObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock);
     Py_VISIT(self->sticky);
+    Py_VISIT(self->open);
     return 0;
 }
 
 static int appender_clear(AppenderObject *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->sticky);
+    Py_CLEAR(self->open);
     return 0;
 }
 
@@ -333,21 +339,14 @@ PyDoc_STRVAR(append_plain_doc,
 "Append a plain message to its topic's sticky batch; the Python path (_append_plain_slow) takes\n"
 "the messages this cannot (no open batch, buffer full, a new shape, a body that is not bytes).");
 
-static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "append_plain takes exactly 3 arguments");
-        return NULL;
-    }
-    PyObject *topic = args[0], *body = args[1], *tag = args[2];
-    if (self->lock == NULL || self->sticky == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
-        return NULL;
-    }
-    PyObject *batch = PyDict_GetItemWithError(self->sticky, topic);
-    if (batch == NULL && PyErr_Occurred()) return NULL;
-    if (batch == NULL || !PyObject_TypeCheck(batch, batch_core_type) || !PyBytes_CheckExact(body)
+/* Appends body to batch (a borrowed BatchCore, or not one) under the lock, and sends the batch if
+ * that filled it: the message's future, or NULL, with no exception set when the caller's Python
+ * path must take the message (not a batch of this kind, a body not bytes or too large, and what
+ * append_locked leaves to it). */
+static PyObject *append_to(AppenderObject *self, PyObject *batch, PyObject *topic, PyObject *body, PyObject *tag) {
+    if (!PyObject_TypeCheck(batch, batch_core_type) || !PyBytes_CheckExact(body)
         || PyBytes_GET_SIZE(body) > self->body_size_max)
-        return PyObject_CallMethodObjArgs((PyObject *)self, str_slow, topic, body, tag, NULL);
+        return NULL;
     Py_INCREF(batch);
     PyObject *acquired = PyObject_CallMethodNoArgs(self->lock, str_acquire);
     if (acquired == NULL) {
@@ -370,32 +369,66 @@ static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ss
     }
     Py_DECREF(released);
     PyErr_Restore(type, value, traceback);
-    if (future == NULL) {
-        Py_DECREF(batch);
-        if (PyErr_Occurred()) return NULL;
-        return PyObject_CallMethodObjArgs((PyObject *)self, str_slow, topic, body, tag, NULL);
-    }
-    if (filled) {
+    if (future != NULL && filled) {
         PyObject *done = PyObject_CallMethodOneArg((PyObject *)self, str_filled, batch);
-        if (done == NULL) {
-            Py_DECREF(future);
-            Py_DECREF(batch);
-            return NULL;
-        }
-        Py_DECREF(done);
+        if (done == NULL)
+            Py_CLEAR(future);
+        else
+            Py_DECREF(done);
     }
     Py_DECREF(batch);
     return future;
 }
 
+static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "append_plain takes exactly 3 arguments");
+        return NULL;
+    }
+    PyObject *topic = args[0], *body = args[1], *tag = args[2];
+    if (self->lock == NULL || self->sticky == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
+        return NULL;
+    }
+    PyObject *batch = PyDict_GetItemWithError(self->sticky, topic);
+    if (batch == NULL && PyErr_Occurred()) return NULL;
+    PyObject *future = batch == NULL ? NULL : append_to(self, batch, topic, body, tag);
+    if (future != NULL || PyErr_Occurred()) return future;
+    return PyObject_CallMethodObjArgs((PyObject *)self, str_slow, topic, body, tag, NULL);
+}
+
+PyDoc_STRVAR(append_open_doc,
+"append_open(route, topic, body, tag) -> SendFuture\n\n"
+"Append a message without keys or properties to route's open batch (topic is route's); the\n"
+"Python path (append) takes the messages this cannot (no open batch, buffer full, a new shape).");
+
+static PyObject *append_open(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "append_open takes exactly 4 arguments");
+        return NULL;
+    }
+    PyObject *route = args[0], *topic = args[1], *body = args[2], *tag = args[3];
+    if (self->lock == NULL || self->open == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
+        return NULL;
+    }
+    PyObject *batch = PyDict_GetItemWithError(self->open, route);
+    if (batch == NULL && PyErr_Occurred()) return NULL;
+    PyObject *future = batch == NULL ? NULL : append_to(self, batch, topic, body, tag);
+    if (future != NULL || PyErr_Occurred()) return future;
+    return PyObject_CallMethodObjArgs((PyObject *)self, str_append, route, body, tag, empty_tuple, Py_None, NULL);
+}
+
 static PyMethodDef appender_methods[] = {
     {"append_plain", (PyCFunction)(void (*)(void))append_plain, METH_FASTCALL, append_plain_doc},
+    {"append_open", (PyCFunction)(void (*)(void))append_open, METH_FASTCALL, append_open_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef appender_members[] = {
     {"_lock", T_OBJECT, offsetof(AppenderObject, lock), 0, "The lock over batches and the buffer."},
     {"_sticky", T_OBJECT, offsetof(AppenderObject, sticky), 0, "topic -> its open sticky batch."},
+    {"_open", T_OBJECT, offsetof(AppenderObject, open), 0, "route -> its open batch."},
     {"_buffered_bytes", T_PYSSIZET, offsetof(AppenderObject, buffered_bytes), 0, "Bytes not yet answered."},
     {"_buffer_bytes_max", T_PYSSIZET, offsetof(AppenderObject, buffer_bytes_max), 0, "Their limit."},
     {"_batch_bytes", T_PYSSIZET, offsetof(AppenderObject, batch_bytes), 0, "A batch this big is sent."},
@@ -544,6 +577,8 @@ PyMODINIT_FUNC PyInit__append(void) {
         || (str_close = PyUnicode_InternFromString("_close")) == NULL
         || (str_filled = PyUnicode_InternFromString("_filled")) == NULL
         || (str_slow = PyUnicode_InternFromString("_append_plain_slow")) == NULL
+        || (str_append = PyUnicode_InternFromString("append")) == NULL
+        || (empty_tuple = PyTuple_New(0)) == NULL
         || (str_result = PyUnicode_InternFromString("result")) == NULL
         || (str_exception = PyUnicode_InternFromString("exception")) == NULL
         || (str_done = PyUnicode_InternFromString("done")) == NULL

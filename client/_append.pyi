@@ -37,11 +37,13 @@ class AppenderBase:
 
     _lock: threading.Lock
     _sticky: dict[str, Any]
+    _open: dict[Any, Any]
     _buffered_bytes: int
     _buffer_bytes_max: int
     _batch_bytes: int
     _body_size_max: int
     def append_plain(self, topic: str, body: bytes, tag: str | None, /) -> SendFuture: ...
+    def append_open(self, route: Any, topic: str, body: bytes, tag: str | None, /) -> SendFuture: ...
 
 class PlainFastPath:
     """An asyncio producer's send_nowait (C): a plain message appended to its topic's sticky batch

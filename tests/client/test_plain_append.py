@@ -1,6 +1,7 @@
-"""send_async's plain path in C (gms.client._append): the records it writes are the reference
-codec's, bad input still gets its typed error, concurrent senders lose and repeat nothing, and
-the futures it makes are collected like any other object."""
+"""send_async's plain path in C (gms.client._append), and its path for a message routed to a
+queue: the records they write are the reference codec's, bad input still gets its typed error,
+concurrent senders lose and repeat nothing, and the futures they make are collected like any
+other object."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import gc
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from client_helpers import consume
@@ -46,6 +47,15 @@ def _accumulator(encoder: RecordEncoder, sent: list | None = None, **limits: int
                           batch_bytes=limits.get("batch_bytes", 1 << 30), buffer_bytes_max=1 << 30)
     finally:
         loop.close()
+
+
+def _in_threads(send: Callable[[int], None], threads_n: int) -> None:
+    """``send(k)`` in threads k = 0 .. threads_n - 1 at once; returns when all are done."""
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 @settings(max_examples=200)
@@ -101,6 +111,28 @@ def test_a_full_batch_is_closed_and_handed_to_the_loop():
         assert acc._buffered_bytes == open_batch.size_bytes  # the answered batches gave their room back
 
 
+def test_routed_appends_take_the_fast_path_and_write_the_reference_bytes():
+    """A message sent to a queue (queue=) without keys or properties: into that queue's open
+    batch in C once the batch holds its shape; the Python path (append) otherwise."""
+    route = QueueRoute("t", 2, "127.0.0.1:1")
+    with _accumulator(RecordEncoder()) as acc:
+        python_calls = []
+        original = acc.append
+
+        def counting(*args, **kwargs):
+            python_calls.append(args)
+            return original(*args, **kwargs)
+        acc.append = counting  # type: ignore[method-assign]
+        messages = [(b"a" * 40, "A")] * 50 + [(b"b" * 41, None)] * 50
+        futures = [acc.append_open(route, "t", body, tag) for body, tag in messages]
+        assert len(python_calls) == 2  # the batch opened, then a second shape packed
+        batch = acc._open[route]
+        expected = b"".join(encode_record(topic="t", body=b, tag=g, queue_id=2, born_ts_ms=batch.born_ts_ms)
+                            for b, g in messages)
+        assert bytes(batch.seal()) == expected
+        assert [f._index for f in futures] == list(range(100)) and {f._batch for f in futures} == {batch.future}
+
+
 def test_bad_plain_messages_get_their_typed_errors_on_the_fast_path(broker, topic):
     with Producer([broker.address], linger_ms=60_000) as producer:
         producer.send_async(topic, b"ok")  # the topic now has a sticky batch: the C path is armed
@@ -128,17 +160,40 @@ def test_concurrent_plain_senders_lose_and_repeat_nothing(broker, topic):
         def send(k: int) -> None:
             for i in range(per_thread):
                 futures[k].append(producer.send_async(topic, b"%d-%05d" % (k, i), tag="A" if i % 3 else None))
-        threads = [threading.Thread(target=send, args=(k,)) for k in range(threads_n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(send, threads_n)
         producer.flush()
     results = [f.result() for fs in futures for f in fs]
     assert len({(r.queue_id, r.queue_offset) for r in results}) == threads_n * per_thread
     with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
         bodies = sorted(m.body for m in consume(consumer, threads_n * per_thread))
     assert bodies == sorted(b"%d-%05d" % (k, i) for k in range(threads_n) for i in range(per_thread))
+
+
+def test_concurrent_senders_to_queues_lose_and_repeat_nothing(broker, topic):
+    """As the plain senders, with queue=: each message lands once, on the queue it named, in the
+    order its thread sent it there."""
+    threads_n, per_thread = 4, 2000
+    with Producer([broker.address], linger_ms=1, batch_bytes=2048, buffer_bytes_max=16 * 1024) as producer:
+        futures: list[list[SendFuture]] = [[] for _ in range(threads_n)]
+
+        def send(k: int) -> None:
+            for i in range(per_thread):
+                futures[k].append(producer.send_async(topic, b"%d-%05d" % (k, i), queue=i % 2))
+        _in_threads(send, threads_n)
+        producer.flush()
+    for k in range(threads_n):
+        results = [f.result() for f in futures[k]]
+        assert [r.queue_id for r in results] == [i % 2 for i in range(per_thread)]
+        for queue in (0, 1):
+            offsets = [r.queue_offset for r in results if r.queue_id == queue]
+            assert offsets == sorted(offsets)
+    every = [f.result() for fs in futures for f in fs]
+    assert len({(r.queue_id, r.queue_offset) for r in every}) == threads_n * per_thread
+    with Consumer([broker.address], group="g", subscription={topic: "*"}, start_from="first") as consumer:
+        got = consume(consumer, threads_n * per_thread)
+    assert sorted(m.body for m in got) == sorted(b"%d-%05d" % (k, i)
+                                                 for k in range(threads_n) for i in range(per_thread))
+    assert all(int(m.body.split(b"-")[1]) % 2 == m.queue_id for m in got)
 
 
 def test_futures_are_not_collector_objects_and_callbacks_do_not_leak():
