@@ -9,15 +9,15 @@ import ctypes
 import logging
 import os
 import platform
-import signal
 import sys
+
+from gms.die_with_parent import set_death_signal
 
 log = logging.getLogger("gms.broker.clean_worker")
 
 WORKER_NICE = 19
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # the ioprio_set syscall's number
 _IOPRIO_BEST_EFFORT_LOWEST = (2 << 13) | 7  # class best-effort, level 7
-_PR_SET_PDEATHSIG = 1
 
 
 def lower_priority(parent_pid: int) -> None:
@@ -25,9 +25,7 @@ def lower_priority(parent_pid: int) -> None:
     nothing else wants, and a task that wakes there preempts it at once, where a nice 19 task
     may finish its slice first) and the lowest best-effort IO priority (where the kernel's IO
     scheduler heeds it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before the prctl
+    if not set_death_signal(parent_pid):
         sys.exit("the broker is gone")
     os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICE)  # what is left if SCHED_IDLE is refused
     try:
@@ -35,4 +33,4 @@ def lower_priority(parent_pid: int) -> None:
     except OSError as err:
         log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
     if (number := _IOPRIO_SET.get(platform.machine())) is not None:
-        libc.syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
+        ctypes.CDLL(None).syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process

@@ -343,8 +343,7 @@ class Accumulator(AppenderBase):
         whose first attempt is unanswered (a batch being retried, or waiting for its queue's turn,
         takes no slot: the broker's other queues go on)."""
         ready = self._ready.get(broker)
-        while ready and self._requests.get(broker, 0) < REQUESTS_PER_BROKER:
-            busy = self._requests.get(broker, 0)
+        while ready and (busy := self._requests.get(broker, 0)) < REQUESTS_PER_BROKER:
             with self._lock:
                 taken = self._take_ready(ready, OPEN_BATCHES_PER_BUSY_REQUEST if busy else len(ready))
             self._requests[broker] = busy + 1

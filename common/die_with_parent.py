@@ -12,7 +12,6 @@ The signal follows the *thread* that started the child: start children from a lo
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -28,14 +27,25 @@ def dying_with_parent(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-P", "-m", __name__, str(os.getpid()), "--", *args]
 
 
+def set_death_signal(parent_pid: int) -> bool:
+    """Have the kernel SIGKILL this process when the thread that started it ends (Linux); False
+    when ``parent_pid`` is gone already (it died before the signal was set). OSError if refused."""
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
+    return os.getppid() == parent_pid
+
+
 def main(argv: Sequence[str]) -> None:
     parent, separator, *program = argv
     if separator != "--" or not program:
         sys.exit(f"usage: python -m {__name__} PARENT_PID -- PROGRAM [ARGS...]")
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        sys.exit(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
-    if os.getppid() != int(parent):
+    try:
+        parent_alive = set_death_signal(int(parent))
+    except OSError as err:
+        sys.exit(err.strerror)
+    if not parent_alive:
         sys.exit(0)  # the parent died before the death signal was set: nobody wants the program now
     os.execvp(program[0], program)
 

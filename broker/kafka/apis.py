@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from gms.broker.kafka.schema import Message, message
-from gms.broker.kafka.wire import FrameWriter, Reader
+from gms.broker.kafka.wire import FrameWriter, Reader, ResponseFrame
 
 
 class ApiKey(enum.IntEnum):
@@ -122,7 +122,7 @@ def read_header(reader: Reader) -> Header:
     return header
 
 
-def write_response(header: Header, body: dict[str, object]) -> list[bytes | bytearray | memoryview]:
+def write_response(header: Header, body: dict[str, object]) -> ResponseFrame:
     """The response frame (length prefix, header, body) to ``header``'s request, as buffers to
     write in order (large byte fields, a fetch's records, are not copied: :class:`FrameWriter`)."""
     key = ApiKey(header.api_key)
@@ -144,7 +144,7 @@ def api_versions_body(error: int = 0) -> dict[str, object]:
                                               for key, (low, high) in sorted(SUPPORTED.items())]}
 
 
-def unsupported_api_versions(header: Header) -> list[bytes | bytearray | memoryview]:
+def unsupported_api_versions(header: Header) -> ResponseFrame:
     """ApiVersions at a version not served: UNSUPPORTED_VERSION and the list, at version 0."""
     return write_response(Header(header.api_key, 0, header.correlation_id, header.client_id),
                           api_versions_body(error=35))

@@ -35,7 +35,7 @@ from gms.broker.kafka.idempotence import ProducerIds
 from gms.broker.kafka.offsets import Offsets
 from gms.broker.kafka.partitions import Partitions
 from gms.broker.kafka.sasl import SaslSession
-from gms.broker.kafka.wire import Malformed, Reader
+from gms.broker.kafka.wire import Malformed, Reader, ResponseFrame
 from gms.broker.services import Services
 from gms.net.server import CONNECTIONS_MAX, IDLE_TIMEOUT_MS
 from gms.security.authorizer import Authorizer
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 FRAME_BYTES_MAX = 100 << 20  # Kafka's socket.request.max.bytes
 _SIZE = struct.Struct(">i")
-Frame = list[bytes | bytearray | memoryview]  # a response frame's buffers, written in order
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -169,7 +168,7 @@ class KafkaEndpoint:
             self._connections.discard(task)
             writer.close()
 
-    async def _answer(self, frame: bytes, client: str, session: SaslSession) -> Frame | None:
+    async def _answer(self, frame: bytes, client: str, session: SaslSession) -> ResponseFrame | None:
         """The response frame's buffers; [] for none (acks=0); None to close the connection."""
         reader = Reader(frame)
         try:
@@ -200,7 +199,7 @@ class KafkaEndpoint:
         return await self._handle(header, request, client, session)
 
     async def _handle(self, header: Header, request: dict[str, Any], client: str,
-                      session: SaslSession) -> Frame | None:
+                      session: SaslSession) -> ResponseFrame | None:
         key = ApiKey(header.api_key)
         handler = self.handlers[key]
         principal = session.principal

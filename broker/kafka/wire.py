@@ -17,6 +17,7 @@ LENGTH_MAX = 1 << 30
 
 
 BY_REFERENCE_MIN = 64 << 10  # a byte field this large is not copied into a response frame
+ResponseFrame = list[bytes | bytearray | memoryview]  # a response frame's buffers, written in order
 
 
 class Malformed(ValueError):
@@ -188,7 +189,7 @@ class FrameWriter(Writer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._parts: list[bytes | bytearray | memoryview] = []
+        self._parts: ResponseFrame = []
         self._size = 0  # the bytes in _parts
 
     def blob(self, v: bytes | bytearray | memoryview | None, compact: bool) -> None:
@@ -203,7 +204,7 @@ class FrameWriter(Writer):
     def size(self) -> int:
         return self._size + len(self.buf)
 
-    def parts(self) -> list[bytes | bytearray | memoryview]:
+    def parts(self) -> ResponseFrame:
         return [*self._parts, self.buf]
 
 

@@ -149,7 +149,7 @@ class DeadLetterService:
     async def _ensure_topic(self, topic: str) -> None:
         """Create the dead-letter topic unless it exists, and wait for its queue's leader."""
         if not self.broker.config.nameserver:  # standalone: on this broker
-            if topic not in self.broker.store.topics():
+            if self.broker.store.queue_count(topic) is None:
                 try:
                     await self.broker.services.topics.create_topic(topic, 1, {}, system=True)
                 except TopicAlreadyExistsError:

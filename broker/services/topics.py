@@ -207,7 +207,7 @@ class TopicService:
         cluster's, or a broker without nameservers its own. TopicNotFoundError: no such topic."""
         registration = self.broker.registration
         if registration is None:
-            if topic not in self.store.topics():
+            if self.store.queue_count(topic) is None:
                 raise TopicNotFoundError(f"topic {topic} does not exist")
             return asdict(self.store.topic_limits(topic))
         return asdict(registration.topic(topic).settings)
