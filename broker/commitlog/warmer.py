@@ -26,6 +26,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from gms.broker.worker_priority import restore_priority
+
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 5.0  # how long a close waits for the job under way to give up
@@ -51,7 +53,7 @@ class Warmer:
                 thread = self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 thread.start()
                 if thread.native_id is not None:  # lowered from here: it may not run for a while
-                    _set_idle(thread.native_id, True)
+                    _run_when_idle(thread.native_id)
 
     def close(self) -> None:
         """Drop the jobs not started, and let the one under way finish at the normal priority
@@ -61,7 +63,7 @@ class Warmer:
             self._jobs.clear()
             thread = self._thread
         if thread is not None and thread.native_id is not None:
-            _set_idle(thread.native_id, False)
+            restore_priority([thread.native_id])
 
     def join(self) -> None:
         """After :meth:`close`, once the job under way was told to stop: wait for its thread to
@@ -87,16 +89,11 @@ class Warmer:
                 log.warning("warming a commitlog file failed: %s", err)
 
 
-def _set_idle(thread_id: int, idle: bool) -> None:
-    """Run a thread of this process only on an otherwise idle CPU (SCHED_IDLE; else at the lowest
-    nice value), or (``idle=False``) normally again, where the process may raise its priority."""
-    if idle:
-        try:
-            os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            with contextlib.suppress(AttributeError, OSError):
-                os.setpriority(os.PRIO_PROCESS, thread_id, 19)
-        return
-    with contextlib.suppress(AttributeError, OSError):  # refused without CAP_SYS_NICE or RLIMIT_NICE
-        os.sched_setscheduler(thread_id, os.SCHED_OTHER, os.sched_param(0))
-        os.setpriority(os.PRIO_PROCESS, thread_id, 0)
+def _run_when_idle(thread_id: int) -> None:
+    """Run a thread of this process only on an otherwise idle CPU (SCHED_IDLE; else at the
+    lowest nice value)."""
+    try:
+        os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, thread_id, 19)
