@@ -166,18 +166,6 @@ def tree_disk_bytes(root: Path) -> int:
 ZERO_CHUNK_BYTES = 1 << 20  # recovery truncation checks (and zeroes) the tail this much at a time
 
 
-def run_when_idle() -> None:
-    """Let the calling thread run only on a CPU nothing else wants (Linux's SCHED_IDLE; else the
-    lowest nice value): warming the next commitlog file is an optimisation, and its first touch
-    of a GiB must not take the cores serving sends and pulls (on a 2-core virtual machine it
-    halved a benchmark's throughput while it ran)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-    except (AttributeError, OSError):
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
 class MappedFile:
     """One mapped file; ``view`` and ``array`` are cached zero-copy windows on the map."""
 

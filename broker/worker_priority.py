@@ -1,7 +1,8 @@
 """The compaction worker's first step (:mod:`gms.broker.clean_worker`), before it imports
 anything else: its start-up (the interpreter's, numpy's and the record modules' imports, a
 seventh of a second of CPU) would otherwise run at the broker's own priority, on a core the
-broker's request loop and its clients may want."""
+broker's request loop and its clients may want. And the way back for the broker's stop
+(:func:`restore_priority`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import os
 import platform
 import sys
+from collections.abc import Iterable
 
 from gms.die_with_parent import set_death_signal
 
@@ -34,3 +36,24 @@ def lower_priority(parent_pid: int) -> None:
         log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
     if (number := _IOPRIO_SET.get(platform.machine())) is not None:
         ctypes.CDLL(None).syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
+
+
+def restore_priority(thread_ids: Iterable[int]) -> None:
+    """Give threads (native ids, of this process or a child) the normal CPU priority back
+    (SCHED_OTHER, nice 0) where this process may raise it (CAP_SYS_NICE or RLIMIT_NICE; else
+    nothing changes). For a stop: on a busy machine a SCHED_IDLE thread may wait seconds for a
+    CPU, even to end once killed, and the stop waits for it."""
+    for thread_id in thread_ids:
+        try:
+            os.sched_setscheduler(thread_id, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, thread_id, 0)
+        except OSError:  # refused, or the thread ended
+            continue
+
+
+def process_threads(pid: int) -> list[int]:
+    """The native ids of a process's threads (none if it is gone)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []

@@ -12,16 +12,16 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from gms.broker.commitlog.warmer import Warmer
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
-from gms.store_errors import MessageNotFound, StoreInvariantBroken
+from gms.store_errors import MessageNotFound, StoreClosed, StoreInvariantBroken
 
 _BLANK = struct.Struct(">iI")
 # Flushed commitlog pages further than this behind the flushed end leave the broker's resident set
@@ -63,7 +63,7 @@ class Placement(NamedTuple):
 
 
 class CommitLog:
-    def __init__(self, directory: Path, file_size_bytes: int, warmer: Executor | None) -> None:
+    def __init__(self, directory: Path, file_size_bytes: int, warmer: Warmer | None) -> None:
         """Map the existing files (creating the first one if there is none: then ``had_data`` is
         False); the end is declared next, by :meth:`set_end` or recovery's :meth:`truncate`."""
         self.file_size_bytes = file_size_bytes
@@ -74,6 +74,7 @@ class CommitLog:
             self._segments.append(self._segments.create(0))
         self._spare: dict[int, MappedFile] = {}  # pre-created files after the active one
         self._spare_lock = threading.Lock()
+        self._closed = False  # warming stops, and creates no file, once closed
         self._next_prepared = False  # the next file was asked for (see PREPARE_NEXT_AT)
         self.released = 0  # pages below this offset were released from the resident set
         self.write_pos = 0  # where the next record goes (writer-private until committed)
@@ -90,7 +91,8 @@ class CommitLog:
             segments.append(segments.create(end_offset))
         self.write_pos = self.committed_pos = end_offset
         if self._warmer is not None:
-            self._warmer.submit(self.active.warm)
+            active = self.active
+            self._warmer.submit(lambda: active.warm(stop=lambda: self._closed))
         self._next_prepared = False
         self._prepare_next_when_due()
 
@@ -229,6 +231,8 @@ class CommitLog:
     def _spare_file(self, base: int) -> MappedFile:
         with self._spare_lock:
             if base not in self._spare:
+                if self._closed:  # the warmer, late: no file is created behind a closed commitlog
+                    raise StoreClosed()
                 self._spare[base] = self._segments.create(base)
             return self._spare[base]
 
@@ -240,11 +244,15 @@ class CommitLog:
         if self.committed_pos - active.base_offset >= PREPARE_NEXT_AT * active.size_bytes:
             self._next_prepared = True
             if self._warmer is not None:
-                self._warmer.submit(self._warm_spare, active.end_offset)
+                base = active.end_offset
+                self._warmer.submit(lambda: self._warm_spare(base))
 
     def _warm_spare(self, base: int) -> None:
-        f = self._spare_file(base)
-        f.warm(stop=lambda: self.active is f, wait=self._busy_watch())
+        try:
+            f = self._spare_file(base)
+        except StoreClosed:
+            return
+        f.warm(stop=lambda: self._closed or self.active is f, wait=self._busy_watch())
 
     def _busy_watch(self) -> Callable[[], bool]:
         """For the warmer: whether records were read since the last look, while the active file
@@ -297,8 +305,16 @@ class CommitLog:
         return self._segments.delete_oldest(should_delete)
 
     def close(self) -> None:
+        """Unmap the files. The warmer's job under way gives up at its next look, and is waited
+        for only a little (see :mod:`gms.broker.commitlog.warmer`)."""
+        warmer = self._warmer
+        if warmer is not None:
+            warmer.close()  # first: it may hold the lock below, creating a spare file
         with self._spare_lock:
+            self._closed = True
             spares, self._spare = list(self._spare.values()), {}
+        if warmer is not None:
+            warmer.join()
         for f in spares:
             f.try_close()
         self._segments.close()

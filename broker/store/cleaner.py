@@ -48,6 +48,7 @@ from gms.broker.store.queues import QueueTable
 from gms.broker.store.records import file_runs, first_stored_at
 from gms.broker.store.topic_table import TopicLimits, TopicTable
 from gms.broker.store_config import StoreConfig
+from gms.broker.worker_priority import process_threads, restore_priority
 from gms.record import HEADER_SIZE
 from gms.record.layout import HIDDEN_TAG_HASH
 from gms.store_errors import StoreError
@@ -90,6 +91,7 @@ class Cleaner:
     def stop(self) -> None:
         self._stop.set()
         if (worker := self._worker) is not None:  # the tmp file of a job under way is removed by its pass
+            restore_priority(process_threads(worker.pid))  # its exit, waited for below, needs a CPU
             worker.kill()
         if self._thread.is_alive():
             self._thread.join()

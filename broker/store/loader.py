@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,10 +19,10 @@ import numpy as np
 
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.commitlog.recovery import recover
+from gms.broker.commitlog.warmer import Warmer
 from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue
 from gms.broker.consumequeue.min_offsets import load_min_offsets
 from gms.broker.keyindex import KeyIndex
-from gms.broker.mapped_file import run_when_idle
 from gms.broker.store.checkpoint import AbortMarker, Checkpoint, read_checkpoint
 from gms.broker.store.damage import DamageTracker
 from gms.broker.store.dispatch import Appended, Dispatchers, dispatchers
@@ -54,7 +53,6 @@ class LoadedStore(NamedTuple):
     topics: TopicTable
     truncations: TruncationLog
     abort: AbortMarker
-    warmer: ThreadPoolExecutor | None  # warms the next commitlog file
     commitlog: CommitLog
     keys: KeyIndex
     queues: QueueTable
@@ -87,9 +85,8 @@ class StoreLoader:
         self.topics.load()
         self.truncations = TruncationLog(paths.truncations)
         self.truncations.load()
-        self.warmer = ThreadPoolExecutor(1, thread_name_prefix="gms-warm", initializer=run_when_idle
-                                         ) if config.warm_next_file else None
-        self.commitlog = CommitLog(paths.commitlog, config.commitlog_file_size_bytes, self.warmer)
+        self.commitlog = CommitLog(paths.commitlog, config.commitlog_file_size_bytes,
+                                   Warmer() if config.warm_next_file else None)
         self.keys = KeyIndex.open(paths.key_index, slot_count=config.key_index_slots,
                                   entries_per_file=config.key_index_entries_per_file)
         self.queues = QueueTable(paths, self.topics, config.cq_entries_per_file)
@@ -124,7 +121,7 @@ class StoreLoader:
         self.truncations.prune(commitlog.min_offset)
         abort.set()
         return LoadedStore(
-            self.paths, self.config, self.topics, self.truncations, abort, self.warmer, commitlog, self.keys,
+            self.paths, self.config, self.topics, self.truncations, abort, commitlog, self.keys,
             self.queues, self.origins, self.producers, self.damage, self.dispatchers, self.last_store_ts_ms,
             checkpoint.cq_safe_offset if checkpoint else commitlog.min_offset, crashed, recovered_damaged)
 

@@ -64,7 +64,7 @@ class MessageStore:
         self.recovered_damaged = loaded.recovered_damaged  # damaged stretches the last recovery found
         self._commitlog, self._queues, self._keys, self._origins = (
             loaded.commitlog, loaded.queues, loaded.keys, loaded.origins)
-        self._abort, self._warmer, self._timers = loaded.abort, loaded.warmer, loaded.dispatchers.timers
+        self._abort, self._timers = loaded.abort, loaded.dispatchers.timers
         self._closed = False
         self._write_lock = threading.Lock()
         # Held while index files are synced (checkpoint) and while they are closed or deleted
@@ -138,8 +138,6 @@ class MessageStore:
             else:
                 log.error("closed without a clean-shutdown marker after a failed flush (%d of %d bytes on "
                           "disk): the next start recovers", flushed, commitlog.committed_pos)
-            if self._warmer is not None:
-                self._warmer.shutdown(wait=True, cancel_futures=True)
             commitlog.close()
             self._queues.close()
             self._keys.close()
