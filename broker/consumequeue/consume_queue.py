@@ -24,7 +24,7 @@ import numpy as np
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import _recordcheck
-from gms.store_errors import StoreError, StoreInvariantBroken
+from gms.store_errors import StoreError, StoreInvariantBroken, StoreIOError
 
 CQ_UNIT = struct.Struct(">qiq")
 SCAN_CHUNK_ENTRIES = 3_276  # entries (64 KiB) read at a time to find a queue's ends on open
@@ -164,9 +164,13 @@ class ConsumeQueue:
             file_end = f.end_offset // CQ_UNIT.size
             end = min(last + 1, file_end)
             first = f.base_offset // CQ_UNIT.size
+            f.allocate_to((end - first) * CQ_UNIT.size)
             # in the file of ``last``, the pages of the next few batches as well (within the file)
             warm = min(file_end, end + count * ZERO_PAGES_AHEAD_BATCHES) if end > last else end
-            f.allocate_to((warm - first) * CQ_UNIT.size)
+            try:
+                f.allocate_to((warm - first) * CQ_UNIT.size)
+            except StoreIOError:  # a full disk: what the batch needs has blocks, the look-ahead waits
+                warm = end
             # Past max_offset a queue's files hold zeros (recovery zeroes what it cuts off).
             f.cache_zero_pages((max(offset, first) - first) * CQ_UNIT.size, (warm - first) * CQ_UNIT.size)
             offset = end

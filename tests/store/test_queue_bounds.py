@@ -17,6 +17,7 @@ from gms.broker.consumequeue.consume_queue import (
 )
 from gms.broker.mapped_file import MappedFile
 from gms.spark_jobs.store_files import QueueIndex
+from gms.store_errors import StoreIOError
 
 ENTRIES_PER_FILE = 4
 
@@ -146,5 +147,27 @@ def test_a_queue_fed_a_message_at_a_time_caches_no_page_ahead(tmp_path, monkeypa
             page_end = -(-(offset + 1) * CQ_DTYPE.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
             assert all(end <= page_end for _, end in calls[before:])
         assert calls  # 600 entries of 20 bytes cross pages
+    finally:
+        cq.close()
+
+
+def test_a_full_disk_refuses_no_batch_for_want_of_room_to_look_ahead(tmp_path, monkeypatch):
+    """Blocks for the pages cached ahead are only an optimisation: a disk with room for the batch
+    but not for them stores the batch (and caches only its own pages)."""
+    cq = ConsumeQueue(tmp_path, 100_000)
+    real = MappedFile.allocate_to
+    room_bytes = 300 * CQ_DTYPE.itemsize  # the first batch of 250 entries fits, its look-ahead not
+
+    def allocate_to(self: MappedFile, end: int) -> None:
+        if end > room_bytes:
+            raise StoreIOError(f"cannot allocate {end} bytes for {self.path}: no space left on device")
+        real(self, end)
+
+    monkeypatch.setattr(MappedFile, "allocate_to", allocate_to)
+    try:
+        _write(cq, 250)
+        assert cq.read(0, 250)["phys"].tolist() == _entries(0, 250)["phys"].tolist()
+        with pytest.raises(StoreIOError):  # the next batch's own entries have no room: refused
+            cq.reserve(250)
     finally:
         cq.close()
