@@ -41,6 +41,7 @@ FIRST_SEND_TIMEOUT_S = 600
 LIVE_TOPIC = "live"
 CONSUME_TIMEOUT_S = 600
 PRODUCE_ROUNDS = 3  # passes of 1 and of N topics, taken in turn (medians)
+PRODUCE_MESSAGES, PRODUCE_MESSAGES_QUICK = 2_000_000, 600_000  # a pass (see scenario_produce)
 CONSUME_ROUNDS = 3  # fresh groups of 1 and of N topics, read in turn (medians)
 
 
@@ -518,16 +519,22 @@ def scenario_queues(quick: bool) -> dict[str, float]:
             etcd.stop()
 
 
-def scenario_produce(quick: bool) -> dict[str, float]:
+def scenario_produce(quick: bool, messages: int | None = None) -> dict[str, float]:
     """``send_async`` of 100 B messages round-robin over 1, 10, 100 and N topics of 4 queues
     (quick: N = 300, full: 1,000) on one gms standalone, each point acknowledged in full (flush),
     back to back in one run: msg/s per point and N topics' rate over one topic's (1 and N topics:
-    the medians of PRODUCE_ROUNDS passes taken in turn)."""
+    the medians of PRODUCE_ROUNDS passes taken in turn).
+
+    A pass sends ``messages`` (quick: 600 k, full: 2 M), so that one lasts about a second: a
+    throughput, not mostly the start and end of a send. Each pass ends with a flush, which sends
+    each topic's last batch part-filled: with 1,000 topics and 400 k messages those were 1,000
+    batches of ~90 messages, a quarter of the pass's messages and of its time, and a one-topic
+    pass lasted 0.17 s. (``--produce-messages 400000`` measures it so.)"""
     from gms.client import Admin, Producer, TopicSpec
 
     many = 300 if quick else 1000
     counts = [1, 10, 100, many]
-    messages = 200_000 if quick else 400_000
+    messages = messages or (PRODUCE_MESSAGES_QUICK if quick else PRODUCE_MESSAGES)
     payload = os.urandom(PAYLOAD)
     rates: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-produce-") as tmp, \
@@ -633,12 +640,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller runs (creation: 300 topics, full: 1,000)")
     parser.add_argument("--topics", type=int, help="the number of topics to create")
     parser.add_argument("--only", choices=["create", *SCENARIOS], help="run only this scenario")
+    parser.add_argument("--produce-messages", type=int, metavar="N",
+                        help="messages a produce pass sends (default 2,000,000; quick 600,000)")
     args = parser.parse_args()
     topics = args.topics or (300 if args.quick else 1000)
     figures = run(topics) if args.only in (None, "create") else {}
     for name, scenario in SCENARIOS.items():
         if args.only in (None, name):
-            figures |= scenario(args.quick)
+            figures |= (scenario_produce(args.quick, args.produce_messages) if scenario is scenario_produce
+                        else scenario(args.quick))
     print(json.dumps(figures), flush=True)
 
 

@@ -4,11 +4,20 @@ on the queue an append left with a reserved file it never wrote."""
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import pytest
 
-from gms.broker.consumequeue.consume_queue import CQ_DTYPE, ConsumeQueue, queue_bounds
+from gms.broker.consumequeue.consume_queue import (
+    CQ_DTYPE,
+    ZERO_PAGES_AHEAD_BATCHES,
+    ConsumeQueue,
+    queue_bounds,
+)
+from gms.broker.mapped_file import MappedFile
 from gms.spark_jobs.store_files import QueueIndex
+from gms.store_errors import StoreIOError
 
 ENTRIES_PER_FILE = 4
 
@@ -93,3 +102,72 @@ def test_a_queue_restarted_inside_a_file_reopens_where_it_was(tmp_path, appended
     finally:
         cq.close()
     assert QueueIndex(tmp_path).read(0, 100)["phys"].tolist() == _entries(6, appended)["phys"].tolist()
+
+
+def _cachings(monkeypatch) -> list[tuple[int, int]]:
+    """The (start, end) of every MappedFile.cache_zero_pages call from now on (each still runs)."""
+    calls: list[tuple[int, int]] = []
+    real = MappedFile.cache_zero_pages
+
+    def cache_zero_pages(self: MappedFile, start: int, end: int) -> None:
+        calls.append((start, end))
+        real(self, start, end)
+
+    monkeypatch.setattr(MappedFile, "cache_zero_pages", cache_zero_pages)
+    return calls
+
+
+def test_a_queue_fed_batches_caches_the_pages_of_its_next_batches_at_once(tmp_path, monkeypatch):
+    """Batches of 250 entries (5,000 bytes) meet a new page at nearly every one; the queue caches
+    the pages of the next few batches with the first, so it writes its file once every few
+    batches, not at each (a file opened and written per queue and batch was a tenth of a
+    thousand-topic send). The entries read back as written."""
+    calls = _cachings(monkeypatch)
+    cq = ConsumeQueue(tmp_path, 100_000)
+    try:
+        for _ in range(40):
+            _write(cq, 250)
+        assert len(calls) <= 40 // max(ZERO_PAGES_AHEAD_BATCHES, 2) + 2  # 40 without the look-ahead
+        assert cq.read(0, 10_000)["phys"].tolist() == _entries(0, 10_000)["phys"].tolist()
+    finally:
+        cq.close()
+    index = QueueIndex(tmp_path)  # the pages cached ahead hold zeros: no entry for Spark either
+    assert (index.min_offset, index.max_offset) == (0, 10_000)
+
+
+def test_a_queue_fed_a_message_at_a_time_caches_no_page_ahead(tmp_path, monkeypatch):
+    """The look-ahead follows the batch size: one entry at a time caches only the page it goes to
+    (a quiet queue among thousands costs no memory for pages it may never use)."""
+    calls = _cachings(monkeypatch)
+    cq = ConsumeQueue(tmp_path, 100_000)
+    try:
+        for offset in range(600):
+            before = len(calls)
+            _write(cq, 1)
+            page_end = -(-(offset + 1) * CQ_DTYPE.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+            assert all(end <= page_end for _, end in calls[before:])
+        assert calls  # 600 entries of 20 bytes cross pages
+    finally:
+        cq.close()
+
+
+def test_a_full_disk_refuses_no_batch_for_want_of_room_to_look_ahead(tmp_path, monkeypatch):
+    """Blocks for the pages cached ahead are only an optimisation: a disk with room for the batch
+    but not for them stores the batch (and caches only its own pages)."""
+    cq = ConsumeQueue(tmp_path, 100_000)
+    real = MappedFile.allocate_to
+    room_bytes = 300 * CQ_DTYPE.itemsize  # the first batch of 250 entries fits, its look-ahead not
+
+    def allocate_to(self: MappedFile, end: int) -> None:
+        if end > room_bytes:
+            raise StoreIOError(f"cannot allocate {end} bytes for {self.path}: no space left on device")
+        real(self, end)
+
+    monkeypatch.setattr(MappedFile, "allocate_to", allocate_to)
+    try:
+        _write(cq, 250)
+        assert cq.read(0, 250)["phys"].tolist() == _entries(0, 250)["phys"].tolist()
+        with pytest.raises(StoreIOError):  # the next batch's own entries have no room: refused
+            cq.reserve(250)
+    finally:
+        cq.close()
