@@ -13,7 +13,7 @@ from typing import Any, Self
 from gms.client._append import PlainFastPath
 from gms.client.accumulator import _Outcome
 from gms.client.aio._loop import running_loop
-from gms.client.producer import BATCH_BYTES, Producer, ProducerRecord, _keyed
+from gms.client.producer import BATCH_BYTES, BUFFER_BYTES_MAX, Producer, ProducerRecord, _keyed
 from gms.client.routing import QueueRoute
 from gms.client.runtime import REQUEST_TIMEOUT_MS, AwaitRequired
 from gms.client.send_results import SendFuture, SendResult
@@ -105,7 +105,7 @@ class AsyncProducer:
         nameserver: Sequence[str] | str | None = None,
         linger_ms: float = 5,
         batch_bytes: int = BATCH_BYTES,
-        buffer_bytes_max: int = 32 * 1024 * 1024,
+        buffer_bytes_max: int = BUFFER_BYTES_MAX,
         acks: int = 1,
         retries: int = 3,
         retry_backoff_ms: float = 100,
