@@ -34,8 +34,11 @@ assert CQ_UNIT.size == CQ_DTYPE.itemsize == 20
 # batch itself: a queue fed batches of a few hundred entries meets a new page at nearly every one,
 # and each caching is a file opened and written (thousands of such queues made it a tenth of a
 # send's time). The look-ahead follows the batch size, so a queue fed a message at a time caches
-# no page early (an empty or quiet queue costs no memory).
+# no page early (an empty or quiet queue costs no memory); and at most ZERO_PAGES_AHEAD_BYTES_MAX
+# ahead, so a batch of a hundred thousand entries (whose own pages are most of the work) does not
+# write megabytes more on the request loop.
 ZERO_PAGES_AHEAD_BATCHES = 3
+ZERO_PAGES_AHEAD_BYTES_MAX = 64 * 1024
 _TAG_HASH = struct.Struct(">q")
 _TAG_HASH_AT = 12  # after the commitlog offset and the size
 assert CQ_UNIT.size == _TAG_HASH_AT + _TAG_HASH.size
@@ -166,7 +169,8 @@ class ConsumeQueue:
             first = f.base_offset // CQ_UNIT.size
             f.allocate_to((end - first) * CQ_UNIT.size)
             # in the file of ``last``, the pages of the next few batches as well (within the file)
-            warm = min(file_end, end + count * ZERO_PAGES_AHEAD_BATCHES) if end > last else end
+            ahead = min(count * ZERO_PAGES_AHEAD_BATCHES, ZERO_PAGES_AHEAD_BYTES_MAX // CQ_UNIT.size)
+            warm = min(file_end, end + ahead) if end > last else end
             try:
                 f.allocate_to((warm - first) * CQ_UNIT.size)
             except StoreIOError:  # a full disk: what the batch needs has blocks, the look-ahead waits

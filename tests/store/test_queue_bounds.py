@@ -171,3 +171,17 @@ def test_a_full_disk_refuses_no_batch_for_want_of_room_to_look_ahead(tmp_path, m
             cq.reserve(250)
     finally:
         cq.close()
+
+
+def test_a_huge_batch_caches_at_most_a_little_ahead(tmp_path, monkeypatch):
+    """A batch of 100,000 entries (2 MB of them) caches its own pages and a few more, not three
+    more batches of its size (6 MB written on the request loop stalled other clients' requests
+    behind it: test_wire_limits' huge batch of tiny records)."""
+    calls = _cachings(monkeypatch)
+    cq = ConsumeQueue(tmp_path, 1_000_000)
+    try:
+        _write(cq, 100_000)
+        own_end = 100_000 * CQ_DTYPE.itemsize
+        assert max(end for _, end in calls) <= own_end + 128 * 1024
+    finally:
+        cq.close()
