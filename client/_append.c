@@ -380,41 +380,47 @@ static PyObject *append_to(AppenderObject *self, PyObject *batch, PyObject *topi
     return future;
 }
 
+/* The message appended to batches[key] (append_to), or NULL: with an exception set on an error,
+ * without one when the caller's Python path must take it (no such batch, or what append_to
+ * leaves to it). */
+static PyObject *append_keyed(AppenderObject *self, PyObject *batches, PyObject *key, PyObject *topic,
+                              PyObject *body, PyObject *tag) {
+    if (self->lock == NULL || batches == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
+        return NULL;
+    }
+    PyObject *batch = PyDict_GetItemWithError(batches, key);
+    return batch == NULL ? NULL : append_to(self, batch, topic, body, tag);
+}
+
 static PyObject *append_plain(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "append_plain takes exactly 3 arguments");
         return NULL;
     }
     PyObject *topic = args[0], *body = args[1], *tag = args[2];
-    if (self->lock == NULL || self->sticky == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
-        return NULL;
-    }
-    PyObject *batch = PyDict_GetItemWithError(self->sticky, topic);
-    if (batch == NULL && PyErr_Occurred()) return NULL;
-    PyObject *future = batch == NULL ? NULL : append_to(self, batch, topic, body, tag);
+    PyObject *future = append_keyed(self, self->sticky, topic, topic, body, tag);
     if (future != NULL || PyErr_Occurred()) return future;
     return PyObject_CallMethodObjArgs((PyObject *)self, str_slow, topic, body, tag, NULL);
 }
 
 PyDoc_STRVAR(append_open_doc,
-"append_open(route, topic, body, tag) -> SendFuture\n\n"
-"Append a message without keys or properties to route's open batch (topic is route's); the\n"
-"Python path (append) takes the messages this cannot (no open batch, buffer full, a new shape).");
+"append_open(route, body, tag) -> SendFuture\n\n"
+"Append a message without keys or properties to route's open batch (route: a QueueRoute, its\n"
+"topic first); the Python path (append) takes the messages this cannot (no open batch, buffer\n"
+"full, a new shape).");
 
 static PyObject *append_open(AppenderObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "append_open takes exactly 4 arguments");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "append_open takes exactly 3 arguments");
         return NULL;
     }
-    PyObject *route = args[0], *topic = args[1], *body = args[2], *tag = args[3];
-    if (self->lock == NULL || self->open == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the accumulator is not initialised");
+    PyObject *route = args[0], *body = args[1], *tag = args[2];
+    if (!PyTuple_Check(route) || PyTuple_GET_SIZE(route) == 0) {
+        PyErr_SetString(PyExc_TypeError, "append_open's route is a QueueRoute");
         return NULL;
     }
-    PyObject *batch = PyDict_GetItemWithError(self->open, route);
-    if (batch == NULL && PyErr_Occurred()) return NULL;
-    PyObject *future = batch == NULL ? NULL : append_to(self, batch, topic, body, tag);
+    PyObject *future = append_keyed(self, self->open, route, PyTuple_GET_ITEM(route, 0), body, tag);
     if (future != NULL || PyErr_Occurred()) return future;
     return PyObject_CallMethodObjArgs((PyObject *)self, str_append, route, body, tag, empty_tuple, Py_None, NULL);
 }

@@ -489,7 +489,7 @@ class Producer:
                        delay_ms: int | None, delay_level: int | None) -> SendFuture:
         if deliver_at is None and delay_ms is None and delay_level is None:  # as most are
             if not keys and not properties:  # queue= alone (a key= is stored as a key or property): C
-                return self._accumulator.append_open(route, route.topic, body, tag)
+                return self._accumulator.append_open(route, body, tag)
             return self._accumulator.append(route, body, tag, keys, properties)
         return self._accumulator.append(route, body, tag, keys,
                                         *_scheduled(properties, deliver_at, delay_ms, delay_level))

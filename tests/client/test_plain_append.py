@@ -124,7 +124,7 @@ def test_routed_appends_take_the_fast_path_and_write_the_reference_bytes():
             return original(*args, **kwargs)
         acc.append = counting  # type: ignore[method-assign]
         messages = [(b"a" * 40, "A")] * 50 + [(b"b" * 41, None)] * 50
-        futures = [acc.append_open(route, "t", body, tag) for body, tag in messages]
+        futures = [acc.append_open(route, body, tag) for body, tag in messages]
         assert len(python_calls) == 2  # the batch opened, then a second shape packed
         batch = acc._open[route]
         expected = b"".join(encode_record(topic="t", body=b, tag=g, queue_id=2, born_ts_ms=batch.born_ts_ms)
