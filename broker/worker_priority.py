@@ -1,11 +1,13 @@
 """The compaction worker's first step (:mod:`gms.broker.clean_worker`), before it imports
 anything else: its start-up (the interpreter's, numpy's and the record modules' imports, a
 seventh of a second of CPU) would otherwise run at the broker's own priority, on a core the
-broker's request loop and its clients may want. And the way back for the broker's stop
+broker's request loop and its clients may want. Also a thread's idle priority
+(:func:`run_when_idle`, the commitlog warmer's) and the way back for the broker's stop
 (:func:`restore_priority`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -36,6 +38,16 @@ def lower_priority(parent_pid: int) -> None:
         log.warning("compaction worker: SCHED_IDLE refused (%s): running at nice %d", err, WORKER_NICE)
     if (number := _IOPRIO_SET.get(platform.machine())) is not None:
         ctypes.CDLL(None).syscall(number, 1, 0, _IOPRIO_BEST_EFFORT_LOWEST)  # IOPRIO_WHO_PROCESS, this process
+
+
+def run_when_idle(thread_id: int) -> None:
+    """Run a thread of this process only on an otherwise idle CPU (SCHED_IDLE; else at the
+    lowest nice value)."""
+    try:
+        os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, thread_id, WORKER_NICE)
 
 
 def restore_priority(thread_ids: Iterable[int]) -> None:

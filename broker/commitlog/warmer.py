@@ -19,14 +19,12 @@ busy process on the broker's core. So:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 
-from gms.broker.worker_priority import restore_priority
+from gms.broker.worker_priority import restore_priority, run_when_idle
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class Warmer:
                 thread = self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 thread.start()
                 if thread.native_id is not None:  # lowered from here: it may not run for a while
-                    _run_when_idle(thread.native_id)
+                    run_when_idle(thread.native_id)
 
     def close(self) -> None:
         """Drop the jobs not started, and let the one under way finish at the normal priority
@@ -88,12 +86,3 @@ class Warmer:
             except Exception as err:  # noqa: BLE001 - an optimisation: the writer creates what it needs itself
                 log.warning("warming a commitlog file failed: %s", err)
 
-
-def _run_when_idle(thread_id: int) -> None:
-    """Run a thread of this process only on an otherwise idle CPU (SCHED_IDLE; else at the
-    lowest nice value)."""
-    try:
-        os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, thread_id, 19)

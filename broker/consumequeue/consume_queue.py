@@ -162,6 +162,7 @@ class ConsumeQueue:
                      else self.max_offset - self.max_offset % self.entries_per_file)
             self._add_file(start)
         offset, files = self.max_offset, self.files
+        ahead = min(count * ZERO_PAGES_AHEAD_BATCHES, ZERO_PAGES_AHEAD_BYTES_MAX // CQ_UNIT.size)
         while offset <= last:
             f = self._file(offset, files)
             file_end = f.end_offset // CQ_UNIT.size
@@ -169,7 +170,6 @@ class ConsumeQueue:
             first = f.base_offset // CQ_UNIT.size
             f.allocate_to((end - first) * CQ_UNIT.size)
             # in the file of ``last``, the pages of the next few batches as well (within the file)
-            ahead = min(count * ZERO_PAGES_AHEAD_BATCHES, ZERO_PAGES_AHEAD_BYTES_MAX // CQ_UNIT.size)
             warm = min(file_end, end + ahead) if end > last else end
             try:
                 f.allocate_to((warm - first) * CQ_UNIT.size)
