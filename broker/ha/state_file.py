@@ -103,13 +103,17 @@ class ReplicationStateFile:
                 return
             for (epochs, hws, removed), _ in batch:
                 self._merge(epochs, hws, removed)
+            # A waiter cancelled (a task cancelled by a stop) gave its future up, not its changes:
+            # those are written, and only the futures still wanted are resolved (setting a
+            # cancelled one raised here and ended this thread, and every later save waited forever).
+            wanted = [future for _, future in batch if future.set_running_or_notify_cancel()]
             try:
                 self._write()
             except OSError as err:  # kept: the next write carries these changes too
-                for _, future in batch:
+                for future in wanted:
                     future.set_exception(err)
             else:
-                for _, future in batch:
+                for future in wanted:
                     future.set_result(None)
 
     def _merge(self, epochs: dict[QueueKey, list[list[int]]], hws: dict[QueueKey, int],

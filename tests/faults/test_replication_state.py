@@ -56,3 +56,31 @@ def test_a_checkpoint_in_flight_never_overwrites_a_newer_epoch_history(tmp_path,
 
     asyncio.run(main())
     assert state.load()[0][("t", 0)].to_list() == [[1, 5]]
+
+
+def test_a_save_whose_waiter_gave_up_is_written_and_later_saves_still_resolve(tmp_path):
+    """A save's future cancelled before its write (the task awaiting it cancelled by a broker's
+    stop) must neither end the writer thread nor lose its changes: the writer once raised
+    InvalidStateError setting it, and every later save then waited forever (a CI run's broker
+    took more than 15 s to stop)."""
+    state = ReplicationStateFile(tmp_path / "replication.json")
+    state.load()
+    gate = threading.Event()
+    real_write = state._write
+
+    def gated_write() -> None:
+        gate.wait(10)
+        real_write()
+
+    state._write = gated_write  # type: ignore[method-assign]  # holds the first write until cancelled
+    first = state.save({}, {("t", 0): 5})
+    time.sleep(0.1)  # the writer took ``first`` and waits at the gate
+    given_up = state.save({}, {("t", 1): 7})
+    assert given_up.cancel()
+    gate.set()
+    first.result(10)
+    later = state.save({}, {("t", 2): 9})
+    later.result(10)
+    state.close()
+    _, hws = ReplicationStateFile(tmp_path / "replication.json").load()
+    assert hws == {("t", 0): 5, ("t", 1): 7, ("t", 2): 9}
