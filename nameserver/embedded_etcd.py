@@ -61,6 +61,10 @@ PORT_FREE_WAIT_S = 5.0
 # The embedded etcd is a single member: peers never connect from elsewhere, so the peer URL
 # stays on loopback and never changes with the client interface.
 PEER_HOST = "127.0.0.1"
+# A port picked free can be taken by another process before etcd binds it (tests and hosts that
+# start many servers at once); etcd then exits saying so, and start picks new ports this often.
+FRESH_PORT_ATTEMPTS = 5
+PORT_TAKEN_LOG_LINE = b"bind: address already in use"
 # etcd insists on these names for its all-powerful user and role.
 ROOT_USER = "root"
 ROOT_ROLE = "root"
@@ -143,6 +147,10 @@ def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
             return False
         time.sleep(HEALTH_POLL_S)
     return True
+
+
+class _PortTaken(EmbeddedEtcdError):
+    """etcd exited during start-up because a port it was to listen on is in use."""
 
 
 class EmbeddedEtcd:
@@ -232,7 +240,22 @@ class EmbeddedEtcd:
         # and a data dir made by an older version is tightened.
         make_private_dir(self.data_dir)
         tighten_tree(self.data_dir)
-        self._choose_ports()
+        given = (self._client_port, self._peer_port)
+        attempt = 1
+        while True:
+            picked = self._choose_ports()
+            try:
+                self._launch(binary)
+                return self
+            except _PortTaken:
+                # A port picked just now was taken by another process before etcd bound it.
+                if not picked or attempt >= FRESH_PORT_ATTEMPTS:
+                    raise
+            attempt += 1
+            self._client_port, self._peer_port = given
+            self.ports_file.unlink(missing_ok=True)
+
+    def _launch(self, binary: Path) -> None:
         peer_url = f"http://{PEER_HOST}:{self._peer_port}"
         args = [
             str(binary),
@@ -253,6 +276,7 @@ class EmbeddedEtcd:
         if self.auth_token_ttl_s:
             args.append(f"--auth-token-ttl={self.auth_token_ttl_s}")
         with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
+            log_start = os.fstat(log.fileno()).st_size
             self._proc = subprocess.Popen(
                 dying_with_parent(args),
                 stdin=subprocess.DEVNULL,
@@ -262,27 +286,29 @@ class EmbeddedEtcd:
                 close_fds=True,
             )
         try:
-            self._wait_healthy()
+            self._wait_healthy(log_start)
             if self.auth is not None:
                 self._set_up_auth(self.auth)
         except BaseException:
             self.stop()
             raise
-        return self
 
     def endpoint_for(self, host: str) -> str:
         return join_address(host, self._client_port)
 
-    def _choose_ports(self) -> None:
-        """Explicit ports, else the remembered ones, else free ones; remember what is used."""
+    def _choose_ports(self) -> bool:
+        """Explicit ports, else the remembered ones, else free ones; remember what is used.
+        True when a port was picked just now (another process may still take it first)."""
         saved = json.loads(self.ports_file.read_text()) if self.ports_file.exists() else {}
-        self._client_port = self._client_port or int(saved.get("client_port") or free_port(self.host))
-        self._peer_port = self._peer_port or int(
-            saved.get("peer_port") or free_port(PEER_HOST, avoid=self._client_port)
-        )
-        for what, host, port in (("client", self.host, self._client_port), ("peer", PEER_HOST, self._peer_port)):
+        self._client_port = self._client_port or int(saved.get("client_port") or 0)
+        self._peer_port = self._peer_port or int(saved.get("peer_port") or 0)
+        held = [("client", self.host, self._client_port), ("peer", PEER_HOST, self._peer_port)]
+        picked = not (self._client_port and self._peer_port)
+        self._client_port = self._client_port or free_port(self.host)
+        self._peer_port = self._peer_port or free_port(PEER_HOST, avoid=self._client_port)
+        for what, host, port in held:
             # Another etcd on our port would answer our health check; refuse up front.
-            if not wait_port_free(host, port, PORT_FREE_WAIT_S):
+            if port and not wait_port_free(host, port, PORT_FREE_WAIT_S):
                 raise EmbeddedEtcdError(
                     f"etcd {what} port {join_address(host, port)} is already in use. Stop the process"
                     f" holding it, or delete {self.ports_file} to let etcd pick new ports (brokers"
@@ -290,6 +316,7 @@ class EmbeddedEtcd:
                 )
         ports = {"client_port": self._client_port, "peer_port": self._peer_port}
         write_private(self.ports_file, json.dumps(ports).encode())
+        return picked
 
     def _set_up_auth(self, auth: EmbeddedEtcdAuth) -> None:
         """Users, role and auth on, as root (module docstring). Over TLS this connects by the
@@ -320,7 +347,9 @@ class EmbeddedEtcd:
         context.check_hostname = False
         return context
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, log_start: int) -> None:
+        """Until etcd answers healthy; :class:`_PortTaken` if it exits unable to bind a port
+        (its log since ``log_start`` says so)."""
         assert self._proc is not None
         url = f"{self.scheme}://{self.endpoint_for(self._local_host())}/health"
         context = self._health_context()
@@ -328,7 +357,8 @@ class EmbeddedEtcd:
         last_error = "no answer yet"
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise EmbeddedEtcdError(
+                error = _PortTaken if PORT_TAKEN_LOG_LINE in self._log_since(log_start) else EmbeddedEtcdError
+                raise error(
                     f"etcd exited with code {self._proc.returncode} during start-up;"
                     f" log tail:\n{self.log_tail()}"
                 )
@@ -355,6 +385,14 @@ class EmbeddedEtcd:
             raise EmbeddedEtcdError(
                 f"etcd exited with code {self._proc.returncode}; log tail:\n{self.log_tail()}"
             )
+
+    def _log_since(self, offset: int) -> bytes:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read()
+        except OSError:
+            return b""
 
     def log_tail(self) -> str:
         try:

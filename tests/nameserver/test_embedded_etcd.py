@@ -69,6 +69,27 @@ def test_remembered_port_taken_is_a_clear_error(tmp_path, monkeypatch):
         EmbeddedEtcd(tmp_path / "b").start()
 
 
+def test_a_picked_port_taken_before_etcd_binds_it_is_picked_again(tmp_path, monkeypatch):
+    """Another process can bind a port between our pick and etcd's bind (CI saw a peer port go
+    that way); start picks again instead of failing."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        real_free_port = embedded_etcd.free_port
+        monkeypatch.setattr(
+            embedded_etcd, "free_port", lambda host, avoid=0: next(picks, None) or real_free_port(host, avoid)
+        )
+        with EmbeddedEtcd(tmp_path) as etcd:
+            port = int(etcd.endpoint.rpartition(":")[2])
+            assert port != taken
+            with EtcdClient(etcd.endpoint) as client:
+                client.put("/k", b"v")
+        assert b"address already in use" in (tmp_path / "etcd.log").read_bytes()  # the first try failed
+        assert str(taken) not in (tmp_path / "ports.json").read_text()
+
+
 def test_serves_and_advertises_the_given_host(tmp_path):
     with EmbeddedEtcd(tmp_path, host="127.0.0.2") as etcd:
         host, _, port = etcd.endpoint.rpartition(":")
