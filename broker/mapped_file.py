@@ -41,7 +41,8 @@ FILE_NAME_DIGITS = 20
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's number; Python 3.11 does not name it
 
 
-def _libc(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
+def libc_function(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
+    """libc's ``name`` through ctypes (which lets go of the GIL for the call); None if missing."""
     try:
         function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
@@ -51,11 +52,11 @@ def _libc(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
     return cast(Callable[..., int], function)
 
 
-_madvise = _libc("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
-_fstatfs = _libc("fstatfs", (ctypes.c_int, ctypes.c_void_p))
+_madvise = libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+_fstatfs = libc_function("fstatfs", (ctypes.c_int, ctypes.c_void_p))
 TMPFS_MAGIC = 0x01021994  # statfs's f_type of tmpfs (linux/magic.h)
 _STATFS_BYTES = 256  # more than struct statfs takes; its first field is f_type (a C long)
-_mincore = _libc("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
+_mincore = libc_function("mincore", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
 WARM_CHUNK_BYTES = 4 << 20  # read in slices so a close or a delete is never held up long
 WARM_PAUSE_S = 0.02  # how long warming waits before it asks again whether it may go on
 # A file's allocated stretch grows by an eighth of what it has, at least and at most these: at
@@ -179,12 +180,15 @@ class MappedFile:
         "base_offset",
         "closed",
         "deleted",
+        "device",
         "path",
         "size_bytes",
     )
 
-    def __init__(self, path: Path, base_offset: int, size_bytes: int, mm: mmap.mmap, allocated: int) -> None:
+    def __init__(self, path: Path, base_offset: int, size_bytes: int, mm: mmap.mmap, allocated: int,
+                 device: int) -> None:
         self.path = path
+        self.device = device  # st_dev: the filesystem it is on (FilesystemSync)
         self.base_offset = base_offset
         self.size_bytes = size_bytes
         self.allocated = allocated  # [0, allocated) is known to have blocks (see allocate_to)
@@ -211,6 +215,7 @@ class MappedFile:
         allocate = size_bytes
         try:
             try:
+                device = os.fstat(fd).st_dev
                 if allocate_bytes is not None and not _faults_in_holes(fd):
                     allocate = min(allocate_bytes, size_bytes)
                 if allocate:
@@ -226,7 +231,7 @@ class MappedFile:
                 mm.close()
             path.unlink(missing_ok=True)
             raise StoreIOError(f"cannot allocate {allocate} bytes for {path}: {err}") from err
-        return cls(path, base_offset, size_bytes, mm, allocate)
+        return cls(path, base_offset, size_bytes, mm, allocate, device)
 
     @classmethod
     def open(cls, path: Path, base_offset: int, size_bytes: int) -> MappedFile:
@@ -237,7 +242,8 @@ class MappedFile:
         except OSError as err:
             raise StoreIOError(f"cannot open {path}: {err}") from err
         try:
-            actual = os.fstat(fd).st_size
+            stat = os.fstat(fd)
+            actual, device = stat.st_size, stat.st_dev
             if actual > size_bytes:  # never cut a file down: that would drop data
                 raise OSError(f"it is {actual} bytes, more than the {size_bytes} configured")
             allocated = size_bytes if _faults_in_holes(fd) else 0
@@ -250,7 +256,7 @@ class MappedFile:
             raise StoreIOError(f"cannot map {path}: {err}") from err
         finally:
             os.close(fd)
-        return cls(path, base_offset, size_bytes, mm, allocated)
+        return cls(path, base_offset, size_bytes, mm, allocated, device)
 
     def allocate_to(self, end: int) -> None:
         """Give [0, ``end``) blocks before anything is written there (a write through the map to

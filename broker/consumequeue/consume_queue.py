@@ -258,11 +258,13 @@ class ConsumeQueue:
         # the raw entries (pick_tags) take them as stored.
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def flush(self, least_entries: int = 0) -> int | None:
+    def flush(self, least_entries: int = 0, deferred: list[MappedFile] | None = None) -> int | None:
         """fdatasync the files written since the last flush (and close the deleted files readers
         have released: this runs at every checkpoint), unless fewer than ``least_entries`` were
         written since: then None if nothing waits, else the commitlog position of the first entry
-        left unflushed (recovery must re-read the commitlog from there)."""
+        left unflushed (recovery must re-read the commitlog from there). With ``deferred`` the
+        files are added to it instead, and count as synced: the caller syncs them (many at once,
+        FilesystemSync) before anything relies on them, and a failed sync fails the store."""
         self._segments.close_released()
         end = self.max_offset
         if end == self._flushed_offset:
@@ -276,7 +278,10 @@ class ConsumeQueue:
         for f in files:
             lo, hi = f.base_offset // CQ_UNIT.size, f.end_offset // CQ_UNIT.size
             if hi > first and lo < end:
-                f.flush()
+                if deferred is None:
+                    f.flush()
+                else:
+                    deferred.append(f)
         self._flushed_offset = end
         return None
 

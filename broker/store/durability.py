@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 from gms.broker.commitlog.commitlog import RESIDENT_TAIL_BYTES, CommitLog
 from gms.broker.commitlog.flush import FlushService
+from gms.broker.filesystem_sync import FilesystemSync
 from gms.broker.keyindex import KeyIndex
+from gms.broker.mapped_file import MappedFile
 from gms.broker.store.checkpoint import Checkpoint, write_checkpoint
 from gms.broker.store.health import fsync_fault_file
 from gms.broker.store.origins import OriginMap
@@ -49,10 +51,15 @@ class Durability:
         self._last_checkpoint_ms = int(time.time() * 1000)
         self._last_thorough_checkpoint_ms = self._last_checkpoint_ms
         self._fsync_fault = fsync_fault_file()  # tests only: see store.health.FSYNC_FAULT_ENV
+        self._queue_files_sync = FilesystemSync.open(paths.root)
         self.flusher = FlushService(config, self._flush_all, lambda: commitlog.committed_pos, commitlog.committed_pos)
 
     def start(self) -> None:
         self.flusher.start()
+
+    def close(self) -> None:
+        """After the last checkpoint."""
+        self._queue_files_sync.close()
 
     def _flush_all(self) -> int:
         """The flush thread's flush: the commitlog, and every ``checkpoint_interval_ms`` the
@@ -88,11 +95,13 @@ class Durability:
                                 >= CQ_FLUSH_THOROUGH_CHECKPOINTS * self._config.checkpoint_interval_ms)
         least = 0 if thorough else CQ_FLUSH_LEAST_ENTRIES
         safe = end
+        files: list[MappedFile] = []
         with self._index_lock:
             for cq in self._queues.snapshot().values():
-                unsynced = cq.flush(least)
+                unsynced = cq.flush(least, files)
                 if unsynced is not None:
                     safe = min(safe, unsynced)
+            self._queue_files_sync.sync(files)  # thousands of queues: one syncfs, not an fdatasync each
             self._keys.flush()
             self._origins.sync()
         self._queues.dir_syncs.sync()  # after the queues' ends were read: their directories are named

@@ -138,6 +138,7 @@ class MessageStore:
             else:
                 log.error("closed without a clean-shutdown marker after a failed flush (%d of %d bytes on "
                           "disk): the next start recovers", flushed, commitlog.committed_pos)
+            self._durability.close()
             commitlog.close()
             self._queues.close()
             self._keys.close()

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_helpers import batch, small_config
+from store_helpers import batch, mapped_kib, small_config
 
 from gms.broker.store import GetStatus, MessageStore
 from gms.broker.store.checkpoint import read_checkpoint
@@ -17,19 +17,6 @@ from gms.broker.store.paths import ABORT_FILE, CHECKPOINT_FILE
 TOPICS = 60
 QUEUES = 4
 CQ_ENTRIES = 300_000  # the default: 6 MB files, mostly holes, far larger than the kernel's fault-around
-
-
-def mapped_kib(under: Path) -> int:
-    """Resident KiB of this process's mappings of files under ``under`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            fields = line.split()
-            if fields and "-" in fields[0] and not fields[0].endswith(":"):
-                inside = len(fields) > 5 and fields[5].startswith(str(under))
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
 
 
 def fill(store: MessageStore, queues: list[tuple[str, int]], start: int = 0) -> None:
