@@ -1,4 +1,3 @@
-import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol, Self
 
@@ -32,10 +31,19 @@ class SendFuture:
 
 def set_await_hook(fn: Callable[[SendFuture], Generator[Any, None, SendResult]], /) -> None: ...
 
+class GilMutex:
+    """A non-reentrant lock whose state the GIL guards: threading.Lock's interface (C)."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *args: object) -> None: ...
+
 class AppenderBase:
     """The accumulator's state that append_plain reads, and append_plain itself (C)."""
 
-    _lock: threading.Lock
+    _lock: GilMutex
     _sticky: dict[str, Any]
     _open: dict[Any, Any]
     _buffered_bytes: int

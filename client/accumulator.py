@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import cast
 
-from gms.client._append import AppenderBase
+from gms.client._append import AppenderBase, GilMutex
 from gms.client.routing import QueueRoute
 from gms.client.send_results import SendFuture, SendResult
 from gms.client.sender import FIRST_ANSWER
@@ -186,8 +186,8 @@ class Accumulator(AppenderBase):
         self._batch_bytes = batch_bytes
         self._buffer_bytes_max = buffer_bytes_max
         self._body_size_max = encoder.body_size_max_bytes
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
+        self._lock = GilMutex()  # taken per message by the C path: no atomics, no method calls
+        self._space = threading.Condition(self._lock)  # type: ignore[arg-type]
         self._open: dict[QueueRoute, _OpenBatch] = {}
         self._sticky: dict[str, _OpenBatch] = {}  # topic -> the open batch its plain messages fill
         self._buffered_bytes = 0
