@@ -34,10 +34,10 @@ from prometheus_client.registry import Collector
 
 from gms.broker.commitlog.commitlog import CommitLog
 from gms.broker.commitlog.flush import FlushListener, FlushService
-from gms.broker.mapped_file import tree_disk_bytes
 from gms.broker.store.appends import StoreWriter
 from gms.broker.store.cleaner import Cleaner
 from gms.broker.store.compacted import CompactedLogs
+from gms.broker.store.disk_usage import DiskUsage
 from gms.broker.store.durability import Durability
 from gms.broker.store.health import StoreHealth
 from gms.broker.store.loader import StoreLoader
@@ -66,6 +66,7 @@ class MessageStore:
             loaded.commitlog, loaded.queues, loaded.keys, loaded.origins)
         self._abort, self._timers = loaded.abort, loaded.dispatchers.timers
         self._closed = False
+        self._disk_usage = DiskUsage(self.paths.root)
         self._write_lock = threading.Lock()
         # Held while index files are synced (checkpoint) and while they are closed or deleted
         # (topic delete, queue truncation, retention), so a sync never meets a closed file.
@@ -216,7 +217,7 @@ class MessageStore:
 
     def stats(self) -> StoreStats:
         commitlog = self._cl()
-        return StoreStats(commitlog.min_offset, commitlog.committed_pos, tree_disk_bytes(self.paths.root))
+        return StoreStats(commitlog.min_offset, commitlog.committed_pos, self._disk_usage.bytes())
 
     def metric_collectors(self) -> list[Collector]:
         """The store's own metrics (flush latency and errors, retention deletions), for a registry."""
