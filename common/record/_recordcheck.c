@@ -428,6 +428,59 @@ release_src:
     return result;
 }
 
+PyDoc_STRVAR(row_runs_doc,
+"row_runs(buf, starts, lengths) -> bytes\n\n"
+"Where each run of equal rows begins (native int64 row indexes, the first is 0): row i is\n"
+"buf[starts[i]:starts[i] + lengths[i]], and a run goes on while a row holds the bytes of the one\n"
+"before it. A send of a thousand topics holds each queue's batch in a row: grouping its records\n"
+"by topic compares each record's name with the one before, not every record with every other.");
+
+static PyObject *row_runs(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *starts_obj, *lengths_obj;
+    if (!PyArg_ParseTuple(args, "OOO:row_runs", &buf_obj, &starts_obj, &lengths_obj)) return NULL;
+    Py_buffer buf, starts_view, lengths_view;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = get_int64s(starts_obj, &starts_view, "starts");
+    if (n < 0) goto release_buf;
+    if (get_int64s(lengths_obj, &lengths_view, "lengths") != n) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "starts and lengths differ in length");
+            PyBuffer_Release(&lengths_view);
+        }
+        goto release_starts;
+    }
+    const int64_t *starts = starts_view.buf, *lengths = lengths_view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (starts[i] < 0 || lengths[i] < 0 || lengths[i] > (int64_t)buf.len - starts[i]) {
+            PyErr_Format(PyExc_ValueError, "row %zd ([%lld, +%lld)) is outside the buffer", i,
+                         (long long)starts[i], (long long)lengths[i]);
+            goto release_lengths;
+        }
+    }
+    Py_ssize_t runs = 0;
+    int64_t *heads = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (heads == NULL) {
+        PyErr_NoMemory();
+        goto release_lengths;
+    }
+    const uint8_t *base = buf.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i == 0 || lengths[i] != lengths[i - 1]
+            || memcmp(base + starts[i], base + starts[i - 1], (size_t)lengths[i]) != 0)
+            heads[runs++] = i;
+    }
+    out = PyBytes_FromStringAndSize((const char *)heads, runs * (Py_ssize_t)sizeof(int64_t));
+    PyMem_Free(heads);
+release_lengths:
+    PyBuffer_Release(&lengths_view);
+release_starts:
+    PyBuffer_Release(&starts_view);
+release_buf:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 PyDoc_STRVAR(slices_doc,
 "slices(view, starts, sizes) -> list[memoryview]\n\n"
 "view[starts[i]:starts[i] + sizes[i]] for every i (zero-copy records of a mapped file).");
@@ -826,6 +879,7 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
+    {"row_runs", row_runs, METH_VARARGS, row_runs_doc},
     {"gather", gather, METH_VARARGS, gather_doc},
     {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
     {"property_values", property_values, METH_VARARGS, property_values_doc},

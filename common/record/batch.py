@@ -16,6 +16,7 @@ from gms.record import (
     HEADER_DTYPE,
     HEADER_SIZE,
     RecordCheck,
+    _recordcheck,
     batch_headers,
     gather_rows,
     read_headers,
@@ -48,39 +49,39 @@ class ParsedRecords(NamedTuple):
         return index_tag_hashes(self.headers)
 
 
-def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                keys: np.ndarray | None = None, *, alike: bool = False) -> tuple[list[bytes], np.ndarray]:
+def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, *,
+                alike: bool = False) -> tuple[list[bytes], np.ndarray]:
     """Distinct byte strings ``arr[offsets[i]:offsets[i]+lengths[i]]`` and each one's index.
 
-    ``keys`` (e.g. the records' tag hashes) proposes the grouping, which is then verified row by
-    row; without keys, or if the proposal is wrong, rows are grouped by sorting the bytes.
-    ``alike``: every row is known to hold the first one's bytes (:func:`batch_headers` said so)."""
+    Rows are compared with the row before (C, ``row_runs``), and only the first row of each run
+    of equal rows is sorted: a send of many topics holds each queue's batch in a row (a thousand
+    topics' batches: a thousand runs of a few hundred rows each). ``alike``: every row is known
+    to hold the first one's bytes (:func:`batch_headers` said so)."""
     n = len(offsets)
     if alike and n:
         at = int(offsets[0])
         return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
-    width = int(lengths.max()) if n else 0
-    if width == 0:
-        return [b""], np.zeros(n, np.intp)
-    mat = gather_rows(arr, offsets, width)
-    if not (lengths == width).all():
-        mat[np.arange(width) >= lengths[:, None]] = 0
-    if (mat == mat[0]).all():
-        return [mat[0].tobytes()], np.zeros(n, np.intp)
-    if keys is not None:
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
-        if (mat == mat[first][inverse]).all() and (lengths == lengths[first][inverse]).all():
-            return [mat[i, : lengths[i]].tobytes() for i in first], inverse
-    key = np.empty((n, width + 1), np.uint8)
-    key[:, 0] = lengths
-    key[:, 1:] = mat
-    # Sorted once per run of equal rows, not per row: a send of many topics holds each queue's
-    # batch in a row (a thousand topics' batches: a thousand runs of a few hundred rows each).
-    heads = np.flatnonzero(np.concatenate(([True], (key[1:] != key[:-1]).any(axis=1))))
-    _, first, inverse = np.unique(key[heads].view(f"V{width + 1}").ravel(), return_index=True, return_inverse=True)
+    if n == 0:
+        return [b""], np.zeros(0, np.intp)
+    offsets = offsets.astype(np.int64, copy=False)
+    lengths = lengths.astype(np.int64)
+    try:
+        heads = np.frombuffer(_recordcheck.row_runs(arr, offsets, lengths), np.int64)
+    except ValueError as err:  # a length past the batch's end: the record's own checks say which
+        raise CorruptRecord(int(offsets[0]), f"a record's name runs past the end of the batch: {err}") from err
+    if len(heads) == 1:
+        at = int(offsets[0])
+        return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
+    head_lengths = lengths[heads]
+    width = int(head_lengths.max())
+    key = np.zeros((len(heads), width + 1), np.uint8)
+    key[:, 0] = head_lengths  # names are at most 255 bytes (TOPIC_NAME_BYTES_MAX, a tag's u8 length)
+    if width:
+        key[:, 1:] = gather_rows(arr, offsets[heads], width)
+        key[:, 1:][np.arange(width) >= head_lengths[:, None]] = 0
+    _, first, inverse = np.unique(key.view(f"V{width + 1}").ravel(), return_index=True, return_inverse=True)
     run_of = np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))
-    return [mat[i, : lengths[i]].tobytes() for i in heads[first]], inverse.ravel()[run_of]
+    return [key[i, 1: 1 + head_lengths[i]].tobytes() for i in first], inverse.ravel()[run_of]
 
 
 @lru_cache(maxsize=_NAMES_CACHED_MAX)
@@ -230,7 +231,7 @@ def _check_tag_hashes(arr: np.ndarray, parsed: ParsedRecords, *, one_tag: bool =
     ``one_tag``: every record is known to carry the first one's tag bytes."""
     headers = parsed.headers
     tags, tag_index = group_bytes(arr, parsed.starts + HEADER_SIZE + headers["topic_len"], headers["tag_len"],
-                                  headers["tag_hash"], alike=one_tag)
+                                  alike=one_tag)
     try:
         expected = np.array([_tag_hash_of(t) for t in tags], np.int64)
     except UnicodeDecodeError as err:

@@ -215,3 +215,32 @@ def test_batch_seals_small_bodies_copied_and_large_ones_kept_in_order(lengths, d
     assert batch.seal(start, stop) == expected[start:stop]
     with pytest.raises(ValueError):
         batch.seal(0, len(expected) + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"", b"a", b"ab", b"abc", b"b", b"ba", b"orders", b"ordert"]), max_size=60),
+       st.integers(0, 8))
+def test_group_bytes_groups_rows_by_their_bytes_whatever_their_order(names, gap):
+    """Runs of equal rows (a send of many topics' batches) and rows in any order group alike:
+    one entry per distinct name, each row indexing its own."""
+    from gms.record.batch import group_bytes
+
+    buf, offsets = bytearray(), []
+    for name in names:
+        buf += b"\xff" * gap  # bytes between the rows that must not count
+        offsets.append(len(buf))
+        buf += name
+    arr = np.frombuffer(bytes(buf) or b"\0", np.uint8)
+    lengths = np.array([len(name) for name in names], np.uint8)
+    distinct, index = group_bytes(arr, np.array(offsets, np.int64), lengths)
+    assert [distinct[i] for i in index] == names
+    assert len(distinct) == len(set(distinct)) and (not names or set(distinct) == set(names))
+
+
+def test_group_bytes_refuses_a_row_past_the_end_as_a_corrupt_record():
+    from gms.record.batch import group_bytes
+    from gms.store_errors import CorruptRecord
+
+    arr = np.frombuffer(b"abcabc", np.uint8)
+    with pytest.raises(CorruptRecord, match="past the end"):
+        group_bytes(arr, np.array([0, 3], np.int64), np.array([3, 4], np.uint8))
