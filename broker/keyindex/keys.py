@@ -92,6 +92,8 @@ def batch_keys(arr: np.ndarray, starts: np.ndarray, headers: np.ndarray, topics:
     """The keys of the records at ``starts`` of ``arr`` (uint8) whose ``headers`` (HEADER_DTYPE)
     are checked; ``topics[topic_index[i]]`` is record i's topic. A record whose keys field would
     reach past its end (a damaged header recovery keeps) gives none."""
+    if not headers["keys_len"].any():  # as in most sends: one pass instead of the offsets' arithmetic
+        return _NO_KEYS
     lens = headers["keys_len"].astype(np.int64)
     keys_at = (starts + HEADER_SIZE + headers["topic_len"].astype(np.int64) + headers["tag_len"]
                + headers["born_host_len"])
