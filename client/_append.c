@@ -339,6 +339,10 @@ static PyObject *gil_mutex_acquire(GilMutexObject *self, PyObject *args, PyObjec
         PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
         return NULL;
     }
+    if (timeout > (double)PY_TIMEOUT_MAX / 1e6) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return NULL;
+    }
     return PyBool_FromLong(gil_mutex_take(self, blocking ? timeout : 0));
 }
 

@@ -26,6 +26,8 @@ def test_it_behaves_as_a_lock():
         mutex.acquire(False, 1.0)
     with pytest.raises(ValueError):
         mutex.acquire(timeout=-2)
+    with pytest.raises(OverflowError):  # as threading.Lock: past threading.TIMEOUT_MAX
+        mutex.acquire(timeout=threading.TIMEOUT_MAX * 2)
     with mutex:
         assert mutex.locked()
     assert not mutex.locked()
