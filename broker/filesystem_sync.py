@@ -52,7 +52,11 @@ class FilesystemSync:
         one that syncs each file."""
         if _syncfs is None or _kernel_version() < SYNCFS_KERNEL_MIN:
             return cls(None, -1)
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:  # no descriptor to spare, say: syncing each file still works
+            log.warning("syncing index files one by one: cannot open %s (%s)", directory, err)
+            return cls(None, -1)
         return cls(fd, os.fstat(fd).st_dev)
 
     def sync(self, files: Sequence[MappedFile]) -> None:
