@@ -63,15 +63,13 @@ class FilesystemSync:
         """fdatasync ``files`` (StoreIOError if one fails): with one syncfs those on the
         filesystem of the directory, when they are SYNCFS_FILES_MIN or more."""
         fd, device = self._fd, self._device
-        if _syncfs is None or fd is None or sum(f.device == device for f in files) < SYNCFS_FILES_MIN:
+        here = [f for f in files if f.device == device] if fd is not None else []
+        if _syncfs is None or fd is None or len(here) < SYNCFS_FILES_MIN:
             for f in files:
                 f.flush()
             return
-        here = []
         for f in files:
-            if f.device == device:
-                here.append(f)
-            else:
+            if f.device != device:
                 f.flush()
         if _syncfs(fd) != 0:
             log.warning("syncfs of the filesystem of %s failed (%s): syncing its %d files one by one",

@@ -261,8 +261,6 @@ typedef struct {
     PyThread_type_lock wake;
 } GilMutexObject;
 
-static PyTypeObject GilMutex_Type;
-
 static double monotonic_s(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);

@@ -58,18 +58,16 @@ def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, *,
     topics' batches: a thousand runs of a few hundred rows each). ``alike``: every row is known
     to hold the first one's bytes (:func:`batch_headers` said so)."""
     n = len(offsets)
-    if alike and n:
-        at = int(offsets[0])
-        return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
     if n == 0:
         return [b""], np.zeros(0, np.intp)
-    offsets = offsets.astype(np.int64, copy=False)
-    lengths = lengths.astype(np.int64)
-    try:
-        heads = np.frombuffer(_recordcheck.row_runs(arr, offsets, lengths), np.int64)
-    except ValueError as err:  # a length past the batch's end: the record's own checks say which
-        raise CorruptRecord(int(offsets[0]), f"a record's name runs past the end of the batch: {err}") from err
-    if len(heads) == 1:
+    if not alike:
+        offsets = offsets.astype(np.int64, copy=False)
+        lengths = lengths.astype(np.int64)
+        try:
+            heads = np.frombuffer(_recordcheck.row_runs(arr, offsets, lengths), np.int64)
+        except ValueError as err:  # a length past the batch's end: the record's own checks say which
+            raise CorruptRecord(int(offsets[0]), f"a record's name runs past the end of the batch: {err}") from err
+    if alike or len(heads) == 1:
         at = int(offsets[0])
         return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
     head_lengths = lengths[heads]
