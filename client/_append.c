@@ -17,7 +17,7 @@
 #include "crc32.h"
 
 static PyTypeObject *batch_core_type;  /* gms.record._recordcheck.BatchCore */
-static PyObject *str_future, *str_close, *str_filled, *str_slow, *str_append;
+static PyObject *str_close, *str_filled, *str_slow, *str_append;
 static PyObject *empty_tuple;  /* append's keys for a message without any */
 
 /* --- SendFuture: one message's place in its batch's Future -------------------------------- */
@@ -417,55 +417,66 @@ static void appender_dealloc(AppenderObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The shapes entry (shape, shape CRC, record size) of a plain record of topic, tag and body length
- * len in batch: borrowed, or NULL when the batch has none yet (an exception set if lookup failed). */
-static PyObject *plain_shape(BatchCoreObject *batch, PyObject *topic, PyObject *tag, Py_ssize_t len) {
-    if (batch->last_entry != NULL && batch->last_topic == topic && batch->last_tag == tag
-        && batch->last_body_len == len)
-        return batch->last_entry;
+/* Whether batch's last shapes entry (plain_shape) is that of a plain record of topic, tag and a body
+ * of len bytes: the entry is then unpacked in batch's last_* fields. */
+static inline int last_shape_fits(BatchCoreObject *batch, PyObject *topic, PyObject *tag, Py_ssize_t len) {
+    return batch->last_entry != NULL && batch->last_topic == topic && batch->last_tag == tag
+           && batch->last_body_len == len;
+}
+
+/* Looks up the shapes entry (shape, shape CRC, record size) of a plain record of topic, tag and
+ * body length len in batch and unpacks it in batch's last_* fields: 1, 0 when the batch has none
+ * yet, -1 with an exception set. */
+static int plain_shape(BatchCoreObject *batch, PyObject *topic, PyObject *tag, Py_ssize_t len) {
     PyObject *key = Py_BuildValue("(OOn)", topic, tag, len);
-    if (key == NULL) return NULL;
+    if (key == NULL) return -1;
     PyObject *entry = PyDict_GetItemWithError(batch->shapes, key);
     Py_DECREF(key);
-    if (entry == NULL) return NULL;
+    if (entry == NULL) return PyErr_Occurred() ? -1 : 0;
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3 || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 0))) {
         PyErr_SetString(PyExc_TypeError, "a batch's shapes hold (shape, shape CRC, record size)");
-        return NULL;
+        return -1;
     }
+    Py_ssize_t total = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 2));
+    unsigned long shape_crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(entry, 1));
+    if (PyErr_Occurred()) return -1;
+    PyObject *shape = PyTuple_GET_ITEM(entry, 0);
+    Py_ssize_t shape_len = PyBytes_GET_SIZE(shape);
     Py_XSETREF(batch->last_topic, Py_NewRef(topic));
     Py_XSETREF(batch->last_tag, Py_NewRef(tag));
-    Py_XSETREF(batch->last_entry, Py_NewRef(entry));
+    Py_XSETREF(batch->last_entry, Py_NewRef(entry));  /* keeps the shape a long one points into */
     batch->last_body_len = len;
-    return entry;
+    batch->last_total = total;
+    batch->last_shape_crc = (uint32_t)shape_crc;
+    batch->last_shape_len = shape_len;
+    if (shape_len <= BATCH_CORE_SHAPE_INLINE) {
+        memcpy(batch->last_shape_inline, PyBytes_AS_STRING(shape), (size_t)shape_len);
+        batch->last_shape = batch->last_shape_inline;
+    } else {
+        batch->last_shape = PyBytes_AS_STRING(shape);
+    }
+    return 1;
 }
 
 /* Appends body to batch under the lock: the message's future, or NULL with no exception set when
- * the Python path must take the message (batch closed, buffer full unless may_overfill, a shape
- * not yet packed). */
+ * the Python path must take the message (batch closed or without an outcome, buffer full unless
+ * may_overfill, a shape not yet packed). */
 static PyObject *append_locked(AppenderObject *self, BatchCoreObject *batch, PyObject *topic, PyObject *body,
                                PyObject *tag, int may_overfill, int *filled) {
-    if (batch->closed || (!may_overfill && self->buffered_bytes >= self->buffer_bytes_max)) return NULL;
+    if (batch->closed || batch->outcome == NULL
+        || (!may_overfill && self->buffered_bytes >= self->buffer_bytes_max)) return NULL;
     Py_ssize_t len = PyBytes_GET_SIZE(body);
-    PyObject *entry = plain_shape(batch, topic, tag, len);
-    if (entry == NULL) return NULL;
-    Py_ssize_t total = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 2));
-    unsigned long shape_crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(entry, 1));
-    if (PyErr_Occurred()) return NULL;
-    PyObject *batch_future = PyObject_GetAttr((PyObject *)batch, str_future);
-    if (batch_future == NULL) return NULL;
+    if (!last_shape_fits(batch, topic, tag, len) && plain_shape(batch, topic, tag, len) <= 0) return NULL;
     SendFutureObject *future = PyObject_New(SendFutureObject, &SendFuture_Type);
-    if (future == NULL || batch_core_append(batch, total, (uint32_t)shape_crc,
-                                            PyBytes_AS_STRING(PyTuple_GET_ITEM(entry, 0)),
-                                            PyBytes_GET_SIZE(PyTuple_GET_ITEM(entry, 0)), body,
-                                            PyBytes_AS_STRING(body), len) < 0) {
-        Py_DECREF(batch_future);
-        if (future != NULL) {
-            future->batch = NULL;
-            Py_DECREF(future);
-        }
+    if (future == NULL) return NULL;
+    Py_ssize_t total = batch->last_total;
+    if (batch_core_append(batch, total, batch->last_shape_crc, batch->last_shape, batch->last_shape_len, body,
+                          PyBytes_AS_STRING(body), len) < 0) {
+        future->batch = NULL;
+        Py_DECREF(future);
         return NULL;
     }
-    future->batch = batch_future;
+    future->batch = Py_NewRef(batch->outcome);
     future->index = batch->count - 1;
     self->buffered_bytes += total;
     if (batch->size_bytes >= self->batch_bytes) {
@@ -707,8 +718,7 @@ PyMODINIT_FUNC PyInit__append(void) {
         PyErr_SetString(PyExc_ImportError, "gms.record._recordcheck.BatchCore has another layout: rebuild gms");
         return NULL;
     }
-    if ((str_future = PyUnicode_InternFromString("future")) == NULL
-        || (str_close = PyUnicode_InternFromString("_close")) == NULL
+    if ((str_close = PyUnicode_InternFromString("_close")) == NULL
         || (str_filled = PyUnicode_InternFromString("_filled")) == NULL
         || (str_slow = PyUnicode_InternFromString("_append_plain_slow")) == NULL
         || (str_append = PyUnicode_InternFromString("append")) == NULL

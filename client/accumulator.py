@@ -139,9 +139,10 @@ class _Outcome:
 
 
 class _OpenBatch(BatchBuilder):
-    """A batch being filled: ``closed`` once taken out of the open batches (sent, or being sent)."""
+    """A batch being filled: ``closed`` once taken out of the open batches (sent, or being sent);
+    ``outcome``: its results, which each of its messages' SendFuture reads."""
 
-    __slots__ = ("future", "ready", "route")
+    __slots__ = ("ready", "route")
 
     def __new__(cls, route: QueueRoute) -> _OpenBatch:
         return super().__new__(cls, route.queue_id)
@@ -149,8 +150,7 @@ class _OpenBatch(BatchBuilder):
     def __init__(self, route: QueueRoute) -> None:
         self.route = route
         self.ready = False  # in its broker's ready batches (on the loop)
-        # One outcome for the batch: each message's SendFuture reads its result out of it.
-        self.future = _Outcome()
+        self.outcome = _Outcome()
 
 
 class _Slot:
@@ -274,7 +274,7 @@ class Accumulator(AppenderBase):
         self._buffered_bytes += self._encoder.add(batch, topic, body, tag, keys, properties, flags)
         if batch.size_bytes >= self._batch_bytes:
             self._close(batch)
-        return SendFuture(batch.future, batch.count - 1)
+        return SendFuture(batch.outcome, batch.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
         """Take ``batch`` out of the open ones (under the lock): no message joins it any more. (A
@@ -444,12 +444,12 @@ class Accumulator(AppenderBase):
     def _resolve(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
         """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""
         if isinstance(outcome, BaseException):
-            batch.future.set_exception(outcome)
+            batch.outcome.set_exception(outcome)
         elif outcome and len(outcome) != batch.count:
-            batch.future.set_exception(ProtocolError(
+            batch.outcome.set_exception(ProtocolError(
                 f"{len(outcome)} results for a batch of {batch.count} messages", must_close=False))
         else:
-            batch.future.set_result(outcome)
+            batch.outcome.set_result(outcome)
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""

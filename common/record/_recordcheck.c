@@ -712,6 +712,7 @@ static int batch_core_traverse(BatchCoreObject *self, visitproc visit, void *arg
     Py_VISIT(self->last_topic);
     Py_VISIT(self->last_tag);
     Py_VISIT(self->last_entry);
+    Py_VISIT(self->outcome);
     return 0;
 }
 
@@ -721,6 +722,7 @@ static int batch_core_clear(BatchCoreObject *self) {
     Py_CLEAR(self->last_topic);
     Py_CLEAR(self->last_tag);
     Py_CLEAR(self->last_entry);
+    Py_CLEAR(self->outcome);
     return 0;
 }
 
@@ -856,6 +858,8 @@ static PyMemberDef batch_core_members[] = {
      "When the batch was created (ms since the epoch): its records' born timestamp."},
     {"closed", T_BOOL, offsetof(BatchCoreObject, closed), 0,
      "Set by the batch's owner: no record joins it any more."},
+    {"outcome", T_OBJECT, offsetof(BatchCoreObject, outcome), 0,
+     "Set by the batch's owner: what the futures of the records appended in C refer to (None)."},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 from typing_extensions import Buffer
@@ -38,6 +38,7 @@ class BatchCore:
     @property
     def born_ts_ms(self) -> int: ...
     closed: bool
+    outcome: Any  # set by the batch's owner: what the futures of records appended in C refer to
     def add(self, total_size: int, shape_crc: int, shape: Buffer, body: Buffer, /) -> None: ...
     def seal(self, start: int = 0, stop: int = ..., /) -> bytearray: ...
     def record_ends(self) -> bytes: ...

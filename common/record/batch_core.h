@@ -22,23 +22,32 @@
 
 #define BATCH_CORE_MAGIC_V1 0x474D5301u
 #define BATCH_CORE_LARGE_BODY (64 * 1024)
+#define BATCH_CORE_SHAPE_INLINE 64
 
 typedef struct {
     PyObject_HEAD
+    /* What a plain append reads and writes comes first, together: a producer spread over a
+     * thousand topics visits each batch once a round, long after its lines left the cache, and
+     * every further line an append touches is one more miss. */
+    char closed;          /* set by the batch's owner: no record joins it any more */
     char *buf;            /* the records, back to back (PyMem), but for their large bodies */
     Py_ssize_t buf_len, buf_cap;
     Py_ssize_t sealed_len;  /* the records' bytes, large bodies included */
-    PyObject *large;      /* list of (position in buf, body) of the large bodies, or NULL */
-    PyObject *shapes;     /* dict: (topic, tag, body length) -> (shape, shape CRC, record size) */
     Py_ssize_t count;     /* records */
     Py_ssize_t size_bytes;
+    /* The shapes entry the last plain append used, and its key's topic and tag (compared by
+     * identity: a producer mostly passes the same objects); strong references. Its record size,
+     * shape CRC and shape are unpacked beside them (the shape copied in when it is short). */
+    PyObject *last_topic, *last_tag, *last_entry;
+    Py_ssize_t last_body_len, last_total, last_shape_len;
+    uint32_t last_shape_crc;
+    const char *last_shape;
+    PyObject *outcome;    /* set by the batch's owner: what each appended record's future refers to */
+    char last_shape_inline[BATCH_CORE_SHAPE_INLINE];
+    PyObject *large;      /* list of (position in buf, body) of the large bodies, or NULL */
+    PyObject *shapes;     /* dict: (topic, tag, body length) -> (shape, shape CRC, record size) */
     Py_ssize_t queue_id;
     long long born_ts_ms;
-    char closed;          /* set by the batch's owner: no record joins it any more */
-    /* The shapes entry the last plain append used, and its key's topic and tag (compared by
-     * identity: a producer mostly passes the same objects). Strong references. */
-    PyObject *last_topic, *last_tag, *last_entry;
-    Py_ssize_t last_body_len;
 } BatchCoreObject;
 
 static inline void batch_core_store_be32(uint8_t *p, uint32_t v) {
@@ -86,6 +95,10 @@ static inline int batch_core_append(BatchCoreObject *batch, Py_ssize_t total, ui
     memcpy(p + 12, shape, (size_t)shape_len);
     if (!keep) memcpy(p + 12 + shape_len, data, (size_t)len);
     batch->buf_len = need;
+    /* The next record's lines, now: its append comes a round of the producer's topics later,
+     * when these lines can be in the cache instead of fetched on the write. */
+    for (Py_ssize_t ahead = 0; ahead < 192 && need + ahead < batch->buf_cap; ahead += 64)
+        __builtin_prefetch(batch->buf + need + ahead, 1, 2);
     batch->sealed_len += 12 + shape_len + len;
     batch->count += 1;
     batch->size_bytes += total;

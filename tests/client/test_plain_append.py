@@ -73,7 +73,7 @@ def test_plain_appends_write_the_reference_bytes(messages, born_host):
             assert bytes(batch.seal()) == expected
             assert [r.body for r in iter_records(expected)] == [b for _, b, _ in mine]
             assert batch.count == len(mine) and batch.size_bytes == len(expected)
-            assert [f._index for f in futures if f._batch is batch.future] == list(range(len(mine)))
+            assert [f._index for f in futures if f._batch is batch.outcome] == list(range(len(mine)))
         assert acc._buffered_bytes == sum(b.size_bytes for b in acc._sticky.values())
 
 
@@ -103,11 +103,11 @@ def test_a_full_batch_is_closed_and_handed_to_the_loop():
         record_bytes = acc._sticky["t"].size_bytes // acc._sticky["t"].count
         assert acc._buffered_bytes == 32 * record_bytes  # sent or not, nothing is answered yet
         open_batch = acc._sticky["t"]
-        closed = {id(f._batch): f._batch for f in futures if f._batch is not open_batch.future}
+        closed = {id(f._batch): f._batch for f in futures if f._batch is not open_batch.outcome}
         assert len(closed) == 5 and not open_batch.closed  # 6 records of 177 bytes per batch
         acc._loop.run_until_complete(asyncio.sleep(0.01))  # the loop sends what filled up
         assert sum(count for _, bodies in sent for _, count in bodies) == 32 - open_batch.count
-        assert all(f.done() and f.result() is None for f in futures if f._batch is not open_batch.future)
+        assert all(f.done() and f.result() is None for f in futures if f._batch is not open_batch.outcome)
         assert acc._buffered_bytes == open_batch.size_bytes  # the answered batches gave their room back
 
 
@@ -130,7 +130,7 @@ def test_routed_appends_take_the_fast_path_and_write_the_reference_bytes():
         expected = b"".join(encode_record(topic="t", body=b, tag=g, queue_id=2, born_ts_ms=batch.born_ts_ms)
                             for b, g in messages)
         assert bytes(batch.seal()) == expected
-        assert [f._index for f in futures] == list(range(100)) and {f._batch for f in futures} == {batch.future}
+        assert [f._index for f in futures] == list(range(100)) and {f._batch for f in futures} == {batch.outcome}
 
 
 def test_bad_plain_messages_get_their_typed_errors_on_the_fast_path(broker, topic):
