@@ -63,7 +63,8 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = 10_000  # a follower not caught up for this long leaves the ISR
     replica_fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
     replica_fetch_bytes_max: int = 8 << 20
-    hw_checkpoint_interval_ms: int = 1_000
+    # Kafka's replica.high.watermark.checkpoint.interval.ms: each checkpoint writes every queue's HW
+    hw_checkpoint_interval_ms: int = 5_000
     # Followers flush fetched records before acknowledging them (their next fetch): acks=-1 with
     # flush=sync then means "on disk on every ISR member" (docs/replication.md).
     replica_fsync_before_ack: bool = False

@@ -45,7 +45,7 @@ class ReplicationConfig:
     replica_lag_time_max_ms: int = 10_000  # GMS/Kafka: a follower silent this long leaves the ISR
     fetch_wait_ms: int = 500  # a caught-up follower's fetch parks this long at the leader
     fetch_bytes_max: int = 8 << 20  # per fetch response, all queues together
-    hw_checkpoint_interval_ms: int = 1_000
+    hw_checkpoint_interval_ms: int = 5_000  # as Kafka's replica.high.watermark.checkpoint.interval.ms
     # Followers flush what they fetched before their next fetch acknowledges it (acks=-1 then
     # means "on disk on every ISR member", with the leader's flush=sync).
     fsync_before_ack: bool = False

@@ -104,7 +104,7 @@ class StorePaths:
     @property
     def producers(self) -> Path:
         """The idempotent producers' last batches per queue, as of the checkpoint (broker.producer_state)."""
-        return self.config / "producers.json"
+        return self.config / "producers.snapshot"
 
     @property
     def checkpoint(self) -> Path:

@@ -10,7 +10,7 @@ from processes import BrokerProcess
 
 from gms.client import Admin, Consumer, Producer, ProducerRecord
 
-DERIVED = ["checkpoint", "config/timers.json", "config/producers.json"]
+DERIVED = ["checkpoint", "config/timers.json", "config/producers.snapshot"]
 REFUSED = {"config/topics.json": "the topic table", "config/layout.json": "the store layout",
            "config/consumer_offsets.json": "the consumer offsets file"}
 

@@ -10,9 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from unittest.mock import ANY
 
+import msgpack
 import pytest
 from store_helpers import small_config
 
@@ -228,27 +230,27 @@ def test_sigkill_then_every_stored_batch_is_recognised(tmp_path):
 
 
 def snapshot(path: Path) -> dict:
-    """The snapshot's JSON, after its CRC line."""
-    return json.loads(path.read_bytes().split(b"\n", 1)[1])
+    """The snapshot, after its CRC line."""
+    return msgpack.unpackb(path.read_bytes().split(b"\n", 1)[1], strict_map_key=False)
 
 
 def test_an_idle_store_writes_no_snapshot_and_a_partial_one_is_completed(store_dir):
     with open_store(store_dir) as store:
         store.append(batch(0, 2, 0))
-        states, path = store.producers, store_dir / "config" / "producers.json"
+        states, path = store.producers, store_dir / "config" / "producers.snapshot"
         states.save(0, int(time.time() * 1000))  # a checkpoint below the batch: it is left for the next
         assert snapshot(path)["queues"] == {}
         states.save(1 << 40, int(time.time() * 1000))
-        assert snapshot(path)["queues"] == {"0/t": {str(PID): [0, ANY, [[0, 2, 0, 0]]]}}
+        assert snapshot(path)["queues"] == {"0/t": {PID: [0, ANY, [[0, 2, 0, 0]]]}}
         path.unlink()
         states.save(1 << 40, int(time.time() * 1000))
         assert not path.exists(), "nothing changed: nothing written"
 
 
 def _flip_a_digit(data: bytes) -> bytes:
-    """A bit flip that leaves the JSON valid: the last batch's number 1 becomes 3."""
-    assert data.count(b"[1,2,") == 1
-    return data.replace(b"[1,2,", b"[3,2,")
+    """A bit flip that leaves the snapshot valid msgpack: the last batch's number 1 becomes 3."""
+    assert data.count(b"\x94\x01\x02") == 1  # an array of 4: sequence 1, 2 records, ...
+    return data.replace(b"\x94\x01\x02", b"\x94\x03\x02")
 
 
 @pytest.mark.parametrize("damage", [lambda data: data[:len(data) // 2], _flip_a_digit],
@@ -259,13 +261,34 @@ def test_a_damaged_snapshot_is_rebuilt_from_the_log(store_dir, damage):
     with open_store(store_dir) as store:
         store.append(batch(0, 3, 0))
         store.append(batch(3, 2, 1))
-    path = store_dir / "config" / "producers.json"
+    path = store_dir / "config" / "producers.snapshot"
     path.write_bytes(damage(path.read_bytes()))
     with open_store(store_dir) as store:
         with pytest.raises(DuplicateBatch) as dup:
             store.append(batch(3, 2, 1))
         assert (dup.value.base_offset, dup.value.stored) == (3, 2)
         assert store.append(batch(5, 1, 2)).queue_offsets.tolist() == [5]
+
+
+def test_a_json_snapshot_of_an_earlier_version_is_read_then_replaced(store_dir):
+    """A store written by a version that kept the snapshot as JSON (producers.json) keeps its
+    producers' state across the upgrade; the first snapshot after it replaces the JSON one."""
+    with open_store(store_dir) as store:
+        store.append(batch(0, 3, 0))
+        store.append(batch(3, 2, 1))
+    path = store_dir / "config" / "producers.snapshot"
+    queues = {name: {str(pid): state for pid, state in producers.items()}
+              for name, producers in snapshot(path)["queues"].items()}
+    data = json.dumps({"v": 2, "end": snapshot(path)["end"], "queues": queues}).encode()
+    legacy = path.with_name("producers.json")
+    legacy.write_bytes(b"%08x\n%s" % (zlib.crc32(data), data))
+    path.unlink()
+    with open_store(store_dir) as store:
+        with pytest.raises(DuplicateBatch) as dup:
+            store.append(batch(3, 2, 1))
+        assert (dup.value.base_offset, dup.value.stored) == (3, 2)
+        store.append(batch(5, 1, 2))
+    assert path.exists() and not legacy.exists()
 
 
 def test_idle_producers_are_forgotten_by_the_appends(store_dir):
