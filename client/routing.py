@@ -64,6 +64,11 @@ class RouteProvider(Protocol):
     def cached(self, topic: str) -> list[QueueRoute] | None:
         """The cached routes if fresh, without I/O (None: call :meth:`routes`)."""
 
+    def last_known(self, topic: str) -> list[QueueRoute] | None:
+        """The routes last fetched, however old, unless invalidated since (an error suggested they
+        moved): what a producer keeps sending on while it refreshes them in the background, as
+        Kafka's does, instead of stopping its sends for a lookup whenever they age out."""
+
     async def routes(self, topic: str) -> list[QueueRoute]:
         """The queues of ``topic``; raises TopicNotFoundError if no broker has it."""
 
@@ -125,6 +130,9 @@ class StaticRoutes:
         if time.monotonic() - self._fetched_at > self._refresh_interval_s:
             return None
         return self._table.get(topic)
+
+    def last_known(self, topic: str) -> list[QueueRoute] | None:
+        return None if self._fetched_at == float("-inf") else self._table.get(topic)
 
     async def routes(self, topic: str) -> list[QueueRoute]:
         found = self.cached(topic)
@@ -228,6 +236,10 @@ class NameserverRoutes:
         if entry is None or time.monotonic() - entry.fetched_at > self._refresh_interval_s:
             return None
         return entry.routes
+
+    def last_known(self, topic: str) -> list[QueueRoute] | None:
+        entry = self._table.get(topic)
+        return None if entry is None or entry.fetched_at == float("-inf") else entry.routes
 
     async def routes(self, topic: str) -> list[QueueRoute]:
         return await self._routes(topic, self._refresh_interval_s)

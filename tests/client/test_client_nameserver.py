@@ -106,6 +106,29 @@ def test_all_nameservers_down_keeps_cached_routes_and_says_so_once(cluster, topi
         loop.run(pool.close())
 
 
+def test_routes_that_age_out_are_refreshed_without_stopping_sends(cluster, topic):
+    """A producer keeps sending on routes past their refresh interval while it fetches them again
+    in the background (Kafka's metadata.max.age.ms): nameservers that do not answer (paused) hold
+    up no send_async. Before, each topic's first batch after its routes aged out waited for a
+    lookup: the nameservers' timeouts here, a round trip each for a producer over a thousand topics."""
+    with Producer(nameserver=cluster.nameserver) as producer:
+        producer.send(topic, b"warm the route cache")
+        producer._runtime.routes._refresh_interval_s = 0.2  # aged out in moments (the default is 30 s)
+        time.sleep(0.3)
+        for ns in cluster.nameservers:
+            ns.pause()
+        try:
+            start = time.monotonic()
+            futures = [producer.send_async(topic, b"aged %d" % i) for i in range(50)]
+            queued_s = time.monotonic() - start
+            producer.flush()
+        finally:
+            for ns in cluster.nameservers:
+                ns.resume()
+    assert queued_s < 1.0, f"send_async waited {queued_s:.1f} s for a route lookup"
+    assert {f.result().topic for f in futures} == {topic}
+
+
 @pytest.mark.slow
 def test_killed_broker_leaves_routes_and_producers_move_on(cluster, topic):
     victim = cluster.brokers[-1]
