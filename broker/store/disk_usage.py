@@ -2,11 +2,15 @@
 
 ``du`` of a store walks every file: 50 ms for 1,000 topics of 4 queues here, ten times that for
 10,000 queues. BROKER_STATUS (which the console asks every few seconds) and the metrics ask for
-it; walked on the request loop, each answer stalled every client of the broker that long.
+it; walked on the request loop, each answer stalled every client of the broker that long. The
+walk is GNU ``du``'s, a process of its own: walked in Python on a thread, it still held the
+interpreter lock for 0.14 s of every walk of 1,000 topics (9,000 files) that the request loop
+waited for; ``du`` takes half that CPU and none of the lock. Without GNU du, Python walks.
 """
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -15,6 +19,18 @@ from gms.broker.mapped_file import tree_disk_bytes
 
 # How old the figure may be before an ask starts a new walk (it answers the last one meanwhile).
 DISK_USAGE_MAX_AGE_S = 10.0
+DU_TIMEOUT_S = 60.0
+
+
+def du_bytes(root: Path) -> int:
+    """``du -s -B1 root``: the blocks allocated under ``root``, in bytes (a walk in Python,
+    :func:`tree_disk_bytes`, where GNU du cannot run or answers nothing)."""
+    try:
+        done = subprocess.run(["du", "-s", "-B1", "--", str(root)], capture_output=True, text=True,
+                              timeout=DU_TIMEOUT_S, check=False)
+        return int(done.stdout.split()[0])  # a file gone while du walked is an exit code 1, not a wrong total
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return tree_disk_bytes(root)
 
 
 class DiskUsage:
@@ -44,7 +60,7 @@ class DiskUsage:
     def _walk(self) -> None:
         found = None
         try:
-            found = tree_disk_bytes(self._root)
+            found = du_bytes(self._root)
         finally:
             with self._lock:
                 self._walking = False
