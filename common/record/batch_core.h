@@ -22,7 +22,7 @@
 
 #define BATCH_CORE_MAGIC_V1 0x474D5301u
 #define BATCH_CORE_LARGE_BODY (64 * 1024)
-#define BATCH_CORE_SHAPE_INLINE 64
+#define BATCH_CORE_SHAPE_INLINE 128  /* a record header past its first 12 bytes (64), topic, tag and host */
 
 typedef struct {
     PyObject_HEAD

@@ -27,7 +27,9 @@ from gms.protocol.frame import MESSAGE_SIZE_BYTES_MAX_CEILING
 from gms.record import encode_record, iter_records
 from gms.record.builder import RecordEncoder
 
-plain = st.tuples(st.sampled_from(["t", "orders"]), st.binary(max_size=300),
+# a long topic: a record shape past what a batch copies in (BATCH_CORE_SHAPE_INLINE), read where it lies
+LONG_TOPIC = "long-" + "x" * 90
+plain = st.tuples(st.sampled_from(["t", "orders", LONG_TOPIC]), st.binary(max_size=300),
                   st.one_of(st.none(), st.sampled_from(["A", "B", "tag-é"])))
 
 
@@ -40,7 +42,8 @@ def _accumulator(encoder: RecordEncoder, sent: list | None = None, **limits: int
             raise AssertionError("not sent in this test")
         sent.append((route, bodies))
         return []
-    routes = {"t": QueueRoute("t", 3, "127.0.0.1:1"), "orders": QueueRoute("orders", 1, "127.0.0.1:1")}
+    routes = {"t": QueueRoute("t", 3, "127.0.0.1:1"), "orders": QueueRoute("orders", 1, "127.0.0.1:1"),
+              LONG_TOPIC: QueueRoute(LONG_TOPIC, 0, "127.0.0.1:1")}
     loop = asyncio.new_event_loop()
     try:
         yield Accumulator(loop, encoder, send, routes.__getitem__, linger_ms=60_000,
