@@ -31,6 +31,7 @@ from gms.client.delivery import deliver_at_ms
 from gms.client.idempotence import Sequencer, Ticket, random_producer_id
 from gms.client.routing import (
     LEADER_CHECK_INTERVAL_MS,
+    BackgroundRefresh,
     BrokerFaults,
     LeaderMovedError,
     NameserverRoutes,
@@ -168,7 +169,7 @@ class Producer:
                                       name="gms-producer", security=security, loop=_loop)
         self._encoder = RecordEncoder(born_host)
         self._faults = BrokerFaults()
-        self._refreshing: set[str] = set()  # topics whose aged-out routes are being fetched again
+        self._route_cache = BackgroundRefresh(self._runtime.routes, self._runtime.loop)
         self._sequencer = (Sequencer(self._allocate_producer_id, self._runtime.loop)
                            if idempotence and acks != 0 else None)
         self._sender = Sender(self._runtime, self._faults, acks=acks, retries=retries,
@@ -228,30 +229,11 @@ class Producer:
         return self._cached_route(topic, queue, key) or self._choose(await self._lookup(topic, queue), queue, key)
 
     def _cached_route(self, topic: str, queue: int | None, key: str | bytes | None) -> QueueRoute | None:
-        """The route the cached routes give (None: they are to be looked up). Routes that aged
-        out are still used while a refresh runs in the background: with a thousand topics, a
-        lookup each on the sending thread stopped its sends for a second every refresh interval."""
+        """The route the cached routes give (None: they are to be looked up); routes that aged
+        out serve while they are fetched again (:class:`BackgroundRefresh`)."""
         self._encoder.topic(topic)  # a bad name fails here, before any I/O
-        provider = self._runtime.routes
-        routes = provider.cached(topic)
-        if routes is None:
-            routes = provider.last_known(topic)
-            if routes is not None and topic not in self._refreshing:
-                self._refreshing.add(topic)
-                try:
-                    self._runtime.loop.call_soon_threadsafe(self._refresh_route, topic)
-                except RuntimeError:  # the loop is closed (the producer too): the send says so
-                    self._refreshing.discard(topic)
+        routes = self._route_cache.routes(topic)
         return None if routes is None else self._choose(routes, queue, key)
-
-    def _refresh_route(self, topic: str) -> None:
-        """Fetch ``topic``'s routes again (on the loop); a failure leaves them to the next send's lookup."""
-        def done(task: asyncio.Task[list[QueueRoute]]) -> None:
-            self._refreshing.discard(topic)
-            if not task.cancelled() and task.exception() is not None:
-                log.debug("background route refresh of %s failed: %s", topic, task.exception())
-
-        asyncio.ensure_future(self._runtime.routes.routes(topic)).add_done_callback(done)
 
     async def _lookup(self, topic: str, queue: int | None) -> list[QueueRoute] | QueueRoute:
         """The routes of ``topic``, or where to send to it if the routes do not name it (fixed

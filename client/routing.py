@@ -3,6 +3,7 @@
 :class:`RouteProvider` is all producers and consumers know. :class:`StaticRoutes` asks a
 fixed list of brokers for their topics; :class:`NameserverRoutes` asks nameservers (GET_ROUTE),
 fails over between them and keeps serving its cached routes while none answers.
+:class:`BackgroundRefresh` serves a producer routes that aged out while it fetches them again.
 :class:`BrokerFaults` is the producer's short memory of brokers that just failed.
 """
 
@@ -330,6 +331,41 @@ class NameserverRoutes:
                 f"no queue of topic {topic!r} has a live broker now; retry when a broker is back")
         self._table[topic] = _CachedRoute(routes, time.monotonic())
         return routes
+
+class BackgroundRefresh:
+    """A producer's routes from ``provider``: the cached ones, or once they aged out the last known
+    ones while a fetch on ``loop`` refreshes them, one at a time per topic (Kafka's producer does
+    so: ``metadata.max.age.ms``). Routes an error invalidated are not served. Called from any
+    thread: a lookup on the sending thread for each topic whose routes aged out stopped a producer
+    over a thousand topics for a thousand round trips every refresh interval."""
+
+    def __init__(self, provider: RouteProvider, loop: asyncio.AbstractEventLoop) -> None:
+        self._provider = provider
+        self._loop = loop
+        self._refreshing: set[str] = set()  # topics whose routes are being fetched again
+
+    def routes(self, topic: str) -> list[QueueRoute] | None:
+        """Routes to send on without I/O (None: they are to be looked up)."""
+        found = self._provider.cached(topic)
+        if found is None:
+            found = self._provider.last_known(topic)
+            if found is not None and topic not in self._refreshing:
+                self._refreshing.add(topic)
+                try:
+                    self._loop.call_soon_threadsafe(self._refresh, topic)
+                except RuntimeError:  # the loop is closed (the client too): the send says so
+                    self._refreshing.discard(topic)
+        return found
+
+    def _refresh(self, topic: str) -> None:
+        """Fetch ``topic``'s routes again (on the loop); a failure leaves them to the next send's lookup."""
+        def done(task: asyncio.Task[list[QueueRoute]]) -> None:
+            self._refreshing.discard(topic)
+            if not task.cancelled() and task.exception() is not None:
+                log.debug("background route refresh of %s failed: %s", topic, task.exception())
+
+        asyncio.ensure_future(self._provider.routes(topic)).add_done_callback(done)
+
 
 async def abandon_when(request: Awaitable[Frame], check: Callable[[], Awaitable[GmsError | None]],
                        check_interval_ms: float) -> Frame:
