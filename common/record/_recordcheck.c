@@ -428,16 +428,35 @@ release_src:
     return result;
 }
 
-PyDoc_STRVAR(row_runs_doc,
-"row_runs(buf, starts, lengths) -> bytes\n\n"
-"Where each run of equal rows begins (native int64 row indexes, the first is 0): row i is\n"
-"buf[starts[i]:starts[i] + lengths[i]], and a run goes on while a row holds the bytes of the one\n"
-"before it. A send of a thousand topics holds each queue's batch in a row: grouping its records\n"
-"by topic compares each record's name with the one before, not every record with every other.");
+PyDoc_STRVAR(group_rows_doc,
+"group_rows(buf, starts, lengths) -> (list[bytes], bytearray)\n\n"
+"The distinct byte strings among the rows, in the order they first appear, and each row's index\n"
+"among them (native int64s); row i is buf[starts[i]:starts[i] + lengths[i]]. A row is compared\n"
+"with the one before it first: a send of a thousand topics holds each queue's batch in a run of\n"
+"equal rows, and only the first row of a run is looked up. ValueError for a row outside buf.");
 
-static PyObject *row_runs(PyObject *self, PyObject *args) {
+/* Appends the row at p (len bytes) to distinct unless seen holds it: its index, or -1 with an
+ * exception set. */
+static Py_ssize_t distinct_row(PyObject *distinct, PyObject *seen, const uint8_t *p, int64_t len) {
+    PyObject *row = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)len);
+    if (row == NULL) return -1;
+    Py_ssize_t at = -1;
+    PyObject *found = PyDict_GetItemWithError(seen, row);
+    if (found != NULL) {
+        at = PyLong_AsSsize_t(found);
+    } else if (!PyErr_Occurred()) {
+        PyObject *index = PyLong_FromSsize_t(PyList_GET_SIZE(distinct));
+        if (index != NULL && PyDict_SetItem(seen, row, index) == 0 && PyList_Append(distinct, row) == 0)
+            at = PyList_GET_SIZE(distinct) - 1;
+        Py_XDECREF(index);
+    }
+    Py_DECREF(row);
+    return at;
+}
+
+static PyObject *group_rows(PyObject *self, PyObject *args) {
     PyObject *buf_obj, *starts_obj, *lengths_obj;
-    if (!PyArg_ParseTuple(args, "OOO:row_runs", &buf_obj, &starts_obj, &lengths_obj)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOO:group_rows", &buf_obj, &starts_obj, &lengths_obj)) return NULL;
     Py_buffer buf, starts_view, lengths_view;
     PyObject *out = NULL;
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
@@ -458,24 +477,95 @@ static PyObject *row_runs(PyObject *self, PyObject *args) {
             goto release_lengths;
         }
     }
-    Py_ssize_t runs = 0;
-    int64_t *heads = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    if (heads == NULL) {
-        PyErr_NoMemory();
-        goto release_lengths;
-    }
+    PyObject *distinct = PyList_New(0), *seen = PyDict_New();
+    PyObject *index_obj = PyByteArray_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (distinct == NULL || seen == NULL || index_obj == NULL) goto release_groups;
+    int64_t *index = (int64_t *)PyByteArray_AS_STRING(index_obj);
     const uint8_t *base = buf.buf;
+    Py_ssize_t current = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i == 0 || lengths[i] != lengths[i - 1]
-            || memcmp(base + starts[i], base + starts[i - 1], (size_t)lengths[i]) != 0)
-            heads[runs++] = i;
+            || memcmp(base + starts[i], base + starts[i - 1], (size_t)lengths[i]) != 0) {
+            current = distinct_row(distinct, seen, base + starts[i], lengths[i]);
+            if (current < 0) goto release_groups;
+        }
+        index[i] = current;
     }
-    out = PyBytes_FromStringAndSize((const char *)heads, runs * (Py_ssize_t)sizeof(int64_t));
-    PyMem_Free(heads);
+    out = PyTuple_Pack(2, distinct, index_obj);
+release_groups:
+    Py_XDECREF(distinct);
+    Py_XDECREF(seen);
+    Py_XDECREF(index_obj);
 release_lengths:
     PyBuffer_Release(&lengths_view);
 release_starts:
     PyBuffer_Release(&starts_view);
+release_buf:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+PyDoc_STRVAR(read_stamps_doc,
+"read_stamps(buf, ends, name) -> list[tuple[int, int, int, int]] | None\n\n"
+"The producer sequences (producer id, epoch, sequence, count) whose stamps end at ends (int64):\n"
+"name, four lowercase fixed-width hex numbers of 16, 8, 16 and 8 digits joined by dots, then the\n"
+"byte 2. None if any stamp is not exactly that, or out of range (a count below 1, a producer id\n"
+"past 2**63 - 1, an epoch past 2**31 - 1).");
+
+#define STAMP_VALUE_BYTES 51  /* 16 . 8 . 16 . 8 */
+
+/* The fixed-width lowercase hex number at p (digits of them): 0 if one is not such a digit. */
+static int parse_hex(const uint8_t *p, int digits, uint64_t *value) {
+    uint64_t v = 0;
+    for (int i = 0; i < digits; i++) {
+        uint8_t c = p[i];
+        if (c >= '0' && c <= '9') v = v << 4 | (uint64_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v = v << 4 | (uint64_t)(c - 'a' + 10);
+        else return 0;
+    }
+    *value = v;
+    return 1;
+}
+
+/* The stamp at p (STAMP_VALUE_BYTES of value, then 2) as a tuple; NULL without an exception if
+ * it is malformed or out of range. */
+static PyObject *stamp_at(const uint8_t *p) {
+    static const int widths[4] = {16, 8, 16, 8};
+    uint64_t fields[4];
+    for (int f = 0, at = 0; f < 4; at += widths[f] + 1, f++) {
+        if (!parse_hex(p + at, widths[f], &fields[f]) || (f < 3 && p[at + widths[f]] != '.')) return NULL;
+    }
+    if (p[STAMP_VALUE_BYTES] != 2 || fields[3] < 1 || fields[0] >> 63 || fields[1] >> 31) return NULL;
+    return Py_BuildValue("(KKKK)", (unsigned long long)fields[0], (unsigned long long)fields[1],
+                         (unsigned long long)fields[2], (unsigned long long)fields[3]);
+}
+
+static PyObject *read_stamps(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *ends_obj;
+    const char *name;
+    Py_ssize_t name_len;
+    if (!PyArg_ParseTuple(args, "OOy#:read_stamps", &buf_obj, &ends_obj, &name, &name_len)) return NULL;
+    Py_buffer buf, ends_view;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = get_int64s(ends_obj, &ends_view, "ends");
+    PyObject *out = NULL;
+    if (n < 0) goto release_buf;
+    const int64_t *ends = ends_view.buf;
+    const int64_t stamp_bytes = name_len + STAMP_VALUE_BYTES + 1;
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *stamp = NULL;
+        if (ends[i] >= stamp_bytes && ends[i] <= (int64_t)buf.len) {
+            const uint8_t *p = (const uint8_t *)buf.buf + ends[i] - stamp_bytes;
+            if (memcmp(p, name, (size_t)name_len) == 0) stamp = stamp_at(p + name_len);
+        }
+        if (stamp == NULL) {
+            Py_SETREF(out, PyErr_Occurred() ? NULL : Py_NewRef(Py_None));
+            break;
+        }
+        PyList_SET_ITEM(out, i, stamp);
+    }
+    PyBuffer_Release(&ends_view);
 release_buf:
     PyBuffer_Release(&buf);
     return out;
@@ -883,7 +973,8 @@ static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, walk_doc},
     {"read_headers", read_headers, METH_VARARGS, read_headers_doc},
     {"slices", slices, METH_VARARGS, slices_doc},
-    {"row_runs", row_runs, METH_VARARGS, row_runs_doc},
+    {"group_rows", group_rows, METH_VARARGS, group_rows_doc},
+    {"read_stamps", read_stamps, METH_VARARGS, read_stamps_doc},
     {"gather", gather, METH_VARARGS, gather_doc},
     {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
     {"property_values", property_values, METH_VARARGS, property_values_doc},

@@ -18,7 +18,6 @@ from gms.record import (
     RecordCheck,
     _recordcheck,
     batch_headers,
-    gather_rows,
     read_headers,
     scan_records,
     tag_hash,
@@ -53,33 +52,21 @@ def group_bytes(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, *,
                 alike: bool = False) -> tuple[list[bytes], np.ndarray]:
     """Distinct byte strings ``arr[offsets[i]:offsets[i]+lengths[i]]`` and each one's index.
 
-    Rows are compared with the row before (C, ``row_runs``), and only the first row of each run
-    of equal rows is sorted: a send of many topics holds each queue's batch in a row (a thousand
-    topics' batches: a thousand runs of a few hundred rows each). ``alike``: every row is known
-    to hold the first one's bytes (:func:`batch_headers` said so)."""
+    C (``group_rows``): each row is compared with the row before, and only the first row of each
+    run of equal rows is looked up (a send of a thousand topics holds each queue's batch in a run
+    of a few hundred rows). ``alike``: every row is known to hold the first one's bytes
+    (:func:`batch_headers` said so)."""
     n = len(offsets)
     if n == 0:
         return [b""], np.zeros(0, np.intp)
-    if not alike:
-        offsets = offsets.astype(np.int64, copy=False)
-        lengths = lengths.astype(np.int64)
-        try:
-            heads = np.frombuffer(_recordcheck.row_runs(arr, offsets, lengths), np.int64)
-        except ValueError as err:  # a length past the batch's end: the record's own checks say which
-            raise CorruptRecord(int(offsets[0]), f"a record's name runs past the end of the batch: {err}") from err
-    if alike or len(heads) == 1:
+    if alike:
         at = int(offsets[0])
         return [arr[at: at + int(lengths[0])].tobytes()], np.zeros(n, np.intp)
-    head_lengths = lengths[heads]
-    width = int(head_lengths.max())
-    key = np.zeros((len(heads), width + 1), np.uint8)
-    key[:, 0] = head_lengths  # names are at most 255 bytes (TOPIC_NAME_BYTES_MAX, a tag's u8 length)
-    if width:
-        key[:, 1:] = gather_rows(arr, offsets[heads], width)
-        key[:, 1:][np.arange(width) >= head_lengths[:, None]] = 0
-    _, first, inverse = np.unique(key.view(f"V{width + 1}").ravel(), return_index=True, return_inverse=True)
-    run_of = np.repeat(np.arange(len(heads)), np.diff(np.append(heads, n)))
-    return [key[i, 1: 1 + head_lengths[i]].tobytes() for i in first], inverse.ravel()[run_of]
+    try:
+        distinct, index = _recordcheck.group_rows(arr, offsets.astype(np.int64, copy=False), lengths.astype(np.int64))
+    except ValueError as err:  # a length past the batch's end: the record's own checks say which
+        raise CorruptRecord(int(offsets[0]), f"a record's name runs past the end of the batch: {err}") from err
+    return distinct, np.frombuffer(index, np.intp)
 
 
 @lru_cache(maxsize=_NAMES_CACHED_MAX)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gms.record._recordcheck import read_stamps
 from gms.record.codec import seal_crc
 from gms.record.layout import FLAG_SEQUENCED, HEADER, HEADER_SIZE, OFFSETS, PROPS_BYTES_MAX, SEQUENCE_PROPERTY
 from gms.store_errors import InvalidRecord
@@ -81,34 +82,12 @@ def stamp_sequence(body: bytearray, sequence: BatchSequence) -> None:
     seal_crc(body)
 
 
-# read_sequences: each byte's hex value (-1: not a lowercase hex digit), where the value's fields lie
-_HEX_VALUES = np.full(256, -1, np.int8)
-_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.int8)
-_FIELD_SPANS = ((0, 16), (17, 25), (26, 42), (43, 51))  # in the value: producer id, epoch, sequence, count
-_DOTS = np.array([16, 25, 42])
-_NAME_BYTES = np.frombuffer(_NAME, np.uint8)
-
-
 def read_sequences(buf: Buffer, ends: np.ndarray) -> list[BatchSequence] | None:
-    """:func:`read_sequence` of many records in one numpy pass: ``ends`` are where their
-    properties end (each record's properties at least STAMP_BYTES long). None if any stamp is not
-    exactly as :func:`stamp_sequence` writes it (:func:`read_sequence` then says what is wrong)."""
-    rows = np.frombuffer(buf, np.uint8)[ends[:, None] + np.arange(-STAMP_BYTES, 0)]
-    value = rows[:, len(_NAME):-1]
-    digits = _HEX_VALUES[value]
-    digits[:, _DOTS] = 0
-    if not ((rows[:, :len(_NAME)] == _NAME_BYTES).all() and (rows[:, -1] == 2).all()
-            and (value[:, _DOTS] == ord(".")).all() and (digits >= 0).all()):
-        return None
-    fields = []
-    for lo, hi in _FIELD_SPANS:  # uint64: 16 hex digits fit, and sums of them wrap nowhere
-        weights = np.uint64(16) ** np.arange(hi - lo - 1, -1, -1, dtype=np.uint64)
-        fields.append(digits[:, lo:hi].astype(np.uint64) @ weights)
-    producer_ids, epochs, sequences, records = fields
-    if (records < 1).any() or (producer_ids >= 1 << 63).any() or (epochs >= 1 << 31).any():
-        return None
-    return [BatchSequence(*stamp) for stamp in zip(producer_ids.tolist(), epochs.tolist(), sequences.tolist(),
-                                                   records.tolist(), strict=True)]
+    """:func:`read_sequence` of many records in one C call (``read_stamps``): ``ends`` are where
+    their properties end. None if any stamp is not exactly as :func:`stamp_sequence` writes it
+    (:func:`read_sequence` then says what is wrong)."""
+    stamps = read_stamps(buf, ends.astype(np.int64, copy=False), _NAME)
+    return None if stamps is None else list(map(BatchSequence._make, stamps))
 
 
 def read_sequence(buf: Buffer, pos: int = 0) -> BatchSequence:

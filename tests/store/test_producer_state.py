@@ -15,18 +15,25 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import msgpack
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import small_config
 
 from gms.broker.store import MessageStore
 from gms.broker.store.producer_state import BATCHES_KEPT, DuplicateBatch
 from gms.errors import OutOfOrderSequenceError, ProducerFencedError, UnknownProducerIdError
 from gms.record import Message, decode_record, encode_batch, iter_records
+from gms.record.layout import SEQUENCE_PROPERTY
 from gms.record.sequence import (
     KAFKA_SEQUENCE_WRAP,
     RECORD_NUMBERED,
+    STAMP_BYTES,
     BatchSequence,
+    _props_end,
     read_sequence,
+    read_sequences,
     stamp_sequence,
 )
 from gms.store_errors import InvalidRecord
@@ -47,6 +54,28 @@ def open_store(store_dir: Path) -> MessageStore:
     if "t" not in store.topics():
         store.create_topic("t", 2)
     return store
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 64) - 1),
+       st.integers(0, (1 << 32) - 1), st.integers(0, STAMP_BYTES), st.sampled_from(b"0aF.-\x02 g"))
+def test_stamps_read_together_are_read_as_one_at_a_time(pid, epoch, sequence, count, at, byte):
+    """read_sequences (C, a send of many queues' batches) takes exactly the stamps read_sequence
+    takes, with the same values, whatever one byte of the stamp is changed to."""
+    body = batch(0, 2, 0)
+    _, _, end = _props_end(body, 0)
+    value = f"{pid:016x}.{epoch:08x}.{sequence:016x}.{count:08x}".encode()
+    body[end - STAMP_BYTES + len(SEQUENCE_PROPERTY) + 1: end - 1] = value
+    if at < STAMP_BYTES:
+        body[end - STAMP_BYTES + at] = byte
+    try:
+        alone: BatchSequence | None = read_sequence(body)
+    except InvalidRecord:
+        alone = None
+    together = read_sequences(body, np.array([end], np.int64))
+    assert together == (None if alone is None else [alone])
+    assert read_sequences(body, np.array([STAMP_BYTES - 1], np.int64)) is None
+    assert read_sequences(body, np.array([len(body) + 1], np.int64)) is None
 
 
 def test_stamp_round_trips_and_is_not_a_message_property():
