@@ -46,9 +46,10 @@ from gms.record.sequence import STAMP_BYTES
 # Sends one batch, sealed as one or more request bodies (with their record counts), to ``route``;
 # results in order.
 SendFn = Callable[[QueueRoute, list[tuple[bytearray, int]]], Awaitable[Sequence[SendResult]]]
-# Sends sealed batches of different queues of one broker (route, body, record count) as one
-# request; per batch, its results or the error it failed with.
-SendManyFn = Callable[[str, list[tuple[QueueRoute, bytearray, int]]],
+# Sends batches of different queues of one broker (route, batch, record count) as one request,
+# sealing them (Sender.send_many: an idempotent producer's with their stamps, in one copy); per
+# batch, its results or the error it failed with.
+SendManyFn = Callable[[str, list[tuple[QueueRoute, BatchBuilder, int]]],
                       Awaitable[list[Sequence[SendResult] | BaseException]]]
 log = logging.getLogger(__name__)
 
@@ -408,7 +409,7 @@ class Accumulator(AppenderBase):
         outcomes: list[Sequence[SendResult] | BaseException]
         try:
             outcomes = await cast(SendManyFn, self._send_many)(
-                broker, [(batch.route, batch.seal(), batch.count) for batch in batches])
+                broker, [(batch.route, batch, batch.count) for batch in batches])
         except BaseException as err:
             outcomes = [err] * len(batches)
             if not isinstance(err, Exception):

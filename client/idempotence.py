@@ -94,8 +94,9 @@ class Sequencer:
             if self._producer_id is None:
                 self._producer_id = await self._allocate_id()
 
-    def stamp(self, body: bytearray, topic: str, queue_id: int, count: int) -> Ticket:
-        """Number ``body`` (``count`` records) as the queue's next batch. Call :meth:`ready` first."""
+    def number(self, topic: str, queue_id: int, count: int) -> Ticket:
+        """The queue's next batch (``count`` records), for its first record to be stamped with
+        (``BatchBuilder.seal(stamp=...)``, or :meth:`stamp`). Call :meth:`ready` first."""
         assert self._producer_id is not None, "Sequencer.ready() first"
         with self._lock:
             lane = self._lanes.get((topic, queue_id))
@@ -104,6 +105,11 @@ class Sequencer:
             ticket = Ticket(lane, BatchSequence(self._producer_id, lane.epoch, lane.next, count))
             lane.next += 1
             lane.outstanding.append(ticket)
+        return ticket
+
+    def stamp(self, body: bytearray, topic: str, queue_id: int, count: int) -> Ticket:
+        """Number ``body`` (``count`` records) as the queue's next batch. Call :meth:`ready` first."""
+        ticket = self.number(topic, queue_id, count)
         stamp_sequence(body, ticket.sequence)
         return ticket
 

@@ -46,6 +46,7 @@ from gms.errors import (
 from gms.protocol.codes import RequestCode
 from gms.protocol.frame import Frame
 from gms.record import OFF_QUEUE_ID
+from gms.record.builder import BatchBuilder
 from gms.record.sequence import BatchSequence, stamp_sequence
 
 log = logging.getLogger(__name__)
@@ -214,12 +215,13 @@ class Sender:
         return leader_request(runtime.routes, runtime.pool, route.topic, route.queue_id, route.broker,
                               RequestCode.SEND_BATCH, {"acks": acks}, body)
 
-    async def send_many(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
+    async def send_many(self, broker: str, batches: list[tuple[QueueRoute, BatchBuilder, int]],
                         ) -> list[Sequence[SendResult] | BaseException]:
-        """Send sealed batches (route, body, record count) of different queues of ``broker`` as one
-        request; per batch, its results or the error it failed with. The request carries first
-        attempts only: an idempotent producer's batch goes alone (:meth:`send`) when an earlier
-        one of its queue waits for its turn or its queue has IN_FLIGHT_PER_QUEUE batches out. If
+        """Send batches (route, batch, record count) of different queues of ``broker`` as one
+        request, each sealed here; per batch, its results or the error it failed with. The
+        request carries first attempts only: an idempotent producer's batch goes alone
+        (:meth:`send`) when an earlier one of its queue waits for its turn or its queue has
+        IN_FLIGHT_PER_QUEUE batches out; the others are sealed with their stamp (one copy). If
         the broker refused the request (nothing of it is stored), each batch is sent again alone
         at once, and meets there the error that was its own; after any other failure (it may be
         stored) each is retried alone as after its own first attempt, on its queue."""
@@ -227,28 +229,32 @@ class Sender:
         if sequencer is not None:
             await sequencer.ready()
         outcomes: list[_BatchOutcome | None] = [None] * len(batches)
+        bodies: list[bytearray] = []
         together: list[tuple[int, Ticket | None, QueueSlots | None]] = []
-        for i, (route, body, count) in enumerate(batches):
+        for i, (route, batch, count) in enumerate(batches):
             if sequencer is None:
+                bodies.append(batch.seal())
                 together.append((i, None, None))
                 continue
             slots = sequencer.in_flight(route.topic, route.queue_id)
             if not slots.take():
-                outcomes[i] = _on_its_own(self.send_bodies(route, [(body, count)]))
+                bodies.append(batch.seal())
+                outcomes[i] = _on_its_own(self.send_bodies(route, [(bodies[i], count)]))
                 continue
-            ticket = sequencer.stamp(body, route.topic, route.queue_id, count)
+            ticket = sequencer.number(route.topic, route.queue_id, count)
+            bodies.append(batch.seal(stamp=ticket.sequence.stamp()))
             if sequencer.may_go(ticket):
                 together.append((i, ticket, slots))
             else:
-                outcomes[i] = _on_its_own(self._alone(route, body, ticket, slots))
+                outcomes[i] = _on_its_own(self._alone(route, bodies[i], ticket, slots))
         if len(together) == 1:  # the others went alone: no request of several
             i, one_ticket, one_slots = together.pop()
-            outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], batches[i][1], one_ticket, one_slots))
+            outcomes[i] = asyncio.ensure_future(self._alone(batches[i][0], bodies[i], one_ticket, one_slots))
         elif not together:
             answered()  # no request: each batch waits for its queue
         if together:
-            for i, answer in zip([i for i, _, _ in together], await self._send_together(broker, batches, together),
-                                 strict=True):
+            answers = await self._send_together(broker, batches, bodies, together)
+            for (i, _, _), answer in zip(together, answers, strict=True):
                 outcomes[i] = answer
         futures = [outcome for outcome in outcomes if isinstance(outcome, asyncio.Future)]
         if not all(future.done() for future in futures):
@@ -256,11 +262,12 @@ class Sender:
         return [_outcome(outcome) if isinstance(outcome, asyncio.Future) else outcome
                 for outcome in cast(list[_BatchOutcome], outcomes)]
 
-    async def _send_together(self, broker: str, batches: list[tuple[QueueRoute, bytearray, int]],
-                             together: list[tuple[int, Ticket | None, QueueSlots | None]]) -> list[_BatchOutcome]:
+    async def _send_together(self, broker: str, batches: list[tuple[QueueRoute, BatchBuilder, int]],
+                             bodies: list[bytearray], together: list[tuple[int, Ticket | None, QueueSlots | None]],
+                             ) -> list[_BatchOutcome]:
         """The one request of :meth:`send_many`: per batch, its results, its error or what gives them
         (a batch retried alone). The batches it stores are acknowledged together."""
-        parts = [batches[i][1] for i, _, _ in together]
+        parts = [bodies[i] for i, _, _ in together]
         try:
             if self._acks == 0:
                 await self._runtime.pool.oneway(broker, RequestCode.SEND_BATCH, {"acks": 0}, parts)
@@ -270,7 +277,7 @@ class Sender:
             answered()
             first_error = None if isinstance(err, REFUSED_ERRORS) and not err.fields.get(STORED_FIELD) else err
             log.debug("a send of %d batches to %s failed (%r): each goes alone", len(together), broker, err)
-            return [_on_its_own(self._alone(batches[i][0], batches[i][1], ticket, slots, first_error))
+            return [_on_its_own(self._alone(batches[i][0], bodies[i], ticket, slots, first_error))
                     for i, ticket, slots in together]
         except BaseException:
             for _, ticket, slots in together:

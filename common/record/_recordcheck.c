@@ -24,9 +24,13 @@
 #define OFF_QUEUE_OFFSET 16
 #define OFF_PHYS_OFFSET 24
 #define OFF_CRC_START 40
+#define OFF_FLAGS 40
 #define OFF_BODY_LEN 64
 #define OFF_TOPIC_LEN 68 /* then tag_len, born_host_len, reserved (u8 each), keys_len, props_len (u16) */
 #define OFF_KEYS_LEN 72
+#define OFF_PROPS_LEN 74
+#define FLAG_SEQUENCED 0x8
+#define PROPS_BYTES_MAX 0xFFFF
 #define HEADER_SIZE 76
 #define MAGIC_V1 0x474D5301u
 #define MIN_PREFIX 12 /* total_size, magic, crc: what the walk reads before trusting a length */
@@ -856,9 +860,11 @@ static PyObject *batch_core_add(BatchCoreObject *self, PyObject *const *args, Py
 }
 
 PyDoc_STRVAR(batch_core_seal_doc,
-"seal(start=0, stop=None) -> bytearray\n\n"
+"seal(start=0, stop=None, stamp=None) -> bytearray\n\n"
 "The request body: the records back to back, each with its CRC; bytes [start, stop) of it (a\n"
-"copy: the batch is unchanged).");
+"copy: the batch is unchanged). stamp: a producer sequence's property (name, value and\n"
+"separator) put last in the first record's properties, as gms.record.sequence.stamp_sequence\n"
+"would, in the same copy.");
 
 /* Copies bytes [start, stop) of the sealed records (the buffer with the large bodies in place) to dst. */
 static int batch_core_copy(BatchCoreObject *self, char *dst, Py_ssize_t start, Py_ssize_t stop) {
@@ -890,12 +896,60 @@ static int batch_core_copy(BatchCoreObject *self, char *dst, Py_ssize_t start, P
     return 0;
 }
 
-static PyObject *batch_core_seal(BatchCoreObject *self, PyObject *args) {
+/* The sealed records [start, stop) with stamp inserted at the end of the first one's properties,
+ * as its last property: its size, flags (FLAG_SEQUENCED), properties' length and CRC follow. One
+ * copy of the records: inserting into a sealed body moves all of it. */
+static PyObject *seal_stamped(BatchCoreObject *self, Py_ssize_t start, Py_ssize_t stop, const Py_buffer *stamp) {
+    uint8_t head[HEADER_SIZE];
+    if (stop - start < HEADER_SIZE || batch_core_copy(self, (char *)head, start, start + HEADER_SIZE) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "seal: no record to stamp");
+        return NULL;
+    }
+    Py_ssize_t total = (int32_t)load_be32(head), props_len = load_be16(head + OFF_PROPS_LEN);
+    uint32_t flags = load_be32(head + OFF_FLAGS);
+    Py_ssize_t props_end = HEADER_SIZE + head[OFF_TOPIC_LEN] + head[OFF_TOPIC_LEN + 1] + head[OFF_TOPIC_LEN + 2]
+                           + load_be16(head + OFF_KEYS_LEN) + props_len;
+    if (flags & FLAG_SEQUENCED || props_end > total || total > stop - start) {
+        PyErr_SetString(PyExc_ValueError, "seal: the first record is stamped already, or not whole");
+        return NULL;
+    }
+    if (props_len + stamp->len > PROPS_BYTES_MAX) {
+        PyErr_SetString(PyExc_ValueError, "the first record's properties leave no room for the producer sequence");
+        return NULL;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, stop - start + stamp->len);
+    if (out == NULL) return NULL;
+    uint8_t *dst = (uint8_t *)PyByteArray_AS_STRING(out);
+    if (batch_core_copy(self, (char *)dst, start, start + props_end) < 0
+        || batch_core_copy(self, (char *)dst + props_end + stamp->len, start + props_end, stop) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    memcpy(dst + props_end, stamp->buf, (size_t)stamp->len);
+    total += stamp->len;
+    batch_core_store_be32(dst, (uint32_t)total);
+    batch_core_store_be32(dst + OFF_FLAGS, flags | FLAG_SEQUENCED);
+    dst[OFF_PROPS_LEN] = (uint8_t)((props_len + stamp->len) >> 8);
+    dst[OFF_PROPS_LEN + 1] = (uint8_t)(props_len + stamp->len);
+    batch_core_store_be32(dst + OFF_CRC, crc32_of(dst + OFF_CRC_START, (size_t)(total - OFF_CRC_START)));
+    return out;
+}
+
+static PyObject *batch_core_seal(BatchCoreObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"start", "stop", "stamp", NULL};
     Py_ssize_t start = 0, stop = self->sealed_len;
-    if (!PyArg_ParseTuple(args, "|nn:seal", &start, &stop)) return NULL;
+    PyObject *stamp_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|nnO:seal", names, &start, &stop, &stamp_obj)) return NULL;
     if (start < 0 || stop > self->sealed_len || start > stop) {
         PyErr_SetString(PyExc_ValueError, "seal: 0 <= start <= stop <= the records' bytes");
         return NULL;
+    }
+    if (stamp_obj != Py_None) {
+        Py_buffer stamp;
+        if (PyObject_GetBuffer(stamp_obj, &stamp, PyBUF_SIMPLE) < 0) return NULL;
+        PyObject *out = seal_stamped(self, start, stop, &stamp);
+        PyBuffer_Release(&stamp);
+        return out;
     }
     PyObject *out = PyByteArray_FromStringAndSize(NULL, stop - start);
     if (out == NULL) return NULL;
@@ -933,7 +987,7 @@ static PyObject *batch_core_record_ends(BatchCoreObject *self, PyObject *Py_UNUS
 
 static PyMethodDef batch_core_methods[] = {
     {"add", (PyCFunction)(void (*)(void))batch_core_add, METH_FASTCALL, batch_core_add_doc},
-    {"seal", (PyCFunction)batch_core_seal, METH_VARARGS, batch_core_seal_doc},
+    {"seal", (PyCFunction)(void (*)(void))batch_core_seal, METH_VARARGS | METH_KEYWORDS, batch_core_seal_doc},
     {"record_ends", (PyCFunction)batch_core_record_ends, METH_NOARGS, batch_core_record_ends_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -992,9 +1046,10 @@ PyMODINIT_FUNC PyInit__recordcheck(void) {
     crc32_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    PyObject *layout = Py_BuildValue("(iiiiiiiiiik)", OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET,
+    PyObject *layout = Py_BuildValue("(iiiiiiiiiiiikii)", OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET,
                                      OFF_PHYS_OFFSET, OFF_CRC_START, OFF_BODY_LEN, OFF_TOPIC_LEN, OFF_KEYS_LEN,
-                                     HEADER_SIZE, (unsigned long)MAGIC_V1);
+                                     OFF_FLAGS, OFF_PROPS_LEN, HEADER_SIZE, (unsigned long)MAGIC_V1, FLAG_SEQUENCED,
+                                     PROPS_BYTES_MAX);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

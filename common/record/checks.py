@@ -11,6 +11,7 @@ from gms.naming import TOPIC_NAME_BYTES_MAX
 from gms.record import _recordcheck
 from gms.record.codec import check_record
 from gms.record.layout import (
+    FLAG_SEQUENCED,
     HEADER_DTYPE,
     HEADER_SIZE,
     MAGIC_V1,
@@ -21,11 +22,13 @@ from gms.record.layout import (
     OFF_QUEUE_ID,
     OFF_QUEUE_OFFSET,
     OFFSETS,
+    PROPS_BYTES_MAX,
     RecordCheck,
 )
 
 _LAYOUT = (OFF_MAGIC, OFF_CRC, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_PHYS_OFFSET, OFF_CRC_START, OFFSETS["body_len"],
-           OFFSETS["topic_len"], OFFSETS["keys_len"], HEADER_SIZE, MAGIC_V1)
+           OFFSETS["topic_len"], OFFSETS["keys_len"], OFFSETS["flags"], OFFSETS["props_len"], HEADER_SIZE, MAGIC_V1,
+           FLAG_SEQUENCED, PROPS_BYTES_MAX)
 assert _recordcheck.LAYOUT == _LAYOUT, "gms.record._recordcheck was built for another record layout"
 # read_headers takes the u8 and u16 lengths that follow topic_len as they are laid out here.
 assert [OFFSETS[f] - OFFSETS["topic_len"] for f in ("tag_len", "born_host_len", "reserved", "keys_len", "props_len")

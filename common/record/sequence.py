@@ -57,6 +57,10 @@ class BatchSequence(NamedTuple):
     def encode(self) -> bytes:
         return f"{self.producer_id:016x}.{self.epoch:08x}.{self.sequence:016x}.{self.records:08x}".encode()
 
+    def stamp(self) -> bytes:
+        """The property a batch's first record carries last (STAMP_BYTES): name, value, separator."""
+        return b"".join((_NAME, self.encode(), b"\x02"))
+
 
 def _props_end(buf: Buffer, pos: int) -> tuple[int, int, int]:
     """(flags, props_len, end of the properties) of the record at ``pos``."""
@@ -69,13 +73,12 @@ def stamp_sequence(body: bytearray, sequence: BatchSequence) -> None:
     """Stamp the first record of ``body`` (restamp it if stamped already); ValueError if its
     properties have no room left."""
     flags, props_len, end = _props_end(body, 0)
-    value = sequence.encode()
     if flags & FLAG_SEQUENCED:
-        body[end - 1 - _VALUE_BYTES:end - 1] = value
+        body[end - 1 - _VALUE_BYTES:end - 1] = sequence.encode()
     else:
         if props_len + STAMP_BYTES > PROPS_BYTES_MAX:
             raise ValueError("the first record's properties leave no room for the producer sequence")
-        body[end:end] = b"".join((_NAME, value, b"\x02"))
+        body[end:end] = sequence.stamp()
         _I32.pack_into(body, 0, _I32.unpack_from(body)[0] + STAMP_BYTES)
         _I32.pack_into(body, _OFF_FLAGS, flags | FLAG_SEQUENCED)
         _U16.pack_into(body, _OFF_PROPS_LEN, props_len + STAMP_BYTES)

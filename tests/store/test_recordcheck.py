@@ -244,3 +244,43 @@ def test_group_bytes_refuses_a_row_past_the_end_as_a_corrupt_record():
     arr = np.frombuffer(b"abcabc", np.uint8)
     with pytest.raises(CorruptRecord, match="past the end"):
         group_bytes(arr, np.array([0, 3], np.int64), np.array([3, 4], np.uint8))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 3, 100, 70_000]), st.booleans()), min_size=1, max_size=5), st.data())
+def test_a_batch_sealed_with_a_stamp_is_the_body_stamped_after_sealing(records, data):
+    """seal(stamp=...) puts the producer sequence in the first record of the body in the one copy
+    it makes, byte for byte as stamp_sequence inserts it into a sealed body: the first record of
+    any record range, large bodies (kept, not copied) included."""
+    from gms.record.builder import BatchBuilder, RecordEncoder
+    from gms.record.sequence import BatchSequence, read_sequence, stamp_sequence
+
+    encoder, batch = RecordEncoder("127.0.0.1:1"), BatchBuilder(2)
+    for i, (length, with_properties) in enumerate(records):
+        encoder.add(batch, "orders", os.urandom(length), "tag", keys=("k",) if i % 2 else (),
+                    properties={"p": "v" * i} if with_properties else None)
+    ends = [0, *np.frombuffer(batch.record_ends(), np.int64).tolist()]
+    first = data.draw(st.integers(0, len(records) - 1))
+    last = data.draw(st.integers(first + 1, len(records)))
+    sequence = BatchSequence(data.draw(st.integers(0, (1 << 63) - 1)), 3, 9, last - first)
+    expected = batch.seal(ends[first], ends[last])
+    stamp_sequence(expected, sequence)
+    stamped = batch.seal(ends[first], ends[last], stamp=sequence.stamp())
+    assert stamped == expected
+    assert read_sequence(stamped) == sequence
+    assert [r.body for r in rec.iter_records(bytes(stamped))] == [r.body for r in rec.iter_records(
+        bytes(batch.seal(ends[first], ends[last])))]  # every CRC holds
+
+
+def test_a_stamp_that_leaves_no_room_or_no_record_is_refused():
+    from gms.record.builder import BatchBuilder, RecordEncoder
+    from gms.record.sequence import BatchSequence
+
+    encoder, batch = RecordEncoder(), BatchBuilder(0)
+    encoder.add(batch, "orders", b"body", properties={"p": "v" * (rec.PROPS_BYTES_MAX - 10)})
+    stamp = BatchSequence(1, 0, 0, 1).stamp()
+    with pytest.raises(ValueError, match="no room for the producer sequence"):
+        batch.seal(stamp=stamp)
+    with pytest.raises(ValueError, match="no record to stamp"):
+        batch.seal(0, 10, stamp=stamp)
+    assert len(batch.seal()) == batch.size_bytes  # refusing changed nothing
