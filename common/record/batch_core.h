@@ -24,7 +24,12 @@
 #define BATCH_CORE_LARGE_BODY (64 * 1024)
 #define BATCH_CORE_SHAPE_INLINE 128  /* a record header past its first 12 bytes (64), topic, tag and host */
 
-typedef struct {
+typedef struct BatchCoreObject BatchCoreObject;
+/* Gives batch's buffer room for need bytes: 0, or -1 with an exception set (gms.record._recordcheck
+ * sets it, and keeps the buffers of batches that were freed for the next ones). */
+typedef int (*batch_core_grow_fn)(BatchCoreObject *batch, Py_ssize_t need);
+
+struct BatchCoreObject {
     PyObject_HEAD
     /* What a plain append reads and writes comes first, together: a producer spread over a
      * thousand topics visits each batch once a round, long after its lines left the cache, and
@@ -48,7 +53,8 @@ typedef struct {
     PyObject *shapes;     /* dict: (topic, tag, body length) -> (shape, shape CRC, record size) */
     Py_ssize_t queue_id;
     long long born_ts_ms;
-} BatchCoreObject;
+    batch_core_grow_fn grow;
+};
 
 static inline void batch_core_store_be32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24);
@@ -64,23 +70,7 @@ static inline int batch_core_append(BatchCoreObject *batch, Py_ssize_t total, ui
                                     const void *data, Py_ssize_t len) {
     int keep = len >= BATCH_CORE_LARGE_BODY;
     Py_ssize_t need = batch->buf_len + 12 + shape_len + (keep ? 0 : len);
-    if (need > batch->buf_cap) {
-        Py_ssize_t cap = batch->buf_cap ? batch->buf_cap : 256;
-        while (cap < need) {
-            if (cap > PY_SSIZE_T_MAX / 2) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            cap *= 2;
-        }
-        char *grown = PyMem_Realloc(batch->buf, (size_t)cap);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        batch->buf = grown;
-        batch->buf_cap = cap;
-    }
+    if (need > batch->buf_cap && batch->grow(batch, need) < 0) return -1;
     if (keep) {
         if (batch->large == NULL && (batch->large = PyList_New(0)) == NULL) return -1;
         PyObject *entry = Py_BuildValue("(nO)", need, body);
