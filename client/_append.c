@@ -30,13 +30,33 @@ static PyObject *empty_tuple;  /* append's keys for a message without any */
  * callback has run (OneShotCallback). */
 typedef struct {
     PyObject_HEAD
-    PyObject *batch;   /* the batch's concurrent.futures.Future */
+    PyObject *batch;   /* the batch (a BatchCore with its outcome), or a Future-like outcome itself */
     Py_ssize_t index;  /* the message's place in the batch */
 } SendFutureObject;
 
 static PyTypeObject SendFuture_Type;
 static PyTypeObject OneShotCallback_Type;
 static PyObject *str_result, *str_exception, *str_done, *str_cancelled, *str_add_done_callback;
+
+/* outcome.name(arg) (no argument if arg is NULL) of the handle's batch: a BatchCore's outcome, or
+ * what the handle was made with. A plain append refers to the batch, not its outcome: the batch's
+ * first line is in the cache then, its outcome's reference count is not (a miss a message, at a
+ * thousand topics). */
+static PyObject *call_outcome(SendFutureObject *self, PyObject *name, PyObject *arg) {
+    PyObject *outcome = self->batch;
+    if (PyObject_TypeCheck(outcome, batch_core_type)) {
+        outcome = ((BatchCoreObject *)outcome)->outcome;
+        if (outcome == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "the message's batch has no outcome");
+            return NULL;
+        }
+    }
+    Py_INCREF(outcome);
+    PyObject *result = arg == NULL ? PyObject_CallMethodNoArgs(outcome, name)
+                                   : PyObject_CallMethodOneArg(outcome, name, arg);
+    Py_DECREF(outcome);
+    return result;
+}
 
 static SendFutureObject *send_future_make(PyObject *batch, Py_ssize_t index) {
     SendFutureObject *self = PyObject_New(SendFutureObject, &SendFuture_Type);
@@ -70,7 +90,7 @@ static int parse_timeout(PyObject *args, PyObject *kwargs, const char *format, P
 static PyObject *send_future_result(SendFutureObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *timeout;
     if (!parse_timeout(args, kwargs, "|O:result", &timeout)) return NULL;
-    PyObject *results = PyObject_CallMethodOneArg(self->batch, str_result, timeout);
+    PyObject *results = call_outcome(self, str_result, timeout);
     if (results == NULL) return NULL;
     int any = PyObject_IsTrue(results);  /* acks=0: no results, each message's is None */
     PyObject *mine = any > 0 ? PySequence_GetItem(results, self->index) : any == 0 ? Py_NewRef(Py_None) : NULL;
@@ -81,22 +101,22 @@ static PyObject *send_future_result(SendFutureObject *self, PyObject *args, PyOb
 static PyObject *send_future_exception(SendFutureObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *timeout;
     if (!parse_timeout(args, kwargs, "|O:exception", &timeout)) return NULL;
-    return PyObject_CallMethodOneArg(self->batch, str_exception, timeout);
+    return call_outcome(self, str_exception, timeout);
 }
 
 static PyObject *send_future_done(SendFutureObject *self, PyObject *unused) {
     (void)unused;
-    return PyObject_CallMethodNoArgs(self->batch, str_done);
+    return call_outcome(self, str_done, NULL);
 }
 
 static PyObject *send_future_cancelled(SendFutureObject *self, PyObject *unused) {
     (void)unused;
-    return PyObject_CallMethodNoArgs(self->batch, str_cancelled);
+    return call_outcome(self, str_cancelled, NULL);
 }
 
 static PyObject *send_future_running(SendFutureObject *self, PyObject *unused) {
     (void)unused;
-    PyObject *done = PyObject_CallMethodNoArgs(self->batch, str_done);
+    PyObject *done = call_outcome(self, str_done, NULL);
     if (done == NULL) return NULL;
     int is_done = PyObject_IsTrue(done);
     Py_DECREF(done);
@@ -122,19 +142,19 @@ static PyObject *send_future_add_done_callback(SendFutureObject *self, PyObject 
     callback->fn = Py_NewRef(fn);
     callback->handle = Py_NewRef((PyObject *)self);
     PyObject_GC_Track(callback);
-    PyObject *added = PyObject_CallMethodOneArg(self->batch, str_add_done_callback, (PyObject *)callback);
+    PyObject *added = call_outcome(self, str_add_done_callback, (PyObject *)callback);
     Py_DECREF(callback);
     return added;
 }
 
 static PyObject *send_future_repr(SendFutureObject *self) {
-    PyObject *done = PyObject_CallMethodNoArgs(self->batch, str_done);
+    PyObject *done = call_outcome(self, str_done, NULL);
     if (done == NULL) return NULL;
     int is_done = PyObject_IsTrue(done);
     Py_DECREF(done);
     if (is_done < 0) return NULL;
     if (!is_done) return PyUnicode_FromString("<SendFuture pending>");
-    PyObject *error = PyObject_CallMethodNoArgs(self->batch, str_exception);
+    PyObject *error = call_outcome(self, str_exception, NULL);
     if (error == NULL) return NULL;
     int failed = error != Py_None;
     Py_DECREF(error);
@@ -178,7 +198,7 @@ static PyMethodDef send_future_methods[] = {
 };
 
 static PyMemberDef send_future_members[] = {
-    {"_batch", T_OBJECT, offsetof(SendFutureObject, batch), READONLY, "The batch's Future."},
+    {"_batch", T_OBJECT, offsetof(SendFutureObject, batch), READONLY, "The batch, or its outcome."},
     {"_index", T_PYSSIZET, offsetof(SendFutureObject, index), READONLY, "The message's place in it."},
     {NULL, 0, 0, 0, NULL},
 };
@@ -476,7 +496,7 @@ static PyObject *append_locked(AppenderObject *self, BatchCoreObject *batch, PyO
         Py_DECREF(future);
         return NULL;
     }
-    future->batch = Py_NewRef(batch->outcome);
+    future->batch = Py_NewRef((PyObject *)batch);
     future->index = batch->count - 1;
     self->buffered_bytes += total;
     if (batch->size_bytes >= self->batch_bytes) {

@@ -279,7 +279,7 @@ class Accumulator(AppenderBase):
         self._buffered_bytes += self._encoder.add(batch, topic, body, tag, keys, properties, flags)
         if batch.size_bytes >= self._batch_bytes:
             self._close(batch)
-        return SendFuture(batch.outcome, batch.count - 1)
+        return SendFuture(batch, batch.count - 1)
 
     def _close(self, batch: _OpenBatch) -> None:
         """Take ``batch`` out of the open ones (under the lock): no message joins it any more. (A
@@ -450,7 +450,8 @@ class Accumulator(AppenderBase):
                     waiter.set_result(None)
 
     def _resolve(self, batch: _OpenBatch, outcome: Sequence[SendResult] | BaseException) -> None:
-        """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error."""
+        """Give ``batch``'s messages their results (acks=0: none, each message's is None) or error,
+        and let its records go: the handles of its messages keep the batch, for its outcome."""
         if isinstance(outcome, BaseException):
             batch.outcome.set_exception(outcome)
         elif outcome and len(outcome) != batch.count:
@@ -458,6 +459,7 @@ class Accumulator(AppenderBase):
                 f"{len(outcome)} results for a batch of {batch.count} messages", must_close=False))
         else:
             batch.outcome.set_result(outcome)
+        batch.release()
 
     async def flush(self) -> None:
         """Send every open batch now and wait until all batches in flight are answered."""

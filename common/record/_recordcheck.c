@@ -1049,7 +1049,29 @@ static PyObject *batch_core_record_ends(BatchCoreObject *self, PyObject *Py_UNUS
     return out;
 }
 
+PyDoc_STRVAR(batch_core_release_doc,
+"release() -> None\n\n"
+"Let the records go (the batch was answered): its buffer goes back to be reused by the next\n"
+"batches; the batch takes no more records and seals to nothing. Its count, size and outcome stay:\n"
+"the handles of its messages (which refer to the batch) read the outcome.");
+
+static PyObject *batch_core_release(BatchCoreObject *self, PyObject *Py_UNUSED(ignored)) {
+    self->closed = 1;
+    if (self->buf != NULL) pool_put(self->buf, self->buf_cap);
+    self->buf = NULL;
+    self->buf_len = self->buf_cap = self->sealed_len = 0;
+    Py_CLEAR(self->large);
+    Py_CLEAR(self->last_topic);
+    Py_CLEAR(self->last_tag);
+    Py_CLEAR(self->last_entry);
+    self->last_shape = NULL;
+    self->last_shape_len = 0;
+    if (self->shapes != NULL) PyDict_Clear(self->shapes);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef batch_core_methods[] = {
+    {"release", (PyCFunction)batch_core_release, METH_NOARGS, batch_core_release_doc},
     {"add", (PyCFunction)(void (*)(void))batch_core_add, METH_FASTCALL, batch_core_add_doc},
     {"seal", (PyCFunction)(void (*)(void))batch_core_seal, METH_VARARGS | METH_KEYWORDS, batch_core_seal_doc},
     {"record_ends", (PyCFunction)batch_core_record_ends, METH_NOARGS, batch_core_record_ends_doc},

@@ -76,7 +76,7 @@ def test_plain_appends_write_the_reference_bytes(messages, born_host):
             assert bytes(batch.seal()) == expected
             assert [r.body for r in iter_records(expected)] == [b for _, b, _ in mine]
             assert batch.count == len(mine) and batch.size_bytes == len(expected)
-            assert [f._index for f in futures if f._batch is batch.outcome] == list(range(len(mine)))
+            assert [f._index for f in futures if f._batch is batch] == list(range(len(mine)))
         assert acc._buffered_bytes == sum(b.size_bytes for b in acc._sticky.values())
 
 
@@ -106,12 +106,14 @@ def test_a_full_batch_is_closed_and_handed_to_the_loop():
         record_bytes = acc._sticky["t"].size_bytes // acc._sticky["t"].count
         assert acc._buffered_bytes == 32 * record_bytes  # sent or not, nothing is answered yet
         open_batch = acc._sticky["t"]
-        closed = {id(f._batch): f._batch for f in futures if f._batch is not open_batch.outcome}
+        closed = {id(f._batch): f._batch for f in futures if f._batch is not open_batch}
         assert len(closed) == 5 and not open_batch.closed  # 6 records of 177 bytes per batch
         acc._loop.run_until_complete(asyncio.sleep(0.01))  # the loop sends what filled up
         assert sum(count for _, bodies in sent for _, count in bodies) == 32 - open_batch.count
-        assert all(f.done() and f.result() is None for f in futures if f._batch is not open_batch.outcome)
+        assert all(f.done() and f.result() is None for f in futures if f._batch is not open_batch)
         assert acc._buffered_bytes == open_batch.size_bytes  # the answered batches gave their room back
+        # the answered batches let their records go (their handles keep them): none are sealed again
+        assert all(batch.closed and batch.seal() == b"" and batch.count == 6 for batch in closed.values())
 
 
 def test_routed_appends_take_the_fast_path_and_write_the_reference_bytes():
@@ -133,7 +135,7 @@ def test_routed_appends_take_the_fast_path_and_write_the_reference_bytes():
         expected = b"".join(encode_record(topic="t", body=b, tag=g, queue_id=2, born_ts_ms=batch.born_ts_ms)
                             for b, g in messages)
         assert bytes(batch.seal()) == expected
-        assert [f._index for f in futures] == list(range(100)) and {f._batch for f in futures} == {batch.outcome}
+        assert [f._index for f in futures] == list(range(100)) and {f._batch for f in futures} == {batch}
 
 
 def test_bad_plain_messages_get_their_typed_errors_on_the_fast_path(broker, topic):
@@ -209,7 +211,7 @@ def test_futures_are_not_collector_objects_and_callbacks_do_not_leak():
         assert not gc.is_tracked(future) and not gc.is_tracked(SendFuture(concurrent.futures.Future(), 0))
         seen = []
         future.add_done_callback(lambda f, me=future: seen.append((f is me, f.result())))  # refers back
-        batch_future = weakref.ref(future._batch)
+        batch_future = weakref.ref(future._batch.outcome)  # the batch, and with it its outcome
         acc.append_plain("t", b"x" * 200, None)  # fills the batch: sent
         acc._loop.run_until_complete(asyncio.sleep(0.01))
         assert seen == [(True, None)] and repr(future) == "<SendFuture done>"
