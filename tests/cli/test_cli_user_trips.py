@@ -110,12 +110,13 @@ def test_scheduled_messages_from_the_command_line(env, topic):
 
     Each CLI call is a process start (seconds on a slow host), so the test asserts the order of
     events against the wall clock rather than a window: nothing is visible before the delay has
-    passed, the kept message is once it has, and the recalled one never."""
+    passed, the kept message is once it has, and the recalled one never. The recalled one is due
+    long after: two calls stand between its send and its cancel (a CI run once took 8 s for them)."""
     delay_s = 8
     produced_at = time.time()
     kept = json.loads(gms(env, "produce", topic, "kept", "--delay", str(delay_s), "--json").stdout)["results"][0]
     recalled = json.loads(
-        gms(env, "produce", topic, "recalled", "--delay", str(delay_s), "--json").stdout)["results"][0]
+        gms(env, "produce", topic, "recalled", "--delay", str(delay_s + 120), "--json").stdout)["results"][0]
     shown = gms(env, "msg", "show", kept["msg_id"]).stdout
     assert "deliver at" in shown and "scheduled" in shown
     assert "cancelled" in gms(env, "msg", "cancel", recalled["msg_id"]).stdout
