@@ -12,16 +12,16 @@ broker's limit per send request goes out as several requests (``BatchBuilder.sea
 
 A batch that is due (full, or ``linger_ms`` old) is ready for its broker; the ready batches of a
 broker go out together, as one request (``SendManyFn``: the broker stores them in one append),
-whenever that broker has fewer than ``REQUESTS_PER_BROKER`` requests in flight. A ready batch that
-is still open keeps taking messages until a request takes it, and while the producer's unanswered
-messages fill less than ``FILLING_SHARE`` of ``buffer_bytes_max`` a request takes at most
-``OPEN_BATCHES_PER_REQUEST`` open batches (closed ones, full or flushed, are not counted), and does
-not go at all while its broker has another in flight: each batch costs both sides about as much
-as dozens of messages, so a busy producer over a thousand topics sends batches of hundreds of
-messages each, grown in the room its buffer has, rather than hundreds of batches of a few each
-(Kafka's sender drains a broker's ready batches into one request too). A batch alone, one over the
-limit per request, one of a replicated queue and every batch when there is no ``SendManyFn`` go
-through ``SendFn``.
+whenever that broker has fewer than ``REQUESTS_PER_BROKER`` requests in flight. While it has that
+many, a lingered batch stays open and keeps taking messages: a producer spread over many topics
+sends fewer, fuller requests the busier its broker is (Kafka's sender drains a broker's ready
+batches into one request too). A request sent while its broker has others in flight takes at most
+OPEN_BATCHES_PER_BUSY_REQUEST batches that are still open (closed ones, full or flushed, are not
+counted): each batch costs both sides about as much as dozens of messages, and the open ones left
+keep growing until a request takes them, so a busy producer over a thousand topics sends batches
+of a hundred messages or more rather than hundreds of batches of a few each (the buffer,
+``buffer_bytes_max``, bounds how long they wait). A batch alone, one over the limit per request, one of a
+replicated queue and every batch when there is no ``SendManyFn`` go through ``SendFn``.
 """
 
 from __future__ import annotations
@@ -57,12 +57,8 @@ log = logging.getLogger(__name__)
 HANDOFF_WAIT_S = 0.002
 # Requests in flight per broker before its ready batches wait (and grow) for the next one.
 REQUESTS_PER_BROKER = 4
-# Open (lingered, still growing) batches a request takes while the buffer is filling.
-OPEN_BATCHES_PER_REQUEST = 16
-# Below this share of buffer_bytes_max unanswered, the buffer is filling: open batches grow in it
-# while their broker answers a request (at a thousand topics 0.5 left batches of ~280 messages
-# a pass of bench_scale's produce, 0.8 of ~450, and CPU per message on both sides fell with them).
-FILLING_SHARE = 0.8
+# Open (lingered, still growing) batches a request takes while its broker has others in flight.
+OPEN_BATCHES_PER_BUSY_REQUEST = 16
 # A request this close to SEND_BODY_SIZE_MAX_BYTES takes no more batches (see _take_ready).
 REQUEST_FULL_MARGIN_BYTES = 32 * 1024
 
@@ -349,11 +345,8 @@ class Accumulator(AppenderBase):
         takes no slot: the broker's other queues go on)."""
         ready = self._ready.get(broker)
         while ready and (busy := self._requests.get(broker, 0)) < REQUESTS_PER_BROKER:
-            filling = self._buffered_bytes < self._buffer_bytes_max * FILLING_SHARE
-            if busy and filling and not ready[0].closed:
-                break  # grows until an answer, a batch that fills up or a full buffer sends it
             with self._lock:
-                taken = self._take_ready(ready, OPEN_BATCHES_PER_REQUEST if filling else len(ready))
+                taken = self._take_ready(ready, OPEN_BATCHES_PER_BUSY_REQUEST if busy else len(ready))
             self._requests[broker] = busy + 1
             task = self._loop.create_task(self._send_request(broker, taken, _Slot(self, broker)))
             self._in_flight.add(task)

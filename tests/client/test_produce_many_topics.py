@@ -16,9 +16,8 @@ from processes import free_port
 from scrape import scrape
 
 from gms.client import Admin, Producer
-from gms.client.accumulator import FILLING_SHARE, OPEN_BATCHES_PER_REQUEST, REQUESTS_PER_BROKER
+from gms.client.accumulator import OPEN_BATCHES_PER_BUSY_REQUEST, REQUESTS_PER_BROKER
 from gms.errors import MessageIllegalError, QueueNotFoundError
-from gms.record import HEADER_SIZE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -207,68 +206,42 @@ def test_batches_of_many_topics_go_out_once_lingered_without_flush(watched):
     _check_stored(broker.address, {b"first": first[0], b"later": later[-1]})
 
 
-def _paused_sends(broker, topics, producer, in_flight: int, *, more: bool = True,
-                  ) -> tuple[list[tuple[int, int]], dict[bytes, object]]:
-    """Send a message to every topic while ``broker`` is paused, wait until ``in_flight`` requests
-    wait in it (and a while more: no other may follow), then (``more``) a second message to every
-    topic; resumed, every message is answered. The requests made, as (requests of the broker in flight
-    before it, batches), and the futures by body."""
-    accumulator = producer._accumulator
-    requests: list[tuple[int, int]] = []
-    send_request = accumulator._send_request
-
-    def spied(address, batches, slot):
-        requests.append((accumulator._requests[address] - 1, len(batches)))
-        return send_request(address, batches, slot)
-
-    accumulator._send_request = spied
-    broker.pause()
-    try:
-        futures = {b"%s/first" % topic.encode(): producer.send_async(topic, b"%s/first" % topic.encode())
-                   for topic in topics}
-        deadline = time.monotonic() + 60
-        while len(requests) < in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)  # the first lingered batches go out and wait in the paused broker
-        time.sleep(0.5)  # ten lingers: long enough for any further request to go
-        assert len(requests) == in_flight
-        if more:
-            futures |= {b"%s/more" % topic.encode(): producer.send_async(topic, b"%s/more" % topic.encode())
-                        for topic in topics}  # the waiting batches take these too
-    finally:
-        broker.resume()
-    for future in futures.values():
-        future.result(timeout=60)
-    return requests, futures
-
-
-def test_a_filling_buffer_sends_one_request_at_a_time_of_few_open_batches_the_others_grow(watched):
-    """While unanswered messages fill less than FILLING_SHARE of the buffer, a broker gets one
-    request at a time, of at most OPEN_BATCHES_PER_REQUEST lingered (still open) batches; the others
-    stay open, take more messages and go with a later request. The broker is paused so that its
-    first request stays unanswered while every topic's batch lingers; resumed, it gets the waiting
-    batches, and every message is stored where its result says."""
+def test_a_busy_broker_gets_requests_of_few_open_batches_the_others_grow(watched):
+    """While a broker has requests in flight, a request takes at most OPEN_BATCHES_PER_BUSY_REQUEST
+    of its lingered (still open) batches; the others stay open, take more messages and go with a
+    later request. The broker is paused so that its first requests stay unanswered while every
+    topic's batch lingers; resumed, it gets the waiting batches in requests of at most that many,
+    and every message is stored where its result says."""
     broker, _, topics = watched
     with Producer([broker.address], linger_ms=50) as producer:
         for topic in topics:
             producer.send(topic, b"warm-up")
-        requests, futures = _paused_sends(broker, topics, producer, in_flight=1)
-    assert len(topics) > OPEN_BATCHES_PER_REQUEST
-    assert all(busy == 0 and batches <= OPEN_BATCHES_PER_REQUEST for busy, batches in requests)
-    _check_stored(broker.address, futures)
+        accumulator = producer._accumulator
+        requests: list[tuple[int, int]] = []  # (requests of the broker in flight before it, batches)
+        send_request = accumulator._send_request
 
+        def spied(address, batches, slot):
+            requests.append((accumulator._requests[address] - 1, len(batches)))
+            return send_request(address, batches, slot)
 
-def test_a_buffer_past_its_filling_share_sends_requests_side_by_side(watched):
-    """Past FILLING_SHARE of buffer_bytes_max, a broker gets up to REQUESTS_PER_BROKER requests at
-    once: the buffer is drained, not grown. The first message of every topic fills 90 % of it."""
-    broker, _, topics = watched
-    with Producer([broker.address], linger_ms=50) as probe:
-        host = len(probe._accumulator._encoder._host_raw)
-    first_bytes = sum(HEADER_SIZE + len(topic) + host + len(b"%s/first" % topic.encode()) for topic in topics)
-    assert first_bytes / 0.9 * FILLING_SHARE < first_bytes
-    with Producer([broker.address], linger_ms=50, buffer_bytes_max=int(first_bytes / 0.9)) as producer:
-        for topic in topics:
-            producer.send(topic, b"warm-up")
-        requests, futures = _paused_sends(broker, topics, producer, in_flight=REQUESTS_PER_BROKER, more=False)
-    assert [busy for busy, _ in requests[:REQUESTS_PER_BROKER]] == list(range(REQUESTS_PER_BROKER))
-    assert sum(batches for _, batches in requests) == len(topics)
+        accumulator._send_request = spied  # type: ignore[method-assign]
+        broker.pause()
+        try:
+            futures = {b"%s/first" % topic.encode(): producer.send_async(topic, b"%s/first" % topic.encode())
+                       for topic in topics}
+            deadline = time.monotonic() + 60
+            while len(requests) < REQUESTS_PER_BROKER and time.monotonic() < deadline:
+                time.sleep(0.05)  # the first lingered batches go out and wait in the paused broker
+            assert len(requests) == REQUESTS_PER_BROKER
+            waiting = len(topics) - sum(batches for _, batches in requests)
+            assert waiting > OPEN_BATCHES_PER_BUSY_REQUEST
+            futures |= {b"%s/more" % topic.encode(): producer.send_async(topic, b"%s/more" % topic.encode())
+                        for topic in topics}  # the waiting batches take these too
+        finally:
+            broker.resume()
+        for future in futures.values():
+            future.result(timeout=60)
+        later = requests[REQUESTS_PER_BROKER:]
+    assert later[0] == (REQUESTS_PER_BROKER - 1, OPEN_BATCHES_PER_BUSY_REQUEST)  # the first slot freed
+    assert all(batches <= OPEN_BATCHES_PER_BUSY_REQUEST for busy, batches in later if busy)
     _check_stored(broker.address, futures)
