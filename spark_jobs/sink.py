@@ -145,13 +145,14 @@ def _failed(outcome: Any) -> SinkError | None:
     return None if err is None else SinkError(f"a message was not acknowledged: {err!r}")
 
 
-_outcome_of = operator.attrgetter("_batch")  # a SendFuture's batch: its rows' outcome, shared
+_batch_of = operator.attrgetter("_batch")  # a SendFuture's batch, shared by its rows
 
 
 def _outcomes(futures: Iterable[Any]) -> Iterable[Any]:
     """The outcomes of the batches ``futures`` went into, once each: a batch holds thousands of
-    rows, so its answer is checked once rather than once a row."""
-    return dict.fromkeys(map(_outcome_of, futures))
+    rows, so its answer is checked once rather than once a row. (A handle refers to its batch,
+    which holds the outcome, or to an outcome itself.)"""
+    return [getattr(batch, "outcome", batch) for batch in dict.fromkeys(map(_batch_of, futures))]
 
 
 def _futures(send: Any, topics: list[Any], chunk: Chunk) -> Iterable[Any]:
