@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -110,11 +111,32 @@ def find_etcd_binary() -> Path:
     return Path(found)
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+EPHEMERAL_FLOOR_DEFAULT = 32768  # Linux's default when the range cannot be read
+FREE_PORT_SPAN = 12000  # free ports are picked among this many below the ephemeral range
+FREE_PORT_PICKS = 200
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_FLOOR_DEFAULT
+
+
 def free_port(host: str = "127.0.0.1", avoid: int = 0) -> int:
-    """A port the OS just handed out (never ``avoid``: the OS hands a just-closed port out again,
-    so two calls in a row can return the same one); racy by nature, fine for loopback children
-    and tests."""
-    while True:
+    """A port free on ``host`` now (never ``avoid``), for a loopback child to bind next.
+
+    Racy by nature, so it is picked at random below the OS's ephemeral range: every outgoing
+    connection and every port-0 bind takes its port from that range, so a port handed out there
+    can be taken again before the child binds it (``address already in use``)."""
+    floor = _ephemeral_floor()
+    low = max(1024, floor - FREE_PORT_SPAN)
+    for _ in range(FREE_PORT_PICKS if low < floor else 0):
+        port = random.randrange(low, floor)
+        if port != avoid and port_is_free(host, port):
+            return port
+    while True:  # no room below the ephemeral range: take one the OS hands out
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             port = int(sock.getsockname()[1])

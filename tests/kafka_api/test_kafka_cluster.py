@@ -16,7 +16,7 @@ from gms_cluster import LocalCluster
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KpTopicPartition
 from kafka.errors import NoError
-from processes import free_port, wait_until
+from processes import wait_until
 
 from gms.client import Admin
 from gms.errors import GroupNotFoundError
@@ -33,9 +33,11 @@ WAIT_S = 30
 def cluster(tmp_path_factory):
     running = LocalCluster(tmp_path_factory.mktemp("kafka-cluster")).start(nameservers=1, brokers=0)
     try:
-        for _ in range(BROKERS):
-            endpoint = f"127.0.0.1:{free_port()}"
-            running.add_broker("--kafka-listen", endpoint).kafka = endpoint
+        for index in range(BROKERS):  # port 0: a port picked free beforehand can be taken meanwhile
+            port_file = running.root / f"broker{index}.kafka-port"
+            broker = running.add_broker("--kafka-listen", "127.0.0.1:0", "--kafka-port-file", str(port_file))
+            wait_until(port_file.exists, WAIT_S)
+            broker.kafka = f"127.0.0.1:{int(port_file.read_text())}"
         running.wait_registered(BROKERS)
         yield running
     finally:

@@ -69,6 +69,15 @@ def test_remembered_port_taken_is_a_clear_error(tmp_path, monkeypatch):
         EmbeddedEtcd(tmp_path / "b").start()
 
 
+def test_free_ports_are_picked_at_random_below_the_ephemeral_range_that_outgoing_connections_use():
+    floor = int(embedded_etcd.EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    avoid = floor - 1
+    picks = {embedded_etcd.free_port("127.0.0.1", avoid=avoid) for _ in range(50)}
+    assert all(floor - embedded_etcd.FREE_PORT_SPAN <= port < floor for port in picks)
+    assert avoid not in picks
+    assert len(picks) > 1  # not the one port the OS just handed out, again and again
+
+
 def test_a_picked_port_taken_before_etcd_binds_it_is_picked_again(tmp_path, monkeypatch):
     """Another process can bind a port between our pick and etcd's bind (CI saw a peer port go
     that way); start picks again instead of failing."""
