@@ -3,8 +3,8 @@
 from setuptools import Extension, setup
 
 # _recordcheck and _append include common/record/crc32.h and batch_core.h (BatchCore's layout,
-# shared by the two); the Kafka adapter's _convert, crc32.h.
-HEADERS = ["common/record/crc32.h", "common/record/batch_core.h"]
+# shared by the two), _recordcheck buffer_arena.h too; the Kafka adapter's _convert, crc32.h.
+HEADERS = ["common/record/crc32.h", "common/record/batch_core.h", "common/record/buffer_arena.h"]
 
 setup(ext_modules=[
     Extension("gms.record._recordcheck", ["common/record/_recordcheck.c"], depends=HEADERS,

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "batch_core.h"
+#include "buffer_arena.h"
 #include "crc32.h"
 #include <structmember.h>
 
@@ -779,45 +780,7 @@ static PyObject *crc32(PyObject *self, PyObject *arg) {
 
 static PyObject *time_ns;  /* time.time_ns: a batch's born timestamp, as Python's clock reads it */
 
-/* The buffers of batches that were freed, kept for the batches opened next. A producer over a
- * thousand topics frees and opens thousands of batches a second, each buffer grown to tens of
- * KiB: handed back to malloc, their memory went back to the system (glibc trims its heap) and came
- * back as fresh pages, faulted in, zeroed and missed in the cache at the record's first store
- * (its appending thread spent ~30 % more a message than with one topic). Only the GIL guards
- * them: every caller holds it. */
-#define POOL_BUFFERS_MAX 256
-#define POOL_BYTES_MAX (32 << 20)
-#define POOL_BUFFER_MIN 4096  /* smaller buffers are malloc's (pymalloc's) to keep */
-static struct { char *buf; Py_ssize_t cap; } pool[POOL_BUFFERS_MAX];
-static int pool_count;
-static Py_ssize_t pool_bytes;
-
-static void pool_put(char *buf, Py_ssize_t cap) {
-    if (cap >= POOL_BUFFER_MIN && pool_count < POOL_BUFFERS_MAX && pool_bytes + cap <= POOL_BYTES_MAX) {
-        pool[pool_count].buf = buf;
-        pool[pool_count].cap = cap;
-        pool_count++;
-        pool_bytes += cap;
-    } else {
-        PyMem_Free(buf);
-    }
-}
-
-/* The pooled buffer put back last of those with at least need bytes (*cap: its size), or NULL. */
-static char *pool_take(Py_ssize_t need, Py_ssize_t *cap) {
-    for (int i = pool_count - 1; i >= 0; i--) {
-        if (pool[i].cap >= need) {
-            char *buf = pool[i].buf;
-            *cap = pool[i].cap;
-            pool_bytes -= *cap;
-            pool[i] = pool[--pool_count];
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-/* batch_core_grow_fn: the buffer's size doubled until need fits, from the pool if it has one. */
+/* batch_core_grow_fn: the buffer's size doubled until need fits (buffer_arena.h). */
 static int batch_core_grow(BatchCoreObject *batch, Py_ssize_t need) {
     Py_ssize_t cap = batch->buf_cap ? batch->buf_cap : 256;
     while (cap < need) {
@@ -827,18 +790,10 @@ static int batch_core_grow(BatchCoreObject *batch, Py_ssize_t need) {
         }
         cap *= 2;
     }
-    Py_ssize_t pooled_cap;
-    char *grown = pool_take(cap, &pooled_cap);
-    if (grown != NULL) {
-        if (batch->buf_len) memcpy(grown, batch->buf, (size_t)batch->buf_len);
-        pool_put(batch->buf, batch->buf_cap);
-        cap = pooled_cap;
-    } else if ((grown = PyMem_Realloc(batch->buf, (size_t)cap)) == NULL) {
+    if (buffer_grow(&batch->buf, batch->buf_len, &batch->buf_cap, cap) < 0) {
         PyErr_NoMemory();
         return -1;
     }
-    batch->buf = grown;
-    batch->buf_cap = cap;
     return 0;
 }
 
@@ -887,7 +842,7 @@ static int batch_core_clear(BatchCoreObject *self) {
 static void batch_core_dealloc(BatchCoreObject *self) {
     PyObject_GC_UnTrack(self);
     batch_core_clear(self);
-    if (self->buf != NULL) pool_put(self->buf, self->buf_cap);
+    if (self->buf != NULL) buffer_free(self->buf, self->buf_cap);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1057,7 +1012,7 @@ PyDoc_STRVAR(batch_core_release_doc,
 
 static PyObject *batch_core_release(BatchCoreObject *self, PyObject *Py_UNUSED(ignored)) {
     self->closed = 1;
-    if (self->buf != NULL) pool_put(self->buf, self->buf_cap);
+    if (self->buf != NULL) buffer_free(self->buf, self->buf_cap);
     self->buf = NULL;
     self->buf_len = self->buf_cap = self->sealed_len = 0;
     Py_CLEAR(self->large);

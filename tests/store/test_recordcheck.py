@@ -284,3 +284,52 @@ def test_a_stamp_that_leaves_no_room_or_no_record_is_refused():
     with pytest.raises(ValueError, match="no record to stamp"):
         batch.seal(0, 10, stamp=stamp)
     assert len(batch.seal()) == batch.size_bytes  # refusing changed nothing
+
+
+ARENA_PROBE = """
+import struct, sys, zlib
+from gms.record import MAGIC_V1, _recordcheck
+
+def record(shape, body):
+    return struct.pack(">iII", 12 + len(shape) + len(body), MAGIC_V1, zlib.crc32(body)) + shape + body
+
+def fill(batches, expected, body_len, rounds):
+    for round_ in range(rounds):  # in turn, as a producer over many topics: every buffer grows
+        for key, batch in batches.items():
+            shape, body = b"%d/%d" % (key, round_), bytes([(key * 31 + round_) % 251]) * body_len
+            batch.add(12 + len(shape) + body_len, 0, shape, body)
+            expected[key] += record(shape, body)
+
+def check(batches, expected):
+    for key, batch in batches.items():
+        assert batch.seal() == expected[key], key
+
+batches = {key: _recordcheck.BatchCore(0) for key in range(300)}
+expected = {key: bytearray() for key in batches}
+fill(batches, expected, 100, 300)  # 256 B to 64 KiB each
+check(batches, expected)
+for key in range(0, 300, 2):  # answered: their blocks go to the next batches
+    batches.pop(key).release()
+    del expected[key]
+for key in range(300, 450):
+    batches[key], expected[key] = _recordcheck.BatchCore(0), bytearray()
+fill(batches, expected, 100, 300)  # no block is any two batches' at once
+check(batches, expected)
+big = {key: _recordcheck.BatchCore(0) for key in range(1000, 1150)}  # 150 x 2 MiB: past the arena's 256
+big_expected = {key: bytearray() for key in big}
+fill(big, big_expected, 60_000, 34)
+check(big, big_expected)
+fill(big, big_expected, 60_000, 40)  # past 2 MiB: from the arena's blocks to malloc's
+check(big, big_expected)
+check(batches, expected)
+print("ok")
+"""
+
+
+def test_batch_buffers_come_from_the_arena_and_back_and_past_it_from_malloc_never_shared():
+    """Batch buffers are blocks of a huge-page arena, given back when a batch is answered or
+    freed and taken by the next ones; batches past 2 MiB, or past the arena's 256 MiB, take
+    malloc's. Filled in turn, every batch seals to its own records, whichever way it grew."""
+    out = subprocess.run([sys.executable, "-c", ARENA_PROBE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
