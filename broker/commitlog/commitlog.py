@@ -21,6 +21,7 @@ from gms.broker.commitlog.warmer import Warmer
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
+from gms.record._recordcheck import patch_envelopes
 from gms.store_errors import MessageNotFound, StoreClosed, StoreInvariantBroken
 
 _BLANK = struct.Struct(">iI")
@@ -40,7 +41,6 @@ ENVELOPE_BYTES = OFF_CRC_START - OFF_QUEUE_ID  # queue_id, queue_offset, phys_of
 ENVELOPE_DTYPE = np.dtype([("queue_id", ">i4"), ("queue_offset", ">i8"), ("phys_offset", ">i8"),
                            ("store_ts_ms", ">i8")])
 assert ENVELOPE_DTYPE.itemsize == ENVELOPE_BYTES == 28
-_ENVELOPE_COLUMNS = np.arange(OFF_QUEUE_ID, OFF_CRC_START, dtype=np.int64)
 _ENVELOPE = struct.Struct(">iqqq")  # ENVELOPE_DTYPE, for one record
 assert _ENVELOPE.size == ENVELOPE_BYTES
 
@@ -166,14 +166,14 @@ class CommitLog:
 
     def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
         """Copy the prepared batch as placed and patch the envelopes (ENVELOPE_DTYPE per record)."""
-        env_bytes = envelope.view(np.uint8).reshape(len(envelope), ENVELOPE_BYTES)
+        env_bytes = envelope.view(np.uint8)
         for base, i, k, src_start, src_end, phys in placement.runs:
             if base != self.active.base_offset:
                 self._roll(base)
             f = self.active
             f.write(phys - base, buf[src_start:src_end])
-            rel = placement.phys[i:k] - base
-            f.array[rel[:, None] + _ENVELOPE_COLUMNS] = env_bytes[i:k]
+            patch_envelopes(f.view, placement.phys[i:k] - base, env_bytes[i * ENVELOPE_BYTES: k * ENVELOPE_BYTES],
+                            OFF_QUEUE_ID)
             self.write_pos = phys + src_end - src_start
         if self.write_pos != placement.end_offset:
             raise StoreInvariantBroken(f"commitlog write ended at {self.write_pos}, its placement at"
