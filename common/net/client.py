@@ -23,6 +23,7 @@ from gms.errors import (
     error_for_status,
 )
 from gms.net.server import CONNECTION_ERROR_ID
+from gms.net.writes import write_parts
 from gms.protocol.codes import Flag, RequestCode
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import FRAME_SIZE_MAX_BYTES, Body, Frame, encode_frame
@@ -149,7 +150,7 @@ class Connection(asyncio.BufferedProtocol):
         )
         future = self._loop.create_future()
         self._pending[request_id] = future
-        self._transport.writelines(parts)  # type: ignore[union-attr]
+        write_parts(self._transport, parts)  # type: ignore[arg-type]
         timer = None
         if timeout_ms is not None:
             timer = self._loop.call_later(timeout_ms / 1000, self._expire, request_id, timeout_ms)
@@ -178,7 +179,7 @@ class Connection(asyncio.BufferedProtocol):
             code, self._next_id(), flags=Flag.ONEWAY, fields=fields, body=body,
             frame_size_max_bytes=self._frame_size_max_bytes,
         )
-        self._transport.writelines(parts)  # type: ignore[union-attr]
+        write_parts(self._transport, parts)  # type: ignore[arg-type]
 
     def _next_id(self) -> int:
         request_id = self._last_id % (REQUEST_ID_LIMIT - 1) + 1  # 1 .. LIMIT-1, never 0

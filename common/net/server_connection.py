@@ -25,6 +25,7 @@ from gms.address import peer_address
 from gms.errors import GmsError, ProtocolError, UnauthenticatedError
 from gms.log_throttle import RepeatFilter
 from gms.net.busy_poll import LoopBusyPoll
+from gms.net.writes import write_parts
 from gms.protocol.codes import Flag, RequestCode, Status
 from gms.protocol.decoder import Event, FrameDecoder
 from gms.protocol.frame import EMPTY_FIELDS, Body, Buffer, Frame, Response, encode_frame
@@ -458,7 +459,7 @@ class ServerConnection(asyncio.Protocol):
         out, self._out = self._out, []
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.writelines(out)
+            write_parts(transport, out)
             self._busy_poll.touch()
 
     def _reply_protocol_error(self, err: ProtocolError) -> None:

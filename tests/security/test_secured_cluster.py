@@ -255,3 +255,25 @@ def _high_watermark(cluster: SecuredCluster, leader: str) -> int:
             conn.close()
             await conn.wait_closed()
     return run(ask())
+
+
+def test_large_frames_cross_tls_whole_both_ways(cluster):
+    """Frames of 64 KiB and more skip the transport's write on plain sockets (gms.net.writes);
+    under TLS they must not: a send of large batches and the fetch that reads them back."""
+    with cluster.admin() as admin:
+        admin.create_topic("sec-large", queues=1)
+    bodies = [bytes([i]) * 300_000 for i in range(8)]
+    with producer(cluster, "admin") as p:
+        for body in bodies:
+            p.send_async("sec-large", body)
+        p.flush()
+    consumer = Consumer(nameserver=cluster.nameserver, group="sec-large-group", subscription={"sec-large": "*"},
+                        start_from="first", security=cluster.security("admin"), request_timeout_ms=5000)
+    try:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(bodies) and time.monotonic() < deadline:
+            got += [bytes(m.body) for m in consumer.poll(timeout_ms=500)]
+    finally:
+        consumer.close()
+    assert got == bodies
