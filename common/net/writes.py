@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from gms.protocol.frame import Buffer
 
 DIRECT_WRITE_BYTES_MIN = 64 * 1024  # smaller frames: the transport's write is cheaper
-_IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev takes
+# buffers one writev takes (0 where there is no writev: every frame goes through the transport)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "writev") and hasattr(os, "sysconf") else 0
 
 
 def write_parts(transport: asyncio.WriteTransport, parts: Sequence[Buffer]) -> None:
