@@ -73,14 +73,15 @@ def kept_secret(path: Path) -> str:
 def tighten_tree(root: Path) -> int:
     """Take group and other permissions away from ``root`` and everything under it: directories
     become 0700, files 0600. Symbolic links under ``root`` are neither followed nor changed (``root``
-    itself may be one, to the directory meant). Logs one warning
-    when anything had to change; returns how many entries did."""
+    itself may be one, to the directory meant). ``root`` is tightened last, so a private ``root``
+    means an earlier walk finished (:func:`is_private_dir`). Logs one warning when anything had
+    to change; returns how many entries did."""
     changed = failed = 0
     pending = [root]
     while pending:
         directory = pending.pop()
         try:
-            if _tighten(directory, PRIVATE_DIR_MODE, os.stat(directory).st_mode):
+            if directory is not root and _tighten(directory, PRIVATE_DIR_MODE, os.stat(directory).st_mode):
                 changed += 1
             entries = list(os.scandir(directory))
         except FileNotFoundError:
@@ -101,10 +102,25 @@ def tighten_tree(root: Path) -> int:
             except OSError as err:
                 log.warning("cannot make %s private: %s", entry.path, err)
                 failed += 1
+    try:
+        changed += _tighten(root, PRIVATE_DIR_MODE, os.stat(root).st_mode)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("cannot make %s private: %s", root, err)
     if changed:
         log.warning("%s was readable by other users: made %d file(s) and director(ies) under it private"
                     " (files 0600, directories 0700)", root, changed)
     return changed
+
+
+def is_private_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory only its owner may enter (False if there is none)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(mode) and not mode & _OTHERS
 
 
 def _tighten(path: Path, private_mode: int, mode: int) -> bool:

@@ -35,7 +35,7 @@ from gms.broker.store.topic_table import TopicTable
 from gms.broker.store.truncation_log import TruncationLog
 from gms.broker.store.types import LOST_ENTRY_SIZE
 from gms.broker.store_config import StoreConfig
-from gms.private_files import make_private_dir, tighten_tree
+from gms.private_files import is_private_dir, make_private_dir, tighten_tree
 from gms.record import OFF_QUEUE_OFFSET, RecordCheck, check_record
 from gms.record.batch import ParsedRecords
 
@@ -77,9 +77,12 @@ class StoreLoader:
         self.paths = paths = StorePaths(root)
         self.config = config
         # Messages, offsets and replication state are the owner's only: files 0600 in 0700
-        # directories (a store written by an older version is tightened, with a warning).
+        # directories. A store written by an older version is tightened, with a warning; its
+        # directory last, so a private one was walked before and is not again (a walk stats every
+        # file: ~0.7 s of a restart at 10,000 queues).
+        if not is_private_dir(root):
+            tighten_tree(root)
         make_private_dir(root)
-        tighten_tree(root)
         check_layout(paths.layout, config)
         self.topics = TopicTable(paths.topics)
         self.topics.load()

@@ -86,6 +86,33 @@ def test_old_store_is_tightened_when_opened(tmp_path, caplog):
     assert not [r for r in caplog.records if r.name == "gms.private_files"]
 
 
+def test_a_store_is_walked_until_its_directory_is_private_which_is_tightened_last(tmp_path, monkeypatch):
+    """A restart does not stat every file of a private store again (~0.7 s at 10,000 queues): the
+    store's directory is made private only after everything under it, so a walk cut short (a
+    crash) leaves it loose and the next open walks again."""
+    from gms import private_files
+
+    data_dir = tmp_path / "data"
+    fill(data_dir)
+    store_root = data_dir / "store"
+    os.chmod(store_root, 0o755)
+    inner = store_root / "config" / "topics.json"
+    inner.chmod(0o644)
+    tightened = []
+    real_tighten = private_files._tighten
+
+    def recorded(path, private_mode, mode):
+        tightened.append(path)
+        return real_tighten(path, private_mode, mode)
+    monkeypatch.setattr(private_files, "_tighten", recorded)
+    MessageStore.open(store_root, small_config()).close()
+    assert tightened[-1] == store_root and inner in tightened
+    assert not_private(store_root) == {}
+    inner.chmod(0o644)  # loosened by hand behind a private directory: left to its owner
+    MessageStore.open(store_root, small_config()).close()
+    assert inner.stat().st_mode & 0o777 == 0o644
+
+
 def test_replaced_file_is_private_even_over_a_loose_leftover(tmp_path):
     target = tmp_path / "f.json"
     leftover = tmp_path / "f.json.tmp"
