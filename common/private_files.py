@@ -3,7 +3,8 @@ and what the embedded etcd keeps (cluster metadata, users) are created 0600 in 0
 whatever the process umask, like etcd's own data directory.
 
 A store or data directory written by an older version (files 0644, directories 0755) is
-tightened when it is opened (:func:`tighten_tree`), with one warning line.
+tightened when it is opened (:func:`tighten_tree`), with one warning line; a broker's store only
+while its own directory is not private yet (it is tightened last).
 """
 
 from __future__ import annotations
