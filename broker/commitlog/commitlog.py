@@ -21,7 +21,7 @@ from gms.broker.commitlog.warmer import Warmer
 from gms.broker.mapped_file import MappedFile
 from gms.broker.segment_list import SegmentList
 from gms.record import BLANK_MAGIC, BLANK_MARKER_SIZE, OFF_CRC_START, OFF_QUEUE_ID
-from gms.record._recordcheck import patch_envelopes
+from gms.record._recordcheck import gather
 from gms.store_errors import MessageNotFound, StoreClosed, StoreInvariantBroken
 
 _BLANK = struct.Struct(">iI")
@@ -166,14 +166,15 @@ class CommitLog:
 
     def write(self, buf: memoryview, placement: Placement, envelope: np.ndarray) -> None:
         """Copy the prepared batch as placed and patch the envelopes (ENVELOPE_DTYPE per record)."""
-        env_bytes = envelope.view(np.uint8)
+        env_bytes = envelope.view(np.uint8).data
         for base, i, k, src_start, src_end, phys in placement.runs:
             if base != self.active.base_offset:
                 self._roll(base)
             f = self.active
             f.write(phys - base, buf[src_start:src_end])
-            patch_envelopes(f.view, placement.phys[i:k] - base, env_bytes[i * ENVELOPE_BYTES: k * ENVELOPE_BYTES],
-                            OFF_QUEUE_ID)
+            # each record's envelope in one C copy (a numpy scatter took 28 byte indices a record)
+            gather(env_bytes, np.arange(i, k, dtype=np.int64) * ENVELOPE_BYTES,
+                   np.full(k - i, ENVELOPE_BYTES, np.int64), f.view, placement.phys[i:k] - (base - OFF_QUEUE_ID))
             self.write_pos = phys + src_end - src_start
         if self.write_pos != placement.end_offset:
             raise StoreInvariantBroken(f"commitlog write ended at {self.write_pos}, its placement at"

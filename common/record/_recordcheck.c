@@ -510,46 +510,6 @@ release_buf:
     return out;
 }
 
-PyDoc_STRVAR(patch_envelopes_doc,
-"patch_envelopes(dst, positions, envelopes, offset) -> None\n\n"
-"Copy envelope i, bytes [i * size, (i + 1) * size) of envelopes (size: their length over the\n"
-"positions'), to dst[positions[i] + offset:]: the broker's envelope of each record it stores\n"
-"(queue id, queue offset, commitlog offset, store time), one copy each. ValueError, before\n"
-"anything is written, if one would not fit dst.");
-
-static PyObject *patch_envelopes(PyObject *self, PyObject *args) {
-    PyObject *positions_obj;
-    Py_buffer dst, envelopes, positions_view;
-    Py_ssize_t offset;
-    if (!PyArg_ParseTuple(args, "w*Oy*n", &dst, &positions_obj, &envelopes, &offset)) return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = get_int64s(positions_obj, &positions_view, "positions");
-    if (n < 0) goto done;
-    const int64_t *positions = positions_view.buf;
-    Py_ssize_t size = n ? envelopes.len / n : 0;
-    if (n && size * n != envelopes.len) {
-        PyErr_Format(PyExc_ValueError, "%zd bytes of envelopes for %zd records", envelopes.len, n);
-        goto release;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (positions[i] < 0 || offset < 0 || positions[i] + offset > (int64_t)(dst.len - size)) {
-            PyErr_Format(PyExc_ValueError, "an envelope at %lld + %zd is past the %zd bytes written to",
-                         (long long)positions[i], offset, dst.len);
-            goto release;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++)
-        memcpy((uint8_t *)dst.buf + positions[i] + offset, (const uint8_t *)envelopes.buf + i * size, (size_t)size);
-    result = Py_None;
-    Py_INCREF(result);
-release:
-    PyBuffer_Release(&positions_view);
-done:
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&envelopes);
-    return result;
-}
-
 PyDoc_STRVAR(read_stamps_doc,
 "read_stamps(buf, ends, name) -> list[tuple[int, int, int, int]] | None\n\n"
 "The producer sequences (producer id, epoch, sequence, count) whose stamps end at ends (int64):\n"
@@ -1110,7 +1070,6 @@ static PyMethodDef methods[] = {
     {"slices", slices, METH_VARARGS, slices_doc},
     {"group_rows", group_rows, METH_VARARGS, group_rows_doc},
     {"read_stamps", read_stamps, METH_VARARGS, read_stamps_doc},
-    {"patch_envelopes", patch_envelopes, METH_VARARGS, patch_envelopes_doc},
     {"gather", gather, METH_VARARGS, gather_doc},
     {"pick_tags", pick_tags, METH_VARARGS, pick_tags_doc},
     {"property_values", property_values, METH_VARARGS, property_values_doc},

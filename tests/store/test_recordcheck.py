@@ -333,32 +333,3 @@ def test_batch_buffers_come_from_the_arena_and_back_and_past_it_from_malloc_neve
     out = subprocess.run([sys.executable, "-c", ARENA_PROBE], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
-
-
-@given(st.lists(st.integers(0, 400), max_size=40), st.integers(0, 30), st.data())
-def test_patch_envelopes_writes_each_records_envelope_where_numpys_scatter_does(positions, offset, data):
-    size = 28
-    dst = bytearray(os.urandom(460))
-    envelopes = data.draw(st.binary(min_size=size * len(positions), max_size=size * len(positions)))
-    at = np.array(positions, np.int64)
-    fits = all(p + offset + size <= len(dst) for p in positions)
-    expected = np.frombuffer(bytes(dst), np.uint8).copy()
-    if fits and positions:
-        rows = np.frombuffer(envelopes, np.uint8).reshape(len(positions), size)
-        expected[at[:, None] + offset + np.arange(size)] = rows
-    if not fits:
-        with pytest.raises(ValueError, match="past the"):
-            _recordcheck.patch_envelopes(dst, at, envelopes, offset)
-        assert dst == expected.tobytes()  # nothing written
-        return
-    _recordcheck.patch_envelopes(dst, at, envelopes, offset)
-    assert dst == expected.tobytes()
-
-
-def test_patch_envelopes_refuses_what_does_not_add_up():
-    with pytest.raises(ValueError, match="bytes of envelopes"):
-        _recordcheck.patch_envelopes(bytearray(100), np.array([0, 10], np.int64), bytes(27), 0)
-    with pytest.raises(TypeError, match="int64"):
-        _recordcheck.patch_envelopes(bytearray(100), np.array([0], np.int32), bytes(28), 0)
-    with pytest.raises(TypeError):
-        _recordcheck.patch_envelopes(bytes(100), np.array([0], np.int64), bytes(28), 0)  # read-only
