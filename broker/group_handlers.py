@@ -41,7 +41,7 @@ class GroupHandlers:
 
     async def commit(self, request: Frame) -> Response:
         fields = request.fields
-        self.service.commit_offsets(group_name_field(fields), queue_offsets(fields, "offsets"),
+        await self.service.commit_offsets(group_name_field(fields), queue_offsets(fields, "offsets"),
                                     field(fields, "member", str, ""),
                                     queue_refs(fields, "release") if "release" in fields else ())
         return Response()

@@ -451,6 +451,8 @@ class BrokerServer:
             topics=TopicService(self),
             dead_letters=DeadLetterService(self, peers))
         messages.arrival = functools.partial(services.topics.arrivals, led_here=True)
+        services.groups.arrival = functools.partial(services.topics.arrivals,
+                                                    timeout_s=self.config.send_timeout_ms / 1000, led_here=False)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)

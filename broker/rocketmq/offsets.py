@@ -79,7 +79,8 @@ class Offsets:
     async def update(self, request: Any) -> None:
         """UpdateOffset: commit the group's offset of the queue."""
         topic, queue_id = self._queue(request.message_queue)
-        self.broker.services.groups.commit_offsets(request.group.name, [QueueOffset(topic, queue_id, request.offset)])
+        entry = QueueOffset(topic, queue_id, request.offset)
+        await self.broker.services.groups.commit_offsets(request.group.name, [entry])
 
     async def pull(self, request: Any, poll_ms: int) -> Pulled:
         """PullMessage: up to ``batch_size`` messages from ``offset`` passing the filter, waiting

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -94,6 +94,10 @@ class GroupService:
         self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
         self.leader_of = leader_of
         self.peers = peers
+        # Waits (bounded) until the cluster's view holds the topics named (TopicService.arrivals;
+        # set by the server): a commit right after a topic's creation is not refused for a topic
+        # this broker's view has yet to receive (see :meth:`_arrived`).
+        self.arrival: Callable[[Mapping[str, None]], Awaitable[None]] | None = None
 
     def _coordinated_here(self, group: str) -> None:
         coordinator = self.coordinator_of(group)
@@ -128,12 +132,13 @@ class GroupService:
         self._coordinated_here(group)
         self.groups.leave(group, member)
 
-    def commit_offsets(self, group: str, entries: list[QueueOffset], member: str = "",
-                       released: Iterable[QueueRef] = ()) -> None:
+    async def commit_offsets(self, group: str, entries: list[QueueOffset], member: str = "",
+                             released: Iterable[QueueRef] = ()) -> None:
         """Commit offsets of queues led here. A clustering ``member`` names itself: its commit
         is refused while another member holds the queue (a zombie's late commit), and
         ``released`` lists the queues it hands over (their claims end)."""
         check_group_name(group)
+        await self._arrived(entries)
         for topic, queue_id, offset in entries:  # unknown queues would grow the offsets without bound
             if offset < 0:
                 raise BadRequestError(f"offset {offset} for {topic}/{queue_id} is negative")
@@ -164,14 +169,14 @@ class GroupService:
         here (:meth:`commit_offsets`), or over this broker's connection to it (a protocol whose
         consumers commit to the group's coordinator, as Kafka's do). Each entry's error, or None."""
         async def commit_here(entry: QueueOffset) -> None:
-            self.commit_offsets(group, [entry])
+            await self.commit_offsets(group, [entry])
         return await self._apply_at_leaders(group, entries, commit_here, RequestCode.COMMIT_OFFSET, "offsets")
 
     async def committed_at_leaders(self, group: str, queues: list[QueueRef]) -> list[int | GmsError | None]:
         """:meth:`committed_offsets` of each queue asked of its leader (see :meth:`commit_at_leaders`):
         the offset, None for none, or the error."""
         found: list[int | GmsError | None] = [None] * len(queues)
-        here, elsewhere = self._by_leader(queues)
+        here, elsewhere = await self._by_leader(queues)
         for i in here:
             try:
                 found[i] = self.committed_offsets(group, [queues[i]])[0]
@@ -202,7 +207,7 @@ class GroupService:
         """``apply_here`` to each of ``items`` led here; the others sent to their leaders as
         ``code`` requests (the items in ``field``). Each item's error, or None."""
         errors: list[GmsError | None] = [None] * len(items)
-        here, elsewhere = self._by_leader(items)
+        here, elsewhere = await self._by_leader(items)
         for i in here:
             try:
                 await apply_here(items[i])
@@ -219,9 +224,10 @@ class GroupService:
         await asyncio.gather(*(forward(address, indexes) for address, indexes in elsewhere.items()))
         return errors
 
-    def _by_leader(self, queues: Iterable[QueueRef | QueueOffset]) -> tuple[list[int], dict[str, list[int]]]:
+    async def _by_leader(self, queues: list[Q]) -> tuple[list[int], dict[str, list[int]]]:
         """The indexes of the queues led here (or whose leader is not known), and of the others by
-        their leader's address."""
+        their leader's address, once their topics have arrived in the view (:meth:`_arrived`)."""
+        await self._arrived(queues)
         here: list[int] = []
         elsewhere: dict[str, list[int]] = {}
         for i, queue in enumerate(queues):
@@ -231,6 +237,13 @@ class GroupService:
             else:
                 here.append(i)
         return here, elsewhere
+
+    async def _arrived(self, queues: Iterable[QueueRef | QueueOffset]) -> None:
+        """Return once the view holds the topics of ``queues`` (at once when it does; bounded
+        when it does not: a topic created a moment ago, or none, which etcd tells at once)."""
+        unknown = {queue.topic: None for queue in queues if not self.queue_count(queue.topic)}
+        if unknown and self.arrival is not None:
+            await self.arrival(unknown)
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
         """TopicNotFoundError or QueueNotFoundError unless the cluster has the queue."""
@@ -292,6 +305,7 @@ class GroupService:
         all of them); those it had. Refused (GroupNotEmptyError) while a member of the group reads
         any of them, unless ``force``; every queue is checked before any offset goes."""
         check_group_name(group)
+        await self._arrived(queues)
         for topic, queue_id in queues:
             self._check_queue(topic, queue_id)
         if not force:

@@ -55,7 +55,7 @@ def test_a_protocol_reaches_every_capability_through_the_services(tmp_path):
             services.consumption.change_invisible("g", "orders", 0, 0, 1, 1000)
         assert services.consumption.change_invisible("g", "orders", 0, 1, 1, 1000) > 0
 
-        services.groups.commit_offsets("pulling", [QueueOffset("orders", 0, 2)])
+        await services.groups.commit_offsets("pulling", [QueueOffset("orders", 0, 2)])
         assert services.groups.committed_offsets("pulling", [QueueRef("orders", 0)]) == [2]
         with pytest.raises(BadRequestError):
             services.groups.committed_offsets("", [QueueRef("orders", 0)])

@@ -180,3 +180,23 @@ def test_delete_records_moves_the_first_offset_on_every_replica_and_offset_delet
     assert [tp.offset for tp in committed] == [-1001] * (QUEUES - 1) + [4]  # each deleted at its leader
     elected = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(WAIT_S)
     assert [error.code() for error in elected.values()] == [KafkaError.ELECTION_NOT_NEEDED]
+
+
+def test_a_commit_right_after_a_topics_creation_is_stored_not_refused_as_unknown(cluster):
+    """The coordinator's view (or a leader's) may not hold a topic created a moment ago: the
+    commit waits for it to arrive rather than answer UNKNOWN_TOPIC_OR_PARTITION."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[0].kafka, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        with Admin(nameserver=cluster.nameserver) as admin:
+            for round_ in range(5):
+                topic = f"t-{uuid.uuid4().hex[:8]}"
+                admin.create_topic(topic, QUEUES, replicas=BROKERS)
+                offsets = [TopicPartition(topic, queue, round_ + queue) for queue in range(QUEUES)]
+                consumer.commit(offsets=offsets, asynchronous=False)
+                committed = consumer.committed([TopicPartition(topic, queue) for queue in range(QUEUES)],
+                                               timeout=WAIT_S)
+                assert [(tp.offset, tp.error) for tp in committed] == [(round_ + queue, None) for queue in range(QUEUES)]
+    finally:
+        consumer.close()
