@@ -288,10 +288,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Pop until messages come or the long polling ends; the ones out of attempts go to the
         dead letters meanwhile. ``auto_renew`` (push consumers): invisible for the renewals'
         duration, renewed while the client holds them. A topic created a moment ago is waited
-        for up to ``arrival_wait_s`` first (the long polling goes on meanwhile)."""
+        for up to ``arrival_wait_s`` first, within the long polling: an empty answer comes when
+        the client expects it, not near its deadline."""
         deadline = time.monotonic() + _long_polling_ms(request) / 1000
         topics, topic = self.broker.services.topics, request.message_queue.topic.name
-        await topics.arrival(topic, arrival_wait_s, led_here=True)
+        await topics.arrival(topic, min(arrival_wait_s, deadline - time.monotonic()), led_here=True)
         if topics.arriving_here(topic):  # still being applied here (a slow host): no message yet, not an error
             return []
         invisible_ms = INVISIBLE_MS if request.auto_renew else duration_ms(request.invisible_duration)
