@@ -197,6 +197,7 @@ def test_a_commit_right_after_a_topics_creation_is_stored_not_refused_as_unknown
                 consumer.commit(offsets=offsets, asynchronous=False)
                 committed = consumer.committed([TopicPartition(topic, queue) for queue in range(QUEUES)],
                                                timeout=WAIT_S)
-                assert [(tp.offset, tp.error) for tp in committed] == [(round_ + queue, None) for queue in range(QUEUES)]
+                expected = [(round_ + queue, None) for queue in range(QUEUES)]
+                assert [(tp.offset, tp.error) for tp in committed] == expected
     finally:
         consumer.close()
