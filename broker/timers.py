@@ -287,10 +287,8 @@ class TimerService:
     def start(self) -> None:
         """Rescan every queue from its checkpoint, then fire what comes due."""
         saved = self._load_checkpoint()
-        for topic, count in self.store.topics().items():
-            for queue_id in range(count):
-                key = (topic, queue_id)
-                self._rescan(key, saved.get(_name(key), 0))
+        for key in self.store.queues_opened():  # the others hold no record, so nothing scheduled
+            self._rescan(key, saved.get(_name(key), 0))
         if self._pending:
             log.info("%d scheduled message(s) pending", self.pending_count)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -402,15 +400,16 @@ class TimerService:
         return self._saved.get(_name(key), 0)
 
     def _current_checkpoint(self) -> dict[str, int]:
-        """Per queue: its lowest pending offset, else its end (nothing below needs a rescan)."""
+        """Per queue: its lowest pending offset, else its end (nothing below needs a rescan).
+        Only the queues the store has opened: an empty queue is not opened for it (thousands of
+        them would be, at every checkpoint), and one that gets records later is rescanned whole."""
         lows: dict[str, int] = {}
-        for topic, count in self.store.topics().items():
-            for queue_id in range(count):
-                low = self.low(topic, queue_id)
-                try:
-                    lows[_name((topic, queue_id))] = low if low is not None else self.store.max_offset(topic, queue_id)
-                except StoreError:
-                    continue
+        for key in self.store.queues_opened():
+            low = self.low(*key)
+            try:
+                lows[_name(key)] = low if low is not None else self.store.max_offset(*key)
+            except StoreError:
+                continue
         return lows
 
     async def _checkpoints(self) -> None:

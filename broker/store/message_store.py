@@ -109,6 +109,7 @@ class MessageStore:
         self.delete_topic, self.delete_topics = topics.delete_topic, topics.delete_topics
         self.delete_expired, self.set_expiry_limit = self._retention.delete_expired, self._retention.set_expiry_limit
         self.delete_records = self._retention.delete_records
+        self.queues_opened = loaded.queues.keys
         self._durability.start()
         self._retention.start()
         self._cleaner.start()

@@ -94,6 +94,12 @@ class QueueTable:
                     self.by_key[(topic, queue_id)] = cq
         return cq
 
+    def keys(self) -> list[QueueKey]:
+        """The queues opened: those that held entries at load, and any used since (a queue not
+        among them holds no entry)."""
+        with self.lock:
+            return list(self.by_key)
+
     def snapshot(self) -> dict[QueueKey, ConsumeQueue]:
         with self.lock:
             return dict(self.by_key)

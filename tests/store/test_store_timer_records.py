@@ -4,11 +4,15 @@ cannot send the broker's flags."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 
 import pytest
+from store_helpers import small_config
 
-from gms.broker.store import GetStatus, TimerRecord
+from gms.broker.store import GetStatus, MessageStore, TimerRecord
+from gms.broker.timers import TimerService
 from gms.record import decode_record, encode_record
 from gms.record.layout import (
     DELIVER_AT_PROPERTY,
@@ -68,3 +72,35 @@ def test_producers_may_send_only_the_scheduled_flag(store, flags):
     with pytest.raises(InvalidRecord, match="flags"):  # the batch path too
         store.append(encode_record(topic="t", body=b"ok") + encode_record(topic="t", body=b"x", flags=flags))
     assert store.max_offset("t", 0) == 0
+
+
+def test_a_restart_rescans_and_checkpoints_only_the_queues_that_hold_records(store_dir):
+    """Thousands of empty queues cost a restart nothing: the timer's rescan and its checkpoint
+    walk the queues the store opened (those with entries), not every queue of every topic, and
+    the scheduled record on the one queue written is still found pending."""
+    first = MessageStore.open(store_dir, small_config())
+    try:
+        first.create_topic("t", 64)
+        first.append(encode_record(topic="t", body=b"plain", queue_id=3))
+        first.append(encode_record(topic="t", body=b"later", queue_id=41, flags=FLAG_SCHEDULED,
+                                   properties={DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 600_000)}))
+    finally:
+        first.close()
+
+    checkpoint = store_dir.parent / "timers.json"
+
+    async def restart() -> tuple[int | None, list[tuple[str, int]]]:
+        store = MessageStore.open(store_dir, small_config())
+        timers = TimerService(store, checkpoint, may_fire=lambda key: True, append=lambda record, key: None)
+        try:
+            timers.start()
+            low = timers.low("t", 41)
+            await timers.stop()  # saves the checkpoint
+            return low, sorted(store.queues_opened())
+        finally:
+            store.close()
+
+    low, opened = asyncio.run(restart())
+    assert low == 0  # pending again, from the rescan
+    assert opened == [("t", 3), ("t", 41)]  # the 62 empty queues were not opened for it
+    assert json.loads(checkpoint.read_bytes()) == {"t/3": 1, "t/41": 0}
