@@ -389,31 +389,66 @@ class BrokerRegistration:
         )
 
     def _on_change(self, change: ViewChange) -> None:
-        # Broker changes matter too: they give or take away the leaders' addresses.
-        if change.kind is not ChangeKind.HEALTH:
+        if change.kind in (ChangeKind.TOPIC_UPDATED, ChangeKind.TOPIC_DELETED):
+            self._refresh(change.name)
+        elif change.kind is not ChangeKind.HEALTH:  # brokers give or take away the leaders' addresses
             self._refresh()
 
-    def _refresh(self) -> None:
+    def _refresh(self, name: str | None = None) -> None:
+        """Compute this broker's assignment again: of topic ``name`` alone (a topic's change; the
+        view's first sync is one per topic, so a walk per change would cost topics²), or of
+        every topic (None: the brokers changed); hand it on if it changed."""
         view = self._view
         if view is None:
             return
         with self._lock:
             addresses = {b.broker_id: b.address for b in view.brokers()}
             if addresses != self._addresses:  # every leader address may have moved
-                self._addresses, self._by_topic = addresses, {}
-            # A topic whose metadata is the same object as last time has the same assignment:
-            # only the changed topics are computed again (one change per new topic).
-            by_topic: dict[str, tuple[TopicMetadata, TopicAssignment | None]] = {}
-            current: Assignments = {}
-            for topic in view.topics():
-                known = self._by_topic.get(topic.name)
-                assignment = (known[1] if known is not None and known[0] is topic
-                              else topic_assignment(self.info.broker_id, topic, addresses))
-                by_topic[topic.name] = (topic, assignment)
-                if assignment is not None:
-                    current[topic.name] = assignment
-            self._by_topic = by_topic
-            if current == self._assignments:
-                return
-            self._assignments = current
+                self._addresses, self._by_topic, name = addresses, {}, None
+            if name is None or self._assignments is None:
+                current = self._assign_all(view, addresses)
+                if current == self._assignments:
+                    return
+            else:
+                current = self._assign_one(view, addresses, name, self._assignments)
+                if current is self._assignments:
+                    return
+            self._assignments = current  # replaced, never mutated: assignments() copies it unlocked
             self._on_assignment(dict(current))
+
+    def _assign_all(self, view: ClusterView, addresses: dict[str, str]) -> Assignments:
+        """Every topic's assignment; a topic whose metadata is the same object as last time has
+        the same assignment: only the changed topics are computed again."""
+        by_topic: dict[str, tuple[TopicMetadata, TopicAssignment | None]] = {}
+        current: Assignments = {}
+        for topic in view.topics():
+            known = self._by_topic.get(topic.name)
+            assignment = (known[1] if known is not None and known[0] is topic
+                          else topic_assignment(self.info.broker_id, topic, addresses))
+            by_topic[topic.name] = (topic, assignment)
+            if assignment is not None:
+                current[topic.name] = assignment
+        self._by_topic = by_topic
+        return current
+
+    def _assign_one(self, view: ClusterView, addresses: dict[str, str], name: str,
+                    assignments: Assignments) -> Assignments:
+        """``assignments`` with topic ``name``'s computed again (the same object if unchanged)."""
+        try:
+            topic: TopicMetadata | None = view.topic(name)
+        except TopicNotFoundError:
+            topic = None
+        if topic is None:
+            self._by_topic.pop(name, None)
+            assignment = None
+        else:
+            assignment = topic_assignment(self.info.broker_id, topic, addresses)
+            self._by_topic[name] = (topic, assignment)
+        if assignment == assignments.get(name):
+            return assignments
+        current = dict(assignments)
+        if assignment is None:
+            del current[name]
+        else:
+            current[name] = assignment
+        return current
