@@ -438,6 +438,7 @@ class BrokerServer:
         messages.timers = self.timers
         messages.replicas = self.replicas
         peers = Peers(self.config.security.outgoing())
+        topics = TopicService(self)
         self._services = services = Services(
             messages=messages,
             consumption=ConsumptionService(self.pop, self.waiters, self.config.long_poll_max_ms,
@@ -445,14 +446,14 @@ class BrokerServer:
                                            metrics=self.metrics),
             groups=GroupService(self.groups, self.claims, self.offsets, self._queue_count, self.coordinator_of,
                                 self.address, self.readable, on_commit=self.offsets_changed,
-                                leader_of=self._leader_of, peers=peers),
+                                leader_of=self._leader_of, peers=peers,
+                                arrival=functools.partial(topics.arrivals, timeout_s=self.config.send_timeout_ms / 1000,
+                                                          led_here=False)),
             transactions=TransactionOutcomeService(self.transactions, messages, self.access,
                                                    self.config.long_poll_max_ms),
-            topics=TopicService(self),
+            topics=topics,
             dead_letters=DeadLetterService(self, peers))
         messages.arrival = functools.partial(services.topics.arrivals, led_here=True)
-        services.groups.arrival = functools.partial(services.topics.arrivals,
-                                                    timeout_s=self.config.send_timeout_ms / 1000, led_here=False)
         wire = MessageHandlers(messages)
         groups = GroupHandlers(services.groups)
         admin = AdminHandlers(services.topics, services.groups, self.config.default_queue_count)

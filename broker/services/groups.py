@@ -78,12 +78,16 @@ class GroupService:
         on_commit: Callable[[list[tuple[str, int]]], None] = lambda queues: None,
         leader_of: Callable[[str, int], str | None] = lambda topic, queue_id: None,
         peers: Peers | None = None,
+        arrival: Callable[[Mapping[str, None]], Awaitable[None]] | None = None,
     ) -> None:
         """``queue_count(topic)``: the topic's queues over the cluster (0: unknown topic);
         ``coordinator_of(group)``: the address of the group's coordinator; ``address``: ours;
         ``readable(key)``: a queue's offsets consumers may read, [min, end); ``leader_of``: the
         address of a queue's leader as the cluster routes it (None: here, or no nameservers);
-        ``peers``: the broker's connections to the others (commits at other leaders)."""
+        ``peers``: the broker's connections to the others (commits at other leaders);
+        ``arrival(topics)``: returns once the cluster's view holds ``topics``, bounded
+        (TopicService.arrivals): a commit right after a topic's creation is not refused for a
+        topic this broker's view has yet to receive (see :meth:`_arrived`)."""
         self.groups = groups
         self.claims = claims
         self.offsets = offsets
@@ -94,10 +98,7 @@ class GroupService:
         self.on_commit = on_commit  # the queues whose commits changed (replicated to followers)
         self.leader_of = leader_of
         self.peers = peers
-        # Waits (bounded) until the cluster's view holds the topics named (TopicService.arrivals;
-        # set by the server): a commit right after a topic's creation is not refused for a topic
-        # this broker's view has yet to receive (see :meth:`_arrived`).
-        self.arrival: Callable[[Mapping[str, None]], Awaitable[None]] | None = None
+        self.arrival = arrival
 
     def _coordinated_here(self, group: str) -> None:
         coordinator = self.coordinator_of(group)

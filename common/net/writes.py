@@ -30,10 +30,8 @@ def write_parts(transport: asyncio.WriteTransport, parts: Sequence[Buffer]) -> N
         return
     try:
         sent = os.writev(fd, parts)
-    except (BlockingIOError, InterruptedError):
+    except OSError:  # full, interrupted, or failed: the transport's own write takes it (and reports an error)
         sent = 0
-    except OSError:
-        sent = 0  # the transport's own write meets the error again and reports it
     rest = unsent(parts, sent)
     if rest:
         transport.writelines(rest)
